@@ -1,0 +1,193 @@
+"""Multi-head attention with the head size decoupled from the embedding size.
+
+This is the paper's core object (Bhojanapalli et al., ICML 2020, Sections 2 and 4). In standard
+multi-head attention the head size is tied to the embedding size, d_p = d/h; with
+``head_dim=None`` this module is exactly that layer (and, inside :mod:`fixedhead.modeling`,
+numerically identical to transformers' BERT self-attention). With an integer ``head_dim`` it is
+the paper's *fixed head size* layer ("FixedMultiHead", Section 4): per head
+W_q^i, W_k^i, W_v^i ∈ R^{d_p×d}, logits scaled by 1/√d_p and an output projection
+W_o ∈ R^{d×(h·d_p)}, for any number of heads h.
+
+Conventions (batch-first, as in PyTorch): hidden states are [batch, seq, hidden_size]; inside
+the layer [batch, heads, seq, head_dim]; attention probabilities are [batch, heads, query, key]
+and each *row* sums to 1 — the transpose of the paper's column-stochastic P.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _check_positive_int(name: str, value) -> int:
+    # bool is an int subclass: True heads is a bug, not 1 head.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
+
+
+def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int | None) -> int:
+    """Return the per-head size d_p.
+
+    ``head_dim=None`` means the standard tied head size d_p = d/h (paper Section 2), which
+    requires ``hidden_size % num_attention_heads == 0``; an int is a fixed head size (Section 4)
+    with no divisibility requirement.
+
+    Raises:
+        ValueError: a size that is not a positive int (bools and floats included), or standard
+            mode with ``hidden_size`` not divisible by ``num_attention_heads``.
+    """
+    hidden_size = _check_positive_int("hidden_size", hidden_size)
+    num_attention_heads = _check_positive_int("num_attention_heads", num_attention_heads)
+    if head_dim is None:
+        if hidden_size % num_attention_heads != 0:
+            raise ValueError(
+                f"standard attention (head_dim=None) needs hidden_size divisible by num_attention_heads, "
+                f"got hidden_size={hidden_size} and num_attention_heads={num_attention_heads}; "
+                f"pass an explicit head_dim for a fixed head size"
+            )
+        return hidden_size // num_attention_heads
+    return _check_positive_int("head_dim", head_dim)
+
+
+def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Turn a transformers padding mask into an additive attention bias.
+
+    Args:
+        attention_mask: [batch, seq] with 1 = real token, 0 = padding (any int, bool or float
+            dtype holding only 0/1), or None.
+        dtype: dtype of the returned bias (the attention logits' dtype).
+
+    Returns:
+        None when there is no mask or nothing is masked (so SDPA can take its fastest path);
+        otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding.
+        A query whose keys are all padding then gets a uniform (finite) distribution, never NaN.
+
+    Raises:
+        ValueError: a mask that is not 2-D or holds values other than 0 and 1.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must be [batch, seq] with 1 = token and 0 = padding, got shape {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
+        keep = attention_mask != 0
+        if not torch.all((attention_mask == 0) | (attention_mask == 1)):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    elif attention_mask.dtype == torch.bool:
+        keep = attention_mask
+    else:
+        if not torch.all((attention_mask == 0) | (attention_mask == 1)):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        keep = attention_mask.bool()
+    if bool(keep.all()):
+        return None
+    bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+    bias.masked_fill_(~keep, torch.finfo(dtype).min)
+    return bias[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p).
+
+    Implements head_i(X) = W_v^i X · Softmax[(W_k^i X)^T (W_q^i X) / √d_p] and
+    MultiHead(X) = W_o · Concat_i head_i(X) (paper Eq. 1–2 for d_p = d/h; Section 4 for a fixed
+    d_p). q, k and v come from one fused projection hidden_size → 3·h·d_p.
+
+    Args:
+        hidden_size: embedding size d.
+        num_attention_heads: number of heads h.
+        head_dim: head size d_p; None for the standard d/h (then d must be divisible by h).
+        dropout: dropout on the attention probabilities (training only).
+        bias: whether the projections have biases (BERT: yes).
+
+    Raises:
+        ValueError: see :func:`resolve_head_dim`; dropout outside [0, 1).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.head_dim = resolve_head_dim(hidden_size, num_attention_heads, head_dim)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.inner_size = num_attention_heads * self.head_dim  # h·d_p, not necessarily d
+        self.dropout = float(dropout)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.qkv = nn.Linear(hidden_size, 3 * self.inner_size, bias=bias)
+        self.out_proj = nn.Linear(self.inner_size, hidden_size, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        use_sdpa: bool = True,
+        attention_bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend.
+
+        Args:
+            hidden_states: [batch, seq, hidden_size].
+            attention_mask: [batch, seq], 1 = token, 0 = padding; or None.
+            output_attentions: also return the probabilities (forces the eager path).
+            use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention``; False for the
+                eager reference path. The two agree to float rounding.
+            attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
+                :func:`padding_mask_to_bias` (models compute it once for all layers);
+                overrides ``attention_mask``.
+
+        Returns:
+            (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows
+            summing to 1, or None unless ``output_attentions``).
+
+        Raises:
+            ValueError: hidden_states not [batch, seq, hidden_size].
+        """
+        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"hidden_states must be [batch, seq, {self.hidden_size}], got {tuple(hidden_states.shape)}"
+            )
+        batch, seq, _ = hidden_states.shape
+        if attention_bias is None:
+            attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
+        # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
+        qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        dropout_p = self.dropout if self.training else 0.0
+        probs = None
+        if use_sdpa and not output_attentions:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
+            )
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [batch, h, query, key]
+            if attention_bias is not None:
+                scores = scores + attention_bias
+            probs = torch.softmax(scores, dim=-1)
+            context = torch.matmul(F.dropout(probs, p=dropout_p, training=self.training), v)
+        # [batch, h, seq, d_p] -> [batch, seq, h·d_p]
+        context = context.transpose(1, 2).reshape(batch, seq, self.inner_size)
+        return self.out_proj(context), (probs if output_attentions else None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}, "
+            f"head_dim={self.head_dim}, dropout={self.dropout}"
+        )

@@ -1,0 +1,89 @@
+"""FixedHeadConfig: a BERT configuration whose head size is one independent field.
+
+Field names follow transformers' ``BertConfig``. The single addition is ``head_dim``: ``None``
+means the standard tied head size d_p = hidden_size / num_attention_heads (paper Section 2), an
+int is the paper's fixed head size (Section 4).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from transformers import PreTrainedConfig
+
+from .attention import resolve_head_dim
+
+
+def _check_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_prob(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+@dataclass(repr=False)
+class FixedHeadConfig(PreTrainedConfig):
+    """Configuration of a post-LN BERT encoder with standard or fixed head size.
+
+    Args (the transformers BERT names; the paper's symbols in brackets):
+        vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h],
+        head_dim [d_p]: None for the standard d/h, an int for a fixed head size,
+        intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
+        attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
+        initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
+        tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT).
+
+    Raises:
+        ValueError: at construction, naming the bad value: non-int or non-positive sizes
+            (bools and floats included), standard mode with d not divisible by h, dropout
+            outside [0, 1), pad_token_id outside the vocabulary.
+    """
+
+    model_type = "fixedhead"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    head_dim: int | None = None
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    classifier_dropout: float | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
+            _check_int(name, getattr(self, name))
+        _check_int("type_vocab_size", self.type_vocab_size, minimum=0)
+        resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            _check_prob(name, getattr(self, name))
+        if self.classifier_dropout is not None:
+            _check_prob("classifier_dropout", self.classifier_dropout)
+        if self.pad_token_id is not None and not (
+            isinstance(self.pad_token_id, numbers.Integral) and 0 <= self.pad_token_id < self.vocab_size
+        ):
+            raise ValueError(f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}")
+        if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        super().__post_init__(**kwargs)
+
+    @property
+    def attention_head_size(self) -> int:
+        """The head size d_p in use: ``head_dim`` if set, else hidden_size // num_attention_heads."""
+        return resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+
+    @property
+    def is_fixed_head(self) -> bool:
+        return self.head_dim is not None

@@ -1,0 +1,409 @@
+"""BERT-style encoders with standard or fixed head size, as transformers models.
+
+Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
+LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
+embeddings. With ``config.head_dim=None`` the models are numerically BERT
+(see :func:`from_bert` and the parity test); with an int they are the paper's fixed-head models.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+
+from .attention import MultiHeadAttention, padding_mask_to_bias
+from .configuration import FixedHeadConfig
+
+
+class FixedHeadEmbeddings(nn.Module):
+    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT)."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.max_position_embeddings = config.max_position_embeddings
+        self.vocab_size = config.vocab_size
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        if inputs_embeds is None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"input_ids hold token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+            inputs_embeds = self.word_embeddings(input_ids)
+        elif inputs_embeds.dim() != 3:
+            raise ValueError(f"inputs_embeds must be [batch, seq, hidden], got shape {tuple(inputs_embeds.shape)}")
+        batch, seq = inputs_embeds.shape[:2]
+        if seq > self.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq} exceeds max_position_embeddings={self.max_position_embeddings}"
+            )
+        if position_ids is None:
+            position_embeds = self.position_embeddings.weight[:seq].unsqueeze(0)
+        else:
+            position_embeds = self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
+        else:
+            type_embeds = self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
+
+
+class FixedHeadLayer(nn.Module):
+    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2)."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.attention = MultiHeadAttention(
+            config.hidden_size,
+            config.num_attention_heads,
+            head_dim=config.head_dim,
+            dropout=config.attention_probs_dropout_prob,
+        )
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, attention_bias=None, output_attentions=False, use_sdpa=True):
+        attn_out, probs = self.attention(
+            hidden_states, attention_bias=attention_bias, output_attentions=output_attentions, use_sdpa=use_sdpa
+        )
+        hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
+        ffn_out = self.output(self.act(self.intermediate(hidden_states)))
+        hidden_states = self.output_norm(hidden_states + self.dropout(ffn_out))
+        return hidden_states, probs
+
+
+class FixedHeadPreTrainedModel(PreTrainedModel):
+    """Weight initialisation (BERT's: N(0, initializer_range), zero biases) and HF plumbing."""
+
+    config_class = FixedHeadConfig
+    config: FixedHeadConfig
+    base_model_prefix = "fixedhead"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        # the base class knows nn.Linear/nn.Embedding/LayerNorm; nothing else here needs care
+
+    def _use_sdpa(self, output_attentions: bool) -> bool:
+        return not output_attentions and getattr(self.config, "_attn_implementation", "sdpa") != "eager"
+
+
+class FixedHeadModel(FixedHeadPreTrainedModel):
+    """The bare encoder: embeddings, ``num_hidden_layers`` blocks, optional BERT pooler.
+
+    forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
+    (1 = token, 0 = padding), token_type_ids, position_ids) returns
+    ``BaseModelOutputWithPooling`` with last_hidden_state [batch, seq, hidden_size],
+    pooler_output [batch, hidden_size] (or None), and, on request, hidden_states and attentions
+    ([batch, heads, query, key], rows sum to 1).
+
+    Raises:
+        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than
+            max_position_embeddings; token ids outside the vocabulary; a malformed mask.
+    """
+
+    def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = FixedHeadEmbeddings(config)
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(FixedHeadLayer(config) for _ in range(config.num_hidden_layers))})
+        self.pooler = FixedHeadPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        batch, seq = hidden_states.shape[:2]
+        if attention_mask is not None and tuple(attention_mask.shape) != (batch, seq):
+            raise ValueError(
+                f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+            )
+        attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
+        use_sdpa = self._use_sdpa(output_attentions)
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_attn = [] if output_attentions else None
+        for layer in self.encoder["layer"]:
+            hidden_states, probs = layer(hidden_states, attention_bias, output_attentions, use_sdpa)
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+            if output_attentions:
+                all_attn.append(probs)
+        pooled = self.pooler(hidden_states) if self.pooler is not None else None
+        out = BaseModelOutputWithPooling(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class FixedHeadPooler(nn.Module):
+    """BERT pooler: tanh(W · hidden state of the first token)."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+class FixedHeadMLMHead(nn.Module):
+    """BERT's MLM head: dense + activation + LayerNorm, then the (tied) decoder to the vocabulary."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states):
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
+
+
+class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
+    """Encoder + MLM head (decoder weight tied to the word embeddings).
+
+    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``.
+    Without labels, logits are [batch, seq, vocab_size] (as ``BertForMaskedLM``). With labels,
+    the output layer runs only at the labelled positions, as the original BERT code does:
+    logits are then [num_labelled, vocab_size] in row-major (batch, seq) order, and loss is the
+    mean cross-entropy over them (0 with a zero gradient when nothing is labelled, never NaN).
+    """
+
+    _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__(config)
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
+        self.cls = FixedHeadMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        sequence_output = outputs.last_hidden_state
+        loss = None
+        if labels is None:
+            logits = self.cls(sequence_output)
+        else:
+            if labels.shape != sequence_output.shape[:2]:
+                raise ValueError(
+                    f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, got {tuple(labels.shape)}"
+                )
+            selected = labels != -100
+            logits = self.cls(sequence_output[selected])  # [num_labelled, vocab]
+            targets = labels[selected]
+            if targets.numel() == 0:
+                loss = logits.sum() * 0.0
+            else:
+                loss = F.cross_entropy(logits.float(), targets)
+        out = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
+    """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
+
+    ``config.num_labels == 1`` (or ``problem_type="regression"``) is regression with MSE
+    (STS-B); otherwise single-label classification with cross-entropy. logits [batch, num_labels].
+    """
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=True)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+    ):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1 or self.config.problem_type == "regression":
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
+            else:
+                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1).long())
+        out = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return out if return_dict else out.to_tuple()
+
+
+# --------------------------------------------------------------------------------------------
+# Conversion from transformers' BERT
+# --------------------------------------------------------------------------------------------
+
+
+def config_from_bert(bert_config) -> FixedHeadConfig:
+    """A standard-head ``FixedHeadConfig`` (head_dim=None) with a ``BertConfig``'s sizes."""
+    return FixedHeadConfig(
+        vocab_size=bert_config.vocab_size,
+        hidden_size=bert_config.hidden_size,
+        num_hidden_layers=bert_config.num_hidden_layers,
+        num_attention_heads=bert_config.num_attention_heads,
+        head_dim=None,
+        intermediate_size=bert_config.intermediate_size,
+        hidden_act=bert_config.hidden_act,
+        hidden_dropout_prob=bert_config.hidden_dropout_prob,
+        attention_probs_dropout_prob=bert_config.attention_probs_dropout_prob,
+        max_position_embeddings=bert_config.max_position_embeddings,
+        type_vocab_size=bert_config.type_vocab_size,
+        initializer_range=bert_config.initializer_range,
+        layer_norm_eps=bert_config.layer_norm_eps,
+        pad_token_id=bert_config.pad_token_id,
+    )
+
+
+def _bert_to_fixedhead_state_dict(bert_sd: dict, num_layers: int, src: str, dst: str) -> dict:
+    """Rename (and fuse q/k/v of) a BERT encoder state dict; ``src``/``dst`` are the prefixes."""
+    out = {}
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        out[f"{dst}embeddings.{name}.weight"] = bert_sd[f"{src}embeddings.{name}.weight"]
+    for p in ("weight", "bias"):
+        out[f"{dst}embeddings.LayerNorm.{p}"] = bert_sd[f"{src}embeddings.LayerNorm.{p}"]
+    for i in range(num_layers):
+        b, f = f"{src}encoder.layer.{i}.", f"{dst}encoder.layer.{i}."
+        for p in ("weight", "bias"):
+            out[f"{f}attention.qkv.{p}"] = torch.cat(
+                [bert_sd[f"{b}attention.self.{n}.{p}"] for n in ("query", "key", "value")], dim=0
+            )
+            out[f"{f}attention.out_proj.{p}"] = bert_sd[f"{b}attention.output.dense.{p}"]
+            out[f"{f}attention_norm.{p}"] = bert_sd[f"{b}attention.output.LayerNorm.{p}"]
+            out[f"{f}intermediate.{p}"] = bert_sd[f"{b}intermediate.dense.{p}"]
+            out[f"{f}output.{p}"] = bert_sd[f"{b}output.dense.{p}"]
+            out[f"{f}output_norm.{p}"] = bert_sd[f"{b}output.LayerNorm.{p}"]
+    return out
+
+
+def from_bert(bert_model) -> FixedHeadForMaskedLM:
+    """Convert a transformers ``BertForMaskedLM`` into a standard-head ``FixedHeadForMaskedLM``.
+
+    The weights are copied exactly (q, k, v fused into one projection), so in float32 eval mode
+    both models give the same logits up to float rounding (tested to 1e-5).
+
+    Raises:
+        TypeError: the model is not a ``BertForMaskedLM``.
+        ValueError: the BERT config uses something this model does not (relative positions,
+            decoder mode).
+    """
+    from transformers import BertForMaskedLM
+
+    if not isinstance(bert_model, BertForMaskedLM):
+        raise TypeError(f"from_bert expects a transformers BertForMaskedLM, got {type(bert_model).__name__}")
+    bc = bert_model.config
+    if getattr(bc, "position_embedding_type", "absolute") not in ("absolute", None):
+        raise ValueError(f"only absolute positions are supported, got {bc.position_embedding_type!r}")
+    if getattr(bc, "is_decoder", False):
+        raise ValueError("decoder BERT configs (is_decoder=True) are not supported")
+    config = config_from_bert(bc)
+    model = FixedHeadForMaskedLM(config)
+    sd = bert_model.state_dict()
+    new_sd = _bert_to_fixedhead_state_dict(sd, bc.num_hidden_layers, "bert.", "fixedhead.")
+    for p in ("weight", "bias"):
+        new_sd[f"cls.dense.{p}"] = sd[f"cls.predictions.transform.dense.{p}"]
+        new_sd[f"cls.LayerNorm.{p}"] = sd[f"cls.predictions.transform.LayerNorm.{p}"]
+    new_sd["cls.decoder.weight"] = sd["cls.predictions.decoder.weight"]
+    new_sd["cls.decoder.bias"] = sd.get("cls.predictions.decoder.bias", sd.get("cls.predictions.bias"))
+    missing, unexpected = model.load_state_dict(new_sd, strict=False)
+    if unexpected or [m for m in missing if m != "cls.decoder.weight"]:
+        raise RuntimeError(f"conversion left missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    return model.to(bert_model.dtype)
