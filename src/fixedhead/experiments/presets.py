@@ -1,0 +1,62 @@
+"""Named model configurations: the paper's BERT sizes (Tables 1–3) and CPU-sized ones.
+
+Every paper preset records the parameter count the paper reports (``paper_params``, in
+millions), so the implementation can be checked against it (tests/test_count.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..configuration import FixedHeadConfig
+
+#: the paper's BERT pretraining setup shared by every table (PAPER.md, "Experiments")
+_BERT_COMMON = dict(vocab_size=30522, num_hidden_layers=24, max_position_embeddings=512, type_vocab_size=2)
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A named configuration; ``paper_params`` is the paper's reported count in millions (or None)."""
+
+    name: str
+    description: str
+    config: dict = field(default_factory=dict)
+    paper_params: float | None = None
+    source: str = ""
+
+    def build_config(self, **overrides) -> FixedHeadConfig:
+        return FixedHeadConfig(**{**self.config, **overrides})
+
+
+def _paper(name, source, hidden, heads, head_dim, ffn, params, desc):
+    cfg = dict(_BERT_COMMON, hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim, intermediate_size=ffn)
+    return ModelPreset(name, desc, cfg, params, source)
+
+
+PAPER_PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in [
+        _paper("bert-large-h8", "Table 1", 1024, 8, None, 4096, 336, "BERT-large, 8 standard heads (d_p=128)"),
+        _paper("bert-large-h16", "Table 1", 1024, 16, None, 4096, 336, "BERT-large, 16 standard heads (d_p=64)"),
+        _paper("bert-large-h32", "Table 1", 1024, 32, None, 4096, 336, "BERT-large, 32 standard heads (d_p=32)"),
+        _paper("fixed-d512-h8-dp128", "Table 2A", 512, 8, 128, 4096, 168, "d=512, 8 heads of 128"),
+        _paper("fixed-d512-h12-dp128", "Table 2A", 512, 12, 128, 4096, 193, "d=512, 12 heads of 128"),
+        _paper("fixed-d512-h16-dp128", "Table 2A", 512, 16, 128, 4096, 218, "d=512, 16 heads of 128"),
+        _paper("fixed-d512-h32-dp128", "Table 2A", 512, 32, 128, 4096, 319, "d=512, 32 heads of 128"),
+        _paper("fixed-d512-h8-dp32", "Table 2B", 512, 8, 32, 4096, 130, "d=512, 8 heads of 32"),
+        _paper("fixed-d512-h8-dp64", "Table 2B", 512, 8, 64, 4096, 142, "d=512, 8 heads of 64"),
+        _paper("fixed-d512-h8-dp256", "Table 2B", 512, 8, 256, 4096, 218, "d=512, 8 heads of 256"),
+        _paper("fixed-d768-h8-dp128", "Table 3", 768, 8, 128, 3072, 214, "d=768, 8 heads of 128"),
+        _paper("fixed-d768-h12-dp128", "Table 3", 768, 12, 128, 3072, 252, "d=768, 12 heads of 128"),
+        _paper("fixed-d768-h16-dp128", "Table 3", 768, 16, 128, 3072, 290, "d=768, 16 heads of 128"),
+        _paper("fixed-d768-h20-dp128", "Table 3", 768, 20, 128, 3072, 327, "d=768, 20 heads of 128"),
+    ]
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    """Look up a model preset by name. Raises ValueError listing the known names."""
+    try:
+        return PAPER_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PAPER_PRESETS)}") from None
