@@ -53,10 +53,16 @@ class PreparedData:
     train: torch.Tensor  # [num_train_sequences, max_seq_length]
     heldout: torch.Tensor  # [num_heldout_sequences, max_seq_length]
     info: dict = field(default_factory=dict)
+    settings: DataSettings | None = None
 
 
-def prepare_data(settings: DataSettings, cache_dir=None, progress: bool = True) -> PreparedData:
+def prepare_data(
+    settings: DataSettings, cache_dir=None, progress: bool = True, tokenizer=None, heldout_only: bool = False
+) -> PreparedData:
     """Read the corpus, split by document, train/load the tokenizer, tokenise and pack.
+
+    ``tokenizer`` reuses a trained one (e.g. a run directory's); ``heldout_only`` skips
+    tokenising the training documents (``train`` is then empty), for evaluation.
 
     Raises:
         FileNotFoundError / ValueError: from :func:`fixedhead.data.read_corpus` and friends.
@@ -68,7 +74,7 @@ def prepare_data(settings: DataSettings, cache_dir=None, progress: bool = True) 
         print(f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
               f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
               f"{' …' if len(held_docs) > 6 else ''}", flush=True)
-    tokenizer = train_tokenizer(
+    tokenizer = tokenizer or train_tokenizer(
         [d.text for d in train_docs],
         vocab_size=settings.vocab_size,
         lowercase=settings.lowercase,
@@ -76,10 +82,13 @@ def prepare_data(settings: DataSettings, cache_dir=None, progress: bool = True) 
         max_chars=settings.tokenizer_max_chars,
         model_max_length=settings.max_seq_length,
     )
-    train_ids = tokenize_documents(tokenizer, [d.text for d in train_docs], settings.max_train_tokens)
-    held_ids = tokenize_documents(tokenizer, [d.text for d in held_docs], settings.max_eval_tokens)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    train = pack_sequences(train_ids, settings.max_seq_length, cls_id, sep_id)
+    if heldout_only:
+        train = torch.empty(0, settings.max_seq_length, dtype=torch.long)
+    else:
+        train_ids = tokenize_documents(tokenizer, [d.text for d in train_docs], settings.max_train_tokens)
+        train = pack_sequences(train_ids, settings.max_seq_length, cls_id, sep_id)
+    held_ids = tokenize_documents(tokenizer, [d.text for d in held_docs], settings.max_eval_tokens)
     heldout = pack_sequences(held_ids, settings.max_seq_length, cls_id, sep_id)
     info = {
         "corpus": str(settings.corpus),
@@ -94,7 +103,7 @@ def prepare_data(settings: DataSettings, cache_dir=None, progress: bool = True) 
     if progress:
         print(f"data: {train.numel():,} training tokens in {train.shape[0]:,} sequences of {settings.max_seq_length}; "
               f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)", flush=True)
-    return PreparedData(tokenizer, train, heldout, info)
+    return PreparedData(tokenizer, train, heldout, info, settings)
 
 
 class SequenceDataset(Dataset):
@@ -263,8 +272,12 @@ def pretrain(
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
-    fingerprint = {"config": config.to_diff_dict(), "train": asdict(settings), "data": {
-        k: v for k, v in data.info.items() if k != "prepare_seconds"}}
+    fingerprint = {
+        "config": config.to_diff_dict(),
+        "train": asdict(settings),
+        "data": asdict(data.settings) if data.settings else {},
+        "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+    }
     fingerprint = json.loads(json.dumps(fingerprint, default=str))
     _check_run_dir(run_dir, fingerprint, resume, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -300,6 +313,7 @@ def pretrain(
         "fixed_head": config.is_fixed_head,
         "num_hidden_layers": config.num_hidden_layers,
         "training_tokens": settings.max_steps * settings.batch_size * data.train.shape[1],
+        "tokens_per_step": settings.batch_size * data.train.shape[1],
         "train_seconds": round(wall, 1),
         "heldout_loss": metrics["loss"],
         "heldout_perplexity": metrics["perplexity"],
@@ -346,3 +360,45 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         torch_compile=settings.torch_compile,
         use_cpu=not torch.cuda.is_available(),
     )
+
+
+def load_run(run_dir: str | os.PathLike):
+    """Load ``(model, tokenizer, settings)`` from a pretraining run directory (safetensors only).
+
+    Raises:
+        FileNotFoundError: no such directory, or it holds no finished model.
+    """
+    from transformers import BertTokenizerFast
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    if not (run_dir / "model.safetensors").is_file() or not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{run_dir} holds no finished model (model.safetensors and config.json)")
+    model = FixedHeadForMaskedLM.from_pretrained(str(run_dir), use_safetensors=True)
+    tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    settings_file = run_dir / PRETRAIN_FILE
+    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    return model, tokenizer, settings
+
+
+def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_seed: int | None = None,
+                 max_eval_tokens: int | None = None, batch_size: int = 128) -> dict:
+    """Score a run directory's model on its held-out documents (same split, same fixed masking).
+
+    ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
+    apply); ``eval_seed`` the masking seed. Returns the :func:`evaluate_mlm` metrics.
+    """
+    model, tokenizer, saved = load_run(run_dir)
+    data_kwargs = dict(saved.get("data", {}))
+    if corpus is not None:
+        data_kwargs["corpus"] = corpus
+    if max_eval_tokens is not None:
+        data_kwargs["max_eval_tokens"] = max_eval_tokens
+    if not data_kwargs.get("corpus"):
+        raise ValueError(f"{run_dir} records no corpus; pass --corpus")
+    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", model.config.max_position_embeddings)
+    data = prepare_data(DataSettings(**data_kwargs), tokenizer=tokenizer, heldout_only=True, progress=False)
+    seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
+    ids, labels = fixed_masking(data.heldout, tokenizer, seed)
+    return evaluate_mlm(model, ids, labels, batch_size)
