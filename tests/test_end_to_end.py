@@ -18,7 +18,7 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
     config = FixedHeadConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, head_dim=16,
                              intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
                              attention_probs_dropout_prob=0.0)
-    settings = TrainSettings(batch_size=16, max_steps=40, learning_rate=3e-3, logging_steps=10, eval_steps=20,
+    settings = TrainSettings(batch_size=16, max_steps=40, learning_rate=5e-3, logging_steps=10, eval_steps=20,
                              save_steps=20, report_to=[], progress=False)
     run = tmp_path / "run"
     result = pretrain(config, data, run, settings)
@@ -27,8 +27,8 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
     # learning happened: held-out loss fell well below the uniform-guess loss ln(vocab)
     import math
 
-    assert result["heldout_loss"] < math.log(len(data.tokenizer)) - 0.5
-    assert result["eval_curve"][-1][1] < result["eval_curve"][0][1] + 1e-6 or len(result["eval_curve"]) == 1
+    assert result["heldout_loss"] < math.log(len(data.tokenizer)) - 0.4
+    assert len(result["eval_curve"]) == 2 and result["eval_curve"][1][1] < result["eval_curve"][0][1]
     # scoring the saved run again gives the same numbers (same split, same fixed masking)
     again = evaluate_run(run)
     assert again["masked_tokens"] == result["heldout_masked_tokens"]
