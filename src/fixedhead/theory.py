@@ -25,6 +25,7 @@ This module stands alone (NumPy, SciPy, PyTorch; matplotlib/tqdm only inside
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -90,6 +91,41 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     return P
 
 
+class _single_thread:
+    """Run this module's dense maths on one BLAS/torch thread, restoring the settings after.
+
+    The matrices here are small (n <= ~1024): on a busy 2-core machine OpenBLAS threads that
+    spin-wait made a 1024×1024 SVD take 11–20 s instead of 1.6 s single-threaded, and made
+    L-BFGS on 64×64 problems several times slower. Usable as a context manager or decorator.
+    """
+
+    def __enter__(self):
+        self._torch = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            from threadpoolctl import threadpool_limits
+
+            self._blas = threadpool_limits(1)
+        except ImportError:  # optional: only a speed matter
+            self._blas = None
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self._torch)
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+        return False
+
+
+def _one_thread(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _single_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 # ------------------------------------------------------------------------------- Theorem 1
 def centred_log_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     """The per-query-centred log attention C = log P · (I − 11^T/n).
@@ -122,6 +158,7 @@ def _numerical_rank(s: np.ndarray, shape: tuple[int, int], rtol: float | None) -
     return int(np.sum(s > rtol * s[0]))
 
 
+@_one_thread
 def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL) -> int:
     """Smallest head size d_p that represents P exactly on an input X of rank n (sharp Theorem 1).
 
@@ -182,6 +219,7 @@ def _svd_factors(C: np.ndarray, k: int, svd=None) -> tuple[np.ndarray, np.ndarra
     return A, B
 
 
+@_one_thread
 def represent(X, P, head_dim: int | None = None, row_sum_tol: float = ROW_SUM_TOL):
     """Theorem 1's construction: W_q, W_k with softmax((X W_q)(X W_k)^T / √head_dim) = P exactly.
 
@@ -247,6 +285,7 @@ class BestLogits(NamedTuple):
     error: float
 
 
+@_one_thread
 def logit_errors(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     """Minimal logit-space error of a head of every size k = 0..n (Eckart–Young on centred log P).
 
@@ -276,6 +315,7 @@ def logit_errors(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     return np.sqrt(np.maximum(tail, 0.0))
 
 
+@_one_thread
 def best_logits(P, head_dim: int, row_sum_tol: float = ROW_SUM_TOL) -> BestLogits:
     """The closest logits a head of size ``head_dim`` can produce on a rank-n input, and the error.
 
@@ -337,28 +377,6 @@ class HeadFit:
     restart_kls: list[float] = field(default_factory=list)
 
 
-class _single_thread:
-    """Run small dense maths on one thread: on a busy 2-core machine, BLAS/OpenMP threads spinning
-    on 64×64 matrices make L-BFGS several times slower, not faster. Restores the settings after."""
-
-    def __enter__(self):
-        self._torch = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            from threadpoolctl import threadpool_limits
-
-            self._blas = threadpool_limits(1)
-        except ImportError:  # optional: only a speed matter
-            self._blas = None
-        return self
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self._torch)
-        if self._blas is not None:
-            self._blas.restore_original_limits()
-        return False
-
-
 def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_iter: int) -> np.ndarray:
     """torch L-BFGS on Z = [W_q, W_k] ([2, d, k]) for the mean row KL(P || softmax(X W_q W_k^T X^T/√k)).
 
@@ -389,6 +407,7 @@ def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_
     return Z.detach().numpy().copy()
 
 
+@_one_thread
 def fit_head(X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 1000,
              row_sum_tol: float = ROW_SUM_TOL) -> HeadFit:
     """Best one-head fit of P in probability space: minimise the mean row KL(P || softmax(L)).
@@ -437,16 +456,15 @@ def fit_head(X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter:
     identity = n == d and np.array_equal(X, np.eye(n))
     Xt, Pt = (None if identity else torch.from_numpy(X)), torch.from_numpy(P)
     start_kls, restart_kls, fits = [], [], []
-    with _single_thread():
-        for Z0 in starts:
-            start_kl = mean_row_kl(P, head_attention(X, Z0[0], Z0[1]))
-            Z = _minimise_kl(Xt, Pt, Z0, max_iter)
-            kl = mean_row_kl(P, head_attention(X, Z[0], Z[1])) if np.all(np.isfinite(Z)) else math.inf
-            if not kl <= start_kl:  # never return something worse than the start (or nan)
-                Z, kl = Z0, start_kl
-            start_kls.append(start_kl)
-            restart_kls.append(kl)
-            fits.append(Z)
+    for Z0 in starts:
+        start_kl = mean_row_kl(P, head_attention(X, Z0[0], Z0[1]))
+        Z = _minimise_kl(Xt, Pt, Z0, max_iter)
+        kl = mean_row_kl(P, head_attention(X, Z[0], Z[1])) if np.all(np.isfinite(Z)) else math.inf
+        if not kl <= start_kl:  # never return something worse than the start (or nan)
+            Z, kl = Z0, start_kl
+        start_kls.append(start_kl)
+        restart_kls.append(kl)
+        fits.append(Z)
     best = int(np.argmin(restart_kls))
     W_q, W_k = fits[best][0].copy(), fits[best][1].copy()
     att = head_attention(X, W_q, W_k)
@@ -466,7 +484,8 @@ def random_attention(n: int, temperature: float = 1.0, seed: int = 0) -> np.ndar
         [n, n] float64.
 
     Raises:
-        ValueError: n not a positive int or temperature not a positive finite number.
+        ValueError: n not a positive int, temperature not a positive finite number or so low
+            that an entry of P underflows to 0.
     """
     n = _check_int("n", n)
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
@@ -476,6 +495,8 @@ def random_attention(n: int, temperature: float = 1.0, seed: int = 0) -> np.ndar
     G = np.random.default_rng(seed).standard_normal((n, n)) / temperature
     G = G - G.max(axis=1, keepdims=True)
     E = np.exp(G)
+    if np.any(E == 0.0):
+        raise ValueError(f"temperature={temperature!r} is so low that entries of P underflow to 0 in float64")
     return E / E.sum(axis=1, keepdims=True)
 
 
@@ -620,7 +641,7 @@ def theorem2_witness(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2
             f"Theorem 2 needs num_heads > hidden_size/head_dim, got num_heads={h}, hidden_size={d}, "
             f"head_dim={e} (h·d_p = {h * e} <= d = {d}: standard heads of size d/h >= d_p)"
         )
-    if not (isinstance(logit_scale, numbers.Real) and 0 < logit_scale < math.inf):
+    if isinstance(logit_scale, bool) or not (isinstance(logit_scale, numbers.Real) and 0 < logit_scale < math.inf):
         raise ValueError(f"logit_scale must be a positive finite number, got {logit_scale!r}")
     gen = torch.Generator().manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -645,6 +666,7 @@ def _relative_error(Y_hat: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     return ((Y_hat - Y) ** 2).sum() / (Y**2).sum()
 
 
+@_one_thread
 def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: int, *, restarts: int = 8,
                   seed: int = 0, max_iter: int = 1000, tol_change: float = 1e-14,
                   init: MultiHeadWeights | None = None):
@@ -678,24 +700,23 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: in
         _random_layer(h, d, e, gen).flat() for _ in range(restarts)
     ]
     errors, best = [], None
-    with _single_thread():
-        for z0 in starts:
-            z = z0.clone().requires_grad_(True)
-            opt = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=1e-14,
-                                    tolerance_change=tol_change, history_size=20, line_search_fn="strong_wolfe")
+    for z0 in starts:
+        z = z0.clone().requires_grad_(True)
+        opt = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=1e-14,
+                                tolerance_change=tol_change, history_size=20, line_search_fn="strong_wolfe")
 
-            def closure():
-                opt.zero_grad()
-                loss = _relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y)
-                loss.backward()
-                return loss
+        def closure():
+            opt.zero_grad()
+            loss = _relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y)
+            loss.backward()
+            return loss
 
-            opt.step(closure)
-            with torch.no_grad():
-                err = float(_relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y))
-            errors.append(err if math.isfinite(err) else math.inf)
-            if best is None or errors[-1] < best[1]:
-                best = (z.detach().clone(), errors[-1])
+        opt.step(closure)
+        with torch.no_grad():
+            err = float(_relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y))
+        errors.append(err if math.isfinite(err) else math.inf)
+        if best is None or errors[-1] < best[1]:
+            best = (z.detach().clone(), errors[-1])
     return MultiHeadWeights.from_flat(best[0], h, d, e), best[1], errors
 
 
@@ -727,6 +748,7 @@ class Theorem2Result:
     fixed_fit_test_error: float
 
 
+@_one_thread
 def theorem2_demo(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2, seq_len: int = 4, *,
                   num_inputs: int = 64, logit_scale: float = 2.0, restarts: int = 4, max_iter: int = 300,
                   fixed_max_iter: int = 1000, seed: int = 0) -> Theorem2Result:
@@ -790,6 +812,7 @@ SWEEP_COLUMNS = [
 ]
 
 
+@_one_thread
 def bottleneck_sweep(ns=(16, 32, 64), seeds=(0, 1, 2), temperature: float = 1.0,
                      output_dir="runs/bottleneck", max_iter: int = 150, progress: bool = True) -> list[dict]:
     """The low-rank bottleneck against head size (paper Theorem 1, sharpened): CSV + PNG.
