@@ -64,7 +64,7 @@ def _add_bottleneck(sub):
     p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64], help="sequence lengths (default: 16 32 64)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the random P (default: 0 1 2)")
     p.add_argument("--temperature", type=float, default=1.0, help="P = softmax(G / T); lower is more peaked")
-    p.add_argument("--max-iter", type=int, default=150, help="L-BFGS iterations per KL fit")
+    p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per KL fit")
     p.add_argument("--output-dir", default="runs/bottleneck")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_bottleneck)
