@@ -180,11 +180,37 @@ def _cmd_compare(args):
 
     run_compare(args.preset, args.output_dir, corpus=args.corpus, max_steps=args.max_steps,
                 batch_size=args.batch_size, seed=args.seed, overwrite=args.overwrite)
+
+# ------------------------------------------------------------------------------ bottleneck
+def _add_bottleneck(sub):
+    p = sub.add_parser("bottleneck", help="one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG")
+    p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64], help="sequence lengths (default: 16 32 64)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the random P (default: 0 1 2)")
+    p.add_argument("--temperature", type=float, default=1.0, help="P = softmax(G / T); lower is more peaked")
+    p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per KL fit")
+    p.add_argument("--output-dir", default="runs/bottleneck")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_bottleneck)
+
+
+def _cmd_bottleneck(args):
+    from .theory import bottleneck_sweep
+
+    rows = bottleneck_sweep(args.n, args.seeds, args.temperature, args.output_dir, args.max_iter,
+                            progress=not args.no_progress)
+    print(f"{'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   (mean over {len(args.seeds)} seeds, nats)")
+    for n in args.n:
+        for k in sorted({1, n // 2, n - 2, n - 1, n} - {0}):
+            sel = [r for r in rows if r["n"] == n and r["head_dim"] == k]
+            le = sum(r["logit_error"] for r in sel) / len(sel)
+            kl = sum(r["kl_fit"] for r in sel) / len(sel)
+            print(f"{n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
+    print(f"wrote {args.output_dir}/bottleneck.csv and bottleneck.png")
     return 0
 
 
 # ------------------------------------------------------------------------------------ main
-_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare]
+_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck]
 
 
 def build_parser() -> argparse.ArgumentParser:
