@@ -1,0 +1,27 @@
+"""fixedhead: fixed head size multi-head attention (Bhojanapalli et al., ICML 2020).
+
+Standard multi-head attention ties the head size to the embedding size (d_p = d/h); this package
+decouples it. See README.md.
+"""
+
+from .attention import MultiHeadAttention
+from .configuration import FixedHeadConfig
+from .modeling import (
+    FixedHeadForMaskedLM,
+    FixedHeadForSequenceClassification,
+    FixedHeadModel,
+    count_parameters,
+    from_bert,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MultiHeadAttention",
+    "FixedHeadConfig",
+    "FixedHeadModel",
+    "FixedHeadForMaskedLM",
+    "FixedHeadForSequenceClassification",
+    "count_parameters",
+    "from_bert",
+]

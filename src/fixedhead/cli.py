@@ -58,8 +58,133 @@ def _cmd_count(args):
     return 0
 
 
+# ------------------------------------------------------------------------------- pretrain
+def _add_model_args(p):
+    g = p.add_argument_group("model")
+    g.add_argument("--hidden-size", type=int, default=128, help="d (default 128)")
+    g.add_argument("--num-hidden-layers", type=int, default=2)
+    g.add_argument("--num-attention-heads", type=int, default=16, help="h (default 16)")
+    g.add_argument("--head-dim", type=int, default=None, help="fixed head size d_p; omit for the standard d/h")
+    g.add_argument("--intermediate-size", type=int, default=None, help="feed-forward width (default 4d)")
+    g.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (default 0)")
+
+
+def _add_data_args(p, corpus_default=True):
+    from .data import DEFAULT_CORPUS
+
+    g = p.add_argument_group("data")
+    g.add_argument("--corpus", default=str(DEFAULT_CORPUS) if corpus_default else None,
+                   help="a .txt/.jsonl(.gz) file, a directory of them, or a Hugging Face dataset name "
+                   "(default: the Gutenberg books in ../shared/data)")
+    g.add_argument("--max-seq-length", type=int, default=64, help="n, tokens per packed sequence (default 64)")
+    g.add_argument("--vocab-size", type=int, default=8192)
+    g.add_argument("--heldout-fraction", type=float, default=0.05, help="fraction of documents held out")
+    g.add_argument("--max-train-tokens", type=int, default=None)
+    g.add_argument("--max-eval-tokens", type=int, default=200_000)
+
+
+def _add_train_args(p):
+    g = p.add_argument_group("training")
+    g.add_argument("--max-steps", type=int, default=600)
+    g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--learning-rate", type=float, default=2e-3)
+    g.add_argument("--warmup-ratio", type=float, default=0.06)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--eval-steps", type=int, default=100)
+    g.add_argument("--save-steps", type=int, default=200)
+    g.add_argument("--report-to", nargs="*", default=["tensorboard"], help="Trainer integrations (tensorboard, wandb, mlflow, none)")
+    g.add_argument("--torch-compile", action="store_true")
+
+
+def _add_pretrain(sub):
+    p = sub.add_parser("pretrain", help="masked-LM pretraining of one model on real text")
+    p.add_argument("--output-dir", required=True, help="run directory (model, tokenizer, metrics, checkpoints, logs)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --output-dir")
+    _add_model_args(p)
+    _add_data_args(p)
+    _add_train_args(p)
+    p.set_defaults(func=_cmd_pretrain)
+
+
+def _cmd_pretrain(args):
+    import json
+
+    from .configuration import FixedHeadConfig
+    from .training import DataSettings, TrainSettings, prepare_data, pretrain
+
+    config = FixedHeadConfig(
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+        max_position_embeddings=args.max_seq_length,
+        hidden_dropout_prob=args.dropout,
+        attention_probs_dropout_prob=args.dropout,
+    )
+    data = prepare_data(DataSettings(
+        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
+        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
+        max_eval_tokens=args.max_eval_tokens))
+    report_to = [] if args.report_to in (["none"], []) else args.report_to
+    settings = TrainSettings(
+        batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
+        eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
+        torch_compile=args.torch_compile)
+    result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------- evaluate
+def _add_evaluate(sub):
+    p = sub.add_parser("evaluate", help="held-out masked-LM loss, perplexity and accuracy of a run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--corpus", default=None, help="override the corpus recorded in the run")
+    p.add_argument("--eval-seed", type=int, default=None, help="masking seed (default: the run's)")
+    p.add_argument("--max-eval-tokens", type=int, default=None)
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_evaluate(args):
+    import json
+
+    from .training.pretrain import evaluate_run
+
+    metrics = evaluate_run(args.run_dir, corpus=args.corpus, eval_seed=args.eval_seed,
+                           max_eval_tokens=args.max_eval_tokens)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+# -------------------------------------------------------------------------------- compare
+def _add_compare(sub):
+    from .experiments.compare import COMPARE_PRESETS
+
+    p = sub.add_parser("compare", help="train standard vs fixed-head models on the same text and compare (make run)")
+    p.add_argument("--preset", default="cpu", choices=sorted(COMPARE_PRESETS))
+    p.add_argument("--output-dir", default="runs/compare")
+    p.add_argument("--corpus", default=None, help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name")
+    p.add_argument("--max-steps", type=int, default=None, help="override the preset's step budget")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--overwrite", action="store_true", help="retrain models that already finished")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args):
+    from .experiments.compare import run_compare
+
+    run_compare(args.preset, args.output_dir, corpus=args.corpus, max_steps=args.max_steps,
+                batch_size=args.batch_size, seed=args.seed, overwrite=args.overwrite)
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
-_COMMANDS = [_add_count]
+_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare]
 
 
 def build_parser() -> argparse.ArgumentParser:

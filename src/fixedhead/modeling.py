@@ -92,7 +92,7 @@ class FixedHeadLayer(nn.Module):
 
 
 class FixedHeadPreTrainedModel(PreTrainedModel):
-    """Weight initialisation (BERT's: N(0, initializer_range), zero biases) and HF plumbing."""
+    """HF plumbing; transformers' default init is BERT's (N(0, initializer_range), zero biases, unit LayerNorms)."""
 
     config_class = FixedHeadConfig
     config: FixedHeadConfig
@@ -100,10 +100,6 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
-
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        # the base class knows nn.Linear/nn.Embedding/LayerNorm; nothing else here needs care
 
     def _use_sdpa(self, output_attentions: bool) -> bool:
         return not output_attentions and getattr(self.config, "_attn_implementation", "sdpa") != "eager"

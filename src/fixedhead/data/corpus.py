@@ -1,0 +1,143 @@
+"""Corpus readers: plain text, JSON lines, their gzip forms, directories, or a Hugging Face dataset.
+
+A *document* is the unit that train/held-out splits respect: a whole ``.txt`` file, or one JSON
+line (one Gutenberg book, one Wikipedia summary). Nothing is downloaded unless the user names a
+hub dataset.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+#: default data location: $FIXEDHEAD_DATA_DIR, else ../shared/data beside the repository checkout
+DEFAULT_DATA_DIR = Path(
+    os.environ.get("FIXEDHEAD_DATA_DIR", Path(__file__).resolve().parents[3].parent / "shared" / "data")
+)
+DEFAULT_CORPUS = DEFAULT_DATA_DIR / "pretrain" / "gutenberg_en_books.jsonl.gz"
+
+_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: its text and where it came from (``source`` is "path" or "path:line")."""
+
+    text: str
+    source: str
+    title: str = ""
+
+
+def _open_text(path: Path):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="strict")
+    return open(path, encoding="utf-8", errors="strict")
+
+
+def _read_file(path: Path, text_field: str) -> list[Document]:
+    docs = []
+    try:
+        with _open_text(path) as f:
+            if path.name.endswith((".jsonl", ".jsonl.gz")):
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                    if not isinstance(record, dict) or text_field not in record:
+                        raise ValueError(f"{path}:{lineno}: JSON line has no {text_field!r} field")
+                    if not isinstance(record[text_field], str):
+                        raise ValueError(f"{path}:{lineno}: field {text_field!r} is not a string")
+                    docs.append(Document(record[text_field], f"{path}:{lineno}", str(record.get("title", ""))))
+            else:
+                docs.append(Document(f.read(), str(path), path.stem))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    return docs
+
+
+def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str = "train") -> list[Document]:
+    """Read documents from ``source``.
+
+    Args:
+        source: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a directory (all such files in
+            it, recursively, sorted by path); or a Hugging Face dataset name (only when no such
+            path exists; needs network access or a local hub cache).
+        text_field: the JSON / dataset field holding the text.
+        split: dataset split for hub datasets.
+
+    Returns:
+        documents in a deterministic order; whitespace-only documents are dropped.
+
+    Raises:
+        FileNotFoundError: a path-like source that does not exist (with a hint).
+        ValueError: not UTF-8; a JSON line without ``text_field``; a directory with no corpus
+            files; a corpus with no non-empty document.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
+        if not files:
+            raise ValueError(f"{path}: directory holds no {'/'.join(_SUFFIXES)} files")
+        docs = [d for f in files for d in _read_file(f, text_field)]
+    elif path.is_file():
+        if not path.name.endswith(_SUFFIXES):
+            raise ValueError(f"{path}: unsupported corpus file type; expected one of {', '.join(_SUFFIXES)}")
+        docs = _read_file(path, text_field)
+    elif os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith("."):
+        raise FileNotFoundError(
+            f"corpus {str(source)!r} does not exist; pass --corpus with a .txt/.jsonl(.gz) file, a directory "
+            f"of them, or a Hugging Face dataset name"
+        )
+    else:
+        docs = _read_hub_dataset(str(source), text_field, split)
+    docs = [d for d in docs if d.text.strip()]
+    if not docs:
+        raise ValueError(f"corpus {str(source)!r} is empty: no document with non-whitespace text")
+    return docs
+
+
+def _read_hub_dataset(name: str, text_field: str, split: str) -> list[Document]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # the hub raises many types; the user needs the name and the reason
+        raise ValueError(
+            f"{name!r} is neither a local corpus path nor a loadable Hugging Face dataset ({type(e).__name__}: {e})"
+        ) from None
+    if text_field not in ds.column_names:
+        raise ValueError(f"dataset {name!r} has no {text_field!r} column (columns: {ds.column_names})")
+    return [Document(t, f"{name}:{i}") for i, t in enumerate(ds[text_field]) if isinstance(t, str)]
+
+
+def split_documents(
+    docs: list[Document], heldout_fraction: float = 0.05, seed: int = 0, min_heldout: int = 1
+) -> tuple[list[Document], list[Document]]:
+    """Split by whole documents (books are never cut between train and held-out).
+
+    A seeded shuffle of the document indices picks ``max(min_heldout, round(f·N))`` held-out
+    documents; both lists keep the corpus order. Deterministic for a given seed.
+
+    Raises:
+        ValueError: fraction outside (0, 1), or fewer than 2 documents.
+    """
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    if len(docs) < 2:
+        raise ValueError(f"need at least 2 documents to split train/held-out by document, got {len(docs)}")
+    n_held = min(len(docs) - 1, max(min_heldout, round(heldout_fraction * len(docs))))
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n_held])
+    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]

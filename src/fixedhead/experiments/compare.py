@@ -1,0 +1,259 @@
+"""`fixedhead compare`: standard vs fixed head size, trained and scored on the same real text.
+
+The default preset is CPU-sized (the README's ``make run``): three masked-LM models on the same
+tokenizer, data, masking and step budget —
+
+* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n = 64 (the paper's
+  bottleneck regime, Section 3);
+* ``fixed``: the same d and h with a fixed head size d_p = 32 (paper Section 4);
+* ``standard-wide``: a standard model whose hidden size is chosen to match the fixed model's
+  parameter count (the paper's Fig. 1/2 question: is the fixed model better than simply making
+  the standard one bigger?).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ..configuration import FixedHeadConfig
+from ..data import DEFAULT_CORPUS
+from ..modeling import count_parameters
+from ..training.pretrain import METRICS_FILE, DataSettings, TrainSettings, prepare_data, pretrain
+
+
+@dataclass
+class ComparePreset:
+    """Data and training settings shared by all models, and each model's config fields."""
+
+    description: str
+    data: DataSettings
+    train: TrainSettings
+    models: dict[str, dict] = field(default_factory=dict)
+    #: name of a standard model to widen until it matches ``match_to``'s parameter count
+    widen: str | None = None
+    match_to: str | None = None
+
+
+def _cpu_preset(steps=700, batch=64) -> ComparePreset:
+    common = dict(num_hidden_layers=2, intermediate_size=512, max_position_embeddings=64,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ComparePreset(
+        description="d=128, 16 heads: standard d_p=8 vs fixed d_p=32 vs a parameter-matched wider standard model; "
+        "2 layers, n=64, Gutenberg books",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=64, max_eval_tokens=200_000),
+        train=TrainSettings(batch_size=batch, max_steps=steps, learning_rate=2e-3, eval_steps=100, save_steps=350),
+        models={
+            "standard": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
+            "fixed": dict(common, hidden_size=128, num_attention_heads=16, head_dim=32),
+            "standard-wide": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
+        },
+        widen="standard-wide",
+        match_to="fixed",
+    )
+
+
+def _tiny_preset() -> ComparePreset:
+    common = dict(num_hidden_layers=1, intermediate_size=64, max_position_embeddings=32,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ComparePreset(
+        description="a seconds-long smoke test: d=32, 8 heads (d_p=4) vs fixed d_p=16",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=500, max_seq_length=32, max_train_tokens=40_000,
+                          max_eval_tokens=4_000, tokenizer_max_chars=300_000),
+        train=TrainSettings(batch_size=16, max_steps=20, learning_rate=2e-3, logging_steps=5, eval_steps=10,
+                            save_steps=20),
+        models={
+            "standard": dict(common, hidden_size=32, num_attention_heads=8, head_dim=None),
+            "fixed": dict(common, hidden_size=32, num_attention_heads=8, head_dim=16),
+            "standard-wide": dict(common, hidden_size=32, num_attention_heads=8, head_dim=None),
+        },
+        widen="standard-wide",
+        match_to="fixed",
+    )
+
+
+COMPARE_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset}
+
+
+def get_compare_preset(name: str) -> ComparePreset:
+    """Raises ValueError listing the known preset names."""
+    if name not in COMPARE_PRESETS:
+        raise ValueError(f"unknown compare preset {name!r}; known: {', '.join(COMPARE_PRESETS)}")
+    return COMPARE_PRESETS[name]()
+
+
+def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
+    """Smallest standard hidden size (a multiple of the head count, FFN kept at 4·d) whose parameter
+    count reaches ``target_params`` (counted without pooler, as the MLM model has none)."""
+    heads = base["num_attention_heads"]
+    step = step or heads
+    d = base["hidden_size"]
+    while True:
+        cfg = FixedHeadConfig(**{**base, "hidden_size": d, "intermediate_size": 4 * d, "vocab_size": vocab_size})
+        if count_parameters(cfg, pooler=False) >= target_params or d > 64 * base["hidden_size"]:
+            return d
+        d += step
+
+
+def run_compare(
+    preset: str | ComparePreset = "cpu",
+    output_dir: str | Path = "runs/compare",
+    corpus: str | None = None,
+    max_steps: int | None = None,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    overwrite: bool = False,
+    cache_dir=None,
+    progress: bool = True,
+) -> list[dict]:
+    """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
+
+    Models whose run directory already holds finished metrics with the same settings are not
+    retrained (an interrupted compare resumes where it stopped).
+
+    Returns:
+        one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
+
+    Raises:
+        FileNotFoundError: the corpus is missing (the message says how to pass another).
+        FileExistsError: ``output_dir`` holds runs with other settings (without ``overwrite``).
+    """
+    p = get_compare_preset(preset) if isinstance(preset, str) else preset
+    data_settings = replace(p.data, corpus=corpus) if corpus else p.data
+    train = p.train
+    train = replace(train, max_steps=max_steps) if max_steps else train
+    train = replace(train, batch_size=batch_size) if batch_size else train
+    train = replace(train, seed=seed) if seed is not None else train
+    train = replace(train, progress=progress)
+    if not Path(data_settings.corpus).exists() and Path(data_settings.corpus) == Path(str(DEFAULT_CORPUS)):
+        raise FileNotFoundError(
+            f"the default corpus {DEFAULT_CORPUS} is missing (expected the project's shared data beside the "
+            f"repository, or set FIXEDHEAD_DATA_DIR); pass --corpus PATH (a .txt/.jsonl(.gz) file or a directory) "
+            f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
+        )
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    vocab = len(data.tokenizer)
+
+    configs = {}
+    for name, fields in p.models.items():
+        configs[name] = dict(fields)
+    if p.widen and p.match_to:
+        target = count_parameters(FixedHeadConfig(**configs[p.match_to], vocab_size=vocab), pooler=False)
+        d = match_hidden_size(configs[p.widen], target, vocab)
+        configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
+
+    results = []
+    for i, (name, fields) in enumerate(configs.items(), 1):
+        config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
+        run_dir = out / name
+        if progress:
+            print(f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
+                  f"d_p={config.attention_head_size} ({'fixed' if config.is_fixed_head else 'standard'}), "
+                  f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps", flush=True)
+        done = run_dir / METRICS_FILE
+        if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings):
+            results.append(json.loads(done.read_text()))
+            if progress:
+                print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
+            continue
+        results.append(pretrain(config, data, run_dir, train, resume=not overwrite and run_dir.exists(),
+                                overwrite=overwrite))
+    meta = {
+        "preset": preset if isinstance(preset, str) else "custom",
+        "description": p.description,
+        "data": asdict(data_settings),
+        "data_info": data.info,
+        "train": asdict(train),
+        "total_seconds": round(time.time() - t_start, 1),
+        "python": platform.python_version(),
+        "torch": __import__("torch").__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    write_results(results, out, meta)
+    if progress:
+        print()
+        print(format_table(results))
+        print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
+    return results
+
+
+def _same_run(run_dir: Path, config, train, data_settings) -> bool:
+    settings_file = run_dir / "pretrain_settings.json"
+    if not settings_file.is_file():
+        return False
+    saved = json.loads(settings_file.read_text())
+    current = json.loads(json.dumps({"config": config.to_diff_dict(), "train": asdict(train),
+                                     "data": asdict(data_settings)}, default=str))
+    return all(saved.get(k) == v for k, v in current.items())
+
+
+TABLE_COLUMNS = [
+    ("name", "model", "{}"),
+    ("hidden_size", "d", "{}"),
+    ("num_attention_heads", "h", "{}"),
+    ("head_dim", "d_p", "{}"),
+    ("parameters", "params", "{:,}"),
+    ("training_tokens", "train tokens", "{:,}"),
+    ("heldout_perplexity", "held-out ppl", "{:.2f}"),
+    ("heldout_accuracy", "masked acc", "{:.4f}"),
+    ("train_seconds", "wall s", "{:.0f}"),
+]
+
+
+def format_table(results: list[dict]) -> str:
+    """A plain-text table of the comparison (one row per model)."""
+    rows = [[fmt.format(r[key]) for key, _, fmt in TABLE_COLUMNS] for r in results]
+    headers = [h for _, h, _ in TABLE_COLUMNS]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def write_results(results: list[dict], out: Path, meta: dict) -> None:
+    """results.json (everything, curves included), results.csv (the table) and learning_curves.png."""
+    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
+        w.writerow(keys)
+        for r in results:
+            w.writerow([r[k] for k in keys])
+    plot_learning_curves(results, out / "learning_curves.png", meta.get("description", ""))
+
+
+def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> None:
+    """Training loss and held-out loss (fixed masking) against training tokens, one colour per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for r in results:
+        tokens_per_step = r["tokens_per_step"]
+        label = f"{r['name']} (d={r['hidden_size']}, h={r['num_attention_heads']}, d_p={r['head_dim']}, " \
+                f"{r['parameters'] / 1e6:.2f}M)"
+        for ax, curve in ((axes[0], r["train_curve"]), (axes[1], r["eval_curve"])):
+            if curve:
+                steps, losses = zip(*curve)
+                ax.plot([s * tokens_per_step / 1e6 for s in steps], losses, marker="." if ax is axes[1] else None,
+                        label=label)
+    axes[0].set_title("training MLM loss")
+    axes[1].set_title("held-out MLM loss (fixed masking)")
+    for ax in axes:
+        ax.set_xlabel("training tokens (millions)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cross-entropy (nats)")
+    axes[1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

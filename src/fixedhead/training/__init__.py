@@ -1,0 +1,13 @@
+"""Masked-LM pretraining and evaluation on top of transformers' Trainer."""
+
+from .pretrain import (
+    DataSettings,
+    PreparedData,
+    TrainSettings,
+    evaluate_mlm,
+    fixed_masking,
+    prepare_data,
+    pretrain,
+)
+
+__all__ = ["DataSettings", "PreparedData", "TrainSettings", "evaluate_mlm", "fixed_masking", "prepare_data", "pretrain"]

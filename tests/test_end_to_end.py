@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from fixedhead.cli import main
+from fixedhead.configuration import FixedHeadConfig
+from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+from fixedhead.training.pretrain import evaluate_run
+
+
+def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
+    data = prepare_data(
+        DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
+                     tokenizer_max_chars=None),
+        cache_dir=tmp_path / "cache", progress=False,
+    )
+    assert data.train.shape[1] == 32 and data.heldout.shape[0] > 10
+    config = FixedHeadConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, head_dim=16,
+                             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0)
+    settings = TrainSettings(batch_size=16, max_steps=40, learning_rate=5e-3, logging_steps=10, eval_steps=20,
+                             save_steps=20, report_to=[], progress=False)
+    run = tmp_path / "run"
+    result = pretrain(config, data, run, settings)
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.json", "checkpoint-40"):
+        assert (run / name).exists(), name
+    # learning happened: held-out loss fell well below the uniform-guess loss ln(vocab)
+    import math
+
+    assert result["heldout_loss"] < math.log(len(data.tokenizer)) - 0.4
+    assert len(result["eval_curve"]) == 2 and result["eval_curve"][1][1] < result["eval_curve"][0][1]
+    # scoring the saved run again gives the same numbers (same split, same fixed masking)
+    again = evaluate_run(run)
+    assert again["masked_tokens"] == result["heldout_masked_tokens"]
+    assert again["loss"] == pytest.approx(result["heldout_loss"], abs=1e-5)
+    # a second run into the same directory is refused, not silently overwritten
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        pretrain(config, data, run, settings)
+
+
+def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    rc = main(["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(tmp_path / "c"),
+               "--max-steps", "6"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "held-out ppl" in out and "standard-wide" in out
+    results = json.loads((tmp_path / "c" / "results.json").read_text())["results"]
+    assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
+    assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
+    # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)
+    assert results[2]["parameters"] >= results[1]["parameters"]
+    assert (tmp_path / "c" / "learning_curves.png").stat().st_size > 1000
+    assert (tmp_path / "c" / "results.csv").read_text().count("\n") == 4
+
+
+def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
+    import fixedhead.experiments.compare as compare
+
+    monkeypatch.setattr(compare, "DEFAULT_CORPUS", tmp_path / "nowhere.jsonl.gz")
+    preset = compare.get_compare_preset("tiny")
+    preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
+    monkeypatch.setattr(compare, "get_compare_preset", lambda name: preset)
+    rc = main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "c")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--corpus PATH" in err and "Traceback" not in err
+
+
+def test_cli_count_and_bad_values(capsys):
+    assert main(["count", "--preset", "bert-large-h16"]) == 0
+    assert "336,224,058" in capsys.readouterr().out
+    assert main(["count", "--hidden-size", "1024", "--num-attention-heads", "12"]) == 2
+    assert "num_attention_heads=12" in capsys.readouterr().err
+    assert main(["evaluate", str("/nonexistent/run")]) == 2
+    assert "does not exist" in capsys.readouterr().err
