@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def _check_positive_int(name: str, value) -> int:
@@ -93,6 +95,64 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
     return bias[:, None, None, :]
+
+
+# PyTorch's FlashAttention-2 kernel (CUDA) takes head sizes up to 256; its fused kernels want the
+# head size a multiple of 8 (16 bytes in half precision) and otherwise pad or refuse it.
+FLASH_MAX_HEAD_DIM = 256
+FUSED_HEAD_DIM_MULTIPLE = 8
+_warned_sdpa: set = set()
+
+
+def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend] | None, str | None]:
+    """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
+
+    The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
+    and large or odd d_p silently leave the fused attention kernels on GPUs: PyTorch's
+    FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
+    SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
+
+    Args:
+        head_dim: d_p.
+        device_type: ``"cuda"``, ``"cpu"``, ...
+
+    Returns:
+        (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
+        always ending with ``SDPBackend.MATH`` so a call never fails: FlashAttention, then
+        memory-efficient attention, when both fit; memory-efficient then math for
+        d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
+        other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
+        flash kernel without dropout, the math kernel with it, for every d_p).
+    """
+    if device_type != "cuda":
+        return None, None
+    reasons = []
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        reasons.append(f"head_dim={head_dim} > {FLASH_MAX_HEAD_DIM}, the FlashAttention limit")
+    if head_dim % FUSED_HEAD_DIM_MULTIPLE != 0:
+        reasons.append(
+            f"head_dim={head_dim} is not a multiple of {FUSED_HEAD_DIM_MULTIPLE}, which the fused kernels "
+            f"need (they pad it, with extra copies, or refuse it)"
+        )
+    if not reasons:
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], None
+    return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "; ".join(reasons)
+
+
+def warn_if_unfused(head_dim: int, device_type: str) -> list[SDPBackend] | None:
+    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process."""
+    backends, reason = sdpa_backend_plan(head_dim, device_type)
+    if reason is not None and (head_dim, device_type) not in _warned_sdpa:
+        _warned_sdpa.add((head_dim, device_type))
+        warnings.warn(
+            f"fixedhead attention on {device_type}: {reason}. FlashAttention is skipped; SDPA uses the "
+            f"memory-efficient kernel where it accepts these shapes and dtypes, otherwise the math kernel, "
+            f"which materialises the [batch, heads, seq, seq] attention matrix (memory grows as seq²). "
+            f"Head sizes that are multiples of 8 and at most {FLASH_MAX_HEAD_DIM} keep the fused kernels.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return backends
 
 
 class MultiHeadAttention(nn.Module):
@@ -170,12 +230,22 @@ class MultiHeadAttention(nn.Module):
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
         qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        if attention_bias is not None and attention_bias.dtype != q.dtype:
+            # under autocast q is bf16/fp16 while the bias was built in the hidden states' fp32:
+            # SDPA wants one dtype, and the fp32 minimum would overflow to -inf in fp16 (NaN rows)
+            attention_bias = attention_bias.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
         dropout_p = self.dropout if self.training else 0.0
         probs = None
         if use_sdpa and not output_attentions:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
-            )
+            if q.is_cuda:
+                with sdpa_kernel(warn_if_unfused(self.head_dim, "cuda"), set_priority=True):
+                    context = F.scaled_dot_product_attention(
+                        q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
+                    )
+            else:
+                context = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
+                )
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [batch, h, query, key]
             if attention_bias is not None:

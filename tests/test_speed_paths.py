@@ -1,0 +1,153 @@
+"""Behaviour the speed work must keep (BERT parity, masked-only MLM output, padding), plus the
+CUDA-readiness logic: SDPA backend choice and its one-time warning, bf16 autocast."""
+
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+from transformers import BertConfig, BertForMaskedLM
+
+from fixedhead import attention
+from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
+from fixedhead.configuration import FixedHeadConfig
+from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def small_bert(attn="sdpa"):
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=16, attn_implementation=attn)
+    return BertForMaskedLM(cfg).eval()
+
+
+def batch(b=3, n=10, vocab=97, pad_last=True):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, vocab, (b, n), generator=g)
+    mask = torch.ones(b, n, dtype=torch.long)
+    if pad_last:
+        mask[-1, 6:] = 0
+    labels = torch.full((b, n), -100)
+    labels[:, ::3] = ids[:, ::3]
+    return ids, mask, labels
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_bert_parity_and_masked_only_output(attn):
+    bert = small_bert(attn)
+    ours = from_bert(bert).eval()
+    ours.config._attn_implementation = attn
+    ids, mask, labels = batch()
+    with torch.no_grad():
+        ref = bert(input_ids=ids, attention_mask=mask).logits
+        full = ours(input_ids=ids, attention_mask=mask).logits
+        sel = ours(input_ids=ids, attention_mask=mask, labels=labels)
+    keep = mask.bool()
+    torch.testing.assert_close(full[keep], ref[keep], atol=1e-5, rtol=1e-5)
+    # with labels the output layer runs at labelled positions only: same logits, fewer rows
+    torch.testing.assert_close(sel.logits, full[labels != -100], atol=1e-5, rtol=1e-5)
+    expected = torch.nn.functional.cross_entropy(ref.view(-1, 97), labels.view(-1), ignore_index=-100)
+    torch.testing.assert_close(sel.loss, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_all_padding_row_is_finite():
+    ours = from_bert(small_bert()).eval()
+    ids, mask, labels = batch()
+    mask[0] = 0
+    with torch.no_grad():
+        out = ours(input_ids=ids, attention_mask=mask, labels=labels)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("head_dim", [None, 24])
+def test_bf16_autocast_training_step_with_padding(head_dim):
+    # the padding bias is built in fp32 while autocast makes q, k, v bf16: it must be cast
+    torch.manual_seed(0)
+    cfg = FixedHeadConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          head_dim=head_dim, intermediate_size=64, max_position_embeddings=16)
+    model = FixedHeadForMaskedLM(cfg).train()
+    ids, mask, labels = batch()
+    mask[0] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(low, ref, atol=0.05, rtol=0.02)
+
+
+def test_fp16_bias_stays_finite():
+    layer = MultiHeadAttention(16, 2)
+    bias = attention.padding_mask_to_bias(torch.tensor([[0, 0, 0]]), torch.float32)
+    x = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        out, _ = layer.half()(x.half(), attention_bias=bias, use_sdpa=False)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(
+    "head_dim, fused, flash",
+    [(64, True, True), (128, True, True), (256, True, True), (512, False, False), (260, False, False),
+     (60, False, False), (12, False, False)],
+)
+def test_sdpa_backend_plan_cuda(head_dim, fused, flash):
+    backends, reason = sdpa_backend_plan(head_dim, "cuda")
+    assert backends[-1] == SDPBackend.MATH  # never fails, math is the last resort
+    assert (SDPBackend.FLASH_ATTENTION in backends) == flash
+    assert (reason is None) == fused
+    if head_dim > 256:
+        assert "256" in reason
+    if head_dim % 8:
+        assert "multiple of 8" in reason
+
+
+def test_sdpa_backend_plan_leaves_cpu_to_pytorch():
+    assert sdpa_backend_plan(512, "cpu") == (None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_unfused(500, "cpu")  # no warning off CUDA
+
+
+def test_warns_once_per_head_dim(monkeypatch):
+    monkeypatch.setattr(attention, "_warned_sdpa", set())
+    with pytest.warns(UserWarning, match="head_dim=512 > 256"):
+        warn_if_unfused(512, "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_unfused(512, "cuda")  # second time: silent
+        warn_if_unfused(128, "cuda")  # fine head size: silent
+    with pytest.warns(UserWarning, match="multiple of 8"):
+        warn_if_unfused(20, "cuda")
+
+
+@cuda
+def test_cuda_forward_warns_and_matches_cpu(monkeypatch):
+    monkeypatch.setattr(attention, "_warned_sdpa", set())
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 2, head_dim=300).eval()
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        ref, _ = layer(x)
+        with pytest.warns(UserWarning, match="300"):
+            out, _ = layer.cuda()(x.cuda())
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+@cuda
+def test_cuda_bf16_autocast_training_step():
+    torch.manual_seed(0)
+    cfg = FixedHeadConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          head_dim=32, intermediate_size=128, max_position_embeddings=16)
+    model = FixedHeadForMaskedLM(cfg).cuda().train()
+    ids, mask, labels = (t.cuda() for t in batch())
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss)
