@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,12 +127,14 @@ def test_truncated_newest_checkpoint_is_skipped_with_a_warning(reference, tiny_p
 
     resumed_from = []
     real_train = Trainer.train
-    monkeypatch.setattr(Trainer, "train", lambda self, resume_from_checkpoint=None, **kw: (
-        resumed_from.append(resume_from_checkpoint), real_train(self, resume_from_checkpoint, **kw))[1])
+
+    def recording_train(self, resume_from_checkpoint=None, **kw):
+        resumed_from.append(resume_from_checkpoint)
+        return real_train(self, resume_from_checkpoint, **kw)
+
+    monkeypatch.setattr(Trainer, "train", recording_train)
     ref_dir, ref = reference
     run = tmp_path / "run"
-    import shutil
-
     shutil.copytree(ref_dir, run)
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint-15", "checkpoint-20"]
     weights = run / "checkpoint-20" / "model.safetensors"
@@ -145,8 +148,6 @@ def test_truncated_newest_checkpoint_is_skipped_with_a_warning(reference, tiny_p
 
 
 def test_checkpoint_checks_name_what_is_wrong(reference, tmp_path):
-    import shutil
-
     ref_dir, _ = reference
     ck = tmp_path / "checkpoint-20"
     shutil.copytree(ref_dir / "checkpoint-20", ck)
@@ -191,8 +192,6 @@ def test_crash_while_saving_leaves_no_partial_checkpoint(reference, tiny_prepare
 
 def test_overwrite_discards_the_old_runs_checkpoints(reference, tiny_prepared, tmp_path):
     """--overwrite must not leave the replaced run's checkpoints for a later --resume to pick up."""
-    import shutil
-
     ref_dir, _ = reference
     run = tmp_path / "run"
     shutil.copytree(ref_dir, run)
@@ -235,7 +234,7 @@ def test_trainer_loads_its_checkpoint_pickles_with_weights_only():
     for call in calls:
         assert "weights_only=True" in call, call
     assert "training_args.bin" not in re.sub(r'TRAINING_ARGS_NAME = "training_args.bin"', "", text)
-    assert not _calls(text, "load(os.path.join(checkpoint, TRAINING_ARGS_NAME")
+    assert not re.search(r"load\([^)]*TRAINING_ARGS_NAME", text)  # training_args.bin is written, never read
 
 
 class _Evil:
@@ -244,8 +243,6 @@ class _Evil:
 
 
 def test_pickle_weights_never_execute(reference, tmp_path):
-    import shutil
-
     ref_dir, _ = reference
     run = tmp_path / "run"
     shutil.copytree(ref_dir, run, ignore=shutil.ignore_patterns("checkpoint-*"))
@@ -264,14 +261,12 @@ def test_pickle_weights_never_execute(reference, tmp_path):
     torch.save({"x": _Evil()}, run / "pytorch_model.bin")
     with pytest.raises(ValueError, match="refusing"):
         load_run(run)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="Weights only load failed"):
         load_run(run, allow_pickle=True)
     assert not _Evil.sentinel.exists()
 
 
 def test_code_in_a_model_directory_is_never_imported(reference, tmp_path):
-    import shutil
-
     ref_dir, _ = reference
     run = tmp_path / "run"
     shutil.copytree(ref_dir, run, ignore=shutil.ignore_patterns("checkpoint-*"))

@@ -48,17 +48,17 @@ def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
         ValueError: not UTF-8, not valid JSON, or not a JSON object; the message names the file.
     """
     path = Path(path)
-    what = what or path.name
+    label = str(path) if what is None else f"{path} ({what})"
     if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise FileNotFoundError(f"{label} not found")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ValueError(f"{label} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise ValueError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: {what} must hold a JSON object, got {type(value).__name__}")
+        raise ValueError(f"{label} must hold a JSON object, got {type(value).__name__}")
     return value
 
 

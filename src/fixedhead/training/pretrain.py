@@ -434,7 +434,10 @@ def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
         raise ValueError(
             f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
         )
-    config = FixedHeadConfig.from_dict(config_dict)  # raises ValueError naming a bad field
+    try:
+        config = FixedHeadConfig.from_dict(config_dict)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{run_dir / 'config.json'}: {e}") from None
     tok_file = run_dir / "tokenizer.json"
     tok = load_json_file(tok_file)
     if not isinstance(tok.get("model"), dict) or not isinstance(tok["model"].get("vocab"), dict):
