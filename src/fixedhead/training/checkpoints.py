@@ -176,7 +176,8 @@ def atomic_checkpoint_trainer():
     are fsynced, then the directory is renamed to ``RUN_DIR/checkpoint-STEP`` (one ``os.replace``
     on the same filesystem) and old checkpoints are rotated as Trainer would. A kill at any moment
     leaves either the previous set of checkpoints or the new one, plus at most a staging
-    directory that :func:`remove_staging` deletes.
+    directory that :func:`remove_staging` deletes. With several processes (``world_size > 1``)
+    Trainer's own in-place save is kept, and only the check at resume protects.
     """
     from transformers import Trainer
     from transformers.trainer_utils import rotate_checkpoints
@@ -190,6 +191,10 @@ def atomic_checkpoint_trainer():
             return super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
+            if self.args.world_size > 1:
+                # several processes write into one checkpoint (per-rank RNG states, sharded
+                # optimizers): keep Trainer's in-place save; resume still checks completeness
+                return super()._save_checkpoint(model, trial)
             run_dir = super()._get_output_dir(trial)
             name = f"checkpoint-{self.state.global_step}"
             os.makedirs(run_dir, exist_ok=True)
@@ -198,9 +203,6 @@ def atomic_checkpoint_trainer():
                 super()._save_checkpoint(model, trial)
             finally:
                 staging, self._staging_dir = self._staging_dir, None
-            if not self.args.should_save:  # not the main process: nothing of ours to publish
-                shutil.rmtree(staging, ignore_errors=True)
-                return
             _fsync_tree(Path(staging))
             final = os.path.join(run_dir, name)
             if os.path.isdir(final):  # an incomplete copy that resume skipped; the new one replaces it
