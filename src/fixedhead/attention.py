@@ -68,11 +68,15 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
 
     Returns:
         None when there is no mask or nothing is masked (so SDPA can take its fastest path);
-        otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding.
-        A query whose keys are all padding then gets a uniform (finite) distribution, never NaN.
+        otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
+        (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
+        cast cannot make it -inf).
+        A query whose keys are all padding then gets a uniform (finite) distribution, never NaN,
+        in float32, bfloat16 and under bf16 autocast.
 
     Raises:
-        ValueError: a mask that is not 2-D or holds values other than 0 and 1.
+        ValueError: a mask that is not 2-D, is complex, or holds values other than 0 and 1
+            (an additive 0/-inf mask, say); the message names the first bad value.
     """
     if attention_mask is None:
         return None
@@ -80,16 +84,19 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
         raise ValueError(
             f"attention_mask must be [batch, seq] with 1 = token and 0 = padding, got shape {tuple(attention_mask.shape)}"
         )
-    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
-        keep = attention_mask != 0
-        if not torch.all((attention_mask == 0) | (attention_mask == 1)):
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-    elif attention_mask.dtype == torch.bool:
+    if attention_mask.dtype.is_complex:
+        raise ValueError(f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}")
+    if attention_mask.dtype == torch.bool:
         keep = attention_mask
     else:
-        if not torch.all((attention_mask == 0) | (attention_mask == 1)):
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-        keep = attention_mask.bool()
+        bad = ~((attention_mask == 0) | (attention_mask == 1))
+        if bool(bad.any()):
+            # e.g. an additive mask (0 / -inf or -10000) passed where a padding mask belongs
+            raise ValueError(
+                f"attention_mask must hold only 0 (padding) and 1 (token), got {attention_mask[bad][0].item()!r} "
+                f"(dtype {attention_mask.dtype})"
+            )
+        keep = attention_mask != 0
     if bool(keep.all()):
         return None
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
@@ -218,13 +225,20 @@ class MultiHeadAttention(nn.Module):
             summing to 1, or None unless ``output_attentions``).
 
         Raises:
-            ValueError: hidden_states not [batch, seq, hidden_size].
+            ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; an
+                attention_mask that is not [batch, seq] (see :func:`padding_mask_to_bias`).
         """
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(
                 f"hidden_states must be [batch, seq, {self.hidden_size}], got {tuple(hidden_states.shape)}"
             )
+        if not hidden_states.is_floating_point():
+            raise ValueError(f"hidden_states must be a floating-point tensor, got dtype {hidden_states.dtype}")
         batch, seq, _ = hidden_states.shape
+        if attention_bias is None and attention_mask is not None and tuple(attention_mask.shape) != (batch, seq):
+            raise ValueError(
+                f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+            )
         if attention_bias is None:
             attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]

@@ -1,7 +1,8 @@
 """The ``fixedhead`` command. Thin: every subcommand parses arguments and calls a library function.
 
 Each subcommand is a pair ``_add_NAME(subparsers)`` / ``_cmd_NAME(args)``; user errors
-(ValueError, FileNotFoundError, FileExistsError) become a one-line message and exit status 2.
+(ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+PermissionError) become a one-line message and exit status 2.
 """
 
 from __future__ import annotations
@@ -124,16 +125,16 @@ def _cmd_pretrain(args):
         hidden_dropout_prob=args.dropout,
         attention_probs_dropout_prob=args.dropout,
     )
-    data = prepare_data(DataSettings(
-        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
-        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
-        max_eval_tokens=args.max_eval_tokens))
     report_to = [] if args.report_to in (["none"], []) else args.report_to
-    settings = TrainSettings(
+    settings = TrainSettings(  # validated before the (slow) data preparation
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
         eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
         torch_compile=args.torch_compile)
+    data = prepare_data(DataSettings(
+        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
+        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
+        max_eval_tokens=args.max_eval_tokens))
     result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
     return 0
@@ -146,6 +147,8 @@ def _add_evaluate(sub):
     p.add_argument("--corpus", default=None, help="override the corpus recorded in the run")
     p.add_argument("--eval-seed", type=int, default=None, help="masking seed (default: the run's)")
     p.add_argument("--max-eval-tokens", type=int, default=None)
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="also load pickle weights (pytorch_model.bin); only for files you trust")
     p.set_defaults(func=_cmd_evaluate)
 
 
@@ -155,7 +158,7 @@ def _cmd_evaluate(args):
     from .training.pretrain import evaluate_run
 
     metrics = evaluate_run(args.run_dir, corpus=args.corpus, eval_seed=args.eval_seed,
-                           max_eval_tokens=args.max_eval_tokens)
+                           max_eval_tokens=args.max_eval_tokens, allow_pickle=args.allow_pickle)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -228,7 +231,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as e:
         print(f"fixedhead {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

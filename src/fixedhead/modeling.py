@@ -40,6 +40,10 @@ class FixedHeadEmbeddings(nn.Module):
         if inputs_embeds is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+            if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+                raise ValueError(f"input_ids must be an integer tensor of token ids, got dtype {input_ids.dtype}")
+            if input_ids.numel() == 0:
+                raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
@@ -47,6 +51,14 @@ class FixedHeadEmbeddings(nn.Module):
             inputs_embeds = self.word_embeddings(input_ids)
         elif inputs_embeds.dim() != 3:
             raise ValueError(f"inputs_embeds must be [batch, seq, hidden], got shape {tuple(inputs_embeds.shape)}")
+        elif not bool(torch.isfinite(inputs_embeds).all()):
+            # documented choice: refuse rather than propagate; one NaN would spread to every
+            # position of the batch row through attention
+            bad = (~torch.isfinite(inputs_embeds)).nonzero()[0].tolist()
+            raise ValueError(
+                f"inputs_embeds holds non-finite values (first at index {tuple(bad)}: "
+                f"{inputs_embeds[tuple(bad)].item()})"
+            )
         batch, seq = inputs_embeds.shape[:2]
         if seq > self.max_position_embeddings:
             raise ValueError(
@@ -116,7 +128,10 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
 
     Raises:
         ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than
-            max_position_embeddings; token ids outside the vocabulary; a malformed mask.
+            max_position_embeddings; token ids outside the vocabulary or not an integer tensor;
+            a malformed mask; NaN or ±inf in ``inputs_embeds`` (refused, not propagated).
+
+    A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
     def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):

@@ -136,9 +136,9 @@ def run_compare(
             f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
         )
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
     vocab = len(data.tokenizer)
 
     configs = {}

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,15 @@ from torch.utils.data import Dataset
 from ..configuration import FixedHeadConfig
 from ..data import pack_sequences, read_corpus, split_documents, tokenize_documents, train_tokenizer
 from ..modeling import FixedHeadForMaskedLM, count_parameters
+from .checkpoints import (
+    atomic_checkpoint_trainer,
+    check_model_dir,
+    find_resume_checkpoint,
+    list_checkpoints,
+    load_json_file,
+    remove_staging,
+    write_json_atomic,
+)
 
 METRICS_FILE = "metrics.json"
 PRETRAIN_FILE = "pretrain_settings.json"
@@ -140,15 +150,25 @@ def mlm_collator(tokenizer, mlm_probability: float = 0.15, seed: int | None = No
 
 
 class _TrainOrFixedCollator:
-    """Random masking for training batches; pre-masked (held-out) batches are only stacked."""
+    """Random masking for training batches; pre-masked (held-out) batches are only stacked.
 
-    def __init__(self, tokenizer, mlm_probability=0.15):
-        self.mlm = mlm_collator(tokenizer, mlm_probability)
+    Training batch k of the run (k = 1, 2, ...) is masked with its own generator seeded from
+    ``(seed, k)``, never the global RNG. Trainer restores the global RNG on resume only *after*
+    fetching the first batch, so masking from the global RNG would differ after a resume; with
+    this, a run resumed from step s (``batches_seen = s``) masks exactly as an uninterrupted one.
+    Assumes one process collating (``dataloader_num_workers=0``) and no gradient accumulation.
+    """
+
+    def __init__(self, tokenizer, mlm_probability=0.15, seed: int = 0):
+        self.tokenizer, self.mlm_probability, self.seed = tokenizer, mlm_probability, seed
+        self.batches_seen = 0
 
     def __call__(self, features):
         if "labels" in features[0]:
             return {k: torch.stack([f[k] for f in features]) for k in features[0]}
-        return self.mlm(features)
+        self.batches_seen += 1
+        seed = (self.seed % 2**31) * 2**32 + self.batches_seen
+        return mlm_collator(self.tokenizer, self.mlm_probability, seed=seed)(features)
 
 
 def fixed_masking(sequences: torch.Tensor, tokenizer, seed: int = 1234, mlm_probability: float = 0.15):
@@ -218,15 +238,28 @@ class TrainSettings:
     progress: bool = True
     torch_compile: bool = False
 
+    def __post_init__(self):
+        for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)
+                and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be a positive finite number, got {self.learning_rate!r}")
+        if not (isinstance(self.warmup_ratio, (int, float)) and 0.0 <= self.warmup_ratio < 1.0):
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+
 
 def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool):
     settings_file = run_dir / PRETRAIN_FILE
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"output directory {str(run_dir)!r} is an existing file, not a directory")
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return
     if overwrite:
         return
     if settings_file.is_file():
-        previous = json.loads(settings_file.read_text())
+        previous = load_json_file(settings_file)
         if resume:
             if previous != fingerprint:
                 raise FileExistsError(
@@ -257,12 +290,17 @@ def pretrain(
         the metrics dict: parameters, training tokens, wall time, held-out loss/perplexity/
         accuracy, and the learning curves (train loss and held-out loss by step).
 
+    ``resume`` continues from the newest *complete* checkpoint (damaged newer ones are skipped
+    with a :class:`~fixedhead.training.checkpoints.CheckpointWarning`) and ends where an
+    uninterrupted run would; checkpoints are written atomically. ``overwrite`` replaces the run,
+    deleting its checkpoints.
+
     Raises:
         FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
-            settings (with ``resume``).
+            settings (with ``resume``), or is a file.
         ValueError: non-finite training loss.
     """
-    from transformers import Trainer, TrainingArguments, set_seed
+    from transformers import set_seed
 
     settings = settings or TrainSettings()
     run_dir = Path(run_dir)
@@ -281,21 +319,32 @@ def pretrain(
     fingerprint = json.loads(json.dumps(fingerprint, default=str))
     _check_run_dir(run_dir, fingerprint, resume, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / PRETRAIN_FILE).write_text(json.dumps(fingerprint, indent=2))
+    remove_staging(run_dir)  # left by a run killed while saving a checkpoint
+    if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
+        for old in list_checkpoints(run_dir):
+            shutil.rmtree(old)
+        (run_dir / METRICS_FILE).unlink(missing_ok=True)
+    write_json_atomic(run_dir / PRETRAIN_FILE, fingerprint)
 
     set_seed(settings.seed)
     model = FixedHeadForMaskedLM(config)
     eval_ids, eval_labels = fixed_masking(data.heldout, data.tokenizer, settings.eval_seed)
     args = _training_args(run_dir, settings)
-    trainer = Trainer(
+    checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
+    collator = _TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
+    if checkpoint is not None:
+        collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
+        if settings.progress:
+            print(f"resuming from {checkpoint}", flush=True)
+    trainer = atomic_checkpoint_trainer()(
         model=model,
         args=args,
         train_dataset=SequenceDataset(data.train),
         eval_dataset=MaskedDataset(eval_ids, eval_labels),
-        data_collator=_TrainOrFixedCollator(data.tokenizer),
+        data_collator=collator,
     )
     t0 = time.time()
-    trainer.train(resume_from_checkpoint=True if resume and _has_checkpoint(run_dir) else None)
+    trainer.train(resume_from_checkpoint=checkpoint)
     wall = time.time() - t0
     history = trainer.state.log_history
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
@@ -323,12 +372,8 @@ def pretrain(
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
     }
-    (run_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
+    write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
-
-
-def _has_checkpoint(run_dir: Path) -> bool:
-    return any(p.name.startswith("checkpoint-") for p in run_dir.iterdir())
 
 
 def _training_args(run_dir: Path, settings: TrainSettings):
@@ -362,34 +407,67 @@ def _training_args(run_dir: Path, settings: TrainSettings):
     )
 
 
-def load_run(run_dir: str | os.PathLike):
-    """Load ``(model, tokenizer, settings)`` from a pretraining run directory (safetensors only).
+def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
+    """Load ``(model, tokenizer, settings)`` from a pretraining run directory.
+
+    Everything is validated before use and nothing in the directory is executed: the config and
+    tokenizer JSON must parse and describe a ``fixedhead`` model whose vocabulary matches the
+    tokenizer; weights must be a whole ``model.safetensors``. Pickle weights
+    (``pytorch_model.bin``) are refused unless ``allow_pickle=True`` (then loaded by transformers
+    with ``torch.load(weights_only=True)``). ``trust_remote_code`` is never used.
 
     Raises:
         FileNotFoundError: no such directory, or it holds no finished model.
+        ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
+            truncated weights, pickle weights without ``allow_pickle``.
     """
     from transformers import BertTokenizerFast
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-    if not (run_dir / "model.safetensors").is_file() or not (run_dir / "config.json").is_file():
+    if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} holds no finished model (model.safetensors and config.json)")
-    model = FixedHeadForMaskedLM.from_pretrained(str(run_dir), use_safetensors=True)
-    tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
+    config_dict = load_json_file(run_dir / "config.json")
+    if config_dict.get("model_type") != FixedHeadConfig.model_type:
+        raise ValueError(
+            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
+        )
+    try:
+        config = FixedHeadConfig.from_dict(config_dict)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{run_dir / 'config.json'}: {e}") from None
+    tok_file = run_dir / "tokenizer.json"
+    tok = load_json_file(tok_file)
+    if not isinstance(tok.get("model"), dict) or not isinstance(tok["model"].get("vocab"), dict):
+        raise ValueError(f"{tok_file}: not a tokenizers file (no model.vocab)")
+    for extra in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (run_dir / extra).is_file():
+            load_json_file(run_dir / extra)
+    try:
+        tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    except Exception as e:  # the tokenizers library raises bare Exceptions on malformed files
+        raise ValueError(f"{tok_file}: cannot be loaded as a WordPiece tokenizer ({type(e).__name__}: {e})") from None
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"{run_dir}: tokenizer has {len(tokenizer)} tokens but config.vocab_size={config.vocab_size}"
+        )
+    model = FixedHeadForMaskedLM.from_pretrained(str(run_dir), config=config, use_safetensors=weights == "safetensors")
     settings_file = run_dir / PRETRAIN_FILE
-    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    settings = load_json_file(settings_file) if settings_file.is_file() else {}
     return model, tokenizer, settings
 
 
 def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_seed: int | None = None,
-                 max_eval_tokens: int | None = None, batch_size: int = 128) -> dict:
+                 max_eval_tokens: int | None = None, batch_size: int = 128, allow_pickle: bool = False) -> dict:
     """Score a run directory's model on its held-out documents (same split, same fixed masking).
 
     ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
-    apply); ``eval_seed`` the masking seed. Returns the :func:`evaluate_mlm` metrics.
+    apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
+    :func:`evaluate_mlm` metrics.
     """
-    model, tokenizer, saved = load_run(run_dir)
+    model, tokenizer, saved = load_run(run_dir, allow_pickle=allow_pickle)
     data_kwargs = dict(saved.get("data", {}))
     if corpus is not None:
         data_kwargs["corpus"] = corpus

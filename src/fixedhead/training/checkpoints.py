@@ -1,0 +1,254 @@
+"""Safe checkpoints: atomic writes, truncation checks, and loading that never runs what it loads.
+
+transformers' ``Trainer`` (5.x) writes ``checkpoint-STEP`` in place, file by file, so a run killed
+while saving leaves a half-written newest checkpoint that ``resume_from_checkpoint=True`` would
+pick (it takes the highest step number without looking inside). This module
+
+* writes each checkpoint into a hidden staging directory beside it and renames it into place
+  only when complete (:func:`atomic_checkpoint_trainer`), so ``checkpoint-STEP`` is never partial;
+* checks a checkpoint before resuming from it (:func:`check_checkpoint`) and falls back to the
+  newest *complete* one with a warning (:func:`find_resume_checkpoint`);
+* validates model directories before loading (:func:`check_model_dir`): JSON that parses, a
+  safetensors file that is whole, and no pickle (``.bin``) weights unless the caller opts in.
+
+Trainer itself loads ``optimizer.pt``, ``scheduler.pt`` and ``rng_state.pth`` with
+``torch.load(..., weights_only=True)`` and never reads back ``training_args.bin``; this project
+calls ``torch.load`` nowhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+import zipfile
+from pathlib import Path
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")  # Trainer's own pattern (trainer_utils._re_checkpoint)
+STAGING_PREFIX = ".staging-checkpoint-"
+SAFE_WEIGHTS = "model.safetensors"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
+#: files Trainer writes with torch.save (zip archives); each must be a complete archive
+TORCH_SAVED = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was found incomplete or corrupt and skipped."""
+
+
+def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
+    """Parse a JSON object from ``path``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8, not valid JSON, or not a JSON object; the message names the file.
+    """
+    path = Path(path)
+    label = str(path) if what is None else f"{path} ({what})"
+    if not path.is_file():
+        raise FileNotFoundError(f"{label} not found")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{label} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{label} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike, value) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Check that a safetensors file is whole: its header parses and covers the file exactly.
+
+    Only the header is read (safetensors refuses a file whose size disagrees with it), so this is
+    cheap even for large models.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: truncated or corrupt (the message names the file and the reason).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # SafetensorError derives from Exception only
+        raise ValueError(
+            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; safetensors: {e})"
+        ) from None
+
+
+def check_checkpoint(checkpoint: str | os.PathLike) -> None:
+    """Check that a Trainer checkpoint directory is complete enough to resume from.
+
+    Requires ``trainer_state.json`` (written last by Trainer) to parse, ``model.safetensors`` to be
+    whole, and each of ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` that is present to be
+    a complete zip archive (torch.save's format).
+
+    Raises:
+        ValueError: what is missing or damaged.
+    """
+    checkpoint = Path(checkpoint)
+    state = checkpoint / "trainer_state.json"
+    if not state.is_file():
+        raise ValueError(f"{checkpoint}: no trainer_state.json (the checkpoint was not finished)")
+    load_json_file(state)
+    try:
+        check_safetensors(checkpoint / SAFE_WEIGHTS)
+    except FileNotFoundError:
+        raise ValueError(f"{checkpoint}: no {SAFE_WEIGHTS}") from None
+    for name in TORCH_SAVED:
+        p = checkpoint / name
+        if p.exists() and not zipfile.is_zipfile(p):
+            raise ValueError(f"{p} is truncated or corrupt (not a complete torch.save archive)")
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``checkpoint-STEP`` directories in ``run_dir``, oldest (lowest step) first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := CHECKPOINT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def find_resume_checkpoint(run_dir: str | os.PathLike) -> str | None:
+    """The newest complete checkpoint in ``run_dir`` (None if there is none).
+
+    Newer checkpoints that fail :func:`check_checkpoint` are skipped with a
+    :class:`CheckpointWarning` naming them and the reason; they are left on disk (the next save
+    at that step replaces them).
+    """
+    for checkpoint in reversed(list_checkpoints(run_dir)):
+        try:
+            check_checkpoint(checkpoint)
+        except ValueError as e:
+            warnings.warn(f"skipping incomplete checkpoint {checkpoint.name}: {e}", CheckpointWarning, stacklevel=2)
+            continue
+        return str(checkpoint)
+    return None
+
+
+def remove_staging(run_dir: str | os.PathLike) -> None:
+    """Delete staging directories left by a run killed while saving a checkpoint."""
+    run_dir = Path(run_dir)
+    if run_dir.is_dir():
+        for p in run_dir.iterdir():
+            if p.name.startswith(STAGING_PREFIX) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+
+
+@functools.lru_cache(maxsize=None)
+def atomic_checkpoint_trainer():
+    """A ``transformers.Trainer`` subclass whose checkpoints appear atomically.
+
+    Each ``checkpoint-STEP`` is written completely into ``RUN_DIR/.staging-checkpoint-*/``, its files
+    are fsynced, then the directory is renamed to ``RUN_DIR/checkpoint-STEP`` (one ``os.replace``
+    on the same filesystem) and old checkpoints are rotated as Trainer would. A kill at any moment
+    leaves either the previous set of checkpoints or the new one, plus at most a staging
+    directory that :func:`remove_staging` deletes. With several processes (``world_size > 1``)
+    Trainer's own in-place save is kept, and only the check at resume protects.
+    """
+    from transformers import Trainer
+    from transformers.trainer_utils import rotate_checkpoints
+
+    class AtomicCheckpointTrainer(Trainer):
+        _staging_dir: str | None = None
+
+        def _get_output_dir(self, trial):
+            if self._staging_dir is not None:
+                return self._staging_dir
+            return super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            if self.args.world_size > 1:
+                # several processes write into one checkpoint (per-rank RNG states, sharded
+                # optimizers): keep Trainer's in-place save; resume still checks completeness
+                return super()._save_checkpoint(model, trial)
+            run_dir = super()._get_output_dir(trial)
+            name = f"checkpoint-{self.state.global_step}"
+            os.makedirs(run_dir, exist_ok=True)
+            self._staging_dir = tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                staging, self._staging_dir = self._staging_dir, None
+            _fsync_tree(Path(staging))
+            final = os.path.join(run_dir, name)
+            if os.path.isdir(final):  # an incomplete copy that resume skipped; the new one replaces it
+                shutil.rmtree(final)
+            os.replace(os.path.join(staging, name), final)
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
+            )
+
+    return AtomicCheckpointTrainer
+
+
+def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) -> str:
+    """Validate a saved model directory before loading it; return its weights format.
+
+    Checks: the directory exists; ``config.json`` parses as a JSON object; the weights are a whole
+    ``model.safetensors``. Pickle weights (``pytorch_model.bin``) can run arbitrary code when
+    loaded by older tools and are refused unless ``allow_pickle=True`` (then transformers loads
+    them with ``torch.load(weights_only=True)``).
+
+    Returns:
+        ``"safetensors"`` or ``"pickle"``.
+
+    Raises:
+        FileNotFoundError: no directory, no config.json, or no weights file.
+        ValueError: a config that is not valid JSON, truncated safetensors, or pickle weights
+            without the opt-in.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    load_json_file(model_dir / "config.json")
+    if (model_dir / SAFE_WEIGHTS).is_file():
+        check_safetensors(model_dir / SAFE_WEIGHTS)
+        return "safetensors"
+    pickles = [n for n in PICKLE_WEIGHTS if (model_dir / n).is_file()]
+    if pickles:
+        if not allow_pickle:
+            raise ValueError(
+                f"{model_dir} holds pickle weights ({pickles[0]}), which can execute code when loaded; "
+                f"refusing. Convert them to {SAFE_WEIGHTS}, or pass allow_pickle=True (--allow-pickle) "
+                f"if you trust their source"
+            )
+        return "pickle"
+    raise FileNotFoundError(f"{model_dir} holds no model weights ({SAFE_WEIGHTS})")

@@ -1,0 +1,339 @@
+"""The bad-input table: every way a user can hand fixedhead something wrong, and the message they get.
+
+Each case is ``input -> (exception type, fragment of the message)``; the fragment always contains
+the offending value (or the file/field that holds it). Cases that touch files also check that
+nothing was left behind or changed. CLI cases check the one-line message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from _tiny_run import one_thread, snapshot, tiny_config, tiny_data, tiny_settings  # noqa: F401 (autouse)
+from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
+from fixedhead.cli import main
+from fixedhead.configuration import FixedHeadConfig
+from fixedhead.data import pack_sequences, read_corpus
+from fixedhead.data.glue import read_glue_tsv
+from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel
+from fixedhead.training import TrainSettings, pretrain
+from fixedhead.training.pretrain import load_run
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def tiny_prepared(small_real_corpus, tmp_path_factory):
+    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_prepared, tmp_path_factory) -> Path:
+    """A finished (10-step) pretraining run directory; tests copy it before damaging it."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    pretrain(tiny_config(), tiny_prepared, run, tiny_settings(max_steps=10, save_steps=10, eval_steps=10))
+    return run
+
+
+@dataclass
+class Ctx:
+    tmp: Path
+    request: pytest.FixtureRequest
+
+    def run_copy(self) -> Path:
+        dst = self.tmp / "run"
+        shutil.copytree(self.request.getfixturevalue("finished_run"), dst)
+        return dst
+
+    def edit_json(self, path: Path, **changes):
+        d = json.loads(path.read_text())
+        d.update(changes)
+        path.write_text(json.dumps(d))
+
+
+def tiny_cfg(**kw):
+    base = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=40)
+    return FixedHeadConfig(**{**base, **kw})
+
+
+def model_call(**inputs):
+    def call(ctx):
+        FixedHeadForMaskedLM(tiny_cfg()).eval()(**inputs)
+    return call
+
+
+def write(ctx, name, content: bytes | str) -> Path:
+    p = ctx.tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
+    return p
+
+
+def gz(ctx, name, text: str) -> Path:
+    p = ctx.tmp / name
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        f.write(text)
+    return p
+
+
+def truncated_gz(ctx):
+    p = gz(ctx, "cut.jsonl.gz", json.dumps({"text": " ".join(map(str, range(5000)))}) + "\n")
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    read_corpus(p)
+
+
+def truncate_weights(ctx):
+    run = ctx.run_copy()
+    w = run / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    load_run(run)
+
+
+def pickle_weights(ctx):
+    run = ctx.run_copy()
+    (run / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, run / "pytorch_model.bin")
+    load_run(run)
+
+
+def config_edit(**changes):
+    def call(ctx):
+        run = ctx.run_copy()
+        ctx.edit_json(run / "config.json", **changes)
+        load_run(run)
+    return call
+
+
+def file_replace(name, content):
+    def call(ctx):
+        run = ctx.run_copy()
+        (run / name).write_text(content)
+        load_run(run)
+    return call
+
+
+def pretrain_into(prepare_dir, resume=False, **config_changes):
+    def call(ctx):
+        out = prepare_dir(ctx)
+        before = snapshot(out) if out.is_dir() else out.read_bytes()
+        try:
+            pretrain(tiny_config(**config_changes), ctx.request.getfixturevalue("tiny_prepared"), out,
+                     tiny_settings(max_steps=10, save_steps=10, eval_steps=10), resume=resume)
+        finally:  # refused without touching what was there
+            assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
+    return call
+
+
+@dataclass
+class Case:
+    id: str
+    call: Callable[[Ctx], None]
+    exc: type
+    message: str
+
+
+def _glue(header: str, *rows: str):
+    def call(ctx):
+        read_glue_tsv(write(ctx, "g.tsv", "\n".join((header,) + rows) + "\n"), "sst2" if "sentence\t" in header or header == "sentence" else "rte")
+    return call
+
+
+CASES = [
+    # --- configuration ------------------------------------------------------------------
+    Case("head_dim=0", lambda c: tiny_cfg(head_dim=0), ValueError, "head_dim must be a positive int, got 0"),
+    Case("head_dim=-8", lambda c: tiny_cfg(head_dim=-8), ValueError, "head_dim must be a positive int, got -8"),
+    Case("head_dim=16.0", lambda c: tiny_cfg(head_dim=16.0), ValueError, "got 16.0 (float)"),
+    Case("head_dim=True", lambda c: tiny_cfg(head_dim=True), ValueError, "got True (bool)"),
+    Case("num_attention_heads=0", lambda c: tiny_cfg(num_attention_heads=0), ValueError,
+         "num_attention_heads must be a positive int, got 0"),
+    Case("standard d=1024,h=12", lambda c: tiny_cfg(hidden_size=1024, num_attention_heads=12), ValueError,
+         "got hidden_size=1024 and num_attention_heads=12"),
+    Case("hidden_dropout_prob=1.0", lambda c: tiny_cfg(hidden_dropout_prob=1.0), ValueError,
+         "hidden_dropout_prob must be a probability in [0, 1), got 1.0"),
+    Case("max_position_embeddings=0", lambda c: tiny_cfg(max_position_embeddings=0), ValueError,
+         "max_position_embeddings must be an int >= 1, got 0"),
+    Case("attention dropout=1.5", lambda c: MultiHeadAttention(64, 4, dropout=1.5), ValueError,
+         "dropout must be a float in [0, 1), got 1.5"),
+    Case("TrainSettings max_steps=0", lambda c: TrainSettings(max_steps=0), ValueError,
+         "max_steps must be a positive int, got 0"),
+    Case("TrainSettings learning_rate=nan", lambda c: TrainSettings(learning_rate=math.nan), ValueError,
+         "learning_rate must be a positive finite number, got nan"),
+    # --- tensors ------------------------------------------------------------------------
+    Case("sequence 41 > max_position_embeddings 40", model_call(input_ids=torch.ones(1, 41, dtype=torch.long)),
+         ValueError, "sequence length 41 exceeds max_position_embeddings=40"),
+    Case("attention_mask shape (2,4) for (2,5)",
+         model_call(input_ids=torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4)),
+         ValueError, "attention_mask must have shape [batch, seq] = (2, 5), got (2, 4)"),
+    Case("attention_mask additive 0/-inf",
+         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.0, -math.inf]])),
+         ValueError, "must hold only 0 (padding) and 1 (token), got -inf"),
+    Case("attention_mask complex dtype",
+         lambda c: padding_mask_to_bias(torch.ones(1, 3, dtype=torch.complex64), torch.float32), ValueError,
+         "got dtype torch.complex64"),
+    Case("attention_mask [batch,1,seq] to the layer",
+         lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), torch.ones(2, 1, 5)), ValueError,
+         "attention_mask must have shape [batch, seq] = (2, 5), got (2, 1, 5)"),
+    Case("input id 50 with vocab 50", model_call(input_ids=torch.tensor([[1, 50]])), ValueError,
+         "token id 50, outside the vocabulary [0, 50)"),
+    Case("input id -3", model_call(input_ids=torch.tensor([[1, -3]])), ValueError, "token id -3, outside"),
+    Case("float input_ids", model_call(input_ids=torch.ones(1, 3)), ValueError,
+         "input_ids must be an integer tensor of token ids, got dtype torch.float32"),
+    Case("NaN in inputs_embeds", model_call(inputs_embeds=torch.tensor([[[0.0] * 31 + [math.nan]]])), ValueError,
+         "inputs_embeds holds non-finite values (first at index (0, 0, 31): nan)"),
+    Case("hidden_states width 32 into a 64-wide layer", lambda c: MultiHeadAttention(64, 4)(torch.randn(2, 3, 32)),
+         ValueError, "hidden_states must be [batch, seq, 64], got (2, 3, 32)"),
+    Case("labels shape (1,2) for (1,3)",
+         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 2, dtype=torch.long)),
+         ValueError, "labels must have shape [batch, seq] = (1, 3), got (1, 2)"),
+    # --- data files ---------------------------------------------------------------------
+    Case("empty corpus", lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")), ValueError,
+         "is empty: no document with non-whitespace text"),
+    Case("corpus not UTF-8", lambda c: read_corpus(write(c, "latin1.txt", "caf\xe9 au lait".encode("latin-1"))),
+         ValueError, "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)"),
+    Case("jsonl line without text",
+         lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"}\n{"body": "no text"}\n')), ValueError,
+         "bad.jsonl:2: JSON line has no 'text' field"),
+    Case("jsonl line not JSON", lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"\n')), ValueError,
+         "bad.jsonl:1: not valid JSON"),
+    Case("truncated .jsonl.gz", truncated_gz, ValueError, "cut.jsonl.gz: cannot read"),
+    Case("missing corpus file", lambda c: read_corpus(c.tmp / "nowhere.txt"), FileNotFoundError,
+         "nowhere.txt' does not exist"),
+    Case("too little text for one sequence", lambda c: pack_sequences([[5, 6]], 64, 2, 3), ValueError,
+         "corpus too small: 3 tokens, fewer than one sequence of 64"),
+    Case("GLUE TSV missing label column", _glue("sentence", "a fine film"), ValueError,
+         "header lacks column 'label' needed by GLUE sst2"),
+    Case("GLUE TSV row missing a field", _glue("index\tsentence1\tsentence2\tlabel", "0\tA man.\tentailment"),
+         ValueError, "g.tsv:2: expected 4 tab-separated fields for GLUE rte, got 3"),
+    Case("GLUE TSV unknown label", _glue("index\tsentence1\tsentence2\tlabel", "0\tA.\tB.\tmaybe"), ValueError,
+         "g.tsv:2: label 'maybe' is not one of ['entailment', 'not_entailment']"),
+    Case("unknown GLUE task", lambda c: read_glue_tsv(write(c, "x.tsv", "a\tb\n"), "mnli2"), ValueError,
+         "unknown GLUE task 'mnli2'; known: cola, mrpc, rte, sst2, stsb"),
+    # --- checkpoints and run directories -------------------------------------------------
+    Case("truncated model.safetensors", truncate_weights, ValueError, "model.safetensors is truncated or corrupt"),
+    Case("pickle pytorch_model.bin", pickle_weights, ValueError,
+         "holds pickle weights (pytorch_model.bin), which can execute code when loaded; refusing"),
+    Case("missing run directory", lambda c: load_run(c.tmp / "no-run"), FileNotFoundError, "no-run' does not exist"),
+    Case("config.json not JSON", file_replace("config.json", "{hidden_size: 32"), ValueError,
+         "run/config.json is not valid JSON"),
+    Case("config.json head_dim 0", config_edit(head_dim=0), ValueError,
+         "run/config.json: head_dim must be a positive int, got 0"),
+    Case("config.json model_type bert", config_edit(model_type="bert"), ValueError,
+         "model_type is 'bert', expected 'fixedhead'"),
+    Case("config.json vocab smaller than tokenizer", config_edit(vocab_size=100), ValueError,
+         "but config.vocab_size=100"),
+    Case("tokenizer.json not JSON", file_replace("tokenizer.json", '{"model": '), ValueError,
+         "run/tokenizer.json is not valid JSON"),
+    Case("tokenizer.json not a tokenizer", file_replace("tokenizer.json", '{"version": "1.0"}'), ValueError,
+         "tokenizer.json: not a tokenizers file"),
+    Case("output dir holds a different run", pretrain_into(Ctx.run_copy, head_dim=8), FileExistsError,
+         "already holds a run; pass --resume to continue it or --overwrite to replace it"),
+    Case("--resume into a different run", pretrain_into(Ctx.run_copy, resume=True, head_dim=8), FileExistsError,
+         "holds a run with different settings; cannot --resume it"),
+    Case("output dir is a file", pretrain_into(lambda c: write(c, "out", "x")), FileExistsError,
+         "is an existing file, not a directory"),
+    Case("output dir holds something else", pretrain_into(lambda c: write(c, "out/notes.txt", "x").parent),
+         FileExistsError, "exists and is not a fixedhead run directory"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_with_a_message_naming_it(case, tmp_path, request):
+    ctx = Ctx(tmp_path, request)
+    with pytest.raises(case.exc) as info:
+        case.call(ctx)
+    assert case.message in str(info.value), f"message was: {info.value}"
+
+
+# ------------------------------------------------------------------------------------ CLI
+@pytest.fixture
+def cli_env(small_real_corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    return ["--corpus", str(small_real_corpus), "--vocab-size", "400", "--max-seq-length", "32",
+            "--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "4", "--report-to", "none"]
+
+
+CLI_CASES = [
+    ("pretrain --head-dim 0", ["pretrain", "--head-dim", "0"], "head_dim must be a positive int, got 0"),
+    ("pretrain --num-attention-heads 0", ["pretrain", "--num-attention-heads", "0"],
+     "num_attention_heads must be a positive int, got 0"),
+    ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
+    ("pretrain --corpus missing", ["pretrain", "--corpus", "missing/corpus.txt"], "'missing/corpus.txt' does not exist"),
+]
+
+
+@pytest.mark.parametrize("argv,message", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_values_exit_2_with_one_line_and_leave_nothing(argv, message, cli_env, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(argv[:1] + ["--output-dir", str(out)] + cli_env + argv[1:])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["pretrain", "--output-dir", "x", "--head-dim", "abc"], "invalid int value: 'abc'"),
+        (["compare", "--preset", "nope"], "invalid choice: 'nope'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+    ids=["--head-dim abc", "compare --preset nope", "unknown command"],
+)
+def test_cli_unparsable_arguments_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_a_different_run_and_a_pickle(finished_run, cli_env, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    rc = main(["pretrain", "--output-dir", str(run), "--head-dim", "8", "--max-steps", "10"] + cli_env)
+    err = capsys.readouterr().err
+    assert rc == 2 and "already holds a run" in err and "--overwrite" in err and "Traceback" not in err
+    assert snapshot(run) == before
+
+    (run / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, run / "pytorch_model.bin")
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "pytorch_model.bin" in err and "--allow-pickle" in err and "Traceback" not in err
+    assert main(["evaluate", str(tmp_path / "gone")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- non-errors that must hold
+def test_all_padding_row_gives_finite_output():
+    model = FixedHeadModel(tiny_cfg()).eval()
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
+    for impl in ("sdpa", "eager"):
+        model.config._attn_implementation = impl
+        out = model(input_ids=torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), attention_mask=mask,
+                    output_attentions=impl == "eager")
+        assert torch.isfinite(out.last_hidden_state).all()
+        if impl == "eager":  # padding keys get no weight; an all-padding row attends uniformly
+            probs = out.attentions[0]
+            assert torch.all(probs[0, :, :, 2:] == 0)
+            torch.testing.assert_close(probs[1], torch.full_like(probs[1], 0.25))
+
+
+def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
+    """Documented choice: NaN/inf in inputs_embeds raise ValueError rather than propagate."""
+    model = FixedHeadModel(tiny_cfg()).eval()
+    x = torch.randn(1, 4, 32)
+    assert torch.isfinite(model(inputs_embeds=x).last_hidden_state).all()
+    x[0, 2, 5] = math.inf
+    with pytest.raises(ValueError, match=r"first at index \(0, 2, 5\): inf"):
+        model(inputs_embeds=x)
