@@ -74,3 +74,16 @@ def test_cli_count_and_bad_values(capsys):
     assert "num_attention_heads=12" in capsys.readouterr().err
     assert main(["evaluate", str("/nonexistent/run")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_resume_ignores_logging_options_but_not_training_ones():
+    from fixedhead.training.pretrain import run_fingerprint, same_run_settings
+
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+    saved = run_fingerprint(config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c"))
+    saved["train"]["progress"] = True  # the settings file keeps every field
+    assert same_run_settings(saved, run_fingerprint(config, TrainSettings(progress=False, report_to=[]),
+                                                    DataSettings(corpus="c")))
+    assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(learning_rate=0.5),
+                                                        DataSettings(corpus="c")))
+    assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))

@@ -23,7 +23,15 @@ from pathlib import Path
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
 from ..modeling import count_parameters
-from ..training.pretrain import METRICS_FILE, DataSettings, TrainSettings, prepare_data, pretrain
+from ..training.pretrain import (
+    METRICS_FILE,
+    DataSettings,
+    TrainSettings,
+    prepare_data,
+    pretrain,
+    run_fingerprint,
+    same_run_settings,
+)
 
 
 @dataclass
@@ -188,10 +196,11 @@ def _same_run(run_dir: Path, config, train, data_settings) -> bool:
     settings_file = run_dir / "pretrain_settings.json"
     if not settings_file.is_file():
         return False
-    saved = json.loads(settings_file.read_text())
-    current = json.loads(json.dumps({"config": config.to_diff_dict(), "train": asdict(train),
-                                     "data": asdict(data_settings)}, default=str))
-    return all(saved.get(k) == v for k, v in current.items())
+    try:
+        saved = json.loads(settings_file.read_text())
+    except ValueError:
+        return False  # unreadable: retrain rather than trust it
+    return same_run_settings(saved, run_fingerprint(config, train, data_settings))
 
 
 TABLE_COLUMNS = [

@@ -250,6 +250,35 @@ class TrainSettings:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
 
 
+#: TrainSettings fields that change how a run is watched, not what it computes
+_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps")
+
+
+def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_settings: DataSettings | None) -> dict:
+    """What must match for a run directory to be resumed or reused: model config, data settings,
+    and the training settings that affect the result (not logging or progress options)."""
+    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}
+    fingerprint = {
+        "config": config.to_diff_dict(),
+        "train": train,
+        "data": asdict(data_settings) if data_settings else {},
+    }
+    return json.loads(json.dumps(fingerprint, default=str))
+
+
+def same_run_settings(previous: dict, fingerprint: dict) -> bool:
+    """Whether a saved settings file (``pretrain_settings.json``) matches a :func:`run_fingerprint`
+    (fields outside the fingerprint, such as logging options, may differ)."""
+    for key, value in fingerprint.items():
+        old = previous.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            if any(old.get(k) != v for k, v in value.items()):
+                return False
+        elif old != value:
+            return False
+    return True
+
+
 def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool):
     settings_file = run_dir / PRETRAIN_FILE
     if run_dir.exists() and not run_dir.is_dir():
@@ -261,7 +290,7 @@ def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bo
     if settings_file.is_file():
         previous = load_json_file(settings_file)
         if resume:
-            if previous != fingerprint:
+            if not same_run_settings(previous, fingerprint):
                 raise FileExistsError(
                     f"{run_dir} holds a run with different settings; cannot --resume it with these"
                 )
@@ -310,13 +339,7 @@ def pretrain(
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
-    fingerprint = {
-        "config": config.to_diff_dict(),
-        "train": asdict(settings),
-        "data": asdict(data.settings) if data.settings else {},
-        "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
-    }
-    fingerprint = json.loads(json.dumps(fingerprint, default=str))
+    fingerprint = run_fingerprint(config, settings, data.settings)
     _check_run_dir(run_dir, fingerprint, resume, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     remove_staging(run_dir)  # left by a run killed while saving a checkpoint
@@ -324,7 +347,11 @@ def pretrain(
         for old in list_checkpoints(run_dir):
             shutil.rmtree(old)
         (run_dir / METRICS_FILE).unlink(missing_ok=True)
-    write_json_atomic(run_dir / PRETRAIN_FILE, fingerprint)
+    write_json_atomic(run_dir / PRETRAIN_FILE, {
+        **fingerprint,
+        "train": json.loads(json.dumps(asdict(settings), default=str)),
+        "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+    })
 
     set_seed(settings.seed)
     model = FixedHeadForMaskedLM(config)
