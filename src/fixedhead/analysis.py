@@ -16,7 +16,8 @@ For every layer and head, on real text, this measures what the paper's Section 3
   removes exactly the shift the softmax ignores (the paper's D_0), so
   logit_rank − 1 <= min_head_dim <= logit_rank in exact arithmetic. It is computed with the same
   relative tolerance ``rtol`` (passed to the theory function's ``rtol``), so the two columns are
-  comparable; equal columns mean the head's per-query shift is in its logits' span.
+  comparable; with a tolerance they can differ by a little either way on heads with many weak
+  directions (centring changes σ_max and which directions clear the threshold).
 * ``entropy`` — the mean over queries of −Σ_k P[q, k] ln P[q, k], in nats (0 = each query attends
   to one key; ln n = uniform).
 
