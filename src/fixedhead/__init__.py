@@ -12,7 +12,10 @@ from .modeling import (
     FixedHeadModel,
     count_parameters,
     from_bert,
+    register_auto_classes,
 )
+
+register_auto_classes()  # AutoConfig / AutoModel* / pipeline(...) load fixedhead run directories
 
 __version__ = "0.1.0"
 

@@ -98,6 +98,24 @@ def _add_train_args(p):
     g.add_argument("--torch-compile", action="store_true")
 
 
+def _report_to(names: list[str]) -> list[str]:
+    """``--report-to`` values as the Trainer takes them; unknown or uninstalled integrations are a
+    ValueError naming the value, raised before any data is prepared."""
+    from transformers.integrations import integration_utils as iu
+
+    if names in (["none"], []):
+        return []
+    if names == ["all"]:
+        return iu.get_available_reporting_integrations()
+    for name in names:
+        if name not in iu.INTEGRATION_TO_CALLBACK:
+            raise ValueError(f"--report-to {name}: unknown integration; known: none, all, {', '.join(iu.INTEGRATION_TO_CALLBACK)}")
+        available = getattr(iu, f"is_{name.replace('_ml', '').replace('azure', 'azureml')}_available", None)
+        if available is not None and not available():
+            raise ValueError(f"--report-to {name}: the {name} package is not installed (pip install it, or pick another)")
+    return list(names)
+
+
 def _add_pretrain(sub):
     p = sub.add_parser("pretrain", help="masked-LM pretraining of one model on real text")
     p.add_argument("--output-dir", required=True, help="run directory (model, tokenizer, metrics, checkpoints, logs)")
@@ -115,6 +133,7 @@ def _cmd_pretrain(args):
     from .configuration import FixedHeadConfig
     from .training import DataSettings, TrainSettings, prepare_data, pretrain
 
+    report_to = _report_to(args.report_to)  # before the (slow) data preparation
     config = FixedHeadConfig(
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_hidden_layers,
@@ -125,7 +144,6 @@ def _cmd_pretrain(args):
         hidden_dropout_prob=args.dropout,
         attention_probs_dropout_prob=args.dropout,
     )
-    report_to = [] if args.report_to in (["none"], []) else args.report_to
     settings = TrainSettings(  # validated before the (slow) data preparation
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
@@ -212,8 +230,36 @@ def _cmd_bottleneck(args):
     return 0
 
 
+# -------------------------------------------------------------------------------- analyze
+def _add_analyze(sub):
+    p = sub.add_parser("analyze", help="per-head rank of attention logits, min_head_dim and entropy on a text")
+    p.add_argument("model", help="a fixedhead run directory or a local transformers BERT checkpoint directory")
+    p.add_argument("--text", required=True, help="a .txt or .jsonl (text field) file, optionally .gz")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
+    p.add_argument("--max-sequences", type=int, default=8, help="windows of the text to analyse (default 8)")
+    p.add_argument("--max-seq-length", type=int, default=None, help="n (default: the model's max_position_embeddings, <= 512)")
+    p.add_argument("--rtol", type=float, default=None, help="relative singular-value tolerance of the logit rank (default 1e-5)")
+    p.add_argument("--output-dir", default=None, help="where analysis.json and attention_heatmap.png go "
+                   "(default: runs/analysis/<model directory name>)")
+    p.set_defaults(func=_cmd_analyze)
+
+
+def _cmd_analyze(args):
+    from pathlib import Path
+
+    from .analysis import DEFAULT_RTOL, analyze, format_table, write_analysis
+
+    result = analyze(args.model, args.text, tokenizer_path=args.tokenizer, max_sequences=args.max_sequences,
+                     max_seq_length=args.max_seq_length, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
+    print(format_table(result))
+    out = args.output_dir or Path("runs") / "analysis" / Path(args.model).resolve().name
+    paths = write_analysis(result, out)
+    print(f"wrote {paths['json']} and {paths['heatmap']}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
-_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck]
+_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck, _add_analyze]
 
 
 def build_parser() -> argparse.ArgumentParser:

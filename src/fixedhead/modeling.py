@@ -450,3 +450,29 @@ def count_parameters(
     if nsp_head:
         total += 2 * d + 2
     return total
+
+
+# --------------------------------------------------------------------------------------------
+# transformers Auto classes
+# --------------------------------------------------------------------------------------------
+
+
+def register_auto_classes() -> None:
+    """Register ``FixedHeadConfig`` and the models with transformers' Auto classes.
+
+    Called when :mod:`fixedhead` is imported, so that ``AutoConfig``, ``AutoModel``,
+    ``AutoModelForMaskedLM``, ``AutoModelForSequenceClassification`` and
+    ``transformers.pipeline`` load a fixedhead run directory (``model_type: "fixedhead"`` in its
+    config.json) without ``trust_remote_code``. Idempotent (``exist_ok=True``).
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    AutoConfig.register(FixedHeadConfig.model_type, FixedHeadConfig, exist_ok=True)
+    AutoModel.register(FixedHeadConfig, FixedHeadModel, exist_ok=True)
+    AutoModelForMaskedLM.register(FixedHeadConfig, FixedHeadForMaskedLM, exist_ok=True)
+    AutoModelForSequenceClassification.register(FixedHeadConfig, FixedHeadForSequenceClassification, exist_ok=True)

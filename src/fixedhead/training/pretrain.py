@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from ..configuration import FixedHeadConfig
 from ..data import pack_sequences, read_corpus, split_documents, tokenize_documents, train_tokenizer
 from ..modeling import FixedHeadForMaskedLM, count_parameters
+from .card import write_model_card
 from .checkpoints import (
     atomic_checkpoint_trainer,
     check_model_dir,
@@ -312,8 +313,11 @@ def pretrain(
     """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
 
     Writes to ``run_dir``: the model (safetensors) and tokenizer (loadable with
-    ``from_pretrained``), ``metrics.json``, ``pretrain_settings.json``, Trainer checkpoints
-    (``checkpoint-STEP``) and TensorBoard logs (``runs/``).
+    ``from_pretrained`` and ``transformers.pipeline("fill-mask", model=run_dir)``),
+    ``metrics.json``, ``pretrain_settings.json``, a model card ``README.md``, Trainer checkpoints
+    (``checkpoint-STEP``) and TensorBoard logs (``runs/``). Runs unchanged under
+    ``torchrun``/``accelerate launch`` (``settings.batch_size`` is then per process; only the
+    main process writes files).
 
     Returns:
         the metrics dict: parameters, training tokens, wall time, held-out loss/perplexity/
@@ -340,23 +344,27 @@ def pretrain(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
     fingerprint = run_fingerprint(config, settings, data.settings)
-    _check_run_dir(run_dir, fingerprint, resume, overwrite)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remove_staging(run_dir)  # left by a run killed while saving a checkpoint
-    if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
-        for old in list_checkpoints(run_dir):
-            shutil.rmtree(old)
-        (run_dir / METRICS_FILE).unlink(missing_ok=True)
-    write_json_atomic(run_dir / PRETRAIN_FILE, {
+    recorded = {
         **fingerprint,
         "train": json.loads(json.dumps(asdict(settings), default=str)),
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
-    })
+    }
+    args = _training_args(run_dir, settings)  # under torchrun/accelerate this joins the process group
+    # one process checks and claims the run directory; the others wait for it (no-op when single-process)
+    with args.main_process_first(local=False, desc="run directory check"):
+        if args.process_index == 0:
+            _check_run_dir(run_dir, fingerprint, resume, overwrite)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            remove_staging(run_dir)  # left by a run killed while saving a checkpoint
+            if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
+                for old in list_checkpoints(run_dir):
+                    shutil.rmtree(old)
+                (run_dir / METRICS_FILE).unlink(missing_ok=True)
+            write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
 
     set_seed(settings.seed)
     model = FixedHeadForMaskedLM(config)
     eval_ids, eval_labels = fixed_masking(data.heldout, data.tokenizer, settings.eval_seed)
-    args = _training_args(run_dir, settings)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
     collator = _TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
     if checkpoint is not None:
@@ -377,8 +385,9 @@ def pretrain(
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if any(not math.isfinite(loss) for _, loss in train_curve):
         raise ValueError(f"training loss became non-finite in {run_dir}; lower the learning rate")
-    trainer.save_model(str(run_dir))
-    data.tokenizer.save_pretrained(str(run_dir))
+    trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
+    if args.should_save:
+        data.tokenizer.save_pretrained(str(run_dir))
     metrics = evaluate_mlm(model, eval_ids, eval_labels)
     result = {
         "name": run_dir.name,
@@ -388,8 +397,9 @@ def pretrain(
         "head_dim": config.attention_head_size,
         "fixed_head": config.is_fixed_head,
         "num_hidden_layers": config.num_hidden_layers,
-        "training_tokens": settings.max_steps * settings.batch_size * data.train.shape[1],
-        "tokens_per_step": settings.batch_size * data.train.shape[1],
+        "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
+        "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],
+        "tokens_per_step": settings.batch_size * args.world_size * data.train.shape[1],
         "train_seconds": round(wall, 1),
         "heldout_loss": metrics["loss"],
         "heldout_perplexity": metrics["perplexity"],
@@ -399,7 +409,9 @@ def pretrain(
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
     }
-    write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
+    if args.should_save:
+        write_model_card(run_dir, result, recorded)
+        write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
 
 
@@ -429,6 +441,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         disable_tqdm=not settings.progress,
         dataloader_num_workers=0,
         remove_unused_columns=False,
+        ddp_find_unused_parameters=False,  # every parameter of the MLM model gets a gradient
         torch_compile=settings.torch_compile,
         use_cpu=not torch.cuda.is_available(),
     )

@@ -1,0 +1,471 @@
+"""Rank and entropy diagnostics of the attention heads of a fixedhead model or a transformers BERT.
+
+For every layer and head, on real text, this measures what the paper's Section 3 argument is about:
+
+* ``logit_rank`` — the numerical rank of the head's logit matrix S = Q K^T / √d_p ([query, key],
+  float64, computed from the model's own q and k, captured with forward hooks). Structurally
+  rank(S) <= d_p: a standard head of size d/h below the sequence length n can never reach rank n
+  (the low-rank bottleneck); a fixed head size d_p >= n removes the cap.
+  Numerical rank = the number of singular values above ``rtol · σ_max(S)``; ``rtol`` defaults to
+  :data:`DEFAULT_RTOL` = 1e-5, about a hundred times float32 resolution — the model computes q and
+  k in float32, so directions weaker than that carry nothing it can resolve.
+* ``min_head_dim`` — :func:`fixedhead.theory.min_head_dim` of the attention the head produces,
+  P = softmax(S) row-wise (queries are rows: the transpose of the paper's column-stochastic P),
+  evaluated in float64: the smallest head size that represents this P exactly, i.e. the rank of
+  the per-query-centred log P. Since log P = S − (per-query log-normaliser) 1^T, centring each row
+  removes exactly the shift the softmax ignores (the paper's D_0), so
+  logit_rank − 1 <= min_head_dim <= logit_rank in exact arithmetic. It is computed with the same
+  relative tolerance ``rtol`` (passed to the theory function's ``rtol``), so the two columns are
+  comparable; with a tolerance they can differ by a little either way on heads with many weak
+  directions (centring changes σ_max and which directions clear the threshold).
+* ``entropy`` — the mean over queries of −Σ_k P[q, k] ln P[q, k], in nats (0 = each query attends
+  to one key; ln n = uniform).
+
+Statistics are per sequence, then averaged over the sequences analysed. Sequences are windows of
+``n`` tokens of the text, [CLS] … [SEP], without padding.
+
+Supported models: fixedhead models (:class:`fixedhead.attention.MultiHeadAttention`) and
+transformers encoders whose self-attention modules expose ``query``/``key`` linear layers with
+``num_attention_heads`` and ``attention_head_size`` (BERT, and the BERT-derived RoBERTa/ELECTRA
+family), loaded from a local directory with ``AutoModel``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .attention import MultiHeadAttention
+
+DEFAULT_RTOL = 1e-5
+ANALYSIS_FILE = "analysis.json"
+HEATMAP_FILE = "attention_heatmap.png"
+
+
+# ------------------------------------------------------------------------------ capture q, k
+def _attention_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention):
+            found.append((name, module))
+        elif (
+            isinstance(getattr(module, "query", None), torch.nn.Linear)
+            and isinstance(getattr(module, "key", None), torch.nn.Linear)
+            and isinstance(getattr(module, "num_attention_heads", None), int)
+            and isinstance(getattr(module, "attention_head_size", None), int)
+        ):
+            found.append((name, module))
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no attention module this analysis understands (fixedhead "
+            "MultiHeadAttention, or BERT-style self-attention with query/key linear layers)"
+        )
+    return found
+
+
+@contextmanager
+def capture_queries_keys(model):
+    """Record every self-attention layer's queries and keys during a forward pass.
+
+    Yields a list that each forward pass fills, in layer order, with ``(q, k, scale)``:
+    q and k are [batch, heads, seq, head_dim] (the model's dtype), ``scale`` the logit scale
+    (1/√head_dim). The hooks are removed on exit.
+
+    Raises:
+        ValueError: the model has no supported attention module (see the module docstring).
+    """
+    captured: list = []
+    handles = []
+    for _, module in _attention_modules(model):
+        if isinstance(module, MultiHeadAttention):
+            h, dp = module.num_attention_heads, module.head_dim
+
+            def hook(_m, _inp, out, h=h, dp=dp, scale=module.scale):
+                b, s, _ = out.shape  # [batch, seq, 3·h·d_p] -> q, k: [batch, h, seq, d_p]
+                qkv = out.detach().view(b, s, 3, h, dp).permute(2, 0, 3, 1, 4)
+                captured.append((qkv[0], qkv[1], scale))
+
+            handles.append(module.qkv.register_forward_hook(hook))
+        else:
+            h, dp = module.num_attention_heads, module.attention_head_size
+            scale = float(getattr(module, "scaling", dp**-0.5))
+            pending = {}
+
+            def q_hook(_m, _inp, out, pending=pending):
+                pending["q"] = out.detach()
+
+            def k_hook(_m, _inp, out, pending=pending, h=h, dp=dp, scale=scale):
+                b, s, _ = out.shape  # [batch, seq, h·d_p] -> [batch, h, seq, d_p]
+                q = pending.pop("q").view(b, s, h, dp).transpose(1, 2)
+                captured.append((q, out.detach().view(b, s, h, dp).transpose(1, 2), scale))
+
+            handles.append(module.query.register_forward_hook(q_hook))
+            handles.append(module.key.register_forward_hook(k_hook))
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Each layer's pre-softmax attention logits S = Q K^T · scale, in float64.
+
+    Args:
+        model: a fixedhead model or a BERT-style transformers encoder (see module docstring).
+        input_ids: [batch, seq] token ids.
+        attention_mask: [batch, seq] (1 = token, 0 = padding) or None. Padding is *not* applied
+            to the returned logits (they are the raw bilinear form of the head).
+
+    Returns:
+        one [batch, heads, query, key] float64 tensor per layer; softmax over the last dimension
+        (plus the padding bias, if any) is the model's attention probabilities.
+    """
+    model.eval()
+    with capture_queries_keys(model) as captured:
+        model(input_ids=input_ids, attention_mask=attention_mask)
+    return [torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale for q, k, scale in captured]
+
+
+# ---------------------------------------------------------------------------- per-head stats
+def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
+    """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (0 for a zero matrix).
+
+    Raises:
+        ValueError: ``matrix`` not 2-D, or ``rtol`` not in (0, 1).
+    """
+    if matrix.dim() != 2:
+        raise ValueError(f"numerical_rank needs a 2-D matrix, got shape {tuple(matrix.shape)}")
+    if not 0.0 < rtol < 1.0:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    s = torch.linalg.svdvals(matrix.double())
+    if s.numel() == 0 or float(s[0]) == 0.0:
+        return 0
+    return int((s > rtol * s[0]).sum())
+
+
+def _min_head_dim(P: np.ndarray, rtol: float) -> int:
+    """:func:`fixedhead.theory.min_head_dim`, with the same relative tolerance as ``logit_rank``
+    when the theory function takes one (``rtol=``): log P carries float64 rounding of size
+    eps·|log P| ≈ eps·ln n, which a tolerance at float64 level can count as rank when the head is
+    close to uniform (small centred logits)."""
+    import inspect
+
+    from .theory import min_head_dim
+
+    if "rtol" in inspect.signature(min_head_dim).parameters:
+        return min_head_dim(P, rtol=rtol)
+    return min_head_dim(P)
+
+
+def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL) -> dict:
+    """Rank, minimal head size and entropy of one head on one sequence.
+
+    Args:
+        logits: [n, n] logits of one head (queries are rows), as from :func:`attention_logits`.
+        rtol: relative singular-value tolerance of ``logit_rank``.
+
+    Returns:
+        ``{"logit_rank": int, "min_head_dim": int or None (P has entries that underflow to 0 in
+        float64), "entropy": float (nats, mean over queries)}``.
+    """
+    logits = logits.double()
+    log_p = torch.log_softmax(logits, dim=-1)
+    p = log_p.exp()
+    entropy = float(-(p * log_p).sum(-1).mean())
+    try:
+        mhd = int(_min_head_dim(p.cpu().numpy(), rtol))
+    except ValueError:  # an attention entry below float64's smallest positive number
+        mhd = None
+    return {"logit_rank": numerical_rank(logits, rtol), "min_head_dim": mhd, "entropy": entropy}
+
+
+@dataclass
+class AttentionAnalysis:
+    """Per-layer, per-head diagnostics averaged over sequences (all lists are [layer][head])."""
+
+    model: str
+    model_type: str
+    num_layers: int
+    num_heads: int
+    head_dims: list[int]  # per layer
+    seq_len: int  # n
+    num_sequences: int
+    rtol: float
+    logit_rank: list[list[float]]
+    logit_rank_max: list[list[int]]
+    min_head_dim: list[list[float | None]]
+    min_head_dim_max: list[list[int | None]]
+    entropy: list[list[float]]
+    text: str = ""
+    notes: dict = field(default_factory=dict)
+
+    def rows(self) -> list[dict]:
+        """One dict per (layer, head), as in the printed table."""
+        out = []
+        for layer in range(self.num_layers):
+            for head in range(self.num_heads):
+                out.append({
+                    "layer": layer, "head": head, "head_dim": self.head_dims[layer],
+                    "rank_cap": min(self.head_dims[layer], self.seq_len),
+                    "logit_rank": self.logit_rank[layer][head],
+                    "logit_rank_max": self.logit_rank_max[layer][head],
+                    "min_head_dim": self.min_head_dim[layer][head],
+                    "min_head_dim_max": self.min_head_dim_max[layer][head],
+                    "entropy": self.entropy[layer][head],
+                })
+        return out
+
+
+@torch.no_grad()
+def analyze_model(model, input_ids: torch.Tensor, rtol: float = DEFAULT_RTOL, batch_size: int = 8,
+                  name: str = "") -> AttentionAnalysis:
+    """Diagnostics of every head of ``model`` on the sequences ``input_ids`` [num_sequences, n].
+
+    Sequences must be unpadded (every token real). See the module docstring for the quantities.
+
+    Raises:
+        ValueError: ``input_ids`` not a non-empty [num_sequences, n] tensor with n >= 2; an
+            unsupported model; ``rtol`` outside (0, 1).
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] < 2:
+        raise ValueError(f"input_ids must be [num_sequences >= 1, n >= 2], got shape {tuple(input_ids.shape)}")
+    if not 0.0 < rtol < 1.0:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    model.eval()
+    device = next(model.parameters()).device
+    per_seq = None  # [layer][head] -> list of per-sequence dicts
+    head_dims = None
+    for i in range(0, input_ids.shape[0], batch_size):
+        batch = input_ids[i : i + batch_size].to(device)
+        layers = attention_logits(model, batch, torch.ones_like(batch))
+        if per_seq is None:
+            per_seq = [[[] for _ in range(s.shape[1])] for s in layers]
+            head_dims = [int(q_dim) for q_dim in _head_dims(model)]
+        for layer, s in enumerate(layers):
+            for b in range(s.shape[0]):
+                for head in range(s.shape[1]):
+                    per_seq[layer][head].append(head_statistics(s[b, head], rtol))
+    num_heads = {len(h) for h in per_seq}
+    if len(num_heads) != 1:
+        raise ValueError(f"layers have different head counts {sorted(num_heads)}; not supported")
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    def vmax(values):
+        values = [v for v in values if v is not None]
+        return int(max(values)) if values else None
+
+    stat = lambda key, fn: [[fn([d[key] for d in head]) for head in layer] for layer in per_seq]  # noqa: E731
+    return AttentionAnalysis(
+        model=name or type(model).__name__,
+        model_type=getattr(getattr(model, "config", None), "model_type", type(model).__name__),
+        num_layers=len(per_seq),
+        num_heads=num_heads.pop(),
+        head_dims=head_dims,
+        seq_len=int(input_ids.shape[1]),
+        num_sequences=int(input_ids.shape[0]),
+        rtol=rtol,
+        logit_rank=stat("logit_rank", mean),
+        logit_rank_max=stat("logit_rank", vmax),
+        min_head_dim=stat("min_head_dim", mean),
+        min_head_dim_max=stat("min_head_dim", vmax),
+        entropy=stat("entropy", mean),
+    )
+
+
+def _head_dims(model) -> list[int]:
+    return [m.head_dim if isinstance(m, MultiHeadAttention) else m.attention_head_size
+            for _, m in _attention_modules(model)]
+
+
+# ----------------------------------------------------------------------- models, text, files
+def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None):
+    """Load ``(encoder, tokenizer)`` from a local fixedhead run or transformers BERT directory.
+
+    The encoder is loaded with ``AutoModel`` (a masked-LM or classification checkpoint's heads
+    are dropped; a missing pooler is fine: it does not touch attention).
+
+    Raises:
+        FileNotFoundError: no such directory, no config.json, or no tokenizer (the message says
+            to pass ``tokenizer_path``).
+        ValueError: the checkpoint lacks encoder weights.
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    from .modeling import register_auto_classes
+
+    register_auto_classes()  # model_type "fixedhead" (already done by ``import fixedhead``; idempotent)
+
+    path = Path(model_path)
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
+    tok_path = Path(tokenizer_path) if tokenizer_path is not None else path
+    if not any((tok_path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"{str(tok_path)!r} holds no tokenizer (tokenizer.json or vocab.txt); pass the tokenizer directory"
+            " (--tokenizer)"
+        )
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
+    try:
+        model, info = AutoModel.from_pretrained(str(path), output_loading_info=True, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+    if missing:
+        raise ValueError(f"{path} lacks encoder weights, e.g. {missing[:3]}; is it a trained checkpoint?")
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
+    return model.eval(), tokenizer
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """Text of a ``.txt`` file, or the ``text`` fields of a ``.jsonl`` file (either may be ``.gz``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: the file holds no text.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        raw = f.read()
+    if path.name.removesuffix(".gz").endswith(".jsonl"):
+        raw = "\n\n".join(json.loads(line).get("text", "") for line in raw.splitlines() if line.strip())
+    if not raw.strip():
+        raise ValueError(f"{path} holds no text")
+    return raw
+
+
+def text_to_sequences(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
+    """Windows of the text as [CLS] + (seq_len − 2) tokens + [SEP], evenly spread over the text.
+
+    Returns:
+        [num_sequences, seq_len] token ids, num_sequences = min(max_sequences, windows available);
+        a text shorter than one window gives one shorter sequence.
+
+    Raises:
+        ValueError: seq_len < 3, max_sequences < 1, or a text with no tokens.
+    """
+    if seq_len < 3:
+        raise ValueError(f"seq_len must be >= 3 ([CLS] token [SEP]), got {seq_len}")
+    if max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+    ids: list[int] = []
+    for chunk in (text[i : i + 100_000] for i in range(0, min(len(text), 20_000_000), 100_000)):
+        ids.extend(tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"])
+    if not ids:
+        raise ValueError("the text has no tokens")
+    body = seq_len - 2
+    windows = max(1, len(ids) // body)
+    starts = np.linspace(0, (windows - 1) * body, num=min(windows, max_sequences)).astype(int)
+    starts = [int(s) // body * body for s in starts]  # whole, non-overlapping windows
+    rows = [[tokenizer.cls_token_id] + ids[s : s + body] + [tokenizer.sep_token_id] for s in starts]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, max_seq_length: int | None = None,
+            rtol: float = DEFAULT_RTOL) -> AttentionAnalysis:
+    """Load a local model directory and analyse its heads on a text file (``fixedhead analyze``).
+
+    ``max_seq_length`` (n) defaults to the model's ``max_position_embeddings`` (capped at 512).
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`load_encoder`, :func:`read_text`,
+            :func:`text_to_sequences`; n above ``max_position_embeddings``.
+    """
+    model, tokenizer = load_encoder(model_path, tokenizer_path)
+    max_pos = int(model.config.max_position_embeddings)
+    n = max_seq_length if max_seq_length is not None else min(max_pos, 512)
+    if n > max_pos:
+        raise ValueError(f"max_seq_length={n} exceeds the model's max_position_embeddings={max_pos}")
+    ids = text_to_sequences(tokenizer, read_text(text_path), n, max_sequences)
+    result = analyze_model(model, ids, rtol=rtol, name=Path(model_path).name)
+    result.text = str(text_path)
+    return result
+
+
+def format_table(result: AttentionAnalysis) -> str:
+    """The per-head table: layer, head, d_p, rank(S) (mean, max), min_head_dim (mean, max), entropy."""
+    n = result.seq_len
+    lines = [
+        f"{result.model} ({result.model_type}): {result.num_layers} layers × {result.num_heads} heads, "
+        f"n = {n} tokens × {result.num_sequences} sequences, rank tolerance {result.rtol:g}·σ_max",
+        f"{'layer':>5} {'head':>4} {'d_p':>4} {'cap':>4} {'rank(S)':>8} {'max':>4} {'min_d_p':>8} {'max':>4} "
+        f"{'entropy':>8} {'/ln n':>6}",
+    ]
+    fmt = lambda v, w, p=1: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+    for r in result.rows():
+        lines.append(
+            f"{r['layer']:>5} {r['head']:>4} {r['head_dim']:>4} {r['rank_cap']:>4} {fmt(r['logit_rank'], 8)} "
+            f"{r['logit_rank_max']:>4} {fmt(r['min_head_dim'], 8)} "
+            f"{(r['min_head_dim_max'] if r['min_head_dim_max'] is not None else '-'):>4} "
+            f"{r['entropy']:>8.3f} {r['entropy'] / math.log(n):>6.2f}"
+        )
+    at_cap = sum(r["logit_rank_max"] >= r["rank_cap"] for r in result.rows())
+    lines.append(
+        f"heads whose logits reach the rank cap min(d_p, n) on some sequence: {at_cap}/{len(result.rows())}; "
+        f"cap = d_p < n means the head is rank-limited (paper Section 3); ln n = {math.log(n):.3f} nats"
+    )
+    return "\n".join(lines)
+
+
+def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
+    """Three layer × head heatmaps (rank of logits, min_head_dim, entropy) as a PNG; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("rank of logits S (mean)", result.logit_rank, "viridis"),
+        ("min_head_dim of softmax(S) (mean)", result.min_head_dim, "viridis"),
+        ("attention entropy (nats)", result.entropy, "magma"),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(4 + 1.2 * result.num_heads, 1.5 + 0.7 * result.num_layers), squeeze=False)
+    rank_max = max(min(d, result.seq_len) for d in result.head_dims)
+    for ax, (title, values, cmap) in zip(axes[0], panels):
+        grid = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=float)
+        vmax = math.log(result.seq_len) if "entropy" in title else rank_max
+        im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(result.num_heads))
+        ax.set_yticks(range(result.num_layers))
+        if result.num_heads * result.num_layers <= 400:
+            for (i, j), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.1f}" if "entropy" in title else f"{v:.0f}", ha="center", va="center",
+                            fontsize=6, color="white" if v < 0.6 * vmax else "black")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(f"{result.model}: d_p = {sorted(set(result.head_dims))}, n = {result.seq_len} "
+                 f"(rank cap min(d_p, n); entropy max ln n = {math.log(result.seq_len):.2f})", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> dict:
+    """Write ``analysis.json`` (all fields) and the heatmap PNG; returns ``{"json": path, "heatmap": path}``."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ANALYSIS_FILE).write_text(json.dumps({**asdict(result), "table": result.rows()}, indent=2))
+    return {"json": out / ANALYSIS_FILE, "heatmap": plot_heatmap(result, out / HEATMAP_FILE)}

@@ -1,0 +1,150 @@
+"""The model card (``README.md``) written into every pretraining run directory.
+
+A Hugging Face-style card: YAML front matter (``library_name``, ``pipeline_tag``, tags) and
+sections for the model's configuration, the data, the training budget and the held-out metrics,
+all taken from what the run recorded (``pretrain_settings.json`` and ``metrics.json``), never
+typed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CARD_FILE = "README.md"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _warmup(value) -> str:
+    if isinstance(value, (int, float)) and 0 <= value < 1:
+        return f"{value:.0%} of the steps"
+    return f"{value} steps"
+
+
+def _table(rows: list[tuple[str, object]]) -> str:
+    return "\n".join(["| field | value |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows])
+
+
+def model_card(result: dict, fingerprint: dict) -> str:
+    """Render the card of a finished run.
+
+    Args:
+        result: the metrics dict returned by :func:`fixedhead.training.pretrain` (``metrics.json``).
+        fingerprint: the run's recorded settings (``pretrain_settings.json``): ``config`` (the
+            config's non-default fields), ``train``, ``data`` and ``data_info``.
+
+    Returns:
+        Markdown text with YAML front matter.
+    """
+    config = dict(fingerprint.get("config", {}))
+    train = fingerprint.get("train", {})
+    data = fingerprint.get("data", {})
+    info = fingerprint.get("data_info", {})
+    d, h, dp = result["hidden_size"], result["num_attention_heads"], result["head_dim"]
+    n = data.get("max_seq_length", config.get("max_position_embeddings"))
+    kind = f"fixed head size d_p = {dp}" if result["fixed_head"] else f"standard head size d_p = d/h = {dp}"
+    bottleneck = (
+        f"d_p = {dp} < n = {n}: each head's logit matrix has rank at most {dp}, below the sequence length "
+        "(the paper's low-rank bottleneck)" if n and dp < n else
+        f"d_p = {dp} >= n = {n}: heads are not rank-limited at this sequence length (paper Theorem 1)"
+    )
+    heldout = info.get("heldout_documents", [])
+    train_curve = result.get("train_curve") or []
+    eval_curve = result.get("eval_curve") or []
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags:",
+        "- fixedhead",
+        "- masked-lm",
+        "- bert",
+        "---",
+        "",
+        f"# {result['name']}",
+        "",
+        f"A {result['num_hidden_layers']}-layer post-LN BERT-style masked language model with hidden size "
+        f"d = {d}, h = {h} heads and {kind} ({result['parameters']:,} parameters), pretrained with "
+        "[fixedhead](https://arxiv.org/abs/2002.07028), an implementation of Bhojanapalli et al., "
+        '"Low-Rank Bottleneck in Multi-head Attention Models" (ICML 2020). '
+        f"{bottleneck}.",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "import fixedhead  # registers the model with transformers' Auto classes",
+        "from transformers import AutoModelForMaskedLM, pipeline",
+        "",
+        'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
+        'print(fill("the old man walked slowly to the [MASK]."))',
+        'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        "```",
+        "",
+        "Diagnostics of its heads: `fixedhead analyze PATH/TO/THIS/DIRECTORY --text FILE`.",
+        "",
+        "## Configuration",
+        "",
+        _table([(k, v) for k, v in sorted(config.items()) if not k.startswith("_")]),
+        "",
+        "## Data",
+        "",
+        _table([
+            ("corpus", info.get("corpus", data.get("corpus", ""))),
+            ("documents (train / held out)",
+             f"{info.get('train_documents', '?')} / {len(heldout)} (split by whole document, seed {data.get('split_seed', '?')})"),
+            ("held-out documents", "; ".join(heldout[:8]) + (" …" if len(heldout) > 8 else "")),
+            ("sequence length n", n),
+            ("training sequences", info.get("train_sequences", "?")),
+            ("held-out sequences", info.get("heldout_sequences", "?")),
+            ("tokenizer", f"WordPiece, {info.get('vocab_size', '?')} tokens, lowercase={data.get('lowercase', '?')}"),
+        ]),
+        "",
+        "## Training budget",
+        "",
+        _table([
+            ("steps", train.get("max_steps")),
+            ("batch size per process", train.get("batch_size")),
+            ("processes (world size)", result.get("world_size", 1)),
+            ("tokens per step", result["tokens_per_step"]),
+            ("training tokens", result["training_tokens"]),
+            ("optimizer", f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
+                          f"weight decay {train.get('weight_decay')}, linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
+                          "then linear decay"),
+            ("masking", "15% of tokens: 80% [MASK], 10% random, 10% kept"),
+            ("seed", train.get("seed")),
+            ("wall time (s)", result["train_seconds"]),
+        ]),
+        "",
+        "## Metrics (held-out documents, one fixed seeded masking)",
+        "",
+        _table([
+            ("masked-LM loss (nats)", result["heldout_loss"]),
+            ("perplexity", result["heldout_perplexity"]),
+            ("masked-token accuracy", result["heldout_accuracy"]),
+            ("masked tokens scored", result["heldout_masked_tokens"]),
+            ("final training loss", train_curve[-1][1] if train_curve else "n/a"),
+            ("held-out loss by step", ", ".join(f"{s}: {v:.3f}" for s, v in eval_curve) or "n/a"),
+        ]),
+        "",
+        "## Limitations",
+        "",
+        "A small research model trained briefly on the corpus above, for studying the head-size "
+        "bottleneck; its predictions reflect that corpus and its biases, and it is not meant for "
+        "downstream use as is.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(run_dir: str | os.PathLike, result: dict, fingerprint: dict) -> Path:
+    """Write :func:`model_card` to ``run_dir/README.md``; returns its path."""
+    path = Path(run_dir) / CARD_FILE
+    path.write_text(model_card(result, fingerprint), encoding="utf-8")
+    return path
