@@ -121,15 +121,16 @@ def file_replace(name, content):
     return call
 
 
-def pretrain_into(prepare_dir, resume=False, **config_changes):
+def pretrain_into(prepare_dir, resume=False, overwrite=False, **config_changes):
     def call(ctx):
         out = prepare_dir(ctx)
-        before = snapshot(out) if out.is_dir() else out.read_bytes()
+        state = lambda: (snapshot(out) if out.is_dir() else out.read_bytes()) if out.exists() else None
+        before = state()
         try:
             pretrain(tiny_config(**config_changes), ctx.request.getfixturevalue("tiny_prepared"), out,
-                     tiny_settings(max_steps=10, save_steps=10, eval_steps=10), resume=resume)
+                     tiny_settings(max_steps=10, save_steps=10, eval_steps=10), resume=resume, overwrite=overwrite)
         finally:  # refused without touching what was there
-            assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
+            assert state() == before
     return call
 
 
@@ -237,11 +238,17 @@ CASES = [
     Case("output dir holds a different run", pretrain_into(Ctx.run_copy, head_dim=8), FileExistsError,
          "already holds a run; pass --resume to continue it or --overwrite to replace it"),
     Case("--resume into a different run", pretrain_into(Ctx.run_copy, resume=True, head_dim=8), FileExistsError,
-         "holds a run with different settings; cannot --resume it"),
+         "holds a run with different settings (config.head_dim: 16 → 8"),
     Case("output dir is a file", pretrain_into(lambda c: write(c, "out", "x")), FileExistsError,
          "is an existing file, not a directory"),
     Case("output dir holds something else", pretrain_into(lambda c: write(c, "out/notes.txt", "x").parent),
          FileExistsError, "exists and is not a fixedhead run directory"),
+    Case("--overwrite of a folder that is not a run", pretrain_into(lambda c: write(c, "out/README.md", "x").parent,
+         overwrite=True), FileExistsError, "--overwrite only replaces fixedhead runs"),
+    Case("--resume of nothing", pretrain_into(lambda c: c.tmp / "empty-out", resume=True), FileNotFoundError,
+         "nothing to resume"),
+    Case("--resume with --overwrite", pretrain_into(Ctx.run_copy, resume=True, overwrite=True), ValueError,
+         "contradict"),
 ]
 
 

@@ -87,3 +87,13 @@ def test_resume_ignores_logging_options_but_not_training_ones():
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(learning_rate=0.5),
                                                         DataSettings(corpus="c")))
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))
+
+
+def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "busy")]) == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
+    assert "max_steps" in capsys.readouterr().err

@@ -19,7 +19,7 @@ def _add_count(sub):
     p.add_argument("--num-attention-heads", type=int)
     p.add_argument("--head-dim", type=int, default=None, help="fixed head size; omit for standard d/h")
     p.add_argument("--num-hidden-layers", type=int, default=24)
-    p.add_argument("--intermediate-size", type=int)
+    p.add_argument("--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size)")
     p.add_argument("--vocab-size", type=int, default=30522)
     p.add_argument("--max-position-embeddings", type=int, default=512)
     p.set_defaults(func=_cmd_count)
@@ -30,9 +30,12 @@ def _cmd_count(args):
     from .experiments.presets import PAPER_PRESETS, get_preset
     from .modeling import count_parameters
 
-    if args.hidden_size is not None or args.num_attention_heads is not None:
+    explicit = [f for f in ("hidden_size", "num_attention_heads", "head_dim", "intermediate_size") if getattr(args, f) is not None]
+    if explicit and args.preset:
+        raise ValueError("pass either --preset or explicit sizes (--hidden-size ...), not both")
+    if explicit:
         if args.hidden_size is None or args.num_attention_heads is None:
-            raise ValueError("--hidden-size and --num-attention-heads go together")
+            raise ValueError(f"--{explicit[0].replace('_', '-')} needs --hidden-size and --num-attention-heads")
         cfg = FixedHeadConfig(
             hidden_size=args.hidden_size,
             num_attention_heads=args.num_attention_heads,
@@ -42,7 +45,9 @@ def _cmd_count(args):
             vocab_size=args.vocab_size,
             max_position_embeddings=args.max_position_embeddings,
         )
-        print(f"{count_parameters(cfg):,} parameters (d_p={cfg.attention_head_size})")
+        print(f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
+              f"d_p={cfg.attention_head_size}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
+              f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)")
         return 0
     names = args.preset or list(PAPER_PRESETS)
     print(f"{'preset':<22} {'source':<9} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}")
@@ -217,6 +222,7 @@ def _add_bottleneck(sub):
 def _cmd_bottleneck(args):
     from .theory import bottleneck_sweep
 
+    args.n, args.seeds = sorted(set(args.n)), sorted(set(args.seeds))  # repeats add nothing
     rows = bottleneck_sweep(args.n, args.seeds, args.temperature, args.output_dir, args.max_iter,
                             progress=not args.no_progress)
     print(f"{'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   (mean over {len(args.seeds)} seeds, nats)")

@@ -63,10 +63,10 @@ class FixedHeadConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
+        resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
         for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
             _check_int(name, getattr(self, name))
         _check_int("type_vocab_size", self.type_vocab_size, minimum=0)
-        resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _check_prob(name, getattr(self, name))
         if self.classifier_dropout is not None:

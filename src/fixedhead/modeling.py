@@ -71,6 +71,10 @@ class FixedHeadEmbeddings(nn.Module):
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
         else:
+            n_types = self.token_type_embeddings.num_embeddings
+            if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n_types):
+                bad = int(token_type_ids.min()) if int(token_type_ids.min()) < 0 else int(token_type_ids.max())
+                raise ValueError(f"token_type_ids hold {bad}, outside [0, type_vocab_size={n_types})")
             type_embeds = self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
 
@@ -276,6 +280,11 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
             selected = labels != -100
             logits = self.cls(sequence_output[selected])  # [num_labelled, vocab]
             targets = labels[selected]
+            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= self.config.vocab_size):
+                bad = int(targets.min()) if int(targets.min()) < 0 else int(targets.max())
+                raise ValueError(
+                    f"labels hold {bad}, outside the vocabulary [0, {self.config.vocab_size}) (use -100 to skip a position)"
+                )
             if targets.numel() == 0:
                 loss = logits.sum() * 0.0
             else:

@@ -3,9 +3,10 @@
 The default preset is CPU-sized (the README's ``make run``): three masked-LM models on the same
 tokenizer, data, masking and step budget —
 
-* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n = 64 (the paper's
+* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n = 32 (the paper's
   bottleneck regime, Section 3);
-* ``fixed``: the same d and h with a fixed head size d_p = 32 (paper Section 4);
+* ``fixed``: the same d and h with a fixed head size d_p = n = 32, the paper's recommendation
+  (Section 4; by the sharp threshold of :mod:`fixedhead.theory`, n − 1 already suffices);
 * ``standard-wide``: a standard model whose hidden size is chosen to match the fixed model's
   parameter count (the paper's Fig. 1/2 question: is the fixed model better than simply making
   the standard one bigger?).
@@ -47,13 +48,13 @@ class ComparePreset:
     match_to: str | None = None
 
 
-def _cpu_preset(steps=700, batch=64) -> ComparePreset:
-    common = dict(num_hidden_layers=2, intermediate_size=512, max_position_embeddings=64,
+def _cpu_preset(steps=700, batch=128) -> ComparePreset:
+    common = dict(num_hidden_layers=2, intermediate_size=512, max_position_embeddings=32,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return ComparePreset(
-        description="d=128, 16 heads: standard d_p=8 vs fixed d_p=32 vs a parameter-matched wider standard model; "
-        "2 layers, n=64, Gutenberg books",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=64, max_eval_tokens=200_000),
+        description="d=128, 16 heads, n=32: standard d_p=8 vs fixed d_p=n=32 vs a parameter-matched wider "
+        "standard model; 2 layers, Gutenberg books",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=32, max_eval_tokens=200_000),
         train=TrainSettings(batch_size=batch, max_steps=steps, learning_rate=2e-3, eval_steps=100, save_steps=350),
         models={
             "standard": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
@@ -133,8 +134,8 @@ def run_compare(
     p = get_compare_preset(preset) if isinstance(preset, str) else preset
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
     train = p.train
-    train = replace(train, max_steps=max_steps) if max_steps else train
-    train = replace(train, batch_size=batch_size) if batch_size else train
+    train = replace(train, max_steps=max_steps) if max_steps is not None else train  # validated by TrainSettings
+    train = replace(train, batch_size=batch_size) if batch_size is not None else train
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, progress=progress)
     if not Path(data_settings.corpus).exists() and Path(data_settings.corpus) == Path(str(DEFAULT_CORPUS)):
@@ -144,6 +145,7 @@ def run_compare(
             f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
         )
     out = Path(output_dir)
+    check_compare_dir(out, list(p.models))
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
@@ -190,6 +192,31 @@ def run_compare(
         print(format_table(results))
         print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
+
+
+_COMPARE_FILES = {"results.json", "results.csv", "learning_curves.png"}
+
+
+def check_compare_dir(out: Path, model_names: list[str]) -> None:
+    """Refuse an output directory that holds anything but this job's own files.
+
+    Allowed: a missing or empty directory, or one holding only ``results.*``,
+    ``learning_curves.png`` and one subdirectory per model (an earlier or interrupted compare,
+    which is then resumed). Raises FileExistsError naming what is in the way.
+    """
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output directory {str(out)!r} is an existing file, not a directory")
+    if not out.is_dir():
+        return
+    foreign = sorted(
+        e.name for e in out.iterdir()
+        if not (e.name in _COMPARE_FILES or (e.is_dir() and e.name in model_names))
+    )
+    if foreign:
+        raise FileExistsError(
+            f"{out} holds files that are not this compare's ({', '.join(foreign[:5])}"
+            f"{' …' if len(foreign) > 5 else ''}); choose another --output-dir"
+        )
 
 
 def _same_run(run_dir: Path, config, train, data_settings) -> bool:

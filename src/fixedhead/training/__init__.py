@@ -5,9 +5,21 @@ from .pretrain import (
     PreparedData,
     TrainSettings,
     evaluate_mlm,
+    evaluate_run,
     fixed_masking,
+    load_run,
     prepare_data,
     pretrain,
 )
 
-__all__ = ["DataSettings", "PreparedData", "TrainSettings", "evaluate_mlm", "fixed_masking", "prepare_data", "pretrain"]
+__all__ = [
+    "DataSettings",
+    "PreparedData",
+    "TrainSettings",
+    "evaluate_mlm",
+    "evaluate_run",
+    "fixed_masking",
+    "load_run",
+    "prepare_data",
+    "pretrain",
+]

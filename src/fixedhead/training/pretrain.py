@@ -267,39 +267,55 @@ def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_setti
     return json.loads(json.dumps(fingerprint, default=str))
 
 
-def same_run_settings(previous: dict, fingerprint: dict) -> bool:
-    """Whether a saved settings file (``pretrain_settings.json``) matches a :func:`run_fingerprint`
-    (fields outside the fingerprint, such as logging options, may differ)."""
+def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
+    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_fingerprint`,
+    as ``"section.field: saved → now"`` strings (fields outside the fingerprint, such as logging
+    options, may differ freely)."""
+    diffs = []
     for key, value in fingerprint.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            if any(old.get(k) != v for k, v in value.items()):
-                return False
+            diffs += [f"{key}.{k}: {old.get(k)!r} → {v!r}" for k, v in value.items() if old.get(k) != v]
         elif old != value:
-            return False
-    return True
+            diffs.append(f"{key}: {old!r} → {value!r}")
+    return diffs
+
+
+def same_run_settings(previous: dict, fingerprint: dict) -> bool:
+    """Whether a saved settings file matches a :func:`run_fingerprint` (see :func:`settings_differences`)."""
+    return not settings_differences(previous, fingerprint)
 
 
 def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool):
     settings_file = run_dir / PRETRAIN_FILE
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output directory {str(run_dir)!r} is an existing file, not a directory")
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite contradict each other; pass one of them")
     if not run_dir.exists() or not any(run_dir.iterdir()):
-        return
-    if overwrite:
+        if resume:
+            raise FileNotFoundError(f"nothing to resume: {str(run_dir)!r} holds no run (drop --resume to start one)")
         return
     if settings_file.is_file():
+        if overwrite:
+            return  # a fixedhead run: replacing it is what was asked
         previous = load_json_file(settings_file)
         if resume:
-            if not same_run_settings(previous, fingerprint):
+            diffs = settings_differences(previous, fingerprint)
+            if diffs:
                 raise FileExistsError(
-                    f"{run_dir} holds a run with different settings; cannot --resume it with these"
+                    f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
+                    f"{' …' if len(diffs) > 6 else ''}); resume it with its own settings, or choose another "
+                    f"--output-dir or --overwrite"
                 )
             return
         raise FileExistsError(
             f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it"
         )
-    raise FileExistsError(f"{run_dir} exists and is not a fixedhead run directory; choose another --output-dir")
+    raise FileExistsError(
+        f"{run_dir} exists and is not a fixedhead run directory; choose another --output-dir "
+        f"(--overwrite only replaces fixedhead runs, never other files)"
+    )
 
 
 def pretrain(
