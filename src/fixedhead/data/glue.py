@@ -1,0 +1,191 @@
+"""Minimal GLUE TSV reader with strict validation (SST-2, CoLA, MRPC, RTE, STS-B).
+
+A small, dependency-free reader whose job is to fail clearly on bad files: every error names
+the file, the line and the offending value. Files are the GLUE distribution's TSVs (optionally
+gzip-compressed), read as UTF-8 with any byte-order mark stripped (MRPC's header has one) and
+with quoting turned off (``csv.QUOTE_NONE``), as GLUE's own readers do, since sentences contain
+bare quote characters.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """How one task's TSV is laid out.
+
+    ``text_a``/``text_b``/``label`` are header names, or int column indices for headerless files
+    (CoLA). ``labels`` lists the allowed label strings in class-id order; None means regression
+    (a float label). ``num_columns`` is the exact number of tab-separated fields per row.
+    """
+
+    name: str
+    directory: str
+    header: bool
+    num_columns: int
+    text_a: str | int
+    text_b: str | int | None
+    label: str | int
+    labels: tuple[str, ...] | None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+
+GLUE_TASKS: dict[str, GlueTask] = {
+    "sst2": GlueTask("sst2", "SST-2", True, 2, "sentence", None, "label", ("0", "1")),
+    # no header: source, label, original label (empty), sentence
+    "cola": GlueTask("cola", "CoLA", False, 4, 3, None, 1, ("0", "1")),
+    "mrpc": GlueTask("mrpc", "MRPC", True, 5, "#1 String", "#2 String", "Quality", ("0", "1")),
+    "rte": GlueTask("rte", "RTE", True, 4, "sentence1", "sentence2", "label", ("entailment", "not_entailment")),
+    "stsb": GlueTask("stsb", "STS-B", True, 10, "sentence1", "sentence2", "score", None),
+}
+
+
+def get_glue_task(task: str) -> GlueTask:
+    """The :class:`GlueTask` for ``task``. Raises ValueError naming it and listing the known ones."""
+    if task not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; known: {', '.join(sorted(GLUE_TASKS))}")
+    return GLUE_TASKS[task]
+
+
+def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
+    """Read one GLUE split file.
+
+    Args:
+        path: a ``.tsv`` or ``.tsv.gz`` file, e.g. ``shared/data/glue/SST-2/dev.tsv.gz``.
+        task: one of :data:`GLUE_TASKS` (``sst2``, ``cola``, ``mrpc``, ``rte``, ``stsb``).
+
+    Returns:
+        one dict per example: ``{"text_a": str, "text_b": str | None, "label": int | float}``
+        (class id in ``GlueTask.labels`` order, or the float score for STS-B).
+
+    Raises:
+        ValueError: unknown task; a header missing a needed column; a row with the wrong number
+            of fields; a label outside the task's label set (or not a number for STS-B); not
+            UTF-8; an empty file.
+        FileNotFoundError: no such file.
+    """
+    spec = get_glue_task(task)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GLUE {task} file not found: {path}")
+    opener = gzip.open if path.name.endswith(".gz") else open
+    examples = []
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            columns = {}
+            if spec.header:
+                header = next(rows, None)
+                if header is None:
+                    raise ValueError(f"{path}: empty file (expected a header for GLUE {task})")
+                columns = {name: i for i, name in enumerate(header)}
+                for needed in (spec.text_a, spec.text_b, spec.label):
+                    if needed is not None and needed not in columns:
+                        raise ValueError(
+                            f"{path}: header lacks column {needed!r} needed by GLUE {task} (has: {header})"
+                        )
+            index = lambda c: c if isinstance(c, int) else columns[c]  # noqa: E731
+            ia, ib, il = index(spec.text_a), None if spec.text_b is None else index(spec.text_b), index(spec.label)
+            for row in rows:
+                lineno = rows.line_num
+                if not row:
+                    continue
+                if len(row) != spec.num_columns:
+                    raise ValueError(
+                        f"{path}:{lineno}: expected {spec.num_columns} tab-separated fields for GLUE {task}, "
+                        f"got {len(row)}"
+                    )
+                raw = row[il]
+                if spec.labels is None:
+                    try:
+                        label = float(raw)
+                    except ValueError:
+                        raise ValueError(f"{path}:{lineno}: score {raw!r} is not a number") from None
+                elif raw in spec.labels:
+                    label = spec.labels.index(raw)
+                else:
+                    raise ValueError(f"{path}:{lineno}: label {raw!r} is not one of {list(spec.labels)}")
+                examples.append({"text_a": row[ia], "text_b": None if ib is None else row[ib], "label": label})
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
+    if not examples:
+        raise ValueError(f"{path}: no examples for GLUE {task}")
+    return examples
+
+
+# ------------------------------------------------------------------------------ files and metrics
+#: the headline metric of each task (the one early stopping and the sweep report use)
+MAIN_METRIC = {"sst2": "accuracy", "cola": "matthews", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
+
+
+def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """``DATA_DIR/glue/<Task dir>/<split>.tsv.gz`` (or ``.tsv`` when only that exists).
+
+    ``data_dir`` defaults to the project's shared data (``$FIXEDHEAD_DATA_DIR`` or
+    ``../shared/data``). ``split`` is ``train`` or ``dev`` (GLUE's test labels are not public:
+    the dev split is the test set here). Raises ValueError for an unknown task or split.
+    """
+    from .corpus import DEFAULT_DATA_DIR
+
+    spec = get_glue_task(task)
+    if split not in ("train", "dev"):
+        raise ValueError(f"unknown GLUE split {split!r}; use 'train' or 'dev'")
+    folder = Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR) / "glue" / spec.directory
+    gz = folder / f"{split}.tsv.gz"
+    return gz if gz.is_file() or not (folder / f"{split}.tsv").is_file() else folder / f"{split}.tsv"
+
+
+def glue_metrics(task: str, predictions, labels) -> dict:
+    """GLUE's metrics for ``task``, computed with scikit-learn / SciPy.
+
+    Args:
+        predictions: class ids [N] (or logits [N, num_labels], arg-maxed here) for classification;
+            real scores [N] (or [N, 1]) for STS-B.
+        labels: gold class ids [N], or gold scores [N] for STS-B.
+
+    Returns:
+        sst2 / rte: ``{"accuracy"}``; cola: ``{"matthews", "accuracy"}`` (Matthews correlation
+        coefficient); mrpc: ``{"f1", "accuracy"}`` (F1 of the positive class "paraphrase" = 1);
+        stsb: ``{"pearson", "spearman"}``. All floats; the task's headline metric is
+        :data:`MAIN_METRIC`. A constant prediction makes a correlation undefined: it is reported
+        as 0.0 (as scikit-learn does for Matthews), never as NaN.
+
+    Raises:
+        ValueError: unknown task, or predictions and labels of different lengths.
+    """
+    import numpy as np
+
+    spec = get_glue_task(task)
+    preds = np.asarray(predictions)
+    gold = np.asarray(labels)
+    if spec.labels is not None and preds.ndim == 2:
+        preds = preds.argmax(-1)
+    preds = preds.reshape(-1)
+    gold = gold.reshape(-1)
+    if preds.shape[0] != gold.shape[0]:
+        raise ValueError(f"GLUE {task}: {preds.shape[0]} predictions for {gold.shape[0]} labels")
+    if spec.labels is None:
+        from scipy.stats import pearsonr, spearmanr
+
+        if np.ptp(preds) == 0 or np.ptp(gold) == 0:
+            return {"pearson": 0.0, "spearman": 0.0}
+        return {"pearson": float(pearsonr(preds, gold)[0]), "spearman": float(spearmanr(preds, gold)[0])}
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    out = {"accuracy": float(accuracy_score(gold, preds))}
+    if task == "cola":
+        out["matthews"] = float(matthews_corrcoef(gold, preds))
+    if task == "mrpc":
+        out["f1"] = float(f1_score(gold, preds, pos_label=1, zero_division=0.0))
+    return out
