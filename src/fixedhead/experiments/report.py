@@ -91,7 +91,11 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float]:
         return delta, float("nan")
     if max(a) == min(a) and max(b) == min(b):
         return delta, 0.0 if delta != 0 else 1.0
-    return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
+    import warnings
+
+    with warnings.catch_warnings():  # near-identical seeds: SciPy warns about precision, the p-value stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
 
 
 def verdict(delta: float, p: float, paper_sign: int) -> str:
@@ -156,7 +160,10 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             ", ".join(f"h={q.x}: {q.mean():.2f}" for q in fix_h)
     rows.append(("Fig. 3a: with a fixed head size the model keeps improving as heads are added", text, v))
     # 3. same d and the largest h: fixed beats standard
-    h_max = max((q.x for q in fix_h), default=None)
+    # the largest h measured in both series where the two differ (a fixed d_p = d/h is the standard layer)
+    std_by_h = {q.x: q for q in std_h}
+    both = [q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key]
+    h_max = max(both, default=None)
     a, b = _point(s, "heads", "standard", h_max), _point(s, "heads", "fixed", h_max)
     text, v = _compare(a, b, "ppl", -1, f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
                        f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""))
@@ -165,7 +172,7 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     # 4. Fig. 1: fixed at the smallest d vs standard of about equal parameter count
     std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
     a = b = None
-    if std_e and fix_e:
+    if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
     text, v = _compare(a, b, "ppl", -1, f"standard d={a.x} ({a.params / 1e6:.2f}M)" if a else "",
@@ -192,7 +199,7 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
                  f"89.6→90.95; ours: {task} dev)", text, v))
     # 8. Fig. 2: fixed vs standard of equal size, downstream
     a = b = None
-    if std_e and fix_e:
+    if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
     text, v = _compare(a, b, "ft", +1, f"standard d={a.x}" if a else "", f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "")
@@ -234,6 +241,13 @@ def _plt():
     return plt
 
 
+def _plain_ticks(ax, xs):
+    if xs:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.minorticks_off()
+
+
 _STYLE = {"standard": dict(color="tab:blue", marker="o"), "fixed": dict(color="tab:red", marker="s")}
 
 
@@ -251,7 +265,11 @@ def plot_heads(series, path):
         if pts:
             dp = "d/h" if kind == "standard" else f"{pts[0].head_dim}"
             _errorbar(ax, pts, [q.x for q in pts], "ppl", f"{kind} (d_p = {dp})", kind)
+    for q in series.get(("heads", "standard"), []):
+        ax.annotate(f"d_p={q.head_dim}", (q.x, q.mean()), textcoords="offset points", xytext=(4, -10), fontsize=7,
+                    color=_STYLE["standard"]["color"])
     ax.set_xscale("log", base=2)
+    _plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
     ax.set_xlabel("number of heads h")
     ax.set_ylabel("held-out MLM perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
@@ -292,6 +310,7 @@ def plot_head_size(series, path):
             _errorbar(axes[1], pts, [q.x for q in pts], "ft", "fine-tuning", "fixed")
     for ax, lab in zip(axes, ("held-out MLM perplexity", "fine-tuning dev score")):
         ax.set_xscale("log", base=2)
+        _plain_ticks(ax, [q.x for q in pts])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel(lab)
         ax.grid(alpha=0.3)
