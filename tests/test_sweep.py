@@ -92,6 +92,8 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     assert saved["runs"].keys() == state["runs"].keys()
     assert all("finetune" in r and 0 <= r["finetune"]["score"] <= 1 for r in saved["runs"].values())
     assert not list(out.glob("runs/*/checkpoint-*")), "pretraining checkpoints are removed after each run"
+    # the context-free reference: better than a uniform guess over the vocabulary, worse than certainty
+    assert 1.0 < saved["meta"]["unigram_perplexity"] < saved["meta"]["data_info"]["vocab_size"]
 
     report = write_report(out, tmp_path / "report")
     text = report.read_text()

@@ -184,6 +184,29 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
     return [(key, fields, seed) for seed in preset.seeds for key, fields in models.items()]
 
 
+def unigram_perplexity(data, eval_seed: int = 1234) -> float:
+    """Perplexity of a context-free guess on the held-out masked tokens: the training-set unigram
+    frequencies (add-one smoothed), scored on the same fixed masking as the models.
+
+    A reference line for the report: a masked-LM whose perplexity is near this value has learnt
+    word frequencies but little that uses context, i.e. little that attention can contribute.
+    """
+    import math
+
+    import torch
+
+    from ..training.pretrain import fixed_masking
+
+    vocab = len(data.tokenizer)
+    counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
+    special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]
+    counts[special] = 0.0
+    probs = (counts + 1.0) / (counts.sum() + vocab)
+    _, labels = fixed_masking(data.heldout, data.tokenizer, eval_seed)
+    targets = labels[labels != -100]
+    return math.exp(float(-probs[targets].log().mean()))
+
+
 def _read_state(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -291,6 +314,7 @@ def run_sweep(
         "seeds": list(p.seeds),
         "experiments": list(experiments or EXPERIMENTS),
         **environment_info(),
+        "unigram_perplexity": unigram_perplexity(data, train.eval_seed),
         # wall-clock span from the first invocation's start to the latest result (restarts included)
         "first_started": min(prev_meta.get("first_started", time.time()), time.time()),
     }
