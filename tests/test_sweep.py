@@ -137,3 +137,17 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
     dead.wait()
     lock.write_text(str(dead.pid))  # a finished process: its lock is stale
     assert _try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
+
+
+def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "q"
+    rc = main(["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--experiments",
+               "head_size", "--seeds", "0", "--max-steps", "2", "--skip-finetune", "--threads", "1"])
+    assert rc == 0
+    state = json.loads((out / SWEEP_FILE).read_text())
+    assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-s0", "d32-h4-dp8-s0"]
+    assert state["meta"]["quick"] and state["meta"]["train"]["max_steps"] == 2
+    assert (out / "report.md").is_file() and "report:" in capsys.readouterr().out
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
+    assert "(--quick)" in (tmp_path / "r" / "report.md").read_text()

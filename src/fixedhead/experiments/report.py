@@ -281,7 +281,8 @@ def plot_heads(series, path, ref=None):
     ax.set_ylabel("held-out MLM perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -302,7 +303,8 @@ def plot_params(series, path, ref=None):
     ax.set_ylabel("held-out MLM perplexity")
     ax.set_title("perplexity vs parameters: wider standard vs fixed head at small d (Fig. 1/2)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -340,7 +342,8 @@ def plot_finetune(state, path, task):
     ax.set_ylabel(f"{task} dev score after fine-tuning")
     ax.set_title("fine-tuning score vs pretraining perplexity (every run)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
