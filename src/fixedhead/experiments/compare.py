@@ -187,10 +187,17 @@ def environment_info() -> dict:
     import torch
     import transformers
 
+    def version(name):
+        try:
+            return __import__(name).__version__
+        except ImportError:
+            return None
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "other_versions": {n: version(n) for n in ("tokenizers", "numpy", "scipy", "sklearn", "matplotlib")},
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

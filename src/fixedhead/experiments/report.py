@@ -330,9 +330,13 @@ def plot_head_size(series, path):
     plt.close(fig)
 
 
-def plot_finetune(state, path, task):
+def plot_finetune(state, path, task, majority=None, ref=None):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
+    if majority is not None:
+        ax.axhline(majority, color="gray", linestyle=":", linewidth=1, label=f"majority class ({majority:.3f})")
+    if ref:
+        ax.axvline(ref, color="gray", linestyle="--", linewidth=1, label=f"unigram-guess perplexity ({ref:.0f})")
     for kind in ("standard", "fixed"):
         rs = [r for r in state["runs"].values() if "finetune" in r and r["fixed_head"] == (kind == "fixed")]
         if rs:
@@ -394,7 +398,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"))
     plot_params(series, out / "params.png", meta.get("unigram_perplexity"))
     plot_head_size(series, out / "head_size.png")
-    plot_finetune(state, out / "finetune_vs_perplexity.png", task)
+    plot_finetune(state, out / "finetune_vs_perplexity.png", task, _majority_rate(task), meta.get("unigram_perplexity"))
 
     planned = {(p["key"]) for p in state["points"]}
     n_runs = len(state["runs"])
@@ -415,7 +419,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
              if "compute_seconds" in meta else "")
           + f"; on {meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
           f"{meta.get('torch_threads')} per process",
-          f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}",
+          f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
+          + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
           f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
           f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
           f"available, held-out: {len(info.get('heldout_documents', []))} books "
@@ -437,10 +442,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     uni = meta.get("unigram_perplexity")
     if uni:
         ppls = [r["heldout_perplexity"] for r in state["runs"].values()]
+        worse = sum(p > uni for p in ppls)
         L += [f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same masked "
-              f"tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f}. "
-              + ("Every model is within 25% of it: at this budget the models have learnt little beyond word "
-                 "frequencies, so little that attention (and its head size) can show."
+              f"tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f} (the best is "
+              f"{100 * (1 - min(ppls) / uni):.0f}% below it; {worse} of {len(ppls)} runs are above it). "
+              + ("At this budget the models have learnt little beyond word frequencies, so there is little "
+                 "that attention, and so its head size, can show."
                  if min(ppls) > 0.75 * uni else "The models use context well beyond word frequencies."), ""]
     majority = _majority_rate(task)
     ft_runs = [r for r in state["runs"].values() if "finetune" in r]
