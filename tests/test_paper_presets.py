@@ -72,3 +72,23 @@ def test_paper_preset_full_depth_one_step(name):
     loss.backward()
     opt.step()
     assert math.isfinite(loss.item())
+
+
+def test_cli_pretrain_with_a_paper_preset(small_real_corpus, tmp_path, monkeypatch, capsys):
+    import json
+
+    from fixedhead.cli import main
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    common = ["--corpus", str(small_real_corpus), "--vocab-size", "200", "--max-seq-length", "16",
+              "--batch-size", "2", "--max-steps", "1", "--eval-steps", "1", "--save-steps", "1", "--report-to", "none"]
+    assert main(["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--output-dir", str(tmp_path / "run")] + common) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_attention_heads"], config["head_dim"], config["num_hidden_layers"],
+            config["intermediate_size"], config["hidden_dropout_prob"]) == (256, 4, 32, 6, 1024, 0.1)
+    capsys.readouterr()
+    assert main(["pretrain", "--preset", "bert-huge", "--output-dir", str(tmp_path / "x")] + common) == 2
+    assert "'bert-huge'" in capsys.readouterr().err
+    bad = [a if a != "16" else "300" for a in common]
+    assert main(["pretrain", "--preset", "lm1b-standard-d256-h8", "--output-dir", str(tmp_path / "y")] + bad) == 2
+    assert "max_position_embeddings=256" in capsys.readouterr().err
