@@ -72,7 +72,7 @@ def _add_model_args(p):
     g.add_argument("--num-attention-heads", type=int, default=16, help="h (default 16)")
     g.add_argument("--head-dim", type=int, default=None, help="fixed head size d_p; omit for the standard d/h")
     g.add_argument("--intermediate-size", type=int, default=None, help="feed-forward width (default 4d)")
-    g.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (default 0)")
+    g.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default 0)")
 
 
 def _add_data_args(p, corpus_default=True):
@@ -126,6 +126,9 @@ def _add_pretrain(sub):
     p.add_argument("--output-dir", required=True, help="run directory (model, tokenizer, metrics, checkpoints, logs)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --output-dir")
+    p.add_argument("--preset", default=None,
+                   help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); replaces the "
+                   "model options below except --dropout (default: the preset's 0.1)")
     _add_model_args(p)
     _add_data_args(p)
     _add_train_args(p)
@@ -139,16 +142,27 @@ def _cmd_pretrain(args):
     from .training import DataSettings, TrainSettings, prepare_data, pretrain
 
     report_to = _report_to(args.report_to)  # before the (slow) data preparation
-    config = FixedHeadConfig(
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_hidden_layers,
-        num_attention_heads=args.num_attention_heads,
-        head_dim=args.head_dim,
-        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
-        max_position_embeddings=args.max_seq_length,
-        hidden_dropout_prob=args.dropout,
-        attention_probs_dropout_prob=args.dropout,
-    )
+    if args.preset:
+        from .experiments.presets import get_preset
+
+        dropout = {} if args.dropout is None else dict(hidden_dropout_prob=args.dropout,
+                                                       attention_probs_dropout_prob=args.dropout)
+        config = get_preset(args.preset).build_config(**dropout)
+        if args.max_seq_length > config.max_position_embeddings:
+            raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds preset {args.preset!r}'s "
+                             f"max_position_embeddings={config.max_position_embeddings}")
+    else:
+        dropout = 0.0 if args.dropout is None else args.dropout
+        config = FixedHeadConfig(
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.num_hidden_layers,
+            num_attention_heads=args.num_attention_heads,
+            head_dim=args.head_dim,
+            intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+            max_position_embeddings=args.max_seq_length,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
     settings = TrainSettings(  # validated before the (slow) data preparation
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
@@ -264,8 +278,99 @@ def _cmd_analyze(args):
     return 0
 
 
+# ------------------------------------------------------------------------------- finetune
+def _add_finetune(sub):
+    p = sub.add_parser("finetune", help="fine-tune a pretrained run on a GLUE task; score on GLUE dev")
+    p.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    p.add_argument("--model", required=True, help="a pretraining run directory (model.safetensors + tokenizer)")
+    p.add_argument("--output-dir", default=None, help="default: MODEL/finetune-TASK")
+    p.add_argument("--data-dir", default=None, help="folder holding glue/ (default: ../shared/data)")
+    p.add_argument("--max-steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--eval-steps", type=int, default=100, help="validate (and checkpoint) every N steps")
+    p.add_argument("--patience", type=int, default=3, help="early stopping: evaluations without improvement")
+    p.add_argument("--validation-size", type=int, default=1000, help="examples carved out of GLUE train")
+    p.add_argument("--max-train-examples", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_cmd_finetune)
+
+
+def _cmd_finetune(args):
+    import json
+    from pathlib import Path
+
+    from .training.finetune import FinetuneSettings, finetune
+
+    settings = FinetuneSettings(
+        max_seq_length=args.max_seq_length, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        max_steps=args.max_steps, eval_steps=args.eval_steps, patience=args.patience,
+        validation_size=args.validation_size, max_train_examples=args.max_train_examples, seed=args.seed)
+    out = args.output_dir or str(Path(args.model) / f"finetune-{args.task}")
+    result = finetune(args.model, args.task, out, settings, data_dir=args.data_dir, overwrite=args.overwrite)
+    print(json.dumps({k: v for k, v in result.items() if k != "fingerprint"}, indent=2))
+    return 0
+
+
+# ---------------------------------------------------------------------------------- sweep
+def _add_sweep(sub):
+    from .experiments.sweep import EXPERIMENTS, SWEEP_PRESETS
+
+    p = sub.add_parser("sweep", help="head / embedding-size / head-size sweeps with seeds, SST-2 fine-tuning, report")
+    p.add_argument("--preset", default="cpu", choices=sorted(SWEEP_PRESETS))
+    p.add_argument("--quick", action="store_true", help="CI-sized version of the preset (minutes)")
+    p.add_argument("--output-dir", default=None, help="default: runs/sweep-PRESET[-quick]")
+    p.add_argument("--corpus", default=None)
+    p.add_argument("--seeds", type=int, nargs="*", default=None, help="override the preset's seeds")
+    p.add_argument("--experiments", nargs="*", default=None, choices=EXPERIMENTS)
+    p.add_argument("--max-steps", type=int, default=None, help="override the pretraining steps per run")
+    p.add_argument("--finetune-task", default=None, help="GLUE task for each checkpoint (default sst2)")
+    p.add_argument("--skip-finetune", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--overwrite", action="store_true", help="retrain runs that already finished")
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args):
+    from .experiments.report import write_report
+    from .experiments.sweep import run_sweep
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
+    run_sweep(args.preset, out, quick=args.quick, corpus=args.corpus, seeds=args.seeds,
+              experiments=args.experiments, max_steps=args.max_steps, finetune_task=args.finetune_task,
+              skip_finetune=args.skip_finetune, overwrite=args.overwrite)
+    if not args.no_report:
+        print(f"report: {write_report(out)}")
+    return 0
+
+
+# --------------------------------------------------------------------------------- report
+def _add_report(sub):
+    p = sub.add_parser("report", help="markdown tables, plots and the paper-claim table of a sweep directory")
+    p.add_argument("sweep_dir")
+    p.add_argument("--output-dir", default=None, help="default: SWEEP_DIR")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args):
+    from .experiments.report import write_report
+
+    print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
-_COMMANDS = [_add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck, _add_analyze]
+_COMMANDS = [
+    _add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck, _add_analyze,
+    _add_finetune, _add_sweep, _add_report,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

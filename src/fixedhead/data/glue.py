@@ -122,3 +122,70 @@ def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
     if not examples:
         raise ValueError(f"{path}: no examples for GLUE {task}")
     return examples
+
+
+# ------------------------------------------------------------------------------ files and metrics
+#: the headline metric of each task (the one early stopping and the sweep report use)
+MAIN_METRIC = {"sst2": "accuracy", "cola": "matthews", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
+
+
+def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """``DATA_DIR/glue/<Task dir>/<split>.tsv.gz`` (or ``.tsv`` when only that exists).
+
+    ``data_dir`` defaults to the project's shared data (``$FIXEDHEAD_DATA_DIR`` or
+    ``../shared/data``). ``split`` is ``train`` or ``dev`` (GLUE's test labels are not public:
+    the dev split is the test set here). Raises ValueError for an unknown task or split.
+    """
+    from .corpus import DEFAULT_DATA_DIR
+
+    spec = get_glue_task(task)
+    if split not in ("train", "dev"):
+        raise ValueError(f"unknown GLUE split {split!r}; use 'train' or 'dev'")
+    folder = Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR) / "glue" / spec.directory
+    gz = folder / f"{split}.tsv.gz"
+    return gz if gz.is_file() or not (folder / f"{split}.tsv").is_file() else folder / f"{split}.tsv"
+
+
+def glue_metrics(task: str, predictions, labels) -> dict:
+    """GLUE's metrics for ``task``, computed with scikit-learn / SciPy.
+
+    Args:
+        predictions: class ids [N] (or logits [N, num_labels], arg-maxed here) for classification;
+            real scores [N] (or [N, 1]) for STS-B.
+        labels: gold class ids [N], or gold scores [N] for STS-B.
+
+    Returns:
+        sst2 / rte: ``{"accuracy"}``; cola: ``{"matthews", "accuracy"}`` (Matthews correlation
+        coefficient); mrpc: ``{"f1", "accuracy"}`` (F1 of the positive class "paraphrase" = 1);
+        stsb: ``{"pearson", "spearman"}``. All floats; the task's headline metric is
+        :data:`MAIN_METRIC`. A constant prediction makes a correlation undefined: it is reported
+        as 0.0 (as scikit-learn does for Matthews), never as NaN.
+
+    Raises:
+        ValueError: unknown task, or predictions and labels of different lengths.
+    """
+    import numpy as np
+
+    spec = get_glue_task(task)
+    preds = np.asarray(predictions)
+    gold = np.asarray(labels)
+    if spec.labels is not None and preds.ndim == 2:
+        preds = preds.argmax(-1)
+    preds = preds.reshape(-1)
+    gold = gold.reshape(-1)
+    if preds.shape[0] != gold.shape[0]:
+        raise ValueError(f"GLUE {task}: {preds.shape[0]} predictions for {gold.shape[0]} labels")
+    if spec.labels is None:
+        from scipy.stats import pearsonr, spearmanr
+
+        if np.ptp(preds) == 0 or np.ptp(gold) == 0:
+            return {"pearson": 0.0, "spearman": 0.0}
+        return {"pearson": float(pearsonr(preds, gold)[0]), "spearman": float(spearmanr(preds, gold)[0])}
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    out = {"accuracy": float(accuracy_score(gold, preds))}
+    if task == "cola":
+        out["matthews"] = float(matthews_corrcoef(gold, preds))
+    if task == "mrpc":
+        out["f1"] = float(f1_score(gold, preds, pos_label=1, zero_division=0.0))
+    return out

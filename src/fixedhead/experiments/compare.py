@@ -26,6 +26,7 @@ from ..data import DEFAULT_CORPUS
 from ..modeling import count_parameters
 from ..training.pretrain import (
     METRICS_FILE,
+    PRETRAIN_FILE,
     DataSettings,
     TrainSettings,
     prepare_data,
@@ -138,12 +139,7 @@ def run_compare(
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, progress=progress)
-    if not Path(data_settings.corpus).exists() and Path(data_settings.corpus) == Path(str(DEFAULT_CORPUS)):
-        raise FileNotFoundError(
-            f"the default corpus {DEFAULT_CORPUS} is missing (expected the project's shared data beside the "
-            f"repository, or set FIXEDHEAD_DATA_DIR); pass --corpus PATH (a .txt/.jsonl(.gz) file or a directory) "
-            f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
-        )
+    check_default_corpus(data_settings)
     out = Path(output_dir)
     check_compare_dir(out, list(p.models))
     t_start = time.time()
@@ -167,14 +163,7 @@ def run_compare(
             print(f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
                   f"d_p={config.attention_head_size} ({'fixed' if config.is_fixed_head else 'standard'}), "
                   f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps", flush=True)
-        done = run_dir / METRICS_FILE
-        if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings):
-            results.append(json.loads(done.read_text()))
-            if progress:
-                print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
-            continue
-        results.append(pretrain(config, data, run_dir, train, resume=not overwrite and run_dir.exists(),
-                                overwrite=overwrite))
+        results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
         "description": p.description,
@@ -182,9 +171,7 @@ def run_compare(
         "data_info": data.info,
         "train": asdict(train),
         "total_seconds": round(time.time() - t_start, 1),
-        "python": platform.python_version(),
-        "torch": __import__("torch").__version__,
-        "transformers": __import__("transformers").__version__,
+        **environment_info(),
     }
     write_results(results, out, meta)
     if progress:
@@ -217,6 +204,57 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
             f"{out} holds files that are not this compare's ({', '.join(foreign[:5])}"
             f"{' …' if len(foreign) > 5 else ''}); choose another --output-dir"
         )
+
+
+def check_default_corpus(data_settings: DataSettings) -> None:
+    """Raise FileNotFoundError with a how-to when the *default* corpus (shared data) is missing."""
+    if not Path(data_settings.corpus).exists() and Path(data_settings.corpus) == Path(str(DEFAULT_CORPUS)):
+        raise FileNotFoundError(
+            f"the default corpus {DEFAULT_CORPUS} is missing (expected the project's shared data beside the "
+            f"repository, or set FIXEDHEAD_DATA_DIR); pass --corpus PATH (a .txt/.jsonl(.gz) file or a directory) "
+            f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
+        )
+
+
+def environment_info() -> dict:
+    """Software versions and the machine, recorded with every result file."""
+    import os
+
+    import torch
+    import transformers
+
+    def version(name):
+        try:
+            return __import__(name).__version__
+        except ImportError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "other_versions": {n: version(n) for n in ("tokenizers", "numpy", "scipy", "sklearn", "matplotlib")},
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def train_or_reuse(config, data, run_dir: Path, train: TrainSettings, data_settings: DataSettings,
+                   overwrite: bool = False, progress: bool = True) -> dict:
+    """Pretrain one model into ``run_dir``, or return its metrics if it already finished there.
+
+    A run counts as finished when ``metrics.json`` exists and ``pretrain_settings.json`` records
+    the same config, training and data settings; an unfinished run continues from its newest
+    checkpoint (if any). This is what makes compare runs and sweeps resumable.
+    """
+    done = run_dir / METRICS_FILE
+    if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings):
+        if progress:
+            print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
+        return json.loads(done.read_text())
+    resume = not overwrite and (run_dir / PRETRAIN_FILE).is_file()  # an interrupted run continues
+    return pretrain(config, data, run_dir, train, resume=resume, overwrite=overwrite)
 
 
 def _same_run(run_dir: Path, config, train, data_settings) -> bool:

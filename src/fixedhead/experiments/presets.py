@@ -1,4 +1,4 @@
-"""Named model configurations: the paper's BERT sizes (Tables 1–3) and CPU-sized ones.
+"""Named model configurations: the paper's BERT sizes (Tables 1–3) and LM1B-style models (Fig. 1/3a).
 
 Every paper preset records the parameter count the paper reports (``paper_params``, in
 millions), so the implementation can be checked against it (tests/test_count.py).
@@ -52,6 +52,60 @@ PAPER_PRESETS: dict[str, ModelPreset] = {
         _paper("fixed-d768-h20-dp128", "Table 3", 768, 20, 128, 3072, 327, "d=768, 20 heads of 128"),
     ]
 }
+
+
+#: the paper's LM1B setup (tensor2tensor, PAPER.md "Experiments"): 6 layers, 32k sub-word vocabulary,
+#: sequence length 256, feed-forward 1024. The paper gives no parameter counts for these models.
+_LM1B_COMMON = dict(vocab_size=32000, num_hidden_layers=6, max_position_embeddings=256, intermediate_size=1024,
+                    type_vocab_size=2)
+
+
+def _lm1b(name, source, hidden, heads, head_dim, desc):
+    cfg = dict(_LM1B_COMMON, hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim)
+    return ModelPreset(name, desc, cfg, None, source)
+
+
+LM1B_PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        # Fig. 1 and 3a: fixed head size d_p = 32 at d = 256, with 4 to 64 heads (the paper: 4-70)
+        [_lm1b(f"lm1b-fixed-d256-h{h}-dp32", "Fig. 1/3a (LM1B)", 256, h, 32, f"LM1B-style, d=256, {h} heads of 32")
+         for h in (4, 8, 16, 32, 64)]
+        # Fig. 3a baseline: standard heads at d = 256 (d_p = 256/h)
+        + [_lm1b(f"lm1b-standard-d256-h{h}", "Fig. 3a (LM1B)", 256, h, None,
+                 f"LM1B-style, d=256, {h} standard heads (d_p={256 // h})") for h in (4, 8, 16, 32, 64)]
+        # Fig. 1 baselines: wider standard models, d = 256..512 (the head count of these baselines
+        # is not stated in the paper's text; 8 heads here)
+        + [_lm1b(f"lm1b-standard-d{d}-h8", "Fig. 1 (LM1B)", d, 8, None,
+                 f"LM1B-style baseline, d={d}, 8 standard heads (d_p={d // 8})") for d in (320, 384, 448, 512)]
+    )
+}
+
+#: every named model preset: the BERT sizes of Tables 1-3 and the LM1B-style models of Fig. 1/3a
+PAPER_PRESETS.update(LM1B_PRESETS)
+
+#: tokens each paper setup trains on (PAPER.md): BERT 450k steps x 1024 x 128 then 50k x 1024 x 512;
+#: LM1B 250k steps x 4096, reading tensor2tensor's batch size as tokens per batch (its convention)
+PAPER_TRAINING_TOKENS = {"bert": 450_000 * 1024 * 128 + 50_000 * 1024 * 512, "lm1b": 250_000 * 4096}
+
+
+def training_flops(config: FixedHeadConfig, tokens: int, seq_len: int) -> float:
+    """Rough training cost in FLOPs: 6·N·T for the weight matmuls plus 12·l·n·h·d_p·T for the
+    attention scores and their weighted sums (forward + backward), where N counts the
+    parameters that take part in a matmul per token (not the position/type embedding tables).
+    Masked-LM output logits are counted for every token (an upper bound: only ~15% are needed).
+    An estimate for planning, not a measurement.
+    """
+    from ..modeling import count_parameters
+
+    n_matmul = count_parameters(config) - (config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
+    attn = 12 * config.num_hidden_layers * seq_len * config.num_attention_heads * config.attention_head_size
+    return float(tokens) * (6 * n_matmul + attn)
+
+
+def gpu_hours(flops: float, sustained_tflops: float = 125.0) -> float:
+    """FLOPs / sustained throughput; the default, 125 TFLOP/s, is ~40% of an A100's dense BF16 peak."""
+    return flops / (sustained_tflops * 1e12) / 3600
 
 
 def get_preset(name: str) -> ModelPreset:

@@ -1,0 +1,377 @@
+"""`fixedhead sweep`: the paper's head, embedding-size and head-size sweeps at CPU scale.
+
+Three experiments, each a list of points (a model configuration) trained with several seeds on
+one shared tokenizer and data set (prepared once), scored by held-out masked-LM perplexity, and
+fine-tuned on SST-2:
+
+* ``heads`` (paper Fig. 3a): at a fixed hidden size d, standard heads (d_p = d/h) against a fixed
+  head size d_p, for a growing number of heads h;
+* ``embedding`` (Fig. 1 and 2): standard models of growing d against fixed-head models at the
+  smallest d with more heads, compared at equal parameter count;
+* ``head_size`` (Table 2B): a fixed number of heads with a growing head size d_p.
+
+Points that are the same architecture (a fixed head size equal to d/h *is* the standard layer)
+are trained once and shared between series. Every (model, seed) pair is one run directory
+``OUT/runs/<key>-s<seed>``; a sweep that is interrupted resumes without redoing finished runs
+(pretraining: ``metrics.json`` with the same settings; fine-tuning: ``finetune_metrics.json``).
+Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.experiments.report.write_report`
+turns it into markdown and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ..configuration import FixedHeadConfig
+from ..data import DEFAULT_CORPUS
+from ..modeling import count_parameters
+from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
+from ..training.pretrain import DataSettings, TrainSettings, prepare_data
+from .compare import check_default_corpus, environment_info, train_or_reuse
+
+SWEEP_FILE = "sweep.json"
+EXPERIMENTS = ("heads", "embedding", "head_size")
+
+
+@dataclass
+class SweepPoint:
+    """One point of one experiment's curve.
+
+    ``experiment`` is one of :data:`EXPERIMENTS`; ``series`` is ``"standard"`` or ``"fixed"``;
+    ``x`` the swept quantity (heads, hidden size or head size); ``model`` the config fields that
+    differ from the preset's ``common`` fields (hidden_size, num_attention_heads, head_dim, ...).
+    """
+
+    experiment: str
+    series: str
+    x: int
+    model: dict
+
+
+@dataclass
+class SweepPreset:
+    """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
+
+    description: str
+    data: DataSettings
+    train: TrainSettings
+    common: dict
+    points: list[SweepPoint]
+    seeds: tuple[int, ...] = (0, 1)
+    finetune: FinetuneSettings | None = None
+    finetune_task: str = "sst2"
+
+
+def canonical_fields(fields: dict) -> dict:
+    """Config fields with a fixed head size equal to d/h rewritten as the standard layer (None).
+
+    The two are the same architecture (paper Theorem 2, first part), so they share one run.
+    Also fills ``intermediate_size`` with 4·d when absent (BERT's ratio).
+    """
+    f = dict(fields)
+    d, h = f["hidden_size"], f["num_attention_heads"]
+    if f.get("head_dim") is not None and f["head_dim"] * h == d:
+        f["head_dim"] = None
+    f.setdefault("intermediate_size", 4 * d)
+    return f
+
+
+def run_key(fields: dict) -> str:
+    """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``."""
+    f = canonical_fields(fields)
+    d, h, dp = f["hidden_size"], f["num_attention_heads"], f.get("head_dim")
+    key = f"d{d}-h{h}-dp{dp if dp is not None else d // h}" + ("-fixed" if dp is not None else "")
+    if f["intermediate_size"] != 4 * d:
+        key += f"-ffn{f['intermediate_size']}"
+    return key
+
+
+def _points_heads(d, heads_std, heads_fixed, d_p):
+    pts = [SweepPoint("heads", "standard", h, dict(hidden_size=d, num_attention_heads=h)) for h in heads_std]
+    pts += [SweepPoint("heads", "fixed", h, dict(hidden_size=d, num_attention_heads=h, head_dim=d_p))
+            for h in heads_fixed]
+    return pts
+
+
+def _points_embedding(ds_std, h_std, d_fixed, heads_fixed, d_p):
+    pts = [SweepPoint("embedding", "standard", d, dict(hidden_size=d, num_attention_heads=h_std)) for d in ds_std]
+    pts += [SweepPoint("embedding", "fixed", d_fixed, dict(hidden_size=d_fixed, num_attention_heads=h,
+                                                              head_dim=d_p)) for h in heads_fixed]
+    return pts
+
+
+def _points_head_size(d, h, head_dims):
+    return [SweepPoint("head_size", "fixed", dp, dict(hidden_size=d, num_attention_heads=h, head_dim=dp))
+            for dp in head_dims]
+
+
+def _cpu_sweep(quick: bool = False) -> SweepPreset:
+    if quick:
+        common = dict(num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0)
+        return SweepPreset(
+            description="--quick (CI-sized, seconds per run; numbers mean nothing): d=32, n=32, 1 layer",
+            data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=1000, max_seq_length=32,
+                              max_train_tokens=60_000, max_eval_tokens=6_000, tokenizer_max_chars=300_000),
+            train=TrainSettings(batch_size=16, max_steps=16, learning_rate=2e-3, logging_steps=4, eval_steps=8,
+                                save_steps=16, report_to=[]),
+            common=common,
+            points=_points_heads(32, [2, 8], [8], 16) + _points_embedding([32, 48], 8, 32, [8], 16)
+            + _points_head_size(32, 4, [8, 16]),
+            seeds=(0, 1),
+            finetune=FinetuneSettings(max_seq_length=32, batch_size=16, learning_rate=3e-4, max_steps=8,
+                                      eval_steps=4, patience=2, validation_size=100, max_train_examples=300,
+                                      max_dev_examples=200, save_model=False),
+        )
+    # Sized for ~1 h of 2 CPU cores (see the report for what was measured). n = 64 tokens, so the
+    # standard layer at d = 128 is below the paper's d_p >= n line for every h >= 2 (Theorem 1).
+    common = dict(num_hidden_layers=2, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+    return SweepPreset(
+        description="2 layers, n=64, vocab 8192, Gutenberg books; 300 steps of 32x64 tokens per run; "
+        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, "
+        "4-32 heads; head size 8-64 at d=128, 8 heads",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=64,
+                          max_train_tokens=3_000_000, max_eval_tokens=100_000),
+        train=TrainSettings(batch_size=32, max_steps=300, learning_rate=2e-3, logging_steps=25, eval_steps=150,
+                            save_steps=300, report_to=[]),
+        common=common,
+        points=_points_heads(128, [2, 4, 8, 16, 32], [4, 8, 16, 32], 32)
+        + _points_embedding([128, 160, 192], 8, 128, [4, 8, 16, 32], 32)
+        + _points_head_size(128, 8, [8, 16, 32, 64]),
+        seeds=(0, 1),
+        # lr 1e-3: at 3e-4 and 150 steps these small encoders stayed at chance on SST-2 dev (measured)
+        finetune=FinetuneSettings(max_seq_length=64, batch_size=32, learning_rate=1e-3, max_steps=200,
+                                  eval_steps=50, patience=2, validation_size=400, max_train_examples=4000,
+                                  save_model=False),
+    )
+
+
+SWEEP_PRESETS = {"cpu": _cpu_sweep}
+
+
+def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
+    """Raises ValueError listing the known sweep presets."""
+    if name not in SWEEP_PRESETS:
+        raise ValueError(f"unknown sweep preset {name!r}; known: {', '.join(SWEEP_PRESETS)}")
+    return SWEEP_PRESETS[name](quick)
+
+
+def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
+    """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
+    seed before any second seed, so an interrupted sweep has the widest picture).
+
+    Raises:
+        ValueError: an unknown experiment name.
+    """
+    if experiments:
+        bad = [e for e in experiments if e not in EXPERIMENTS]
+        if bad:
+            raise ValueError(f"unknown experiment {bad[0]!r}; known: {', '.join(EXPERIMENTS)}")
+    models: dict[str, dict] = {}
+    for p in preset.points:
+        if experiments and p.experiment not in experiments:
+            continue
+        fields = canonical_fields({**preset.common, **p.model})
+        models.setdefault(run_key(fields), fields)
+    return [(key, fields, seed) for seed in preset.seeds for key, fields in models.items()]
+
+
+def unigram_perplexity(data, eval_seed: int = 1234) -> float:
+    """Perplexity of a context-free guess on the held-out masked tokens: the training-set unigram
+    frequencies (add-one smoothed), scored on the same fixed masking as the models.
+
+    A reference line for the report: a masked-LM whose perplexity is near this value has learnt
+    word frequencies but little that uses context, i.e. little that attention can contribute.
+    """
+    import math
+
+    import torch
+
+    from ..training.pretrain import fixed_masking
+
+    vocab = len(data.tokenizer)
+    counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
+    special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]
+    counts[special] = 0.0
+    probs = (counts + 1.0) / (counts.sum() + vocab)
+    _, labels = fixed_masking(data.heldout, data.tokenizer, eval_seed)
+    targets = labels[labels != -100]
+    return math.exp(float(-probs[targets].log().mean()))
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _try_lock(run_dir: Path) -> Path | None:
+    """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
+
+    Lets several ``fixedhead sweep`` workers share one output directory (each skips runs another
+    is training); a lock left by a dead process is taken over.
+    """
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    return None  # alive
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    return None
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return lock
+    return None
+
+
+def run_sweep(
+    preset: str | SweepPreset = "cpu",
+    output_dir: str | Path = "runs/sweep",
+    quick: bool = False,
+    corpus: str | None = None,
+    seeds: list[int] | None = None,
+    experiments: list[str] | None = None,
+    max_steps: int | None = None,
+    finetune_task: str | None = None,
+    skip_finetune: bool = False,
+    overwrite: bool = False,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+    cache_dir=None,
+    command: str | None = None,
+) -> dict:
+    """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
+
+    Each run: masked-LM pretraining (:func:`fixedhead.training.pretrain.pretrain`) and, unless
+    ``skip_finetune``, fine-tuning on ``finetune_task`` (default the preset's, SST-2) with its
+    dev score recorded next to the held-out perplexity.
+
+    Raises:
+        FileNotFoundError: the corpus or GLUE data is missing.
+        ValueError: an unknown preset / experiment / task.
+        FileExistsError: a run directory holds a run with other settings (without ``overwrite``).
+    """
+    p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
+    name = preset if isinstance(preset, str) else "custom"
+    data_settings = replace(p.data, corpus=corpus) if corpus else p.data
+    check_default_corpus(data_settings)
+    if seeds:
+        p = replace(p, seeds=tuple(seeds))
+    train = replace(p.train, progress=progress)
+    if max_steps:
+        train = replace(train, max_steps=max_steps, save_steps=max_steps, eval_steps=max(1, max_steps // 2))
+    task = finetune_task or p.finetune_task
+    ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
+    if ft is not None:
+        from ..data.glue import get_glue_task
+
+        get_glue_task(task)  # fail before hours of pretraining, not after
+    runs_plan = plan_runs(p, experiments)
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    vocab = len(data.tokenizer)
+    state_file = out / SWEEP_FILE
+    previous = _read_state(state_file)
+    prev_meta = previous.get("meta", {})
+    this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    meta = {
+        "preset": name,
+        "quick": quick,
+        "description": p.description,
+        "command": this_command,
+        # every invocation that wrote here (a resumed sweep, or several workers sharing the plan)
+        "commands": list(dict.fromkeys(prev_meta.get("commands", []) + [this_command])),
+        "data": asdict(data_settings),
+        "data_info": {k: v for k, v in data.info.items()},
+        "train": asdict(train),
+        "finetune": asdict(ft) if ft else None,
+        "finetune_task": task if ft else None,
+        "seeds": list(p.seeds),
+        "experiments": list(experiments or EXPERIMENTS),
+        **environment_info(),
+        "unigram_perplexity": unigram_perplexity(data, train.eval_seed),
+        # wall-clock span from the first invocation's start to the latest result (restarts included)
+        "first_started": min(prev_meta.get("first_started", time.time()), time.time()),
+    }
+    points = [asdict(pt) | {"key": run_key({**p.common, **pt.model})} for pt in p.points
+              if not experiments or pt.experiment in experiments]
+    runs: dict[str, dict] = {}
+
+    def save():
+        # merge with what other workers (or earlier invocations) recorded since we started
+        other = _read_state(state_file)
+        merged = {k: v for k, v in other.get("runs", {}).items() if k in planned} | runs
+        runs.update(merged)
+        other_meta = other.get("meta", {})
+        meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
+        meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
+        meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
+        meta["compute_seconds"] = round(sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0)
+                                            for r in runs.values()), 1)
+        state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
+        tmp = state_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(state_file)
+
+    planned = {f"{key}-s{seed}" for key, _, seed in runs_plan}
+    for i, (key, fields, seed) in enumerate(runs_plan, 1):
+        config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
+        run_dir = out / "runs" / f"{key}-s{seed}"
+        if progress:
+            print(f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, h={config.num_attention_heads}, "
+                  f"d_p={config.attention_head_size}, {count_parameters(config, pooler=False):,} parameters "
+                  f"({time.time() - t_start:.0f} s into this invocation)", flush=True)
+        lock = _try_lock(run_dir)
+        if lock is None:
+            if progress:
+                print("  another worker is on this run; skipping it", flush=True)
+            continue
+        t0 = time.time()
+        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), data_settings, overwrite, progress)
+        if not keep_checkpoints:
+            for ckpt in run_dir.glob("checkpoint-*"):
+                shutil.rmtree(ckpt, ignore_errors=True)
+        entry = {k: v for k, v in result.items() if k != "train_curve"} | {"key": key, "seed": seed}
+        if ft is not None:
+            ft_dir, ft_seeded = run_dir / f"finetune-{task}", replace(ft, seed=seed)
+            # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
+            stale = (ft_dir / FINETUNE_FILE).is_file() and json.loads((ft_dir / FINETUNE_FILE).read_text()).get(
+                "fingerprint") != finetune_fingerprint(run_dir, task, ft_seeded)
+            ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
+            entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
+            if progress:
+                print(f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
+                      f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+        runs[f"{key}-s{seed}"] = entry
+        lock.unlink(missing_ok=True)
+        save()
+    save()
+    if progress:
+        print(f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
+              f"({meta['total_seconds']:.0f} s in all invocations)")
+    return {"meta": meta, "points": points, "runs": runs}

@@ -1,0 +1,273 @@
+"""GLUE fine-tuning of a pretrained run on top of transformers' ``Trainer``.
+
+The paper fine-tunes its BERT models on SQuAD and MNLI (Tables 1–3, dev-set scores); this
+module does the same kind of thing on the GLUE tasks the project ships (SST-2, CoLA, MRPC, RTE,
+STS-B). GLUE's test labels are not public, so:
+
+* the GLUE **dev** split is the test set (scored once, with the chosen checkpoint);
+* a **validation** split is carved out of GLUE train (seeded) and used for early stopping and
+  for choosing the best checkpoint (``load_best_model_at_end``).
+
+The pretrained encoder is loaded from a pretraining run directory (``model.safetensors`` +
+tokenizer, see :func:`fixedhead.training.pretrain.pretrain`); the pooler and classifier are new
+(our pretraining has no next-sentence task, so unlike BERT's the pooler starts untrained).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
+
+FINETUNE_FILE = "finetune_metrics.json"
+
+
+@dataclass
+class FinetuneSettings:
+    """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT).
+
+    ``max_train_examples`` subsamples GLUE train (seeded; None = all) *after* the validation
+    split of ``validation_size`` examples has been carved out; ``max_dev_examples`` caps the
+    test (dev) set (None = all, the honest default). Evaluation on the validation split every
+    ``eval_steps`` steps; training stops early after ``patience`` evaluations without
+    improvement of the task's headline metric, and the best checkpoint is the one scored on dev.
+    """
+
+    max_seq_length: int = 128
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    max_steps: int = 1000
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    eval_steps: int = 100
+    patience: int = 3
+    validation_size: int = 1000
+    max_train_examples: int | None = None
+    max_dev_examples: int | None = None
+    seed: int = 0
+    dropout: float = 0.1
+    progress: bool = True
+    save_model: bool = True
+
+
+def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings) -> dict:
+    """What identifies a fine-tuning run: the pretrained run, the task and the settings that matter."""
+    return json.loads(json.dumps({"task": task, "run_dir": str(Path(run_dir).resolve()),
+                                  "settings": {k: v for k, v in asdict(settings).items()
+                                               if k not in ("progress", "save_model")}}))
+
+
+class GlueDataset(Dataset):
+    """Tokenised GLUE examples (unpadded; :class:`transformers.DataCollatorWithPadding` pads)."""
+
+    def __init__(self, examples: list[dict], tokenizer, max_seq_length: int, regression: bool):
+        a = [e["text_a"] for e in examples]
+        b = [e["text_b"] for e in examples] if examples and examples[0]["text_b"] is not None else None
+        enc = tokenizer(a, b, truncation=True, max_length=max_seq_length)
+        self.features = [
+            {**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")},
+             "labels": float(e["label"]) if regression else int(e["label"])}
+            for i, e in enumerate(examples)
+        ]
+
+    def __len__(self):
+        return len(self.features)
+
+    def __getitem__(self, i):
+        return self.features[i]
+
+
+def split_train_validation(examples: list[dict], validation_size: int, seed: int = 0):
+    """Seeded shuffle of GLUE train, then ``(train, validation)`` with ``validation_size`` held out.
+
+    Raises:
+        ValueError: validation_size < 1 or leaves fewer than one training example.
+    """
+    if validation_size < 1 or validation_size >= len(examples):
+        raise ValueError(
+            f"validation_size must be in [1, {len(examples) - 1}] for {len(examples)} training examples, "
+            f"got {validation_size}"
+        )
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    val = [examples[i] for i in order[:validation_size]]
+    train = [examples[i] for i in order[validation_size:]]
+    return train, val
+
+
+def finetune(
+    run_dir: str | os.PathLike,
+    task: str,
+    output_dir: str | os.PathLike,
+    settings: FinetuneSettings | None = None,
+    data_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Fine-tune the pretrained model in ``run_dir`` on GLUE ``task`` and score it on GLUE dev.
+
+    Args:
+        run_dir: a pretraining run directory (``model.safetensors``, ``config.json``, tokenizer).
+        task: ``sst2``, ``cola``, ``mrpc``, ``rte`` or ``stsb`` (STS-B is regression, num_labels=1).
+        output_dir: where checkpoints, the fine-tuned model (``save_model``) and
+            ``finetune_metrics.json`` go. An existing finished ``finetune_metrics.json`` with
+            the same settings is returned as is (no retraining) unless ``overwrite``.
+        data_dir: the folder holding ``glue/`` (default: the project's shared data).
+
+    Returns:
+        ``{"task", "metric" (headline name), "dev": {metrics on GLUE dev}, "validation": {best
+        validation metrics}, "score": dev headline metric, "best_step", "steps", "train_examples",
+        "validation_examples", "dev_examples", "train_seconds", "settings", "run_dir"}``.
+
+    Raises:
+        ValueError: unknown task; malformed GLUE files (see :func:`read_glue_tsv`).
+        FileNotFoundError: no finished model in ``run_dir``, or the GLUE files are missing.
+        FileExistsError: ``output_dir`` holds a fine-tuning run with other settings (without ``overwrite``).
+    """
+    from transformers import (
+        BertTokenizerFast,
+        DataCollatorWithPadding,
+        EarlyStoppingCallback,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from ..modeling import FixedHeadForSequenceClassification
+
+    settings = settings or FinetuneSettings()
+    spec = get_glue_task(task)
+    run_dir, out = Path(run_dir), Path(output_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    if not (run_dir / "model.safetensors").is_file() or not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{run_dir} holds no finished model (model.safetensors and config.json)")
+    fingerprint = finetune_fingerprint(run_dir, task, settings)
+    done = out / FINETUNE_FILE
+    if done.is_file():
+        previous = json.loads(done.read_text())
+        if not overwrite:
+            if previous.get("fingerprint") == fingerprint:
+                return previous
+            raise FileExistsError(f"{out} holds a fine-tuning run with other settings; pass --overwrite to replace it")
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+
+    train_path, dev_path = glue_path(task, "train", data_dir), glue_path(task, "dev", data_dir)
+    for p in (train_path, dev_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"GLUE {task} file not found: {p} (pass --data-dir, the folder holding glue/)")
+    train_all = read_glue_tsv(train_path, task)
+    dev = read_glue_tsv(dev_path, task)
+    train, val = split_train_validation(train_all, min(settings.validation_size, len(train_all) // 5), settings.seed)
+    if settings.max_train_examples is not None:
+        train = train[: settings.max_train_examples]
+    if settings.max_dev_examples is not None:
+        dev = dev[: settings.max_dev_examples]
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    regression = spec.labels is None
+    set_seed(settings.seed)
+    if not settings.progress:  # the load report (new pooler/classifier, unused MLM head) is expected
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    model = FixedHeadForSequenceClassification.from_pretrained(
+        str(run_dir), use_safetensors=True, num_labels=spec.num_labels,
+        problem_type="regression" if regression else "single_label_classification",
+        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout,
+    )
+    max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
+    datasets = {name: GlueDataset(ex, tokenizer, max_len, regression) for name, ex in
+                (("train", train), ("validation", val), ("dev", dev))}
+    metric = MAIN_METRIC[task]
+
+    def compute_metrics(p):
+        preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
+        return glue_metrics(task, preds, p.label_ids)
+
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=max(64, settings.batch_size),
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        warmup_steps=settings.warmup_ratio,
+        lr_scheduler_type="linear",
+        weight_decay=settings.weight_decay,
+        seed=settings.seed,
+        logging_steps=max(1, settings.eval_steps // 2),
+        eval_strategy="steps",
+        eval_steps=settings.eval_steps,
+        save_strategy="steps",
+        save_steps=settings.eval_steps,
+        save_total_limit=1,
+        load_best_model_at_end=True,
+        metric_for_best_model=metric,
+        greater_is_better=True,
+        report_to=[],
+        disable_tqdm=not settings.progress,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+        save_only_model=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=datasets["train"],
+        eval_dataset=datasets["validation"],
+        data_collator=DataCollatorWithPadding(tokenizer),
+        compute_metrics=compute_metrics,
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=settings.patience)],
+    )
+    if not settings.progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+    t0 = time.time()
+    trainer.train()
+    wall = time.time() - t0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if any(not math.isfinite(x) for x in losses):
+        raise ValueError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
+    # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
+    best_val = trainer.evaluate(datasets["validation"])
+    dev_metrics = trainer.evaluate(datasets["dev"])
+    strip = lambda m, pre: {k[len(pre) + 1:]: v for k, v in m.items()  # noqa: E731
+                            if k.startswith(pre + "_") and k[len(pre) + 1:] in _METRIC_NAMES}
+    best_ckpt = trainer.state.best_model_checkpoint
+    result = {
+        "task": task,
+        "metric": metric,
+        "score": strip(dev_metrics, "eval")[metric],
+        "dev": strip(dev_metrics, "eval"),
+        "validation": strip(best_val, "eval"),
+        "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else trainer.state.global_step,
+        "steps": trainer.state.global_step,
+        "train_examples": len(train),
+        "validation_examples": len(val),
+        "dev_examples": len(dev),
+        "train_seconds": round(wall, 1),
+        "run_dir": str(run_dir),
+        "fingerprint": fingerprint,
+    }
+    for ckpt in out.glob("checkpoint-*"):
+        shutil.rmtree(ckpt, ignore_errors=True)
+    if settings.save_model:
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
+    done.write_text(json.dumps(result, indent=2))
+    return result
+
+
+_METRIC_NAMES = {"accuracy", "f1", "matthews", "pearson", "spearman", "loss"}

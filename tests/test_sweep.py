@@ -1,0 +1,153 @@
+import json
+
+import pytest
+
+import fixedhead.experiments.compare as compare
+from fixedhead.cli import main
+from fixedhead.experiments.report import claims, verdict, welch, write_report
+from fixedhead.experiments.sweep import (
+    SWEEP_FILE,
+    SweepPoint,
+    SweepPreset,
+    canonical_fields,
+    get_sweep_preset,
+    plan_runs,
+    run_key,
+    run_sweep,
+)
+from fixedhead.training import DataSettings, TrainSettings
+from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
+
+
+def test_same_architecture_is_one_run():
+    # a fixed head size equal to d/h is the standard layer: one key, one run
+    assert canonical_fields(dict(hidden_size=128, num_attention_heads=4, head_dim=32))["head_dim"] is None
+    assert run_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
+    assert run_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
+    assert run_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
+
+
+def test_cpu_plan_is_deduplicated_and_seed_major():
+    preset = get_sweep_preset("cpu")
+    plan = plan_runs(preset)
+    keys = [k for k, _, s in plan if s == 0]
+    assert len(keys) == len(set(keys)) == 12
+    assert [s for _, _, s in plan] == [0] * 12 + [1] * 12
+    # every experiment has >= 2 seeds per point and both series where the paper has both
+    exps = {(p.experiment, p.series) for p in preset.points}
+    assert exps == {("heads", "standard"), ("heads", "fixed"), ("embedding", "standard"), ("embedding", "fixed"),
+                    ("head_size", "fixed")}
+    assert len(plan_runs(preset, ["head_size"])) == 2 * 4
+    with pytest.raises(ValueError, match="'bogus'"):
+        plan_runs(preset, ["bogus"])
+    with pytest.raises(ValueError, match="'gpu'"):
+        get_sweep_preset("gpu")
+
+
+def test_verdict_rule():
+    d, p = welch([10.0, 10.1], [12.0, 12.1])
+    assert d == pytest.approx(2.0) and p < 0.05
+    assert verdict(d, p, +1) == "agrees" and verdict(d, p, -1) == "does not agree"
+    d, p = welch([10.0, 12.0], [10.5, 11.9])  # overlapping seeds
+    assert verdict(d, p, +1) == "cannot tell at this scale"
+    d, p = welch([10.0], [20.0])  # one seed: no test, no verdict
+    assert verdict(d, p, +1) == "cannot tell at this scale"
+
+
+def _tiny_preset(corpus):
+    common = dict(num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+    return SweepPreset(
+        description="test",
+        data=DataSettings(corpus=str(corpus), vocab_size=200, max_seq_length=16, heldout_fraction=0.1,
+                          tokenizer_max_chars=None, max_eval_tokens=2000),
+        train=TrainSettings(batch_size=8, max_steps=3, learning_rate=2e-3, logging_steps=1, eval_steps=3,
+                            save_steps=3, report_to=[]),
+        common=common,
+        points=[SweepPoint("heads", "standard", 2, dict(hidden_size=16, num_attention_heads=2)),
+                SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),
+                SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+                SweepPoint("embedding", "standard", 16, dict(hidden_size=16, num_attention_heads=2)),
+                SweepPoint("embedding", "fixed", 16, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+                SweepPoint("head_size", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=4)),
+                SweepPoint("head_size", "fixed", 8, dict(hidden_size=16, num_attention_heads=4, head_dim=8))],
+        seeds=(0, 1),
+        finetune=FinetuneSettings(max_seq_length=16, batch_size=8, max_steps=2, eval_steps=2, validation_size=16,
+                                  max_train_examples=16, max_dev_examples=24, save_model=False),
+    )
+
+
+def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
+    from fixedhead.data.glue import glue_path
+
+    if not glue_path("sst2", "train").is_file():
+        pytest.skip("shared GLUE data not found")
+    preset = _tiny_preset(small_real_corpus)
+    out = tmp_path / "sweep"
+    state = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    # 3 distinct models (h=2 std, h=4 std = d_p 4, h=4 d_p=8 fixed) x 2 seeds
+    assert sorted(state["runs"]) == sorted(f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed")
+                                           for s in (0, 1))
+    saved = json.loads((out / SWEEP_FILE).read_text())
+    assert saved["runs"].keys() == state["runs"].keys()
+    assert all("finetune" in r and 0 <= r["finetune"]["score"] <= 1 for r in saved["runs"].values())
+    assert not list(out.glob("runs/*/checkpoint-*")), "pretraining checkpoints are removed after each run"
+    # the context-free reference: better than a uniform guess over the vocabulary, worse than certainty
+    assert 1.0 < saved["meta"]["unigram_perplexity"] < saved["meta"]["data_info"]["vocab_size"]
+
+    report = write_report(out, tmp_path / "report")
+    text = report.read_text()
+    assert "| paper claim | our measurement | verdict |" in text
+    for png in ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png"):
+        assert (tmp_path / "report" / png).stat().st_size > 5000, png
+    rows = claims(saved)
+    assert len(rows) >= 8 and all(v in ("agrees", "does not agree", "cannot tell at this scale") for _, _, v in rows)
+
+    # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
+    calls = []
+    real = compare.pretrain
+    monkeypatch.setattr(compare, "pretrain", lambda config, data, run_dir, *a, **k: calls.append(run_dir.name)
+                        or real(config, data, run_dir, *a, **k))
+    ft_file = out / "runs" / "d16-h2-dp8-s0" / "finetune-sst2" / FINETUNE_FILE
+    mtime = ft_file.stat().st_mtime_ns
+    (out / "runs" / "d16-h4-dp4-s1" / "metrics.json").unlink()
+    again = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    assert calls == ["d16-h4-dp4-s1"]
+    assert ft_file.stat().st_mtime_ns == mtime
+    assert again["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"] == state["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"]
+
+
+def test_cli_report_errors(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "sweep.json" in capsys.readouterr().err
+
+
+def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
+    import os
+    import subprocess
+
+    from fixedhead.experiments.sweep import _try_lock
+
+    run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
+    lock = _try_lock(run_dir)
+    assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
+    lock.write_text(str(os.getppid()))  # a live process that is not us
+    assert _try_lock(run_dir) is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # a finished process: its lock is stale
+    assert _try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
+
+
+def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "q"
+    rc = main(["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--experiments",
+               "head_size", "--seeds", "0", "--max-steps", "2", "--skip-finetune", "--threads", "1"])
+    assert rc == 0
+    state = json.loads((out / SWEEP_FILE).read_text())
+    assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-s0", "d32-h4-dp8-s0"]
+    assert state["meta"]["quick"] and state["meta"]["train"]["max_steps"] == 2
+    assert (out / "report.md").is_file() and "report:" in capsys.readouterr().out
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
+    assert "(--quick)" in (tmp_path / "r" / "report.md").read_text()
