@@ -211,6 +211,7 @@ def _add_compare(sub):
     p.add_argument("--max-steps", type=int, default=None, help="override the preset's step budget")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--learning-rate", type=float, default=None, help="override the preset's peak learning rate")
     p.add_argument("--overwrite", action="store_true", help="retrain models that already finished")
     p.set_defaults(func=_cmd_compare)
 
@@ -219,7 +220,8 @@ def _cmd_compare(args):
     from .experiments.compare import run_compare
 
     run_compare(args.preset, args.output_dir, corpus=args.corpus, max_steps=args.max_steps,
-                batch_size=args.batch_size, seed=args.seed, overwrite=args.overwrite)
+                batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
+                overwrite=args.overwrite)
 
 # ------------------------------------------------------------------------------ bottleneck
 def _add_bottleneck(sub):
