@@ -395,7 +395,10 @@ def main(argv=None) -> int:
         print(f"fixedhead {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"fixedhead {args.command}: interrupted", file=sys.stderr)
+        hint = {"pretrain": "; rerun with --resume to continue from the newest checkpoint",
+                "compare": "; rerun the same command to continue (finished models are reused)",
+                "sweep": "; rerun the same command to continue (finished points are reused)"}.get(args.command, "")
+        print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 
