@@ -95,9 +95,13 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
             raise ValueError(f"{path}: unsupported corpus file type; expected one of {', '.join(_SUFFIXES)}")
         docs = _read_file(path, text_field)
     elif os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith("."):
+        where = (
+            " (the default: the project's shared data beside the repository, or $FIXEDHEAD_DATA_DIR)"
+            if path == DEFAULT_CORPUS else ""
+        )
         raise FileNotFoundError(
-            f"corpus {str(source)!r} does not exist; pass --corpus with a .txt/.jsonl(.gz) file, a directory "
-            f"of them, or a Hugging Face dataset name"
+            f"corpus {str(source)!r} does not exist{where}; pass --corpus PATH (a .txt/.jsonl(.gz) file or a "
+            f"directory of them) or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
         )
     else:
         docs = _read_hub_dataset(str(source), text_field, split)

@@ -143,7 +143,6 @@ def run_compare(
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
     train = replace(train, progress=progress)
-    check_default_corpus(data_settings)
     out = Path(output_dir)
     check_compare_dir(out, list(p.models))
     t_start = time.time()
@@ -151,9 +150,7 @@ def run_compare(
     out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
     vocab = len(data.tokenizer)
 
-    configs = {}
-    for name, fields in p.models.items():
-        configs[name] = dict(fields)
+    configs = {name: dict(fields) for name, fields in p.models.items()}
     if p.widen and p.match_to:
         target = count_parameters(FixedHeadConfig(**configs[p.match_to], vocab_size=vocab), pooler=False)
         d = match_hidden_size(configs[p.widen], target, vocab)
@@ -207,16 +204,6 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
         raise FileExistsError(
             f"{out} holds files that are not this compare's ({', '.join(foreign[:5])}"
             f"{' …' if len(foreign) > 5 else ''}); choose another --output-dir"
-        )
-
-
-def check_default_corpus(data_settings: DataSettings) -> None:
-    """Raise FileNotFoundError with a how-to when the *default* corpus (shared data) is missing."""
-    if not Path(data_settings.corpus).exists() and Path(data_settings.corpus) == Path(str(DEFAULT_CORPUS)):
-        raise FileNotFoundError(
-            f"the default corpus {DEFAULT_CORPUS} is missing (expected the project's shared data beside the "
-            f"repository, or set FIXEDHEAD_DATA_DIR); pass --corpus PATH (a .txt/.jsonl(.gz) file or a directory) "
-            f"or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
         )
 
 

@@ -34,7 +34,7 @@ from ..data import DEFAULT_CORPUS
 from ..modeling import count_parameters
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import DataSettings, TrainSettings, prepare_data
-from .compare import check_default_corpus, environment_info, train_or_reuse
+from .compare import environment_info, train_or_reuse
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -276,11 +276,10 @@ def run_sweep(
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
-    check_default_corpus(data_settings)
     if seeds:
         p = replace(p, seeds=tuple(seeds))
     train = replace(p.train, progress=progress)
-    if max_steps:
+    if max_steps is not None:  # 0 or negative is refused by TrainSettings, not ignored
         train = replace(train, max_steps=max_steps, save_steps=max_steps, eval_steps=max(1, max_steps // 2))
     task = finetune_task or p.finetune_task
     ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
