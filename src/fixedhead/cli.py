@@ -101,6 +101,8 @@ def _add_train_args(p):
     g.add_argument("--save-steps", type=int, default=200)
     g.add_argument("--report-to", nargs="*", default=["tensorboard"], help="Trainer integrations (tensorboard, wandb, mlflow, none)")
     g.add_argument("--torch-compile", action="store_true")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast (mixed precision; weights and optimizer stay fp32), for GPUs with bf16")
 
 
 def _report_to(names: list[str]) -> list[str]:
@@ -167,7 +169,7 @@ def _cmd_pretrain(args):
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
         eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
-        torch_compile=args.torch_compile)
+        torch_compile=args.torch_compile, bf16=args.bf16)
     data = prepare_data(DataSettings(
         corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
         heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,

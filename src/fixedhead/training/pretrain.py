@@ -238,6 +238,7 @@ class TrainSettings:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     progress: bool = True
     torch_compile: bool = False
+    bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
 
     def __post_init__(self):
         for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps"):
@@ -253,12 +254,17 @@ class TrainSettings:
 
 #: TrainSettings fields that change how a run is watched, not what it computes
 _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps")
+#: TrainSettings fields added after runs were first saved, with the default those runs used
+_ADDED_LATER = {"bf16": False}
 
 
 def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_settings: DataSettings | None) -> dict:
     """What must match for a run directory to be resumed or reused: model config, data settings,
     and the training settings that affect the result (not logging or progress options)."""
     train = {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}
+    for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
+        if train.get(name) == default:
+            del train[name]
     fingerprint = {
         "config": config.to_diff_dict(),
         "train": train,
@@ -459,6 +465,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         remove_unused_columns=False,
         ddp_find_unused_parameters=False,  # every parameter of the MLM model gets a gradient
         torch_compile=settings.torch_compile,
+        bf16=settings.bf16,
         use_cpu=not torch.cuda.is_available(),
     )
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env python
+"""Pretrain one model for a wall-clock budget (e.g. a GPU slot of fixed length).
+
+Usage: python examples/pretrain_timed.py --output-dir RUN_DIR --minutes 5 [fixedhead pretrain options]
+
+The data are prepared once; a short calibration run (``--calibration-steps``, thrown away)
+measures seconds per step on this machine, and the real run then gets the ``max_steps`` that
+fits the budget, so its warm-up and linear decay end on time (stopping a run early on a timer
+would leave the learning rate high). Every option of ``fixedhead pretrain`` except
+``--max-steps``, ``--resume`` and ``--preset`` is accepted and passed on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from dataclasses import replace
+
+from fixedhead.cli import _add_data_args, _add_model_args, _add_train_args
+from fixedhead.configuration import FixedHeadConfig
+from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--minutes", type=float, required=True, help="training budget (excludes data preparation)")
+    p.add_argument("--calibration-steps", type=int, default=200)
+    p.add_argument("--evaluations", type=int, default=5, help="held-out evaluations during the run")
+    _add_model_args(p)
+    _add_data_args(p)
+    _add_train_args(p)
+    p.set_defaults(max_steps=None)
+    args = p.parse_args(argv)
+    if args.max_steps is not None:
+        p.error("--max-steps is set from --minutes here; use `fixedhead pretrain` for a fixed step count")
+    if not args.minutes > 0:
+        p.error(f"--minutes must be positive, got {args.minutes}")
+
+    dropout = args.dropout or 0.0
+    config = FixedHeadConfig(
+        hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads, head_dim=args.head_dim,
+        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+        max_position_embeddings=args.max_seq_length,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )
+    settings = TrainSettings(
+        batch_size=args.batch_size, max_steps=args.calibration_steps, learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
+        eval_steps=10 * args.calibration_steps, save_steps=10 * args.calibration_steps,
+        report_to=[], progress=False, torch_compile=args.torch_compile, bf16=args.bf16,
+    )
+    data = prepare_data(DataSettings(
+        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
+        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
+        max_eval_tokens=args.max_eval_tokens))
+
+    scratch = tempfile.mkdtemp(prefix="fixedhead-calibration-")
+    try:
+        calib = pretrain(FixedHeadConfig.from_dict(config.to_dict()), data, scratch, settings)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    per_step = calib["train_seconds"] / args.calibration_steps  # includes start-up: errs on the short side
+    steps = max(1, int(args.minutes * 60 / per_step))
+    every = max(1, steps // args.evaluations)
+    print(f"calibration: {args.calibration_steps} steps in {calib['train_seconds']} s ({per_step * 1000:.1f} ms/step); "
+          f"budget {args.minutes} min -> max_steps {steps:,} "
+          f"({steps * settings.batch_size * data.train.shape[1]:,} training tokens, "
+          f"{steps * settings.batch_size / data.train.shape[0]:.1f} epochs)", flush=True)
+    settings = replace(settings, max_steps=steps, eval_steps=every, save_steps=every,
+                       report_to=args.report_to if args.report_to != ["none"] else [], progress=True)
+    result = pretrain(config, data, args.output_dir, settings, overwrite=args.overwrite)
+    print(f"held-out perplexity {result['heldout_perplexity']:.2f}, masked accuracy {result['heldout_accuracy']:.4f}, "
+          f"{result['train_seconds']} s", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
