@@ -278,3 +278,19 @@ def test_code_in_a_model_directory_is_never_imported(reference, tmp_path):
     model, _, _ = load_run(run)
     assert type(model).__name__ == "FixedHeadForMaskedLM"
     assert not sentinel.exists()
+
+
+def test_runs_saved_before_a_setting_existed_still_resume():
+    """A TrainSettings field added later (bf16) is left out of the fingerprint at its old default,
+    so a run directory written before it existed still matches; turning it on is a difference."""
+    from dataclasses import replace
+
+    from fixedhead.training.pretrain import run_fingerprint, settings_differences
+
+    config, settings = tiny_config(), tiny_settings()
+    now = run_fingerprint(config, settings, None)
+    assert "bf16" not in now["train"]
+    old = json.loads(json.dumps(now))  # what an older version saved: no bf16 key at all
+    assert settings_differences(old, now) == []
+    assert settings_differences(old, run_fingerprint(config, replace(settings, bf16=True), None)) == [
+        "train.bf16: None → True"]

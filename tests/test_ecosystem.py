@@ -120,6 +120,61 @@ def test_fill_mask_pipeline_on_a_heldout_sentence(tiny_run, heldout_text):
     assert all(p["sequence"] and "[MASK]" not in p["sequence"] for p in preds)
 
 
+def _example(name):
+    import importlib.util
+
+    path = SRC.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fill_mask_example_scores_heldout_sentences(tiny_run, capsys):
+    """examples/fill_mask.py: masked held-out sentences, the pipeline's top-5, a frequency baseline."""
+    from transformers import AutoTokenizer
+
+    run, data, _ = tiny_run
+    summary = _example("fill_mask").main([str(run), "--sentences", "20", "--show", "2", "--write"])
+    out = capsys.readouterr().out
+    assert f"{summary['sentences']} held-out sentences" in out
+    saved = json.loads((run / "fill_mask.json").read_text())
+    items = saved["items"]
+    assert saved["summary"] == summary and len(items) == summary["sentences"] > 0
+    held = set(data.info["heldout_documents"])
+    tok = AutoTokenizer.from_pretrained(str(run))
+    for it in items:
+        assert it["book"] in held and it["text"].count("[MASK]") == 1 and it["answer"] in tok.get_vocab()
+    # the reported shares are recomputed from the saved predictions
+    top1 = sum(it["predictions"][0][0] == it["answer"] for it in items) / len(items)
+    top5 = sum(it["answer"] in [g for g, _ in it["predictions"]] for it in items) / len(items)
+    assert summary["top1"] == top1 and summary["top5"] == top5 and 0 <= top1 <= top5 <= 1
+    # and the first prediction is the model's own argmax at the mask
+    enc = tok(items[0]["text"], return_tensors="pt")
+    model = FixedHeadForMaskedLM.from_pretrained(str(run)).eval()
+    with torch.no_grad():
+        logits = model(**enc).logits[0, enc["input_ids"][0].tolist().index(tok.mask_token_id)]
+    assert tok.decode([int(logits.argmax())]).strip() == items[0]["predictions"][0][0]
+
+
+def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    args = ["--output-dir", str(tmp_path / "run"), "--minutes", "0.05", "--calibration-steps", "3",
+            "--corpus", str(small_real_corpus), "--vocab-size", "400", "--max-seq-length", "32",
+            "--heldout-fraction", "0.1", "--max-eval-tokens", "2000", "--hidden-size", "32",
+            "--num-hidden-layers", "1", "--num-attention-heads", "4", "--head-dim", "16", "--batch-size", "8",
+            "--report-to", "none", "--bf16"]
+    result = _example("pretrain_timed").main(args)
+    out = capsys.readouterr().out
+    steps = json.loads((tmp_path / "run" / "pretrain_settings.json").read_text())["train"]
+    assert f"-> max_steps {steps['max_steps']:,}" in out and steps["max_steps"] >= 1 and steps["bf16"] is True
+    assert result["training_tokens"] == steps["max_steps"] * 8 * 32
+    assert "| precision | bf16 autocast" in (tmp_path / "run" / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        _example("pretrain_timed").main(args + ["--max-steps", "5"])  # steps come from --minutes only
+    assert "--max-steps is set from --minutes" in capsys.readouterr().err
+
+
 def test_eager_and_sdpa_agree_and_attentions_are_probabilities(tiny_run):
     from transformers import AutoModelForMaskedLM
 

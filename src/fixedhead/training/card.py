@@ -118,6 +118,7 @@ def model_card(result: dict, fingerprint: dict) -> str:
                           f"weight decay {train.get('weight_decay')}, linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
                           "then linear decay"),
             ("masking", "15% of tokens: 80% [MASK], 10% random, 10% kept"),
+            ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
             ("seed", train.get("seed")),
             ("wall time (s)", result["train_seconds"]),
         ]),
