@@ -274,6 +274,9 @@ CLI_CASES = [
      "num_attention_heads must be a positive int, got 0"),
     ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
     ("pretrain --corpus missing", ["pretrain", "--corpus", "missing/corpus.txt"], "'missing/corpus.txt' does not exist"),
+    ("pretrain --preset with a size", ["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--hidden-size", "64",
+                                       "--head-dim", "16"],
+     "--preset lm1b-fixed-d256-h4-dp32 fixes the model size; drop --head-dim, --hidden-size"),
 ]
 
 

@@ -65,13 +65,23 @@ def _cmd_count(args):
 
 
 # ------------------------------------------------------------------------------- pretrain
+class _SizeOption(argparse.Action):
+    """Stores the value and remembers that the option was given (``--preset`` refuses size options)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.size_options_given = getattr(namespace, "size_options_given", ()) + (option_string,)
+
+
 def _add_model_args(p):
     g = p.add_argument_group("model")
-    g.add_argument("--hidden-size", type=int, default=128, help="d (default 128)")
-    g.add_argument("--num-hidden-layers", type=int, default=2)
-    g.add_argument("--num-attention-heads", type=int, default=16, help="h (default 16)")
-    g.add_argument("--head-dim", type=int, default=None, help="fixed head size d_p; omit for the standard d/h")
-    g.add_argument("--intermediate-size", type=int, default=None, help="feed-forward width (default 4d)")
+    g.add_argument("--hidden-size", type=int, default=128, action=_SizeOption, help="d (default 128)")
+    g.add_argument("--num-hidden-layers", type=int, default=2, action=_SizeOption)
+    g.add_argument("--num-attention-heads", type=int, default=16, action=_SizeOption, help="h (default 16)")
+    g.add_argument("--head-dim", type=int, default=None, action=_SizeOption,
+                   help="fixed head size d_p; omit for the standard d/h")
+    g.add_argument("--intermediate-size", type=int, default=None, action=_SizeOption,
+                   help="feed-forward width (default 4d)")
     g.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default 0)")
 
 
@@ -129,8 +139,8 @@ def _add_pretrain(sub):
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --output-dir")
     p.add_argument("--preset", default=None,
-                   help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); replaces the "
-                   "model options below except --dropout (default: the preset's 0.1)")
+                   help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options "
+                   "below are then refused, --dropout is allowed (default: the preset's 0.1)")
     _add_model_args(p)
     _add_data_args(p)
     _add_train_args(p)
@@ -146,6 +156,10 @@ def _cmd_pretrain(args):
     report_to = _report_to(args.report_to)  # before the (slow) data preparation
     if args.preset:
         from .experiments.presets import get_preset
+
+        if getattr(args, "size_options_given", ()):
+            raise ValueError(f"--preset {args.preset} fixes the model size; drop "
+                             f"{', '.join(sorted(set(args.size_options_given)))} (or drop --preset)")
 
         dropout = {} if args.dropout is None else dict(hidden_dropout_prob=args.dropout,
                                                        attention_probs_dropout_prob=args.dropout)
