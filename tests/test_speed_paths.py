@@ -151,3 +151,81 @@ def test_cuda_bf16_autocast_training_step():
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     loss.backward()
     assert torch.isfinite(loss)
+
+
+# --- CPU training fast paths (dropout masks, attention with dropout) ------------------------------
+
+
+def _fixed_mask(monkeypatch, seed=3):
+    """Make the fast paths draw the same mask at every call (for the reference and gradcheck)."""
+    masks = []
+
+    def mask(like, p):
+        g = torch.Generator().manual_seed(seed)
+        m = (torch.rand(like.shape, generator=g, dtype=like.dtype) >= p).to(like.dtype) / (1 - p)
+        masks.append(m)
+        return m
+
+    monkeypatch.setattr(attention, "_dropout_scale_mask", mask)
+    return masks
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dropout_attention_matches_math_with_the_same_mask(monkeypatch, with_bias):
+    masks = _fixed_mask(monkeypatch)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = attention.padding_mask_to_bias(torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.float64)
+    bias = bias if with_bias else None
+    p, scale = 0.3, 0.5
+    out = attention._DropoutAttention.apply(q, k, v, bias, p, scale)
+    scores = q @ k.transpose(-1, -2) * scale + (0 if bias is None else bias)
+    ref = (torch.softmax(scores, -1) * masks[0].view(2, 3, 5, 5)) @ v
+    torch.testing.assert_close(out, ref)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attention._DropoutAttention.apply(q, k, v, bias, p, scale), (q, k, v)
+    )
+
+
+def test_dropout_and_dropout_add_gradients(monkeypatch):
+    _fixed_mask(monkeypatch)
+    x, r = (torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(lambda x: attention.dropout(x, 0.25, True), (x,))
+    assert torch.autograd.gradcheck(lambda x, r: attention.dropout_add(x, r, 0.25, True), (x, r))
+
+
+def test_fast_dropout_keeps_dropout_semantics():
+    torch.manual_seed(0)
+    x = torch.ones(400, 1000)
+    for y in (attention.dropout(x, 0.1, True), attention.dropout_add(x, torch.zeros_like(x), 0.1, True)):
+        kept = y != 0
+        assert abs(kept.float().mean().item() - 0.9) < 3e-3  # 400k draws: sd 5e-4
+        torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    # reproducible under the default generator, identity in eval mode and for p = 0
+    torch.manual_seed(1)
+    a = attention.dropout(x, 0.1, True)
+    torch.manual_seed(1)
+    assert torch.equal(a, attention.dropout(x, 0.1, True))
+    assert attention.dropout(x, 0.1, False) is x and attention.dropout(x, 0.0, True) is x
+
+
+def test_training_attention_probability_dropout_statistics():
+    # the CPU dropout-attention path: output is an unbiased estimate of the dropout-free one
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 2, dropout=0.5).train()
+    x = torch.randn(1, 6, 16)
+    with torch.no_grad():
+        mean = torch.stack([layer(x)[0] for _ in range(4000)]).mean(0)
+        ref, _ = layer.eval()(x)
+    torch.testing.assert_close(mean, ref, atol=0.03, rtol=0)
+
+
+def test_training_step_with_fast_dropout_paths_is_finite():
+    torch.manual_seed(0)
+    cfg = FixedHeadConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=16)
+    model = FixedHeadForMaskedLM(cfg).train()
+    ids, mask, labels = batch()
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
