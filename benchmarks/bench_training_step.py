@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 import fixedhead.modeling as fh_modeling
-from fixedhead.attention import padding_mask_to_bias
+from fixedhead.attention import _DropoutAttention, padding_mask_to_bias, use_cpu_fast_path
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.flops import estimate_flops
 from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
@@ -159,9 +159,12 @@ def _unfused_qkv_forward(self, hidden_states, attention_mask=None, output_attent
         .view(batch, seq, self.num_attention_heads, self.head_dim).transpose(1, 2)
         for j in range(3)
     )
-    context = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attention_bias, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
-    )
+    dropout_p = self.dropout if self.training else 0.0
+    if use_cpu_fast_path(q, dropout_p, self.training):  # the attention kernel ours uses: only q,k,v differ
+        context = _DropoutAttention.apply(q, k, v, attention_bias, dropout_p, self.scale)
+    else:
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias, dropout_p=dropout_p,
+                                                 scale=self.scale)
     context = context.transpose(1, 2).reshape(batch, seq, self.inner_size)
     return self.out_proj(context), None
 
