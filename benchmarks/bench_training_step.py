@@ -259,6 +259,9 @@ def build_rows(args, device):
                                                                  {"foreach": args.adamw == "foreach"}))
 
         def step():
+            # every step: the inference rows share these models and leave them in eval mode,
+            # which would time training without dropout
+            model.train()
             opt.zero_grad(set_to_none=True)
             with ctx(), autocast():
                 loss = loss_fn(model, batch)

@@ -1,0 +1,42 @@
+"""The benchmark measures what it says (no timings asserted here, ever)."""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_training_step.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_training_step", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_rows_train_in_train_mode_after_the_inference_rows():
+    # the inference rows share the models and put them in eval mode; a training row must still
+    # train with dropout (it once timed eval-mode steps: no dropout, a faster and wrong number)
+    bench = load_bench()
+    args = argparse.Namespace(batch=2, seq=8, vocab=200, hidden=16, layers=1, heads=2, fixed_heads=2,
+                              fixed_head_dim=8, masked=0.25, bf16=False, adamw="foreach", levers=True,
+                              compile=False)
+    torch.manual_seed(0)
+    rows, models = bench.build_rows(args, torch.device("cpu"))
+    for row in rows:  # the benchmark's warm-up order: train rows, then inference rows
+        row.step()
+    seen = {}
+    for name, model in models.items():
+        model.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, m.training))
+    for row in rows:
+        if row.mode == "train" and row.group == "main":
+            row.step()
+    assert seen == {name: True for name in models}
+    for row in rows:
+        if row.mode == "infer":
+            row.step()
+    assert not any(m.training for m in models.values())
