@@ -327,8 +327,10 @@ class MultiHeadAttention(nn.Module):
             hidden_states: [batch, seq, hidden_size].
             attention_mask: [batch, seq], 1 = token, 0 = padding; or None.
             output_attentions: also return the probabilities (forces the eager path).
-            use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention``; False for the
-                eager reference path. The two agree to float rounding.
+            use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention`` (on CPU in
+                training with dropout, where SDPA has only its math kernel, this module's
+                ``_DropoutAttention``, the same computation); False for the eager reference
+                path. They agree to float rounding (with dropout: in distribution).
             attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
                 :func:`padding_mask_to_bias` (models compute it once for all layers);
                 overrides ``attention_mask``.
