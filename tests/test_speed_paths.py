@@ -153,11 +153,11 @@ def test_cuda_bf16_autocast_training_step():
     assert torch.isfinite(loss)
 
 
-# --- CPU training fast paths (dropout masks, attention with dropout) ------------------------------
+# --- CPU training fast path: attention with dropout ------------------------------
 
 
 def _fixed_mask(monkeypatch, seed=3):
-    """Make the fast paths draw the same mask at every call (for the reference and gradcheck)."""
+    """Make the kernel draw the same mask at every call (for the reference and gradcheck)."""
     masks = []
 
     def mask(like, p):
@@ -187,28 +187,6 @@ def test_dropout_attention_matches_math_with_the_same_mask(monkeypatch, with_bia
     )
 
 
-def test_dropout_and_dropout_add_gradients(monkeypatch):
-    _fixed_mask(monkeypatch)
-    x, r = (torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(lambda x: attention.dropout(x, 0.25, True), (x,))
-    assert torch.autograd.gradcheck(lambda x, r: attention.dropout_add(x, r, 0.25, True), (x, r))
-
-
-def test_fast_dropout_keeps_dropout_semantics():
-    torch.manual_seed(0)
-    x = torch.ones(400, 1000)
-    for y in (attention.dropout(x, 0.1, True), attention.dropout_add(x, torch.zeros_like(x), 0.1, True)):
-        kept = y != 0
-        assert abs(kept.float().mean().item() - 0.9) < 3e-3  # 400k draws: sd 5e-4
-        torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / 0.9))
-    # reproducible under the default generator, identity in eval mode and for p = 0
-    torch.manual_seed(1)
-    a = attention.dropout(x, 0.1, True)
-    torch.manual_seed(1)
-    assert torch.equal(a, attention.dropout(x, 0.1, True))
-    assert attention.dropout(x, 0.1, False) is x and attention.dropout(x, 0.0, True) is x
-
-
 def test_training_attention_probability_dropout_statistics():
     # the CPU dropout-attention path: output is an unbiased estimate of the dropout-free one
     torch.manual_seed(0)
@@ -220,7 +198,7 @@ def test_training_attention_probability_dropout_statistics():
     torch.testing.assert_close(mean, ref, atol=0.03, rtol=0)
 
 
-def test_training_step_with_fast_dropout_paths_is_finite():
+def test_training_step_with_the_dropout_attention_kernel_is_finite():
     torch.manual_seed(0)
     cfg = FixedHeadConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                           intermediate_size=64, max_position_embeddings=16)

@@ -19,7 +19,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import MultiHeadAttention, dropout, dropout_add, padding_mask_to_bias
+from .attention import MultiHeadAttention, padding_mask_to_bias
 from .configuration import FixedHeadConfig
 
 
@@ -76,7 +76,7 @@ class FixedHeadEmbeddings(nn.Module):
                 bad = int(token_type_ids.min()) if int(token_type_ids.min()) < 0 else int(token_type_ids.max())
                 raise ValueError(f"token_type_ids hold {bad}, outside [0, type_vocab_size={n_types})")
             type_embeds = self.token_type_embeddings(token_type_ids)
-        return dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds), self.dropout.p, self.training)
+        return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
 
 
 class FixedHeadLayer(nn.Module):
@@ -101,10 +101,9 @@ class FixedHeadLayer(nn.Module):
         attn_out, probs = self.attention(
             hidden_states, attention_bias=attention_bias, output_attentions=output_attentions, use_sdpa=use_sdpa
         )
-        # residual + dropout in one pass on CPU (nn.Dropout's p and train/eval state)
-        hidden_states = self.attention_norm(dropout_add(attn_out, hidden_states, self.dropout.p, self.training))
+        hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
         ffn_out = self.output(self.act(self.intermediate(hidden_states)))
-        hidden_states = self.output_norm(dropout_add(ffn_out, hidden_states, self.dropout.p, self.training))
+        hidden_states = self.output_norm(hidden_states + self.dropout(ffn_out))
         return hidden_states, probs
 
 
