@@ -40,3 +40,19 @@ def test_training_rows_train_in_train_mode_after_the_inference_rows():
         if row.mode == "infer":
             row.step()
     assert not any(m.training for m in models.values())
+
+
+def test_dropout_0_rows_have_no_dropout_and_the_others_keep_it():
+    from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
+
+    bench = load_bench()
+    cfg = FixedHeadConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=8)  # dropout 0.1 (BERT's)
+    model = FixedHeadForMaskedLM(cfg).train()
+    plain = bench.without_dropout(model).train()
+    ids = torch.randint(5, 50, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(plain(input_ids=ids).logits, plain(input_ids=ids).logits)
+        assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+        model.eval()
+        torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits)  # same weights
