@@ -207,3 +207,22 @@ def test_training_step_with_the_dropout_attention_kernel_is_finite():
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
     assert torch.isfinite(out.loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_dropout_attention_value_size_and_no_silent_second_backward(monkeypatch):
+    masks = _fixed_mask(monkeypatch)
+    q, k = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True)  # value size 3 != 4
+    out = attention._DropoutAttention.apply(q, k, v, None, 0.2, 0.5)
+    ref = (torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1) * masks[0].view(1, 2, 5, 5)) @ v
+    torch.testing.assert_close(out, ref)
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        g.sum().backward()
+
+
+def test_a_learnable_bias_keeps_sdpa_and_gets_its_gradient():
+    layer = MultiHeadAttention(16, 2, dropout=0.1).train()
+    bias = torch.zeros(1, 1, 1, 6, requires_grad=True)
+    layer(torch.randn(2, 6, 16), attention_bias=bias)[0].sum().backward()
+    assert bias.grad is not None and torch.isfinite(bias.grad).all()

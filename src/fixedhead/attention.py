@@ -200,14 +200,15 @@ class _DropoutAttention(torch.autograd.Function):
     FLOPs): the scale rides on the product (``baddbmm``'s alpha), softmax and its backward are
     PyTorch's, and the backward is written out so that each [batch·heads, n, n] matrix is read
     and written as few times as possible. The bias (from :func:`padding_mask_to_bias`) is finite,
-    so a plain softmax never sees an all -inf row.
+    so a plain softmax never sees an all -inf row. The bias gets no gradient (callers send only a
+    bias that needs none; see :class:`MultiHeadAttention`), and a second backward is refused.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, bias, p, scale):
         b, h, n, dp = q.shape
         m = k.shape[2]
-        q3, k3, v3 = q.reshape(b * h, n, dp), k.reshape(b * h, m, dp), v.reshape(b * h, m, dp)
+        q3, k3, v3 = q.reshape(b * h, n, dp), k.reshape(b * h, m, dp), v.reshape(b * h, m, v.shape[-1])
         if bias is None:
             scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
         else:
@@ -221,6 +222,7 @@ class _DropoutAttention(torch.autograd.Function):
         return torch.bmm(dropped, v3).view(b, h, n, v.shape[-1])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the saved probs/mask carry no graph: no double backward
     def backward(ctx, grad):
         q3, k3, v3, probs, mask, dropped = ctx.saved_tensors
         b, h, n, dv = grad.shape
@@ -330,7 +332,9 @@ class MultiHeadAttention(nn.Module):
                     context = F.scaled_dot_product_attention(
                         q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
                     )
-            elif use_cpu_fast_path(q, dropout_p, self.training):
+            elif use_cpu_fast_path(q, dropout_p, self.training) and not (
+                attention_bias is not None and attention_bias.requires_grad
+            ):  # a learnable bias keeps SDPA, which gives it a gradient
                 # CPU SDPA has no fused kernel with dropout (it takes the math kernel)
                 context = _DropoutAttention.apply(q, k, v, attention_bias, dropout_p, self.scale)
             else:
