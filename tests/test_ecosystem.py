@@ -155,6 +155,21 @@ def test_fill_mask_example_scores_heldout_sentences(tiny_run, capsys):
     with torch.no_grad():
         logits = model(**enc).logits[0, enc["input_ids"][0].tolist().index(tok.mask_token_id)]
     assert tok.decode([int(logits.argmax())]).strip() == items[0]["predictions"][0][0]
+    # a single sentence (the pipeline unwraps one-element lists), and the held-out books as text
+    heldout_txt = run.parent / "heldout.txt"
+    one = _example("fill_mask").main([str(run), "--sentences", "1", "--save-heldout-text", str(heldout_txt)])
+    assert one["sentences"] == 1 and one["top1"] <= one["top5"]
+    assert items[0]["text"].split("[MASK]")[0].split()[0] in heldout_txt.read_text()
+
+
+def test_fill_mask_example_refuses_another_corpus(tiny_run, tmp_path, capsys):
+    run, _, _ = tiny_run
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"title": f"doc {i}", "text": "Some other text here. " * 20}) + "\n"
+                             for i in range(10)))
+    with pytest.raises(SystemExit) as info:
+        _example("fill_mask").main([str(run), "--corpus", str(other)])
+    assert "is not the one" in str(info.value) and "doc " in str(info.value)
 
 
 def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, tmp_path, capsys, monkeypatch):
@@ -173,6 +188,15 @@ def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, t
     with pytest.raises(SystemExit):
         _example("pretrain_timed").main(args + ["--max-steps", "5"])  # steps come from --minutes only
     assert "--max-steps is set from --minutes" in capsys.readouterr().err
+    # refused before any data preparation: the run exists, a bad count, an unknown tracker
+    for extra, message in ((["--minutes", "1"], "already holds a run; pass --overwrite to replace it"),
+                           (["--evaluations", "0"], "--evaluations must be >= 1, got 0"),
+                           (["--report-to", "nosuchtracker"], "--report-to nosuchtracker: unknown integration")):
+        before = sorted(p.name for p in (tmp_path / "run").iterdir())
+        with pytest.raises(SystemExit):
+            _example("pretrain_timed").main(args + extra)
+        assert message in capsys.readouterr().err
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
 def test_eager_and_sdpa_agree_and_attentions_are_probabilities(tiny_run):

@@ -112,7 +112,8 @@ def _add_train_args(p):
     g.add_argument("--report-to", nargs="*", default=["tensorboard"], help="Trainer integrations (tensorboard, wandb, mlflow, none)")
     g.add_argument("--torch-compile", action="store_true")
     g.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast (mixed precision; weights and optimizer stay fp32), for GPUs with bf16")
+                   help="bf16 autocast (mixed precision; weights and optimizer stay fp32); meant for GPUs "
+                   "with bf16, works on CPUs with it too")
 
 
 def _report_to(names: list[str]) -> list[str]:
