@@ -23,8 +23,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from fixedhead.cli import _add_data_args, _add_model_args, _add_train_args, _report_to
-from fixedhead.configuration import FixedHeadConfig
+from fixedhead.cli import _add_data_args, _add_model_args, _add_train_args, _report_to, model_config_from_args
 from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import _check_run_dir
 
@@ -56,14 +55,7 @@ def main(argv=None):
     except (ValueError, FileExistsError) as e:
         p.error(str(e).replace("pass --resume to continue it or --overwrite", "pass --overwrite"))
 
-    dropout = args.dropout or 0.0
-    config = FixedHeadConfig(
-        hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
-        num_attention_heads=args.num_attention_heads, head_dim=args.head_dim,
-        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
-        max_position_embeddings=args.max_seq_length,
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-    )
+    config = model_config_from_args(args)
     settings = TrainSettings(
         batch_size=args.batch_size, max_steps=args.calibration_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
@@ -77,7 +69,7 @@ def main(argv=None):
 
     scratch = tempfile.mkdtemp(prefix="fixedhead-calibration-")
     try:
-        calib = pretrain(FixedHeadConfig.from_dict(config.to_dict()), data, scratch, settings)
+        calib = pretrain(model_config_from_args(args), data, scratch, settings)  # pretrain fills in the vocabulary
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     per_step = calib["train_seconds"] / args.calibration_steps  # includes start-up: errs on the short side

@@ -85,6 +85,23 @@ def _add_model_args(p):
     g.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default 0)")
 
 
+def model_config_from_args(args):
+    """The ``FixedHeadConfig`` that the model options (``_add_model_args``) and ``--max-seq-length`` describe."""
+    from .configuration import FixedHeadConfig
+
+    dropout = 0.0 if args.dropout is None else args.dropout
+    return FixedHeadConfig(
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+        max_position_embeddings=args.max_seq_length,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+
+
 def _add_data_args(p, corpus_default=True):
     from .data import DEFAULT_CORPUS
 
@@ -151,7 +168,6 @@ def _add_pretrain(sub):
 def _cmd_pretrain(args):
     import json
 
-    from .configuration import FixedHeadConfig
     from .training import DataSettings, TrainSettings, prepare_data, pretrain
 
     report_to = _report_to(args.report_to)  # before the (slow) data preparation
@@ -169,17 +185,7 @@ def _cmd_pretrain(args):
             raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds preset {args.preset!r}'s "
                              f"max_position_embeddings={config.max_position_embeddings}")
     else:
-        dropout = 0.0 if args.dropout is None else args.dropout
-        config = FixedHeadConfig(
-            hidden_size=args.hidden_size,
-            num_hidden_layers=args.num_hidden_layers,
-            num_attention_heads=args.num_attention_heads,
-            head_dim=args.head_dim,
-            intermediate_size=args.intermediate_size or 4 * args.hidden_size,
-            max_position_embeddings=args.max_seq_length,
-            hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=dropout,
-        )
+        config = model_config_from_args(args)
     settings = TrainSettings(  # validated before the (slow) data preparation
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
