@@ -242,6 +242,17 @@ def _plt():
     return plt
 
 
+def _save(fig, path, axes, legend=True):
+    """Grid on every axis, a legend where something is labelled, then write the PNG and close."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if legend and ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+
+
 def _plain_ticks(ax, xs):
     if xs:
         ax.set_xticks(xs)
@@ -280,12 +291,7 @@ def plot_heads(series, path, ref=None):
     ax.set_xlabel("number of heads h")
     ax.set_ylabel("held-out MLM perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, [ax])
 
 
 def plot_params(series, path, ref=None):
@@ -302,12 +308,7 @@ def plot_params(series, path, ref=None):
     ax.set_xlabel("parameters (millions, MLM model)")
     ax.set_ylabel("held-out MLM perplexity")
     ax.set_title("perplexity vs parameters: wider standard vs fixed head at small d (Fig. 1/2)", fontsize=9)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, [ax])
 
 
 def plot_head_size(series, path):
@@ -323,11 +324,8 @@ def plot_head_size(series, path):
         _plain_ticks(ax, [q.x for q in pts])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel(lab)
-        ax.grid(alpha=0.3)
     fig.suptitle("head size at a fixed number of heads (paper Table 2B)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, axes, legend=False)
 
 
 def plot_finetune(state, path, task, majority=None, ref=None):
@@ -345,12 +343,7 @@ def plot_finetune(state, path, task, majority=None, ref=None):
     ax.set_xlabel("held-out MLM perplexity of the pretrained checkpoint")
     ax.set_ylabel(f"{task} dev score after fine-tuning")
     ax.set_title("fine-tuning score vs pretraining perplexity (every run)", fontsize=10)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, [ax])
 
 
 # ----------------------------------------------------------------------------------- report
