@@ -29,6 +29,8 @@ from transformers import pipeline
 
 import fixedhead  # noqa: F401  (registers the Auto classes: no trust_remote_code)
 from fixedhead.data import read_corpus, split_documents
+from fixedhead.runs import open_run
+from fixedhead.training.pretrain import recorded_corpus
 
 WORD = re.compile(r"(?<![A-Za-z'’])[A-Za-z]+(?![A-Za-z'’])")  # whole words, not pieces around apostrophes
 ABBREVIATION = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Mme|Mlle|Messrs|Capt|Col|Gen|Rev|Prof)\.$")
@@ -49,17 +51,20 @@ def split_sentences(text: str) -> list[str]:
 
 def heldout_documents(run_dir: Path, corpus: str | None):
     """(held-out documents, training documents) of the run, checked against what the run recorded."""
-    settings_file = run_dir / "pretrain_settings.json"
-    if not settings_file.is_file():
-        sys.exit(f"{run_dir} is not a fixedhead pretraining run (no pretrain_settings.json)")
-    recorded = json.loads(settings_file.read_text())
+    try:
+        recorded = open_run(run_dir).settings  # the one way every command opens a run
+        if not recorded:
+            sys.exit(f"{run_dir} is not a fixedhead pretraining run (no pretrain_settings.json)")
+        corpus = corpus or recorded_corpus(run_dir, recorded)
+    except (ValueError, OSError) as e:
+        sys.exit(str(e))
     saved = recorded["data"]
-    docs = read_corpus(corpus or saved["corpus"], saved.get("text_field", "text"))
+    docs = read_corpus(corpus, saved.get("text_field", "text"))
     train_docs, held_docs = split_documents(docs, saved["heldout_fraction"], saved["split_seed"])
     expected = recorded.get("data_info", {}).get("heldout_documents")
     got = [d.title or d.source for d in held_docs]
     if expected is not None and got != expected:
-        sys.exit(f"corpus {corpus or saved['corpus']!r} is not the one {run_dir} was trained on "
+        sys.exit(f"corpus {corpus!r} is not the one {run_dir} was trained on "
                  f"(its held-out documents would be {got[:3]}, the run held out {expected[:3]})")
     return held_docs, train_docs
 
@@ -79,9 +84,6 @@ def main(argv=None):
     if args.show < 0:
         p.error(f"--show must be >= 0, got {args.show}")
     run_dir = Path(args.run_dir)
-    if not (run_dir / "config.json").is_file():
-        sys.exit(f"{run_dir} holds no model (no config.json)")
-
     held_docs, train_docs = heldout_documents(run_dir, args.corpus)
     if args.save_heldout_text:
         Path(args.save_heldout_text).write_text("\n\n".join(d.text for d in held_docs))

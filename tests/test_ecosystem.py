@@ -165,7 +165,7 @@ def test_fill_mask_example_scores_heldout_sentences(tiny_run, capsys):
 def test_fill_mask_example_refuses_another_corpus(tiny_run, tmp_path, capsys):
     run, _, _ = tiny_run
     other = tmp_path / "other.jsonl"
-    other.write_text("".join(json.dumps({"title": f"doc {i}", "text": "Some other text here. " * 20}) + "\n"
+    other.write_text("".join(json.dumps({"title": f"doc {i}", "text": f"Some other text here, part {i}. " * 20}) + "\n"
                              for i in range(10)))
     with pytest.raises(SystemExit) as info:
         _example("fill_mask").main([str(run), "--corpus", str(other)])
@@ -428,7 +428,7 @@ def test_analyze_errors_name_the_problem(tiny_run, heldout_text, tmp_path, capsy
     assert main(["analyze", str(no_tok), "--text", str(heldout_text)]) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "nowhere"), "--text", str(heldout_text)]) == 2
-    assert "is not a model directory" in capsys.readouterr().err
+    assert "nowhere' does not exist" in capsys.readouterr().err
     assert main(["analyze", str(run), "--text", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["analyze", str(run), "--text", str(heldout_text), "--max-seq-length", "64"]) == 2

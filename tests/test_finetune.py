@@ -53,7 +53,7 @@ def test_finetune_sst2_scores_dev_and_resumes(tiny_run, tmp_path):
     mtime = (out / FINETUNE_FILE).stat().st_mtime_ns
     assert finetune(tiny_run, "sst2", out, FinetuneSettings(**SMALL))["train_seconds"] == r["train_seconds"]
     assert (out / FINETUNE_FILE).stat().st_mtime_ns == mtime
-    with pytest.raises(FileExistsError, match="other settings"):
+    with pytest.raises(FileExistsError, match="another model, data or settings"):
         finetune(tiny_run, "sst2", out, FinetuneSettings(**{**SMALL, "learning_rate": 5e-4}))
 
 

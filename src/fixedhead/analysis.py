@@ -32,7 +32,6 @@ family), loaded from a local directory with ``AutoModel``.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -291,64 +290,72 @@ def _head_dims(model) -> list[int]:
 
 
 # ----------------------------------------------------------------------- models, text, files
-def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None):
+def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
+                 allow_pickle: bool = False):
     """Load ``(encoder, tokenizer)`` from a local fixedhead run or transformers BERT directory.
 
-    The encoder is loaded with ``AutoModel`` (a masked-LM or classification checkpoint's heads
-    are dropped; a missing pooler is fine: it does not touch attention).
+    A fixedhead run is opened by :func:`fixedhead.runs.open_run` (the one way every command opens
+    a run); any other checkpoint is checked by :func:`fixedhead.runs.check_model_dir` first (whole
+    safetensors, pickle weights only with ``allow_pickle``). The encoder is loaded with
+    ``AutoModel`` (a masked-LM or classification checkpoint's heads are dropped; a missing pooler
+    is fine: it does not touch attention).
 
     Raises:
-        FileNotFoundError: no such directory, no config.json, or no tokenizer (the message says
-            to pass ``tokenizer_path``).
-        ValueError: the checkpoint lacks encoder weights.
+        FileNotFoundError: no such directory, no config.json, no weights, or no tokenizer (the
+            message says to pass ``tokenizer_path``).
+        ValueError: a damaged config or weights file, pickle weights without ``allow_pickle``,
+            or a checkpoint that lacks encoder weights.
     """
     from transformers import AutoModel, AutoTokenizer
 
     from .modeling import register_auto_classes
+    from .runs import check_model_dir, load_json_file, open_run
 
     register_auto_classes()  # model_type "fixedhead" (already done by ``import fixedhead``; idempotent)
 
     path = Path(model_path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is not a model directory (no config.json)")
-    tok_path = Path(tokenizer_path) if tokenizer_path is not None else path
-    if not any((tok_path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-        raise FileNotFoundError(
-            f"{str(tok_path)!r} holds no tokenizer (tokenizer.json or vocab.txt); pass the tokenizer directory"
-            " (--tokenizer)"
-        )
+    weights = check_model_dir(path, allow_pickle=allow_pickle)
+    if load_json_file(path / "config.json").get("model_type") == "fixedhead" and tokenizer_path is None:
+        run = open_run(path, allow_pickle=allow_pickle)
+        weights, tokenizer = run.weights, run.tokenizer
+    else:
+        tok_path = Path(tokenizer_path) if tokenizer_path is not None else path
+        if not any((tok_path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+            raise FileNotFoundError(
+                f"{str(tok_path)!r} holds no tokenizer (tokenizer.json or vocab.txt); pass the tokenizer directory"
+                " (--tokenizer)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
     try:
-        model, info = AutoModel.from_pretrained(str(path), output_loading_info=True, dtype=torch.float32)
+        model, info = AutoModel.from_pretrained(str(path), output_loading_info=True, dtype=torch.float32,
+                                                use_safetensors=weights == "safetensors")
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing:
         raise ValueError(f"{path} lacks encoder weights, e.g. {missing[:3]}; is it a trained checkpoint?")
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
     return model.eval(), tokenizer
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """Text of a ``.txt`` file, or the ``text`` fields of a ``.jsonl`` file (either may be ``.gz``).
+    """The text of a corpus file or folder, documents joined by blank lines.
+
+    Read by :func:`fixedhead.data.read_corpus` (``.txt``, ``.jsonl`` with a ``text`` field,
+    their ``.gz`` forms, folders of them; a malformed line is reported with its file and line).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: the file holds no text.
+        FileNotFoundError: no such file. ValueError: unreadable, malformed, or holds no text.
     """
+    from .data import read_corpus
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"text file {str(path)!r} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        raw = f.read()
-    if path.name.removesuffix(".gz").endswith(".jsonl"):
-        raw = "\n\n".join(json.loads(line).get("text", "") for line in raw.splitlines() if line.strip())
-    if not raw.strip():
-        raise ValueError(f"{path} holds no text")
-    return raw
+    return "\n\n".join(d.text for d in read_corpus(path))
 
 
 def text_to_sequences(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
@@ -379,7 +386,7 @@ def text_to_sequences(tokenizer, text: str, seq_len: int, max_sequences: int = 8
 
 
 def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, max_seq_length: int | None = None,
-            rtol: float = DEFAULT_RTOL) -> AttentionAnalysis:
+            rtol: float = DEFAULT_RTOL, allow_pickle: bool = False) -> AttentionAnalysis:
     """Load a local model directory and analyse its heads on a text file (``fixedhead analyze``).
 
     ``max_seq_length`` (n) defaults to the model's ``max_position_embeddings`` (capped at 512).
@@ -388,7 +395,7 @@ def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, 
         FileNotFoundError / ValueError: see :func:`load_encoder`, :func:`read_text`,
             :func:`text_to_sequences`; n above ``max_position_embeddings``.
     """
-    model, tokenizer = load_encoder(model_path, tokenizer_path)
+    model, tokenizer = load_encoder(model_path, tokenizer_path, allow_pickle=allow_pickle)
     max_pos = int(model.config.max_position_embeddings)
     n = max_seq_length if max_seq_length is not None else min(max_pos, 512)
     if n > max_pos:
@@ -463,9 +470,23 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
     return path
 
 
+ANALYSIS_OWNED = (ANALYSIS_FILE, HEATMAP_FILE, f".{ANALYSIS_FILE}.*", f".{HEATMAP_FILE}.*")
+
+
 def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> dict:
-    """Write ``analysis.json`` (all fields) and the heatmap PNG; returns ``{"json": path, "heatmap": path}``."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ANALYSIS_FILE).write_text(json.dumps({**asdict(result), "table": result.rows()}, indent=2))
-    return {"json": out / ANALYSIS_FILE, "heatmap": plot_heatmap(result, out / HEATMAP_FILE)}
+    """Write ``analysis.json`` (all fields) and the heatmap PNG; returns ``{"json": path, "heatmap": path}``.
+
+    Both files appear together or not at all (a full disk leaves the folder as it was). The folder
+    must be new, empty, or an earlier analysis output (whose two files are replaced).
+
+    Raises:
+        FileExistsError: ``output_dir`` holds files that ``analyze`` did not write.
+        OSError: the files cannot be written (nothing is left half-written).
+    """
+    from .runs import claim_output_dir, staged_outputs
+
+    out = claim_output_dir(output_dir, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze")
+    with staged_outputs(out) as stage:
+        stage(ANALYSIS_FILE).write_text(json.dumps({**asdict(result), "table": result.rows()}, indent=2))
+        plot_heatmap(result, stage(HEATMAP_FILE))
+    return {"json": out / ANALYSIS_FILE, "heatmap": out / HEATMAP_FILE}

@@ -1,8 +1,8 @@
 """The ``fixedhead`` command. Thin: every subcommand parses arguments and calls a library function.
 
 Each subcommand is a pair ``_add_NAME(subparsers)`` / ``_cmd_NAME(args)``; user errors
-(ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-PermissionError) become a one-line message and exit status 2.
+(ValueError) and file-system errors (OSError: a missing or occupied path, a full disk, a
+read-only folder) become a one-line message and exit status 2.
 """
 
 from __future__ import annotations
@@ -259,8 +259,11 @@ def _add_bottleneck(sub):
 
 
 def _cmd_bottleneck(args):
+    from .runs import claim_output_dir
     from .theory import bottleneck_sweep
 
+    claim_output_dir(args.output_dir, ("bottleneck.csv", "bottleneck.png"), ("bottleneck.csv", "bottleneck.png"),
+                     "bottleneck", create=False)
     args.n, args.seeds = sorted(set(args.n)), sorted(set(args.seeds))  # repeats add nothing
     rows = bottleneck_sweep(args.n, args.seeds, args.temperature, args.output_dir, args.max_iter,
                             progress=not args.no_progress)
@@ -285,19 +288,29 @@ def _add_analyze(sub):
     p.add_argument("--max-seq-length", type=int, default=None, help="n (default: the model's max_position_embeddings, <= 512)")
     p.add_argument("--rtol", type=float, default=None, help="relative singular-value tolerance of the logit rank (default 1e-5)")
     p.add_argument("--output-dir", default=None, help="where analysis.json and attention_heatmap.png go "
-                   "(default: runs/analysis/<model directory name>)")
+                   "(default: runs/analysis/<model directory name>); a new, empty or earlier analysis folder")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="also load pickle weights (pytorch_model.bin); only for files you trust")
     p.set_defaults(func=_cmd_analyze)
 
 
 def _cmd_analyze(args):
     from pathlib import Path
 
-    from .analysis import DEFAULT_RTOL, analyze, format_table, write_analysis
+    from .analysis import ANALYSIS_FILE, ANALYSIS_OWNED, DEFAULT_RTOL, HEATMAP_FILE, analyze, format_table, write_analysis
+    from .runs import claim_output_dir
+    from .validation import positive_int
 
-    result = analyze(args.model, args.text, tokenizer_path=args.tokenizer, max_sequences=args.max_sequences,
-                     max_seq_length=args.max_seq_length, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL)
-    print(format_table(result))
+    positive_int("max_sequences", args.max_sequences)
+    if args.max_seq_length is not None:
+        positive_int("max_seq_length", args.max_seq_length, minimum=3)
     out = args.output_dir or Path("runs") / "analysis" / Path(args.model).resolve().name
+    # refuse an occupied folder before the work, not after it
+    claim_output_dir(out, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze", create=False)
+    result = analyze(args.model, args.text, tokenizer_path=args.tokenizer, max_sequences=args.max_sequences,
+                     max_seq_length=args.max_seq_length, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL,
+                     allow_pickle=args.allow_pickle)
+    print(format_table(result))
     paths = write_analysis(result, out)
     print(f"wrote {paths['json']} and {paths['heatmap']}")
     return 0
@@ -308,7 +321,8 @@ def _add_finetune(sub):
     p = sub.add_parser("finetune", help="fine-tune a pretrained run on a GLUE task; score on GLUE dev")
     p.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
     p.add_argument("--model", required=True, help="a pretraining run directory (model.safetensors + tokenizer)")
-    p.add_argument("--output-dir", default=None, help="default: MODEL/finetune-TASK")
+    p.add_argument("--output-dir", default=None, help="default: MODEL/finetune-TASK; a new, empty or earlier "
+                   "fine-tuning folder (never the run itself)")
     p.add_argument("--data-dir", default=None, help="folder holding glue/ (default: ../shared/data)")
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
@@ -316,10 +330,13 @@ def _add_finetune(sub):
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--eval-steps", type=int, default=100, help="validate (and checkpoint) every N steps")
     p.add_argument("--patience", type=int, default=3, help="early stopping: evaluations without improvement")
-    p.add_argument("--validation-size", type=int, default=1000, help="examples carved out of GLUE train")
+    p.add_argument("--validation-size", type=int, default=None,
+                   help="examples carved out of GLUE train for early stopping (default: 1000 or a fifth of "
+                   "GLUE train, whichever is smaller)")
     p.add_argument("--max-train-examples", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier fine-tuning result in --output-dir (removes only files fine-tuning wrote)")
     p.set_defaults(func=_cmd_finetune)
 
 
@@ -409,13 +426,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _os_error_message(e: OSError) -> str:
+    """One line for a file-system error: our own messages as they are, the system's with the path."""
+    if e.strerror and e.filename:
+        hint = {27: " (the disk or a file-size limit is full)", 28: " (the disk is full)",
+                30: " (a read-only file system)", 13: ""}.get(e.errno, "")
+        return f"{e.filename}: {e.strerror}{hint}"
+    return str(e)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-            PermissionError) as e:
+    except ValueError as e:
         print(f"fixedhead {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a missing or occupied path, a full disk, a read-only folder
+        print(f"fixedhead {args.command}: error: {_os_error_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = {"pretrain": "; rerun with --resume to continue from the newest checkpoint",

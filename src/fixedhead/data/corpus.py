@@ -33,9 +33,16 @@ class Document:
 
 
 def _open_text(path: Path):
+    # utf-8-sig: a byte-order mark (as Windows editors save UTF-8) is dropped, not read as text
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="strict")
-    return open(path, encoding="utf-8", errors="strict")
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")
+    return open(path, encoding="utf-8-sig", errors="strict")
+
+
+def _is_hidden(path: Path, root: Path) -> bool:
+    """A file or folder under ``root`` whose name, or a folder above it, starts with a dot
+    (``.ipynb_checkpoints/``, ``.git/``, editor backups): copies a user never meant as text."""
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
 def _read_file(path: Path, text_field: str) -> list[Document]:
@@ -71,13 +78,15 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
 
     Args:
         source: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a directory (all such files in
-            it, recursively, sorted by path); or a Hugging Face dataset name (only when no such
+            it, recursively, sorted by path, skipping hidden files and folders, whose names start
+            with a dot, such as ``.ipynb_checkpoints/``); or a Hugging Face dataset name (only when no such
             path exists; needs network access or a local hub cache).
         text_field: the JSON / dataset field holding the text.
         split: dataset split for hub datasets.
 
     Returns:
-        documents in a deterministic order; whitespace-only documents are dropped.
+        documents in a deterministic order; whitespace-only documents are dropped. A UTF-8
+        byte-order mark at the start of a file is ignored.
 
     Raises:
         FileNotFoundError: a path-like source that does not exist (with a hint).
@@ -86,7 +95,8 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and p.name.endswith(_SUFFIXES) and not _is_hidden(p, path))
         if not files:
             raise ValueError(f"{path}: directory holds no {'/'.join(_SUFFIXES)} files")
         docs = [d for f in files for d in _read_file(f, text_field)]
@@ -130,16 +140,22 @@ def split_documents(
 ) -> tuple[list[Document], list[Document]]:
     """Split by whole documents (books are never cut between train and held-out).
 
-    A seeded shuffle of the document indices picks ``max(min_heldout, round(f·N))`` held-out
-    documents; both lists keep the corpus order. Deterministic for a given seed.
+    Exact duplicate documents (the same text twice, e.g. a file and its backup copy) are kept
+    once, first occurrence, *before* splitting: otherwise a held-out document could also sit in
+    the training split and be trained on. N is then the number of distinct documents; a seeded
+    shuffle of their indices picks ``max(min_heldout, round(f·N))`` held-out documents; both
+    lists keep the corpus order. Deterministic for a given seed. ``len(docs) - len(train) -
+    len(heldout)`` is the number of duplicates dropped.
 
     Raises:
         ValueError: fraction outside (0, 1), or fewer than 2 documents.
     """
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    seen: set[str] = set()
+    docs = [d for d in docs if not (d.text in seen or seen.add(d.text))]
     if len(docs) < 2:
-        raise ValueError(f"need at least 2 documents to split train/held-out by document, got {len(docs)}")
+        raise ValueError(f"need at least 2 distinct documents to split train/held-out by document, got {len(docs)}")
     n_held = min(len(docs) - 1, max(min_heldout, round(heldout_fraction * len(docs))))
     order = list(range(len(docs)))
     random.Random(seed).shuffle(order)

@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..runs import follow_umask
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -88,6 +90,7 @@ def train_tokenizer(
     # write to a temporary directory, then rename: a killed run never leaves a half-written cache
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".tmp-"))
+    follow_umask(tmp)  # mkdtemp makes it 0700; a shared FIXEDHEAD_CACHE must stay readable to others
     fast.save_pretrained(str(tmp))
     try:
         os.replace(tmp, path)

@@ -13,12 +13,15 @@ real effects end up as "cannot tell" — that is the honest verdict, not a round
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runs import claim_output_dir, load_json_file, write_text_atomic
 from .sweep import SWEEP_FILE
+
+REPORT_MARKERS = ("report.md",)
+REPORT_OWNED = ("report.md", ".report.md.*", "*.png")
 
 ALPHA = 0.05
 
@@ -63,7 +66,10 @@ def load_sweep(sweep_dir: str | Path) -> dict:
     path = Path(sweep_dir) / SWEEP_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {sweep_dir} is not a sweep directory (run `fixedhead sweep` first)")
-    return json.loads(path.read_text())
+    state = load_json_file(path)  # a truncated or damaged file is named
+    if not isinstance(state.get("runs"), dict) or not isinstance(state.get("meta"), dict):
+        raise ValueError(f"{path} is not a sweep results file (no 'meta' and 'runs')")
+    return state
 
 
 def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:
@@ -384,7 +390,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     if not state.get("runs"):
         raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")
     out = Path(output_dir) if output_dir else Path(sweep_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
+        claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report")
     meta = state["meta"]
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
@@ -475,5 +482,5 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     L += ["## Fine-tuning score against pretraining perplexity", "",
           "![fine-tuning vs perplexity](finetune_vs_perplexity.png)", ""]
     report = out / "report.md"
-    report.write_text("\n".join(L) + "\n")
+    write_text_atomic(report, "\n".join(L) + "\n")
     return report

@@ -20,19 +20,19 @@ turns it into markdown and plots.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
 from ..modeling import count_parameters
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
+from ..runs import claim_output_dir, load_json_file, write_json_atomic
 from ..training.pretrain import DataSettings, TrainSettings, prepare_data
 from .compare import environment_info, train_or_reuse
 
@@ -207,11 +207,34 @@ def unigram_perplexity(data, eval_seed: int = 1234) -> float:
     return math.exp(float(-probs[targets].log().mean()))
 
 
+SWEEP_MARKERS = (SWEEP_FILE,)
+#: every entry a sweep (and its report) writes in its folder
+SWEEP_OWNED = (SWEEP_FILE, f".{SWEEP_FILE}.*", "runs", "report.md", ".report.md.*", "*.png")
+
+
 def _read_state(path: Path) -> dict:
+    return load_json_file(path) if path.is_file() else {}
+
+
+def _check_same_sweep(prev_meta: dict, data: dict, state_file: Path) -> None:
+    """Refuse to merge results computed on other data into an existing sweep folder."""
+    old = prev_meta.get("data")
+    if not old:
+        return
+    diffs = [f"{k}: {old.get(k)!r} → {v!r}" for k, v in data.items()
+             if old.get(k) != v and not (k == "corpus" and _same_path(old.get(k), v))]
+    if diffs:
+        raise FileExistsError(
+            f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); its results would not be "
+            f"comparable. Choose another --output-dir"
+        )
+
+
+def _same_path(a, b) -> bool:
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+        return os.path.samefile(a, b)
+    except (OSError, TypeError):
+        return False
 
 
 def _try_lock(run_dir: Path) -> Path | None:
@@ -290,13 +313,16 @@ def run_sweep(
     runs_plan = plan_runs(p, experiments)
 
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # a new or empty folder, or an earlier sweep's (never a folder of other files)
+    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep", create=False)
+    state_file = out / SWEEP_FILE
+    previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
+    prev_meta = previous.get("meta", {})
+    _check_same_sweep(prev_meta, asdict(data_settings), state_file)
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     vocab = len(data.tokenizer)
-    state_file = out / SWEEP_FILE
-    previous = _read_state(state_file)
-    prev_meta = previous.get("meta", {})
+    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep")
     this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     meta = {
         "preset": name,
@@ -322,22 +348,23 @@ def run_sweep(
     runs: dict[str, dict] = {}
 
     def save():
-        # merge with what other workers (or earlier invocations) recorded since we started
+        # the results file is a merge of everything finished in this folder: what other workers
+        # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
         other = _read_state(state_file)
-        merged = {k: v for k, v in other.get("runs", {}).items() if k in planned} | runs
-        runs.update(merged)
+        runs.update({k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()})
         other_meta = other.get("meta", {})
         meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
         meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
+        meta["seeds"] = sorted(set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()})
+        meta["experiments"] = [e for e in EXPERIMENTS if e in set(other_meta.get("experiments", [])) | set(meta["experiments"])]
         meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
         meta["compute_seconds"] = round(sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0)
                                             for r in runs.values()), 1)
-        state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
-        tmp = state_file.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(state_file)
+        seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
+        points.extend(q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen)
+        write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
 
-    planned = {f"{key}-s{seed}" for key, _, seed in runs_plan}
+    save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
         run_dir = out / "runs" / f"{key}-s{seed}"
@@ -359,7 +386,7 @@ def run_sweep(
         if ft is not None:
             ft_dir, ft_seeded = run_dir / f"finetune-{task}", replace(ft, seed=seed)
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
-            stale = (ft_dir / FINETUNE_FILE).is_file() and json.loads((ft_dir / FINETUNE_FILE).read_text()).get(
+            stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
                 "fingerprint") != finetune_fingerprint(run_dir, task, ft_seeded)
             ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
             entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}

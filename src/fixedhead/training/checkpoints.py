@@ -8,8 +8,7 @@ pick (it takes the highest step number without looking inside). This module
   only when complete (:func:`atomic_checkpoint_trainer`), so ``checkpoint-STEP`` is never partial;
 * checks a checkpoint before resuming from it (:func:`check_checkpoint`) and falls back to the
   newest *complete* one with a warning (:func:`find_resume_checkpoint`);
-* validates model directories before loading (:func:`check_model_dir`): JSON that parses, a
-  safetensors file that is whole, and no pickle (``.bin``) weights unless the caller opts in.
+* model directories are validated before loading by :func:`fixedhead.runs.check_model_dir`.
 
 Trainer itself loads ``optimizer.pt``, ``scheduler.pt`` and ``rng_state.pth`` with
 ``torch.load(..., weights_only=True)`` and never reads back ``training_args.bin``; this project
@@ -19,7 +18,6 @@ calls ``torch.load`` nowhere.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shutil
@@ -28,77 +26,24 @@ import warnings
 import zipfile
 from pathlib import Path
 
+from ..runs import (  # noqa: F401 (re-exported: checks of saved models live in fixedhead.runs)
+    PICKLE_WEIGHTS,
+    SAFE_WEIGHTS,
+    check_model_dir,
+    check_safetensors,
+    follow_umask,
+    load_json_file,
+    write_json_atomic,
+)
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")  # Trainer's own pattern (trainer_utils._re_checkpoint)
 STAGING_PREFIX = ".staging-checkpoint-"
-SAFE_WEIGHTS = "model.safetensors"
-PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
 #: files Trainer writes with torch.save (zip archives); each must be a complete archive
 TORCH_SAVED = ("optimizer.pt", "scheduler.pt", "rng_state.pth")
 
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was found incomplete or corrupt and skipped."""
-
-
-def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
-    """Parse a JSON object from ``path``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not UTF-8, not valid JSON, or not a JSON object; the message names the file.
-    """
-    path = Path(path)
-    label = str(path) if what is None else f"{path} ({what})"
-    if not path.is_file():
-        raise FileNotFoundError(f"{label} not found")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{label} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{label} must hold a JSON object, got {type(value).__name__}")
-    return value
-
-
-def write_json_atomic(path: str | os.PathLike, value) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def check_safetensors(path: str | os.PathLike) -> None:
-    """Check that a safetensors file is whole: its header parses and covers the file exactly.
-
-    Only the header is read (safetensors refuses a file whose size disagrees with it), so this is
-    cheap even for large models.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: truncated or corrupt (the message names the file and the reason).
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            f.keys()
-    except Exception as e:  # SafetensorError derives from Exception only
-        raise ValueError(
-            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; safetensors: {e})"
-        ) from None
 
 
 def check_checkpoint(checkpoint: str | os.PathLike) -> None:
@@ -217,38 +162,3 @@ def atomic_checkpoint_trainer():
             )
 
     return AtomicCheckpointTrainer
-
-
-def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) -> str:
-    """Validate a saved model directory before loading it; return its weights format.
-
-    Checks: the directory exists; ``config.json`` parses as a JSON object; the weights are a whole
-    ``model.safetensors``. Pickle weights (``pytorch_model.bin``) can run arbitrary code when
-    loaded by older tools and are refused unless ``allow_pickle=True`` (then transformers loads
-    them with ``torch.load(weights_only=True)``).
-
-    Returns:
-        ``"safetensors"`` or ``"pickle"``.
-
-    Raises:
-        FileNotFoundError: no directory, no config.json, or no weights file.
-        ValueError: a config that is not valid JSON, truncated safetensors, or pickle weights
-            without the opt-in.
-    """
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
-    load_json_file(model_dir / "config.json")
-    if (model_dir / SAFE_WEIGHTS).is_file():
-        check_safetensors(model_dir / SAFE_WEIGHTS)
-        return "safetensors"
-    pickles = [n for n in PICKLE_WEIGHTS if (model_dir / n).is_file()]
-    if pickles:
-        if not allow_pickle:
-            raise ValueError(
-                f"{model_dir} holds pickle weights ({pickles[0]}), which can execute code when loaded; "
-                f"refusing. Convert them to {SAFE_WEIGHTS}, or pass allow_pickle=True (--allow-pickle) "
-                f"if you trust their source"
-            )
-        return "pickle"
-    raise FileNotFoundError(f"{model_dir} holds no model weights ({SAFE_WEIGHTS})")

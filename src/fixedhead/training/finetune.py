@@ -28,16 +28,28 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
+from ..runs import claim_output_dir, file_digest, load_json_file, model_fingerprint, open_run, write_json_atomic
+from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 
 FINETUNE_FILE = "finetune_metrics.json"
+#: written first: marks a folder as a fine-tuning output and records what it is computed from
+FINETUNE_SETTINGS_FILE = "finetune_settings.json"
+#: every entry fine-tuning writes (Trainer's checkpoints and saved model, the tokenizer); --overwrite
+#: removes only these
+FINETUNE_OWNED = (FINETUNE_FILE, FINETUNE_SETTINGS_FILE, "checkpoint-*", ".staging-checkpoint-*", "model.safetensors",
+                  "config.json", "training_args.bin", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "vocab.txt", "README.md", "runs")
+MIN_SEQ_LENGTH = 8
+DEFAULT_VALIDATION_SIZE = 1000
 
 
 @dataclass
 class FinetuneSettings:
     """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT).
 
-    ``max_train_examples`` subsamples GLUE train (seeded; None = all) *after* the validation
-    split of ``validation_size`` examples has been carved out; ``max_dev_examples`` caps the
+    ``validation_size`` examples are carved out of GLUE train for early stopping (None: 1,000 or
+    a fifth of GLUE train, whichever is smaller; an explicit value must leave at least one
+    training example). ``max_train_examples`` subsamples the rest (seeded; None = all); ``max_dev_examples`` caps the
     test (dev) set (None = all, the honest default). Evaluation on the validation split every
     ``eval_steps`` steps; training stops early after ``patience`` evaluations without
     improvement of the task's headline metric, and the best checkpoint is the one scored on dev.
@@ -51,7 +63,7 @@ class FinetuneSettings:
     weight_decay: float = 0.01
     eval_steps: int = 100
     patience: int = 3
-    validation_size: int = 1000
+    validation_size: int | None = None
     max_train_examples: int | None = None
     max_dev_examples: int | None = None
     seed: int = 0
@@ -59,12 +71,33 @@ class FinetuneSettings:
     progress: bool = True
     save_model: bool = True
 
+    def __post_init__(self):
+        # a pair needs [CLS] a [SEP] b [SEP]: below 8 the tokenizer cannot truncate both texts
+        positive_int("max_seq_length", self.max_seq_length, minimum=MIN_SEQ_LENGTH)
+        for name in ("batch_size", "max_steps", "eval_steps", "patience"):
+            positive_int(name, getattr(self, name))
+        for name in ("validation_size", "max_train_examples", "max_dev_examples"):
+            optional_positive_int(name, getattr(self, name))
+        non_negative_int("seed", self.seed)
+        positive_float("learning_rate", self.learning_rate)
+        in_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        in_range("weight_decay", self.weight_decay, 0.0, 1.0, high_open=False)
+        in_range("dropout", self.dropout, 0.0, 1.0)
 
-def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings) -> dict:
-    """What identifies a fine-tuning run: the pretrained run, the task and the settings that matter."""
-    return json.loads(json.dumps({"task": task, "run_dir": str(Path(run_dir).resolve()),
-                                  "settings": {k: v for k, v in asdict(settings).items()
-                                               if k not in ("progress", "save_model")}}))
+
+def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings, data_dir=None) -> dict:
+    """What a fine-tuning result is computed from: the pretrained model's *content* (a hash of its
+    weights, config and tokenizer, see :func:`fixedhead.runs.model_fingerprint`), the GLUE files'
+    content, the task and the settings that matter. A result is reused only when all of them
+    match, whatever the run's folder is called or where it moved; retraining a run in place
+    changes its fingerprint."""
+    files = [glue_path(task, split, data_dir) for split in ("train", "dev")]
+    return json.loads(json.dumps({
+        "task": task,
+        "model": model_fingerprint(run_dir),
+        "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
+        "settings": {k: v for k, v in asdict(settings).items() if k not in ("progress", "save_model")},
+    }))
 
 
 class GlueDataset(Dataset):
@@ -119,8 +152,9 @@ def finetune(
         run_dir: a pretraining run directory (``model.safetensors``, ``config.json``, tokenizer).
         task: ``sst2``, ``cola``, ``mrpc``, ``rte`` or ``stsb`` (STS-B is regression, num_labels=1).
         output_dir: where checkpoints, the fine-tuned model (``save_model``) and
-            ``finetune_metrics.json`` go. An existing finished ``finetune_metrics.json`` with
-            the same settings is returned as is (no retraining) unless ``overwrite``.
+            ``finetune_metrics.json`` go. An existing finished ``finetune_metrics.json`` computed
+            from the same model content, GLUE data and settings is returned as is (no
+            retraining) unless ``overwrite``.
         data_dir: the folder holding ``glue/`` (default: the project's shared data).
 
     Returns:
@@ -129,12 +163,15 @@ def finetune(
         "validation_examples", "dev_examples", "train_seconds", "settings", "run_dir"}``.
 
     Raises:
-        ValueError: unknown task; malformed GLUE files (see :func:`read_glue_tsv`).
+        ValueError: unknown task; malformed GLUE files (see :func:`read_glue_tsv`); a run that is
+            not a fixedhead model, is damaged, or holds pickle weights (see
+            :func:`fixedhead.runs.open_run`); a validation size that leaves no training example.
         FileNotFoundError: no finished model in ``run_dir``, or the GLUE files are missing.
-        FileExistsError: ``output_dir`` holds a fine-tuning run with other settings (without ``overwrite``).
+        FileExistsError: ``output_dir`` is the run itself, holds anything fine-tuning did not
+            write, or holds a fine-tuning result of another model, data or settings (without
+            ``overwrite``; ``overwrite`` removes only what fine-tuning wrote).
     """
     from transformers import (
-        BertTokenizerFast,
         DataCollatorWithPadding,
         EarlyStoppingCallback,
         Trainer,
@@ -147,34 +184,48 @@ def finetune(
     settings = settings or FinetuneSettings()
     spec = get_glue_task(task)
     run_dir, out = Path(run_dir), Path(output_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-    if not (run_dir / "model.safetensors").is_file() or not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{run_dir} holds no finished model (model.safetensors and config.json)")
-    fingerprint = finetune_fingerprint(run_dir, task, settings)
-    done = out / FINETUNE_FILE
-    if done.is_file():
-        previous = json.loads(done.read_text())
-        if not overwrite:
-            if previous.get("fingerprint") == fingerprint:
-                return previous
-            raise FileExistsError(f"{out} holds a fine-tuning run with other settings; pass --overwrite to replace it")
-    if overwrite and out.exists():
-        shutil.rmtree(out)
-
+    run = open_run(run_dir)  # the one way to open a run: refuses damaged, pickle or non-fixedhead models
+    if out.resolve() == run_dir.resolve():
+        raise FileExistsError(f"--output-dir {str(out)!r} is the pretraining run itself; fine-tuning would "
+                              f"replace its model (the default is {run_dir / ('finetune-' + task)})")
+    claim_output_dir(out, (FINETUNE_SETTINGS_FILE, FINETUNE_FILE), FINETUNE_OWNED, "finetune", create=False)
     train_path, dev_path = glue_path(task, "train", data_dir), glue_path(task, "dev", data_dir)
     for p in (train_path, dev_path):
         if not p.is_file():
             raise FileNotFoundError(f"GLUE {task} file not found: {p} (pass --data-dir, the folder holding glue/)")
+    fingerprint = finetune_fingerprint(run_dir, task, settings, data_dir)
+    done = out / FINETUNE_FILE
+    if done.is_file() and not overwrite:
+        previous = load_json_file(done)
+        if previous.get("fingerprint") == fingerprint:
+            return previous
+        raise FileExistsError(f"{out} holds a fine-tuning result of another model, data or settings; "
+                              f"pass --overwrite to replace it, or choose another --output-dir")
+    started = out / FINETUNE_SETTINGS_FILE
+    if started.is_file() and not done.is_file() and not overwrite:
+        if load_json_file(started).get("fingerprint") != fingerprint:
+            raise FileExistsError(f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
+                                  f"pass --overwrite to replace it, or choose another --output-dir")
+
     train_all = read_glue_tsv(train_path, task)
     dev = read_glue_tsv(dev_path, task)
-    train, val = split_train_validation(train_all, min(settings.validation_size, len(train_all) // 5), settings.seed)
+    validation_size = settings.validation_size
+    if validation_size is None:
+        validation_size = max(1, min(DEFAULT_VALIDATION_SIZE, len(train_all) // 5))
+    train, val = split_train_validation(train_all, validation_size, settings.seed)
     if settings.max_train_examples is not None:
         train = train[: settings.max_train_examples]
     if settings.max_dev_examples is not None:
         dev = dev[: settings.max_dev_examples]
 
-    tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    # only now, with every input checked: take the folder (refusing one that holds anything
+    # fine-tuning did not write; --overwrite removes only what fine-tuning wrote)
+    claim_output_dir(out, (FINETUNE_SETTINGS_FILE, FINETUNE_FILE), FINETUNE_OWNED, "finetune", overwrite)
+    for old in out.glob("checkpoint-*"):  # an interrupted earlier attempt: fine-tuning restarts from the run
+        shutil.rmtree(old)
+    write_json_atomic(started, {"fingerprint": fingerprint, "run_dir": str(run_dir.resolve())})
+
+    tokenizer = run.tokenizer
     regression = spec.labels is None
     set_seed(settings.seed)
     if not settings.progress:  # the load report (new pooler/classifier, unused MLM head) is expected
@@ -183,7 +234,7 @@ def finetune(
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     model = FixedHeadForSequenceClassification.from_pretrained(
-        str(run_dir), use_safetensors=True, num_labels=spec.num_labels,
+        str(run_dir), use_safetensors=run.use_safetensors, num_labels=spec.num_labels,
         problem_type="regression" if regression else "single_label_classification",
         hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout,
     )
@@ -258,7 +309,8 @@ def finetune(
         "validation_examples": len(val),
         "dev_examples": len(dev),
         "train_seconds": round(wall, 1),
-        "run_dir": str(run_dir),
+        "validation_size": validation_size,
+        "run_dir": str(run_dir.resolve()),
         "fingerprint": fingerprint,
     }
     for ckpt in out.glob("checkpoint-*"):
@@ -266,7 +318,7 @@ def finetune(
     if settings.save_model:
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
-    done.write_text(json.dumps(result, indent=2))
+    write_json_atomic(done, result)  # last: its presence marks a finished fine-tuning run
     return result
 
 

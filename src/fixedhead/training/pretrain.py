@@ -22,10 +22,11 @@ from torch.utils.data import Dataset
 from ..configuration import FixedHeadConfig
 from ..data import pack_sequences, read_corpus, split_documents, tokenize_documents, train_tokenizer
 from ..modeling import FixedHeadForMaskedLM, count_parameters
+from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, resolve_local_path
+from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from .card import write_model_card
 from .checkpoints import (
     atomic_checkpoint_trainer,
-    check_model_dir,
     find_resume_checkpoint,
     list_checkpoints,
     load_json_file,
@@ -33,8 +34,6 @@ from .checkpoints import (
     write_json_atomic,
 )
 
-METRICS_FILE = "metrics.json"
-PRETRAIN_FILE = "pretrain_settings.json"
 
 
 # ------------------------------------------------------------------------------------ data
@@ -56,6 +55,20 @@ class DataSettings:
     max_seq_length: int = 64
     max_train_tokens: int | None = None
     max_eval_tokens: int | None = 200_000
+
+    def __post_init__(self):
+        if not isinstance(self.corpus, (str, os.PathLike)) or not str(self.corpus).strip():
+            raise ValueError("DataSettings needs a corpus: a .txt/.jsonl(.gz) file, a directory of them, "
+                             "or a Hugging Face dataset name (e.g. fixedhead.data.DEFAULT_CORPUS)")
+        # recorded as an absolute path: the run must mean the same file from any working folder
+        self.corpus = resolve_local_path(self.corpus)
+        positive_int("vocab_size", self.vocab_size)
+        positive_int("max_seq_length", self.max_seq_length, minimum=3)  # [CLS] token [SEP]
+        in_range("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True)
+        non_negative_int("split_seed", self.split_seed)
+        optional_positive_int("tokenizer_max_chars", self.tokenizer_max_chars)
+        optional_positive_int("max_train_tokens", self.max_train_tokens, minimum=self.max_seq_length)
+        optional_positive_int("max_eval_tokens", self.max_eval_tokens, minimum=self.max_seq_length)
 
 
 @dataclass
@@ -81,6 +94,10 @@ def prepare_data(
     t0 = time.time()
     docs = read_corpus(settings.corpus, settings.text_field)
     train_docs, held_docs = split_documents(docs, settings.heldout_fraction, settings.split_seed)
+    duplicates = len(docs) - len(train_docs) - len(held_docs)
+    if progress and duplicates:
+        print(f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
+              f"(held-out text must never be trained on)", flush=True)
     if progress:
         print(f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
               f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
@@ -104,6 +121,7 @@ def prepare_data(
     info = {
         "corpus": str(settings.corpus),
         "documents": len(docs),
+        "duplicate_documents_dropped": duplicates,
         "train_documents": len(train_docs),
         "heldout_documents": [d.title or d.source for d in held_docs],
         "train_sequences": int(train.shape[0]),
@@ -241,15 +259,15 @@ class TrainSettings:
     bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
 
     def __post_init__(self):
-        for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)
-                and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be a positive finite number, got {self.learning_rate!r}")
-        if not (isinstance(self.warmup_ratio, (int, float)) and 0.0 <= self.warmup_ratio < 1.0):
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
+            positive_int(name, getattr(self, name))
+        non_negative_int("seed", self.seed)
+        non_negative_int("eval_seed", self.eval_seed)
+        positive_float("learning_rate", self.learning_rate)
+        in_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        in_range("weight_decay", self.weight_decay, 0.0, 1.0, high_open=False)
+        in_range("adam_beta2", self.adam_beta2, 0.0, 1.0)
+        positive_float("max_grad_norm", self.max_grad_norm)
 
 
 #: TrainSettings fields that change how a run is watched, not what it computes
@@ -281,10 +299,20 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
     for key, value in fingerprint.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            diffs += [f"{key}.{k}: {old.get(k)!r} → {v!r}" for k, v in value.items() if old.get(k) != v]
+            diffs += [f"{key}.{k}: {old.get(k)!r} → {v!r}" for k, v in value.items()
+                      if old.get(k) != v and not (key == "data" and k == "corpus" and _same_file(old.get(k), v))]
         elif old != value:
             diffs.append(f"{key}: {old!r} → {value!r}")
     return diffs
+
+
+def _same_file(a, b) -> bool:
+    """Two recorded corpus paths that name the same file or folder (compared by identity, so a
+    relative path recorded by an older run still matches the absolute path recorded now)."""
+    try:
+        return isinstance(a, str) and isinstance(b, str) and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def same_run_settings(previous: dict, fingerprint: dict) -> bool:
@@ -473,53 +501,37 @@ def _training_args(run_dir: Path, settings: TrainSettings):
 def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
     """Load ``(model, tokenizer, settings)`` from a pretraining run directory.
 
-    Everything is validated before use and nothing in the directory is executed: the config and
-    tokenizer JSON must parse and describe a ``fixedhead`` model whose vocabulary matches the
-    tokenizer; weights must be a whole ``model.safetensors``. Pickle weights
-    (``pytorch_model.bin``) are refused unless ``allow_pickle=True`` (then loaded by transformers
-    with ``torch.load(weights_only=True)``). ``trust_remote_code`` is never used.
+    The directory is validated by :func:`fixedhead.runs.open_run` (the one way every command
+    opens a run) before anything is loaded; nothing in it is executed.
 
     Raises:
         FileNotFoundError: no such directory, or it holds no finished model.
         ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
             truncated weights, pickle weights without ``allow_pickle``.
     """
-    from transformers import BertTokenizerFast
+    run = open_run(run_dir, allow_pickle=allow_pickle)
+    model = FixedHeadForMaskedLM.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    return model, run.tokenizer, run.settings
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-    if not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{run_dir} holds no finished model (model.safetensors and config.json)")
-    weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
-    config_dict = load_json_file(run_dir / "config.json")
-    if config_dict.get("model_type") != FixedHeadConfig.model_type:
+
+def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
+    """The corpus a run was trained on, as recorded in its ``pretrain_settings.json``.
+
+    Raises:
+        ValueError: nothing recorded, or a relative path (runs saved before paths were recorded
+            resolved): which file it meant depends on the folder it was started from, so the user
+            must say it with ``--corpus``.
+    """
+    corpus = (saved.get("data") or {}).get("corpus")
+    if not corpus:
+        raise ValueError(f"{run_dir} records no corpus; pass --corpus")
+    looks_local = os.sep in corpus or corpus.endswith((".txt", ".jsonl", ".gz")) or corpus.startswith(".")
+    if looks_local and not os.path.isabs(os.path.expanduser(corpus)):
         raise ValueError(
-            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
+            f"{run_dir} records its corpus as the relative path {corpus!r}, which means a different file from "
+            f"each folder; pass --corpus with the file it was trained on"
         )
-    try:
-        config = FixedHeadConfig.from_dict(config_dict)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{run_dir / 'config.json'}: {e}") from None
-    tok_file = run_dir / "tokenizer.json"
-    tok = load_json_file(tok_file)
-    if not isinstance(tok.get("model"), dict) or not isinstance(tok["model"].get("vocab"), dict):
-        raise ValueError(f"{tok_file}: not a tokenizers file (no model.vocab)")
-    for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (run_dir / extra).is_file():
-            load_json_file(run_dir / extra)
-    try:
-        tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
-    except Exception as e:  # the tokenizers library raises bare Exceptions on malformed files
-        raise ValueError(f"{tok_file}: cannot be loaded as a WordPiece tokenizer ({type(e).__name__}: {e})") from None
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(
-            f"{run_dir}: tokenizer has {len(tokenizer)} tokens but config.vocab_size={config.vocab_size}"
-        )
-    model = FixedHeadForMaskedLM.from_pretrained(str(run_dir), config=config, use_safetensors=weights == "safetensors")
-    settings_file = run_dir / PRETRAIN_FILE
-    settings = load_json_file(settings_file) if settings_file.is_file() else {}
-    return model, tokenizer, settings
+    return corpus
 
 
 def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_seed: int | None = None,
@@ -530,16 +542,16 @@ def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_see
     apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
     :func:`evaluate_mlm` metrics.
     """
-    model, tokenizer, saved = load_run(run_dir, allow_pickle=allow_pickle)
+    run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
+    saved, tokenizer = run.settings, run.tokenizer
     data_kwargs = dict(saved.get("data", {}))
-    if corpus is not None:
-        data_kwargs["corpus"] = corpus
+    data_kwargs["corpus"] = corpus if corpus is not None else recorded_corpus(run_dir, saved)
     if max_eval_tokens is not None:
         data_kwargs["max_eval_tokens"] = max_eval_tokens
-    if not data_kwargs.get("corpus"):
-        raise ValueError(f"{run_dir} records no corpus; pass --corpus")
-    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", model.config.max_position_embeddings)
-    data = prepare_data(DataSettings(**data_kwargs), tokenizer=tokenizer, heldout_only=True, progress=False)
+    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", run.config.max_position_embeddings)
+    data_settings = DataSettings(**data_kwargs)
+    model = FixedHeadForMaskedLM.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
     seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     ids, labels = fixed_masking(data.heldout, tokenizer, seed)
     return evaluate_mlm(model, ids, labels, batch_size)

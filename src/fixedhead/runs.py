@@ -1,0 +1,370 @@
+"""Run directories: one way to claim an output folder, open a saved run, and write results.
+
+Every command that writes a folder (``pretrain``, ``finetune``, ``analyze``, ``sweep``,
+``report``, ``bottleneck``, ``synthetic``) goes through :func:`claim_output_dir`: a folder is
+taken only when it is missing, empty, or already holds this command's own output (recognised
+by a *marker* file the command writes first). ``--overwrite`` removes only the entries the
+command itself writes (its *owned* names); anything else in the folder is left alone.
+
+Every command that reads a trained model (``evaluate``, ``finetune``, ``analyze``,
+``fill_mask``) opens it through :func:`open_run` (a fixedhead run) or :func:`check_model_dir`
+(any transformers checkpoint): JSON that parses, whole safetensors weights, and no pickle
+weights unless the caller opts in. Results are keyed on *what they were computed from*
+(:func:`model_fingerprint`: a hash of the weights, config and tokenizer), never on a path.
+
+Files are written atomically (temporary file beside the target, then ``os.replace``) with the
+permissions the user's umask gives any new file, so a shared run directory stays readable.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAFE_WEIGHTS = "model.safetensors"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
+PRETRAIN_FILE = "pretrain_settings.json"
+METRICS_FILE = "metrics.json"
+
+
+# ------------------------------------------------------------------------ permissions
+def current_umask() -> int:
+    """The process umask (read by setting it and restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Give ``path`` the mode a plain ``open()``/``mkdir()`` would have given it under the umask.
+
+    ``tempfile.mkstemp`` and ``mkdtemp`` create 0600 files and 0700 folders whatever the umask;
+    after renaming them into place they would make a shared run directory or cache unreadable to
+    colleagues.
+    """
+    path = Path(path)
+    base = 0o777 if path.is_dir() else 0o666
+    os.chmod(path, base & ~current_umask())
+
+
+# ----------------------------------------------------------------------------- writing
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    A failure (a full disk, a read-only folder) leaves ``path`` as it was and no temporary file.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        follow_umask(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _with_path(e, path) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _with_path(e: OSError, path) -> OSError:
+    """A write error that names the file it was writing (``f.write`` errors carry no path)."""
+    if e.filename is None and e.strerror:
+        return type(e)(e.errno, e.strerror, str(path))
+    return e
+
+
+def write_json_atomic(path: str | os.PathLike, value) -> None:
+    """Write ``value`` as indented JSON, atomically (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, (json.dumps(value, indent=2) + "\n").encode("utf-8"))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write UTF-8 ``text``, atomically (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+@contextmanager
+def staged_outputs(output_dir: str | os.PathLike):
+    """Write several output files so that either all of them appear or none do.
+
+    Yields a function ``stage(name) -> Path``: a temporary path in ``output_dir`` to write
+    ``name`` to. When the block finishes, every staged file is renamed into place; if the block
+    raises (a full disk, say), every staged file is deleted and the folder keeps its old outputs.
+    """
+    out = Path(output_dir)
+    staged: dict[str, Path] = {}
+
+    def stage(name: str) -> Path:
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp" + Path(name).suffix)
+        os.close(fd)
+        staged[name] = Path(tmp)
+        return Path(tmp)
+
+    try:
+        yield stage
+        for tmp in staged.values():
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            follow_umask(tmp)
+    except BaseException as e:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and staged:  # name the output being written when it failed
+            raise _with_path(e, out / list(staged)[-1]) from None
+        raise
+    for name, tmp in staged.items():
+        os.replace(tmp, out / name)
+
+
+# ----------------------------------------------------------------------------- reading
+def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
+    """Parse a JSON object from ``path``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not UTF-8, not valid JSON (a truncated file, say), or not a JSON object; the
+            message names the file.
+    """
+    path = Path(path)
+    label = str(path) if what is None else f"{path} ({what})"
+    if not path.is_file():
+        raise FileNotFoundError(f"{label} not found")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{label} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{label} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Check that a safetensors file is whole: its header parses and covers the file exactly.
+
+    Only the header is read (safetensors refuses a file whose size disagrees with it), so this is
+    cheap even for large models.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: truncated or corrupt (the message names the file and the reason).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # SafetensorError derives from Exception only
+        raise ValueError(
+            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; safetensors: {e})"
+        ) from None
+
+
+def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) -> str:
+    """Validate any saved transformers model directory before loading it; return its weights format.
+
+    Checks: the directory exists; ``config.json`` parses as a JSON object; the weights are a whole
+    ``model.safetensors``. Pickle weights (``pytorch_model.bin``) can run arbitrary code when
+    loaded by older tools and are refused unless ``allow_pickle=True`` (then transformers loads
+    them with ``torch.load(weights_only=True)``).
+
+    Returns:
+        ``"safetensors"`` or ``"pickle"``.
+
+    Raises:
+        FileNotFoundError: no directory, no config.json, or no weights file.
+        ValueError: a config that is not valid JSON, truncated safetensors, or pickle weights
+            without the opt-in.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} holds no finished model (model.safetensors and config.json)")
+    load_json_file(model_dir / "config.json")
+    if (model_dir / SAFE_WEIGHTS).is_file():
+        check_safetensors(model_dir / SAFE_WEIGHTS)
+        return "safetensors"
+    pickles = [n for n in PICKLE_WEIGHTS if (model_dir / n).is_file()]
+    if pickles:
+        if not allow_pickle:
+            raise ValueError(
+                f"{model_dir} holds pickle weights ({pickles[0]}), which can execute code when loaded; "
+                f"refusing. Convert them to {SAFE_WEIGHTS}, or pass allow_pickle=True (--allow-pickle) "
+                f"if you trust their source"
+            )
+        return "pickle"
+    raise FileNotFoundError(f"{model_dir} holds no model weights ({SAFE_WEIGHTS})")
+
+
+@dataclass
+class OpenedRun:
+    """A validated fixedhead run directory (nothing loaded into a model yet).
+
+    ``config`` is the :class:`~fixedhead.configuration.FixedHeadConfig`, ``tokenizer`` the
+    run's ``BertTokenizerFast``, ``settings`` its ``pretrain_settings.json`` ({} if absent),
+    ``weights`` ``"safetensors"`` or ``"pickle"``.
+    """
+
+    path: Path
+    config: object
+    tokenizer: object
+    weights: str
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def use_safetensors(self) -> bool:
+        return self.weights == "safetensors"
+
+
+def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRun:
+    """Validate a fixedhead run directory and load its config, tokenizer and settings.
+
+    The one way every command opens a trained model: the config and tokenizer JSON must parse and
+    describe a ``fixedhead`` model whose vocabulary covers the tokenizer; weights must be a whole
+    ``model.safetensors`` (pickle weights only with ``allow_pickle``). ``trust_remote_code`` is
+    never used. A transformers BERT checkpoint is refused with the way to convert it.
+
+    Raises:
+        FileNotFoundError: no such directory, or it holds no finished model.
+        ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
+            truncated weights, pickle weights without ``allow_pickle``.
+    """
+    from transformers import BertTokenizerFast
+
+    from .configuration import FixedHeadConfig
+
+    run_dir = Path(run_dir)
+    weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
+    config_dict = load_json_file(run_dir / "config.json")
+    if config_dict.get("model_type") != FixedHeadConfig.model_type:
+        raise ValueError(
+            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
+            + ("; convert a transformers BERT first with fixedhead.modeling.from_bert(model) and save_pretrained"
+               if config_dict.get("model_type") == "bert" else "")
+        )
+    try:
+        config = FixedHeadConfig.from_dict(config_dict)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{run_dir / 'config.json'}: {e}") from None
+    tok_file = run_dir / "tokenizer.json"
+    tok = load_json_file(tok_file)
+    if not isinstance(tok.get("model"), dict) or not isinstance(tok["model"].get("vocab"), dict):
+        raise ValueError(f"{tok_file}: not a tokenizers file (no model.vocab)")
+    for extra in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (run_dir / extra).is_file():
+            load_json_file(run_dir / extra)
+    try:
+        tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+    except Exception as e:  # the tokenizers library raises bare Exceptions on malformed files
+        raise ValueError(f"{tok_file}: cannot be loaded as a WordPiece tokenizer ({type(e).__name__}: {e})") from None
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"{run_dir}: tokenizer has {len(tokenizer)} tokens but config.vocab_size={config.vocab_size}")
+    settings_file = run_dir / PRETRAIN_FILE
+    settings = load_json_file(settings_file) if settings_file.is_file() else {}
+    return OpenedRun(run_dir, config, tokenizer, weights, settings)
+
+
+# ------------------------------------------------------------------------- identities
+def file_digest(paths, chunk: int = 1 << 20) -> str:
+    """SHA-256 over the bytes of ``paths`` (in the order given), each prefixed by its size."""
+    h = hashlib.sha256()
+    for p in paths:
+        p = Path(p)
+        h.update(f"{p.stat().st_size}\0".encode())
+        with open(p, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_dir: str | os.PathLike) -> str:
+    """What a result computed from a saved model depends on: a hash of its config, weights and
+    tokenizer files (whichever exist), independent of the folder's name or place.
+
+    A model retrained into the same folder gets a new fingerprint; a folder moved or copied keeps
+    its own.
+    """
+    model_dir = Path(model_dir)
+    names = ["config.json", SAFE_WEIGHTS, *PICKLE_WEIGHTS, "tokenizer.json", "vocab.txt"]
+    return file_digest([model_dir / n for n in names if (model_dir / n).is_file()])
+
+
+def resolve_local_path(value: str | os.PathLike) -> str:
+    """An existing local path as an absolute, symlink-free string; anything else (a Hugging Face
+    dataset name) unchanged. Recorded paths must mean the same file from any working folder."""
+    p = Path(value).expanduser()
+    if p.exists():
+        return str(p.resolve())
+    return str(value)
+
+
+# -------------------------------------------------------------------- output folders
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+
+def claim_output_dir(
+    output_dir: str | os.PathLike,
+    markers: tuple[str, ...],
+    owned: tuple[str, ...],
+    command: str,
+    overwrite: bool = False,
+    option: str = "--output-dir",
+    create: bool = True,
+) -> Path:
+    """Take ``output_dir`` for a command's output, or refuse it; never touch what is not ours.
+
+    Args:
+        output_dir: the folder the command will write.
+        markers: file names whose presence says "this folder holds this command's output"
+            (written first by the command, e.g. a settings file).
+        owned: glob patterns of every entry the command itself writes (markers included).
+        command: the command's name, for messages.
+        overwrite: remove the owned entries of an existing output of this command first
+            (entries matching no ``owned`` pattern are left in place).
+        create: create the folder; ``False`` only checks (and does not remove anything), so a
+            command can refuse a folder before its slow work and take it afterwards.
+
+    Returns:
+        the folder, created if it was missing.
+
+    Raises:
+        FileExistsError: ``output_dir`` is a file, or a non-empty folder without one of the
+            ``markers`` (it holds something this command did not create); the message lists
+            what is there. Nothing is changed.
+    """
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{option} {str(out)!r} is an existing file, not a directory")
+    if out.is_dir():
+        entries = sorted(out.iterdir())
+        if entries and not any((out / m).exists() for m in markers):
+            names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+            raise FileExistsError(
+                f"{option} {str(out)!r} holds files that `fixedhead {command}` did not create "
+                f"({', '.join(names[:5])}{' …' if len(names) > 5 else ''}); choose an empty or new folder "
+                f"(nothing was changed; --overwrite only replaces an earlier `fixedhead {command}` output)"
+            )
+        if overwrite and create:
+            for e in entries:
+                if _matches(e.name, owned):
+                    shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+    if create:
+        out.mkdir(parents=True, exist_ok=True)
+    return out

@@ -1,0 +1,59 @@
+"""Checks of the numbers a user passes (settings dataclasses, the command line), with one wording.
+
+Every message names the setting and the value: ``max_steps must be a positive int, got 0``. The
+settings dataclasses of pretraining, fine-tuning, data preparation and the experiments call these
+in ``__post_init__``, so the library and every command refuse the same values the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def positive_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``; bools and floats are refused (True steps is a bug).
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
+def optional_positive_int(name: str, value, minimum: int = 1) -> int | None:
+    """None (no limit) or :func:`positive_int`."""
+    return None if value is None else positive_int(name, value, minimum)
+
+
+def non_negative_int(name: str, value) -> int:
+    """An int >= 0 (a seed, a count that may be zero)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+def positive_float(name: str, value) -> float:
+    """A finite number > 0 (a learning rate, a tolerance)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def in_range(name: str, value, low: float, high: float, low_open: bool = False, high_open: bool = True) -> float:
+    """A finite number in the interval from ``low`` to ``high`` (open or closed at each end).
+
+    Raises:
+        ValueError: e.g. ``warmup_ratio must be in [0, 1), got 1.5``.
+    """
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return float(value)
