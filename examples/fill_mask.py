@@ -84,6 +84,8 @@ def main(argv=None):
     if args.show < 0:
         p.error(f"--show must be >= 0, got {args.show}")
     run_dir = Path(args.run_dir)
+    if args.save_heldout_text and Path(args.save_heldout_text).exists():
+        sys.exit(f"--save-heldout-text {args.save_heldout_text}: the file exists; choose a new name (nothing was written)")
     held_docs, train_docs = heldout_documents(run_dir, args.corpus)
     if args.save_heldout_text:
         Path(args.save_heldout_text).write_text("\n\n".join(d.text for d in held_docs))

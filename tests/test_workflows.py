@@ -209,6 +209,20 @@ def test_corpus_path_is_recorded_resolved_and_compared_by_identity(small_real_co
     assert "relative path 'data/corpus.jsonl.gz'" in _one_error_line(capsys)
 
 
+def test_a_corpus_whose_text_changed_is_not_the_runs(small_real_corpus, prepared, tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl.gz"
+    shutil.copy(small_real_corpus, corpus)
+    data = tiny_data(corpus, tmp_path / "cache")
+    run_dir = tmp_path / "run"
+    pretrain(tiny_config(), data, run_dir, tiny_settings(max_steps=2, save_steps=2, eval_steps=2))
+    assert main(["evaluate", str(run_dir)]) == 0
+    capsys.readouterr()
+    with gzip.open(small_real_corpus, "rt") as src, gzip.open(corpus, "wt") as dst:  # same name, other text
+        dst.writelines(line for i, line in enumerate(src) if i % 3)
+    assert main(["evaluate", str(run_dir)]) == 2
+    assert "does not hold the text" in _one_error_line(capsys)
+
+
 # ------------------------------------------- 5. numbers are validated by every command
 @pytest.mark.parametrize("argv, message", [
     (["finetune", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
@@ -223,6 +237,10 @@ def test_corpus_path_is_recorded_resolved_and_compared_by_identity(small_real_co
     (["pretrain", "--seed", "-3"], "seed must be an int >= 0, got -3"),
     (["evaluate", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 32, got 0"),  # the run's n
     (["analyze", "--max-sequences", "0"], "max_sequences must be a positive int, got 0"),
+    (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
+    (["sweep", "--seeds", "0", "-1"], "seed must be an int >= 0, got -1"),
+    (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
+    (["compare", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
 ])
 def test_cli_numbers_are_refused_naming_the_value(argv, message, run, tmp_path, capsys):
     command, rest = argv[0], argv[1:]
@@ -231,7 +249,9 @@ def test_cli_numbers_are_refused_naming_the_value(argv, message, run, tmp_path, 
     base = {"finetune": ["finetune", "--task", "sst2", "--model", str(run), "--output-dir", str(tmp_path / "o")],
             "pretrain": ["pretrain", "--output-dir", str(tmp_path / "o")],
             "evaluate": ["evaluate", str(run)],
-            "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(tmp_path / "o")]}[command]
+            "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(tmp_path / "o")],
+            "sweep": ["sweep", "--quick", "--output-dir", str(tmp_path / "o")],
+            "compare": ["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "o")]}[command]
     assert main(base + rest) == 2
     assert message in _one_error_line(capsys)
     assert not (tmp_path / "o").exists()

@@ -402,7 +402,7 @@ def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, 
         raise ValueError(f"max_seq_length={n} exceeds the model's max_position_embeddings={max_pos}")
     ids = text_to_sequences(tokenizer, read_text(text_path), n, max_sequences)
     result = analyze_model(model, ids, rtol=rtol, name=Path(model_path).name)
-    result.text = str(text_path)
+    result.text = str(Path(text_path).resolve())  # means the same file from any folder
     return result
 
 

@@ -380,10 +380,12 @@ def _cmd_sweep(args):
     from .experiments.report import write_report
     from .experiments.sweep import run_sweep
 
-    if args.threads:
+    if args.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        from .validation import positive_int
+
+        torch.set_num_threads(positive_int("threads", args.threads))
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     run_sweep(args.preset, out, quick=args.quick, corpus=args.corpus, seeds=args.seeds,
               experiments=args.experiments, max_steps=args.max_steps, finetune_task=args.finetune_task,

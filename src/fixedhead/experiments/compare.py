@@ -32,8 +32,10 @@ from ..training.pretrain import (
     prepare_data,
     pretrain,
     run_fingerprint,
+    same_corpus_text,
     same_run_settings,
 )
+from ..runs import load_json_file, staged_outputs
 
 
 @dataclass
@@ -198,7 +200,8 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
         return
     foreign = sorted(
         e.name for e in out.iterdir()
-        if not (e.name in _COMPARE_FILES or (e.is_dir() and e.name in model_names))
+        if not (e.name in _COMPARE_FILES or (e.is_dir() and e.name in model_names)
+                or any(e.name.startswith(f".{f}.") for f in _COMPARE_FILES))  # a staged write cut short
     )
     if foreign:
         raise FileExistsError(
@@ -240,23 +243,25 @@ def train_or_reuse(config, data, run_dir: Path, train: TrainSettings, data_setti
     checkpoint (if any). This is what makes compare runs and sweeps resumable.
     """
     done = run_dir / METRICS_FILE
-    if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings):
+    if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings, data.info):
         if progress:
             print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
-        return json.loads(done.read_text())
+        return load_json_file(done)
     resume = not overwrite and (run_dir / PRETRAIN_FILE).is_file()  # an interrupted run continues
     return pretrain(config, data, run_dir, train, resume=resume, overwrite=overwrite)
 
 
-def _same_run(run_dir: Path, config, train, data_settings) -> bool:
-    settings_file = run_dir / "pretrain_settings.json"
+def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> bool:
+    """Same config, training and data settings, and the same corpus text (not just its path)."""
+    settings_file = run_dir / PRETRAIN_FILE
     if not settings_file.is_file():
         return False
     try:
-        saved = json.loads(settings_file.read_text())
+        saved = load_json_file(settings_file)
     except ValueError:
         return False  # unreadable: retrain rather than trust it
-    return same_run_settings(saved, run_fingerprint(config, train, data_settings))
+    return (same_run_settings(saved, run_fingerprint(config, train, data_settings))
+            and same_corpus_text(saved, data_info.get("corpus_sha256")))
 
 
 TABLE_COLUMNS = [
@@ -282,15 +287,17 @@ def format_table(results: list[dict]) -> str:
 
 
 def write_results(results: list[dict], out: Path, meta: dict) -> None:
-    """results.json (everything, curves included), results.csv (the table) and learning_curves.png."""
-    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
-        w.writerow(keys)
-        for r in results:
-            w.writerow([r[k] for k in keys])
-    plot_learning_curves(results, out / "learning_curves.png", meta.get("description", ""))
+    """results.json (everything, curves included), results.csv (the table) and learning_curves.png,
+    written together or not at all (see :func:`fixedhead.runs.staged_outputs`)."""
+    with staged_outputs(out) as stage:
+        stage("results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        with open(stage("results.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
+            w.writerow(keys)
+            for r in results:
+                w.writerow([r[k] for k in keys])
+        plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))
 
 
 def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> None:

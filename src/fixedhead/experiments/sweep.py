@@ -33,6 +33,7 @@ from ..data import DEFAULT_CORPUS
 from ..modeling import count_parameters
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..runs import claim_output_dir, load_json_file, write_json_atomic
+from ..validation import non_negative_int
 from ..training.pretrain import DataSettings, TrainSettings, prepare_data
 from .compare import environment_info, train_or_reuse
 
@@ -300,7 +301,7 @@ def run_sweep(
     name = preset if isinstance(preset, str) else "custom"
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
     if seeds:
-        p = replace(p, seeds=tuple(seeds))
+        p = replace(p, seeds=tuple(non_negative_int("seed", s) for s in seeds))
     train = replace(p.train, progress=progress)
     if max_steps is not None:  # 0 or negative is refused by TrainSettings, not ignored
         train = replace(train, max_steps=max_steps, save_steps=max_steps, eval_steps=max(1, max_steps // 2))

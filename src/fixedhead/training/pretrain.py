@@ -7,6 +7,7 @@ the data, builds the model and scores it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -94,6 +95,9 @@ def prepare_data(
     t0 = time.time()
     docs = read_corpus(settings.corpus, settings.text_field)
     train_docs, held_docs = split_documents(docs, settings.heldout_fraction, settings.split_seed)
+    corpus_digest = hashlib.sha256()
+    for d in docs:  # what the text is, whatever the file is called: results are keyed on it
+        corpus_digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
     duplicates = len(docs) - len(train_docs) - len(held_docs)
     if progress and duplicates:
         print(f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
@@ -122,6 +126,7 @@ def prepare_data(
         "corpus": str(settings.corpus),
         "documents": len(docs),
         "duplicate_documents_dropped": duplicates,
+        "corpus_sha256": corpus_digest.hexdigest(),
         "train_documents": len(train_docs),
         "heldout_documents": [d.title or d.source for d in held_docs],
         "train_sequences": int(train.shape[0]),
@@ -306,6 +311,13 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
     return diffs
 
 
+def same_corpus_text(saved: dict, corpus_sha256: str | None) -> bool:
+    """Whether a saved ``pretrain_settings.json`` was computed on the corpus text whose digest is
+    ``corpus_sha256`` (``data_info.corpus_sha256``); runs saved before digests were recorded match."""
+    old = (saved.get("data_info") or {}).get("corpus_sha256")
+    return old is None or corpus_sha256 is None or old == corpus_sha256
+
+
 def _same_file(a, b) -> bool:
     """Two recorded corpus paths that name the same file or folder (compared by identity, so a
     relative path recorded by an older run still matches the absolute path recorded now)."""
@@ -320,7 +332,7 @@ def same_run_settings(previous: dict, fingerprint: dict) -> bool:
     return not settings_differences(previous, fingerprint)
 
 
-def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool):
+def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, corpus_sha256: str | None = None):
     settings_file = run_dir / PRETRAIN_FILE
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output directory {str(run_dir)!r} is an existing file, not a directory")
@@ -336,6 +348,8 @@ def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bo
         previous = load_json_file(settings_file)
         if resume:
             diffs = settings_differences(previous, fingerprint)
+            if not same_corpus_text(previous, corpus_sha256):
+                diffs.append("data: the corpus text changed since the run started")
             if diffs:
                 raise FileExistsError(
                     f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
@@ -403,7 +417,7 @@ def pretrain(
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
-            _check_run_dir(run_dir, fingerprint, resume, overwrite)
+            _check_run_dir(run_dir, fingerprint, resume, overwrite, data.info.get("corpus_sha256"))
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
@@ -542,6 +556,8 @@ def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_see
     apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
     :func:`evaluate_mlm` metrics.
     """
+    if eval_seed is not None:
+        non_negative_int("eval_seed", eval_seed)
     run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
     saved, tokenizer = run.settings, run.tokenizer
     data_kwargs = dict(saved.get("data", {}))
@@ -552,6 +568,9 @@ def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_see
     data_settings = DataSettings(**data_kwargs)
     model = FixedHeadForMaskedLM.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
-    seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
+    if not same_corpus_text(saved, data.info["corpus_sha256"]):
+        raise ValueError(f"corpus {data_settings.corpus!r} does not hold the text {run_dir} was trained on "
+                         f"(its content changed); pass --corpus with the original")
+    seed = non_negative_int("eval_seed", eval_seed) if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     ids, labels = fixed_masking(data.heldout, tokenizer, seed)
     return evaluate_mlm(model, ids, labels, batch_size)
