@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .attention import MultiHeadAttention
+from .data import read_text, text_windows
 
 DEFAULT_RTOL = 1e-5
 ANALYSIS_FILE = "analysis.json"
@@ -341,50 +342,6 @@ def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLik
     return model.eval(), tokenizer
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """The text of a corpus file or folder, documents joined by blank lines.
-
-    Read by :func:`fixedhead.data.read_corpus` (``.txt``, ``.jsonl`` with a ``text`` field,
-    their ``.gz`` forms, folders of them; a malformed line is reported with its file and line).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: unreadable, malformed, or holds no text.
-    """
-    from .data import read_corpus
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
-    return "\n\n".join(d.text for d in read_corpus(path))
-
-
-def text_to_sequences(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
-    """Windows of the text as [CLS] + (seq_len − 2) tokens + [SEP], evenly spread over the text.
-
-    Returns:
-        [num_sequences, seq_len] token ids, num_sequences = min(max_sequences, windows available);
-        a text shorter than one window gives one shorter sequence.
-
-    Raises:
-        ValueError: seq_len < 3, max_sequences < 1, or a text with no tokens.
-    """
-    if seq_len < 3:
-        raise ValueError(f"seq_len must be >= 3 ([CLS] token [SEP]), got {seq_len}")
-    if max_sequences < 1:
-        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
-    ids: list[int] = []
-    for chunk in (text[i : i + 100_000] for i in range(0, min(len(text), 20_000_000), 100_000)):
-        ids.extend(tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"])
-    if not ids:
-        raise ValueError("the text has no tokens")
-    body = seq_len - 2
-    windows = max(1, len(ids) // body)
-    starts = np.linspace(0, (windows - 1) * body, num=min(windows, max_sequences)).astype(int)
-    starts = [int(s) // body * body for s in starts]  # whole, non-overlapping windows
-    rows = [[tokenizer.cls_token_id] + ids[s : s + body] + [tokenizer.sep_token_id] for s in starts]
-    return torch.tensor(rows, dtype=torch.long)
-
-
 def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, max_seq_length: int | None = None,
             rtol: float = DEFAULT_RTOL, allow_pickle: bool = False) -> AttentionAnalysis:
     """Load a local model directory and analyse its heads on a text file (``fixedhead analyze``).
@@ -392,15 +349,15 @@ def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, 
     ``max_seq_length`` (n) defaults to the model's ``max_position_embeddings`` (capped at 512).
 
     Raises:
-        FileNotFoundError / ValueError: see :func:`load_encoder`, :func:`read_text`,
-            :func:`text_to_sequences`; n above ``max_position_embeddings``.
+        FileNotFoundError / ValueError: see :func:`load_encoder`, :func:`fixedhead.data.read_text`,
+            :func:`fixedhead.data.text_windows`; n above ``max_position_embeddings``.
     """
     model, tokenizer = load_encoder(model_path, tokenizer_path, allow_pickle=allow_pickle)
     max_pos = int(model.config.max_position_embeddings)
     n = max_seq_length if max_seq_length is not None else min(max_pos, 512)
     if n > max_pos:
         raise ValueError(f"max_seq_length={n} exceeds the model's max_position_embeddings={max_pos}")
-    ids = text_to_sequences(tokenizer, read_text(text_path), n, max_sequences)
+    ids = text_windows(tokenizer, read_text(text_path), n, max_sequences)
     result = analyze_model(model, ids, rtol=rtol, name=Path(model_path).name)
     result.text = str(Path(text_path).resolve())  # means the same file from any folder
     return result

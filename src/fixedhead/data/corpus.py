@@ -161,3 +161,18 @@ def split_documents(
     random.Random(seed).shuffle(order)
     held = set(order[:n_held])
     return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The text of a corpus file or folder, documents joined by blank lines.
+
+    Read by :func:`read_corpus` (``.txt``, ``.jsonl`` with a ``text`` field,
+    their ``.gz`` forms, folders of them; a malformed line is reported with its file and line).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: unreadable, malformed, or holds no text.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
+    return "\n\n".join(d.text for d in read_corpus(path))

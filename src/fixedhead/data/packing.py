@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -67,3 +68,30 @@ def pack_sequences(token_ids: list[list[int]], max_seq_length: int, cls_id: int,
     cls = torch.full((n, 1), cls_id, dtype=torch.long)
     sep = torch.full((n, 1), sep_id, dtype=torch.long)
     return torch.cat([cls, body_t, sep], dim=1)
+
+
+def text_windows(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
+    """Windows of the text as [CLS] + (seq_len − 2) tokens + [SEP], evenly spread over the text.
+
+    Returns:
+        [num_sequences, seq_len] token ids, num_sequences = min(max_sequences, windows available);
+        a text shorter than one window gives one shorter sequence.
+
+    Raises:
+        ValueError: seq_len < 3, max_sequences < 1, or a text with no tokens.
+    """
+    if seq_len < 3:
+        raise ValueError(f"seq_len must be >= 3 ([CLS] token [SEP]), got {seq_len}")
+    if max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+    ids: list[int] = []
+    for chunk in (text[i : i + 100_000] for i in range(0, min(len(text), 20_000_000), 100_000)):
+        ids.extend(tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"])
+    if not ids:
+        raise ValueError("the text has no tokens")
+    body = seq_len - 2
+    windows = max(1, len(ids) // body)
+    starts = np.linspace(0, (windows - 1) * body, num=min(windows, max_sequences)).astype(int)
+    starts = [int(s) // body * body for s in starts]  # whole, non-overlapping windows
+    rows = [[tokenizer.cls_token_id] + ids[s : s + body] + [tokenizer.sep_token_id] for s in starts]
+    return torch.tensor(rows, dtype=torch.long)

@@ -22,20 +22,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..configuration import FixedHeadConfig
-from ..data import DEFAULT_CORPUS
+from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
 from ..modeling import count_parameters
-from ..training.pretrain import (
-    METRICS_FILE,
-    PRETRAIN_FILE,
-    DataSettings,
-    TrainSettings,
-    prepare_data,
-    pretrain,
-    run_fingerprint,
-    same_corpus_text,
-    same_run_settings,
-)
-from ..runs import load_json_file, staged_outputs
+from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
+from ..training.pretrain import TrainSettings, pretrain, run_fingerprint, same_corpus_text, same_run_settings
 
 
 @dataclass

@@ -34,7 +34,8 @@ from ..modeling import count_parameters
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..runs import claim_output_dir, load_json_file, write_json_atomic
 from ..validation import non_negative_int
-from ..training.pretrain import DataSettings, TrainSettings, prepare_data
+from ..data.mlm import DataSettings, fixed_masking, prepare_data
+from ..training.pretrain import TrainSettings
 from .compare import environment_info, train_or_reuse
 
 SWEEP_FILE = "sweep.json"
@@ -195,8 +196,6 @@ def unigram_perplexity(data, eval_seed: int = 1234) -> float:
     import math
 
     import torch
-
-    from ..training.pretrain import fixed_masking
 
     vocab = len(data.tokenizer)
     counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()

@@ -1,13 +1,12 @@
 """Masked-LM pretraining and held-out evaluation on top of transformers' ``Trainer``.
 
 The Trainer brings AdamW, warm-up + linear decay, seeding, checkpoints and resume, progress bars,
-TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module only prepares
-the data, builds the model and scores it.
+TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module builds the model,
+trains it on data prepared by :mod:`fixedhead.data.mlm` and scores it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -18,13 +17,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
 from ..configuration import FixedHeadConfig
-from ..data import pack_sequences, read_corpus, split_documents, tokenize_documents, train_tokenizer
+from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in fixedhead.data.mlm)
+    DataSettings,
+    MaskedDataset,
+    PreparedData,
+    SequenceDataset,
+    TrainOrFixedCollator,
+    fixed_masking,
+    mlm_collator,
+    prepare_data,
+)
 from ..modeling import FixedHeadForMaskedLM, count_parameters
-from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, resolve_local_path
-from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
+from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
+from ..validation import in_range, non_negative_int, positive_float, positive_int
 from .card import write_model_card
 from .checkpoints import (
     atomic_checkpoint_trainer,
@@ -34,176 +41,6 @@ from .checkpoints import (
     remove_staging,
     write_json_atomic,
 )
-
-
-
-# ------------------------------------------------------------------------------------ data
-@dataclass
-class DataSettings:
-    """Where the text comes from and how it becomes sequences.
-
-    ``heldout_fraction`` of the *documents* (whole books) are held out, chosen by ``seed``;
-    ``max_eval_tokens`` caps the held-out set used for scoring (its first sequences, in order).
-    """
-
-    corpus: str = ""
-    text_field: str = "text"
-    heldout_fraction: float = 0.05
-    split_seed: int = 0
-    vocab_size: int = 8192
-    lowercase: bool = True
-    tokenizer_max_chars: int | None = 20_000_000
-    max_seq_length: int = 64
-    max_train_tokens: int | None = None
-    max_eval_tokens: int | None = 200_000
-
-    def __post_init__(self):
-        if not isinstance(self.corpus, (str, os.PathLike)) or not str(self.corpus).strip():
-            raise ValueError("DataSettings needs a corpus: a .txt/.jsonl(.gz) file, a directory of them, "
-                             "or a Hugging Face dataset name (e.g. fixedhead.data.DEFAULT_CORPUS)")
-        # recorded as an absolute path: the run must mean the same file from any working folder
-        self.corpus = resolve_local_path(self.corpus)
-        positive_int("vocab_size", self.vocab_size)
-        positive_int("max_seq_length", self.max_seq_length, minimum=3)  # [CLS] token [SEP]
-        in_range("heldout_fraction", self.heldout_fraction, 0.0, 1.0, low_open=True)
-        non_negative_int("split_seed", self.split_seed)
-        optional_positive_int("tokenizer_max_chars", self.tokenizer_max_chars)
-        optional_positive_int("max_train_tokens", self.max_train_tokens, minimum=self.max_seq_length)
-        optional_positive_int("max_eval_tokens", self.max_eval_tokens, minimum=self.max_seq_length)
-
-
-@dataclass
-class PreparedData:
-    tokenizer: object
-    train: torch.Tensor  # [num_train_sequences, max_seq_length]
-    heldout: torch.Tensor  # [num_heldout_sequences, max_seq_length]
-    info: dict = field(default_factory=dict)
-    settings: DataSettings | None = None
-
-
-def prepare_data(
-    settings: DataSettings, cache_dir=None, progress: bool = True, tokenizer=None, heldout_only: bool = False
-) -> PreparedData:
-    """Read the corpus, split by document, train/load the tokenizer, tokenise and pack.
-
-    ``tokenizer`` reuses a trained one (e.g. a run directory's); ``heldout_only`` skips
-    tokenising the training documents (``train`` is then empty), for evaluation.
-
-    Raises:
-        FileNotFoundError / ValueError: from :func:`fixedhead.data.read_corpus` and friends.
-    """
-    t0 = time.time()
-    docs = read_corpus(settings.corpus, settings.text_field)
-    train_docs, held_docs = split_documents(docs, settings.heldout_fraction, settings.split_seed)
-    corpus_digest = hashlib.sha256()
-    for d in docs:  # what the text is, whatever the file is called: results are keyed on it
-        corpus_digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
-    duplicates = len(docs) - len(train_docs) - len(held_docs)
-    if progress and duplicates:
-        print(f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
-              f"(held-out text must never be trained on)", flush=True)
-    if progress:
-        print(f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
-              f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
-              f"{' …' if len(held_docs) > 6 else ''}", flush=True)
-    tokenizer = tokenizer or train_tokenizer(
-        [d.text for d in train_docs],
-        vocab_size=settings.vocab_size,
-        lowercase=settings.lowercase,
-        cache_dir=cache_dir,
-        max_chars=settings.tokenizer_max_chars,
-        model_max_length=settings.max_seq_length,
-    )
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    if heldout_only:
-        train = torch.empty(0, settings.max_seq_length, dtype=torch.long)
-    else:
-        train_ids = tokenize_documents(tokenizer, [d.text for d in train_docs], settings.max_train_tokens)
-        train = pack_sequences(train_ids, settings.max_seq_length, cls_id, sep_id)
-    held_ids = tokenize_documents(tokenizer, [d.text for d in held_docs], settings.max_eval_tokens)
-    heldout = pack_sequences(held_ids, settings.max_seq_length, cls_id, sep_id)
-    info = {
-        "corpus": str(settings.corpus),
-        "documents": len(docs),
-        "duplicate_documents_dropped": duplicates,
-        "corpus_sha256": corpus_digest.hexdigest(),
-        "train_documents": len(train_docs),
-        "heldout_documents": [d.title or d.source for d in held_docs],
-        "train_sequences": int(train.shape[0]),
-        "heldout_sequences": int(heldout.shape[0]),
-        "vocab_size": len(tokenizer),
-        "prepare_seconds": round(time.time() - t0, 1),
-    }
-    if progress:
-        print(f"data: {train.numel():,} training tokens in {train.shape[0]:,} sequences of {settings.max_seq_length}; "
-              f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)", flush=True)
-    return PreparedData(tokenizer, train, heldout, info, settings)
-
-
-class SequenceDataset(Dataset):
-    """Rows of a packed [N, n] tensor as ``{"input_ids": row}`` for the MLM data collator."""
-
-    def __init__(self, sequences: torch.Tensor):
-        self.sequences = sequences
-
-    def __len__(self):
-        return self.sequences.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.sequences[i]}
-
-
-class MaskedDataset(Dataset):
-    """Pre-masked rows: ``{"input_ids", "labels"}`` (fixed positions, see :func:`fixed_masking`)."""
-
-    def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor):
-        self.input_ids, self.labels = input_ids, labels
-
-    def __len__(self):
-        return self.input_ids.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
-
-
-def mlm_collator(tokenizer, mlm_probability: float = 0.15, seed: int | None = None):
-    """transformers' ``DataCollatorForLanguageModeling``: 15% of tokens, 80% [MASK] / 10% random / 10% kept."""
-    from transformers import DataCollatorForLanguageModeling
-
-    return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability, seed=seed)
-
-
-class _TrainOrFixedCollator:
-    """Random masking for training batches; pre-masked (held-out) batches are only stacked.
-
-    Training batch k of the run (k = 1, 2, ...) is masked with its own generator seeded from
-    ``(seed, k)``, never the global RNG. Trainer restores the global RNG on resume only *after*
-    fetching the first batch, so masking from the global RNG would differ after a resume; with
-    this, a run resumed from step s (``batches_seen = s``) masks exactly as an uninterrupted one.
-    Assumes one process collating (``dataloader_num_workers=0``) and no gradient accumulation.
-    """
-
-    def __init__(self, tokenizer, mlm_probability=0.15, seed: int = 0):
-        self.tokenizer, self.mlm_probability, self.seed = tokenizer, mlm_probability, seed
-        self.batches_seen = 0
-
-    def __call__(self, features):
-        if "labels" in features[0]:
-            return {k: torch.stack([f[k] for f in features]) for k in features[0]}
-        self.batches_seen += 1
-        seed = (self.seed % 2**31) * 2**32 + self.batches_seen
-        return mlm_collator(self.tokenizer, self.mlm_probability, seed=seed)(features)
-
-
-def fixed_masking(sequences: torch.Tensor, tokenizer, seed: int = 1234, mlm_probability: float = 0.15):
-    """One seeded masking of ``sequences`` so every model is scored on identical positions.
-
-    Returns:
-        (input_ids, labels), both [N, n]; labels are -100 except at the masked positions.
-    """
-    collator = mlm_collator(tokenizer, mlm_probability, seed=seed)
-    batch = collator([{"input_ids": s} for s in sequences])
-    return batch["input_ids"], batch["labels"]
 
 
 @torch.no_grad()
@@ -430,7 +267,7 @@ def pretrain(
     model = FixedHeadForMaskedLM(config)
     eval_ids, eval_labels = fixed_masking(data.heldout, data.tokenizer, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
-    collator = _TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
+    collator = TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
     if checkpoint is not None:
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
         if settings.progress:
