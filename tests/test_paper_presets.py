@@ -50,10 +50,14 @@ def test_lm1b_presets_follow_the_paper_setup():
 
 
 def test_cost_estimate_is_the_6nt_rule_plus_attention():
+    # an independent count: 6·N·T over the parameters that take part in a matmul per token (not the
+    # position and token-type tables), plus 12·l·n·h·d_p·T for the attention products
     cfg = PAPER_PRESETS["bert-large-h16"].build_config()
     flops = training_flops(cfg, PAPER_TRAINING_TOKENS["bert"], 128)
     n = count_parameters(cfg) - (512 + 2) * 1024
-    assert flops == pytest.approx(PAPER_TRAINING_TOKENS["bert"] * (6 * n + 12 * 24 * 128 * 1024))
+    rule = PAPER_TRAINING_TOKENS["bert"] * (6 * n + 12 * 24 * 128 * 1024)
+    assert flops == pytest.approx(rule, rel=0.01)  # the rule also counts biases and LayerNorms
+    assert flops < rule
     # hundreds of A100-hours for BERT-large, under one for the LM1B-style models
     assert 100 < gpu_hours(flops) < 1000
     assert gpu_hours(training_flops(LM1B_PRESETS["lm1b-fixed-d256-h8-dp32"].build_config(),

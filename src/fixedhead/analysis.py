@@ -390,11 +390,9 @@ def format_table(result: AttentionAnalysis) -> str:
 
 def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
     """Three layer × head heatmaps (rank of logits, min_head_dim, entropy) as a PNG; returns the path."""
-    import matplotlib
+    from .plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [
         ("rank of logits S (mean)", result.logit_rank, "viridis"),
         ("min_head_dim of softmax(S) (mean)", result.min_head_dim, "viridis"),
@@ -419,12 +417,7 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(f"{result.model}: d_p = {sorted(set(result.head_dims))}, n = {result.seq_len} "
                  f"(rank cap min(d_p, n); entropy max ln n = {math.log(result.seq_len):.2f})", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 ANALYSIS_OWNED = (ANALYSIS_FILE, HEATMAP_FILE, f".{ANALYSIS_FILE}.*", f".{HEATMAP_FILE}.*")

@@ -24,6 +24,7 @@ from pathlib import Path
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
 from ..modeling import count_parameters
+from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
 from ..training.pretrain import TrainSettings, pretrain, run_fingerprint, same_corpus_text, same_run_settings
 
@@ -292,11 +293,7 @@ def write_results(results: list[dict], out: Path, meta: dict) -> None:
 
 def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> None:
     """Training loss and held-out loss (fixed masking) against training tokens, one colour per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for r in results:
         tokens_per_step = r["tokens_per_step"]
@@ -311,11 +308,8 @@ def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> No
     axes[1].set_title("held-out MLM loss (fixed masking)")
     for ax in axes:
         ax.set_xlabel("training tokens (millions)")
-        ax.grid(alpha=0.3)
     axes[0].set_ylabel("cross-entropy (nats)")
-    axes[1].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    axes[0].grid(alpha=0.3)
+    save_figure(fig, path, [axes[1]])  # one legend, on the held-out panel

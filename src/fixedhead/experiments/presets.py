@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..configuration import FixedHeadConfig
+from ..flops import gpu_hours, training_flops  # noqa: F401 (re-exported; the formulas live in flops.py)
 
 #: the paper's BERT pretraining setup shared by every table (PAPER.md, "Experiments")
 _BERT_COMMON = dict(vocab_size=30522, num_hidden_layers=24, max_position_embeddings=512, type_vocab_size=2)
@@ -87,25 +88,6 @@ PAPER_PRESETS.update(LM1B_PRESETS)
 #: tokens each paper setup trains on (PAPER.md): BERT 450k steps x 1024 x 128 then 50k x 1024 x 512;
 #: LM1B 250k steps x 4096, reading tensor2tensor's batch size as tokens per batch (its convention)
 PAPER_TRAINING_TOKENS = {"bert": 450_000 * 1024 * 128 + 50_000 * 1024 * 512, "lm1b": 250_000 * 4096}
-
-
-def training_flops(config: FixedHeadConfig, tokens: int, seq_len: int) -> float:
-    """Rough training cost in FLOPs: 6·N·T for the weight matmuls plus 12·l·n·h·d_p·T for the
-    attention scores and their weighted sums (forward + backward), where N counts the
-    parameters that take part in a matmul per token (not the position/type embedding tables).
-    Masked-LM output logits are counted for every token (an upper bound: only ~15% are needed).
-    An estimate for planning, not a measurement.
-    """
-    from ..modeling import count_parameters
-
-    n_matmul = count_parameters(config) - (config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
-    attn = 12 * config.num_hidden_layers * seq_len * config.num_attention_heads * config.attention_head_size
-    return float(tokens) * (6 * n_matmul + attn)
-
-
-def gpu_hours(flops: float, sustained_tflops: float = 125.0) -> float:
-    """FLOPs / sustained throughput; the default, 125 TFLOP/s, is ~40% of an A100's dense BF16 peak."""
-    return flops / (sustained_tflops * 1e12) / 3600
 
 
 def get_preset(name: str) -> ModelPreset:

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
 from .sweep import SWEEP_FILE
 
@@ -239,26 +240,6 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
 
 
 # ------------------------------------------------------------------------------------ plots
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path, axes, legend=True):
-    """Grid on every axis, a legend where something is labelled, then write the PNG and close."""
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        if legend and ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
-
-
 def _plain_ticks(ax, xs):
     if xs:
         ax.set_xticks(xs)
@@ -281,7 +262,7 @@ def _reference(ax, ref):
 
 
 def plot_heads(series, path, ref=None):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     _reference(ax, ref)
     for kind in ("standard", "fixed"):
@@ -297,11 +278,11 @@ def plot_heads(series, path, ref=None):
     ax.set_xlabel("number of heads h")
     ax.set_ylabel("held-out MLM perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
-    _save(fig, path, [ax])
+    save_figure(fig, path, [ax])
 
 
 def plot_params(series, path, ref=None):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     _reference(ax, ref)
     for kind in ("standard", "fixed"):
@@ -314,11 +295,11 @@ def plot_params(series, path, ref=None):
     ax.set_xlabel("parameters (millions, MLM model)")
     ax.set_ylabel("held-out MLM perplexity")
     ax.set_title("perplexity vs parameters: wider standard vs fixed head at small d (Fig. 1/2)", fontsize=9)
-    _save(fig, path, [ax])
+    save_figure(fig, path, [ax])
 
 
 def plot_head_size(series, path):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     pts = series.get(("head_size", "fixed"), [])
     if pts:
@@ -331,11 +312,11 @@ def plot_head_size(series, path):
         ax.set_xlabel("head size d_p")
         ax.set_ylabel(lab)
     fig.suptitle("head size at a fixed number of heads (paper Table 2B)", fontsize=10)
-    _save(fig, path, axes, legend=False)
+    save_figure(fig, path, axes, legend=False)
 
 
 def plot_finetune(state, path, task, majority=None, ref=None):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     if majority is not None:
         ax.axhline(majority, color="gray", linestyle=":", linewidth=1, label=f"majority class ({majority:.3f})")
@@ -349,7 +330,7 @@ def plot_finetune(state, path, task, majority=None, ref=None):
     ax.set_xlabel("held-out MLM perplexity of the pretrained checkpoint")
     ax.set_ylabel(f"{task} dev score after fine-tuning")
     ax.set_title("fine-tuning score vs pretraining perplexity (every run)", fontsize=10)
-    _save(fig, path, [ax])
+    save_figure(fig, path, [ax])
 
 
 # ----------------------------------------------------------------------------------- report

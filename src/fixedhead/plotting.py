@@ -1,0 +1,37 @@
+"""matplotlib set-up shared by every figure the project writes (off-screen, PNG).
+
+One place chooses the non-interactive Agg backend (no display is needed; plots are files) and
+finishes a figure the same way: grid, legend where something is labelled, tight layout, PNG at a
+fixed resolution, figure closed so long sweeps do not leak memory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def pyplot():
+    """``matplotlib.pyplot`` with the off-screen Agg backend selected."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | os.PathLike, axes=(), legend: bool = True, grid: bool = True, dpi: int = 120) -> Path:
+    """Grid (and a legend where something is labelled) on each of ``axes``, tight layout, write the
+    PNG to ``path`` (its folder is created), close the figure; returns the path."""
+    for ax in axes:
+        if grid:
+            ax.grid(alpha=0.3)
+        if legend and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
