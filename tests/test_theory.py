@@ -576,6 +576,35 @@ def test_causal_accepts_rounding_above_the_diagonal_and_validates_fit_args():
         th.min_head_dim(P)
 
 
+def test_cli_bottleneck_causal_side_by_side(tmp_path, capsys):
+    out = tmp_path / "bn"
+    rc = main(["bottleneck", "--causal", "--n", "4", "7", "--seeds", "0", "1", "--output-dir", str(out),
+               "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "causal" in printed and "bidirectional" in printed
+    assert (out / "bottleneck.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "bottleneck.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == (4 + 7) * 2 * 2
+    causal = [r for r in rows if r["mask"] == "causal"]
+    assert len(causal) == (4 + 7) * 2
+    for r in causal:
+        n, k = int(r["n"]), int(r["head_dim"])
+        t = int(r["min_head_dim"])
+        le, lo = float(r["logit_error"]), float(r["logit_error_lower"])
+        assert t == math.ceil((n - 1) / 2)
+        assert le >= lo - 1e-12 and math.isnan(float(r["kl_svd"]))
+        if k >= t:
+            assert le <= 1e-10 and lo <= 1e-10 and abs(float(r["kl_fit"])) <= 1e-12
+        else:
+            assert lo > 1e-3 and float(r["kl_fit"]) > 1e-8
+    for r in rows:
+        if r["mask"] == "bidirectional":
+            assert int(r["min_head_dim"]) == int(r["n"]) - 1
+            assert r["logit_error"] == r["logit_error_lower"]
+
+
 @pytest.mark.slow
 def test_causal_n512_is_exact_and_fast():
     import time
