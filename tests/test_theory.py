@@ -348,3 +348,286 @@ def test_cli_bottleneck_rejects_bad_n(tmp_path, capsys):
     rc = main(["bottleneck", "--n", "1", "--output-dir", str(tmp_path), "--no-progress"])
     assert rc == 2
     assert "n must be an int >= 2, got 1" in capsys.readouterr().err
+
+
+# ------------------------------------------------- item 7: causal attention (beyond the paper)
+def causal_softmax_rows(L):
+    return softmax_rows(np.where(np.tri(len(L), dtype=bool), L, -np.inf))
+
+
+def causal_cases(n, seed=0):
+    """Causal P of known threshold: (name, P, min_head_dim(P, causal=True)); m = n − 1."""
+    rng = np.random.default_rng(seed)
+    i = np.arange(n)
+    half = math.ceil((n - 1) / 2)
+    yield "random", th.random_attention(n, seed=seed, causal=True), max(1, half)
+    yield "peaked T=0.1", th.random_attention(n, temperature=0.1, seed=seed, causal=True), max(1, half)
+    yield "uniform over the prefix", causal_softmax_rows(np.zeros((n, n))), 1  # rank 0
+    yield "key-only logits", causal_softmax_rows(np.ones((n, 1)) @ rng.standard_normal((1, n))), 1
+    yield "ALiBi-like -(i - j)/2", causal_softmax_rows(-0.5 * (i[:, None] - i[None, :])), 1
+    yield "sink on token 0", causal_softmax_rows(np.hstack([3 * np.ones((n, 1)), np.zeros((n, n - 1))])), 1
+    for r in (1, 2, 3):
+        yield f"rank-{r} logits", causal_softmax_rows(low_rank_logits(n, r, seed + r)), min(r, max(1, half))
+    G = rng.standard_normal((n, n))
+    G[n // 2 :] = G[n // 2]  # the second half of the queries share one logit row
+    yield "repeated query rows", causal_softmax_rows(G), None  # threshold checked by the search only
+    yield "attend to self (+3)", causal_softmax_rows(3.0 * np.eye(n)), max(1, n - 1)
+    yield "previous token (+4)", causal_softmax_rows(4.0 * np.eye(n, k=-1)), max(1, n - 2)
+
+
+def brute_force_causal_error(P, k, restarts=8, seed=0, max_nfev=400):
+    """Smallest causal logit error of rank-k logits A B^T (+ a shift c per query) that a search from
+    random starts finds: e = min ||(A B^T)_ij + c_i − log P_ij||_2 over the seen entries j <= i, by
+    SciPy's trust-region least squares on (A, B, c). Independent of fixedhead.theory."""
+    from scipy.optimize import least_squares
+
+    n = len(P)
+    ii, jj = np.tril_indices(n)
+    target = np.log(P[ii, jj])
+    rows = np.arange(ii.size)
+
+    def split(z):
+        return z[: n * k].reshape(n, k), z[n * k : 2 * n * k].reshape(n, k), z[2 * n * k :]
+
+    def residual(z):
+        A, B, c = split(z)
+        return np.einsum("pk,pk->p", A[ii], B[jj]) + c[ii] - target
+
+    def jacobian(z):
+        A, B, _ = split(z)
+        J = np.zeros((ii.size, 2 * n * k + n))
+        for q in range(k):
+            J[rows, ii * k + q] = B[jj, q]
+            J[rows, n * k + jj * k + q] = A[ii, q]
+        J[rows, 2 * n * k + ii] = 1.0
+        return J
+
+    rng = np.random.default_rng(seed)
+    best = math.inf
+    for _ in range(restarts):
+        fit = least_squares(residual, rng.standard_normal(2 * n * k + n), jac=jacobian, method="trf",
+                            xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=max_nfev)
+        best = min(best, float(np.linalg.norm(fit.fun)))
+        if best <= 1e-12:  # ~10-25 % of single starts end in a spurious local minimum; stop at a zero
+            break
+    return best
+
+
+def test_random_causal_attention_is_the_masked_softmax_of_the_same_logits():
+    n = 6
+    P, Pb = th.random_attention(n, seed=3, causal=True), th.random_attention(n, seed=3)
+    assert np.all(P[~np.tri(n, dtype=bool)] == 0) and np.all(P[np.tri(n, dtype=bool)] > 0)
+    assert np.allclose(P.sum(1), 1, atol=1e-15)
+    for i in range(n):
+        assert np.allclose(P[i, : i + 1], Pb[i, : i + 1] / Pb[i, : i + 1].sum(), atol=1e-15)
+    assert np.array_equal(th.check_causal_attention(P), P)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16, 33, 64])
+def test_causal_min_head_dim_of_random_P_is_ceil_half_of_n_minus_1(n):
+    for seed in range(3):
+        for temperature in (1.0, 0.3):
+            P = th.random_attention(n, temperature=temperature, seed=seed, causal=True)
+            assert th.min_head_dim(P, causal=True) == max(1, math.ceil((n - 1) / 2))
+    assert th.min_head_dim(th.random_attention(n, seed=0)) == max(1, n - 1)  # the same logits, unmasked
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 17, 64, 128])
+def test_causal_represent_is_exact_at_the_threshold(n):
+    P = th.random_attention(n, temperature=0.7, seed=n, causal=True)
+    r = max(1, math.ceil((n - 1) / 2))
+    X = np.random.default_rng(n).standard_normal((n, n + 3))
+    W_q, W_k = th.represent(X, P, causal=True)
+    assert W_q.shape == W_k.shape == (n + 3, r)
+    A = th.head_attention(X, W_q, W_k, causal=True)
+    assert np.abs(A - P).max() <= 1e-10
+    assert np.all(A[~np.tri(n, dtype=bool)] == 0) and A[0, 0] == 1.0  # row 0 included
+    W_q, W_k = th.represent(X, P, head_dim=r + 2, causal=True)
+    assert np.abs(th.head_attention(X, W_q, W_k, causal=True) - P).max() <= 1e-10
+    if r > 1:
+        with pytest.raises(ValueError, match=rf"head_dim={r - 1} is too small.*completion.*{r}.*causal=True"):
+            th.represent(X, P, head_dim=r - 1, causal=True)
+    # the unmasked head of the same size cannot: its threshold is n - 1
+    if n > 2:
+        with pytest.raises(ValueError, match="entrywise positive.*pass causal=True"):
+            th.represent(X, P)
+
+
+@pytest.mark.parametrize("n", [4, 5, 8, 9, 16, 17, 32, 33, 64])
+def test_causal_head_one_below_the_threshold_cannot_fit(n):
+    # certified: Eckart–Young on the fully seen middle block; achieved: the variable-projection fit
+    P = th.random_attention(n, seed=0, causal=True)
+    r = th.min_head_dim(P, causal=True)
+    lower = th.causal_logit_lower_bounds(P)
+    assert lower.shape == (n + 1,)
+    assert lower[r - 1] > 0.01  # bounded away from zero
+    assert np.all(lower[r:] <= 1e-12)
+    below, at = th.fit_causal_logits(P, r - 1), th.fit_causal_logits(P, r)
+    assert below.lower_bound == lower[r - 1]
+    assert below.error >= lower[r - 1] - 1e-12
+    assert np.linalg.matrix_rank(below.logits) <= r - 1
+    if n % 2 == 0:  # one middle block: the bound is attained one below the threshold
+        assert below.error == pytest.approx(lower[r - 1], rel=1e-6)
+    else:  # two middle blocks of that rank: within 30 % here
+        assert below.error <= 1.3 * lower[r - 1]
+    assert at.error <= 1e-10 and np.linalg.matrix_rank(at.logits) == r
+    # the certified bound below the threshold, for every k: the fit never beats it
+    for k in range(1, r, max(1, r // 4)):
+        assert th.fit_causal_logits(P, k, max_iter=50).error >= lower[k] - 1e-12
+
+
+@pytest.mark.parametrize("n", [6, 24])
+def test_causal_min_head_dim_of_structured_P_and_exact_construction(n):
+    X = np.random.default_rng(1).standard_normal((n, n))
+    for name, P, expected in causal_cases(n, seed=1):
+        r = th.min_head_dim(P, causal=True)
+        if expected is not None:
+            assert r == expected, name
+        completion = th.complete_causal_logits(P)
+        assert completion.head_dim == r and completion.error <= 1e-10, name
+        assert np.linalg.matrix_rank(completion.logits) == (0 if "uniform" in name else r), name
+        W_q, W_k = th.represent(X, P, causal=True)
+        assert W_q.shape[1] == r, name
+        assert np.abs(th.head_attention(X, W_q, W_k, causal=True) - P).max() <= 1e-10, name
+
+
+def test_causal_min_head_dim_ignores_a_per_query_shift_and_a_constant_key_direction():
+    n, r = 30, 4
+    L = low_rank_logits(n, r, seed=5)
+    assert th.min_head_dim(causal_softmax_rows(L), causal=True) == r
+    shifted = L + np.random.default_rng(6).standard_normal((n, 1))  # rank r + 1, same softmax
+    assert th.min_head_dim(causal_softmax_rows(shifted), causal=True) == r
+    rng = np.random.default_rng(7)  # a key factor with an all-ones column: one direction is a shift
+    B = np.hstack([rng.standard_normal((n, r - 1)), np.ones((n, 1))])
+    assert th.min_head_dim(causal_softmax_rows(rng.standard_normal((n, r)) @ B.T), causal=True) == r - 1
+    big = low_rank_logits(n, 20, seed=8)  # rank 20 logits: capped by the generic ⌈(n−1)/2⌉ = 15
+    assert th.min_head_dim(causal_softmax_rows(big), causal=True) == 15
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6])
+def test_causal_threshold_agrees_with_a_brute_force_search(n):
+    # an independent least-squares search from random starts reaches float rounding at
+    # the threshold and never gets below the certified bound one under it (which is > 0 here)
+    for name, P, _ in causal_cases(n, seed=n):
+        r = th.min_head_dim(P, causal=True)
+        lower = th.causal_logit_lower_bounds(P)
+        if lower[r - 1] <= 1e-9 and r > 1:
+            continue  # not closed (attend to self, previous token): see the next test
+        assert brute_force_causal_error(P, r) <= 1e-8, name
+        if r > 1:
+            assert lower[r - 1] > 1e-3, name
+            assert brute_force_causal_error(P, r - 1, restarts=3) >= lower[r - 1] - 1e-9, name
+
+
+def test_causal_exact_threshold_is_not_closed_attend_to_self():
+    # "attend to self": every query gives itself logit +a over its past. Exactly, every column of the
+    # completion problem is new (D = a I), so the threshold is n − 1; yet rank-1 logits
+    # a λ^(i−j) (free above the diagonal) fit it to O(λ), with weights growing like λ^-(n−1)
+    n, a = 6, 3.0
+    P = causal_softmax_rows(a * np.eye(n))
+    assert th.min_head_dim(P, causal=True) == n - 1
+    lower = th.causal_logit_lower_bounds(P)
+    assert lower[1] <= 1e-12 and lower[0] > 1
+    X = np.eye(n)
+    with pytest.raises(ValueError, match="too small"):
+        th.represent(X, P, head_dim=n - 2, causal=True)
+    errors = []
+    for lam in (1e-1, 1e-2, 1e-3):
+        u, v = lam ** np.arange(n), lam ** -np.arange(n)
+        W_q, W_k = (a * u)[:, None], v[:, None]  # d_p = 1: logits a u v^T = a λ^(i−j)
+        errors.append(np.abs(th.head_attention(X, W_q, W_k, causal=True) - P).max())
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3
+    # the previous-token pattern is another: exact n − 2, certified bound at 2 already 0
+    P = causal_softmax_rows(4.0 * np.eye(n, k=-1))
+    assert th.min_head_dim(P, causal=True) == n - 2
+    assert th.causal_logit_lower_bounds(P)[2] <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda P: P + 0.1 * np.eye(len(P), k=1), r"0 above the diagonal.*P\[0, 1\] = 0\.1"),
+        (lambda P: np.where(np.eye(len(P)) > 0, 0.0, P), r"positive on and below the diagonal.*P\[0, 0\] = 0\.0"),
+        (lambda P: P * np.where(np.arange(len(P)) == 2, 1.01, 1.0)[:, None], r"row 2 summing to 1\.0(1|099)"),
+        (lambda P: P[:, :4], r"square"),
+        (lambda P: np.full_like(P, np.nan), r"non-finite"),
+    ],
+)
+def test_causal_rejects_bad_input(mutate, match):
+    P = mutate(th.random_attention(5, seed=0, causal=True))
+    for f in (lambda: th.min_head_dim(P, causal=True), lambda: th.represent(np.eye(5), P, causal=True),
+              lambda: th.complete_causal_logits(P), lambda: th.causal_logit_lower_bounds(P),
+              lambda: th.fit_causal_logits(P, 1)):
+        with pytest.raises(ValueError, match=match):
+            f()
+
+
+def test_causal_accepts_rounding_above_the_diagonal_and_validates_fit_args():
+    P = th.random_attention(5, seed=0, causal=True)
+    noisy = P + 1e-12 * np.triu(np.ones((5, 5)), k=1)
+    assert np.array_equal(th.check_causal_attention(noisy), P)
+    assert th.min_head_dim(noisy, causal=True) == 2
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="head_dim"):
+            th.fit_causal_logits(P, bad)
+    with pytest.raises(ValueError, match="restarts"):
+        th.fit_causal_logits(P, 1, restarts=-1)
+    with pytest.raises(ValueError, match="entrywise positive.*pass causal=True"):
+        th.min_head_dim(P)
+
+
+def test_cli_bottleneck_causal_side_by_side(tmp_path, capsys):
+    out = tmp_path / "bn"
+    rc = main(["bottleneck", "--causal", "--n", "4", "7", "--seeds", "0", "1", "--output-dir", str(out),
+               "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "causal" in printed and "bidirectional" in printed
+    assert (out / "bottleneck.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "bottleneck.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == (4 + 7) * 2 * 2
+    causal = [r for r in rows if r["mask"] == "causal"]
+    assert len(causal) == (4 + 7) * 2
+    for r in causal:
+        n, k = int(r["n"]), int(r["head_dim"])
+        t = int(r["min_head_dim"])
+        le, lo = float(r["logit_error"]), float(r["logit_error_lower"])
+        assert t == math.ceil((n - 1) / 2)
+        assert le >= lo - 1e-12 and math.isnan(float(r["kl_svd"]))
+        if k >= t:
+            assert le <= 1e-10 and lo <= 1e-10 and abs(float(r["kl_fit"])) <= 1e-12
+        else:
+            assert lo > 1e-3 and float(r["kl_fit"]) > 1e-8
+    for r in rows:
+        if r["mask"] == "bidirectional":
+            assert int(r["min_head_dim"]) == int(r["n"]) - 1
+            assert r["logit_error"] == r["logit_error_lower"]
+
+
+@pytest.mark.slow
+def test_causal_n512_is_exact_and_fast():
+    import time
+
+    n = 512
+    P = th.random_attention(n, seed=0, causal=True)
+    t = time.perf_counter()
+    W_q, W_k = th.represent(np.eye(n), P, causal=True)
+    elapsed = time.perf_counter() - t
+    assert W_q.shape == (n, 256)
+    assert np.abs(th.head_attention(np.eye(n), W_q, W_k, causal=True) - P).max() <= 1e-9
+    assert elapsed < 120
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [7, 8])
+def test_causal_threshold_agrees_with_a_longer_brute_force_search(n):
+    for seed in range(3):
+        for name, P, _ in causal_cases(n, seed=seed):
+            r = th.min_head_dim(P, causal=True)
+            lower = th.causal_logit_lower_bounds(P)
+            if lower[r - 1] <= 1e-9 and r > 1:
+                continue
+            assert brute_force_causal_error(P, r, seed=seed, max_nfev=2000) <= 1e-8, (name, seed)
+            if r > 1:
+                assert brute_force_causal_error(P, r - 1, restarts=4, seed=seed, max_nfev=2000) >= lower[r - 1] - 1e-9

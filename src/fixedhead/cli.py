@@ -252,8 +252,10 @@ def _add_bottleneck(sub):
     p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64], help="sequence lengths (default: 16 32 64)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the random P (default: 0 1 2)")
     p.add_argument("--temperature", type=float, default=1.0, help="P = softmax(G / T); lower is more peaked")
-    p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per KL fit")
+    p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per fit (KL; causal: logit space)")
     p.add_argument("--output-dir", default="runs/bottleneck")
+    p.add_argument("--causal", action="store_true",
+                   help="also a causal (decoder) head: its threshold ceil((n-1)/2) side by side with n-1")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_bottleneck)
 
@@ -266,14 +268,18 @@ def _cmd_bottleneck(args):
                      "bottleneck", create=False)
     args.n, args.seeds = sorted(set(args.n)), sorted(set(args.seeds))  # repeats add nothing
     rows = bottleneck_sweep(args.n, args.seeds, args.temperature, args.output_dir, args.max_iter,
-                            progress=not args.no_progress)
-    print(f"{'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   (mean over {len(args.seeds)} seeds, nats)")
-    for n in args.n:
-        for k in sorted({1, n // 2, n - 2, n - 1, n} - {0}):
-            sel = [r for r in rows if r["n"] == n and r["head_dim"] == k]
-            le = sum(r["logit_error"] for r in sel) / len(sel)
-            kl = sum(r["kl_fit"] for r in sel) / len(sel)
-            print(f"{n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
+                            progress=not args.no_progress, causal=args.causal)
+    print(f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   "
+          f"(mean over {len(args.seeds)} seeds, nats)")
+    for mask in ("bidirectional", "causal") if args.causal else ("bidirectional",):
+        for n in args.n:
+            sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
+            t = max(r["min_head_dim"] for r in sel_n)
+            for k in sorted({1, n // 2, t - 1, t, n} - {0}):
+                sel = [r for r in sel_n if r["head_dim"] == k]
+                le = sum(r["logit_error"] for r in sel) / len(sel)
+                kl = sum(r["kl_fit"] for r in sel) / len(sel)
+                print(f"{mask:>13} {n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
     print(f"wrote {args.output_dir}/bottleneck.csv and bottleneck.png")
     return 0
 
