@@ -24,6 +24,7 @@ from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
 from fixedhead.data.glue import read_glue_tsv
+from fixedhead.data.glue import glue_metrics
 from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
@@ -68,6 +69,16 @@ def tiny_cfg(**kw):
 def model_call(**inputs):
     def call(ctx):
         FixedHeadForMaskedLM(tiny_cfg()).eval()(**inputs)
+    return call
+
+
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+
+
+def _stsb(*scores: str):
+    def call(ctx):
+        rows = [f"{i}\tmain\tf\t2012\t{i}\tnone\tnone\tA man.\tA dog.\t{s}" for i, s in enumerate(scores)]
+        read_glue_tsv(write(ctx, "g.tsv", "\n".join([STSB_HEADER, *rows]) + "\n"), "stsb")
     return call
 
 
@@ -216,6 +227,13 @@ CASES = [
          ValueError, "g.tsv:2: expected 4 tab-separated fields for GLUE rte, got 3"),
     Case("GLUE TSV unknown label", _glue("index\tsentence1\tsentence2\tlabel", "0\tA.\tB.\tmaybe"), ValueError,
          "g.tsv:2: label 'maybe' is not one of ['entailment', 'not_entailment']"),
+    Case("STS-B score nan", _stsb("3.2", "nan"), ValueError, "g.tsv:3: score 'nan' is not a finite number"),
+    Case("STS-B score inf", _stsb("inf"), ValueError, "g.tsv:2: score 'inf' is not a finite number"),
+    Case("STS-B score 7.5", _stsb("7.5"), ValueError, "g.tsv:2: score '7.5' is outside GLUE stsb's [0, 5]"),
+    Case("GLUE metrics of a NaN prediction", lambda c: glue_metrics("stsb", [1.0, math.nan, 2.0], [1.0, 2.0, 3.0]),
+         ValueError, "GLUE stsb: predictions hold nan at index (1,)"),
+    Case("GLUE metrics of NaN logits", lambda c: glue_metrics("sst2", [[0.1, 0.2], [math.nan, 0.0]], [0, 1]),
+         ValueError, "GLUE sst2: predictions hold nan at index (1, 0)"),
     Case("unknown GLUE task", lambda c: read_glue_tsv(write(c, "x.tsv", "a\tb\n"), "mnli2"), ValueError,
          "unknown GLUE task 'mnli2'; known: cola, mrpc, rte, sst2, stsb"),
     # --- checkpoints and run directories -------------------------------------------------
