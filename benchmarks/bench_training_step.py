@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Side by side: fixedhead's FixedHeadForMaskedLM against transformers' BertForMaskedLM.
 
-One process, identical configuration and identical weights (``fixedhead.modeling.from_bert``).
+One process, identical configuration and identical weights (``fixedhead.convert.from_bert``).
 Every comparison is a pair of rows run back to back, A B in one round and B A in the next, and
 its ratio is the median of those adjacent ratios: on a noisy, shared machine only side-by-side
 ratios mean anything (absolute times here moved 2× within a minute while this was written).
@@ -46,8 +46,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 import fixedhead.modeling as fh_modeling
 from fixedhead.attention import _DropoutAttention, padding_mask_to_bias, use_cpu_fast_path
 from fixedhead.configuration import FixedHeadConfig
+from fixedhead.convert import from_bert
 from fixedhead.flops import estimate_flops
-from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
+from fixedhead.modeling import FixedHeadForMaskedLM
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from fixedhead.configuration import FixedHeadConfig
+from fixedhead.convert import from_bert
 from fixedhead.modeling import (
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
     FixedHeadModel,
-    from_bert,
 )
 
 

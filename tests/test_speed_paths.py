@@ -11,7 +11,8 @@ from transformers import BertConfig, BertForMaskedLM
 from fixedhead import attention
 from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
 from fixedhead.configuration import FixedHeadConfig
-from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
+from fixedhead.convert import from_bert
+from fixedhead.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

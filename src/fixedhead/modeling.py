@@ -3,7 +3,8 @@
 Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
 LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
 embeddings. With ``config.head_dim=None`` the models are numerically BERT
-(see :func:`from_bert` and the parity test); with an int they are the paper's fixed-head models.
+(see :func:`fixedhead.convert.from_bert` and the parity
+test); with an int they are the paper's fixed-head models.
 """
 
 from __future__ import annotations
@@ -348,85 +349,17 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
 
 
 # --------------------------------------------------------------------------------------------
-# Conversion from transformers' BERT
+# Conversion from transformers' BERT lives in fixedhead.convert (it imports this module); the
+# old import path ``fixedhead.modeling.from_bert`` keeps working.
 # --------------------------------------------------------------------------------------------
 
 
-def config_from_bert(bert_config) -> FixedHeadConfig:
-    """A standard-head ``FixedHeadConfig`` (head_dim=None) with a ``BertConfig``'s sizes."""
-    return FixedHeadConfig(
-        vocab_size=bert_config.vocab_size,
-        hidden_size=bert_config.hidden_size,
-        num_hidden_layers=bert_config.num_hidden_layers,
-        num_attention_heads=bert_config.num_attention_heads,
-        head_dim=None,
-        intermediate_size=bert_config.intermediate_size,
-        hidden_act=bert_config.hidden_act,
-        hidden_dropout_prob=bert_config.hidden_dropout_prob,
-        attention_probs_dropout_prob=bert_config.attention_probs_dropout_prob,
-        max_position_embeddings=bert_config.max_position_embeddings,
-        type_vocab_size=bert_config.type_vocab_size,
-        initializer_range=bert_config.initializer_range,
-        layer_norm_eps=bert_config.layer_norm_eps,
-        pad_token_id=bert_config.pad_token_id,
-    )
+def __getattr__(name):
+    if name in ("from_bert", "config_from_bert"):
+        from . import convert
 
-
-def _bert_to_fixedhead_state_dict(bert_sd: dict, num_layers: int, src: str, dst: str) -> dict:
-    """Rename (and fuse q/k/v of) a BERT encoder state dict; ``src``/``dst`` are the prefixes."""
-    out = {}
-    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        out[f"{dst}embeddings.{name}.weight"] = bert_sd[f"{src}embeddings.{name}.weight"]
-    for p in ("weight", "bias"):
-        out[f"{dst}embeddings.LayerNorm.{p}"] = bert_sd[f"{src}embeddings.LayerNorm.{p}"]
-    for i in range(num_layers):
-        b, f = f"{src}encoder.layer.{i}.", f"{dst}encoder.layer.{i}."
-        for p in ("weight", "bias"):
-            out[f"{f}attention.qkv.{p}"] = torch.cat(
-                [bert_sd[f"{b}attention.self.{n}.{p}"] for n in ("query", "key", "value")], dim=0
-            )
-            out[f"{f}attention.out_proj.{p}"] = bert_sd[f"{b}attention.output.dense.{p}"]
-            out[f"{f}attention_norm.{p}"] = bert_sd[f"{b}attention.output.LayerNorm.{p}"]
-            out[f"{f}intermediate.{p}"] = bert_sd[f"{b}intermediate.dense.{p}"]
-            out[f"{f}output.{p}"] = bert_sd[f"{b}output.dense.{p}"]
-            out[f"{f}output_norm.{p}"] = bert_sd[f"{b}output.LayerNorm.{p}"]
-    return out
-
-
-def from_bert(bert_model) -> FixedHeadForMaskedLM:
-    """Convert a transformers ``BertForMaskedLM`` into a standard-head ``FixedHeadForMaskedLM``.
-
-    The weights are copied exactly (q, k, v fused into one projection), so in float32 eval mode
-    both models give the same logits up to float rounding (tested to 1e-5).
-
-    Raises:
-        TypeError: the model is not a ``BertForMaskedLM``.
-        ValueError: the BERT config uses something this model does not (relative positions,
-            decoder mode).
-    """
-    from transformers import BertForMaskedLM
-
-    if not isinstance(bert_model, BertForMaskedLM):
-        raise TypeError(f"from_bert expects a transformers BertForMaskedLM, got {type(bert_model).__name__}")
-    bc = bert_model.config
-    if getattr(bc, "position_embedding_type", "absolute") not in ("absolute", None):
-        raise ValueError(f"only absolute positions are supported, got {bc.position_embedding_type!r}")
-    if getattr(bc, "is_decoder", False):
-        raise ValueError("decoder BERT configs (is_decoder=True) are not supported")
-    config = config_from_bert(bc)
-    model = FixedHeadForMaskedLM(config)
-    sd = bert_model.state_dict()
-    new_sd = _bert_to_fixedhead_state_dict(sd, bc.num_hidden_layers, "bert.", "fixedhead.")
-    for p in ("weight", "bias"):
-        new_sd[f"cls.dense.{p}"] = sd[f"cls.predictions.transform.dense.{p}"]
-        new_sd[f"cls.LayerNorm.{p}"] = sd[f"cls.predictions.transform.LayerNorm.{p}"]
-    new_sd["cls.decoder.weight"] = sd["cls.predictions.decoder.weight"]
-    new_sd["cls.decoder.bias"] = sd.get("cls.predictions.decoder.bias", sd.get("cls.predictions.bias"))
-    missing, unexpected = model.load_state_dict(new_sd, strict=False)
-    if unexpected or [m for m in missing if m != "cls.decoder.weight"]:
-        raise RuntimeError(f"conversion left missing={missing} unexpected={unexpected}")
-    model.tie_weights()
-    return model.to(bert_model.dtype)
+        return getattr(convert, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def count_parameters(
