@@ -72,6 +72,14 @@ def model_call(**inputs):
     return call
 
 
+def positions16_call(**inputs):
+    """The issue's model: 16 positions, sequences of 8."""
+    def call(ctx):
+        FixedHeadModel(tiny_cfg(max_position_embeddings=16)).eval()(**{"input_ids": torch.ones(1, 8, dtype=torch.long),
+                                                                      **inputs})
+    return call
+
+
 STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
 
 
@@ -206,6 +214,40 @@ CASES = [
     Case("labels shape (1,2) for (1,3)",
          model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 2, dtype=torch.long)),
          ValueError, "labels must have shape [batch, seq] = (1, 3), got (1, 2)"),
+    # every tensor argument of every forward: values and shapes (issue 12, item 5)
+    Case("position_ids 9..16 with 16 positions", positions16_call(position_ids=torch.arange(9, 17)[None]),
+         ValueError, "position_ids hold 16, outside [0, max_position_embeddings=16) (at index (0, 7))"),
+    Case("position_ids -1", positions16_call(position_ids=torch.tensor([[0, 1, 2, -1, 4, 5, 6, 7]])), ValueError,
+         "position_ids hold -1, outside [0, max_position_embeddings=16)"),
+    Case("position_ids of length 5 for 8 tokens", positions16_call(position_ids=torch.arange(5)[None]), ValueError,
+         "position_ids must have shape [batch, seq] = (1, 8) (or [1, seq] / [seq] to share one row), got (1, 5)"),
+    Case("float position_ids", positions16_call(position_ids=torch.arange(8.0)[None]), ValueError,
+         "position_ids must be an integer tensor, got dtype torch.float32"),
+    Case("token_type_ids 2 with 2 types", positions16_call(token_type_ids=torch.tensor([[0, 1, 2, 0, 0, 0, 0, 0]])),
+         ValueError, "token_type_ids hold 2, outside [0, type_vocab_size=2) (at index (0, 2))"),
+    Case("token_type_ids of length 3 for 8 tokens", positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)),
+         ValueError, "token_type_ids must have shape [batch, seq] = (1, 8)"),
+    Case("bool token_type_ids", positions16_call(token_type_ids=torch.zeros(1, 8, dtype=torch.bool)), ValueError,
+         "token_type_ids must be an integer tensor, got dtype torch.bool"),
+    Case("input_ids as a list", model_call(input_ids=[[1, 2, 3]]), TypeError,
+         "input_ids must be a torch.Tensor, got list"),
+    Case("attention_mask as a list", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]),
+         TypeError, "attention_mask must be a torch.Tensor, got list"),
+    Case("attention_mask value 2", model_call(input_ids=torch.ones(1, 3, dtype=torch.long),
+                                              attention_mask=torch.tensor([[1, 2, 0]])),
+         ValueError, "must hold only 0 (padding) and 1 (token), got 2"),
+    Case("inputs_embeds 31 wide for hidden 32", model_call(inputs_embeds=torch.randn(1, 4, 31)), ValueError,
+         "inputs_embeds must be [batch, seq, hidden_size=32], got shape (1, 4, 31)"),
+    Case("integer inputs_embeds", model_call(inputs_embeds=torch.ones(1, 4, 32, dtype=torch.long)), ValueError,
+         "inputs_embeds must be a floating-point tensor, got dtype torch.int64"),
+    Case("float MLM labels", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 3)),
+         ValueError, "labels must be an integer tensor of token ids (-100 = not scored), got dtype torch.float32"),
+    Case("MLM label -1", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.tensor([[-100, -1, 5]])),
+         ValueError, "labels hold -1, outside the vocabulary [0, 50) (use -100 to skip a position; at index (0, 1))"),
+    Case("attention_bias [batch,1,seq] to the layer",
+         lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)), ValueError,
+         "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, seq]), "
+         "got (2, 1, 5)"),
     # --- data files ---------------------------------------------------------------------
     Case("empty corpus", lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")), ValueError,
          "is empty: no document with non-whitespace text"),

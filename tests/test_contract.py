@@ -27,6 +27,7 @@ from transformers import (
 )
 
 import fixedhead.convert as convert
+from fixedhead import checks
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.convert import from_bert
 from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
@@ -50,6 +51,86 @@ def pair(bert_cls, **kw):
     """A transformers BERT model and its fixedhead conversion, both in eval mode."""
     bert = bert_cls(bert_config(**kw)).eval()
     return bert, from_bert(bert).eval()
+
+
+# ------------------------------------------------------------------ 1. resizing the vocabulary
+def _tokenizer(size=100):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(size - 5)]
+    return BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+
+
+def test_resize_token_embeddings_after_add_tokens_matches_bert():
+    """The usual recipe: tokenizer.add_tokens(...), then resize_token_embeddings(len(tokenizer))."""
+    tok = _tokenizer()
+    bert, ours = pair(BertForMaskedLM)
+    tok.add_tokens(["newa", "newb", "newc", "newd", "newe"])
+    assert len(tok) == 105
+    bert.resize_token_embeddings(len(tok))
+    ours.resize_token_embeddings(len(tok))
+    with torch.no_grad():  # the new rows are random in each; give ours BERT's
+        ours.fixedhead.embeddings.word_embeddings.weight.copy_(bert.bert.embeddings.word_embeddings.weight)
+        ours.cls.decoder.bias.copy_(bert.cls.predictions.decoder.bias)
+    assert ours.config.vocab_size == ours.cls.decoder.out_features == 105
+    enc = tok(["w3 newd w7 newa", "newe w1"], padding=True, return_tensors="pt")
+    assert int(enc["input_ids"].max()) == 104
+    with torch.no_grad():
+        want = bert(**enc).logits
+        got = ours(**enc).logits
+    assert got.shape == want.shape == (2, enc["input_ids"].shape[1], 105)
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    # with labels on the new tokens: BERT's loss
+    labels = torch.where(enc["input_ids"] >= 100, enc["input_ids"], -100)
+    torch.testing.assert_close(ours(**enc, labels=labels).loss, bert(**enc, labels=labels).loss)
+
+
+def test_issue_input_resize_to_105_then_token_103():
+    bert, ours = pair(BertForMaskedLM)
+    for m in (bert, ours):
+        m.resize_token_embeddings(105)
+    ids = torch.tensor([[5, 103, 7]])
+    assert bert(input_ids=ids).logits.shape == ours(input_ids=ids).logits.shape == (1, 3, 105)
+
+
+def test_shrunk_vocabulary_refuses_the_id_by_name():
+    bert, ours = pair(BertForMaskedLM)
+    for m in (bert, ours):
+        m.resize_token_embeddings(90)
+    ids = torch.tensor([[5, 95, 7]])
+    with pytest.raises(IndexError):  # BERT: a raw index error
+        bert(input_ids=ids)
+    with pytest.raises(ValueError, match=r"token id 95, outside the vocabulary \[0, 90\) \(at index \(0, 1\)\)"):
+        ours(input_ids=ids)
+    with pytest.raises(ValueError, match=r"labels hold 95, outside the vocabulary \[0, 90\)"):
+        ours(input_ids=torch.tensor([[5, 6, 7]]), labels=torch.tensor([[-100, 95, -100]]))
+    assert ours(input_ids=torch.tensor([[5, 89]])).logits.shape == (1, 2, 90)
+
+
+def test_resize_with_pad_to_multiple_of_and_other_heads():
+    ours = FixedHeadForMaskedLM(fh_config(head_dim=12)).eval()
+    ours.resize_token_embeddings(101, pad_to_multiple_of=8)  # 104 rows
+    assert ours(input_ids=torch.tensor([[103]])).logits.shape == (1, 1, 104)
+    clf = FixedHeadForSequenceClassification(fh_config(head_dim=12, num_labels=2)).eval()
+    clf.resize_token_embeddings(120)
+    assert clf(input_ids=torch.tensor([[119, 3]])).logits.shape == (1, 2)
+    with pytest.raises(ValueError, match=r"token id 120, outside the vocabulary \[0, 120\)"):
+        clf(input_ids=torch.tensor([[120]]))
+
+
+def test_every_table_replaced_after_construction_is_the_one_checked():
+    model = FixedHeadModel(fh_config(head_dim=12)).eval()
+    model.set_input_embeddings(torch.nn.Embedding(130, 32))
+    model.embeddings.position_embeddings = torch.nn.Embedding(24, 32)
+    model.embeddings.token_type_embeddings = torch.nn.Embedding(3, 32)
+    ids = torch.tensor([[129] * 20])  # 20 > the config's 16 positions, < the new table's 24
+    out = model(input_ids=ids, token_type_ids=torch.full((1, 20), 2), position_ids=torch.arange(20)[None])
+    assert out.last_hidden_state.shape == (1, 20, 32)
+    with pytest.raises(ValueError, match=r"token id 130, outside the vocabulary \[0, 130\)"):
+        model(input_ids=torch.tensor([[130]]))
+    with pytest.raises(ValueError, match="sequence length 25 exceeds max_position_embeddings=24"):
+        model(input_ids=torch.ones(1, 25, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token_type_ids hold 3, outside \[0, type_vocab_size=3\)"):
+        model(input_ids=torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.tensor([[0, 1, 2, 3]]))
 
 
 # ------------------------------------------------------------------ 4. from_bert
@@ -155,5 +236,108 @@ def test_old_import_path_still_works():
     from fixedhead.modeling import from_bert as old
 
     assert old is from_bert
+
+
+# ------------------------------------------------------------------ 5. tensor arguments
+def test_position_and_token_type_ids_in_every_shape_bert_accepts():
+    bert, ours = pair(BertModel)
+    ids = torch.randint(0, 100, (2, 20))  # longer than the 16 positions: fine with explicit position_ids
+    for pos in (torch.arange(20) % 16, (torch.arange(20) % 16)[None], torch.stack([torch.arange(20) % 16] * 2)):
+        for types in (torch.tensor([0, 1] * 10), torch.tensor([[0, 1] * 10]), torch.randint(0, 2, (2, 20))):
+            with torch.no_grad():
+                want = bert(input_ids=ids, position_ids=pos, token_type_ids=types).last_hidden_state
+                got = ours(input_ids=ids, position_ids=pos, token_type_ids=types).last_hidden_state
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ 6. compile and export
+def _inputs(batch=2, seq=8, vocab=100):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[1, 5:] = 0
+    labels = torch.full((batch, seq), -100)
+    labels[0, 3], labels[1, 1] = 5, 7
+    return ids, mask, labels
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_torch_compile_fullgraph(head_dim):
+    """No graph break anywhere (backend aot_eager: dynamo's graph capture and AOT autograd,
+    without inductor's C++ compile time)."""
+    torch._dynamo.reset()
+    ids, mask, _ = _inputs()
+    for cls, kw in ((FixedHeadForMaskedLM, {}), (FixedHeadForSequenceClassification, {"num_labels": 3})):
+        model = cls(fh_config(head_dim=head_dim, **kw)).eval()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
+                                       model(input_ids=ids, attention_mask=mask).logits)
+        model.train()
+        compiled(input_ids=ids, attention_mask=mask).logits.sum().backward()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_torch_export(head_dim):
+    ids, mask, labels = _inputs()
+    model = FixedHeadForMaskedLM(fh_config(head_dim=head_dim)).eval()
+    for kwargs in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)):
+        exported = torch.export.export(model, (), kwargs)
+        got, want = exported.module()(**kwargs), model(**kwargs)
+        torch.testing.assert_close(got.logits, want.logits)
+        if "labels" in kwargs:
+            torch.testing.assert_close(got.loss, want.loss)
+    base = FixedHeadModel(fh_config(head_dim=head_dim)).eval()
+    exported = torch.export.export(base, (), dict(input_ids=ids, attention_mask=mask))
+    torch.testing.assert_close(exported.module()(input_ids=ids, attention_mask=mask).last_hidden_state,
+                               base(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+
+def test_compiled_model_still_refuses_wrong_shapes():
+    torch._dynamo.reset()
+    model = FixedHeadModel(fh_config(head_dim=12)).eval()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    ids = torch.randint(0, 100, (2, 8))
+    with pytest.raises(Exception, match=r"attention_mask must have shape \[batch, seq\] = \(2, 8\), got \(2, 5\)"):
+        compiled(input_ids=ids, attention_mask=torch.ones(2, 5))
+    torch._dynamo.reset()
+
+
+def test_value_checks_run_where_host_reads_are_free():
+    cpu, meta = torch.ones(1), torch.ones(1, device="meta")
+    assert checks.host_reads_allowed(cpu) and not checks.host_reads_allowed(meta)  # meta stands in for a GPU
+    previous = checks.set_value_checks("always")
+    try:
+        assert checks.host_reads_allowed(meta)
+        checks.set_value_checks("never")
+        assert not checks.host_reads_allowed(cpu)
+        with pytest.raises(IndexError):  # no check: PyTorch's own error
+            FixedHeadModel(fh_config())(input_ids=torch.tensor([[100]]))
+    finally:
+        checks.set_value_checks(previous)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        checks.set_value_checks("sometimes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_training_step_host_syncs():
+    """The bare encoder's step makes no device-to-host synchronisation."""
+    ids, mask, labels = (t.cuda() for t in _inputs())
+
+    def syncs(model, **kwargs):
+        model.cuda().train()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = model(input_ids=ids, attention_mask=mask, **kwargs)
+                (out.loss if out.loss is not None else out.last_hidden_state.sum()).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(FixedHeadModel(fh_config(head_dim=12))) == 0
 
 

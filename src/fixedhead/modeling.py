@@ -3,8 +3,11 @@
 Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
 LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
 embeddings. With ``config.head_dim=None`` the models are numerically BERT
-(see :func:`fixedhead.convert.from_bert` and the parity
-test); with an int they are the paper's fixed-head models.
+(see :func:`fixedhead.convert.from_bert` and the parity test); with an int they are the paper's
+fixed-head models.
+
+Bad input is refused with a message naming the value; which checks run where (eager, compiled,
+exported, GPU) is :mod:`fixedhead.checks`.
 """
 
 from __future__ import annotations
@@ -21,11 +24,24 @@ from transformers.modeling_outputs import (
 )
 
 from .attention import MultiHeadAttention, padding_mask_to_bias
+from .checks import (
+    check_broadcast_ids_shape,
+    check_finite,
+    check_integer,
+    first_out_of_range,
+    require_tensor,
+    tracing,
+)
 from .configuration import FixedHeadConfig
 
 
 class FixedHeadEmbeddings(nn.Module):
-    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT)."""
+    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT).
+
+    Table sizes are read from the tables at every call, never remembered from the config: after
+    ``resize_token_embeddings``, ``set_input_embeddings`` or a replaced position / token-type
+    table, ids are checked against the table that will be indexed.
+    """
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -34,48 +50,66 @@ class FixedHeadEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.max_position_embeddings = config.max_position_embeddings
-        self.vocab_size = config.vocab_size
 
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
+
+        ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
+        rows (as BERT). Raises ValueError naming the value: see :class:`FixedHeadModel`.
+        """
+        hidden = self.LayerNorm.normalized_shape[0]
         if inputs_embeds is None:
+            check_integer("input_ids", input_ids, "an integer tensor of token ids")
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-            if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-                raise ValueError(f"input_ids must be an integer tensor of token ids, got dtype {input_ids.dtype}")
             if input_ids.numel() == 0:
                 raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= self.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"input_ids hold token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+            vocab = self.word_embeddings.weight.shape[0]
+            bad = first_out_of_range(input_ids, 0, vocab)
+            if bad is not None:
+                raise ValueError(
+                    f"input_ids hold token id {bad[0]}, outside the vocabulary [0, {vocab}) (at index {bad[1]})"
+                )
             inputs_embeds = self.word_embeddings(input_ids)
-        elif inputs_embeds.dim() != 3:
-            raise ValueError(f"inputs_embeds must be [batch, seq, hidden], got shape {tuple(inputs_embeds.shape)}")
-        elif not bool(torch.isfinite(inputs_embeds).all()):
+        else:
+            require_tensor("inputs_embeds", inputs_embeds)
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden:
+                raise ValueError(
+                    f"inputs_embeds must be [batch, seq, hidden_size={hidden}], got shape {tuple(inputs_embeds.shape)}"
+                )
+            if not inputs_embeds.is_floating_point():
+                raise ValueError(f"inputs_embeds must be a floating-point tensor, got dtype {inputs_embeds.dtype}")
+            if inputs_embeds.numel() == 0:
+                raise ValueError(f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)})")
             # documented choice: refuse rather than propagate; one NaN would spread to every
             # position of the batch row through attention
-            bad = (~torch.isfinite(inputs_embeds)).nonzero()[0].tolist()
-            raise ValueError(
-                f"inputs_embeds holds non-finite values (first at index {tuple(bad)}: "
-                f"{inputs_embeds[tuple(bad)].item()})"
-            )
+            check_finite("inputs_embeds", inputs_embeds)
         batch, seq = inputs_embeds.shape[:2]
-        if seq > self.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {seq} exceeds max_position_embeddings={self.max_position_embeddings}"
-            )
+        n_positions = self.position_embeddings.weight.shape[0]
         if position_ids is None:
+            if seq > n_positions:
+                raise ValueError(f"sequence length {seq} exceeds max_position_embeddings={n_positions}")
             position_embeds = self.position_embeddings.weight[:seq].unsqueeze(0)
         else:
+            check_integer("position_ids", position_ids)
+            check_broadcast_ids_shape("position_ids", position_ids, batch, seq)
+            bad = first_out_of_range(position_ids, 0, n_positions)
+            if bad is not None:
+                raise ValueError(
+                    f"position_ids hold {bad[0]}, outside [0, max_position_embeddings={n_positions}) (at index {bad[1]})"
+                )
             position_embeds = self.position_embeddings(position_ids)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
         else:
-            n_types = self.token_type_embeddings.num_embeddings
-            if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n_types):
-                bad = int(token_type_ids.min()) if int(token_type_ids.min()) < 0 else int(token_type_ids.max())
-                raise ValueError(f"token_type_ids hold {bad}, outside [0, type_vocab_size={n_types})")
+            check_integer("token_type_ids", token_type_ids)
+            check_broadcast_ids_shape("token_type_ids", token_type_ids, batch, seq)
+            n_types = self.token_type_embeddings.weight.shape[0]
+            bad = first_out_of_range(token_type_ids, 0, n_types)
+            if bad is not None:
+                raise ValueError(
+                    f"token_type_ids hold {bad[0]}, outside [0, type_vocab_size={n_types}) (at index {bad[1]})"
+                )
             type_embeds = self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
 
@@ -126,16 +160,23 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
     """The bare encoder: embeddings, ``num_hidden_layers`` blocks, optional BERT pooler.
 
     forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
-    (1 = token, 0 = padding), token_type_ids, position_ids) returns
-    ``BaseModelOutputWithPooling`` with last_hidden_state [batch, seq, hidden_size],
-    pooler_output [batch, hidden_size] (or None), and, on request, hidden_states and attentions
-    ([batch, heads, query, key], rows sum to 1).
+    (1 = token, 0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq]
+    shared by all rows)) returns ``BaseModelOutputWithPooling`` with last_hidden_state
+    [batch, seq, hidden_size], pooler_output [batch, hidden_size] (or None), and, on request,
+    hidden_states and attentions ([batch, heads, query, key], rows sum to 1).
 
     Raises:
-        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than
-            max_position_embeddings; token ids outside the vocabulary or not an integer tensor;
-            a malformed mask; NaN or ±inf in ``inputs_embeds`` (refused, not propagated).
+        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the
+            position table (when position_ids are not given); a tensor of the wrong shape or
+            dtype; token ids outside the vocabulary, position ids outside the position table,
+            token types outside the type table (all read from the tables themselves, so after
+            ``resize_token_embeddings`` too); a mask holding values other than 0/1; NaN or ±inf
+            in ``inputs_embeds`` (refused, not propagated).
+        TypeError: a tensor argument that is not a tensor.
 
+    Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
+    ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
+    syncs), shape and dtype checks always run: see :mod:`fixedhead.checks`.
     A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
@@ -172,10 +213,12 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         batch, seq = hidden_states.shape[:2]
-        if attention_mask is not None and tuple(attention_mask.shape) != (batch, seq):
-            raise ValueError(
-                f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
-            )
+        if attention_mask is not None:
+            require_tensor("attention_mask", attention_mask)
+            if tuple(attention_mask.shape) != (batch, seq):
+                raise ValueError(
+                    f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+                )
         attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
         use_sdpa = self._use_sdpa(output_attentions)
         all_hidden = [hidden_states] if output_hidden_states else None
@@ -230,6 +273,10 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
     the output layer runs only at the labelled positions, as the original BERT code does:
     logits are then [num_labelled, vocab_size] in row-major (batch, seq) order, and loss is the
     mean cross-entropy over them (0 with a zero gradient when nothing is labelled, never NaN).
+
+    Raises:
+        ValueError: as :class:`FixedHeadModel`; labels of the wrong shape or dtype, or holding
+            a value that is neither -100 nor a token id of the (current) output vocabulary.
     """
 
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
@@ -274,18 +321,21 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         if labels is None:
             logits = self.cls(sequence_output)
         else:
-            if labels.shape != sequence_output.shape[:2]:
+            vocab = self.cls.decoder.weight.shape[0]  # the current output vocabulary (resizing changes it)
+            check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
+            if tuple(labels.shape) != tuple(sequence_output.shape[:2]):
                 raise ValueError(
                     f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, got {tuple(labels.shape)}"
                 )
+            bad = first_out_of_range(labels, 0, vocab, ignore=-100)
+            if bad is not None:
+                raise ValueError(
+                    f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
+                    f"at index {bad[1]})"
+                )
             selected = labels != -100
             logits = self.cls(sequence_output[selected])  # [num_labelled, vocab]
-            targets = labels[selected]
-            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= self.config.vocab_size):
-                bad = int(targets.min()) if int(targets.min()) < 0 else int(targets.max())
-                raise ValueError(
-                    f"labels hold {bad}, outside the vocabulary [0, {self.config.vocab_size}) (use -100 to skip a position)"
-                )
+            targets = labels[selected].long()
             if targets.numel() == 0:
                 loss = logits.sum() * 0.0
             else:
