@@ -133,6 +133,78 @@ def test_every_table_replaced_after_construction_is_the_one_checked():
         model(input_ids=torch.ones(1, 4, dtype=torch.long), token_type_ids=torch.tensor([[0, 1, 2, 3]]))
 
 
+# ------------------------------------------------------------------ 2. masked-LM output shape
+def _mlm_eval_dataset(n=10, seq=8, vocab=100, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        ids = torch.randint(5, vocab, (seq,), generator=g)
+        labels = torch.full((seq,), -100)
+        k = 1 + i % 3  # a different number of labelled positions in every batch
+        pos = torch.randperm(seq, generator=g)[:k]
+        labels[pos] = ids[pos]
+        ids = ids.clone()
+        ids[pos] = 4  # [MASK]
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def preprocess_logits_for_metrics(logits, labels):
+    """run_mlm.py's own."""
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    return logits.argmax(dim=-1)
+
+
+def compute_metrics(eval_preds):
+    """run_mlm.py's own (its ``evaluate.load("accuracy")`` written out)."""
+    preds, labels = eval_preds
+    labels = labels.reshape(-1)
+    preds = preds.reshape(-1)
+    mask = labels != -100
+    return {"accuracy": float((preds[mask] == labels[mask]).mean())}
+
+
+def test_trainer_evaluation_with_run_mlm_metrics_matches_bert(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    bert, ours = pair(BertForMaskedLM)
+    data = _mlm_eval_dataset()
+    results = {}
+    for name, model in (("bert", bert), ("ours", ours)):
+        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_eval_batch_size=3, report_to=[],
+                                 use_cpu=True, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, eval_dataset=data, compute_metrics=compute_metrics,
+                          preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+        results[name] = trainer.evaluate()
+    assert "eval_accuracy" in results["ours"]
+    assert results["ours"]["eval_accuracy"] == results["bert"]["eval_accuracy"]
+    assert results["ours"]["eval_loss"] == pytest.approx(results["bert"]["eval_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_mlm_logits_with_labels_have_berts_shape_and_values_where_scored(head_dim):
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    bert, ours = pair(BertForMaskedLM)
+    ids = torch.randint(5, 100, (3, 9))
+    labels = torch.full((3, 9), -100)
+    labels[0, 1], labels[0, 7], labels[2, 4] = 11, 12, 13
+    want, got = bert(input_ids=ids, labels=labels), ours(input_ids=ids, labels=labels)
+    assert got.logits.shape == want.logits.shape == (3, 9, 100)
+    scored = labels != -100
+    torch.testing.assert_close(got.logits[scored], want.logits[scored], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.loss, want.loss, atol=1e-6, rtol=1e-5)
+    # the Trainer's label smoothing reads the logits (and needs their gradient): same loss as BERT's
+    smooth = LabelSmoother(epsilon=0.1)
+    loss = smooth(got, labels)
+    torch.testing.assert_close(loss, smooth(want, labels), atol=1e-5, rtol=1e-5)
+    loss.backward()
+    assert ours.cls.dense.weight.grad is not None and ours.cls.dense.weight.grad.abs().sum() > 0
+    fixed = FixedHeadForMaskedLM(fh_config(head_dim=head_dim)).eval()
+    assert fixed(input_ids=ids, labels=labels).logits.shape == (3, 9, 100)
+
+
 # ------------------------------------------------------------------ 4. from_bert
 def test_untied_bert_decoder_converts_untied():
     """The issue's input: tie_word_embeddings=False and a decoder unlike the embeddings."""
@@ -263,10 +335,10 @@ def _inputs(batch=2, seq=8, vocab=100):
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_torch_compile_fullgraph(head_dim):
-    """No graph break anywhere (backend aot_eager: dynamo's graph capture and AOT autograd,
-    without inductor's C++ compile time)."""
+    """No graph break anywhere: inference, and a training step with labels (backend aot_eager:
+    dynamo's graph capture and AOT autograd, without inductor's C++ compile time)."""
     torch._dynamo.reset()
-    ids, mask, _ = _inputs()
+    ids, mask, labels = _inputs()
     for cls, kw in ((FixedHeadForMaskedLM, {}), (FixedHeadForSequenceClassification, {"num_labels": 3})):
         model = cls(fh_config(head_dim=head_dim, **kw)).eval()
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -274,7 +346,16 @@ def test_torch_compile_fullgraph(head_dim):
             torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
                                        model(input_ids=ids, attention_mask=mask).logits)
         model.train()
-        compiled(input_ids=ids, attention_mask=mask).logits.sum().backward()
+        lab = labels if cls is FixedHeadForMaskedLM else torch.tensor([0, 2])
+        torch.manual_seed(0)
+        out = compiled(input_ids=ids, attention_mask=mask, labels=lab)
+        out.loss.backward()
+        model.eval()
+        with torch.no_grad():  # the compiled path computes what eager does (dropout aside)
+            eager = model(input_ids=ids, attention_mask=mask, labels=lab)
+            again = compiled(input_ids=ids, attention_mask=mask, labels=lab)
+        torch.testing.assert_close(again.loss, eager.loss)
+        torch.testing.assert_close(again.logits, eager.logits)
     torch._dynamo.reset()
 
 
@@ -282,7 +363,8 @@ def test_torch_compile_fullgraph(head_dim):
 def test_torch_export(head_dim):
     ids, mask, labels = _inputs()
     model = FixedHeadForMaskedLM(fh_config(head_dim=head_dim)).eval()
-    for kwargs in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask)):
+    for kwargs in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask),
+                   dict(input_ids=ids, attention_mask=mask, labels=labels)):
         exported = torch.export.export(model, (), kwargs)
         got, want = exported.module()(**kwargs), model(**kwargs)
         torch.testing.assert_close(got.logits, want.logits)
@@ -322,7 +404,8 @@ def test_value_checks_run_where_host_reads_are_free():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_training_step_host_syncs():
-    """The bare encoder's step makes no device-to-host synchronisation."""
+    """The bare encoder's step makes no device-to-host synchronisation; the masked-LM step one
+    (finding the labelled positions)."""
     ids, mask, labels = (t.cuda() for t in _inputs())
 
     def syncs(model, **kwargs):
@@ -339,5 +422,6 @@ def test_cuda_training_step_host_syncs():
         return sum("synchroniz" in str(w.message) for w in caught)
 
     assert syncs(FixedHeadModel(fh_config(head_dim=12))) == 0
+    assert syncs(FixedHeadForMaskedLM(fh_config(head_dim=12)), labels=labels) == 1
 
 

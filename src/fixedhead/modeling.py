@@ -265,14 +265,48 @@ class FixedHeadMLMHead(nn.Module):
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
 
 
-class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
-    """Encoder + MLM head (decoder weight tied to the word embeddings).
+def masked_lm_loss_and_logits(head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int):
+    """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
 
-    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``.
-    Without labels, logits are [batch, seq, vocab_size] (as ``BertForMaskedLM``). With labels,
-    the output layer runs only at the labelled positions, as the original BERT code does:
-    logits are then [num_labelled, vocab_size] in row-major (batch, seq) order, and loss is the
-    mean cross-entropy over them (0 with a zero gradient when nothing is labelled, never NaN).
+    The output layer (the largest matrix product of a BERT step at a 30k vocabulary) runs only at
+    the labelled positions, as the original BERT code does; their rows are scattered into a
+    [batch, seq, vocab] tensor of zeros (as MosaicML's BERT does), so the output has
+    ``BertForMaskedLM``'s shape and its values at every labelled position. Rows of unlabelled
+    positions are 0; pass no labels for logits everywhere. The loss is 0 with a zero gradient when
+    nothing is labelled (``BertForMaskedLM`` gives NaN there).
+
+    Under ``torch.compile``/``torch.export`` the number of labelled positions is not known while
+    tracing, so the output layer runs at every position and unlabelled rows are zeroed: the same
+    values, at full-logits cost. In eager mode on a GPU, finding the labelled positions
+    (``nonzero``) is one device-to-host synchronisation per step.
+    """
+    batch, seq, hidden = sequence_output.shape
+    flat_labels = labels.reshape(-1).long()
+    if tracing():
+        keep = flat_labels != -100
+        logits = head(sequence_output).reshape(batch * seq, vocab).masked_fill(~keep.unsqueeze(1), 0)
+        total = F.cross_entropy(logits.float(), flat_labels, ignore_index=-100, reduction="sum")
+        return total / keep.sum().clamp(min=1), logits.view(batch, seq, vocab)
+    idx = (flat_labels != -100).nonzero().squeeze(1)  # [num_labelled]
+    compact = head(sequence_output.reshape(batch * seq, hidden).index_select(0, idx))  # [num_labelled, vocab]
+    if idx.numel() == 0:
+        loss = compact.sum() * 0.0
+    else:
+        loss = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx))
+    logits = compact.new_zeros(batch * seq, vocab)
+    logits.index_copy_(0, idx, compact)
+    return loss, logits.view(batch, seq, vocab)
+
+
+class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
+    """Encoder + MLM head (decoder weight tied to the word embeddings unless ``tie_word_embeddings=False``).
+
+    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``
+    with logits [batch, seq, vocab_size] whether or not labels are given, as ``BertForMaskedLM``.
+    With labels, the output layer runs only at the labelled positions (see
+    :func:`masked_lm_loss_and_logits`): logits there are the model's, elsewhere 0; loss is the
+    mean cross-entropy over the labelled positions (0 with a zero gradient when nothing is
+    labelled, never NaN).
 
     Raises:
         ValueError: as :class:`FixedHeadModel`; labels of the wrong shape or dtype, or holding
@@ -333,13 +367,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
                     f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
                     f"at index {bad[1]})"
                 )
-            selected = labels != -100
-            logits = self.cls(sequence_output[selected])  # [num_labelled, vocab]
-            targets = labels[selected].long()
-            if targets.numel() == 0:
-                loss = logits.sum() * 0.0
-            else:
-                loss = F.cross_entropy(logits.float(), targets)
+            loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab)
         out = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

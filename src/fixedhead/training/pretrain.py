@@ -204,9 +204,10 @@ def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_siz
         n = int((lab != -100).sum())
         if n == 0:
             continue
-        targets = lab[lab != -100]
-        total_loss += float(torch.nn.functional.cross_entropy(out.logits.float(), targets, reduction="sum"))
-        total_correct += int((out.logits.argmax(-1) == targets).sum())
+        scored = lab != -100
+        targets, logits = lab[scored], out.logits[scored]  # logits are [batch, seq, vocab], as BERT's
+        total_loss += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
+        total_correct += int((logits.argmax(-1) == targets).sum())
         total += n
     model.train(was_training)
     if total == 0:
