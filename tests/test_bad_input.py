@@ -25,7 +25,7 @@ from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
 from fixedhead.data.glue import read_glue_tsv
 from fixedhead.data.glue import glue_metrics
-from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel
+from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
 
@@ -77,6 +77,13 @@ def positions16_call(**inputs):
     def call(ctx):
         FixedHeadModel(tiny_cfg(max_position_embeddings=16)).eval()(**{"input_ids": torch.ones(1, 8, dtype=torch.long),
                                                                       **inputs})
+    return call
+
+
+def classifier_call(problem_type=None, num_labels=2, **inputs):
+    def call(ctx):
+        cfg = tiny_cfg(num_labels=num_labels, problem_type=problem_type)
+        FixedHeadForSequenceClassification(cfg).eval()(input_ids=torch.ones(2, 3, dtype=torch.long), **inputs)
     return call
 
 
@@ -244,6 +251,18 @@ CASES = [
          ValueError, "labels must be an integer tensor of token ids (-100 = not scored), got dtype torch.float32"),
     Case("MLM label -1", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.tensor([[-100, -1, 5]])),
          ValueError, "labels hold -1, outside the vocabulary [0, 50) (use -100 to skip a position; at index (0, 1))"),
+    Case("class 2 with num_labels=2", classifier_call(labels=torch.tensor([0, 2])), ValueError,
+         "labels hold class 2, outside [0, num_labels=2) (-100 = not scored; at index (1,))"),
+    Case("multi-label labels [batch] for [batch, 3]", classifier_call("multi_label_classification", 3,
+                                                                      labels=torch.ones(2)),
+         ValueError, "multi_label_classification labels must be multi-hot [batch, num_labels] = (2, 3), got (2,)"),
+    Case("regression label NaN", classifier_call("regression", 1, labels=torch.tensor([0.5, math.nan])), ValueError,
+         "labels holds non-finite values (first at index (1,): nan)"),
+    Case("regression labels [batch] for 2 outputs", classifier_call("regression", 2, labels=torch.ones(2)), ValueError,
+         "regression labels must have shape (2, 2), got (2,)"),
+    Case("problem_type misspelt", lambda c: tiny_cfg(num_labels=3, problem_type="multilabel"), ValueError,
+         "problem_type must be one of ('regression', 'single_label_classification', 'multi_label_classification') "
+         "or None, got 'multilabel'"),
     Case("attention_bias [batch,1,seq] to the layer",
          lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)), ValueError,
          "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, seq]), "

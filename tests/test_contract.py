@@ -205,6 +205,58 @@ def test_mlm_logits_with_labels_have_berts_shape_and_values_where_scored(head_di
     assert fixed(input_ids=ids, labels=labels).logits.shape == (3, 9, 100)
 
 
+# ------------------------------------------------------------------ 3. problem_type
+@pytest.mark.parametrize(
+    "num_labels,problem_type,labels",
+    [
+        # the issue's inputs: multi-label with float multi-hot [4, 3]; regression with 2 outputs
+        (3, "multi_label_classification", torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1], [1, 1, 1]])),
+        (2, "regression", torch.tensor([[0.5, -1.0], [2.0, 0.0], [1.5, 1.5], [-0.25, 3.0]])),
+        (1, "regression", torch.tensor([0.5, 1.0, 4.2, 3.0])),
+        (3, "single_label_classification", torch.tensor([0, 2, 1, 2])),
+        (3, "single_label_classification", torch.tensor([0, -100, 1, 2])),  # -100 is not scored
+        # problem_type unset: inferred from num_labels and the labels' dtype, as BERT does
+        (3, None, torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1], [1, 1, 1]])),
+        (3, None, torch.tensor([0, 2, 1, 2])),
+        (3, None, torch.tensor([0, 2, 1, 2], dtype=torch.int32)),
+        (1, None, torch.tensor([0.5, 1.0, 4.2, 3.0])),
+        (1, None, torch.tensor([[0.5], [1.0], [4.2], [3.0]])),
+    ],
+)
+def test_sequence_classification_loss_matches_bert(num_labels, problem_type, labels):
+    bert, ours = pair(BertForSequenceClassification, num_labels=num_labels, problem_type=problem_type)
+    ids = torch.randint(5, 100, (4, 7))
+    # BERT infers single-label classification from int32 labels too, then its cross-entropy
+    # refuses them (it wants int64); ours takes them, and must match BERT given int64
+    want = bert(input_ids=ids, labels=labels.long() if labels.dtype == torch.int32 else labels)
+    got = ours(input_ids=ids, labels=labels)
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.loss, want.loss, atol=1e-6, rtol=1e-5)
+    assert ours.config.problem_type == bert.config.problem_type  # inferred and recorded alike
+
+
+def test_sequence_classification_labels_are_checked_for_the_problem_type():
+    clf = FixedHeadForSequenceClassification(fh_config(head_dim=12, num_labels=3)).eval()
+    ids = torch.randint(5, 100, (4, 7))
+    with pytest.raises(ValueError, match=r"labels hold class 3, outside \[0, num_labels=3\)"):
+        clf(input_ids=ids, labels=torch.tensor([0, 1, 3, 2]))
+    clf.config.problem_type = "multi_label_classification"
+    with pytest.raises(ValueError, match=r"multi-hot \[batch, num_labels\] = \(4, 3\), got \(12,\)"):
+        clf(input_ids=ids, labels=torch.ones(12))
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\], got 2.0"):
+        clf(input_ids=ids, labels=torch.full((4, 3), 2.0))
+    clf.config.problem_type = "regression"
+    with pytest.raises(ValueError, match=r"regression labels must have shape \(4, 3\), got \(4,\)"):
+        clf(input_ids=ids, labels=torch.ones(4))
+    with pytest.raises(ValueError, match=r"labels holds non-finite values \(first at index \(1, 0\): nan\)"):
+        clf(input_ids=ids, labels=torch.tensor([[0.0] * 3, [float("nan"), 0, 0], [0.0] * 3, [0.0] * 3]))
+    clf.config.problem_type = "single_label_classification"
+    with pytest.raises(ValueError, match="class ids"):
+        clf(input_ids=ids, labels=torch.ones(4))
+    with pytest.raises(ValueError, match="problem_type must be one of"):
+        fh_config(num_labels=3, problem_type="multilabel")
+
+
 # ------------------------------------------------------------------ 4. from_bert
 def test_untied_bert_decoder_converts_untied():
     """The issue's input: tie_word_embeddings=False and a decoder unlike the embeddings."""

@@ -29,10 +29,11 @@ from .checks import (
     check_finite,
     check_integer,
     first_out_of_range,
+    first_outside_interval,
     require_tensor,
     tracing,
 )
-from .configuration import FixedHeadConfig
+from .configuration import PROBLEM_TYPES, FixedHeadConfig
 
 
 class FixedHeadEmbeddings(nn.Module):
@@ -374,11 +375,84 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
+def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
+    """``BertForSequenceClassification``'s rule when ``config.problem_type`` is unset: one output is
+    regression; integer labels (int32/int64) with several outputs are single-label classification;
+    anything else (float multi-hot labels) is multi-label classification."""
+    if num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss ``BertForSequenceClassification`` computes for ``problem_type`` (in float32).
+
+    Args:
+        problem_type: ``"regression"`` (MSE; labels [batch] or [batch, 1] for one output,
+            [batch, num_labels] for several), ``"single_label_classification"`` (cross-entropy;
+            class ids [batch], -100 = not scored) or ``"multi_label_classification"``
+            (binary cross-entropy with logits; multi-hot labels [batch, num_labels] in [0, 1]).
+        logits: [batch, num_labels].
+        labels: see above.
+
+    Raises:
+        ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
+            [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
+            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.checks`.
+    """
+    batch, num_labels = logits.shape
+    shape = tuple(labels.shape)
+    if problem_type == "regression":
+        want = ((batch,), (batch, 1)) if num_labels == 1 else ((batch, num_labels),)
+        if shape not in want:
+            raise ValueError(f"regression labels must have shape {' or '.join(map(str, want))}, got {shape}")
+        if labels.dtype.is_complex or labels.dtype == torch.bool:
+            raise ValueError(f"regression labels must be real numbers, got dtype {labels.dtype}")
+        check_finite("labels", labels)
+        return F.mse_loss(logits.float().reshape(shape), labels.float())
+    if problem_type == "single_label_classification":
+        check_integer("labels", labels, "class ids (an integer tensor) for single_label_classification")
+        if shape not in ((batch,), (batch, 1)):
+            raise ValueError(f"single_label_classification labels must have shape ({batch},), got {shape}")
+        bad = first_out_of_range(labels, 0, num_labels, ignore=-100)
+        if bad is not None:
+            raise ValueError(
+                f"labels hold class {bad[0]}, outside [0, num_labels={num_labels}) (-100 = not scored; "
+                f"at index {bad[1]})"
+            )
+        return F.cross_entropy(logits.float(), labels.reshape(-1).long())
+    if problem_type == "multi_label_classification":
+        if shape != (batch, num_labels):
+            raise ValueError(
+                f"multi_label_classification labels must be multi-hot [batch, num_labels] = {(batch, num_labels)}, "
+                f"got {shape}"
+            )
+        if labels.dtype.is_complex:
+            raise ValueError(f"multi_label_classification labels must be real numbers, got dtype {labels.dtype}")
+        targets = labels.float()  # int or bool multi-hot labels are accepted too
+        check_finite("labels", targets)
+        bad = first_outside_interval(targets, 0.0, 1.0)
+        if bad is not None:
+            raise ValueError(
+                f"multi_label_classification labels must lie in [0, 1], got {bad[0]} (at index {bad[1]})"
+            )
+        return F.binary_cross_entropy_with_logits(logits.float(), targets)
+    raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
+
+
 class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
     """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
 
-    ``config.num_labels == 1`` (or ``problem_type="regression"``) is regression with MSE
-    (STS-B); otherwise single-label classification with cross-entropy. logits [batch, num_labels].
+    forward(..., labels) returns ``SequenceClassifierOutput`` with logits [batch, num_labels]
+    and, with labels, the loss ``BertForSequenceClassification`` gives for ``config.problem_type``
+    (see :func:`sequence_classification_loss`): MSE for ``"regression"`` (STS-B),
+    cross-entropy for ``"single_label_classification"``, binary cross-entropy with logits for
+    ``"multi_label_classification"``. When ``problem_type`` is None it is inferred from
+    ``num_labels`` and the labels' dtype and recorded in the config, as BERT does
+    (:func:`infer_problem_type`; the text-classification pipeline then applies sigmoid or softmax
+    accordingly).
     """
 
     def __init__(self, config: FixedHeadConfig):
@@ -416,10 +490,13 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
-            if self.num_labels == 1 or self.config.problem_type == "regression":
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
-            else:
-                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1).long())
+            require_tensor("labels", labels)
+            problem_type = self.config.problem_type
+            if problem_type is None:
+                problem_type = infer_problem_type(logits.shape[-1], labels)
+                if not tracing():  # a config write is a side effect a compiled graph cannot hold
+                    self.config.problem_type = problem_type
+            loss = sequence_classification_loss(problem_type, logits, labels)
         out = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
