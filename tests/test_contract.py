@@ -477,3 +477,66 @@ def test_cuda_training_step_host_syncs():
     assert syncs(FixedHeadForMaskedLM(fh_config(head_dim=12)), labels=labels) == 1
 
 
+# ------------------------------------------------------------------ gradient checkpointing
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gradient_checkpointing_gives_the_plain_gradients(head_dim):
+    torch.manual_seed(0)
+    plain = FixedHeadForMaskedLM(fh_config(head_dim=head_dim, hidden_dropout_prob=0.1,
+                                           attention_probs_dropout_prob=0.1)).train()
+    ckpt = copy.deepcopy(plain)
+    ckpt.activation_checkpointing_enable()
+    assert ckpt.is_activation_checkpointing and not plain.is_activation_checkpointing
+    ids, mask, labels = _inputs()
+    losses = []
+    for model in (plain, ckpt):
+        torch.manual_seed(1)  # the same dropout masks; checkpointing replays them in the recompute
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out.loss.backward()
+        losses.append(out.loss)
+    torch.testing.assert_close(losses[1], losses[0])
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_gradient_checkpointing_old_name_and_trainer(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = FixedHeadForSequenceClassification(fh_config(head_dim=12, num_labels=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers 5.24 deprecates the old name
+        model.gradient_checkpointing_enable()
+    assert model.is_activation_checkpointing
+    model.activation_checkpointing_disable()
+    assert not model.is_activation_checkpointing
+    data = [{"input_ids": torch.randint(5, 100, (8,)), "labels": torch.tensor(i % 2)} for i in range(8)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
+                             use_cpu=True, disable_tqdm=True, activation_checkpointing=True, save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    assert model.is_activation_checkpointing
+    assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
+
+
+def test_gradient_checkpointing_option_of_pretrain_and_finetune(small_real_corpus, tmp_path):
+    """``--gradient-checkpointing`` reaches the Trainer; the run is the same run (same held-out loss,
+    dropout on; and a resume may switch it)."""
+    from dataclasses import replace
+
+    from _tiny_run import tiny_config, tiny_data, tiny_settings
+    from fixedhead.cli import build_parser
+    from fixedhead.training import pretrain
+    from fixedhead.training.pretrain import _training_args, run_fingerprint
+
+    args = build_parser().parse_args(["pretrain", "--output-dir", "x", "--gradient-checkpointing"])
+    assert args.gradient_checkpointing
+    args = build_parser().parse_args(["finetune", "--task", "sst2", "--model", "m", "--activation-checkpointing"])
+    assert args.gradient_checkpointing
+    settings = tiny_settings(max_steps=6, eval_steps=6, save_steps=6)
+    assert _training_args(tmp_path, replace(settings, gradient_checkpointing=True)).activation_checkpointing
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_hidden_layers=2)
+    assert run_fingerprint(config, settings, None) == run_fingerprint(
+        config, replace(settings, gradient_checkpointing=True), None)
+    data = tiny_data(small_real_corpus, tmp_path / "tok")
+    plain = pretrain(config, data, tmp_path / "plain", settings)
+    ckpt = pretrain(config, data, tmp_path / "ckpt", replace(settings, gradient_checkpointing=True))
+    assert ckpt["heldout_loss"] == pytest.approx(plain["heldout_loss"], abs=1e-5)

@@ -6,8 +6,11 @@ embeddings. With ``config.head_dim=None`` the models are numerically BERT
 (see :func:`fixedhead.convert.from_bert` and the parity test); with an int they are the paper's
 fixed-head models.
 
-Bad input is refused with a message naming the value; which checks run where (eager, compiled,
-exported, GPU) is :mod:`fixedhead.checks`.
+transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
+``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
+``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
+and ``torch.export``. Bad input is refused with a message naming the value; which checks run
+where (eager, compiled, GPU) is :mod:`fixedhead.checks`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -115,8 +119,13 @@ class FixedHeadEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
 
 
-class FixedHeadLayer(nn.Module):
-    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2)."""
+class FixedHeadLayer(GradientCheckpointingLayer):
+    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2).
+
+    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable()`` (or the
+    older ``gradient_checkpointing_enable()``), training recomputes the block in the backward
+    pass instead of keeping its activations (same gradients; dropout masks are replayed).
+    """
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -149,7 +158,7 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     config_class = FixedHeadConfig
     config: FixedHeadConfig
     base_model_prefix = "fixedhead"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
 

@@ -58,13 +58,14 @@ class FinetuneSettings:
     dropout: float = 0.1
     progress: bool = True
     save_model: bool = True
+    gradient_checkpointing: bool = False  # recompute blocks in the backward: less memory, same result
 
 
 def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings) -> dict:
     """What identifies a fine-tuning run: the pretrained run, the task and the settings that matter."""
     return json.loads(json.dumps({"task": task, "run_dir": str(Path(run_dir).resolve()),
                                   "settings": {k: v for k, v in asdict(settings).items()
-                                               if k not in ("progress", "save_model")}}))
+                                               if k not in ("progress", "save_model", "gradient_checkpointing")}}))
 
 
 class GlueDataset(Dataset):
@@ -220,6 +221,7 @@ def finetune(
         dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
         save_only_model=True,
+        activation_checkpointing=settings.gradient_checkpointing,
     )
     trainer = Trainer(
         model=model,

@@ -240,6 +240,9 @@ class TrainSettings:
     progress: bool = True
     torch_compile: bool = False
     bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
+    # activation checkpointing: recompute each encoder block in the backward pass (less memory,
+    # about one more forward of time; same gradients, dropout masks are replayed)
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps"):
@@ -253,8 +256,8 @@ class TrainSettings:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
 
 
-#: TrainSettings fields that change how a run is watched, not what it computes
-_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps")
+#: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
+_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False}
 
@@ -467,6 +470,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         ddp_find_unused_parameters=False,  # every parameter of the MLM model gets a gradient
         torch_compile=settings.torch_compile,
         bf16=settings.bf16,
+        activation_checkpointing=settings.gradient_checkpointing,
         use_cpu=not torch.cuda.is_available(),
     )
 
