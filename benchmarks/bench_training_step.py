@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Side by side: fixedhead's FixedHeadForMaskedLM against transformers' BertForMaskedLM.
 
-One process, identical configuration and identical weights (``fixedhead.modeling.from_bert``).
+One process, identical configuration and identical weights (``fixedhead.convert.from_bert``).
 Every comparison is a pair of rows run back to back, A B in one round and B A in the next, and
 its ratio is the median of those adjacent ratios: on a noisy, shared machine only side-by-side
 ratios mean anything (absolute times here moved 2× within a minute while this was written).
@@ -46,8 +46,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 import fixedhead.modeling as fh_modeling
 from fixedhead.attention import _DropoutAttention, padding_mask_to_bias, use_cpu_fast_path
 from fixedhead.configuration import FixedHeadConfig
+from fixedhead.convert import from_bert
 from fixedhead.flops import estimate_flops
-from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
+from fixedhead.modeling import FixedHeadForMaskedLM
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,6 +302,14 @@ def build_rows(args, device):
     def hf_loss(m, b):
         return m(**b).loss
 
+    def compact_logits_loss(m, b):
+        # ours before issue 12: logits [num_labelled, vocab], nothing scattered into [batch, seq, vocab]
+        hidden = m.fixedhead(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+        labels = b["labels"].reshape(-1)
+        idx = (labels != -100).nonzero().squeeze(1)
+        logits = m.cls(hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx))
+        return F.cross_entropy(logits.float(), labels.index_select(0, idx))
+
     def full_logits_loss(m, b):
         logits = m(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), b["labels"].view(-1), ignore_index=-100)
@@ -308,7 +317,7 @@ def build_rows(args, device):
     frac = args.masked
     train_row("BERT eager", bert_eager, hf_loss, std_cfg, 1.0, "transformers, full logits")
     train_row("BERT sdpa", bert_sdpa, hf_loss, std_cfg, 1.0, "transformers, full logits")
-    train_row("ours", ours, hf_loss, std_cfg, frac, "MLM output at masked positions only")
+    train_row("ours", ours, hf_loss, std_cfg, frac, "MLM output at masked positions, logits [B,N,V]")
     train_row(f"ours fixed {args.fixed_heads}x{args.fixed_head_dim}", fixed, hf_loss, fixed_cfg, frac,
               "paper's fixed head size")
     # fixedhead pretrain's default (and make run's) is dropout 0: the same two models without it
@@ -323,6 +332,8 @@ def build_rows(args, device):
 
         train_row("ours: full logits", variant(), full_logits_loss, std_cfg, 1.0,
                   "lever off: output layer at every position", "lever")
+        train_row("ours: compact logits", variant(), compact_logits_loss, std_cfg, frac,
+                  "logits [labelled, V], no [B,N,V] (before #12)", "lever")
         unfused = variant()
         for layer in unfused.fixedhead.encoder["layer"]:
             layer.attention.forward = types.MethodType(_unfused_qkv_forward, layer.attention)
@@ -525,6 +536,10 @@ def report(args, rows, peaks, gemm_n):
                 gain = (r.tokens / statistics.median(r.times)) / (pad.tokens / statistics.median(pad.times))
                 print(f"  packing without padding: {gain:.2f}x real tokens/s ({pad.note} -> {r.note}); "
                       f"time ratio packed/padded {statistics.median(r.ratios):.2f}")
+            elif r.name == "ours: compact logits":
+                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): {1 / statistics.median(r.ratios):.2f}x "
+                      f"the step with compact [labelled, vocab] logits; peak {r.paired_with.peak_mib:.0f} vs "
+                      f"{r.peak_mib:.0f} MiB")
             elif r.name == "ours: torch.compile":
                 print(f"  torch.compile: {1 / statistics.median(r.ratios):.2f}x (eager ÷ compiled)")
             elif r.name != "ours: padded batch":

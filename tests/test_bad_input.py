@@ -24,7 +24,8 @@ from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
 from fixedhead.data.glue import read_glue_tsv
-from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel
+from fixedhead.data.glue import glue_metrics
+from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
 
@@ -68,6 +69,31 @@ def tiny_cfg(**kw):
 def model_call(**inputs):
     def call(ctx):
         FixedHeadForMaskedLM(tiny_cfg()).eval()(**inputs)
+    return call
+
+
+def positions16_call(**inputs):
+    """The issue's model: 16 positions, sequences of 8."""
+    def call(ctx):
+        FixedHeadModel(tiny_cfg(max_position_embeddings=16)).eval()(**{"input_ids": torch.ones(1, 8, dtype=torch.long),
+                                                                      **inputs})
+    return call
+
+
+def classifier_call(problem_type=None, num_labels=2, **inputs):
+    def call(ctx):
+        cfg = tiny_cfg(num_labels=num_labels, problem_type=problem_type)
+        FixedHeadForSequenceClassification(cfg).eval()(input_ids=torch.ones(2, 3, dtype=torch.long), **inputs)
+    return call
+
+
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+
+
+def _stsb(*scores: str):
+    def call(ctx):
+        rows = [f"{i}\tmain\tf\t2012\t{i}\tnone\tnone\tA man.\tA dog.\t{s}" for i, s in enumerate(scores)]
+        read_glue_tsv(write(ctx, "g.tsv", "\n".join([STSB_HEADER, *rows]) + "\n"), "stsb")
     return call
 
 
@@ -195,6 +221,52 @@ CASES = [
     Case("labels shape (1,2) for (1,3)",
          model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 2, dtype=torch.long)),
          ValueError, "labels must have shape [batch, seq] = (1, 3), got (1, 2)"),
+    # every tensor argument of every forward: values and shapes (issue 12, item 5)
+    Case("position_ids 9..16 with 16 positions", positions16_call(position_ids=torch.arange(9, 17)[None]),
+         ValueError, "position_ids hold 16, outside [0, max_position_embeddings=16) (at index (0, 7))"),
+    Case("position_ids -1", positions16_call(position_ids=torch.tensor([[0, 1, 2, -1, 4, 5, 6, 7]])), ValueError,
+         "position_ids hold -1, outside [0, max_position_embeddings=16)"),
+    Case("position_ids of length 5 for 8 tokens", positions16_call(position_ids=torch.arange(5)[None]), ValueError,
+         "position_ids must have shape [batch, seq] = (1, 8) (or [1, seq] / [seq] to share one row), got (1, 5)"),
+    Case("float position_ids", positions16_call(position_ids=torch.arange(8.0)[None]), ValueError,
+         "position_ids must be an integer tensor, got dtype torch.float32"),
+    Case("token_type_ids 2 with 2 types", positions16_call(token_type_ids=torch.tensor([[0, 1, 2, 0, 0, 0, 0, 0]])),
+         ValueError, "token_type_ids hold 2, outside [0, type_vocab_size=2) (at index (0, 2))"),
+    Case("token_type_ids of length 3 for 8 tokens", positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)),
+         ValueError, "token_type_ids must have shape [batch, seq] = (1, 8)"),
+    Case("bool token_type_ids", positions16_call(token_type_ids=torch.zeros(1, 8, dtype=torch.bool)), ValueError,
+         "token_type_ids must be an integer tensor, got dtype torch.bool"),
+    Case("input_ids as a list", model_call(input_ids=[[1, 2, 3]]), TypeError,
+         "input_ids must be a torch.Tensor, got list"),
+    Case("attention_mask as a list", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]),
+         TypeError, "attention_mask must be a torch.Tensor, got list"),
+    Case("attention_mask value 2", model_call(input_ids=torch.ones(1, 3, dtype=torch.long),
+                                              attention_mask=torch.tensor([[1, 2, 0]])),
+         ValueError, "must hold only 0 (padding) and 1 (token), got 2"),
+    Case("inputs_embeds 31 wide for hidden 32", model_call(inputs_embeds=torch.randn(1, 4, 31)), ValueError,
+         "inputs_embeds must be [batch, seq, hidden_size=32], got shape (1, 4, 31)"),
+    Case("integer inputs_embeds", model_call(inputs_embeds=torch.ones(1, 4, 32, dtype=torch.long)), ValueError,
+         "inputs_embeds must be a floating-point tensor, got dtype torch.int64"),
+    Case("float MLM labels", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 3)),
+         ValueError, "labels must be an integer tensor of token ids (-100 = not scored), got dtype torch.float32"),
+    Case("MLM label -1", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.tensor([[-100, -1, 5]])),
+         ValueError, "labels hold -1, outside the vocabulary [0, 50) (use -100 to skip a position; at index (0, 1))"),
+    Case("class 2 with num_labels=2", classifier_call(labels=torch.tensor([0, 2])), ValueError,
+         "labels hold class 2, outside [0, num_labels=2) (-100 = not scored; at index (1,))"),
+    Case("multi-label labels [batch] for [batch, 3]", classifier_call("multi_label_classification", 3,
+                                                                      labels=torch.ones(2)),
+         ValueError, "multi_label_classification labels must be multi-hot [batch, num_labels] = (2, 3), got (2,)"),
+    Case("regression label NaN", classifier_call("regression", 1, labels=torch.tensor([0.5, math.nan])), ValueError,
+         "labels holds non-finite values (first at index (1,): nan)"),
+    Case("regression labels [batch] for 2 outputs", classifier_call("regression", 2, labels=torch.ones(2)), ValueError,
+         "regression labels must have shape (2, 2), got (2,)"),
+    Case("problem_type misspelt", lambda c: tiny_cfg(num_labels=3, problem_type="multilabel"), ValueError,
+         "problem_type must be one of ('regression', 'single_label_classification', 'multi_label_classification') "
+         "or None, got 'multilabel'"),
+    Case("attention_bias [batch,1,seq] to the layer",
+         lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)), ValueError,
+         "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, seq]), "
+         "got (2, 1, 5)"),
     # --- data files ---------------------------------------------------------------------
     Case("empty corpus", lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")), ValueError,
          "is empty: no document with non-whitespace text"),
@@ -216,6 +288,13 @@ CASES = [
          ValueError, "g.tsv:2: expected 4 tab-separated fields for GLUE rte, got 3"),
     Case("GLUE TSV unknown label", _glue("index\tsentence1\tsentence2\tlabel", "0\tA.\tB.\tmaybe"), ValueError,
          "g.tsv:2: label 'maybe' is not one of ['entailment', 'not_entailment']"),
+    Case("STS-B score nan", _stsb("3.2", "nan"), ValueError, "g.tsv:3: score 'nan' is not a finite number"),
+    Case("STS-B score inf", _stsb("inf"), ValueError, "g.tsv:2: score 'inf' is not a finite number"),
+    Case("STS-B score 7.5", _stsb("7.5"), ValueError, "g.tsv:2: score '7.5' is outside GLUE stsb's [0, 5]"),
+    Case("GLUE metrics of a NaN prediction", lambda c: glue_metrics("stsb", [1.0, math.nan, 2.0], [1.0, 2.0, 3.0]),
+         ValueError, "GLUE stsb: predictions hold nan at index (1,)"),
+    Case("GLUE metrics of NaN logits", lambda c: glue_metrics("sst2", [[0.1, 0.2], [math.nan, 0.0]], [0, 1]),
+         ValueError, "GLUE sst2: predictions hold nan at index (1, 0)"),
     Case("unknown GLUE task", lambda c: read_glue_tsv(write(c, "x.tsv", "a\tb\n"), "mnli2"), ValueError,
          "unknown GLUE task 'mnli2'; known: cola, mrpc, rte, sst2, stsb"),
     # --- checkpoints and run directories -------------------------------------------------

@@ -3,11 +3,11 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from fixedhead.configuration import FixedHeadConfig
+from fixedhead.convert import from_bert
 from fixedhead.modeling import (
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
     FixedHeadModel,
-    from_bert,
 )
 
 
@@ -71,7 +71,10 @@ def test_mlm_loss_only_at_labelled_positions_matches_full_logits():
     labels[0, 2], labels[1, 5], labels[2, 11], labels[2, 0] = 3, 7, 9, 1
     out = model(input_ids=ids, labels=labels)
     full = model(input_ids=ids).logits
-    assert out.logits.shape == (4, 97)
+    assert out.logits.shape == full.shape == (3, 12, 97)  # BertForMaskedLM's shape, labels or not
+    scored = labels != -100
+    torch.testing.assert_close(out.logits[scored], full[scored])  # the output layer ran there ...
+    assert torch.all(out.logits[~scored] == 0)  # ... and only there
     want = torch.nn.functional.cross_entropy(full.view(-1, 97), labels.view(-1), ignore_index=-100)
     torch.testing.assert_close(out.loss, want)
     nothing = model(input_ids=ids, labels=torch.full((3, 12), -100))

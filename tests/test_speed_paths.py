@@ -11,7 +11,8 @@ from transformers import BertConfig, BertForMaskedLM
 from fixedhead import attention
 from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
 from fixedhead.configuration import FixedHeadConfig
-from fixedhead.modeling import FixedHeadForMaskedLM, from_bert
+from fixedhead.convert import from_bert
+from fixedhead.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -46,8 +47,12 @@ def test_bert_parity_and_masked_only_output(attn):
         sel = ours(input_ids=ids, attention_mask=mask, labels=labels)
     keep = mask.bool()
     torch.testing.assert_close(full[keep], ref[keep], atol=1e-5, rtol=1e-5)
-    # with labels the output layer runs at labelled positions only: same logits, fewer rows
-    torch.testing.assert_close(sel.logits, full[labels != -100], atol=1e-5, rtol=1e-5)
+    # with labels the output layer runs at labelled positions only: the same logits there, in
+    # BertForMaskedLM's [batch, seq, vocab] shape, zero rows elsewhere
+    scored = labels != -100
+    assert sel.logits.shape == ref.shape
+    torch.testing.assert_close(sel.logits[scored], full[scored], atol=1e-5, rtol=1e-5)
+    assert torch.all(sel.logits[~scored] == 0)
     expected = torch.nn.functional.cross_entropy(ref.view(-1, 97), labels.view(-1), ignore_index=-100)
     torch.testing.assert_close(sel.loss, expected, atol=1e-5, rtol=1e-5)
 

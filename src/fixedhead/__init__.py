@@ -6,12 +6,12 @@ decouples it. See README.md.
 
 from .attention import MultiHeadAttention
 from .configuration import FixedHeadConfig
+from .convert import from_bert
 from .modeling import (
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
     FixedHeadModel,
     count_parameters,
-    from_bert,
     register_auto_classes,
 )
 

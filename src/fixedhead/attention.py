@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .checks import host_reads_allowed, require_tensor, tracing
+
 
 def _check_positive_int(name: str, value) -> int:
     # bool is an int subclass: True heads is a bug, not 1 head.
@@ -67,37 +69,45 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
         dtype: dtype of the returned bias (the attention logits' dtype).
 
     Returns:
-        None when there is no mask or nothing is masked (so SDPA can take its fastest path);
+        None when there is no mask, or when nothing is masked and reading the mask on the host is
+        free (eager mode, CPU: see :mod:`fixedhead.checks`), so SDPA can take its fastest path;
         otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
         (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
-        cast cannot make it -inf).
+        cast cannot make it -inf). Under ``torch.compile``/``torch.export`` and on GPUs a mask is
+        always turned into a bias (same results), since asking whether it is all ones would be a
+        graph break or a device-to-host synchronisation.
         A query whose keys are all padding then gets a uniform (finite) distribution, never NaN,
         in float32, bfloat16 and under bf16 autocast.
 
     Raises:
         ValueError: a mask that is not 2-D, is complex, or holds values other than 0 and 1
-            (an additive 0/-inf mask, say); the message names the first bad value.
+            (an additive 0/-inf mask, say); the message names the first bad value (the value
+            check runs where host reads are free, see :mod:`fixedhead.checks`).
+        TypeError: a mask that is not a tensor.
     """
     if attention_mask is None:
         return None
+    require_tensor("attention_mask", attention_mask)
     if attention_mask.dim() != 2:
         raise ValueError(
             f"attention_mask must be [batch, seq] with 1 = token and 0 = padding, got shape {tuple(attention_mask.shape)}"
         )
     if attention_mask.dtype.is_complex:
         raise ValueError(f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}")
+    host = host_reads_allowed(attention_mask)
     if attention_mask.dtype == torch.bool:
         keep = attention_mask
     else:
-        bad = ~((attention_mask == 0) | (attention_mask == 1))
-        if bool(bad.any()):
-            # e.g. an additive mask (0 / -inf or -10000) passed where a padding mask belongs
-            raise ValueError(
-                f"attention_mask must hold only 0 (padding) and 1 (token), got {attention_mask[bad][0].item()!r} "
-                f"(dtype {attention_mask.dtype})"
-            )
+        if host:
+            bad = ~((attention_mask == 0) | (attention_mask == 1))
+            if bool(bad.any()):
+                # e.g. an additive mask (0 / -inf or -10000) passed where a padding mask belongs
+                raise ValueError(
+                    f"attention_mask must hold only 0 (padding) and 1 (token), got {attention_mask[bad][0].item()!r} "
+                    f"(dtype {attention_mask.dtype})"
+                )
         keep = attention_mask != 0
-    if bool(keep.all()):
+    if host and bool(keep.all()):
         return None
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
@@ -147,9 +157,10 @@ def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend]
 
 
 def warn_if_unfused(head_dim: int, device_type: str) -> list[SDPBackend] | None:
-    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process."""
+    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process
+    (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
     backends, reason = sdpa_backend_plan(head_dim, device_type)
-    if reason is not None and (head_dim, device_type) not in _warned_sdpa:
+    if reason is not None and (head_dim, device_type) not in _warned_sdpa and not tracing():
         _warned_sdpa.add((head_dim, device_type))
         warnings.warn(
             f"fixedhead attention on {device_type}: {reason}. FlashAttention is skipped; SDPA uses the "
@@ -236,6 +247,20 @@ class _DropoutAttention(torch.autograd.Function):
                 None, None, None)
 
 
+def _check_attention_bias(bias, batch: int, heads: int, seq: int) -> None:
+    """An additive bias must be a float tensor broadcastable to [batch, heads, seq, seq] (metadata only)."""
+    require_tensor("attention_bias", bias)
+    shape = tuple(bias.shape)
+    ok = len(shape) == 4 and all(s in (1, full) for s, full in zip(shape[:3], (batch, heads, seq))) and shape[3] == seq
+    if not ok:
+        raise ValueError(
+            f"attention_bias must broadcast to [batch, heads, query, key] = {(batch, heads, seq, seq)} "
+            f"(e.g. [batch, 1, 1, seq]), got {shape}"
+        )
+    if not bias.is_floating_point():
+        raise ValueError(f"attention_bias must be an additive float tensor, got dtype {bias.dtype}")
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p).
 
@@ -293,8 +318,8 @@ class MultiHeadAttention(nn.Module):
                 ``_DropoutAttention``, the same computation); False for the eager reference
                 path. They agree to float rounding (with dropout: in distribution).
             attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
-                :func:`padding_mask_to_bias` (models compute it once for all layers);
-                overrides ``attention_mask``.
+                :func:`padding_mask_to_bias` (models compute it once for all layers), or any
+                float bias broadcastable to [batch, heads, query, key]; overrides ``attention_mask``.
 
         Returns:
             (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows
@@ -302,8 +327,10 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; an
-                attention_mask that is not [batch, seq] (see :func:`padding_mask_to_bias`).
+                attention_mask that is not [batch, seq] (see :func:`padding_mask_to_bias`); an
+                attention_bias that is not a float tensor broadcastable to [batch, heads, seq, seq].
         """
+        require_tensor("hidden_states", hidden_states)
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(
                 f"hidden_states must be [batch, seq, {self.hidden_size}], got {tuple(hidden_states.shape)}"
@@ -311,12 +338,16 @@ class MultiHeadAttention(nn.Module):
         if not hidden_states.is_floating_point():
             raise ValueError(f"hidden_states must be a floating-point tensor, got dtype {hidden_states.dtype}")
         batch, seq, _ = hidden_states.shape
-        if attention_bias is None and attention_mask is not None and tuple(attention_mask.shape) != (batch, seq):
+        if attention_bias is None and attention_mask is not None and (
+            tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, seq)
+        ):
             raise ValueError(
                 f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
             )
         if attention_bias is None:
             attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
+        else:
+            _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq)
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
         qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)

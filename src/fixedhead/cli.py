@@ -131,6 +131,13 @@ def _add_train_args(p):
     g.add_argument("--bf16", action="store_true",
                    help="bf16 autocast (mixed precision; weights and optimizer stay fp32); meant for GPUs "
                    "with bf16, works on CPUs with it too")
+    _add_checkpointing_arg(g)
+
+
+def _add_checkpointing_arg(group):
+    group.add_argument("--gradient-checkpointing", "--activation-checkpointing", dest="gradient_checkpointing",
+                       action="store_true", help="recompute each encoder block in the backward pass: less "
+                       "activation memory for about one more forward pass of time; same gradients")
 
 
 def _report_to(names: list[str]) -> list[str]:
@@ -190,7 +197,7 @@ def _cmd_pretrain(args):
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
         eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
-        torch_compile=args.torch_compile, bf16=args.bf16)
+        torch_compile=args.torch_compile, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing)
     data = prepare_data(DataSettings(
         corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
         heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
@@ -343,6 +350,7 @@ def _add_finetune(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier fine-tuning result in --output-dir (removes only files fine-tuning wrote)")
+    _add_checkpointing_arg(p)
     p.set_defaults(func=_cmd_finetune)
 
 
@@ -355,7 +363,8 @@ def _cmd_finetune(args):
     settings = FinetuneSettings(
         max_seq_length=args.max_seq_length, batch_size=args.batch_size, learning_rate=args.learning_rate,
         max_steps=args.max_steps, eval_steps=args.eval_steps, patience=args.patience,
-        validation_size=args.validation_size, max_train_examples=args.max_train_examples, seed=args.seed)
+        validation_size=args.validation_size, max_train_examples=args.max_train_examples, seed=args.seed,
+        gradient_checkpointing=args.gradient_checkpointing)
     out = args.output_dir or str(Path(args.model) / f"finetune-{args.task}")
     result = finetune(args.model, args.task, out, settings, data_dir=args.data_dir, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if k != "fingerprint"}, indent=2))

@@ -14,6 +14,9 @@ from transformers import PreTrainedConfig
 
 from .attention import resolve_head_dim
 
+#: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
 
 def _check_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
@@ -35,12 +38,14 @@ class FixedHeadConfig(PreTrainedConfig):
         intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
         initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
-        tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT).
+        tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
+        and transformers' common fields (num_labels / id2label, problem_type, ...).
 
     Raises:
         ValueError: at construction, naming the bad value: non-int or non-positive sizes
             (bools and floats included), standard mode with d not divisible by h, dropout
-            outside [0, 1), pad_token_id outside the vocabulary.
+            outside [0, 1), pad_token_id outside the vocabulary, a problem_type that is not one
+            of :data:`PROBLEM_TYPES` (BERT would silently compute no loss).
     """
 
     model_type = "fixedhead"
@@ -75,6 +80,8 @@ class FixedHeadConfig(PreTrainedConfig):
             isinstance(self.pad_token_id, numbers.Integral) and 0 <= self.pad_token_id < self.vocab_size
         ):
             raise ValueError(f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}")
+        if getattr(self, "problem_type", None) is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {self.problem_type!r}")
         if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         super().__post_init__(**kwargs)

@@ -3,7 +3,14 @@
 Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
 LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
 embeddings. With ``config.head_dim=None`` the models are numerically BERT
-(see :func:`from_bert` and the parity test); with an int they are the paper's fixed-head models.
+(see :func:`fixedhead.convert.from_bert` and the parity test); with an int they are the paper's
+fixed-head models.
+
+transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
+``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
+``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
+and ``torch.export``. Bad input is refused with a message naming the value; which checks run
+where (eager, compiled, GPU) is :mod:`fixedhead.checks`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
@@ -20,11 +28,25 @@ from transformers.modeling_outputs import (
 )
 
 from .attention import MultiHeadAttention, padding_mask_to_bias
-from .configuration import FixedHeadConfig
+from .checks import (
+    check_broadcast_ids_shape,
+    check_finite,
+    check_integer,
+    first_out_of_range,
+    first_outside_interval,
+    require_tensor,
+    tracing,
+)
+from .configuration import PROBLEM_TYPES, FixedHeadConfig
 
 
 class FixedHeadEmbeddings(nn.Module):
-    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT)."""
+    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT).
+
+    Table sizes are read from the tables at every call, never remembered from the config: after
+    ``resize_token_embeddings``, ``set_input_embeddings`` or a replaced position / token-type
+    table, ids are checked against the table that will be indexed.
+    """
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -33,54 +55,77 @@ class FixedHeadEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.max_position_embeddings = config.max_position_embeddings
-        self.vocab_size = config.vocab_size
 
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
+
+        ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
+        rows (as BERT). Raises ValueError naming the value: see :class:`FixedHeadModel`.
+        """
+        hidden = self.LayerNorm.normalized_shape[0]
         if inputs_embeds is None:
+            check_integer("input_ids", input_ids, "an integer tensor of token ids")
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-            if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-                raise ValueError(f"input_ids must be an integer tensor of token ids, got dtype {input_ids.dtype}")
             if input_ids.numel() == 0:
                 raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= self.vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"input_ids hold token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+            vocab = self.word_embeddings.weight.shape[0]
+            bad = first_out_of_range(input_ids, 0, vocab)
+            if bad is not None:
+                raise ValueError(
+                    f"input_ids hold token id {bad[0]}, outside the vocabulary [0, {vocab}) (at index {bad[1]})"
+                )
             inputs_embeds = self.word_embeddings(input_ids)
-        elif inputs_embeds.dim() != 3:
-            raise ValueError(f"inputs_embeds must be [batch, seq, hidden], got shape {tuple(inputs_embeds.shape)}")
-        elif not bool(torch.isfinite(inputs_embeds).all()):
+        else:
+            require_tensor("inputs_embeds", inputs_embeds)
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden:
+                raise ValueError(
+                    f"inputs_embeds must be [batch, seq, hidden_size={hidden}], got shape {tuple(inputs_embeds.shape)}"
+                )
+            if not inputs_embeds.is_floating_point():
+                raise ValueError(f"inputs_embeds must be a floating-point tensor, got dtype {inputs_embeds.dtype}")
+            if inputs_embeds.numel() == 0:
+                raise ValueError(f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)})")
             # documented choice: refuse rather than propagate; one NaN would spread to every
             # position of the batch row through attention
-            bad = (~torch.isfinite(inputs_embeds)).nonzero()[0].tolist()
-            raise ValueError(
-                f"inputs_embeds holds non-finite values (first at index {tuple(bad)}: "
-                f"{inputs_embeds[tuple(bad)].item()})"
-            )
+            check_finite("inputs_embeds", inputs_embeds)
         batch, seq = inputs_embeds.shape[:2]
-        if seq > self.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {seq} exceeds max_position_embeddings={self.max_position_embeddings}"
-            )
+        n_positions = self.position_embeddings.weight.shape[0]
         if position_ids is None:
+            if seq > n_positions:
+                raise ValueError(f"sequence length {seq} exceeds max_position_embeddings={n_positions}")
             position_embeds = self.position_embeddings.weight[:seq].unsqueeze(0)
         else:
+            check_integer("position_ids", position_ids)
+            check_broadcast_ids_shape("position_ids", position_ids, batch, seq)
+            bad = first_out_of_range(position_ids, 0, n_positions)
+            if bad is not None:
+                raise ValueError(
+                    f"position_ids hold {bad[0]}, outside [0, max_position_embeddings={n_positions}) (at index {bad[1]})"
+                )
             position_embeds = self.position_embeddings(position_ids)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
         else:
-            n_types = self.token_type_embeddings.num_embeddings
-            if token_type_ids.numel() and (int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= n_types):
-                bad = int(token_type_ids.min()) if int(token_type_ids.min()) < 0 else int(token_type_ids.max())
-                raise ValueError(f"token_type_ids hold {bad}, outside [0, type_vocab_size={n_types})")
+            check_integer("token_type_ids", token_type_ids)
+            check_broadcast_ids_shape("token_type_ids", token_type_ids, batch, seq)
+            n_types = self.token_type_embeddings.weight.shape[0]
+            bad = first_out_of_range(token_type_ids, 0, n_types)
+            if bad is not None:
+                raise ValueError(
+                    f"token_type_ids hold {bad[0]}, outside [0, type_vocab_size={n_types}) (at index {bad[1]})"
+                )
             type_embeds = self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
 
 
-class FixedHeadLayer(nn.Module):
-    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2)."""
+class FixedHeadLayer(GradientCheckpointingLayer):
+    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2).
+
+    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable()`` (or the
+    older ``gradient_checkpointing_enable()``), training recomputes the block in the backward
+    pass instead of keeping its activations (same gradients; dropout masks are replayed).
+    """
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -113,7 +158,7 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     config_class = FixedHeadConfig
     config: FixedHeadConfig
     base_model_prefix = "fixedhead"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
 
@@ -125,16 +170,23 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
     """The bare encoder: embeddings, ``num_hidden_layers`` blocks, optional BERT pooler.
 
     forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
-    (1 = token, 0 = padding), token_type_ids, position_ids) returns
-    ``BaseModelOutputWithPooling`` with last_hidden_state [batch, seq, hidden_size],
-    pooler_output [batch, hidden_size] (or None), and, on request, hidden_states and attentions
-    ([batch, heads, query, key], rows sum to 1).
+    (1 = token, 0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq]
+    shared by all rows)) returns ``BaseModelOutputWithPooling`` with last_hidden_state
+    [batch, seq, hidden_size], pooler_output [batch, hidden_size] (or None), and, on request,
+    hidden_states and attentions ([batch, heads, query, key], rows sum to 1).
 
     Raises:
-        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than
-            max_position_embeddings; token ids outside the vocabulary or not an integer tensor;
-            a malformed mask; NaN or ±inf in ``inputs_embeds`` (refused, not propagated).
+        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the
+            position table (when position_ids are not given); a tensor of the wrong shape or
+            dtype; token ids outside the vocabulary, position ids outside the position table,
+            token types outside the type table (all read from the tables themselves, so after
+            ``resize_token_embeddings`` too); a mask holding values other than 0/1; NaN or ±inf
+            in ``inputs_embeds`` (refused, not propagated).
+        TypeError: a tensor argument that is not a tensor.
 
+    Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
+    ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
+    syncs), shape and dtype checks always run: see :mod:`fixedhead.checks`.
     A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
@@ -171,10 +223,12 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         batch, seq = hidden_states.shape[:2]
-        if attention_mask is not None and tuple(attention_mask.shape) != (batch, seq):
-            raise ValueError(
-                f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
-            )
+        if attention_mask is not None:
+            require_tensor("attention_mask", attention_mask)
+            if tuple(attention_mask.shape) != (batch, seq):
+                raise ValueError(
+                    f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+                )
         attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
         use_sdpa = self._use_sdpa(output_attentions)
         all_hidden = [hidden_states] if output_hidden_states else None
@@ -221,14 +275,52 @@ class FixedHeadMLMHead(nn.Module):
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
 
 
-class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
-    """Encoder + MLM head (decoder weight tied to the word embeddings).
+def masked_lm_loss_and_logits(head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int):
+    """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
 
-    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``.
-    Without labels, logits are [batch, seq, vocab_size] (as ``BertForMaskedLM``). With labels,
-    the output layer runs only at the labelled positions, as the original BERT code does:
-    logits are then [num_labelled, vocab_size] in row-major (batch, seq) order, and loss is the
-    mean cross-entropy over them (0 with a zero gradient when nothing is labelled, never NaN).
+    The output layer (the largest matrix product of a BERT step at a 30k vocabulary) runs only at
+    the labelled positions, as the original BERT code does; their rows are scattered into a
+    [batch, seq, vocab] tensor of zeros (as MosaicML's BERT does), so the output has
+    ``BertForMaskedLM``'s shape and its values at every labelled position. Rows of unlabelled
+    positions are 0; pass no labels for logits everywhere. The loss is 0 with a zero gradient when
+    nothing is labelled (``BertForMaskedLM`` gives NaN there).
+
+    Under ``torch.compile``/``torch.export`` the number of labelled positions is not known while
+    tracing, so the output layer runs at every position and unlabelled rows are zeroed: the same
+    values, at full-logits cost. In eager mode on a GPU, finding the labelled positions
+    (``nonzero``) is one device-to-host synchronisation per step.
+    """
+    batch, seq, hidden = sequence_output.shape
+    flat_labels = labels.reshape(-1).long()
+    if tracing():
+        keep = flat_labels != -100
+        logits = head(sequence_output).reshape(batch * seq, vocab).masked_fill(~keep.unsqueeze(1), 0)
+        total = F.cross_entropy(logits.float(), flat_labels, ignore_index=-100, reduction="sum")
+        return total / keep.sum().clamp(min=1), logits.view(batch, seq, vocab)
+    idx = (flat_labels != -100).nonzero().squeeze(1)  # [num_labelled]
+    compact = head(sequence_output.reshape(batch * seq, hidden).index_select(0, idx))  # [num_labelled, vocab]
+    if idx.numel() == 0:
+        loss = compact.sum() * 0.0
+    else:
+        loss = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx))
+    logits = compact.new_zeros(batch * seq, vocab)
+    logits.index_copy_(0, idx, compact)
+    return loss, logits.view(batch, seq, vocab)
+
+
+class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
+    """Encoder + MLM head (decoder weight tied to the word embeddings unless ``tie_word_embeddings=False``).
+
+    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``
+    with logits [batch, seq, vocab_size] whether or not labels are given, as ``BertForMaskedLM``.
+    With labels, the output layer runs only at the labelled positions (see
+    :func:`masked_lm_loss_and_logits`): logits there are the model's, elsewhere 0; loss is the
+    mean cross-entropy over the labelled positions (0 with a zero gradient when nothing is
+    labelled, never NaN).
+
+    Raises:
+        ValueError: as :class:`FixedHeadModel`; labels of the wrong shape or dtype, or holding
+            a value that is neither -100 nor a token id of the (current) output vocabulary.
     """
 
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
@@ -273,33 +365,103 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         if labels is None:
             logits = self.cls(sequence_output)
         else:
-            if labels.shape != sequence_output.shape[:2]:
+            vocab = self.cls.decoder.weight.shape[0]  # the current output vocabulary (resizing changes it)
+            check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
+            if tuple(labels.shape) != tuple(sequence_output.shape[:2]):
                 raise ValueError(
                     f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, got {tuple(labels.shape)}"
                 )
-            selected = labels != -100
-            logits = self.cls(sequence_output[selected])  # [num_labelled, vocab]
-            targets = labels[selected]
-            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= self.config.vocab_size):
-                bad = int(targets.min()) if int(targets.min()) < 0 else int(targets.max())
+            bad = first_out_of_range(labels, 0, vocab, ignore=-100)
+            if bad is not None:
                 raise ValueError(
-                    f"labels hold {bad}, outside the vocabulary [0, {self.config.vocab_size}) (use -100 to skip a position)"
+                    f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
+                    f"at index {bad[1]})"
                 )
-            if targets.numel() == 0:
-                loss = logits.sum() * 0.0
-            else:
-                loss = F.cross_entropy(logits.float(), targets)
+            loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab)
         out = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
         return out if return_dict else out.to_tuple()
 
 
+def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
+    """``BertForSequenceClassification``'s rule when ``config.problem_type`` is unset: one output is
+    regression; integer labels (int32/int64) with several outputs are single-label classification;
+    anything else (float multi-hot labels) is multi-label classification."""
+    if num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss ``BertForSequenceClassification`` computes for ``problem_type`` (in float32).
+
+    Args:
+        problem_type: ``"regression"`` (MSE; labels [batch] or [batch, 1] for one output,
+            [batch, num_labels] for several), ``"single_label_classification"`` (cross-entropy;
+            class ids [batch], -100 = not scored) or ``"multi_label_classification"``
+            (binary cross-entropy with logits; multi-hot labels [batch, num_labels] in [0, 1]).
+        logits: [batch, num_labels].
+        labels: see above.
+
+    Raises:
+        ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
+            [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
+            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.checks`.
+    """
+    batch, num_labels = logits.shape
+    shape = tuple(labels.shape)
+    if problem_type == "regression":
+        want = ((batch,), (batch, 1)) if num_labels == 1 else ((batch, num_labels),)
+        if shape not in want:
+            raise ValueError(f"regression labels must have shape {' or '.join(map(str, want))}, got {shape}")
+        if labels.dtype.is_complex or labels.dtype == torch.bool:
+            raise ValueError(f"regression labels must be real numbers, got dtype {labels.dtype}")
+        check_finite("labels", labels)
+        return F.mse_loss(logits.float().reshape(shape), labels.float())
+    if problem_type == "single_label_classification":
+        check_integer("labels", labels, "class ids (an integer tensor) for single_label_classification")
+        if shape not in ((batch,), (batch, 1)):
+            raise ValueError(f"single_label_classification labels must have shape ({batch},), got {shape}")
+        bad = first_out_of_range(labels, 0, num_labels, ignore=-100)
+        if bad is not None:
+            raise ValueError(
+                f"labels hold class {bad[0]}, outside [0, num_labels={num_labels}) (-100 = not scored; "
+                f"at index {bad[1]})"
+            )
+        return F.cross_entropy(logits.float(), labels.reshape(-1).long())
+    if problem_type == "multi_label_classification":
+        if shape != (batch, num_labels):
+            raise ValueError(
+                f"multi_label_classification labels must be multi-hot [batch, num_labels] = {(batch, num_labels)}, "
+                f"got {shape}"
+            )
+        if labels.dtype.is_complex:
+            raise ValueError(f"multi_label_classification labels must be real numbers, got dtype {labels.dtype}")
+        targets = labels.float()  # int or bool multi-hot labels are accepted too
+        check_finite("labels", targets)
+        bad = first_outside_interval(targets, 0.0, 1.0)
+        if bad is not None:
+            raise ValueError(
+                f"multi_label_classification labels must lie in [0, 1], got {bad[0]} (at index {bad[1]})"
+            )
+        return F.binary_cross_entropy_with_logits(logits.float(), targets)
+    raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
+
+
 class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
     """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
 
-    ``config.num_labels == 1`` (or ``problem_type="regression"``) is regression with MSE
-    (STS-B); otherwise single-label classification with cross-entropy. logits [batch, num_labels].
+    forward(..., labels) returns ``SequenceClassifierOutput`` with logits [batch, num_labels]
+    and, with labels, the loss ``BertForSequenceClassification`` gives for ``config.problem_type``
+    (see :func:`sequence_classification_loss`): MSE for ``"regression"`` (STS-B),
+    cross-entropy for ``"single_label_classification"``, binary cross-entropy with logits for
+    ``"multi_label_classification"``. When ``problem_type`` is None it is inferred from
+    ``num_labels`` and the labels' dtype and recorded in the config, as BERT does
+    (:func:`infer_problem_type`; the text-classification pipeline then applies sigmoid or softmax
+    accordingly).
     """
 
     def __init__(self, config: FixedHeadConfig):
@@ -337,10 +499,13 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
-            if self.num_labels == 1 or self.config.problem_type == "regression":
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
-            else:
-                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1).long())
+            require_tensor("labels", labels)
+            problem_type = self.config.problem_type
+            if problem_type is None:
+                problem_type = infer_problem_type(logits.shape[-1], labels)
+                if not tracing():  # a config write is a side effect a compiled graph cannot hold
+                    self.config.problem_type = problem_type
+            loss = sequence_classification_loss(problem_type, logits, labels)
         out = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -348,85 +513,17 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
 
 
 # --------------------------------------------------------------------------------------------
-# Conversion from transformers' BERT
+# Conversion from transformers' BERT lives in fixedhead.convert (it imports this module); the
+# old import path ``fixedhead.modeling.from_bert`` keeps working.
 # --------------------------------------------------------------------------------------------
 
 
-def config_from_bert(bert_config) -> FixedHeadConfig:
-    """A standard-head ``FixedHeadConfig`` (head_dim=None) with a ``BertConfig``'s sizes."""
-    return FixedHeadConfig(
-        vocab_size=bert_config.vocab_size,
-        hidden_size=bert_config.hidden_size,
-        num_hidden_layers=bert_config.num_hidden_layers,
-        num_attention_heads=bert_config.num_attention_heads,
-        head_dim=None,
-        intermediate_size=bert_config.intermediate_size,
-        hidden_act=bert_config.hidden_act,
-        hidden_dropout_prob=bert_config.hidden_dropout_prob,
-        attention_probs_dropout_prob=bert_config.attention_probs_dropout_prob,
-        max_position_embeddings=bert_config.max_position_embeddings,
-        type_vocab_size=bert_config.type_vocab_size,
-        initializer_range=bert_config.initializer_range,
-        layer_norm_eps=bert_config.layer_norm_eps,
-        pad_token_id=bert_config.pad_token_id,
-    )
+def __getattr__(name):
+    if name in ("from_bert", "config_from_bert"):
+        from . import convert
 
-
-def _bert_to_fixedhead_state_dict(bert_sd: dict, num_layers: int, src: str, dst: str) -> dict:
-    """Rename (and fuse q/k/v of) a BERT encoder state dict; ``src``/``dst`` are the prefixes."""
-    out = {}
-    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        out[f"{dst}embeddings.{name}.weight"] = bert_sd[f"{src}embeddings.{name}.weight"]
-    for p in ("weight", "bias"):
-        out[f"{dst}embeddings.LayerNorm.{p}"] = bert_sd[f"{src}embeddings.LayerNorm.{p}"]
-    for i in range(num_layers):
-        b, f = f"{src}encoder.layer.{i}.", f"{dst}encoder.layer.{i}."
-        for p in ("weight", "bias"):
-            out[f"{f}attention.qkv.{p}"] = torch.cat(
-                [bert_sd[f"{b}attention.self.{n}.{p}"] for n in ("query", "key", "value")], dim=0
-            )
-            out[f"{f}attention.out_proj.{p}"] = bert_sd[f"{b}attention.output.dense.{p}"]
-            out[f"{f}attention_norm.{p}"] = bert_sd[f"{b}attention.output.LayerNorm.{p}"]
-            out[f"{f}intermediate.{p}"] = bert_sd[f"{b}intermediate.dense.{p}"]
-            out[f"{f}output.{p}"] = bert_sd[f"{b}output.dense.{p}"]
-            out[f"{f}output_norm.{p}"] = bert_sd[f"{b}output.LayerNorm.{p}"]
-    return out
-
-
-def from_bert(bert_model) -> FixedHeadForMaskedLM:
-    """Convert a transformers ``BertForMaskedLM`` into a standard-head ``FixedHeadForMaskedLM``.
-
-    The weights are copied exactly (q, k, v fused into one projection), so in float32 eval mode
-    both models give the same logits up to float rounding (tested to 1e-5).
-
-    Raises:
-        TypeError: the model is not a ``BertForMaskedLM``.
-        ValueError: the BERT config uses something this model does not (relative positions,
-            decoder mode).
-    """
-    from transformers import BertForMaskedLM
-
-    if not isinstance(bert_model, BertForMaskedLM):
-        raise TypeError(f"from_bert expects a transformers BertForMaskedLM, got {type(bert_model).__name__}")
-    bc = bert_model.config
-    if getattr(bc, "position_embedding_type", "absolute") not in ("absolute", None):
-        raise ValueError(f"only absolute positions are supported, got {bc.position_embedding_type!r}")
-    if getattr(bc, "is_decoder", False):
-        raise ValueError("decoder BERT configs (is_decoder=True) are not supported")
-    config = config_from_bert(bc)
-    model = FixedHeadForMaskedLM(config)
-    sd = bert_model.state_dict()
-    new_sd = _bert_to_fixedhead_state_dict(sd, bc.num_hidden_layers, "bert.", "fixedhead.")
-    for p in ("weight", "bias"):
-        new_sd[f"cls.dense.{p}"] = sd[f"cls.predictions.transform.dense.{p}"]
-        new_sd[f"cls.LayerNorm.{p}"] = sd[f"cls.predictions.transform.LayerNorm.{p}"]
-    new_sd["cls.decoder.weight"] = sd["cls.predictions.decoder.weight"]
-    new_sd["cls.decoder.bias"] = sd.get("cls.predictions.decoder.bias", sd.get("cls.predictions.bias"))
-    missing, unexpected = model.load_state_dict(new_sd, strict=False)
-    if unexpected or [m for m in missing if m != "cls.decoder.weight"]:
-        raise RuntimeError(f"conversion left missing={missing} unexpected={unexpected}")
-    model.tie_weights()
-    return model.to(bert_model.dtype)
+        return getattr(convert, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def count_parameters(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ class GlueTask:
 
     ``text_a``/``text_b``/``label`` are header names, or int column indices for headerless files
     (CoLA). ``labels`` lists the allowed label strings in class-id order; None means regression
-    (a float label). ``num_columns`` is the exact number of tab-separated fields per row.
+    (a float label in ``score_range``, inclusive). ``num_columns`` is the exact number of
+    tab-separated fields per row.
     """
 
     name: str
@@ -33,6 +35,7 @@ class GlueTask:
     text_b: str | int | None
     label: str | int
     labels: tuple[str, ...] | None
+    score_range: tuple[float, float] = (0.0, 5.0)  # regression only: STS-B's similarity scale
 
     @property
     def num_labels(self) -> int:
@@ -69,8 +72,9 @@ def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
 
     Raises:
         ValueError: unknown task; a header missing a needed column; a row with the wrong number
-            of fields; a label outside the task's label set (or not a number for STS-B); not
-            UTF-8; an empty file.
+            of fields; a label outside the task's label set (for STS-B: a score that is not a
+            finite number in [0, 5], e.g. ``nan``); not UTF-8; an empty file. The message names
+            the file and line.
         FileNotFoundError: no such file.
     """
     spec = get_glue_task(task)
@@ -110,6 +114,13 @@ def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
                         label = float(raw)
                     except ValueError:
                         raise ValueError(f"{path}:{lineno}: score {raw!r} is not a number") from None
+                    # float() also takes "nan" and "inf": one such label makes the loss and
+                    # every correlation NaN, so it is refused here, where file and line are known
+                    if not math.isfinite(label):
+                        raise ValueError(f"{path}:{lineno}: score {raw!r} is not a finite number")
+                    low, high = spec.score_range
+                    if not low <= label <= high:
+                        raise ValueError(f"{path}:{lineno}: score {raw!r} is outside GLUE {task}'s [{low:g}, {high:g}]")
                 elif raw in spec.labels:
                     label = spec.labels.index(raw)
                 else:
@@ -162,13 +173,21 @@ def glue_metrics(task: str, predictions, labels) -> dict:
         as 0.0 (as scikit-learn does for Matthews), never as NaN.
 
     Raises:
-        ValueError: unknown task, or predictions and labels of different lengths.
+        ValueError: unknown task; predictions and labels of different lengths; a NaN or ±inf
+            among the predictions or labels (a diverged model, or labels not read through
+            :func:`read_glue_tsv`), named with its index, rather than a NaN result.
     """
     import numpy as np
 
     spec = get_glue_task(task)
     preds = np.asarray(predictions)
     gold = np.asarray(labels)
+    for name, values in (("predictions", preds), ("labels", gold)):  # before arg-maxing logits
+        if values.dtype.kind in "fc" and not np.isfinite(values).all():
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(values))[0])
+            raise ValueError(
+                f"GLUE {task}: {name} hold {values[where]} at index {where}; metrics of non-finite values are undefined"
+            )
     if spec.labels is not None and preds.ndim == 2:
         preds = preds.argmax(-1)
     preds = preds.reshape(-1)

@@ -70,6 +70,7 @@ class FinetuneSettings:
     dropout: float = 0.1
     progress: bool = True
     save_model: bool = True
+    gradient_checkpointing: bool = False  # recompute blocks in the backward: less memory, same result
 
     def __post_init__(self):
         # a pair needs [CLS] a [SEP] b [SEP]: below 8 the tokenizer cannot truncate both texts
@@ -96,7 +97,7 @@ def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings, data_di
         "task": task,
         "model": model_fingerprint(run_dir),
         "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
-        "settings": {k: v for k, v in asdict(settings).items() if k not in ("progress", "save_model")},
+        "settings": {k: v for k, v in asdict(settings).items() if k not in ("progress", "save_model", "gradient_checkpointing")},
     }))
 
 
@@ -271,6 +272,7 @@ def finetune(
         dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(),
         save_only_model=True,
+        activation_checkpointing=settings.gradient_checkpointing,
     )
     trainer = Trainer(
         model=model,

@@ -64,9 +64,10 @@ def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_siz
         n = int((lab != -100).sum())
         if n == 0:
             continue
-        targets = lab[lab != -100]
-        total_loss += float(torch.nn.functional.cross_entropy(out.logits.float(), targets, reduction="sum"))
-        total_correct += int((out.logits.argmax(-1) == targets).sum())
+        scored = lab != -100
+        targets, logits = lab[scored], out.logits[scored]  # logits are [batch, seq, vocab], as BERT's
+        total_loss += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
+        total_correct += int((logits.argmax(-1) == targets).sum())
         total += n
     model.train(was_training)
     if total == 0:
@@ -99,6 +100,9 @@ class TrainSettings:
     progress: bool = True
     torch_compile: bool = False
     bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
+    # activation checkpointing: recompute each encoder block in the backward pass (less memory,
+    # about one more forward of time; same gradients, dropout masks are replayed)
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
@@ -112,8 +116,8 @@ class TrainSettings:
         positive_float("max_grad_norm", self.max_grad_norm)
 
 
-#: TrainSettings fields that change how a run is watched, not what it computes
-_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps")
+#: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
+_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False}
 
@@ -345,6 +349,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         ddp_find_unused_parameters=False,  # every parameter of the MLM model gets a gradient
         torch_compile=settings.torch_compile,
         bf16=settings.bf16,
+        activation_checkpointing=settings.gradient_checkpointing,
         use_cpu=not torch.cuda.is_available(),
     )
 

@@ -1,0 +1,125 @@
+"""Input checks that name the bad value, and where they run (eager, compiled, traced, GPU).
+
+The models refuse bad input early with a message naming the value (README, "Reliability").
+There are two kinds of check, and they cost different things:
+
+* **Metadata checks** (number of dimensions, shape, dtype) read only a tensor's metadata. They
+  are free everywhere and always run; under ``torch.compile`` and ``torch.export`` they are
+  evaluated once while tracing (and guarded), so compiled and exported models still refuse a
+  wrong shape.
+* **Value checks** (a token id outside the vocabulary, a mask value other than 0/1, NaN in
+  ``inputs_embeds``, a label out of range) must read tensor *values* on the host. Under
+  ``torch.compile`` that is a graph break (``fullgraph=True`` fails with "Could not guard on
+  data-dependent expression"), ``torch.export`` refuses it, ``torch.jit.trace`` bakes the
+  answer in, and on a GPU each read is a device-to-host synchronisation that stalls the step.
+
+So value checks (and the one other host read, the shortcut that drops an all-ones padding mask)
+run only where they are free: in eager mode on CPU tensors. Under compile, export or tracing
+they are skipped, and on a GPU (any non-CPU device) they are skipped by default, leaving
+PyTorch's own device-side asserts (e.g. an out-of-range embedding index). While debugging a GPU
+run, ``set_value_checks("always")`` turns them on there too (eager only; each costs a sync);
+``set_value_checks("never")`` turns them off everywhere. The default is ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MODES = ("auto", "always", "never")
+_mode = "auto"
+
+
+def set_value_checks(mode: str) -> str:
+    """Choose where value checks run: ``"auto"`` (eager, CPU tensors; the default), ``"always"``
+    (eager, every device: one host sync per check on a GPU) or ``"never"``. Returns the previous mode.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    global _mode
+    if mode not in _MODES:
+        raise ValueError(f"value-check mode must be one of {_MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    return previous
+
+
+def tracing() -> bool:
+    """True under ``torch.compile``, ``torch.export``, ``torch.jit`` tracing/scripting or ``torch.fx`` tracing."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
+        return True
+    try:
+        from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return is_fx_symbolic_tracing()
+
+
+def host_reads_allowed(tensor: torch.Tensor) -> bool:
+    """Whether reading ``tensor``'s values on the host is free here (see the module docstring)."""
+    if _mode == "never" or tracing():
+        return False
+    return _mode == "always" or tensor.device.type == "cpu"
+
+
+def require_tensor(name: str, value) -> torch.Tensor:
+    """``value`` itself if it is a tensor. Raises TypeError naming ``name`` and the type otherwise."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_integer(name: str, tensor: torch.Tensor, what: str = "an integer tensor") -> None:
+    """Raise ValueError unless ``tensor`` has an integer dtype (bool, float and complex are refused)."""
+    require_tensor(name, tensor)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise ValueError(f"{name} must be {what}, got dtype {tensor.dtype}")
+
+
+def first_out_of_range(tensor: torch.Tensor, low: int, high: int, ignore: int | None = None):
+    """Value check: ``(value, index)`` of the first element of integer ``tensor`` outside ``[low, high)``
+    (``ignore`` is allowed too), or None when all are in range.
+
+    None as well where host reads are not free (see :func:`host_reads_allowed`): the caller raises
+    with its own wording, e.g. ``input_ids hold token id 103, outside the vocabulary [0, 100)``.
+    """
+    if tensor.numel() == 0 or not host_reads_allowed(tensor):
+        return None
+    bad = (tensor < low) | (tensor >= high)
+    if ignore is not None:
+        bad &= tensor != ignore
+    if not bool(bad.any()):
+        return None
+    where = tuple(bad.nonzero()[0].tolist())
+    return tensor[where].item(), where
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> None:
+    """Value check: no NaN or ±inf in a float ``tensor``; the message names the first one and its index."""
+    if tensor.numel() == 0 or not tensor.is_floating_point() or not host_reads_allowed(tensor):
+        return
+    finite = torch.isfinite(tensor)
+    if not bool(finite.all()):
+        where = tuple((~finite).nonzero()[0].tolist())
+        raise ValueError(f"{name} holds non-finite values (first at index {where}: {tensor[where].item()})")
+
+
+def check_broadcast_ids_shape(name: str, tensor: torch.Tensor, batch: int, seq: int) -> None:
+    """Shapes BERT accepts for per-token ids added to [batch, seq, hidden]: [seq], [1, seq], [batch, seq]."""
+    shape = tuple(tensor.shape)
+    if shape not in ((seq,), (1, seq), (batch, seq)):
+        raise ValueError(
+            f"{name} must have shape [batch, seq] = {(batch, seq)} (or [1, seq] / [seq] to share one row), "
+            f"got {shape}"
+        )
+
+
+def first_outside_interval(tensor: torch.Tensor, low: float, high: float):
+    """Value check: ``(value, index)`` of the first element of ``tensor`` outside the closed ``[low, high]``,
+    or None (also where host reads are not free)."""
+    if tensor.numel() == 0 or not host_reads_allowed(tensor):
+        return None
+    bad = (tensor < low) | (tensor > high)
+    if not bool(bad.any()):
+        return None
+    where = tuple(bad.nonzero()[0].tolist())
+    return tensor[where].item(), where
