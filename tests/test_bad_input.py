@@ -265,7 +265,7 @@ CASES = [
          "or None, got 'multilabel'"),
     Case("attention_bias [batch,1,seq] to the layer",
          lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)), ValueError,
-         "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, seq]), "
+         "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, keys]), "
          "got (2, 1, 5)"),
     # --- data files ---------------------------------------------------------------------
     Case("empty corpus", lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")), ValueError,

@@ -8,6 +8,7 @@ from .attention import MultiHeadAttention
 from .configuration import FixedHeadConfig
 from .convert import from_bert
 from .modeling import (
+    FixedHeadForCausalLM,
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
     FixedHeadModel,
@@ -24,6 +25,7 @@ __all__ = [
     "FixedHeadConfig",
     "FixedHeadModel",
     "FixedHeadForMaskedLM",
+    "FixedHeadForCausalLM",
     "FixedHeadForSequenceClassification",
     "count_parameters",
     "from_bert",

@@ -247,18 +247,40 @@ class _DropoutAttention(torch.autograd.Function):
                 None, None, None)
 
 
-def _check_attention_bias(bias, batch: int, heads: int, seq: int) -> None:
-    """An additive bias must be a float tensor broadcastable to [batch, heads, seq, seq] (metadata only)."""
+def _check_attention_bias(bias, batch: int, heads: int, seq: int, keys: int | None = None) -> None:
+    """An additive bias must be a float tensor broadcastable to [batch, heads, seq, keys] (metadata only)."""
     require_tensor("attention_bias", bias)
+    keys = seq if keys is None else keys
     shape = tuple(bias.shape)
-    ok = len(shape) == 4 and all(s in (1, full) for s, full in zip(shape[:3], (batch, heads, seq))) and shape[3] == seq
+    ok = len(shape) == 4 and all(s in (1, full) for s, full in zip(shape[:3], (batch, heads, seq))) and shape[3] == keys
     if not ok:
         raise ValueError(
-            f"attention_bias must broadcast to [batch, heads, query, key] = {(batch, heads, seq, seq)} "
-            f"(e.g. [batch, 1, 1, seq]), got {shape}"
+            f"attention_bias must broadcast to [batch, heads, query, key] = {(batch, heads, seq, keys)} "
+            f"(e.g. [batch, 1, 1, keys]), got {shape}"
         )
     if not bias.is_floating_point():
         raise ValueError(f"attention_bias must be an additive float tensor, got dtype {bias.dtype}")
+
+
+def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The additive bias of causal (left-to-right) attention, [1, 1, query_len, key_len].
+
+    Query i is the token at position ``key_len - query_len + i`` (the queries are the last
+    ``query_len`` tokens, e.g. new tokens after a key/value cache of ``key_len - query_len``): it
+    sees keys at positions up to its own (0) and not after it (``finfo(dtype).min``, finite, so a
+    fully masked row gives a uniform distribution, never NaN).
+
+    Raises:
+        ValueError: query_len > key_len or a length below 1.
+    """
+    if not 1 <= query_len <= key_len:
+        raise ValueError(f"causal attention needs 1 <= query_len <= key_len, got {query_len} and {key_len}")
+    offset = key_len - query_len
+    # key j is hidden from query i when j > offset + i: the strict upper triangle, shifted by the cache
+    hidden = torch.ones(query_len, key_len, dtype=torch.bool, device=device).triu(diagonal=offset + 1)
+    return torch.zeros(query_len, key_len, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[
+        None, None
+    ]
 
 
 class MultiHeadAttention(nn.Module):
@@ -274,6 +296,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: head size d_p; None for the standard d/h (then d must be divisible by h).
         dropout: dropout on the attention probabilities (training only).
         bias: whether the projections have biases (BERT: yes).
+        layer_idx: this layer's index in a key/value cache (decoders that generate).
 
     Raises:
         ValueError: see :func:`resolve_head_dim`; dropout outside [0, 1).
@@ -286,8 +309,10 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        layer_idx: int | None = None,
     ):
         super().__init__()
+        self.layer_idx = layer_idx
         self.head_dim = resolve_head_dim(hidden_size, num_attention_heads, head_dim)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
@@ -306,6 +331,8 @@ class MultiHeadAttention(nn.Module):
         output_attentions: bool = False,
         use_sdpa: bool = True,
         attention_bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend.
 
@@ -320,6 +347,11 @@ class MultiHeadAttention(nn.Module):
             attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
                 :func:`padding_mask_to_bias` (models compute it once for all layers), or any
                 float bias broadcastable to [batch, heads, query, key]; overrides ``attention_mask``.
+            is_causal: left-to-right attention: a query sees only keys at or before its position
+                (:func:`causal_bias`; with no other bias and no cache, SDPA's own causal kernel).
+            cache: a transformers key/value ``Cache`` (e.g. ``DynamicCache``): this call's keys and
+                values are appended to it under ``layer_idx`` and the queries attend to all of them
+                (the queries are then the last tokens; masks and biases cover past + new keys).
 
         Returns:
             (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows
@@ -338,19 +370,32 @@ class MultiHeadAttention(nn.Module):
         if not hidden_states.is_floating_point():
             raise ValueError(f"hidden_states must be a floating-point tensor, got dtype {hidden_states.dtype}")
         batch, seq, _ = hidden_states.shape
+        past = cache.get_seq_length(self.layer_idx or 0) if cache is not None else 0
         if attention_bias is None and attention_mask is not None and (
-            tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, seq)
+            tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, past + seq)
         ):
+            what = "[batch, seq]" if cache is None else "[batch, cached + new tokens]"
             raise ValueError(
-                f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+                f"attention_mask must have shape {what} = {(batch, past + seq)}, got {tuple(attention_mask.shape)}"
             )
-        if attention_bias is None:
-            attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
-        else:
-            _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq)
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
         qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None:
+            if self.layer_idx is None:
+                raise ValueError("a key/value cache needs the layer's index: build MultiHeadAttention(layer_idx=...)")
+            k, v = cache.update(k, v, self.layer_idx)  # [batch, h, past + seq, d_p]
+        keys = k.shape[2]
+        if attention_bias is None:
+            attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
+        else:
+            _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq, keys)
+        # SDPA's causal kernel applies when nothing else is masked and queries and keys coincide
+        sdpa_causal = is_causal and attention_bias is None and keys == seq
+        if is_causal and not sdpa_causal:
+            causal = causal_bias(seq, keys, hidden_states.dtype, hidden_states.device)
+            # either mask hides a key: the minimum of two 0 / finfo.min biases (a sum could overflow)
+            attention_bias = causal if attention_bias is None else torch.minimum(attention_bias, causal)
         if attention_bias is not None and attention_bias.dtype != q.dtype:
             # under autocast q is bf16/fp16 while the bias was built in the hidden states' fp32:
             # SDPA wants one dtype, and the fp32 minimum would overflow to -inf in fp16 (NaN rows)
@@ -361,18 +406,22 @@ class MultiHeadAttention(nn.Module):
             if q.is_cuda:
                 with sdpa_kernel(warn_if_unfused(self.head_dim, "cuda"), set_priority=True):
                     context = F.scaled_dot_product_attention(
-                        q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
+                        q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale, is_causal=sdpa_causal
                     )
             elif use_cpu_fast_path(q, dropout_p, self.training) and not (
                 attention_bias is not None and attention_bias.requires_grad
             ):  # a learnable bias keeps SDPA, which gives it a gradient
                 # CPU SDPA has no fused kernel with dropout (it takes the math kernel)
+                if sdpa_causal:
+                    attention_bias = causal_bias(seq, keys, q.dtype, q.device)
                 context = _DropoutAttention.apply(q, k, v, attention_bias, dropout_p, self.scale)
             else:
                 context = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale
+                    q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale, is_causal=sdpa_causal
                 )
         else:
+            if sdpa_causal:  # the eager path applies the causal bias itself
+                attention_bias = causal_bias(seq, keys, q.dtype, q.device)
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [batch, h, query, key]
             if attention_bias is not None:
                 scores = scores + attention_bias

@@ -39,6 +39,8 @@ class FixedHeadConfig(PreTrainedConfig):
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
         initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
         tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
+        is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.modeling.FixedHeadForCausalLM`
+        sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
         and transformers' common fields (num_labels / id2label, problem_type, ...).
 
     Raises:
@@ -66,6 +68,8 @@ class FixedHeadConfig(PreTrainedConfig):
     pad_token_id: int | None = 0
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
+    is_decoder: bool = False  # causal (left-to-right) attention; FixedHeadForCausalLM sets it
+    use_cache: bool = True  # decoders: keep a key/value cache while generating
 
     def __post_init__(self, **kwargs):
         resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first

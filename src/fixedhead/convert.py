@@ -5,6 +5,7 @@ transformers                           fixedhead
 =====================================  ==========================================
 ``BertModel`` (with or without pooler)  ``FixedHeadModel`` (same ``add_pooling_layer``)
 ``BertForMaskedLM``                    ``FixedHeadForMaskedLM``
+``BertLMHeadModel`` (``is_decoder``)   ``FixedHeadForCausalLM``
 ``BertForSequenceClassification``      ``FixedHeadForSequenceClassification``
 =====================================  ==========================================
 
@@ -28,7 +29,7 @@ import dataclasses
 import torch
 
 from .configuration import FixedHeadConfig
-from .modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
+from .modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 
 #: BertConfig fields with the same name and meaning in FixedHeadConfig: copied as they are
 CARRIED = (
@@ -36,24 +37,22 @@ CARRIED = (
     "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
     "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout", "tie_word_embeddings",
     "bos_token_id", "eos_token_id", "id2label", "label2id", "problem_type", "output_attentions",
-    "output_hidden_states", "return_dict", "dtype",
+    "output_hidden_states", "return_dict", "dtype", "is_decoder", "use_cache",
 )
 #: fields of architectures fixedhead does not have (a causal or cross-attending BERT): their defaults only
 REFUSED_UNLESS_DEFAULT = {
-    "is_decoder": (False, "decoder BERT (causal self-attention) has no fixedhead counterpart"),
     "add_cross_attention": (False, "cross-attention layers have no fixedhead counterpart"),
     "is_encoder_decoder": (False, "encoder-decoder models have no fixedhead counterpart"),
 }
 #: fields that do not change what a BERT encoder computes, and why
 NO_EFFECT = {
-    "use_cache": "the key/value cache of decoder BERT; an encoder never reads it",
     "chunk_size_feed_forward": "runs the feed-forward in chunks: less memory, identical values",
     "transformers_version": "metadata",
     "architectures": "metadata (the converted model writes its own)",
     "model_type": "metadata (fixedhead)",
     "_name_or_path": "metadata",
 }
-_SUPPORTED = "BertModel, BertForMaskedLM or BertForSequenceClassification"
+_SUPPORTED = "BertModel, BertForMaskedLM, BertLMHeadModel or BertForSequenceClassification"
 
 
 def bert_config_fields(bert_config=None) -> set[str]:
@@ -135,8 +134,8 @@ def from_bert(bert_model):
     """Convert a transformers BERT model into the fixedhead model that computes the same thing.
 
     ``BertModel`` → ``FixedHeadModel`` (pooler kept or absent as in the source),
-    ``BertForMaskedLM`` → ``FixedHeadForMaskedLM``, ``BertForSequenceClassification`` →
-    ``FixedHeadForSequenceClassification``. The weights are copied exactly (q, k, v fused into
+    ``BertForMaskedLM`` → ``FixedHeadForMaskedLM``, ``BertLMHeadModel`` (``is_decoder=True``) →
+    ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` → ``FixedHeadForSequenceClassification``. The weights are copied exactly (q, k, v fused into
     one projection); the configuration as :func:`config_from_bert`; an untied MLM decoder stays
     untied (also when the config says tied but the weights differ); dtype, device and
     train/eval mode follow the source. In float32 eval mode both give the same outputs up to
@@ -146,10 +145,15 @@ def from_bert(bert_model):
         TypeError: a model with no fixedhead counterpart (the message lists those that have one).
         ValueError: see :func:`config_from_bert`.
     """
-    from transformers import BertForMaskedLM, BertForSequenceClassification, BertModel
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertLMHeadModel, BertModel
 
     if isinstance(bert_model, BertForMaskedLM):
         kind, encoder = "mlm", bert_model.bert
+    elif isinstance(bert_model, BertLMHeadModel):
+        if not bert_model.config.is_decoder:
+            raise ValueError("a BertLMHeadModel with is_decoder=False attends in both directions; "
+                             "FixedHeadForCausalLM is causal (set is_decoder=True, as transformers asks)")
+        kind, encoder = "clm", bert_model.bert
     elif isinstance(bert_model, BertForSequenceClassification):
         kind, encoder = "cls", bert_model.bert
     elif isinstance(bert_model, BertModel):
@@ -179,7 +183,7 @@ def from_bert(bert_model):
         )
         if config.tie_word_embeddings and not shares and not torch.equal(decoder, embedding):
             config.tie_word_embeddings = False  # the model computes with its own decoder: keep it
-        model = FixedHeadForMaskedLM(config)
+        model = (FixedHeadForMaskedLM if kind == "mlm" else FixedHeadForCausalLM)(config)
         new_sd = _encoder_state_dict(sd, layers, "bert.", "fixedhead.", pooler=False)
         for p in ("weight", "bias"):
             new_sd[f"cls.dense.{p}"] = getattr(head.transform.dense, p).detach()
@@ -187,10 +191,10 @@ def from_bert(bert_model):
         new_sd["cls.decoder.weight"] = decoder.detach()
         new_sd["cls.decoder.bias"] = head.decoder.bias.detach() if head.decoder.bias is not None else head.bias.detach()
     missing, unexpected = model.load_state_dict(new_sd, strict=False)
-    tied_ok = {"cls.decoder.weight"} if kind == "mlm" and config.tie_word_embeddings else set()
+    tied_ok = {"cls.decoder.weight"} if kind in ("mlm", "clm") and config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied_ok:
         raise RuntimeError(f"conversion left missing={missing} unexpected={unexpected}")
-    if kind == "mlm":
+    if kind in ("mlm", "clm"):
         model.tie_weights()
         if (model.cls.decoder.weight is model.fixedhead.embeddings.word_embeddings.weight) != config.tie_word_embeddings:
             raise RuntimeError(f"conversion: decoder tying is not tie_word_embeddings={config.tie_word_embeddings}")

@@ -21,8 +21,12 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
     MaskedLMOutput,
     SequenceClassifierOutput,
 )
@@ -56,11 +60,14 @@ class FixedHeadEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None):
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                cache_length: int = 0):
         """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
 
         ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
-        rows (as BERT). Raises ValueError naming the value: see :class:`FixedHeadModel`.
+        rows (as BERT). Without ``position_ids`` the tokens sit at positions ``cache_length`` ..
+        ``cache_length + seq - 1`` (after the tokens already in a key/value cache, as BERT).
+        Raises ValueError naming the value: see :class:`FixedHeadModel`.
         """
         hidden = self.LayerNorm.normalized_shape[0]
         if inputs_embeds is None:
@@ -92,9 +99,10 @@ class FixedHeadEmbeddings(nn.Module):
         batch, seq = inputs_embeds.shape[:2]
         n_positions = self.position_embeddings.weight.shape[0]
         if position_ids is None:
-            if seq > n_positions:
-                raise ValueError(f"sequence length {seq} exceeds max_position_embeddings={n_positions}")
-            position_embeds = self.position_embeddings.weight[:seq].unsqueeze(0)
+            if cache_length + seq > n_positions:
+                what = f"sequence length {seq}" if not cache_length else f"{cache_length} cached + {seq} new tokens"
+                raise ValueError(f"{what} exceeds max_position_embeddings={n_positions}")
+            position_embeds = self.position_embeddings.weight[cache_length : cache_length + seq].unsqueeze(0)
         else:
             check_integer("position_ids", position_ids)
             check_broadcast_ids_shape("position_ids", position_ids, batch, seq)
@@ -127,13 +135,14 @@ class FixedHeadLayer(GradientCheckpointingLayer):
     pass instead of keeping its activations (same gradients; dropout masks are replayed).
     """
 
-    def __init__(self, config: FixedHeadConfig):
+    def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
         super().__init__()
         self.attention = MultiHeadAttention(
             config.hidden_size,
             config.num_attention_heads,
             head_dim=config.head_dim,
             dropout=config.attention_probs_dropout_prob,
+            layer_idx=layer_idx,
         )
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
@@ -142,9 +151,20 @@ class FixedHeadLayer(GradientCheckpointingLayer):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, attention_bias=None, output_attentions=False, use_sdpa=True):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        use_sdpa: bool = True,
+        is_causal: bool = False,
+        cache=None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
+        [batch, heads, seq, keys] or None); ``is_causal`` and ``cache`` as in :class:`MultiHeadAttention`."""
         attn_out, probs = self.attention(
-            hidden_states, attention_bias=attention_bias, output_attentions=output_attentions, use_sdpa=use_sdpa
+            hidden_states, attention_bias=attention_bias, output_attentions=output_attentions, use_sdpa=use_sdpa,
+            is_causal=is_causal, cache=cache,
         )
         hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
         ffn_out = self.output(self.act(self.intermediate(hidden_states)))
@@ -167,11 +187,16 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
 
 
 class FixedHeadModel(FixedHeadPreTrainedModel):
-    """The bare encoder: embeddings, ``num_hidden_layers`` blocks, optional BERT pooler.
+    """The bare encoder (or, with ``config.is_decoder``, decoder): embeddings, ``num_hidden_layers``
+    blocks, optional BERT pooler.
+
+    With ``config.is_decoder=True`` (as :class:`FixedHeadForCausalLM` sets) attention is causal
+    (left to right) and ``use_cache`` / ``cache`` keep a transformers key/value ``Cache``
+    (``DynamicCache``) for generation; ``attention_mask`` then covers cached + new tokens.
 
     forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
     (1 = token, 0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq]
-    shared by all rows)) returns ``BaseModelOutputWithPooling`` with last_hidden_state
+    shared by all rows)) returns ``BaseModelOutputWithPoolingAndCrossAttentions`` with last_hidden_state
     [batch, seq, hidden_size], pooler_output [batch, hidden_size] (or None), and, on request,
     hidden_states and attentions ([batch, heads, query, key], rows sum to 1).
 
@@ -193,7 +218,9 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
     def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         self.embeddings = FixedHeadEmbeddings(config)
-        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(FixedHeadLayer(config) for _ in range(config.num_hidden_layers))})
+        self.encoder = nn.ModuleDict(
+            {"layer": nn.ModuleList(FixedHeadLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))}
+        )
         self.pooler = FixedHeadPooler(config) if add_pooling_layer else None
         self.post_init()
 
@@ -203,17 +230,23 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
     ):
+        """See the class docstring; returns ``BaseModelOutputWithPoolingAndCrossAttentions``
+        (``cache`` set when a decoder uses one)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
@@ -221,28 +254,38 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        is_causal = bool(self.config.is_decoder)
+        use_cache = bool(use_cache if use_cache is not None else self.config.use_cache) and is_causal
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if cache is not None and not is_causal:
+            raise ValueError("a key/value cache is for decoders (config.is_decoder=True, e.g. FixedHeadForCausalLM)")
+        cache_length = cache.get_seq_length() if cache is not None else 0
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, cache_length)
         batch, seq = hidden_states.shape[:2]
         if attention_mask is not None:
             require_tensor("attention_mask", attention_mask)
-            if tuple(attention_mask.shape) != (batch, seq):
+            if tuple(attention_mask.shape) != (batch, cache_length + seq):
+                what = "[batch, seq]" if not cache_length else "[batch, cached + new tokens]"
                 raise ValueError(
-                    f"attention_mask must have shape [batch, seq] = {(batch, seq)}, got {tuple(attention_mask.shape)}"
+                    f"attention_mask must have shape {what} = {(batch, cache_length + seq)}, "
+                    f"got {tuple(attention_mask.shape)}"
                 )
         attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
         use_sdpa = self._use_sdpa(output_attentions)
         all_hidden = [hidden_states] if output_hidden_states else None
         all_attn = [] if output_attentions else None
         for layer in self.encoder["layer"]:
-            hidden_states, probs = layer(hidden_states, attention_bias, output_attentions, use_sdpa)
+            hidden_states, probs = layer(hidden_states, attention_bias, output_attentions, use_sdpa, is_causal, cache)
             if output_hidden_states:
                 all_hidden.append(hidden_states)
             if output_attentions:
                 all_attn.append(probs)
         pooled = self.pooler(hidden_states) if self.pooler is not None else None
-        out = BaseModelOutputWithPooling(
+        out = BaseModelOutputWithPoolingAndCrossAttentions(
             last_hidden_state=hidden_states,
             pooler_output=pooled,
+            cache=cache if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
         )
@@ -451,6 +494,104 @@ def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels
     raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
 
 
+class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
+    """A decoder-only (left-to-right) language model with standard or fixed head size.
+
+    The same blocks, attention layer and ``head_dim`` semantics as the encoders (``None`` = d/h),
+    with causal attention (``config.is_decoder`` is set to True), learned absolute positions and
+    the MLM head's transform + decoder as the LM head, tied to the input embeddings by default
+    (the layout of transformers' ``BertLMHeadModel``). Works with ``generate`` (greedy, sampling,
+    beam search) through transformers' ``DynamicCache``, and with ``pipeline("text-generation")``.
+
+    forward(input_ids [batch, seq], attention_mask [batch, cached + new] (1 = token), ...,
+    labels [batch, seq] (-100 = not scored), cache, use_cache, logits_to_keep) returns
+    ``CausalLMOutputWithCrossAttentions``: logits [batch, seq, vocab] (or the last
+    ``logits_to_keep``), loss = mean cross-entropy of predicting token t+1 from tokens ≤ t
+    (transformers' ``ForCausalLMLoss``: labels are shifted inside, as for every causal LM), cache.
+
+    Raises:
+        ValueError: labels of the wrong shape or dtype, or outside the vocabulary (other than
+            -100); plus everything :class:`FixedHeadModel` refuses.
+    """
+
+    _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: FixedHeadConfig):
+        config.is_decoder = True  # this class is the decoder; an encoder config becomes a decoder one
+        super().__init__(config)
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
+        self.cls = FixedHeadMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.decoder = new_embeddings
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ):
+        """See the class docstring."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False  # training: nothing to keep
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            cache=cache,
+            use_cache=use_cache,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.cls(hidden_states[:, keep])
+        loss = None
+        if labels is not None:
+            vocab = self.cls.decoder.weight.shape[0]  # the current output vocabulary (resizing changes it)
+            check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
+            if tuple(labels.shape) != tuple(hidden_states.shape[:2]):
+                raise ValueError(
+                    f"labels must have shape [batch, seq] = {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}"
+                )
+            bad = first_out_of_range(labels, 0, vocab, ignore=-100)
+            if bad is not None:
+                raise ValueError(
+                    f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
+                    f"at index {bad[1]})"
+                )
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError("labels need logits at every position: pass logits_to_keep=0 with labels")
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=vocab, **kwargs)
+        out = CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return out if return_dict else out.to_tuple()
+
+
 class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
     """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
 
@@ -567,13 +708,14 @@ def register_auto_classes() -> None:
     """Register ``FixedHeadConfig`` and the models with transformers' Auto classes.
 
     Called when :mod:`fixedhead` is imported, so that ``AutoConfig``, ``AutoModel``,
-    ``AutoModelForMaskedLM``, ``AutoModelForSequenceClassification`` and
+    ``AutoModelForMaskedLM``, ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` and
     ``transformers.pipeline`` load a fixedhead run directory (``model_type: "fixedhead"`` in its
     config.json) without ``trust_remote_code``. Idempotent (``exist_ok=True``).
     """
     from transformers import (
         AutoConfig,
         AutoModel,
+        AutoModelForCausalLM,
         AutoModelForMaskedLM,
         AutoModelForSequenceClassification,
     )
@@ -581,4 +723,5 @@ def register_auto_classes() -> None:
     AutoConfig.register(FixedHeadConfig.model_type, FixedHeadConfig, exist_ok=True)
     AutoModel.register(FixedHeadConfig, FixedHeadModel, exist_ok=True)
     AutoModelForMaskedLM.register(FixedHeadConfig, FixedHeadForMaskedLM, exist_ok=True)
+    AutoModelForCausalLM.register(FixedHeadConfig, FixedHeadForCausalLM, exist_ok=True)
     AutoModelForSequenceClassification.register(FixedHeadConfig, FixedHeadForSequenceClassification, exist_ok=True)
