@@ -162,3 +162,76 @@ def test_bad_labels_and_positions_are_refused():
     first = model(ids, use_cache=True)
     with pytest.raises(ValueError, match="6 cached \\+ 30 new tokens exceeds max_position_embeddings=32"):
         model(torch.randint(3, 60, (1, 30)), cache=first.cache, use_cache=True)
+
+
+# ------------------------------------------------------------------ training a causal LM
+@pytest.fixture(scope="module")
+def clm_run(small_real_corpus, tmp_path_factory):
+    from _tiny_run import tiny_config, tiny_data, tiny_settings
+
+    from fixedhead.training import pretrain
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    data = tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+    run = tmp_path_factory.mktemp("clm") / "run"
+    result = pretrain(tiny_config(), data, run, tiny_settings(max_steps=6, save_steps=6, eval_steps=3, objective="clm"))
+    torch.set_num_threads(threads)
+    return run, data, result
+
+
+def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(clm_run):
+    from fixedhead.training.pretrain import evaluate_run
+
+    run, data, result = clm_run
+    assert result["objective"] == "clm"
+    # every packed row scores its n - 2 next tokens (not [CLS], not the closing [SEP])
+    assert result["heldout_masked_tokens"] == data.heldout.shape[0] * (data.heldout.shape[1] - 2)
+    again = evaluate_run(run)
+    assert again["objective"] == "clm"
+    assert again["loss"] == pytest.approx(result["heldout_loss"], rel=1e-6)
+    assert (run / "README.md").read_text().count("text-generation") >= 1
+
+
+def test_text_generation_pipeline_continues_a_prompt(clm_run):
+    from transformers import pipeline
+
+    run, _, _ = clm_run
+    generate = pipeline("text-generation", model=str(run))
+    ids = generate.tokenizer("it was the best of times")["input_ids"]
+    assert ids[0] == generate.tokenizer.cls_token_id and generate.tokenizer.sep_token_id not in ids  # continued, not closed
+    out = generate("it was the best of times", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert out.startswith("it was the best of times") and len(out) > len("it was the best of times")
+
+
+def test_causal_unigram_reference_counts_every_predicted_token(clm_run):
+    import math
+    from collections import Counter
+
+    from fixedhead.data.mlm import unigram_perplexity
+
+    _, data, _ = clm_run
+    vocab = len(data.tokenizer)
+    special = set(data.tokenizer.all_special_ids)
+    counts = Counter(t for t in data.train.reshape(-1).tolist() if t not in special)
+    total = sum(counts.values())
+    targets = data.heldout[:, 1:-1].reshape(-1).tolist()  # tokens 1..n-2 of every row
+    expected = math.exp(-sum(math.log((counts[t] + 1) / (total + vocab)) for t in targets) / len(targets))
+    assert unigram_perplexity(data, objective="clm") == pytest.approx(expected, rel=1e-9)
+
+
+def test_cli_compare_causal_reports_the_unigram_reference(small_real_corpus, tmp_path, monkeypatch, capsys):
+    import json
+
+    from fixedhead.cli import main
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--preset", "tiny", "--objective", "clm", "--corpus", str(small_real_corpus),
+                 "--max-steps", "3", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "below unigram" in printed and "held-out next tokens" in printed
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["meta"]["objective"] == "clm" and saved["meta"]["unigram_perplexity"] > 1
+    assert {r["objective"] for r in saved["results"]} == {"clm"}
+    assert all(json.loads((out / name / "config.json").read_text())["is_decoder"] for name in ("standard", "fixed"))

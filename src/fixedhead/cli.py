@@ -118,6 +118,9 @@ def _add_data_args(p, corpus_default=True):
 
 def _add_train_args(p):
     g = p.add_argument_group("training")
+    g.add_argument("--objective", default="mlm", choices=["mlm", "clm"],
+                   help="mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, "
+                   "FixedHeadForCausalLM (default mlm)")
     g.add_argument("--max-steps", type=int, default=600)
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--learning-rate", type=float, default=2e-3)
@@ -197,7 +200,8 @@ def _cmd_pretrain(args):
         batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
         eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
-        torch_compile=args.torch_compile, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing)
+        torch_compile=args.torch_compile, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
+        objective=args.objective)
     data = prepare_data(DataSettings(
         corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
         heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
@@ -238,6 +242,8 @@ def _add_compare(sub):
     p.add_argument("--preset", default="cpu", choices=sorted(COMPARE_PRESETS))
     p.add_argument("--output-dir", default="runs/compare")
     p.add_argument("--corpus", default=None, help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name")
+    p.add_argument("--objective", default=None, choices=["mlm", "clm"],
+                   help="train every model as a masked (mlm) or causal (clm) LM (default: the preset's)")
     p.add_argument("--max-steps", type=int, default=None, help="override the preset's step budget")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
@@ -251,7 +257,7 @@ def _cmd_compare(args):
 
     run_compare(args.preset, args.output_dir, corpus=args.corpus, max_steps=args.max_steps,
                 batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
-                overwrite=args.overwrite)
+                overwrite=args.overwrite, objective=args.objective)
 
 # ------------------------------------------------------------------------------ bottleneck
 def _add_bottleneck(sub):

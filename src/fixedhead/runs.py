@@ -217,7 +217,7 @@ class OpenedRun:
     """A validated fixedhead run directory (nothing loaded into a model yet).
 
     ``config`` is the :class:`~fixedhead.configuration.FixedHeadConfig`, ``tokenizer`` the
-    run's ``BertTokenizerFast``, ``settings`` its ``pretrain_settings.json`` ({} if absent),
+    run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its ``pretrain_settings.json`` ({} if absent),
     ``weights`` ``"safetensors"`` or ``"pickle"``.
     """
 
@@ -245,7 +245,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
             truncated weights, pickle weights without ``allow_pickle``.
     """
-    from transformers import BertTokenizerFast
+    from transformers import AutoTokenizer
 
     from .configuration import FixedHeadConfig
 
@@ -270,7 +270,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         if (run_dir / extra).is_file():
             load_json_file(run_dir / extra)
     try:
-        tokenizer = BertTokenizerFast.from_pretrained(str(run_dir))
+        tokenizer = AutoTokenizer.from_pretrained(str(run_dir), local_files_only=True)
     except Exception as e:  # the tokenizers library raises bare Exceptions on malformed files
         raise ValueError(f"{tok_file}: cannot be loaded as a WordPiece tokenizer ({type(e).__name__}: {e})") from None
     if len(tokenizer) > config.vocab_size:

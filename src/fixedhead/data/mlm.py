@@ -1,11 +1,12 @@
-"""From a corpus to masked-LM batches: data settings, preparation, datasets and masking.
+"""From a corpus to language-model batches: data settings, preparation, datasets, masking and labels.
 
 :func:`prepare_data` reads the corpus (:mod:`fixedhead.data.corpus`), splits it by whole
 document, trains or loads the WordPiece tokenizer (:mod:`fixedhead.data.tokenizer`), tokenises and
 packs into [num_sequences, n] tensors (:mod:`fixedhead.data.packing`). Masking is transformers'
 ``DataCollatorForLanguageModeling`` (15%; 80% [MASK] / 10% random / 10% kept): random and seeded
 per training batch, and one fixed seeded masking of the held-out set so every model is scored on
-identical positions.
+identical positions. The causal objective (``"clm"``) needs no masking: every token is predicted
+from the ones before it (:func:`causal_labels`), on the same packed sequences.
 """
 
 from __future__ import annotations
@@ -191,3 +192,64 @@ def fixed_masking(sequences: torch.Tensor, tokenizer, seed: int = 1234, mlm_prob
     collator = mlm_collator(tokenizer, mlm_probability, seed=seed)
     batch = collator([{"input_ids": s} for s in sequences])
     return batch["input_ids"], batch["labels"]
+
+
+#: training objectives: masked LM (BERT, 15% of tokens predicted) and causal LM (left to right,
+#: every token predicted from the ones before it)
+OBJECTIVES = ("mlm", "clm")
+
+
+def check_objective(objective: str) -> str:
+    """Raises ValueError naming the value unless ``objective`` is one of :data:`OBJECTIVES`."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)} (masked or causal LM), got {objective!r}")
+    return objective
+
+
+def causal_labels(sequences: torch.Tensor) -> torch.Tensor:
+    """Causal-LM labels of packed ``[CLS] … [SEP]`` rows [N, n]: the tokens themselves (the model
+    shifts them: position t predicts token t + 1), except the row's closing [SEP], which only marks
+    where packing cut the stream and is not predicted (-100). [SEP]s inside a row end a document
+    and are predicted. So n − 2 tokens per row are scored."""
+    labels = sequences.clone()
+    labels[:, -1] = -100
+    return labels
+
+
+class CausalCollator:
+    """Stacks rows into ``{"input_ids", "labels"}`` (labels from :func:`causal_labels` unless given)."""
+
+    def __call__(self, features):
+        ids = torch.stack([f["input_ids"] for f in features])
+        labels = torch.stack([f["labels"] for f in features]) if "labels" in features[0] else causal_labels(ids)
+        return {"input_ids": ids, "labels": labels}
+
+
+def heldout_batches(sequences: torch.Tensor, tokenizer, objective: str = "mlm", eval_seed: int = 1234):
+    """The held-out ``(input_ids, labels)`` every model of an objective is scored on: one fixed
+    seeded masking (``"mlm"``, :func:`fixed_masking`) or the causal labels (``"clm"``)."""
+    if check_objective(objective) == "mlm":
+        return fixed_masking(sequences, tokenizer, eval_seed)
+    return sequences, causal_labels(sequences)
+
+
+def unigram_perplexity(data: PreparedData, eval_seed: int = 1234, objective: str = "mlm") -> float:
+    """Perplexity of a context-free guess on the held-out tokens the models are scored on: the
+    training-set unigram frequencies (add-one smoothed, special tokens excluded) at the masked
+    positions (``"mlm"``, same fixed masking) or at every predicted position (``"clm"``).
+
+    A reference line: a model whose perplexity is near this value has learnt word frequencies but
+    little that uses context, i.e. little that attention can contribute.
+    """
+    import math
+
+    vocab = len(data.tokenizer)
+    counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
+    special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]
+    counts[special] = 0.0
+    probs = (counts + 1.0) / (counts.sum() + vocab)
+    _, labels = heldout_batches(data.heldout, data.tokenizer, objective, eval_seed)
+    if objective == "clm":
+        labels = labels[:, 1:]  # position 0 ([CLS]) is never a target
+    targets = labels[labels != -100]
+    return math.exp(float(-probs[targets].log().mean()))

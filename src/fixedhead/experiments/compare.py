@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
+from ..data.mlm import unigram_perplexity
 from ..modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
@@ -115,6 +116,7 @@ def run_compare(
     overwrite: bool = False,
     cache_dir=None,
     progress: bool = True,
+    objective: str | None = None,
 ) -> list[dict]:
     """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
 
@@ -135,6 +137,7 @@ def run_compare(
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
+    train = replace(train, objective=objective) if objective is not None else train
     train = replace(train, progress=progress)
     out = Path(output_dir)
     check_compare_dir(out, list(p.models))
@@ -160,6 +163,10 @@ def run_compare(
         results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
+        "objective": train.objective,
+        # the context-free reference on the same held-out tokens: how far below it the models are is
+        # how much they learnt beyond word frequencies (see unigram_perplexity)
+        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
         "description": p.description,
         "data": asdict(data_settings),
         "data_info": data.info,
@@ -170,7 +177,7 @@ def run_compare(
     write_results(results, out, meta)
     if progress:
         print()
-        print(format_table(results))
+        print(format_table(results, meta["unigram_perplexity"]))
         print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
 
@@ -263,18 +270,33 @@ TABLE_COLUMNS = [
     ("parameters", "params", "{:,}"),
     ("training_tokens", "train tokens", "{:,}"),
     ("heldout_perplexity", "held-out ppl", "{:.2f}"),
-    ("heldout_accuracy", "masked acc", "{:.4f}"),
+    ("heldout_accuracy", "top-1 acc", "{:.4f}"),
     ("train_seconds", "wall s", "{:.0f}"),
 ]
 
 
-def format_table(results: list[dict]) -> str:
-    """A plain-text table of the comparison (one row per model)."""
-    rows = [[fmt.format(r[key]) for key, _, fmt in TABLE_COLUMNS] for r in results]
-    headers = [h for _, h, _ in TABLE_COLUMNS]
+def format_table(results: list[dict], unigram_perplexity: float | None = None) -> str:
+    """A plain-text table of the comparison (one row per model); with the unigram reference, a column
+    of how far below it each model's held-out loss is (nats) and a closing line naming it."""
+    import math
+
+    columns = list(TABLE_COLUMNS)
+    results = [dict(r) for r in results]
+    if unigram_perplexity:
+        columns.insert(-1, ("below_unigram", "below unigram", "{:.2f}"))
+        for r in results:
+            r["below_unigram"] = math.log(unigram_perplexity) - r["heldout_loss"]
+    rows = [[fmt.format(r[key]) for key, _, fmt in columns] for r in results]
+    headers = [h for _, h, _ in columns]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    lines = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    if unigram_perplexity:
+        objective = results[0].get("objective", "mlm") if results else "mlm"
+        scored = "masked tokens" if objective == "mlm" else "next tokens"
+        lines.append(f"unigram reference (training-set word frequencies, no context) on the same held-out {scored}: "
+                     f"ppl {unigram_perplexity:.1f}; 'below unigram' is its log minus the model's loss, in nats")
+    return "\n".join(lines)
 
 
 def write_results(results: list[dict], out: Path, meta: dict) -> None:

@@ -34,7 +34,7 @@ from ..modeling import count_parameters
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..runs import claim_output_dir, load_json_file, write_json_atomic
 from ..validation import non_negative_int
-from ..data.mlm import DataSettings, fixed_masking, prepare_data
+from ..data.mlm import DataSettings, prepare_data, unigram_perplexity  # noqa: F401 (re-exported)
 from ..training.pretrain import TrainSettings
 from .compare import environment_info, train_or_reuse
 
@@ -184,27 +184,6 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
         fields = canonical_fields({**preset.common, **p.model})
         models.setdefault(run_key(fields), fields)
     return [(key, fields, seed) for seed in preset.seeds for key, fields in models.items()]
-
-
-def unigram_perplexity(data, eval_seed: int = 1234) -> float:
-    """Perplexity of a context-free guess on the held-out masked tokens: the training-set unigram
-    frequencies (add-one smoothed), scored on the same fixed masking as the models.
-
-    A reference line for the report: a masked-LM whose perplexity is near this value has learnt
-    word frequencies but little that uses context, i.e. little that attention can contribute.
-    """
-    import math
-
-    import torch
-
-    vocab = len(data.tokenizer)
-    counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
-    special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]
-    counts[special] = 0.0
-    probs = (counts + 1.0) / (counts.sum() + vocab)
-    _, labels = fixed_masking(data.heldout, data.tokenizer, eval_seed)
-    targets = labels[labels != -100]
-    return math.exp(float(-probs[targets].log().mean()))
 
 
 SWEEP_MARKERS = (SWEEP_FILE,)

@@ -56,21 +56,23 @@ def model_card(result: dict, fingerprint: dict) -> str:
         f"d_p = {dp} >= n = {n}: heads are not rank-limited at this sequence length (paper Theorem 1)"
     )
     heldout = info.get("heldout_documents", [])
+    causal = result.get("objective", train.get("objective", "mlm")) == "clm"
     train_curve = result.get("train_curve") or []
     eval_curve = result.get("eval_curve") or []
     lines = [
         "---",
         "library_name: transformers",
-        "pipeline_tag: fill-mask",
+        f"pipeline_tag: {'text-generation' if causal else 'fill-mask'}",
         "tags:",
         "- fixedhead",
-        "- masked-lm",
+        f"- {'causal-lm' if causal else 'masked-lm'}",
         "- bert",
         "---",
         "",
         f"# {result['name']}",
         "",
-        f"A {result['num_hidden_layers']}-layer post-LN BERT-style masked language model with hidden size "
+        f"A {result['num_hidden_layers']}-layer post-LN BERT-style "
+        f"{'causal (left-to-right)' if causal else 'masked'} language model with hidden size "
         f"d = {d}, h = {h} heads and {kind} ({result['parameters']:,} parameters), pretrained with "
         "[fixedhead](https://arxiv.org/abs/2002.07028), an implementation of Bhojanapalli et al., "
         '"Low-Rank Bottleneck in Multi-head Attention Models" (ICML 2020). '
@@ -80,11 +82,19 @@ def model_card(result: dict, fingerprint: dict) -> str:
         "",
         "```python",
         "import fixedhead  # registers the model with transformers' Auto classes",
-        "from transformers import AutoModelForMaskedLM, pipeline",
-        "",
-        'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
-        'print(fill("the old man walked slowly to the [MASK]."))',
-        'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        *([
+            "from transformers import AutoModelForCausalLM, pipeline",
+            "",
+            'generate = pipeline("text-generation", model="PATH/TO/THIS/DIRECTORY")',
+            'print(generate("the old man walked slowly to the", max_new_tokens=20))',
+            'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        ] if causal else [
+            "from transformers import AutoModelForMaskedLM, pipeline",
+            "",
+            'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
+            'print(fill("the old man walked slowly to the [MASK]."))',
+            'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+        ]),
         "```",
         "",
         "Diagnostics of its heads: `fixedhead analyze PATH/TO/THIS/DIRECTORY --text FILE`.",
@@ -117,19 +127,20 @@ def model_card(result: dict, fingerprint: dict) -> str:
             ("optimizer", f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
                           f"weight decay {train.get('weight_decay')}, linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
                           "then linear decay"),
-            ("masking", "15% of tokens: 80% [MASK], 10% random, 10% kept"),
+            ("objective", "causal LM: every token predicted from the ones before it" if causal else
+             "masked LM, 15% of tokens: 80% [MASK], 10% random, 10% kept"),
             ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
             ("seed", train.get("seed")),
             ("wall time (s)", result["train_seconds"]),
         ]),
         "",
-        "## Metrics (held-out documents, one fixed seeded masking)",
+        "## Metrics (held-out documents, " + ("every next token)" if causal else "one fixed seeded masking)"),
         "",
         _table([
-            ("masked-LM loss (nats)", result["heldout_loss"]),
-            ("perplexity", result["heldout_perplexity"]),
-            ("masked-token accuracy", result["heldout_accuracy"]),
-            ("masked tokens scored", result["heldout_masked_tokens"]),
+            ("causal-LM loss per token (nats)" if causal else "masked-LM loss (nats)", result["heldout_loss"]),
+            ("perplexity (per WordPiece token)", result["heldout_perplexity"]),
+            ("next-token accuracy" if causal else "masked-token accuracy", result["heldout_accuracy"]),
+            ("tokens scored", result["heldout_masked_tokens"]),
             ("final training loss", train_curve[-1][1] if train_curve else "n/a"),
             ("held-out loss by step", ", ".join(f"{s}: {v:.3f}" for s, v in eval_curve) or "n/a"),
         ]),
@@ -146,6 +157,8 @@ def model_card(result: dict, fingerprint: dict) -> str:
 
 def write_model_card(run_dir: str | os.PathLike, result: dict, fingerprint: dict) -> Path:
     """Write :func:`model_card` to ``run_dir/README.md``; returns its path."""
+    from ..runs import write_text_atomic
+
     path = Path(run_dir) / CARD_FILE
-    path.write_text(model_card(result, fingerprint), encoding="utf-8")
+    write_text_atomic(path, model_card(result, fingerprint))
     return path

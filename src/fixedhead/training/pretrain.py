@@ -20,16 +20,20 @@ import torch
 
 from ..configuration import FixedHeadConfig
 from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in fixedhead.data.mlm)
+    OBJECTIVES,
+    CausalCollator,
     DataSettings,
     MaskedDataset,
     PreparedData,
     SequenceDataset,
     TrainOrFixedCollator,
+    check_objective,
     fixed_masking,
+    heldout_batches,
     mlm_collator,
     prepare_data,
 )
-from ..modeling import FixedHeadForMaskedLM, count_parameters
+from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 from .card import write_model_card
@@ -44,15 +48,20 @@ from .checkpoints import (
 
 
 @torch.no_grad()
-def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_size: int = 128) -> dict:
-    """Held-out masked-LM metrics over pre-masked sequences.
+def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_size: int = 128,
+                 objective: str = "mlm") -> dict:
+    """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.mlm.heldout_batches`).
+
+    ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
+    the tokens before it (logits at t score the label at t + 1, as the model's own loss).
 
     Returns:
-        ``{"loss": mean cross-entropy over masked tokens (nats), "perplexity": exp(loss),
-        "accuracy": fraction of masked tokens predicted exactly, "masked_tokens": count}``.
+        ``{"loss": mean cross-entropy per scored token (nats), "perplexity": exp(loss),
+        "accuracy": fraction of scored tokens predicted exactly (top-1), "masked_tokens": count
+        of scored tokens}`` (for a causal model, "masked" means scored: every predicted token).
 
     Raises:
-        ValueError: no masked token, or a non-finite loss (a diverged model is reported, not hidden).
+        ValueError: no scored token, or a non-finite loss (a diverged model is reported, not hidden).
     """
     was_training = model.training
     model.eval()
@@ -61,11 +70,14 @@ def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_siz
     for i in range(0, input_ids.shape[0], batch_size):
         ids, lab = input_ids[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
         out = model(input_ids=ids, labels=lab)
+        logits = out.logits  # [batch, seq, vocab], as BERT's
+        if objective == "clm":  # position t predicts token t + 1
+            logits, lab = logits[:, :-1], lab[:, 1:]
         n = int((lab != -100).sum())
         if n == 0:
             continue
         scored = lab != -100
-        targets, logits = lab[scored], out.logits[scored]  # logits are [batch, seq, vocab], as BERT's
+        targets, logits = lab[scored], logits[scored]
         total_loss += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
         total_correct += int((logits.argmax(-1) == targets).sum())
         total += n
@@ -103,8 +115,11 @@ class TrainSettings:
     # activation checkpointing: recompute each encoder block in the backward pass (less memory,
     # about one more forward of time; same gradients, dropout masks are replayed)
     gradient_checkpointing: bool = False
+    #: "mlm" (masked LM, BERT and the paper's Tables 1-3) or "clm" (causal LM: FixedHeadForCausalLM)
+    objective: str = "mlm"
 
     def __post_init__(self):
+        check_objective(self.objective)
         for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
             positive_int(name, getattr(self, name))
         non_negative_int("seed", self.seed)
@@ -119,7 +134,7 @@ class TrainSettings:
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
 _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
-_ADDED_LATER = {"bf16": False}
+_ADDED_LATER = {"bf16": False, "objective": "mlm"}
 
 
 def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_settings: DataSettings | None) -> dict:
@@ -244,6 +259,10 @@ def pretrain(
     run_dir = Path(run_dir)
     config.vocab_size = len(data.tokenizer)
     config.pad_token_id = data.tokenizer.pad_token_id
+    causal = settings.objective == "clm"
+    if causal:  # generation starts from [CLS] and a document ends with [SEP], as in the packed data
+        config.is_decoder = True
+        config.bos_token_id, config.eos_token_id = data.tokenizer.cls_token_id, data.tokenizer.sep_token_id
     if config.max_position_embeddings < data.train.shape[1]:
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
@@ -268,11 +287,11 @@ def pretrain(
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
 
     set_seed(settings.seed)
-    model = FixedHeadForMaskedLM(config)
-    eval_ids, eval_labels = fixed_masking(data.heldout, data.tokenizer, settings.eval_seed)
+    model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
+    eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
-    collator = TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
-    if checkpoint is not None:
+    collator = CausalCollator() if causal else TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
+    if checkpoint is not None and not causal:
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
         if settings.progress:
             print(f"resuming from {checkpoint}", flush=True)
@@ -292,10 +311,11 @@ def pretrain(
         raise ValueError(f"training loss became non-finite in {run_dir}; lower the learning rate")
     trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
     if args.should_save:
-        data.tokenizer.save_pretrained(str(run_dir))
-    metrics = evaluate_mlm(model, eval_ids, eval_labels)
+        (causal_tokenizer(data.tokenizer) if causal else data.tokenizer).save_pretrained(str(run_dir))
+    metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective)
     result = {
         "name": run_dir.name,
+        "objective": settings.objective,
         "parameters": count_parameters(config, pooler=False),
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
@@ -318,6 +338,29 @@ def pretrain(
         write_model_card(run_dir, result, recorded)
         write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
+
+
+def causal_tokenizer(tokenizer):
+    """A copy of a run's WordPiece tokenizer for a causal LM: it adds only [CLS] in front (the
+    beginning of a packed sequence), not [SEP] at the end, so a prompt from
+    ``pipeline("text-generation")`` or ``generate`` is continued rather than closed; [CLS] and
+    [SEP] become its ``bos_token`` and ``eos_token``."""
+    import copy
+
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    cls, sep = tokenizer.cls_token, tokenizer.sep_token
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A", pair=f"{cls} $A {sep} $B:1",
+        special_tokens=[(cls, tokenizer.cls_token_id), (sep, tokenizer.sep_token_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=cls, eos_token=sep, cls_token=cls, sep_token=sep,
+        pad_token=tokenizer.pad_token, unk_token=tokenizer.unk_token, mask_token=tokenizer.mask_token,
+        model_max_length=tokenizer.model_max_length,
+    )
 
 
 def _training_args(run_dir: Path, settings: TrainSettings):
@@ -355,7 +398,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
 
 
 def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
-    """Load ``(model, tokenizer, settings)`` from a pretraining run directory.
+    """Load ``(model, tokenizer, settings)`` from a pretraining run directory (a masked or causal LM).
 
     The directory is validated by :func:`fixedhead.runs.open_run` (the one way every command
     opens a run) before anything is loaded; nothing in it is executed.
@@ -366,8 +409,13 @@ def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
             truncated weights, pickle weights without ``allow_pickle``.
     """
     run = open_run(run_dir, allow_pickle=allow_pickle)
-    model = FixedHeadForMaskedLM.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
-    return model, run.tokenizer, run.settings
+    return _load_model(run), run.tokenizer, run.settings
+
+
+def _load_model(run):
+    """The run's language model: ``FixedHeadForCausalLM`` for a decoder, else ``FixedHeadForMaskedLM``."""
+    cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
+    return cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
 
 
 def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
@@ -408,11 +456,12 @@ def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_see
         data_kwargs["max_eval_tokens"] = max_eval_tokens
     data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", run.config.max_position_embeddings)
     data_settings = DataSettings(**data_kwargs)
-    model = FixedHeadForMaskedLM.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    model = _load_model(run)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
     if not same_corpus_text(saved, data.info["corpus_sha256"]):
         raise ValueError(f"corpus {data_settings.corpus!r} does not hold the text {run_dir} was trained on "
                          f"(its content changed); pass --corpus with the original")
     seed = non_negative_int("eval_seed", eval_seed) if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
-    ids, labels = fixed_masking(data.heldout, tokenizer, seed)
-    return evaluate_mlm(model, ids, labels, batch_size)
+    objective = "clm" if run.config.is_decoder else "mlm"
+    ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
+    return {**evaluate_mlm(model, ids, labels, batch_size, objective=objective), "objective": objective}
