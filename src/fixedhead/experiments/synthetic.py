@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..attention import MultiHeadAttention
-from ..data.synthetic import FarthestPointTask, gather_points
+from ..data.synthetic import FarthestPointTask
 from ..training.checkpoints import load_json_file, write_json_atomic
 
 RESULTS_FILE = "results.json"
@@ -649,7 +649,7 @@ def report_markdown(state: dict) -> str:
     runs = _grid_runs(state)
     n_done = sum(1 for c in meta["cells"] for _ in _runs_of(state, c))
     n_plan = len(meta["cells"]) * len(meta["seeds"])
-    L = [f"# Farthest point under a rank-r projection: does head size matter when a model learns?", "",
+    L = ["# Farthest point under a rank-r projection: does head size matter when a model learns?", "",
          f"{meta['description']}.", ""]
     if n_done < n_plan:
         L += [f"**Incomplete: {n_done} of {n_plan} runs finished.** Rerun the same command to finish.", ""]
