@@ -431,10 +431,47 @@ def _cmd_report(args):
     return 0
 
 
+# -------------------------------------------------------------------------- farthest-point
+def _add_farthest_point(sub):
+    from .experiments.synthetic import SYNTHETIC_PRESETS
+
+    p = sub.add_parser("farthest-point", help="the bottleneck in trained models: a synthetic task whose needed "
+                       "rank r is a knob, trained over (r, d_p) and heads, with seeds (minutes on a CPU)")
+    p.add_argument("--preset", default="default", choices=sorted(SYNTHETIC_PRESETS))
+    p.add_argument("--quick", action="store_true", help="the seconds-long preset (same as --preset quick)")
+    p.add_argument("--output-dir", default=None, help="default: runs/farthest-point-PRESET")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="override the preset's seeds (default 0 1 2)")
+    p.add_argument("--steps", type=int, default=None, help="override the training steps per run")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--overwrite", action="store_true", help="discard stored runs and train every cell again")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_farthest_point)
+
+
+def _cmd_farthest_point(args):
+    from .experiments.synthetic import format_grid, run_synthetic
+
+    preset = "quick" if args.quick else args.preset
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ValueError(f"--threads must be a positive int, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = args.output_dir or f"runs/farthest-point-{preset}"
+    state = run_synthetic(preset, out, seeds=args.seeds, steps=args.steps, overwrite=args.overwrite,
+                          progress=not args.no_progress)
+    print(format_grid(state))
+    meta = state["meta"]
+    print(f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s since "
+          f"the first start, {meta['compute_seconds']:.0f} s of training)")
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
 _COMMANDS = [
     _add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck, _add_analyze,
-    _add_finetune, _add_sweep, _add_report,
+    _add_finetune, _add_sweep, _add_report, _add_farthest_point,
 ]
 
 
@@ -471,7 +508,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         hint = {"pretrain": "; rerun with --resume to continue from the newest checkpoint",
                 "compare": "; rerun the same command to continue (finished models are reused)",
-                "sweep": "; rerun the same command to continue (finished points are reused)"}.get(args.command, "")
+                "sweep": "; rerun the same command to continue (finished points are reused)",
+                "farthest-point": "; rerun the same command to continue (finished runs are reused)"}.get(args.command, "")
         print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
