@@ -8,7 +8,7 @@ import torch
 from torch.nn.attention import SDPBackend
 from transformers import BertConfig, BertForMaskedLM
 
-from fixedhead import attention
+from fixedhead import attention, kernels
 from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.convert import from_bert
@@ -121,7 +121,7 @@ def test_sdpa_backend_plan_leaves_cpu_to_pytorch():
 
 
 def test_warns_once_per_head_dim(monkeypatch):
-    monkeypatch.setattr(attention, "_warned_sdpa", set())
+    monkeypatch.setattr(kernels, "_warned_sdpa", set())
     with pytest.warns(UserWarning, match="head_dim=512 > 256"):
         warn_if_unfused(512, "cuda")
     with warnings.catch_warnings():
@@ -134,7 +134,7 @@ def test_warns_once_per_head_dim(monkeypatch):
 
 @cuda
 def test_cuda_forward_warns_and_matches_cpu(monkeypatch):
-    monkeypatch.setattr(attention, "_warned_sdpa", set())
+    monkeypatch.setattr(kernels, "_warned_sdpa", set())
     torch.manual_seed(0)
     layer = MultiHeadAttention(32, 2, head_dim=300).eval()
     x = torch.randn(2, 7, 32)
@@ -171,7 +171,7 @@ def _fixed_mask(monkeypatch, seed=3):
         masks.append(m)
         return m
 
-    monkeypatch.setattr(attention, "_dropout_scale_mask", mask)
+    monkeypatch.setattr(kernels, "_dropout_scale_mask", mask)
     return masks
 
 

@@ -8,6 +8,11 @@ the paper's *fixed head size* layer ("FixedMultiHead", Section 4): per head
 W_q^i, W_k^i, W_v^i ∈ R^{d_p×d}, logits scaled by 1/√d_p and an output projection
 W_o ∈ R^{d×(h·d_p)}, for any number of heads h.
 
+Read :func:`multi_head_attention` first: the equation in 20 lines, a shape at every reshape.
+:class:`MultiHeadAttention` is the same computation with biases, dropout, masks (padding and
+causal), a key/value cache and fast kernels (chosen in :mod:`fixedhead.kernels`); a test checks
+that the two agree.
+
 Conventions (batch-first, as in PyTorch): hidden states are [batch, seq, hidden_size]; inside
 the layer [batch, heads, seq, head_dim]; attention probabilities are [batch, heads, query, key]
 and each *row* sums to 1 — the transpose of the paper's column-stochastic P.
@@ -17,14 +22,48 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .checks import host_reads_allowed, require_tensor, tracing
+from .checks import host_reads_allowed, require_tensor
+from .kernels import (  # noqa: F401 (kernel policy lives in fixedhead.kernels; these names stay importable here)
+    FLASH_MAX_HEAD_DIM,
+    FUSED_HEAD_DIM_MULTIPLE,
+    DropoutAttention,
+    needs_explicit_bias,
+    scaled_dot_product,
+    sdpa_backend_plan,
+    use_cpu_fast_path,
+    warn_if_unfused,
+)
+
+_DropoutAttention = DropoutAttention  # the name benchmarks and tests used before the move
+
+
+def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=None):
+    """The paper's multi-head attention as plain tensor code (Eq. 1–2; Section 4 for a fixed d_p).
+
+    head_i(X) = W_v^i X · Softmax[(W_k^i X)ᵀ (W_q^i X) / √d_p],  MultiHead(X) = W_o · Concat_i head_i(X).
+    x [batch, n, d]; w_q, w_k, w_v [h·d_p, d] (rows of head i are W^i); w_o [d, h·d_p];
+    padding_mask [batch, n] with 1 = token or None. Returns [batch, n, d]. No biases, no dropout:
+    :class:`MultiHeadAttention` is this equation plus those, and faster kernels.
+    """
+    batch, n, d = x.shape                                      # x: [batch, n, d]
+    head_dim = w_q.shape[0] // num_heads                       # d_p: free, not tied to d / h
+
+    def per_head(t):                                           # [batch, n, h·d_p] -> [batch, h, n, d_p]
+        return t.view(batch, n, num_heads, head_dim).transpose(1, 2)
+
+    q, k, v = per_head(x @ w_q.T), per_head(x @ w_k.T), per_head(x @ w_v.T)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(head_dim)     # [batch, h, n, n]: rank <= d_p (Section 3)
+    if padding_mask is not None:                               # padding keys get no attention
+        logits = logits.masked_fill(padding_mask[:, None, None, :] == 0, float("-inf"))
+    probs = logits.softmax(dim=-1)                             # [batch, h, query, key]; rows sum to 1
+    heads = probs @ v                                          # [batch, h, n, d_p]
+    concat = heads.transpose(1, 2).reshape(batch, n, num_heads * head_dim)  # [batch, n, h·d_p]
+    return concat @ w_o.T                                      # [batch, n, d]
 
 
 def _check_positive_int(name: str, value) -> int:
@@ -112,139 +151,6 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
     return bias[:, None, None, :]
-
-
-# PyTorch's FlashAttention-2 kernel (CUDA) takes head sizes up to 256; its fused kernels want the
-# head size a multiple of 8 (16 bytes in half precision) and otherwise pad or refuse it.
-FLASH_MAX_HEAD_DIM = 256
-FUSED_HEAD_DIM_MULTIPLE = 8
-_warned_sdpa: set = set()
-
-
-def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend] | None, str | None]:
-    """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
-
-    The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
-    and large or odd d_p silently leave the fused attention kernels on GPUs: PyTorch's
-    FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
-    SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
-
-    Args:
-        head_dim: d_p.
-        device_type: ``"cuda"``, ``"cpu"``, ...
-
-    Returns:
-        (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
-        always ending with ``SDPBackend.MATH`` so a call never fails: FlashAttention, then
-        memory-efficient attention, when both fit; memory-efficient then math for
-        d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
-        other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
-        flash kernel without dropout, the math kernel with it, for every d_p).
-    """
-    if device_type != "cuda":
-        return None, None
-    reasons = []
-    if head_dim > FLASH_MAX_HEAD_DIM:
-        reasons.append(f"head_dim={head_dim} > {FLASH_MAX_HEAD_DIM}, the FlashAttention limit")
-    if head_dim % FUSED_HEAD_DIM_MULTIPLE != 0:
-        reasons.append(
-            f"head_dim={head_dim} is not a multiple of {FUSED_HEAD_DIM_MULTIPLE}, which the fused kernels "
-            f"need (they pad it, with extra copies, or refuse it)"
-        )
-    if not reasons:
-        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], None
-    return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "; ".join(reasons)
-
-
-def warn_if_unfused(head_dim: int, device_type: str) -> list[SDPBackend] | None:
-    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process
-    (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
-    backends, reason = sdpa_backend_plan(head_dim, device_type)
-    if reason is not None and (head_dim, device_type) not in _warned_sdpa and not tracing():
-        _warned_sdpa.add((head_dim, device_type))
-        warnings.warn(
-            f"fixedhead attention on {device_type}: {reason}. FlashAttention is skipped; SDPA uses the "
-            f"memory-efficient kernel where it accepts these shapes and dtypes, otherwise the math kernel, "
-            f"which materialises the [batch, heads, seq, seq] attention matrix (memory grows as seq²). "
-            f"Head sizes that are multiples of 8 and at most {FLASH_MAX_HEAD_DIM} keep the fused kernels.",
-            UserWarning,
-            stacklevel=3,
-        )
-    return backends
-
-
-# ---------------------------------------------------------------------------------------------
-# CPU training fast path: attention with dropout
-# ---------------------------------------------------------------------------------------------
-#
-# Attention dropout sends CPU SDPA to its math kernel (the fused CPU kernel has no dropout),
-# which scales q and k separately, copies them, runs a "safe" softmax (isneginf, all, where) and
-# draws the mask with ``bernoulli_`` (serial, a double per element). At the benchmark size
-# (hidden 256, batch 32 × 128 tokens) that costs 32 ms per layer, forward and backward, against
-# 24 ms for the kernel below with the same products (same FLOPs). Its mask keeps an element when
-# a float32 uniform u in [0, 1) is >= p (probability 1 - p, to 2^-24) and scales kept ones by
-# 1 / (1 - p), as ``nn.Dropout`` does; the masks come from PyTorch's default generator
-# (reproducible under ``torch.manual_seed``), not the same stream as SDPA's. Used only where it
-# pays: CPU, training, p > 0, no autocast.
-
-
-def _dropout_scale_mask(like: torch.Tensor, p: float) -> torch.Tensor:
-    """A tensor like ``like`` of 0 (probability p) and 1 / (1 - p) (probability 1 - p)."""
-    return torch.rand_like(like).ge_(p).mul_(1.0 / (1.0 - p))
-
-
-def use_cpu_fast_path(x: torch.Tensor, p: float, training: bool) -> bool:
-    """Whether the CPU dropout-attention kernel applies: CPU, training, 0 < p, plain float, no autocast."""
-    return (
-        training
-        and p > 0.0
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and not torch.is_autocast_enabled("cpu")
-    )
-
-
-class _DropoutAttention(torch.autograd.Function):
-    """softmax(scale·q kᵀ + bias) with dropout, times v; q, k, v [batch, heads, seq, d_p].
-
-    The computation of SDPA's math kernel with dropout, and the same products (so the same
-    FLOPs): the scale rides on the product (``baddbmm``'s alpha), softmax and its backward are
-    PyTorch's, and the backward is written out so that each [batch·heads, n, n] matrix is read
-    and written as few times as possible. The bias (from :func:`padding_mask_to_bias`) is finite,
-    so a plain softmax never sees an all -inf row. The bias gets no gradient (callers send only a
-    bias that needs none; see :class:`MultiHeadAttention`), and a second backward is refused.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, p, scale):
-        b, h, n, dp = q.shape
-        m = k.shape[2]
-        q3, k3, v3 = q.reshape(b * h, n, dp), k.reshape(b * h, m, dp), v.reshape(b * h, m, v.shape[-1])
-        if bias is None:
-            scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
-        else:
-            scores = torch.baddbmm(bias.expand(b, h, n, m).reshape(b * h, n, m), q3, k3.transpose(1, 2), alpha=scale)
-        probs = torch.softmax(scores, dim=-1)
-        del scores
-        mask = _dropout_scale_mask(probs, p)
-        dropped = probs * mask
-        ctx.save_for_backward(q3, k3, v3, probs, mask, dropped)
-        ctx.scale = scale
-        return torch.bmm(dropped, v3).view(b, h, n, v.shape[-1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the saved probs/mask carry no graph: no double backward
-    def backward(ctx, grad):
-        q3, k3, v3, probs, mask, dropped = ctx.saved_tensors
-        b, h, n, dv = grad.shape
-        g3 = grad.reshape(b * h, n, dv)
-        grad_v = torch.bmm(dropped.transpose(1, 2), g3)
-        grad_dropped = torch.bmm(g3, v3.transpose(1, 2)).mul_(mask)
-        grad_scores = torch._softmax_backward_data(grad_dropped, probs, -1, probs.dtype)
-        grad_q = torch.bmm(grad_scores, k3).mul_(ctx.scale)
-        grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(ctx.scale)
-        return (grad_q.view(b, h, n, -1), grad_k.view(b, h, -1, q3.shape[-1]), grad_v.view(b, h, -1, dv),
-                None, None, None)
 
 
 def _check_attention_bias(bias, batch: int, heads: int, seq: int, keys: int | None = None) -> None:
@@ -403,22 +309,10 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         probs = None
         if use_sdpa and not output_attentions:
-            if q.is_cuda:
-                with sdpa_kernel(warn_if_unfused(self.head_dim, "cuda"), set_priority=True):
-                    context = F.scaled_dot_product_attention(
-                        q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale, is_causal=sdpa_causal
-                    )
-            elif use_cpu_fast_path(q, dropout_p, self.training) and not (
-                attention_bias is not None and attention_bias.requires_grad
-            ):  # a learnable bias keeps SDPA, which gives it a gradient
-                # CPU SDPA has no fused kernel with dropout (it takes the math kernel)
-                if sdpa_causal:
-                    attention_bias = causal_bias(seq, keys, q.dtype, q.device)
-                context = _DropoutAttention.apply(q, k, v, attention_bias, dropout_p, self.scale)
-            else:
-                context = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attention_bias, dropout_p=dropout_p, scale=self.scale, is_causal=sdpa_causal
-                )
+            if sdpa_causal and needs_explicit_bias(q, dropout_p, self.training, attention_bias):
+                attention_bias, sdpa_causal = causal_bias(seq, keys, q.dtype, q.device), False
+            context = scaled_dot_product(q, k, v, attention_bias, dropout_p, self.scale, sdpa_causal, self.training,
+                                         self.head_dim)
         else:
             if sdpa_causal:  # the eager path applies the causal bias itself
                 attention_bias = causal_bias(seq, keys, q.dtype, q.device)
