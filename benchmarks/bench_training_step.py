@@ -50,7 +50,6 @@ from fixedhead.convert import from_bert
 from fixedhead.flops import estimate_flops
 from fixedhead.modeling import FixedHeadForMaskedLM
 
-
 # ---------------------------------------------------------------------------------------------
 # machine set-up and measurement helpers
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +206,7 @@ class Row:
     batch_tensors: list = field(default_factory=list)
     times: list = field(default_factory=list)
     peak_mib: float | None = None
-    paired_with: "Row | None" = None
+    paired_with: Row | None = None
     ratios: list = field(default_factory=list)  # time(self) / time(paired_with), adjacent runs
 
 
@@ -537,7 +536,8 @@ def report(args, rows, peaks, gemm_n):
                 print(f"  packing without padding: {gain:.2f}x real tokens/s ({pad.note} -> {r.note}); "
                       f"time ratio packed/padded {statistics.median(r.ratios):.2f}")
             elif r.name == "ours: compact logits":
-                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): {1 / statistics.median(r.ratios):.2f}x "
+                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): "
+                      f"{1 / statistics.median(r.ratios):.2f}x "
                       f"the step with compact [labelled, vocab] logits; peak {r.paired_with.peak_mib:.0f} vs "
                       f"{r.peak_mib:.0f} MiB")
             elif r.name == "ours: torch.compile":

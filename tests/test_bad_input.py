@@ -11,9 +11,9 @@ import gzip
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -23,8 +23,7 @@ from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
 from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
-from fixedhead.data.glue import read_glue_tsv
-from fixedhead.data.glue import glue_metrics
+from fixedhead.data.glue import glue_metrics, read_glue_tsv
 from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run

@@ -72,7 +72,7 @@ def test_cli_count_and_bad_values(capsys):
     assert "336,224,058" in capsys.readouterr().out
     assert main(["count", "--hidden-size", "1024", "--num-attention-heads", "12"]) == 2
     assert "num_attention_heads=12" in capsys.readouterr().err
-    assert main(["evaluate", str("/nonexistent/run")]) == 2
+    assert main(["evaluate", "/nonexistent/run"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

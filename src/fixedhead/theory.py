@@ -886,7 +886,7 @@ class MultiHeadWeights:
         return torch.cat([w.reshape(-1) for w in (self.W_q, self.W_k, self.W_v, self.W_o)])
 
     @staticmethod
-    def from_flat(z: torch.Tensor, num_heads: int, hidden_size: int, head_dim: int) -> "MultiHeadWeights":
+    def from_flat(z: torch.Tensor, num_heads: int, hidden_size: int, head_dim: int) -> MultiHeadWeights:
         h, d, e = num_heads, hidden_size, head_dim
         m = h * d * e
         return MultiHeadWeights(
@@ -1052,7 +1052,7 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: in
         opt = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=1e-14,
                                 tolerance_change=tol_change, history_size=20, line_search_fn="strong_wolfe")
 
-        def closure():
+        def closure(opt=opt, z=z):  # this start's optimiser and weights (LBFGS calls closure() bare)
             opt.zero_grad()
             loss = _relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y)
             loss.backward()

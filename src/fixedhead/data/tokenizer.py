@@ -84,7 +84,9 @@ def train_tokenizer(
     tok.train_from_iterator(_iter_chunks(texts), trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, model_max_length=model_max_length)
     # write to a temporary directory, then rename: a killed run never leaves a half-written cache
