@@ -71,6 +71,20 @@ def test_tokenizer_is_bert_style_and_cached(tmp_path):
         train_tokenizer(texts, vocab_size=5, cache_dir=tmp_path)
 
 
+def test_tokenizer_learns_an_even_share_of_every_document(tmp_path):
+    """max_chars=200 over two documents: the first 100 characters of each, nothing after them."""
+    a, b = "the quick brown fox. " * 10, "a lazy dog sleeps. " * 10  # 210 and 190 characters
+    train_tokenizer([a, b], vocab_size=120, cache_dir=tmp_path, max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 1
+    # past each document's share: the same text was learnt from, the cached tokenizer is reused
+    train_tokenizer([a[:100] + "zebra" * 20, b[:100] + "yak" * 30], vocab_size=120, cache_dir=tmp_path,
+                    max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 1
+    # inside the second document's share (not "200 characters of the first document, in order")
+    train_tokenizer([a, "zebra" + b[5:]], vocab_size=120, cache_dir=tmp_path, max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 2
+
+
 def test_packing():
     packed = pack_sequences([[10, 11, 12], [13, 14, 15, 16, 17, 18, 19]], 6, cls_id=2, sep_id=3)
     # stream: 10 11 12 3 13 14 15 16 17 18 19 3 -> bodies of 4
