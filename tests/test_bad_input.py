@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _tiny_run import one_thread, snapshot, tiny_config, tiny_data, tiny_settings  # noqa: F401 (autouse)
+from _tiny_run import snapshot, tiny_config, tiny_settings
 from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
 from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
@@ -28,13 +28,10 @@ from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassif
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def tiny_prepared(small_real_corpus, tmp_path_factory):
-    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
-
-
 @pytest.fixture(scope="module")
 def finished_run(tiny_prepared, tmp_path_factory) -> Path:
     """A finished (10-step) pretraining run directory; tests copy it before damaging it."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _tiny_run import one_thread  # noqa: F401 (autouse)
 from fixedhead.attention import MultiHeadAttention
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.modeling import FixedHeadForMaskedLM
 
 HIDDEN_TOL, LOGIT_TOL, LOSS_TOL = 0.03, 0.02, 0.01
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _config(head_dim):
