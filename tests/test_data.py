@@ -25,23 +25,6 @@ def test_read_txt_jsonl_gz_and_directory(tmp_path):
     assert [d.text for d in docs] == [TEXT, "first doc", "second doc", "gz text"]
 
 
-def test_corpus_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        read_corpus(tmp_path / "missing.txt")
-    (tmp_path / "empty.txt").write_text("   \n")
-    with pytest.raises(ValueError, match="empty"):
-        read_corpus(tmp_path / "empty.txt")
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(ValueError, match="not UTF-8"):
-        read_corpus(tmp_path / "latin1.txt")
-    (tmp_path / "bad.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: JSON line has no 'text'"):
-        read_corpus(tmp_path / "bad.jsonl")
-    (tmp_path / "d").mkdir()
-    with pytest.raises(ValueError, match="holds no"):
-        read_corpus(tmp_path / "d")
-
-
 def test_split_is_by_document_and_deterministic():
     from fixedhead.data import Document
 
