@@ -326,11 +326,11 @@ def build_rows(args, device):
     train_row("ours, dropout 0", without_dropout(ours), hf_loss, std_cfg, frac, "pretrain's default dropout")
     train_row("ours fixed, dropout 0", without_dropout(fixed), hf_loss, fixed_cfg, frac, "pretrain's default dropout")
     if args.levers:
-        def variant(**cfg_changes):
-            m = copy.deepcopy(ours)
-            for k, v in cfg_changes.items():
-                setattr(m.config, k, v)
-            return m
+        def variant():
+            return copy.deepcopy(ours)
+
+        eager = variant()
+        eager.set_attn_implementation("eager")  # transformers' public switch (config._attn_implementation)
 
         train_row("ours: full logits", variant(), full_logits_loss, std_cfg, 1.0,
                   "lever off: output layer at every position", "lever")
@@ -338,7 +338,7 @@ def build_rows(args, device):
                   "logits [labelled, V], no [B,N,V] (before #12)", "lever")
         train_row("ours: unfused q,k,v", with_unfused_qkv(ours), hf_loss, std_cfg, frac,
                   "lever off: 3 projections (+ a concat)", "lever")
-        train_row("ours: eager attention", variant(_attn_implementation="eager"), hf_loss, std_cfg, frac,
+        train_row("ours: eager attention", eager, hf_loss, std_cfg, frac,
                   "lever off: no SDPA", "lever")
         train_row("ours: all-ones mask tensor", with_zero_bias(ours), hf_loss, std_cfg, frac,
                   "lever off: [B,1,1,N] zero bias", "lever")
