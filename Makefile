@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow bench install clean
+.PHONY: run test test-slow lint bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+# ruff (version pinned in the dev extras; rules in pyproject.toml). .ci/run runs it before the tests.
+LINT_PATHS := src tests benchmarks examples
+
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training_step.py $(ARGS)

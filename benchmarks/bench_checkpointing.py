@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_training_step import PeakTensorMemory, make_batch, sync, tune_glibc_malloc  # noqa: E402
+from bench_training_step import PeakTensorMemory, make_batch, sync, tune_glibc_malloc
 
-from fixedhead.experiments.presets import get_preset  # noqa: E402
-from fixedhead.modeling import FixedHeadForMaskedLM  # noqa: E402
+from fixedhead.experiments.presets import get_preset
+from fixedhead.modeling import FixedHeadForMaskedLM
 
 
 def step(model, batch):
@@ -65,7 +65,8 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cpu":
         tune_glibc_malloc()
-    overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=max(512, args.seq))
+    overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                     max_position_embeddings=max(512, args.seq))
     if args.layers:
         overrides["num_hidden_layers"] = args.layers
     config = get_preset(args.preset).build_config(**overrides)
@@ -75,7 +76,8 @@ def main(argv=None):
     ckpt.activation_checkpointing_enable()
     batch = make_batch(args.batch, args.seq, config.vocab_size, 0.15, device, torch.Generator().manual_seed(0))
     n_params = sum(p.numel() for p in plain.parameters())
-    print(f"{args.preset}: d={config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads "
+    print(f"{args.preset}: d={config.hidden_size}, {config.num_hidden_layers} layers, "
+          f"{config.num_attention_heads} heads "
           f"of {config.attention_head_size}, {n_params / 1e6:.1f}M parameters; batch {args.batch} x {args.seq}, "
           f"{device}, {torch.get_num_threads()} threads", flush=True)
     peaks = {name: peak_mib(m, batch, device) for name, m in (("plain", plain), ("checkpointed", ckpt))}
@@ -96,7 +98,8 @@ def main(argv=None):
     saved = peaks["plain"] - peaks["checkpointed"]
     slower = statistics.median(times["checkpointed"]) / statistics.median(times["plain"])
     print(f"checkpointing saves {saved:.0f} MiB ({saved / peaks['plain']:.0%} of the peak; "
-          f"{saved / (peaks['plain'] - 2 * weights):.0%} of activations and temporaries) for {slower:.2f}x the step time")
+          f"{saved / (peaks['plain'] - 2 * weights):.0%} of activations and temporaries) "
+          f"for {slower:.2f}x the step time")
     print(f"command: python benchmarks/bench_checkpointing.py {' '.join(sys.argv[1:])}".rstrip())
 
 

@@ -33,7 +33,6 @@ import math
 import statistics
 import sys
 import time
-import types
 import weakref
 from dataclasses import dataclass, field
 
@@ -43,13 +42,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-import fixedhead.modeling as fh_modeling
-from fixedhead.attention import _DropoutAttention, padding_mask_to_bias, use_cpu_fast_path
+from fixedhead.attention import MultiHeadAttention
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.convert import from_bert
 from fixedhead.flops import estimate_flops
 from fixedhead.modeling import FixedHeadForMaskedLM
-
 
 # ---------------------------------------------------------------------------------------------
 # machine set-up and measurement helpers
@@ -147,46 +144,54 @@ def state_tensors(model, opt):
 # ---------------------------------------------------------------------------------------------
 
 
-def _unfused_qkv_forward(self, hidden_states, attention_mask=None, output_attentions=False, use_sdpa=True,
-                         attention_bias=None):
-    """MultiHeadAttention.forward with q, k, v as three projections, as BERT does (same weights)."""
-    batch, seq, _ = hidden_states.shape
-    if attention_bias is None:
-        attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
-    i = self.inner_size
-    w, b = self.qkv.weight, self.qkv.bias
-    q, k, v = (
-        F.linear(hidden_states, w[j * i:(j + 1) * i], b[j * i:(j + 1) * i])
-        .view(batch, seq, self.num_attention_heads, self.head_dim).transpose(1, 2)
-        for j in range(3)
-    )
-    dropout_p = self.dropout if self.training else 0.0
-    if use_cpu_fast_path(q, dropout_p, self.training):  # the attention kernel ours uses: only q,k,v differ
-        context = _DropoutAttention.apply(q, k, v, attention_bias, dropout_p, self.scale)
-    else:
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias, dropout_p=dropout_p,
-                                                 scale=self.scale)
-    context = context.transpose(1, 2).reshape(batch, seq, self.inner_size)
-    return self.out_proj(context), None
+class UnfusedQKV(torch.nn.Module):
+    """Stands in for ``MultiHeadAttention.qkv``: q, k and v as three products with their own
+    weights, as BERT computes them (copied from the fused layer: the same function), joined into
+    the fused layout ``[q | k | v]`` that the attention splits. The join is one copy more than
+    BERT makes, so this lever slightly overstates what fusing saves."""
+
+    def __init__(self, fused: torch.nn.Linear):
+        super().__init__()
+        inner = fused.out_features // 3
+        self.query, self.key, self.value = (
+            torch.nn.Linear(fused.in_features, inner, bias=fused.bias is not None) for _ in range(3)
+        )
+        with torch.no_grad():
+            for j, proj in enumerate((self.query, self.key, self.value)):
+                proj.weight.copy_(fused.weight[j * inner : (j + 1) * inner])
+                if fused.bias is not None:
+                    proj.bias.copy_(fused.bias[j * inner : (j + 1) * inner])
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, hidden_size] -> [batch, seq, 3·h·d_p] (q, then k, then v)."""
+        return torch.cat([self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)], dim=-1)
 
 
-def _always_bias(attention_mask, dtype):
-    """padding_mask_to_bias that materialises an all-zero bias for an all-ones mask."""
-    bias = padding_mask_to_bias(attention_mask, dtype)
-    if bias is None and attention_mask is not None:
-        bias = torch.zeros(attention_mask.shape[0], 1, 1, attention_mask.shape[1], dtype=dtype,
-                           device=attention_mask.device)
-    return bias
+def with_unfused_qkv(model):
+    """A copy of a fixedhead model whose attention layers project q, k, v separately (:class:`UnfusedQKV`)."""
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.qkv = UnfusedQKV(m.qkv)
+    return model
 
 
-@contextlib.contextmanager
-def redundant_mask():
-    saved = fh_modeling.padding_mask_to_bias
-    fh_modeling.padding_mask_to_bias = _always_bias
-    try:
-        yield
-    finally:
-        fh_modeling.padding_mask_to_bias = saved
+def _zero_bias_if_none(module, args, kwargs):
+    if kwargs.get("attention_bias") is None:
+        x = args[0] if args else kwargs["hidden_states"]  # [batch, seq, hidden_size]
+        kwargs["attention_bias"] = x.new_zeros(x.shape[0], 1, 1, x.shape[1])
+    return args, kwargs
+
+
+def with_zero_bias(model):
+    """A copy of a fixedhead model whose attention layers always get a [batch, 1, 1, seq] additive
+    bias: all zeros where the model passes none (it skips an all-ones mask), as a model that turns
+    every mask into a bias would. Through a forward pre-hook on the public ``attention_bias`` argument."""
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.register_forward_pre_hook(_zero_bias_if_none, with_kwargs=True)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +212,7 @@ class Row:
     batch_tensors: list = field(default_factory=list)
     times: list = field(default_factory=list)
     peak_mib: float | None = None
-    paired_with: "Row | None" = None
+    paired_with: Row | None = None
     ratios: list = field(default_factory=list)  # time(self) / time(paired_with), adjacent runs
 
 
@@ -229,8 +234,6 @@ def make_batch(batch, seq, vocab, masked_fraction, device, gen, lengths=None):
 
 def without_dropout(model):
     """A copy of a fixedhead model with every dropout probability set to 0 (hidden and attention)."""
-    from fixedhead.attention import MultiHeadAttention
-
     model = copy.deepcopy(model)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
@@ -266,8 +269,7 @@ def build_rows(args, device):
 
     rows = []
 
-    def train_row(name, model, loss_fn, cfg, frac, note="", group="main", ctx=contextlib.nullcontext, batch=data,
-                  real_tokens=tokens):
+    def train_row(name, model, loss_fn, cfg, frac, note="", group="main", batch=data, real_tokens=tokens):
         model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if args.adamw == "fused" else
                                                                  {"foreach": args.adamw == "foreach"}))
@@ -277,7 +279,7 @@ def build_rows(args, device):
             # which would time training without dropout
             model.train()
             opt.zero_grad(set_to_none=True)
-            with ctx(), autocast():
+            with autocast():
                 loss = loss_fn(model, batch)
             loss.backward()
             opt.step()
@@ -324,24 +326,22 @@ def build_rows(args, device):
     train_row("ours, dropout 0", without_dropout(ours), hf_loss, std_cfg, frac, "pretrain's default dropout")
     train_row("ours fixed, dropout 0", without_dropout(fixed), hf_loss, fixed_cfg, frac, "pretrain's default dropout")
     if args.levers:
-        def variant(**cfg_changes):
-            m = copy.deepcopy(ours)
-            for k, v in cfg_changes.items():
-                setattr(m.config, k, v)
-            return m
+        def variant():
+            return copy.deepcopy(ours)
+
+        eager = variant()
+        eager.set_attn_implementation("eager")  # transformers' public switch (config._attn_implementation)
 
         train_row("ours: full logits", variant(), full_logits_loss, std_cfg, 1.0,
                   "lever off: output layer at every position", "lever")
         train_row("ours: compact logits", variant(), compact_logits_loss, std_cfg, frac,
                   "logits [labelled, V], no [B,N,V] (before #12)", "lever")
-        unfused = variant()
-        for layer in unfused.fixedhead.encoder["layer"]:
-            layer.attention.forward = types.MethodType(_unfused_qkv_forward, layer.attention)
-        train_row("ours: unfused q,k,v", unfused, hf_loss, std_cfg, frac, "lever off: 3 projections", "lever")
-        train_row("ours: eager attention", variant(_attn_implementation="eager"), hf_loss, std_cfg, frac,
+        train_row("ours: unfused q,k,v", with_unfused_qkv(ours), hf_loss, std_cfg, frac,
+                  "lever off: 3 projections (+ a concat)", "lever")
+        train_row("ours: eager attention", eager, hf_loss, std_cfg, frac,
                   "lever off: no SDPA", "lever")
-        train_row("ours: all-ones mask tensor", variant(), hf_loss, std_cfg, frac,
-                  "lever off: [B,1,1,N] zero bias", "lever", ctx=redundant_mask)
+        train_row("ours: all-ones mask tensor", with_zero_bias(ours), hf_loss, std_cfg, frac,
+                  "lever off: [B,1,1,N] zero bias", "lever")
         # packing: the same real tokens as a padded batch (lengths uniform in [N/4, N]) or packed
         lengths = torch.randint(N // 4, N + 1, (B,), generator=gen).tolist()
         padded = make_batch(B, N, V, frac, device, gen, lengths)
@@ -537,7 +537,8 @@ def report(args, rows, peaks, gemm_n):
                 print(f"  packing without padding: {gain:.2f}x real tokens/s ({pad.note} -> {r.note}); "
                       f"time ratio packed/padded {statistics.median(r.ratios):.2f}")
             elif r.name == "ours: compact logits":
-                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): {1 / statistics.median(r.ratios):.2f}x "
+                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): "
+                      f"{1 / statistics.median(r.ratios):.2f}x "
                       f"the step with compact [labelled, vocab] logits; peak {r.paired_with.peak_mib:.0f} vs "
                       f"{r.peak_mib:.0f} MiB")
             elif r.name == "ours: torch.compile":

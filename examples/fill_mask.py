@@ -85,7 +85,8 @@ def main(argv=None):
         p.error(f"--show must be >= 0, got {args.show}")
     run_dir = Path(args.run_dir)
     if args.save_heldout_text and Path(args.save_heldout_text).exists():
-        sys.exit(f"--save-heldout-text {args.save_heldout_text}: the file exists; choose a new name (nothing was written)")
+        sys.exit(f"--save-heldout-text {args.save_heldout_text}: the file exists; "
+                 "choose a new name (nothing was written)")
     held_docs, train_docs = heldout_documents(run_dir, args.corpus)
     if args.save_heldout_text:
         Path(args.save_heldout_text).write_text("\n\n".join(d.text for d in held_docs))
@@ -123,7 +124,7 @@ def main(argv=None):
     if len(items) == 1:  # the pipeline unwraps a one-element list
         outputs = [outputs]
     top1 = top5 = base1 = base5 = 0
-    for it, out in zip(items, outputs):
+    for it, out in zip(items, outputs, strict=True):
         it["predictions"] = [(o["token_str"].strip(), round(float(o["score"]), 4)) for o in out]
         guesses = [g for g, _ in it["predictions"]]
         top1 += guesses[0] == it["answer"]

@@ -32,7 +32,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("--output-dir", required=True)
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--minutes", type=float, required=True, help="budget for the training steps (data preparation, evaluations and checkpoint saves come on top)")
+    p.add_argument("--minutes", type=float, required=True,
+                   help="budget for the training steps (data preparation, evaluations and checkpoint saves "
+                   "come on top)")
     p.add_argument("--calibration-steps", type=int, default=200)
     p.add_argument("--evaluations", type=int, default=5, help="held-out evaluations during the run")
     _add_model_args(p)

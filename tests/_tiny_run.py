@@ -1,12 +1,12 @@
-"""Helpers for the reliability tests: a seconds-long pretraining run on a slice of real text."""
+"""Helpers for the reliability tests: a seconds-long pretraining run on a slice of real text.
+
+Plain functions to import; the shared fixtures (``tiny_prepared``, built on :func:`tiny_data`, and
+``one_thread``) are in ``conftest.py``."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-
-import pytest
-import torch
 
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.training import DataSettings, TrainSettings, prepare_data
@@ -39,11 +39,3 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models train several times faster on one thread when the CPUs are shared (import it to use)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

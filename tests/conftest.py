@@ -1,3 +1,6 @@
+"""Fixtures shared by the test modules. Plain helpers (tiny configs, settings, snapshots) live in
+``_tiny_run.py`` and are imported; fixtures are found by pytest here, by name."""
+
 import gzip
 import json
 from pathlib import Path
@@ -5,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _tiny_run import tiny_data
 from fixedhead.data import DEFAULT_DATA_DIR
 
 WIKI = DEFAULT_DATA_DIR / "pretrain" / "wikipedia_vital_articles_summaries_en.jsonl.gz"
@@ -13,6 +17,16 @@ WIKI = DEFAULT_DATA_DIR / "pretrain" / "wikipedia_vital_articles_summaries_en.js
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models train several times faster on one thread when the CPUs are shared. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +42,47 @@ def small_real_corpus(tmp_path_factory) -> Path:
             rec = json.loads(line)
             dst.write(json.dumps({"title": rec["title"], "text": rec["text"]}) + "\n")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared(small_real_corpus, tmp_path_factory):
+    """``small_real_corpus`` prepared for pretraining (:func:`_tiny_run.tiny_data`); read-only."""
+    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained_run(small_real_corpus, tmp_path_factory):
+    """A 30-step, 2-layer pretraining run on real text with the default tracking (TensorBoard):
+    (run directory, its PreparedData, pretrain's result). Tests may add files to the run
+    directory, never change or remove what is there."""
+    from fixedhead import FixedHeadConfig
+    from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+
+    tmp = tmp_path_factory.mktemp("eco")
+    data = prepare_data(
+        DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
+                     tokenizer_max_chars=None, max_eval_tokens=3000),
+        cache_dir=tmp / "cache", progress=False,
+    )
+    config = FixedHeadConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+                             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0)
+    settings = TrainSettings(batch_size=16, max_steps=30, learning_rate=3e-3, logging_steps=10, eval_steps=15,
+                             save_steps=30, progress=False)  # report_to: the default
+    run = tmp / "run"
+    result = pretrain(config, data, run, settings)
+    return run, data, result
+
+
+@pytest.fixture(scope="session")
+def heldout_text(tiny_pretrained_run, small_real_corpus, tmp_path_factory):
+    """The held-out documents of ``tiny_pretrained_run``, as a .txt file."""
+    from fixedhead.data import read_corpus
+
+    _, data, _ = tiny_pretrained_run
+    titles = set(data.info["heldout_documents"])
+    docs = [d.text for d in read_corpus(str(small_real_corpus)) if (d.title or d.source) in titles]
+    assert docs, "no held-out documents found"
+    path = tmp_path_factory.mktemp("text") / "heldout.txt"
+    path.write_text("\n\n".join(docs))
+    return path

@@ -17,8 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _tiny_run import one_thread  # noqa: F401 (autouse)
 from fixedhead.attention import MultiHeadAttention, resolve_head_dim
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROFILE = settings(max_examples=100, deadline=None, derandomize=True)
 
@@ -32,7 +33,7 @@ def paper_attention(mha: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor
     bq, bk, bv = b.split(h * dp)
     Wo, bo = mha.out_proj.weight.detach().double(), mha.out_proj.bias.detach().double()
     outs, probs = [], []
-    for xb, mb in zip(x.double(), mask):
+    for xb, mb in zip(x.double(), mask, strict=True):
         X = xb.T  # d × n: tokens are columns
         n = X.shape[1]
         heads, P_heads = [], []

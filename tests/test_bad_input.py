@@ -11,31 +11,27 @@ import gzip
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 
-from _tiny_run import one_thread, snapshot, tiny_config, tiny_data, tiny_settings  # noqa: F401 (autouse)
+from _tiny_run import snapshot, tiny_config, tiny_settings
 from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
 from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
-from fixedhead.data.glue import read_glue_tsv
-from fixedhead.data.glue import glue_metrics
+from fixedhead.data.glue import glue_metrics, read_glue_tsv
 from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def tiny_prepared(small_real_corpus, tmp_path_factory):
-    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
-
-
 @pytest.fixture(scope="module")
 def finished_run(tiny_prepared, tmp_path_factory) -> Path:
     """A finished (10-step) pretraining run directory; tests copy it before damaging it."""
@@ -150,7 +146,9 @@ def file_replace(name, content):
 def pretrain_into(prepare_dir, resume=False, overwrite=False, **config_changes):
     def call(ctx):
         out = prepare_dir(ctx)
-        state = lambda: (snapshot(out) if out.is_dir() else out.read_bytes()) if out.exists() else None
+        def state():
+            return (snapshot(out) if out.is_dir() else out.read_bytes()) if out.exists() else None
+
         before = state()
         try:
             pretrain(tiny_config(**config_changes), ctx.request.getfixturevalue("tiny_prepared"), out,
@@ -170,7 +168,8 @@ class Case:
 
 def _glue(header: str, *rows: str):
     def call(ctx):
-        read_glue_tsv(write(ctx, "g.tsv", "\n".join((header,) + rows) + "\n"), "sst2" if "sentence\t" in header or header == "sentence" else "rte")
+        task = "sst2" if "sentence\t" in header or header == "sentence" else "rte"
+        read_glue_tsv(write(ctx, "g.tsv", "\n".join((header,) + rows) + "\n"), task)
     return call
 
 
@@ -188,6 +187,14 @@ CASES = [
          "hidden_dropout_prob must be a probability in [0, 1), got 1.0"),
     Case("max_position_embeddings=0", lambda c: tiny_cfg(max_position_embeddings=0), ValueError,
          "max_position_embeddings must be an int >= 1, got 0"),
+    Case("vocab_size=0", lambda c: tiny_cfg(vocab_size=0), ValueError, "vocab_size must be an int >= 1, got 0"),
+    Case("pad_token_id=500 with vocab 50", lambda c: tiny_cfg(pad_token_id=500), ValueError,
+         "pad_token_id must be in [0, vocab_size=50), got 500"),
+    # the layer alone checks its sizes as the configuration does
+    Case("attention head_dim=0", lambda c: MultiHeadAttention(64, 4, head_dim=0), ValueError,
+         "head_dim must be a positive int, got 0"),
+    Case("attention d=1024,h=12", lambda c: MultiHeadAttention(1024, 12), ValueError,
+         "got hidden_size=1024 and num_attention_heads=12"),
     Case("attention dropout=1.5", lambda c: MultiHeadAttention(64, 4, dropout=1.5), ValueError,
          "dropout must be a float in [0, 1), got 1.5"),
     Case("TrainSettings max_steps=0", lambda c: TrainSettings(max_steps=0), ValueError,
@@ -232,14 +239,16 @@ CASES = [
          "position_ids must be an integer tensor, got dtype torch.float32"),
     Case("token_type_ids 2 with 2 types", positions16_call(token_type_ids=torch.tensor([[0, 1, 2, 0, 0, 0, 0, 0]])),
          ValueError, "token_type_ids hold 2, outside [0, type_vocab_size=2) (at index (0, 2))"),
-    Case("token_type_ids of length 3 for 8 tokens", positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)),
-         ValueError, "token_type_ids must have shape [batch, seq] = (1, 8)"),
+    Case("token_type_ids of length 3 for 8 tokens",
+         positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)), ValueError,
+         "token_type_ids must have shape [batch, seq] = (1, 8)"),
     Case("bool token_type_ids", positions16_call(token_type_ids=torch.zeros(1, 8, dtype=torch.bool)), ValueError,
          "token_type_ids must be an integer tensor, got dtype torch.bool"),
     Case("input_ids as a list", model_call(input_ids=[[1, 2, 3]]), TypeError,
          "input_ids must be a torch.Tensor, got list"),
-    Case("attention_mask as a list", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]),
-         TypeError, "attention_mask must be a torch.Tensor, got list"),
+    Case("attention_mask as a list",
+         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]), TypeError,
+         "attention_mask must be a torch.Tensor, got list"),
     Case("attention_mask value 2", model_call(input_ids=torch.ones(1, 3, dtype=torch.long),
                                               attention_mask=torch.tensor([[1, 2, 0]])),
          ValueError, "must hold only 0 (padding) and 1 (token), got 2"),
@@ -280,6 +289,8 @@ CASES = [
     Case("truncated .jsonl.gz", truncated_gz, ValueError, "cut.jsonl.gz: cannot read"),
     Case("missing corpus file", lambda c: read_corpus(c.tmp / "nowhere.txt"), FileNotFoundError,
          "nowhere.txt' does not exist"),
+    Case("directory without corpus files", lambda c: read_corpus(write(c, "books/notes.csv", "a,b\n").parent),
+         ValueError, "books: directory holds no .txt/.jsonl/.txt.gz/.jsonl.gz files"),
     Case("too little text for one sequence", lambda c: pack_sequences([[5, 6]], 64, 2, 3), ValueError,
          "corpus too small: 3 tokens, fewer than one sequence of 64"),
     Case("GLUE TSV missing label column", _glue("sentence", "a fine film"), ValueError,
@@ -352,7 +363,8 @@ CLI_CASES = [
     ("pretrain --num-attention-heads 0", ["pretrain", "--num-attention-heads", "0"],
      "num_attention_heads must be a positive int, got 0"),
     ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-    ("pretrain --corpus missing", ["pretrain", "--corpus", "missing/corpus.txt"], "'missing/corpus.txt' does not exist"),
+    ("pretrain --corpus missing", ["pretrain", "--corpus", "missing/corpus.txt"],
+     "'missing/corpus.txt' does not exist"),
     ("pretrain --preset with a size", ["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--hidden-size", "64",
                                        "--head-dim", "16"],
      "--preset lm1b-fixed-d256-h4-dp32 fixes the model size; drop --head-dim, --hidden-size"),

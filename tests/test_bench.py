@@ -56,3 +56,36 @@ def test_dropout_0_rows_have_no_dropout_and_the_others_keep_it():
         assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
         model.eval()
         torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits)  # same weights
+
+
+def test_lever_variants_compute_the_same_function():
+    """The unfused-q,k,v and zero-bias rows time the same model, only computed the other way."""
+    from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
+    from fixedhead.attention import MultiHeadAttention
+
+    bench = load_bench()
+    cfg = FixedHeadConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, head_dim=12,
+                          intermediate_size=32, max_position_embeddings=8, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    model = FixedHeadForMaskedLM(cfg).eval()
+    ids, mask = torch.randint(5, 50, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    labels = torch.where(torch.rand(2, 8) < 0.5, ids, -100)
+    ref = model(input_ids=ids, attention_mask=mask, labels=labels)
+    ref.loss.backward()
+    unfused, biased = bench.with_unfused_qkv(model).eval(), bench.with_zero_bias(model).eval()
+    seen = []
+    for m in biased.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["attention_bias"]), with_kwargs=True)
+    for variant in (unfused, biased):
+        out = variant(input_ids=ids, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(out.logits, ref.logits, atol=1e-6, rtol=1e-5)
+        out.loss.backward()
+    # an all-ones mask: the model itself passes no bias; the variant gets a zero one in every layer
+    assert len(seen) == 2 and all(b is not None and b.shape == (2, 1, 1, 8) and not b.any() for b in seen)
+    # three projections with their own weights, whose gradients are the fused weight's slices
+    fused = model.fixedhead.encoder["layer"][0].attention.qkv
+    split = unfused.fixedhead.encoder["layer"][0].attention.qkv
+    assert isinstance(split, bench.UnfusedQKV)
+    grads = torch.cat([p.weight.grad for p in (split.query, split.key, split.value)])
+    torch.testing.assert_close(grads, fused.weight.grad, atol=1e-6, rtol=1e-5)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _tiny_run import one_thread, tiny_config, tiny_data, tiny_settings  # noqa: F401 (one_thread: autouse)
+from _tiny_run import tiny_config, tiny_settings
 from fixedhead.training import pretrain
 from fixedhead.training.checkpoints import (
     STAGING_PREFIX,
@@ -37,11 +37,7 @@ from fixedhead.training.checkpoints import (
 from fixedhead.training.pretrain import load_run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-@pytest.fixture(scope="module")
-def tiny_prepared(small_real_corpus, tmp_path_factory):
-    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,8 @@ def test_paper_parameter_counts_within_one_percent(name):
     ],
 )
 def test_formula_matches_a_real_model(kw):
-    cfg = FixedHeadConfig(vocab_size=301, num_hidden_layers=3, max_position_embeddings=50, **{"intermediate_size": 96, **kw})
+    cfg = FixedHeadConfig(vocab_size=301, num_hidden_layers=3, max_position_embeddings=50,
+                          **{"intermediate_size": 96, **kw})
     mlm = FixedHeadForMaskedLM(cfg)
     assert count_parameters(cfg, pooler=False) == sum(p.numel() for p in mlm.parameters())
     base = FixedHeadModel(cfg)

@@ -25,23 +25,6 @@ def test_read_txt_jsonl_gz_and_directory(tmp_path):
     assert [d.text for d in docs] == [TEXT, "first doc", "second doc", "gz text"]
 
 
-def test_corpus_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        read_corpus(tmp_path / "missing.txt")
-    (tmp_path / "empty.txt").write_text("   \n")
-    with pytest.raises(ValueError, match="empty"):
-        read_corpus(tmp_path / "empty.txt")
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(ValueError, match="not UTF-8"):
-        read_corpus(tmp_path / "latin1.txt")
-    (tmp_path / "bad.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: JSON line has no 'text'"):
-        read_corpus(tmp_path / "bad.jsonl")
-    (tmp_path / "d").mkdir()
-    with pytest.raises(ValueError, match="holds no"):
-        read_corpus(tmp_path / "d")
-
-
 def test_split_is_by_document_and_deterministic():
     from fixedhead.data import Document
 
@@ -69,6 +52,20 @@ def test_tokenizer_is_bert_style_and_cached(tmp_path):
     assert len(list(tmp_path.iterdir())) == 2  # settings are part of the key
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(texts, vocab_size=5, cache_dir=tmp_path)
+
+
+def test_tokenizer_learns_an_even_share_of_every_document(tmp_path):
+    """max_chars=200 over two documents: the first 100 characters of each, nothing after them."""
+    a, b = "the quick brown fox. " * 10, "a lazy dog sleeps. " * 10  # 210 and 190 characters
+    train_tokenizer([a, b], vocab_size=120, cache_dir=tmp_path, max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 1
+    # past each document's share: the same text was learnt from, the cached tokenizer is reused
+    train_tokenizer([a[:100] + "zebra" * 20, b[:100] + "yak" * 30], vocab_size=120, cache_dir=tmp_path,
+                    max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 1
+    # inside the second document's share (not "200 characters of the first document, in order")
+    train_tokenizer([a, "zebra" + b[5:]], vocab_size=120, cache_dir=tmp_path, max_chars=200)
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 def test_packing():

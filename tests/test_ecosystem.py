@@ -1,10 +1,10 @@
 """Ecosystem: Auto classes and pipelines, attention implementations, model card and tracking,
-two-process training, and the attention diagnostics (``fixedhead analyze``) — issue 6."""
+two-process training, launcher configs and the examples — issue 6. The shared run is conftest's
+``tiny_pretrained_run``; the attention diagnostics are in test_analysis.py."""
 
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +13,7 @@ import pytest
 import torch
 
 import fixedhead
-from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
-from fixedhead.cli import main
-from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+from fixedhead import FixedHeadForMaskedLM
 
 SRC = Path(fixedhead.__file__).resolve().parents[1]
 
@@ -28,42 +26,9 @@ def _env(tmp_path):
     return env
 
 
-@pytest.fixture(scope="module")
-def tiny_run(small_real_corpus, tmp_path_factory):
-    """A 30-step pretraining run on real text with the default tracking (TensorBoard)."""
-    tmp = tmp_path_factory.mktemp("eco")
-    data = prepare_data(
-        DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
-                     tokenizer_max_chars=None, max_eval_tokens=3000),
-        cache_dir=tmp / "cache", progress=False,
-    )
-    config = FixedHeadConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-                             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                             attention_probs_dropout_prob=0.0)
-    settings = TrainSettings(batch_size=16, max_steps=30, learning_rate=3e-3, logging_steps=10, eval_steps=15,
-                             save_steps=30, progress=False)  # report_to: the default
-    run = tmp / "run"
-    result = pretrain(config, data, run, settings)
-    return run, data, result
-
-
-@pytest.fixture(scope="module")
-def heldout_text(tiny_run, small_real_corpus, tmp_path_factory):
-    """The held-out documents of the tiny run, as a .txt file."""
-    from fixedhead.data import read_corpus
-
-    _, data, _ = tiny_run
-    titles = set(data.info["heldout_documents"])
-    docs = [d.text for d in read_corpus(str(small_real_corpus)) if (d.title or d.source) in titles]
-    assert docs, "no held-out documents found"
-    path = tmp_path_factory.mktemp("text") / "heldout.txt"
-    path.write_text("\n\n".join(docs))
-    return path
-
-
-# ------------------------------------------------------------------ 1. Auto classes, pipeline
-def test_auto_classes_registered_on_import_without_remote_code(tiny_run, tmp_path):
-    run, _, _ = tiny_run
+# ------------------------------------------------------------------ Auto classes, pipeline, examples
+def test_auto_classes_registered_on_import_without_remote_code(tiny_pretrained_run, tmp_path):
+    run, _, _ = tiny_pretrained_run
     code = f"""
 import transformers
 from transformers import AutoConfig
@@ -85,11 +50,11 @@ print(type(AutoModelForSequenceClassification.from_pretrained({str(run)!r}, num_
                                   "FixedHeadForMaskedLM", "FixedHeadForSequenceClassification"]
 
 
-def test_auto_masked_lm_loads_the_trained_weights(tiny_run):
+def test_auto_masked_lm_loads_the_trained_weights(tiny_pretrained_run):
     from safetensors.torch import load_file
     from transformers import AutoModelForMaskedLM
 
-    run, _, _ = tiny_run
+    run, _, _ = tiny_pretrained_run
     model = AutoModelForMaskedLM.from_pretrained(str(run))
     assert isinstance(model, FixedHeadForMaskedLM) and model.config.head_dim == 16
     saved = load_file(str(run / "model.safetensors"))
@@ -97,10 +62,10 @@ def test_auto_masked_lm_loads_the_trained_weights(tiny_run):
     assert torch.equal(model.state_dict()[qkv], saved[qkv])
 
 
-def test_fill_mask_pipeline_on_a_heldout_sentence(tiny_run, heldout_text):
+def test_fill_mask_pipeline_on_a_heldout_sentence(tiny_pretrained_run, heldout_text):
     from transformers import AutoTokenizer, pipeline
 
-    run, _, _ = tiny_run
+    run, _, _ = tiny_pretrained_run
     words = heldout_text.read_text().split()[:6]  # short: the tiny vocabulary splits words into many pieces
     words[3] = "[MASK]"
     sentence = " ".join(words)
@@ -130,11 +95,11 @@ def _example(name):
     return module
 
 
-def test_fill_mask_example_scores_heldout_sentences(tiny_run, capsys):
+def test_fill_mask_example_scores_heldout_sentences(tiny_pretrained_run, capsys):
     """examples/fill_mask.py: masked held-out sentences, the pipeline's top-5, a frequency baseline."""
     from transformers import AutoTokenizer
 
-    run, data, _ = tiny_run
+    run, data, _ = tiny_pretrained_run
     summary = _example("fill_mask").main([str(run), "--sentences", "20", "--show", "2", "--write"])
     out = capsys.readouterr().out
     assert f"{summary['sentences']} held-out sentences" in out
@@ -162,8 +127,8 @@ def test_fill_mask_example_scores_heldout_sentences(tiny_run, capsys):
     assert items[0]["text"].split("[MASK]")[0].split()[0] in heldout_txt.read_text()
 
 
-def test_fill_mask_example_refuses_another_corpus(tiny_run, tmp_path, capsys):
-    run, _, _ = tiny_run
+def test_fill_mask_example_refuses_another_corpus(tiny_pretrained_run, tmp_path, capsys):
+    run, _, _ = tiny_pretrained_run
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"title": f"doc {i}", "text": f"Some other text here, part {i}. " * 20}) + "\n"
                              for i in range(10)))
@@ -199,10 +164,10 @@ def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, t
         assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
-def test_eager_and_sdpa_agree_and_attentions_are_probabilities(tiny_run):
+def test_eager_and_sdpa_agree_and_attentions_are_probabilities(tiny_pretrained_run):
     from transformers import AutoModelForMaskedLM
 
-    run, data, _ = tiny_run
+    run, data, _ = tiny_pretrained_run
     eager = AutoModelForMaskedLM.from_pretrained(str(run), attn_implementation="eager").eval()
     sdpa = AutoModelForMaskedLM.from_pretrained(str(run), attn_implementation="sdpa").eval()
     assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
@@ -215,16 +180,16 @@ def test_eager_and_sdpa_agree_and_attentions_are_probabilities(tiny_run):
         c = sdpa(input_ids=ids, attention_mask=mask)  # the SDPA kernel path
     torch.testing.assert_close(c.logits, a.logits, atol=1e-5, rtol=1e-5)
     assert len(a.attentions) == 2
-    for pa, pb in zip(a.attentions, b.attentions):
+    for pa, pb in zip(a.attentions, b.attentions, strict=True):
         assert pa.shape == (3, 4, 32, 32)  # [batch, heads, query, key]
         torch.testing.assert_close(pa.sum(-1), torch.ones(3, 4, 32))
         assert float(pa[1, :, :, 20:].max()) == 0.0  # padded keys get no attention
         torch.testing.assert_close(pa, pb)
 
 
-# ------------------------------------------------------------------ 4. tracking and cards
-def test_run_directory_has_model_card_and_tensorboard_logs(tiny_run):
-    run, data, result = tiny_run
+# ------------------------------------------------------------------ tracking and cards
+def test_run_directory_has_model_card_and_tensorboard_logs(tiny_pretrained_run):
+    run, data, result = tiny_pretrained_run
     card = (run / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n")
     for section in ("## Configuration", "## Data", "## Training budget", "## Metrics"):
@@ -237,38 +202,7 @@ def test_run_directory_has_model_card_and_tensorboard_logs(tiny_run):
     assert events and events[0].stat().st_size > 0
 
 
-def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
-    from fixedhead.cli import _report_to
-    from fixedhead.training.pretrain import _training_args
-
-    assert _training_args(tmp_path, TrainSettings(report_to=["tensorboard"])).report_to == ["tensorboard"]
-    assert _training_args(tmp_path, TrainSettings(report_to=[])).report_to == []
-    assert _report_to(["none"]) == [] and _report_to(["tensorboard"]) == ["tensorboard"]
-    rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
-    assert rc == 2 and "--report-to nosuchtracker: unknown integration" in capsys.readouterr().err
-    from transformers.integrations import is_wandb_available
-
-    if not is_wandb_available():
-        rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "wandb"])
-        assert rc == 2 and "wandb package is not installed" in capsys.readouterr().err
-    assert not (tmp_path / "r").exists()  # refused before any work
-
-
-# ------------------------------------------------------------------ 2. distributed training
-def test_cli_runs_as_a_module(monkeypatch, capsys):
-    """``python -m fixedhead.cli`` (what torchrun / accelerate launch run) reaches main()."""
-    import runpy
-
-    monkeypatch.setattr(sys, "argv", ["fixedhead", "--help"])
-    monkeypatch.delitem(sys.modules, "fixedhead.cli", raising=False)  # run it fresh, as `python -m` does
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_module("fixedhead.cli", run_name="__main__")
-    assert exit_info.value.code == 0
-    out = capsys.readouterr().out
-    for command in ("pretrain", "analyze", "compare"):
-        assert command in out
-
-
+# ------------------------------------------------------------------ distributed training
 def test_shipped_launcher_configs_parse():
     from accelerate.commands.config.config_args import ClusterConfig
 
@@ -326,111 +260,3 @@ def test_two_process_pretraining_with_torchrun(small_real_corpus, tmp_path):
     assert state["epoch"] == pytest.approx(8 * 8 * 2 / train_sequences, abs=0.006)  # stored rounded to 0.01
     assert "| processes (world size) | 2 |" in (run / "README.md").read_text()
     FixedHeadForMaskedLM.from_pretrained(str(run))  # loadable
-
-
-# ------------------------------------------------------------------ 3. attention diagnostics
-def test_hooked_logits_reproduce_fixedhead_attentions(tiny_run):
-    from fixedhead.analysis import attention_logits
-
-    run, data, _ = tiny_run
-    model = FixedHeadForMaskedLM.from_pretrained(str(run)).eval()
-    ids = data.heldout[:2]
-    logits = attention_logits(model, ids)
-    with torch.no_grad():
-        probs = model(input_ids=ids, output_attentions=True).attentions
-    assert len(logits) == len(probs) == 2
-    for s, p in zip(logits, probs):
-        assert s.dtype == torch.float64 and s.shape == (2, 4, 32, 32)
-        torch.testing.assert_close(torch.softmax(s, -1).float(), p, atol=1e-6, rtol=1e-5)
-
-
-def _bert_checkpoint(tiny_run, directory: Path) -> Path:
-    """A transformers BertForMaskedLM written by save_pretrained, with the tiny run's tokenizer."""
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    run, _, _ = tiny_run
-    tok = AutoTokenizer.from_pretrained(str(run))
-    torch.manual_seed(0)
-    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=8,
-                                      intermediate_size=64, max_position_embeddings=32, initializer_range=0.5))
-    bert.save_pretrained(str(directory))
-    tok.save_pretrained(str(directory))
-    return directory
-
-
-def test_analyze_a_transformers_bert_checkpoint(tiny_run, heldout_text, tmp_path):
-    from transformers import BertModel
-
-    from fixedhead.analysis import analyze, attention_logits
-
-    bert_dir = _bert_checkpoint(tiny_run, tmp_path / "bert")
-    result = analyze(bert_dir, heldout_text, max_sequences=3)
-    assert (result.model_type, result.num_layers, result.num_heads, result.head_dims) == ("bert", 2, 8, [4, 4])
-    assert result.seq_len == 32 and result.num_sequences == 3
-    for row in result.rows():
-        # d_p = 32/8 = 4 < n = 32: the logits of every head have rank at most 4 (paper Section 3) and
-        # generic weights reach it; softmax needs one dimension less or the same
-        assert row["logit_rank_max"] == 4 and row["rank_cap"] == 4
-        assert row["logit_rank"] - 1 <= row["min_head_dim"] <= row["logit_rank"]
-        assert 0.0 <= row["entropy"] <= math.log(32) + 1e-9
-    # the hooks read BERT's real logits: their softmax is BERT's own (eager) attention
-    model = BertModel.from_pretrained(str(bert_dir), attn_implementation="eager").eval()
-    ids = torch.randint(5, 400, (2, 16))
-    with torch.no_grad():
-        probs = model(input_ids=ids, output_attentions=True).attentions
-    for s, p in zip(attention_logits(model, ids), probs):
-        torch.testing.assert_close(torch.softmax(s, -1).float(), p, atol=1e-6, rtol=1e-5)
-
-
-def test_head_statistics_on_known_heads():
-    from fixedhead.analysis import head_statistics, numerical_rank
-
-    n = 12
-    zero = head_statistics(torch.zeros(n, n))  # every query uniform: rank 0, entropy ln n, one dimension suffices
-    assert zero["logit_rank"] == 0 and zero["min_head_dim"] == 1
-    assert zero["entropy"] == pytest.approx(math.log(n))
-    torch.manual_seed(1)
-    q, k = torch.randn(n, 3, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)
-    low = head_statistics(q @ k.T)  # a head of size 3
-    assert low["logit_rank"] == 3 and low["min_head_dim"] in (2, 3)
-    assert 0 < low["entropy"] < math.log(n)
-    shift = head_statistics(q @ k.T + torch.randn(n, 1, dtype=torch.float64))  # + per-query shift: same P
-    assert shift["logit_rank"] == 4 and shift["min_head_dim"] == low["min_head_dim"]
-    sharp = head_statistics(50.0 * torch.eye(n))  # each query attends to itself
-    assert sharp["entropy"] < 1e-15
-    with pytest.raises(ValueError, match="rtol must be in"):
-        numerical_rank(torch.eye(3), rtol=0.0)
-
-
-def test_analyze_cli_on_a_run_writes_table_json_and_heatmap(tiny_run, heldout_text, tmp_path, capsys):
-    run, _, _ = tiny_run
-    out = tmp_path / "analysis"
-    rc = main(["analyze", str(run), "--text", str(heldout_text), "--max-sequences", "2", "--output-dir", str(out)])
-    assert rc == 0
-    text = capsys.readouterr().out
-    lines = [line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
-    assert len(lines) == 2 * 4  # one row per (layer, head)
-    assert all(line.split()[2] == "16" for line in lines)  # d_p column
-    saved = json.loads((out / "analysis.json").read_text())
-    assert saved["num_heads"] == 4 and len(saved["table"]) == 8 and saved["rtol"] == 1e-5
-    assert all(r["logit_rank_max"] <= 16 for r in saved["table"])
-    png = (out / "attention_heatmap.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-
-
-def test_analyze_errors_name_the_problem(tiny_run, heldout_text, tmp_path, capsys):
-    from transformers import BertConfig, BertForMaskedLM
-
-    run, _, _ = tiny_run
-    no_tok = tmp_path / "no_tokenizer"
-    BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32, max_position_embeddings=32)).save_pretrained(str(no_tok))
-    assert main(["analyze", str(no_tok), "--text", str(heldout_text)]) == 2
-    assert "holds no tokenizer" in capsys.readouterr().err
-    assert main(["analyze", str(tmp_path / "nowhere"), "--text", str(heldout_text)]) == 2
-    assert "nowhere' does not exist" in capsys.readouterr().err
-    assert main(["analyze", str(run), "--text", str(tmp_path / "missing.txt")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert main(["analyze", str(run), "--text", str(heldout_text), "--max-seq-length", "64"]) == 2
-    assert "exceeds the model's max_position_embeddings=32" in capsys.readouterr().err
-    shutil.rmtree(no_tok)

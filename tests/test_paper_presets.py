@@ -18,15 +18,11 @@ def test_paper_preset_builds_and_trains_one_step_at_one_layer(name):
     preset = PAPER_PRESETS[name]
     full = preset.build_config()
     one = preset.build_config(num_hidden_layers=1)
-    # the count formula is linear in depth: full = one-layer + (l - 1) x one layer's parameters
-    two = preset.build_config(num_hidden_layers=2)
-    per_layer = count_parameters(two) - count_parameters(one)
-    assert count_parameters(full) == count_parameters(one) + (full.num_hidden_layers - 1) * per_layer
-    h, dp, d = full.num_attention_heads, full.attention_head_size, full.hidden_size
-    assert per_layer == 4 * h * dp * d + 3 * h * dp + d + 2 * d * full.intermediate_size \
-        + full.intermediate_size + d + 4 * d
     model = FixedHeadForMaskedLM(one)
     assert count_parameters(one, pooler=False) == sum(p.numel() for p in model.parameters())
+    # the full-depth count without building it: the built layer's own parameters, once per layer
+    per_layer = sum(p.numel() for p in model.fixedhead.encoder["layer"][0].parameters())
+    assert count_parameters(full) == count_parameters(one) + (full.num_hidden_layers - 1) * per_layer
     snapshot = {k: v.detach().clone() for k, v in model.named_parameters() if "attention" in k}
     assert snapshot, "attention parameters are named 'attention'"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -85,9 +81,11 @@ def test_cli_pretrain_with_a_paper_preset(small_real_corpus, tmp_path, monkeypat
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     common = ["--corpus", str(small_real_corpus), "--vocab-size", "200", "--max-seq-length", "16",
-              "--batch-size", "2", "--max-steps", "1", "--eval-steps", "1", "--save-steps", "1", "--report-to", "none"]
-    assert main(["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--output-dir", str(tmp_path / "run")] + common) == 0
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
+              "--batch-size", "2", "--max-steps", "1", "--eval-steps", "1", "--save-steps", "1",
+              "--report-to", "none"]
+    run = tmp_path / "run"
+    assert main(["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--output-dir", str(run)] + common) == 0
+    config = json.loads((run / "config.json").read_text())
     assert (config["hidden_size"], config["num_attention_heads"], config["head_dim"], config["num_hidden_layers"],
             config["intermediate_size"], config["hidden_dropout_prob"]) == (256, 4, 32, 6, 1024, 0.1)
     capsys.readouterr()

@@ -1,27 +1,19 @@
-"""Behaviour the speed work must keep (BERT parity, masked-only MLM output, padding), plus the
-CUDA-readiness logic: SDPA backend choice and its one-time warning, bf16 autocast."""
+"""The attention kernel policy: SDPA backend choice on CUDA and its one-time warning, fp16 bias,
+and the CPU training path with attention dropout. (BERT parity and the masked-only MLM output are
+tested in test_modeling.py and test_contract.py, padding and bf16 autocast in test_numerics.py.)"""
 
 import warnings
 
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
-from transformers import BertConfig, BertForMaskedLM
 
 from fixedhead import attention, kernels
 from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
 from fixedhead.configuration import FixedHeadConfig
-from fixedhead.convert import from_bert
 from fixedhead.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def small_bert(attn="sdpa"):
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=16, attn_implementation=attn)
-    return BertForMaskedLM(cfg).eval()
 
 
 def batch(b=3, n=10, vocab=97, pad_last=True):
@@ -33,59 +25,6 @@ def batch(b=3, n=10, vocab=97, pad_last=True):
     labels = torch.full((b, n), -100)
     labels[:, ::3] = ids[:, ::3]
     return ids, mask, labels
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_bert_parity_and_masked_only_output(attn):
-    bert = small_bert(attn)
-    ours = from_bert(bert).eval()
-    ours.config._attn_implementation = attn
-    ids, mask, labels = batch()
-    with torch.no_grad():
-        ref = bert(input_ids=ids, attention_mask=mask).logits
-        full = ours(input_ids=ids, attention_mask=mask).logits
-        sel = ours(input_ids=ids, attention_mask=mask, labels=labels)
-    keep = mask.bool()
-    torch.testing.assert_close(full[keep], ref[keep], atol=1e-5, rtol=1e-5)
-    # with labels the output layer runs at labelled positions only: the same logits there, in
-    # BertForMaskedLM's [batch, seq, vocab] shape, zero rows elsewhere
-    scored = labels != -100
-    assert sel.logits.shape == ref.shape
-    torch.testing.assert_close(sel.logits[scored], full[scored], atol=1e-5, rtol=1e-5)
-    assert torch.all(sel.logits[~scored] == 0)
-    expected = torch.nn.functional.cross_entropy(ref.view(-1, 97), labels.view(-1), ignore_index=-100)
-    torch.testing.assert_close(sel.loss, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_all_padding_row_is_finite():
-    ours = from_bert(small_bert()).eval()
-    ids, mask, labels = batch()
-    mask[0] = 0
-    with torch.no_grad():
-        out = ours(input_ids=ids, attention_mask=mask, labels=labels)
-    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
-
-
-@pytest.mark.parametrize("head_dim", [None, 24])
-def test_bf16_autocast_training_step_with_padding(head_dim):
-    # the padding bias is built in fp32 while autocast makes q, k, v bf16: it must be cast
-    torch.manual_seed(0)
-    cfg = FixedHeadConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          head_dim=head_dim, intermediate_size=64, max_position_embeddings=16)
-    model = FixedHeadForMaskedLM(cfg).train()
-    ids, mask, labels = batch()
-    mask[0] = 0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-    out.loss.backward()
-    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    model.eval()
-    with torch.no_grad():
-        ref = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    torch.testing.assert_close(low, ref, atol=0.05, rtol=0.02)
 
 
 def test_fp16_bias_stays_finite():

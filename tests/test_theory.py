@@ -5,6 +5,7 @@ best small head in logit and probability space, the paper's counterexample, Theo
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 
 import numpy as np
@@ -215,7 +216,7 @@ def test_fit_head_improves_on_svd_and_is_exact_from_the_threshold():
             assert fit.kl < 0.9 * fit.kl_svd_init  # the KL optimum is not the logit optimum
         else:
             assert abs(fit.kl) <= 1e-12 and fit.max_abs_error <= 1e-8
-    assert all(b <= a + 1e-9 for a, b in zip(kls, kls[1:]))  # more head dims never hurt
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(kls))  # more head dims never hurt
 
 
 def test_fit_head_does_not_depend_on_which_rank_n_input():
@@ -264,7 +265,7 @@ def test_theorem2_witness_shares_one_rank_dp_form_and_full_rank_values():
     assert torch.linalg.matrix_rank(U[0]) == e
     assert not torch.allclose(w.W_q[0], w.W_q[1])  # the heads' weights differ, only U is shared
     assert torch.linalg.matrix_rank(torch.einsum("hde,hef->df", w.W_v, w.W_o)) == d
-    with pytest.raises(ValueError, match=r"num_heads > hidden_size/head_dim.*h·d_p = 4 <= d = 4"):
+    with pytest.raises(ValueError, match=r"num_attention_heads > hidden_size/head_dim.*h·d_p = 4 <= d = 4"):
         th.theorem2_witness(4, 2, 2)
     with pytest.raises(ValueError, match="hidden_size >= head_dim"):
         th.theorem2_witness(2, 4, 3)
@@ -286,8 +287,9 @@ def test_theorem2_standard_layer_cannot_fit_the_witness_fixed_head_layer_can():
     # 4 random restarts of the standard fit. Achieved (seed 0): standard ≈ 0.050 train / 0.083
     # held-out relative squared error, every restart >= 0.049; fixed-head 0 exactly (the witness)
     # and ≈ 4e-11 when refitted from a perturbed witness.
-    r = th.theorem2_demo(hidden_size=4, num_heads=4, head_dim=2, seq_len=4, num_inputs=64, restarts=4, seed=0)
-    assert (r.hidden_size, r.num_heads, r.head_dim, r.seq_len) == (4, 4, 2, 4)
+    r = th.theorem2_demo(hidden_size=4, num_attention_heads=4, head_dim=2, seq_len=4, num_inputs=64, restarts=4,
+                         seed=0)
+    assert (r.hidden_size, r.num_attention_heads, r.head_dim, r.seq_len) == (4, 4, 2, 4)
     assert len(r.standard_errors) == 4
     assert min(r.standard_errors) == r.standard_error > 0.02
     assert r.standard_test_error > 0.02

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from _tiny_run import one_thread, snapshot, tiny_config, tiny_data, tiny_settings  # noqa: F401 (autouse)
+from _tiny_run import snapshot, tiny_config, tiny_data, tiny_settings
 from fixedhead.cli import main
 from fixedhead.data import read_corpus, split_documents
 from fixedhead.data.glue import glue_path
@@ -30,6 +30,7 @@ from fixedhead.training.finetune import FINETUNE_FILE
 
 FT = ["--task", "sst2", "--max-steps", "2", "--eval-steps", "2", "--batch-size", "8", "--max-seq-length", "32",
       "--validation-size", "16", "--max-train-examples", "16"]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _one_error_line(capsys) -> str:
@@ -47,8 +48,8 @@ def _last_json(out: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def prepared(small_real_corpus, tmp_path_factory):
-    return tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+def prepared(tiny_prepared):
+    return tiny_prepared
 
 
 @pytest.fixture(scope="module")

@@ -400,7 +400,7 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
     ]
     fig, axes = plt.subplots(1, 3, figsize=(4 + 1.2 * result.num_heads, 1.5 + 0.7 * result.num_layers), squeeze=False)
     rank_max = max(min(d, result.seq_len) for d in result.head_dims)
-    for ax, (title, values, cmap) in zip(axes[0], panels):
+    for ax, (title, values, cmap) in zip(axes[0], panels, strict=True):
         grid = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=float)
         vmax = math.log(result.seq_len) if "entropy" in title else rank_max
         im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=vmax, aspect="auto")

@@ -86,7 +86,9 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
             raise ValueError(f"cannot convert a BERT config with {name}={values[name]!r}: {why}")
     position_type = values.get("position_embedding_type", "absolute")
     if position_type not in ("absolute", None):
-        raise ValueError(f"only absolute position embeddings are supported, got position_embedding_type={position_type!r}")
+        raise ValueError(
+            f"only absolute position embeddings are supported, got position_embedding_type={position_type!r}"
+        )
     known = set(CARRIED) | set(REFUSED_UNLESS_DEFAULT) | set(NO_EFFECT)
     for name in sorted(bert_config_fields(bert_config) - known):
         if name in values and values[name] != default.get(name):
@@ -99,7 +101,8 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
     kwargs = {name: values[name] for name in CARRIED if name in values}
     extras = {
         k: v for k, v in values.items()
-        if k not in known and k not in bert_config_fields(bert_config) and k not in ("head_dim", "position_embedding_type")
+        if k not in known and k not in bert_config_fields(bert_config)
+        and k not in ("head_dim", "position_embedding_type")
     }
     impl = getattr(bert_config, "_attn_implementation", None)
     return FixedHeadConfig(
@@ -196,7 +199,8 @@ def from_bert(bert_model):
         raise RuntimeError(f"conversion left missing={missing} unexpected={unexpected}")
     if kind in ("mlm", "clm"):
         model.tie_weights()
-        if (model.cls.decoder.weight is model.fixedhead.embeddings.word_embeddings.weight) != config.tie_word_embeddings:
+        tied = model.cls.decoder.weight is model.fixedhead.embeddings.word_embeddings.weight
+        if tied != config.tie_word_embeddings:
             raise RuntimeError(f"conversion: decoder tying is not tie_word_embeddings={config.tie_word_embeddings}")
     param = next(bert_model.parameters())
     return model.to(device=param.device, dtype=param.dtype).train(bert_model.training)

@@ -871,7 +871,7 @@ class MultiHeadWeights:
     W_o: torch.Tensor
 
     @property
-    def num_heads(self) -> int:
+    def num_attention_heads(self) -> int:
         return self.W_q.shape[0]
 
     @property
@@ -886,8 +886,8 @@ class MultiHeadWeights:
         return torch.cat([w.reshape(-1) for w in (self.W_q, self.W_k, self.W_v, self.W_o)])
 
     @staticmethod
-    def from_flat(z: torch.Tensor, num_heads: int, hidden_size: int, head_dim: int) -> "MultiHeadWeights":
-        h, d, e = num_heads, hidden_size, head_dim
+    def from_flat(z: torch.Tensor, num_attention_heads: int, hidden_size: int, head_dim: int) -> MultiHeadWeights:
+        h, d, e = num_attention_heads, hidden_size, head_dim
         m = h * d * e
         return MultiHeadWeights(
             z[:m].view(h, d, e), z[m : 2 * m].view(h, d, e), z[2 * m : 3 * m].view(h, d, e), z[3 * m :].view(h, e, d)
@@ -947,13 +947,13 @@ def embed_standard(w: MultiHeadWeights, head_dim: int) -> MultiHeadWeights:
     )
 
 
-def _random_layer(num_heads: int, hidden_size: int, head_dim: int, gen: torch.Generator) -> MultiHeadWeights:
-    h, d, e = num_heads, hidden_size, head_dim
+def _random_layer(num_attention_heads: int, hidden_size: int, head_dim: int, gen: torch.Generator) -> MultiHeadWeights:
+    h, d, e = num_attention_heads, hidden_size, head_dim
     r = lambda *shape, fan: torch.randn(*shape, generator=gen, dtype=torch.float64) / math.sqrt(fan)  # noqa: E731
     return MultiHeadWeights(r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, e, d, fan=h * e))
 
 
-def theorem2_witness(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2, *, logit_scale: float = 2.0,
+def theorem2_witness(hidden_size: int = 4, num_attention_heads: int = 4, head_dim: int = 2, *, logit_scale: float = 2.0,
                      seed: int = 0) -> MultiHeadWeights:
     """The paper's Theorem 2 witness: a fixed-head layer no standard multi-head layer equals.
 
@@ -969,7 +969,7 @@ def theorem2_witness(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2
     d/h is smaller than d_p).
 
     Args:
-        hidden_size: d. num_heads: h. head_dim: d_p. logit_scale: > 0. seed: torch seed.
+        hidden_size: d. num_attention_heads: h. head_dim: d_p. logit_scale: > 0. seed: torch seed.
 
     Returns:
         MultiHeadWeights with W_q, W_k, W_v [h, d, d_p] and W_o [h, d_p, d].
@@ -979,14 +979,14 @@ def theorem2_witness(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2
             apply: a standard layer has heads at least as large); logit_scale <= 0.
     """
     d = _check_int("hidden_size", hidden_size)
-    h = _check_int("num_heads", num_heads)
+    h = _check_int("num_attention_heads", num_attention_heads)
     e = _check_int("head_dim", head_dim)
     if d < e:
         raise ValueError(f"Theorem 2 needs hidden_size >= head_dim, got hidden_size={d}, head_dim={e}")
     if h * e <= d:
         raise ValueError(
-            f"Theorem 2 needs num_heads > hidden_size/head_dim, got num_heads={h}, hidden_size={d}, "
-            f"head_dim={e} (h·d_p = {h * e} <= d = {d}: standard heads of size d/h >= d_p)"
+            f"Theorem 2 needs num_attention_heads > hidden_size/head_dim, got num_attention_heads={h}, "
+            f"hidden_size={d}, head_dim={e} (h·d_p = {h * e} <= d = {d}: standard heads of size d/h >= d_p)"
         )
     if isinstance(logit_scale, bool) or not (isinstance(logit_scale, numbers.Real) and 0 < logit_scale < math.inf):
         raise ValueError(f"logit_scale must be a positive finite number, got {logit_scale!r}")
@@ -1014,7 +1014,7 @@ def _relative_error(Y_hat: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 
 
 @_one_thread
-def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: int, *, restarts: int = 8,
+def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_attention_heads: int, head_dim: int, *, restarts: int = 8,
                   seed: int = 0, max_iter: int = 1000, tol_change: float = 1e-14,
                   init: MultiHeadWeights | None = None):
     """Fit a bias-free multi-head layer (h heads of size d_p) to input/output pairs.
@@ -1025,7 +1025,7 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: in
 
     Args:
         X: [batch, n, d] inputs. Y: [batch, n, d] targets.
-        num_heads: h. head_dim: d_p (d/h for a standard layer).
+        num_attention_heads: h. head_dim: d_p (d/h for a standard layer).
         restarts: random starts (>= 0; >= 1 if no ``init``). seed: torch seed of the starts.
         max_iter: L-BFGS iterations per start. init: an extra starting layer.
 
@@ -1037,7 +1037,7 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: in
     """
     if X.dim() != 3 or X.shape != Y.shape:
         raise ValueError(f"X and Y must both be [batch, n, d], got {tuple(X.shape)} and {tuple(Y.shape)}")
-    h, e = _check_int("num_heads", num_heads), _check_int("head_dim", head_dim)
+    h, e = _check_int("num_attention_heads", num_attention_heads), _check_int("head_dim", head_dim)
     restarts = _check_int("restarts", restarts, minimum=0)
     if restarts == 0 and init is None:
         raise ValueError("need restarts >= 1 or an init")
@@ -1052,7 +1052,7 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_heads: int, head_dim: in
         opt = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=1e-14,
                                 tolerance_change=tol_change, history_size=20, line_search_fn="strong_wolfe")
 
-        def closure():
+        def closure(opt=opt, z=z):  # this start's optimiser and weights (LBFGS calls closure() bare)
             opt.zero_grad()
             loss = _relative_error(multihead(X, MultiHeadWeights.from_flat(z, h, d, e)), Y)
             loss.backward()
@@ -1072,7 +1072,7 @@ class Theorem2Result:
     """Numbers of :func:`theorem2_demo` (relative squared errors Σ||out − target||² / Σ||target||²).
 
     Attributes:
-        hidden_size, num_heads, head_dim, seq_len, num_inputs: the sizes (d, h, d_p, n, inputs).
+        hidden_size, num_attention_heads, head_dim, seq_len, num_inputs: the sizes (d, h, d_p, n, inputs).
         standard_errors: training error reached from each random start by a standard layer
             (h heads of size d/h), sorted ascending.
         standard_error: the best of them; standard_test_error: that layer on held-out inputs.
@@ -1083,7 +1083,7 @@ class Theorem2Result:
     """
 
     hidden_size: int
-    num_heads: int
+    num_attention_heads: int
     head_dim: int
     seq_len: int
     num_inputs: int
@@ -1096,12 +1096,12 @@ class Theorem2Result:
 
 
 @_one_thread
-def theorem2_demo(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2, seq_len: int = 4, *,
+def theorem2_demo(hidden_size: int = 4, num_attention_heads: int = 4, head_dim: int = 2, seq_len: int = 4, *,
                   num_inputs: int = 64, logit_scale: float = 2.0, restarts: int = 4, max_iter: int = 300,
                   fixed_max_iter: int = 1000, seed: int = 0) -> Theorem2Result:
     """Theorem 2 numerically: the witness is fitted exactly by a fixed-head layer, not by a standard one.
 
-    Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_heads``, d_p = ``head_dim``),
+    Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_attention_heads``, d_p = ``head_dim``),
     draws ``num_inputs`` training and as many held-out sequences X ∈ R^{n×d} with N(0, 1) entries,
     and fits (a) a standard layer, h heads of size d/h, from ``restarts`` random starts — its
     best relative error stays clearly above 0 (e.g. ≈ 0.05 train / 0.08 held-out with the
@@ -1113,7 +1113,7 @@ def theorem2_demo(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2, s
     parameters, so a small error cannot come from interpolation.
 
     Args:
-        hidden_size, num_heads, head_dim, seq_len: d, h, d_p, n (needs h·d_p > d, d % h == 0,
+        hidden_size, num_attention_heads, head_dim, seq_len: d, h, d_p, n (needs h·d_p > d, d % h == 0,
             n >= 2). num_inputs: training (and held-out) sequences. logit_scale: see
             :func:`theorem2_witness`. restarts, max_iter: standard-layer fits.
             fixed_max_iter: iterations of the fixed-head fit. seed: seeds everything.
@@ -1123,29 +1123,32 @@ def theorem2_demo(hidden_size: int = 4, num_heads: int = 4, head_dim: int = 2, s
 
     Raises:
         ValueError: sizes violating the theorem's hypotheses (see :func:`theorem2_witness`),
-            hidden_size not divisible by num_heads, seq_len < 2.
+            hidden_size not divisible by num_attention_heads, seq_len < 2.
     """
-    w = theorem2_witness(hidden_size, num_heads, head_dim, logit_scale=logit_scale, seed=seed)
+    w = theorem2_witness(hidden_size, num_attention_heads, head_dim, logit_scale=logit_scale, seed=seed)
     seq_len = _check_int("seq_len", seq_len, minimum=2)
     num_inputs = _check_int("num_inputs", num_inputs)
-    if hidden_size % num_heads:
-        raise ValueError(f"a standard layer needs hidden_size % num_heads == 0, got {hidden_size} and {num_heads}")
+    if hidden_size % num_attention_heads:
+        raise ValueError(
+            f"a standard layer needs hidden_size % num_attention_heads == 0, "
+            f"got {hidden_size} and {num_attention_heads}"
+        )
     gen = torch.Generator().manual_seed(seed + 1)
     X = torch.randn(num_inputs, seq_len, hidden_size, generator=gen, dtype=torch.float64)
     X_test = torch.randn(num_inputs, seq_len, hidden_size, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         Y, Y_test = multihead(X, w), multihead(X_test, w)
     std, std_err, std_errs = fit_multihead(
-        X, Y, num_heads, hidden_size // num_heads, restarts=restarts, seed=seed, max_iter=max_iter
+        X, Y, num_attention_heads, hidden_size // num_attention_heads, restarts=restarts, seed=seed, max_iter=max_iter
     )
     z = w.flat()
     noisy = z + 0.1 * z.abs() * torch.randn(z.shape, generator=gen, dtype=torch.float64)
-    init = MultiHeadWeights.from_flat(noisy, num_heads, hidden_size, head_dim)
-    fixed, fixed_err, _ = fit_multihead(X, Y, num_heads, head_dim, restarts=0, init=init, max_iter=fixed_max_iter,
-                                        tol_change=0.0)
+    init = MultiHeadWeights.from_flat(noisy, num_attention_heads, hidden_size, head_dim)
+    fixed, fixed_err, _ = fit_multihead(X, Y, num_attention_heads, head_dim, restarts=0, init=init,
+                                        max_iter=fixed_max_iter, tol_change=0.0)
     with torch.no_grad():
         return Theorem2Result(
-            hidden_size, num_heads, head_dim, seq_len, num_inputs,
+            hidden_size, num_attention_heads, head_dim, seq_len, num_inputs,
             sorted(std_errs), std_err, float(_relative_error(multihead(X_test, std), Y_test)),
             float(_relative_error(multihead(X_test, w), Y_test)),
             fixed_err, float(_relative_error(multihead(X_test, fixed), Y_test)),

@@ -124,7 +124,8 @@ def prepare_data(
     }
     if progress:
         print(f"data: {train.numel():,} training tokens in {train.shape[0]:,} sequences of {settings.max_seq_length}; "
-              f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)", flush=True)
+              f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
+              flush=True)
     return PreparedData(tokenizer, train, heldout, info, settings)
 
 

@@ -34,17 +34,21 @@ def train_tokenizer(
 ):
     """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``.
 
-    The cache key is a SHA-256 of the training text (after ``max_chars`` truncation) and the
-    settings, so a changed corpus or setting trains a new tokenizer. Special tokens are BERT's,
-    with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    The cache key is a SHA-256 of the text actually learnt from (after the ``max_chars`` cut) and
+    of the settings: a changed corpus or setting trains a new tokenizer, a change beyond the cut
+    reuses the cached one. Special tokens are BERT's, with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
+    [MASK]=4.
 
     Args:
         texts: documents to learn the vocabulary from.
         vocab_size: target vocabulary size (including special tokens).
         lowercase: BERT-uncased normalisation (lowercase, strip accents).
         cache_dir: where tokenizers are kept (default :func:`default_cache_dir`/tokenizers).
-        max_chars: learn from at most this many characters (a prefix of each document in
-            turn, in order), for speed; None for all.
+        max_chars: for speed, learn from an even share of every document, the first
+            ``max(1, max_chars // len(texts))`` characters of each, so that no single long book
+            dominates the vocabulary: at most ``max_chars`` characters in all, except that every
+            document gives at least one. A document shorter than its share leaves the rest
+            unused (it does not go to the others). None: every character.
         model_max_length: recorded in the tokenizer (the model's max_position_embeddings).
 
     Returns:
@@ -59,12 +63,8 @@ def train_tokenizer(
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 100:
         raise ValueError(f"vocab_size must be an int >= 100, got {vocab_size!r}")
     if max_chars is not None:
-        budget, taken = max_chars, []
         per_doc = max(1, max_chars // max(1, len(texts)))
-        for t in texts:  # an even share of every document first, so no single book dominates
-            taken.append(t[:per_doc])
-        budget -= sum(len(t) for t in taken)
-        texts = taken
+        texts = [t[:per_doc] for t in texts]
     if not any(t.strip() for t in texts):
         raise ValueError("cannot train a tokenizer on empty text")
     h = hashlib.sha256(f"v1|{vocab_size}|{lowercase}|{model_max_length}|".encode())
@@ -84,7 +84,9 @@ def train_tokenizer(
     tok.train_from_iterator(_iter_chunks(texts), trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, model_max_length=model_max_length)
     # write to a temporary directory, then rename: a killed run never leaves a half-written cache

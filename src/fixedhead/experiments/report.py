@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from ..plotting import pyplot, save_figure
@@ -125,7 +126,8 @@ def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: 
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
-    text = (f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; {label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
+    text = (f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; "
+            f"{label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
             f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})")
     return text, verdict(delta, p, paper_sign)
 
@@ -163,7 +165,7 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     text, v = _compare(a, b, "ppl", -1, f"fixed h={a.x}" if a else "", f"fixed h={b.x}" if b else "")
     if len(fix_h) >= 3:
         means = [q.mean() for q in fix_h]
-        mono = all(y < x for x, y in zip(means, means[1:]))
+        mono = all(y < x for x, y in pairwise(means))
         text += f"; means {'fall at every step' if mono else 'do not fall at every step'}: " + \
             ", ".join(f"h={q.x}: {q.mean():.2f}" for q in fix_h)
     rows.append(("Fig. 3a: with a fixed head size the model keeps improving as heads are added", text, v))
@@ -210,7 +212,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(a, b, "ft", +1, f"standard d={a.x}" if a else "", f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "")
+    text, v = _compare(a, b, "ft", +1, f"standard d={a.x}" if a else "",
+                       f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "")
     rows.append((f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size "
                  f"(ours: {task} dev)", text, v))
     # 9. pretraining perplexity vs fine-tuning score across all runs
@@ -235,7 +238,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
                  f"our architecture's count is within {100 * max(errs):.2f}% of every reported number",
                  "agrees"))
     rows.append(("Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
-                 "LM1B perplexities", "not run here (CPU only); the presets exist, see README", "cannot tell at this scale"))
+                 "LM1B perplexities", "not run here (CPU only); the presets exist, see README",
+                 "cannot tell at this scale"))
     return rows
 
 
@@ -306,7 +310,7 @@ def plot_head_size(series, path):
         _errorbar(axes[0], pts, [q.x for q in pts], "ppl", "perplexity", "fixed")
         if any(q.values("ft") for q in pts):
             _errorbar(axes[1], pts, [q.x for q in pts], "ft", "fine-tuning", "fixed")
-    for ax, lab in zip(axes, ("held-out MLM perplexity", "fine-tuning dev score")):
+    for ax, lab in zip(axes, ("held-out MLM perplexity", "fine-tuning dev score"), strict=True):
         ax.set_xscale("log", base=2)
         _plain_ticks(ax, [q.x for q in pts])
         ax.set_xlabel("head size d_p")
@@ -413,11 +417,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
           f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and masking "
           f"of the held-out set are fixed)"]
     if ft:
+        first = "" if ft.get("max_dev_examples") is None else f", first {ft['max_dev_examples']} dev examples"
         L += [f"- fine-tuning per run: GLUE {task}, {ft['max_train_examples']} training examples, "
               f"{ft['validation_size']} carved out of GLUE train for early stopping (every {ft['eval_steps']} "
               f"steps, patience {ft['patience']}, best checkpoint), ≤ {ft['max_steps']} steps × batch "
               f"{ft['batch_size']}, max length {ft['max_seq_length']}, lr {ft['learning_rate']}; score = GLUE "
-              f"dev {task} (the test set here){'' if ft.get('max_dev_examples') is None else ', first ' + str(ft['max_dev_examples']) + ' dev examples'}"]
+              f"dev {task} (the test set here){first}"]
     L += ["", "Perplexity = exp(mean masked-token cross-entropy) on the held-out books; lower is better. "
           "Values are mean ± sample std over seeds.", ""]
     uni = meta.get("unigram_perplexity")

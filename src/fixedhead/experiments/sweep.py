@@ -30,12 +30,12 @@ from pathlib import Path
 
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
-from ..modeling import count_parameters
-from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
-from ..runs import claim_output_dir, load_json_file, write_json_atomic
-from ..validation import non_negative_int
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity  # noqa: F401 (re-exported)
+from ..modeling import count_parameters
+from ..runs import claim_output_dir, load_json_file, write_json_atomic
+from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings
+from ..validation import non_negative_int
 from .compare import environment_info, train_or_reuse
 
 SWEEP_FILE = "sweep.json"
@@ -334,13 +334,16 @@ def run_sweep(
         other_meta = other.get("meta", {})
         meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
         meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
-        meta["seeds"] = sorted(set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()})
-        meta["experiments"] = [e for e in EXPERIMENTS if e in set(other_meta.get("experiments", [])) | set(meta["experiments"])]
+        seeds = set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()}
+        meta["seeds"] = sorted(seeds)
+        experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
+        meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
         meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
         meta["compute_seconds"] = round(sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0)
                                             for r in runs.values()), 1)
         seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
-        points.extend(q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen)
+        points.extend(q for q in other.get("points", [])
+                      if (q["experiment"], q["series"], q["x"], q["key"]) not in seen)
         write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
 
     save()  # written first: it marks the folder as this sweep's
@@ -348,7 +351,8 @@ def run_sweep(
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
         run_dir = out / "runs" / f"{key}-s{seed}"
         if progress:
-            print(f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, h={config.num_attention_heads}, "
+            print(f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
+                  f"h={config.num_attention_heads}, "
                   f"d_p={config.attention_head_size}, {count_parameters(config, pooler=False):,} parameters "
                   f"({time.time() - t_start:.0f} s into this invocation)", flush=True)
         lock = _try_lock(run_dir)

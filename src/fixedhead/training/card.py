@@ -108,7 +108,8 @@ def model_card(result: dict, fingerprint: dict) -> str:
         _table([
             ("corpus", info.get("corpus", data.get("corpus", ""))),
             ("documents (train / held out)",
-             f"{info.get('train_documents', '?')} / {len(heldout)} (split by whole document, seed {data.get('split_seed', '?')})"),
+             f"{info.get('train_documents', '?')} / {len(heldout)} "
+             f"(split by whole document, seed {data.get('split_seed', '?')})"),
             ("held-out documents", "; ".join(heldout[:8]) + (" …" if len(heldout) > 8 else "")),
             ("sequence length n", n),
             ("training sequences", info.get("train_sequences", "?")),
@@ -125,7 +126,8 @@ def model_card(result: dict, fingerprint: dict) -> str:
             ("tokens per step", result["tokens_per_step"]),
             ("training tokens", result["training_tokens"]),
             ("optimizer", f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
-                          f"weight decay {train.get('weight_decay')}, linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
+                          f"weight decay {train.get('weight_decay')}, "
+                          f"linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
                           "then linear decay"),
             ("objective", "causal LM: every token predicted from the ones before it" if causal else
              "masked LM, 15% of tokens: 80% [MASK], 10% random, 10% kept"),

@@ -113,7 +113,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def atomic_checkpoint_trainer():
     """A ``transformers.Trainer`` subclass whose checkpoints appear atomically.
 

@@ -97,7 +97,8 @@ def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings, data_di
         "task": task,
         "model": model_fingerprint(run_dir),
         "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
-        "settings": {k: v for k, v in asdict(settings).items() if k not in ("progress", "save_model", "gradient_checkpointing")},
+        "settings": {k: v for k, v in asdict(settings).items()
+                     if k not in ("progress", "save_model", "gradient_checkpointing")},
     }))
 
 

@@ -1,8 +1,8 @@
-import json
+"""fixedhead.training.pretrain: a seconds-long masked-LM run on real text, scored again from disk,
+and which settings make a run the same run."""
 
 import pytest
 
-from fixedhead.cli import main
 from fixedhead.configuration import FixedHeadConfig
 from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import evaluate_run
@@ -38,44 +38,6 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
         pretrain(config, data, run, settings)
 
 
-def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    rc = main(["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(tmp_path / "c"),
-               "--max-steps", "6"])
-    assert rc == 0
-    out = capsys.readouterr().out
-    assert "held-out ppl" in out and "standard-wide" in out
-    results = json.loads((tmp_path / "c" / "results.json").read_text())["results"]
-    assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
-    assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
-    # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)
-    assert results[2]["parameters"] >= results[1]["parameters"]
-    assert (tmp_path / "c" / "learning_curves.png").stat().st_size > 1000
-    assert (tmp_path / "c" / "results.csv").read_text().count("\n") == 4
-
-
-def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
-    import fixedhead.experiments.compare as compare
-
-    monkeypatch.setattr(compare, "DEFAULT_CORPUS", tmp_path / "nowhere.jsonl.gz")
-    preset = compare.get_compare_preset("tiny")
-    preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
-    monkeypatch.setattr(compare, "get_compare_preset", lambda name: preset)
-    rc = main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "c")])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "--corpus PATH" in err and "Traceback" not in err
-
-
-def test_cli_count_and_bad_values(capsys):
-    assert main(["count", "--preset", "bert-large-h16"]) == 0
-    assert "336,224,058" in capsys.readouterr().out
-    assert main(["count", "--hidden-size", "1024", "--num-attention-heads", "12"]) == 2
-    assert "num_attention_heads=12" in capsys.readouterr().err
-    assert main(["evaluate", str("/nonexistent/run")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-
-
 def test_resume_ignores_logging_options_but_not_training_ones():
     from fixedhead.training.pretrain import run_fingerprint, same_run_settings
 
@@ -87,13 +49,3 @@ def test_resume_ignores_logging_options_but_not_training_ones():
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(learning_rate=0.5),
                                                         DataSettings(corpus="c")))
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))
-
-
-def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
-    (tmp_path / "busy").mkdir()
-    (tmp_path / "busy" / "notes.txt").write_text("mine")
-    assert main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "busy")]) == 2
-    assert "notes.txt" in capsys.readouterr().err
-    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
-    assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
-    assert "max_steps" in capsys.readouterr().err

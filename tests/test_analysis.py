@@ -1,0 +1,115 @@
+"""fixedhead.analysis: per-head rank and entropy diagnostics of a checkpoint (``fixedhead analyze``),
+on the shared tiny pretraining run and on a transformers BERT checkpoint."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixedhead import FixedHeadForMaskedLM
+from fixedhead.analysis import analyze, attention_logits, head_statistics, numerical_rank
+from fixedhead.cli import main
+
+
+def test_head_statistics_on_known_heads():
+    n = 12
+    zero = head_statistics(torch.zeros(n, n))  # every query uniform: rank 0, entropy ln n, one dimension suffices
+    assert zero["logit_rank"] == 0 and zero["min_head_dim"] == 1
+    assert zero["entropy"] == pytest.approx(math.log(n))
+    torch.manual_seed(1)
+    q, k = torch.randn(n, 3, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)
+    low = head_statistics(q @ k.T)  # a head of size 3
+    assert low["logit_rank"] == 3 and low["min_head_dim"] in (2, 3)
+    assert 0 < low["entropy"] < math.log(n)
+    shift = head_statistics(q @ k.T + torch.randn(n, 1, dtype=torch.float64))  # + per-query shift: same P
+    assert shift["logit_rank"] == 4 and shift["min_head_dim"] == low["min_head_dim"]
+    sharp = head_statistics(50.0 * torch.eye(n))  # each query attends to itself
+    assert sharp["entropy"] < 1e-15
+    with pytest.raises(ValueError, match="rtol must be in"):
+        numerical_rank(torch.eye(3), rtol=0.0)
+
+
+def test_hooked_logits_reproduce_fixedhead_attentions(tiny_pretrained_run):
+    run, data, _ = tiny_pretrained_run
+    model = FixedHeadForMaskedLM.from_pretrained(str(run)).eval()
+    ids = data.heldout[:2]
+    logits = attention_logits(model, ids)
+    with torch.no_grad():
+        probs = model(input_ids=ids, output_attentions=True).attentions
+    assert len(logits) == len(probs) == 2
+    for s, p in zip(logits, probs, strict=True):
+        assert s.dtype == torch.float64 and s.shape == (2, 4, 32, 32)
+        torch.testing.assert_close(torch.softmax(s, -1).float(), p, atol=1e-6, rtol=1e-5)
+
+
+def _bert_checkpoint(tiny_pretrained_run, directory: Path) -> Path:
+    """A transformers BertForMaskedLM written by save_pretrained, with the tiny run's tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    run, _, _ = tiny_pretrained_run
+    tok = AutoTokenizer.from_pretrained(str(run))
+    torch.manual_seed(0)
+    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=8,
+                                      intermediate_size=64, max_position_embeddings=32, initializer_range=0.5))
+    bert.save_pretrained(str(directory))
+    tok.save_pretrained(str(directory))
+    return directory
+
+
+def test_analyze_a_transformers_bert_checkpoint(tiny_pretrained_run, heldout_text, tmp_path):
+    from transformers import BertModel
+
+    bert_dir = _bert_checkpoint(tiny_pretrained_run, tmp_path / "bert")
+    result = analyze(bert_dir, heldout_text, max_sequences=3)
+    assert (result.model_type, result.num_layers, result.num_heads, result.head_dims) == ("bert", 2, 8, [4, 4])
+    assert result.seq_len == 32 and result.num_sequences == 3
+    for row in result.rows():
+        # d_p = 32/8 = 4 < n = 32: the logits of every head have rank at most 4 (paper Section 3) and
+        # generic weights reach it; softmax needs one dimension less or the same
+        assert row["logit_rank_max"] == 4 and row["rank_cap"] == 4
+        assert row["logit_rank"] - 1 <= row["min_head_dim"] <= row["logit_rank"]
+        assert 0.0 <= row["entropy"] <= math.log(32) + 1e-9
+    # the hooks read BERT's real logits: their softmax is BERT's own (eager) attention
+    model = BertModel.from_pretrained(str(bert_dir), attn_implementation="eager").eval()
+    ids = torch.randint(5, 400, (2, 16))
+    with torch.no_grad():
+        probs = model(input_ids=ids, output_attentions=True).attentions
+    for s, p in zip(attention_logits(model, ids), probs, strict=True):
+        torch.testing.assert_close(torch.softmax(s, -1).float(), p, atol=1e-6, rtol=1e-5)
+
+
+def test_analyze_cli_on_a_run_writes_table_json_and_heatmap(tiny_pretrained_run, heldout_text, tmp_path, capsys):
+    run, _, _ = tiny_pretrained_run
+    out = tmp_path / "analysis"
+    rc = main(["analyze", str(run), "--text", str(heldout_text), "--max-sequences", "2", "--output-dir", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    lines = [line for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(lines) == 2 * 4  # one row per (layer, head)
+    assert all(line.split()[2] == "16" for line in lines)  # d_p column
+    saved = json.loads((out / "analysis.json").read_text())
+    assert saved["num_heads"] == 4 and len(saved["table"]) == 8 and saved["rtol"] == 1e-5
+    assert all(r["logit_rank_max"] <= 16 for r in saved["table"])
+    png = (out / "attention_heatmap.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_analyze_errors_name_the_problem(tiny_pretrained_run, heldout_text, tmp_path, capsys):
+    from transformers import BertConfig, BertForMaskedLM
+
+    run, _, _ = tiny_pretrained_run
+    no_tok = tmp_path / "no_tokenizer"
+    BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32, max_position_embeddings=32)).save_pretrained(str(no_tok))
+    assert main(["analyze", str(no_tok), "--text", str(heldout_text)]) == 2
+    assert "holds no tokenizer" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "nowhere"), "--text", str(heldout_text)]) == 2
+    assert "nowhere' does not exist" in capsys.readouterr().err
+    assert main(["analyze", str(run), "--text", str(tmp_path / "missing.txt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["analyze", str(run), "--text", str(heldout_text), "--max-seq-length", "64"]) == 2
+    assert "exceeds the model's max_position_embeddings=32" in capsys.readouterr().err
+    shutil.rmtree(no_tok)
