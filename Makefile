@@ -30,6 +30,7 @@ LINT_PATHS := src tests benchmarks examples
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training_step.py $(ARGS)

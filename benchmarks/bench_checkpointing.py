@@ -65,8 +65,9 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cpu":
         tune_glibc_malloc()
-    overrides = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                     max_position_embeddings=max(512, args.seq))
+    overrides = dict(
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=max(512, args.seq)
+    )
     if args.layers:
         overrides["num_hidden_layers"] = args.layers
     config = get_preset(args.preset).build_config(**overrides)
@@ -76,10 +77,13 @@ def main(argv=None):
     ckpt.activation_checkpointing_enable()
     batch = make_batch(args.batch, args.seq, config.vocab_size, 0.15, device, torch.Generator().manual_seed(0))
     n_params = sum(p.numel() for p in plain.parameters())
-    print(f"{args.preset}: d={config.hidden_size}, {config.num_hidden_layers} layers, "
-          f"{config.num_attention_heads} heads "
-          f"of {config.attention_head_size}, {n_params / 1e6:.1f}M parameters; batch {args.batch} x {args.seq}, "
-          f"{device}, {torch.get_num_threads()} threads", flush=True)
+    print(
+        f"{args.preset}: d={config.hidden_size}, {config.num_hidden_layers} layers, "
+        f"{config.num_attention_heads} heads "
+        f"of {config.attention_head_size}, {n_params / 1e6:.1f}M parameters; batch {args.batch} x {args.seq}, "
+        f"{device}, {torch.get_num_threads()} threads",
+        flush=True,
+    )
     peaks = {name: peak_mib(m, batch, device) for name, m in (("plain", plain), ("checkpointed", ckpt))}
     times = {"plain": [], "checkpointed": []}
     for _ in range(args.rounds):
@@ -97,9 +101,11 @@ def main(argv=None):
         print(f"| {name:12s} | {peaks[name]:8.0f} | {act:36.0f} | {statistics.median(times[name]):6.2f} |")
     saved = peaks["plain"] - peaks["checkpointed"]
     slower = statistics.median(times["checkpointed"]) / statistics.median(times["plain"])
-    print(f"checkpointing saves {saved:.0f} MiB ({saved / peaks['plain']:.0%} of the peak; "
-          f"{saved / (peaks['plain'] - 2 * weights):.0%} of activations and temporaries) "
-          f"for {slower:.2f}x the step time")
+    print(
+        f"checkpointing saves {saved:.0f} MiB ({saved / peaks['plain']:.0%} of the peak; "
+        f"{saved / (peaks['plain'] - 2 * weights):.0%} of activations and temporaries) "
+        f"for {slower:.2f}x the step time"
+    )
     print(f"command: python benchmarks/bench_checkpointing.py {' '.join(sys.argv[1:])}".rstrip())
 
 

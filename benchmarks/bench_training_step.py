@@ -228,8 +228,9 @@ def make_batch(batch, seq, vocab, masked_fraction, device, gen, lengths=None):
     pick = real[torch.randperm(real.numel(), generator=gen)[: round(masked_fraction * real.numel())]]
     labels = torch.full((batch * seq,), -100, dtype=torch.long)
     labels[pick] = ids.view(-1)[pick]
-    return {k: t.to(device) for k, t in
-            dict(input_ids=ids, attention_mask=mask, labels=labels.view(batch, seq)).items()}
+    return {
+        k: t.to(device) for k, t in dict(input_ids=ids, attention_mask=mask, labels=labels.view(batch, seq)).items()
+    }
 
 
 def without_dropout(model):
@@ -254,16 +255,24 @@ def build_rows(args, device):
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.bf16 else contextlib.nullcontext
 
     def bert_config(attn):
-        return BertConfig(vocab_size=V, hidden_size=d, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                          intermediate_size=4 * d, max_position_embeddings=max(512, N), attn_implementation=attn)
+        return BertConfig(
+            vocab_size=V,
+            hidden_size=d,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            intermediate_size=4 * d,
+            max_position_embeddings=max(512, N),
+            attn_implementation=attn,
+        )
 
     bert_sdpa = BertForMaskedLM(bert_config("sdpa"))
     bert_eager = BertForMaskedLM(bert_config("eager"))
     bert_eager.load_state_dict(bert_sdpa.state_dict())
     ours = from_bert(bert_sdpa)
     std_cfg = ours.config
-    fixed_cfg = FixedHeadConfig(**{**std_cfg.to_diff_dict(), "num_attention_heads": args.fixed_heads,
-                                   "head_dim": args.fixed_head_dim})
+    fixed_cfg = FixedHeadConfig(
+        **{**std_cfg.to_diff_dict(), "num_attention_heads": args.fixed_heads, "head_dim": args.fixed_head_dim}
+    )
     fixed = FixedHeadForMaskedLM(fixed_cfg)
     models = dict(bert_sdpa=bert_sdpa, bert_eager=bert_eager, ours=ours, fixed=fixed)
 
@@ -271,8 +280,11 @@ def build_rows(args, device):
 
     def train_row(name, model, loss_fn, cfg, frac, note="", group="main", batch=data, real_tokens=tokens):
         model.to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if args.adamw == "fused" else
-                                                                 {"foreach": args.adamw == "foreach"}))
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=1e-4,
+            **({"fused": True} if args.adamw == "fused" else {"foreach": args.adamw == "foreach"}),
+        )
 
         def step():
             # every step: the inference rows share these models and leave them in eval mode,
@@ -289,8 +301,19 @@ def build_rows(args, device):
             return state_tensors(model, opt)
 
         b, n = batch["input_ids"].shape
-        rows.append(Row(name, "train", step, estimate_flops(cfg, b, n, frac, training=True), real_tokens, note,
-                        group, state, list(batch.values())))
+        rows.append(
+            Row(
+                name,
+                "train",
+                step,
+                estimate_flops(cfg, b, n, frac, training=True),
+                real_tokens,
+                note,
+                group,
+                state,
+                list(batch.values()),
+            )
+        )
 
     def infer_row(name, model, cfg, note=""):
         def step():
@@ -298,8 +321,19 @@ def build_rows(args, device):
             with torch.inference_mode(), autocast():
                 model(input_ids=data["input_ids"], attention_mask=data["attention_mask"])
 
-        rows.append(Row(name, "infer", step, estimate_flops(cfg, B, N, 1.0, training=False), tokens, note, "main",
-                        lambda: state_tensors(model, None), list(data.values())))
+        rows.append(
+            Row(
+                name,
+                "infer",
+                step,
+                estimate_flops(cfg, B, N, 1.0, training=False),
+                tokens,
+                note,
+                "main",
+                lambda: state_tensors(model, None),
+                list(data.values()),
+            )
+        )
 
     def hf_loss(m, b):
         return m(**b).loss
@@ -320,37 +354,89 @@ def build_rows(args, device):
     train_row("BERT eager", bert_eager, hf_loss, std_cfg, 1.0, "transformers, full logits")
     train_row("BERT sdpa", bert_sdpa, hf_loss, std_cfg, 1.0, "transformers, full logits")
     train_row("ours", ours, hf_loss, std_cfg, frac, "MLM output at masked positions, logits [B,N,V]")
-    train_row(f"ours fixed {args.fixed_heads}x{args.fixed_head_dim}", fixed, hf_loss, fixed_cfg, frac,
-              "paper's fixed head size")
+    train_row(
+        f"ours fixed {args.fixed_heads}x{args.fixed_head_dim}",
+        fixed,
+        hf_loss,
+        fixed_cfg,
+        frac,
+        "paper's fixed head size",
+    )
     # fixedhead pretrain's default (and make run's) is dropout 0: the same two models without it
     train_row("ours, dropout 0", without_dropout(ours), hf_loss, std_cfg, frac, "pretrain's default dropout")
     train_row("ours fixed, dropout 0", without_dropout(fixed), hf_loss, fixed_cfg, frac, "pretrain's default dropout")
     if args.levers:
+
         def variant():
             return copy.deepcopy(ours)
 
         eager = variant()
         eager.set_attn_implementation("eager")  # transformers' public switch (config._attn_implementation)
 
-        train_row("ours: full logits", variant(), full_logits_loss, std_cfg, 1.0,
-                  "lever off: output layer at every position", "lever")
-        train_row("ours: compact logits", variant(), compact_logits_loss, std_cfg, frac,
-                  "logits [labelled, V], no [B,N,V] (before #12)", "lever")
-        train_row("ours: unfused q,k,v", with_unfused_qkv(ours), hf_loss, std_cfg, frac,
-                  "lever off: 3 projections (+ a concat)", "lever")
-        train_row("ours: eager attention", eager, hf_loss, std_cfg, frac,
-                  "lever off: no SDPA", "lever")
-        train_row("ours: all-ones mask tensor", with_zero_bias(ours), hf_loss, std_cfg, frac,
-                  "lever off: [B,1,1,N] zero bias", "lever")
+        train_row(
+            "ours: full logits",
+            variant(),
+            full_logits_loss,
+            std_cfg,
+            1.0,
+            "lever off: output layer at every position",
+            "lever",
+        )
+        train_row(
+            "ours: compact logits",
+            variant(),
+            compact_logits_loss,
+            std_cfg,
+            frac,
+            "logits [labelled, V], no [B,N,V] (before #12)",
+            "lever",
+        )
+        train_row(
+            "ours: unfused q,k,v",
+            with_unfused_qkv(ours),
+            hf_loss,
+            std_cfg,
+            frac,
+            "lever off: 3 projections (+ a concat)",
+            "lever",
+        )
+        train_row("ours: eager attention", eager, hf_loss, std_cfg, frac, "lever off: no SDPA", "lever")
+        train_row(
+            "ours: all-ones mask tensor",
+            with_zero_bias(ours),
+            hf_loss,
+            std_cfg,
+            frac,
+            "lever off: [B,1,1,N] zero bias",
+            "lever",
+        )
         # packing: the same real tokens as a padded batch (lengths uniform in [N/4, N]) or packed
         lengths = torch.randint(N // 4, N + 1, (B,), generator=gen).tolist()
         padded = make_batch(B, N, V, frac, device, gen, lengths)
         real = sum(lengths)
         packed = make_batch(real // N, N, V, frac, device, gen)
-        train_row("ours: padded batch", variant(), hf_loss, std_cfg, frac,
-                  f"{real / (B * N):.0%} real tokens, mask", "lever", batch=padded, real_tokens=real)
-        train_row("ours: same tokens packed", variant(), hf_loss, std_cfg, frac,
-                  f"{real // N} full rows, no mask", "lever", batch=packed, real_tokens=(real // N) * N)
+        train_row(
+            "ours: padded batch",
+            variant(),
+            hf_loss,
+            std_cfg,
+            frac,
+            f"{real / (B * N):.0%} real tokens, mask",
+            "lever",
+            batch=padded,
+            real_tokens=real,
+        )
+        train_row(
+            "ours: same tokens packed",
+            variant(),
+            hf_loss,
+            std_cfg,
+            frac,
+            f"{real // N} full rows, no mask",
+            "lever",
+            batch=packed,
+            real_tokens=(real // N) * N,
+        )
     if args.compile:
         print("compiling (torch.compile, first steps are slow) ...", flush=True)
         compiled = copy.deepcopy(ours)
@@ -409,8 +495,12 @@ def main(argv=None):
     p.add_argument("--masked", type=float, default=0.15, help="fraction of positions labelled")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds; every pair runs once per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per row (the memory step adds one)")
-    p.add_argument("--adamw", choices=["fused", "foreach", "for-loop"], default="fused",
-                   help="AdamW implementation, the same for every row (PyTorch's CPU default is for-loop)")
+    p.add_argument(
+        "--adamw",
+        choices=["fused", "foreach", "for-loop"],
+        default="fused",
+        help="AdamW implementation, the same for every row (PyTorch's CPU default is for-loop)",
+    )
     p.add_argument("--no-levers", dest="levers", action="store_false", help="skip the lever rows")
     p.add_argument("--compile", action="store_true", help="add a torch.compile row (compiles for a minute or two)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for every row (MFU then against a bf16 peak)")
@@ -424,9 +514,12 @@ def main(argv=None):
     device = torch.device(args.device)
     tuned = args.malloc_tuning and device.type == "cpu" and tune_glibc_malloc()
     gemm_dtype = torch.bfloat16 if args.bf16 else torch.float32
-    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
-          f"glibc malloc tuning {'on' if tuned else 'off'}, AdamW {args.adamw}, "
-          f"{'bf16 autocast' if args.bf16 else 'fp32'}", flush=True)
+    print(
+        f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
+        f"glibc malloc tuning {'on' if tuned else 'off'}, AdamW {args.adamw}, "
+        f"{'bf16 autocast' if args.bf16 else 'fp32'}",
+        flush=True,
+    )
 
     # GEMM peak: pick the best square size once, then re-measure it every round
     sizes = (256, 512) if args.quick else (1024, 2048, 3072, 4096)
@@ -449,7 +542,7 @@ def main(argv=None):
         peaks.append(gemm_gflops(gemm_n, device, gemm_dtype))
         for row in pairs:
             t = {}
-            for x in ((row, row.paired_with) if k % 2 == 0 else (row.paired_with, row)):
+            for x in (row, row.paired_with) if k % 2 == 0 else (row.paired_with, row):
                 sync(device)
                 start = time.perf_counter()
                 x.step()
@@ -457,8 +550,10 @@ def main(argv=None):
                 t[id(x)] = time.perf_counter() - start
                 x.times.append(t[id(x)])
             row.ratios.append(t[id(row)] / t[id(row.paired_with)])
-        print(f"round {k + 1}/{args.rounds} done in {time.perf_counter() - t0:.0f} s "
-              f"(GEMM {peaks[-1]:.0f} GFLOP/s)", flush=True)
+        print(
+            f"round {k + 1}/{args.rounds} done in {time.perf_counter() - t0:.0f} s (GEMM {peaks[-1]:.0f} GFLOP/s)",
+            flush=True,
+        )
 
     report(args, rows, peaks, gemm_n)
 
@@ -477,52 +572,73 @@ def report(args, rows, peaks, gemm_n):
     by = {(r.mode, r.name): r for r in rows}
     fixed_name = f"ours fixed {args.fixed_heads}x{args.fixed_head_dim}"
     print()
-    print(f"fixedhead vs transformers BertForMaskedLM: hidden {args.hidden}, {args.layers} layers, {args.heads} heads, "
-          f"seq {args.seq}, batch {args.batch}, vocab {args.vocab}, {args.masked:.0%} masked, dropout 0.1, "
-          f"{'bf16 autocast' if args.bf16 else 'fp32'}, AdamW {args.adamw}")
-    print(f"{args.rounds} rounds. step ms: median over the row's runs (best in brackets). ratio: median of "
-          f"back-to-back time ratios against the named row.")
-    print(f"GEMM peak ({'bf16' if args.bf16 else 'fp32'} torch.matmul {gemm_n}³, measured each round of this run): "
-          f"median {peak:.0f} GFLOP/s (best {max(peaks):.0f}); MFU = model GFLOP/s at the median step ÷ median peak.")
-    head = (f"| {'mode':5s} | {'model':26s} | {'step ms':>13s} | {'tokens/s':>8s} | {'time ratio':>18s} | "
-            f"{'peak MiB':>8s} | {'GFLOP/step':>10s} | {'GFLOP/s':>7s} | {'MFU':>5s} | note |")
+    print(
+        f"fixedhead vs transformers BertForMaskedLM: hidden {args.hidden}, {args.layers} layers, {args.heads} heads, "
+        f"seq {args.seq}, batch {args.batch}, vocab {args.vocab}, {args.masked:.0%} masked, dropout 0.1, "
+        f"{'bf16 autocast' if args.bf16 else 'fp32'}, AdamW {args.adamw}"
+    )
+    print(
+        f"{args.rounds} rounds. step ms: median over the row's runs (best in brackets). ratio: median of "
+        f"back-to-back time ratios against the named row."
+    )
+    print(
+        f"GEMM peak ({'bf16' if args.bf16 else 'fp32'} torch.matmul {gemm_n}³, measured each round of this run): "
+        f"median {peak:.0f} GFLOP/s (best {max(peaks):.0f}); MFU = model GFLOP/s at the median step ÷ median peak."
+    )
+    head = (
+        f"| {'mode':5s} | {'model':26s} | {'step ms':>13s} | {'tokens/s':>8s} | {'time ratio':>18s} | "
+        f"{'peak MiB':>8s} | {'GFLOP/step':>10s} | {'GFLOP/s':>7s} | {'MFU':>5s} | note |"
+    )
     print(head)
     print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
     for row in rows:
         med, best = statistics.median(row.times), min(row.times)
         gfs = row.flops / med / 1e9
         mem = f"{row.peak_mib:8.0f}" if row.peak_mib is not None else f"{'-':>8s}"
-        ratio = (f"{statistics.median(row.ratios):5.2f}× {row.paired_with.name.removeprefix('ours: ')[:11]:11s}"
-                 if row.paired_with else f"{'1':>5s}  {'(reference)':11s}")
-        print(f"| {row.mode:5s} | {row.name:26s} | {med * 1e3:5.0f} ({best * 1e3:5.0f}) | "
-              f"{row.tokens / med:8.0f} | {ratio} | {mem} | {row.flops / 1e9:10.1f} | {gfs:7.1f} | {gfs / peak:5.1%} | "
-              f"{row.note} |")
+        ratio = (
+            f"{statistics.median(row.ratios):5.2f}× {row.paired_with.name.removeprefix('ours: ')[:11]:11s}"
+            if row.paired_with
+            else f"{'1':>5s}  {'(reference)':11s}"
+        )
+        print(
+            f"| {row.mode:5s} | {row.name:26s} | {med * 1e3:5.0f} ({best * 1e3:5.0f}) | "
+            f"{row.tokens / med:8.0f} | {ratio} | {mem} | {row.flops / 1e9:10.1f} | {gfs:7.1f} | {gfs / peak:5.1%} | "
+            f"{row.note} |"
+        )
 
     print()
     print("fixed / standard head size (ours, paired back to back), cost ratio:")
     for mode in ("train", "infer"):
         f, s = by[(mode, fixed_name)], by[(mode, "ours")]
         measured, predicted = statistics.median(f.ratios), f.flops / s.flops
-        print(f"  {mode:5s} measured {measured:.2f}×, estimate_flops predicts {predicted:.2f}×, "
-              f"off by {measured / predicted - 1:+.0%}")
+        print(
+            f"  {mode:5s} measured {measured:.2f}×, estimate_flops predicts {predicted:.2f}×, "
+            f"off by {measured / predicted - 1:+.0%}"
+        )
 
     print()
     print("targets:")
     tr_ours, tr_bert = by[("train", "ours")], by[("train", "BERT sdpa")]
     speed = 1 / ratio_to(tr_ours, "BERT sdpa")
-    print(f"  training step >= 1.5x faster than BERT sdpa: {speed:.2f}x  {'met' if speed >= 1.5 else 'MISSED'}"
-          f"  (mostly the masked-only output layer, see levers)")
+    print(
+        f"  training step >= 1.5x faster than BERT sdpa: {speed:.2f}x  {'met' if speed >= 1.5 else 'MISSED'}"
+        f"  (mostly the masked-only output layer, see levers)"
+    )
     for name in ("ours", fixed_name, "ours, dropout 0", "ours fixed, dropout 0"):
         r = by[("train", name)]
         mfu = r.flops / statistics.median(r.times) / 1e9 / peak
         print(f"  MFU >= 55% of the GEMM peak ({name}, training): {mfu:.0%}  {'met' if mfu >= 0.55 else 'MISSED'}")
     mem_ok = tr_ours.peak_mib <= tr_bert.peak_mib
-    print(f"  peak training memory <= BERT sdpa: {tr_ours.peak_mib:.0f} vs {tr_bert.peak_mib:.0f} MiB  "
-          f"{'met' if mem_ok else 'MISSED'}")
+    print(
+        f"  peak training memory <= BERT sdpa: {tr_ours.peak_mib:.0f} vs {tr_bert.peak_mib:.0f} MiB  "
+        f"{'met' if mem_ok else 'MISSED'}"
+    )
     f = by[("train", fixed_name)]
     off = statistics.median(f.ratios) / (f.flops / tr_ours.flops) - 1
-    print(f"  fixed/standard cost ratio within 15% of the FLOP prediction: {off:+.0%}  "
-          f"{'met' if abs(off) <= 0.15 else 'MISSED'}")
+    print(
+        f"  fixed/standard cost ratio within 15% of the FLOP prediction: {off:+.0%}  "
+        f"{'met' if abs(off) <= 0.15 else 'MISSED'}"
+    )
     inf = 1 / ratio_to(by[("infer", "ours")], "BERT sdpa")
     print(f"  inference at least as fast as BERT sdpa: {inf:.2f}x  {'met' if inf >= 1.0 else 'MISSED'}")
 
@@ -534,13 +650,17 @@ def report(args, rows, peaks, gemm_n):
             if r.name == "ours: same tokens packed":
                 pad = r.paired_with
                 gain = (r.tokens / statistics.median(r.times)) / (pad.tokens / statistics.median(pad.times))
-                print(f"  packing without padding: {gain:.2f}x real tokens/s ({pad.note} -> {r.note}); "
-                      f"time ratio packed/padded {statistics.median(r.ratios):.2f}")
+                print(
+                    f"  packing without padding: {gain:.2f}x real tokens/s ({pad.note} -> {r.note}); "
+                    f"time ratio packed/padded {statistics.median(r.ratios):.2f}"
+                )
             elif r.name == "ours: compact logits":
-                print(f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): "
-                      f"{1 / statistics.median(r.ratios):.2f}x "
-                      f"the step with compact [labelled, vocab] logits; peak {r.paired_with.peak_mib:.0f} vs "
-                      f"{r.peak_mib:.0f} MiB")
+                print(
+                    f"  logits [batch, seq, vocab] with labels (BERT's shape, issue 12): "
+                    f"{1 / statistics.median(r.ratios):.2f}x "
+                    f"the step with compact [labelled, vocab] logits; peak {r.paired_with.peak_mib:.0f} vs "
+                    f"{r.peak_mib:.0f} MiB"
+                )
             elif r.name == "ours: torch.compile":
                 print(f"  torch.compile: {1 / statistics.median(r.ratios):.2f}x (eager ÷ compiled)")
             elif r.name != "ours: padded batch":

@@ -64,8 +64,10 @@ def heldout_documents(run_dir: Path, corpus: str | None):
     expected = recorded.get("data_info", {}).get("heldout_documents")
     got = [d.title or d.source for d in held_docs]
     if expected is not None and got != expected:
-        sys.exit(f"corpus {corpus!r} is not the one {run_dir} was trained on "
-                 f"(its held-out documents would be {got[:3]}, the run held out {expected[:3]})")
+        sys.exit(
+            f"corpus {corpus!r} is not the one {run_dir} was trained on "
+            f"(its held-out documents would be {got[:3]}, the run held out {expected[:3]})"
+        )
     return held_docs, train_docs
 
 
@@ -85,8 +87,9 @@ def main(argv=None):
         p.error(f"--show must be >= 0, got {args.show}")
     run_dir = Path(args.run_dir)
     if args.save_heldout_text and Path(args.save_heldout_text).exists():
-        sys.exit(f"--save-heldout-text {args.save_heldout_text}: the file exists; "
-                 "choose a new name (nothing was written)")
+        sys.exit(
+            f"--save-heldout-text {args.save_heldout_text}: the file exists; choose a new name (nothing was written)"
+        )
     held_docs, train_docs = heldout_documents(run_dir, args.corpus)
     if args.save_heldout_text:
         Path(args.save_heldout_text).write_text("\n\n".join(d.text for d in held_docs))
@@ -94,8 +97,12 @@ def main(argv=None):
     tok = fill.tokenizer
     vocab = tok.get_vocab()
     norm = str.lower if getattr(tok, "do_lower_case", True) else str
-    sentences = [(d.title or d.source, s) for d in held_docs for s in split_sentences(d.text)
-                 if 8 <= len(s.split()) <= 30 and not re.search(r"[_\[\]*#<>|]", s)]
+    sentences = [
+        (d.title or d.source, s)
+        for d in held_docs
+        for s in split_sentences(d.text)
+        if 8 <= len(s.split()) <= 30 and not re.search(r"[_\[\]*#<>|]", s)
+    ]
     rng = random.Random(args.seed)
     rng.shuffle(sentences)
 
@@ -111,7 +118,7 @@ def main(argv=None):
         if not words:
             continue
         m = rng.choice(words)
-        masked = s[:m.start()] + tok.mask_token + s[m.end():]
+        masked = s[: m.start()] + tok.mask_token + s[m.end() :]
         if len(tok(masked)["input_ids"]) > tok.model_max_length:
             continue
         items.append({"book": title, "text": masked, "answer": norm(m.group())})
@@ -132,17 +139,22 @@ def main(argv=None):
         base1 += frequent[0] == it["answer"]
         base5 += it["answer"] in frequent
 
-    for it in items[:args.show]:
+    for it in items[: args.show]:
         preds = ", ".join(f"{g} {p:.2f}" for g, p in it["predictions"])
         print(f"- {it['text']}\n    answer: {it['answer']:<14} model: {preds}")
     n = len(items)
     summary = {
-        "run_dir": str(run_dir), "sentences": n, "seed": args.seed,
-        "top1": top1 / n, "top5": top5 / n,
+        "run_dir": str(run_dir),
+        "sentences": n,
+        "seed": args.seed,
+        "top1": top1 / n,
+        "top5": top5 / n,
         "frequency_baseline": {"guesses": frequent, "top1": base1 / n, "top5": base5 / n},
     }
-    print(f"\n{n} held-out sentences, one masked word each: top-1 {top1 / n:.1%}, top-5 {top5 / n:.1%}; "
-          f"always guessing the most frequent words {frequent}: top-1 {base1 / n:.1%}, top-5 {base5 / n:.1%}")
+    print(
+        f"\n{n} held-out sentences, one masked word each: top-1 {top1 / n:.1%}, top-5 {top5 / n:.1%}; "
+        f"always guessing the most frequent words {frequent}: top-1 {base1 / n:.1%}, top-5 {base5 / n:.1%}"
+    )
     if args.write:
         (run_dir / "fill_mask.json").write_text(json.dumps({"summary": summary, "items": items}, indent=1))
     return summary

@@ -32,9 +32,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("--output-dir", required=True)
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--minutes", type=float, required=True,
-                   help="budget for the training steps (data preparation, evaluations and checkpoint saves "
-                   "come on top)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        required=True,
+        help="budget for the training steps (data preparation, evaluations and checkpoint saves come on top)",
+    )
     p.add_argument("--calibration-steps", type=int, default=200)
     p.add_argument("--evaluations", type=int, default=5, help="held-out evaluations during the run")
     _add_model_args(p)
@@ -44,8 +47,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     for option in ("max_steps", "eval_steps", "save_steps"):
         if getattr(args, option) is not None:
-            p.error(f"--{option.replace('_', '-')} is set from --minutes and --evaluations here; "
-                    "use `fixedhead pretrain` to choose it")
+            p.error(
+                f"--{option.replace('_', '-')} is set from --minutes and --evaluations here; "
+                "use `fixedhead pretrain` to choose it"
+            )
     if not (math.isfinite(args.minutes) and args.minutes > 0):
         p.error(f"--minutes must be a positive number, got {args.minutes}")
     for option in ("calibration_steps", "evaluations"):
@@ -59,15 +64,29 @@ def main(argv=None):
 
     config = model_config_from_args(args)
     settings = TrainSettings(
-        batch_size=args.batch_size, max_steps=args.calibration_steps, learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
-        eval_steps=10 * args.calibration_steps, save_steps=10 * args.calibration_steps,
-        report_to=[], progress=False, torch_compile=args.torch_compile, bf16=args.bf16,
+        batch_size=args.batch_size,
+        max_steps=args.calibration_steps,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        eval_steps=10 * args.calibration_steps,
+        save_steps=10 * args.calibration_steps,
+        report_to=[],
+        progress=False,
+        torch_compile=args.torch_compile,
+        bf16=args.bf16,
     )
-    data = prepare_data(DataSettings(
-        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
-        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
-        max_eval_tokens=args.max_eval_tokens))
+    data = prepare_data(
+        DataSettings(
+            corpus=args.corpus,
+            vocab_size=args.vocab_size,
+            max_seq_length=args.max_seq_length,
+            heldout_fraction=args.heldout_fraction,
+            max_train_tokens=args.max_train_tokens,
+            max_eval_tokens=args.max_eval_tokens,
+        )
+    )
 
     scratch = tempfile.mkdtemp(prefix="fixedhead-calibration-")
     try:
@@ -77,15 +96,22 @@ def main(argv=None):
     per_step = calib["train_seconds"] / args.calibration_steps  # includes start-up: errs on the short side
     steps = max(1, int(args.minutes * 60 / per_step))
     every = max(1, steps // args.evaluations)
-    print(f"calibration: {args.calibration_steps} steps in {calib['train_seconds']} s ({per_step * 1000:.1f} ms/step); "
-          f"budget {args.minutes} min -> max_steps {steps:,} "
-          f"({steps * settings.batch_size * data.train.shape[1]:,} training tokens, "
-          f"{steps * settings.batch_size / data.train.shape[0]:.1f} epochs)", flush=True)
-    settings = replace(settings, max_steps=steps, eval_steps=every, save_steps=every,
-                       report_to=report_to, progress=True)
+    print(
+        f"calibration: {args.calibration_steps} steps in {calib['train_seconds']} s ({per_step * 1000:.1f} ms/step); "
+        f"budget {args.minutes} min -> max_steps {steps:,} "
+        f"({steps * settings.batch_size * data.train.shape[1]:,} training tokens, "
+        f"{steps * settings.batch_size / data.train.shape[0]:.1f} epochs)",
+        flush=True,
+    )
+    settings = replace(
+        settings, max_steps=steps, eval_steps=every, save_steps=every, report_to=report_to, progress=True
+    )
     result = pretrain(config, data, args.output_dir, settings, overwrite=args.overwrite)
-    print(f"held-out perplexity {result['heldout_perplexity']:.2f}, masked accuracy {result['heldout_accuracy']:.4f}, "
-          f"{result['train_seconds']} s", flush=True)
+    print(
+        f"held-out perplexity {result['heldout_perplexity']:.2f}, masked accuracy {result['heldout_accuracy']:.4f}, "
+        f"{result['train_seconds']} s",
+        flush=True,
+    )
     return result
 
 

@@ -60,15 +60,30 @@ def tiny_pretrained_run(small_real_corpus, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("eco")
     data = prepare_data(
-        DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
-                     tokenizer_max_chars=None, max_eval_tokens=3000),
-        cache_dir=tmp / "cache", progress=False,
+        DataSettings(
+            corpus=str(small_real_corpus),
+            vocab_size=400,
+            max_seq_length=32,
+            heldout_fraction=0.1,
+            tokenizer_max_chars=None,
+            max_eval_tokens=3000,
+        ),
+        cache_dir=tmp / "cache",
+        progress=False,
     )
-    config = FixedHeadConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-                             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                             attention_probs_dropout_prob=0.0)
-    settings = TrainSettings(batch_size=16, max_steps=30, learning_rate=3e-3, logging_steps=10, eval_steps=15,
-                             save_steps=30, progress=False)  # report_to: the default
+    config = FixedHeadConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    settings = TrainSettings(
+        batch_size=16, max_steps=30, learning_rate=3e-3, logging_steps=10, eval_steps=15, save_steps=30, progress=False
+    )  # report_to: the default
     run = tmp / "run"
     result = pretrain(config, data, run, settings)
     return run, data, result

@@ -52,8 +52,17 @@ def _bert_checkpoint(tiny_pretrained_run, directory: Path) -> Path:
     run, _, _ = tiny_pretrained_run
     tok = AutoTokenizer.from_pretrained(str(run))
     torch.manual_seed(0)
-    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=8,
-                                      intermediate_size=64, max_position_embeddings=32, initializer_range=0.5))
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            initializer_range=0.5,
+        )
+    )
     bert.save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
     return directory
@@ -102,8 +111,16 @@ def test_analyze_errors_name_the_problem(tiny_pretrained_run, heldout_text, tmp_
 
     run, _, _ = tiny_pretrained_run
     no_tok = tmp_path / "no_tokenizer"
-    BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32, max_position_embeddings=32)).save_pretrained(str(no_tok))
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=400,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
+    ).save_pretrained(str(no_tok))
     assert main(["analyze", str(no_tok), "--text", str(heldout_text)]) == 2
     assert "holds no tokenizer" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "nowhere"), "--text", str(heldout_text)]) == 2

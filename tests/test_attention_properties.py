@@ -68,9 +68,16 @@ def attention_case(draw):
     batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 9))
     mask_bits = draw(st.lists(st.lists(st.booleans(), min_size=seq, max_size=seq), min_size=batch, max_size=batch))
     mask_dtype = draw(st.sampled_from([torch.bool, torch.long, torch.float32]))
-    return dict(hidden=hidden, heads=heads, head_dim=head_dim, batch=batch, seq=seq,
-                mask=torch.tensor(mask_bits).to(mask_dtype), seed=draw(st.integers(0, 2**31 - 1)),
-                use_sdpa=draw(st.booleans()))
+    return dict(
+        hidden=hidden,
+        heads=heads,
+        head_dim=head_dim,
+        batch=batch,
+        seq=seq,
+        mask=torch.tensor(mask_bits).to(mask_dtype),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        use_sdpa=draw(st.booleans()),
+    )
 
 
 @PROFILE

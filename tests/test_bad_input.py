@@ -57,22 +57,32 @@ class Ctx:
 
 
 def tiny_cfg(**kw):
-    base = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=40)
+    base = dict(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+    )
     return FixedHeadConfig(**{**base, **kw})
 
 
 def model_call(**inputs):
     def call(ctx):
         FixedHeadForMaskedLM(tiny_cfg()).eval()(**inputs)
+
     return call
 
 
 def positions16_call(**inputs):
     """The issue's model: 16 positions, sequences of 8."""
+
     def call(ctx):
-        FixedHeadModel(tiny_cfg(max_position_embeddings=16)).eval()(**{"input_ids": torch.ones(1, 8, dtype=torch.long),
-                                                                      **inputs})
+        FixedHeadModel(tiny_cfg(max_position_embeddings=16)).eval()(
+            **{"input_ids": torch.ones(1, 8, dtype=torch.long), **inputs}
+        )
+
     return call
 
 
@@ -80,6 +90,7 @@ def classifier_call(problem_type=None, num_labels=2, **inputs):
     def call(ctx):
         cfg = tiny_cfg(num_labels=num_labels, problem_type=problem_type)
         FixedHeadForSequenceClassification(cfg).eval()(input_ids=torch.ones(2, 3, dtype=torch.long), **inputs)
+
     return call
 
 
@@ -90,6 +101,7 @@ def _stsb(*scores: str):
     def call(ctx):
         rows = [f"{i}\tmain\tf\t2012\t{i}\tnone\tnone\tA man.\tA dog.\t{s}" for i, s in enumerate(scores)]
         read_glue_tsv(write(ctx, "g.tsv", "\n".join([STSB_HEADER, *rows]) + "\n"), "stsb")
+
     return call
 
 
@@ -132,6 +144,7 @@ def config_edit(**changes):
         run = ctx.run_copy()
         ctx.edit_json(run / "config.json", **changes)
         load_run(run)
+
     return call
 
 
@@ -140,21 +153,30 @@ def file_replace(name, content):
         run = ctx.run_copy()
         (run / name).write_text(content)
         load_run(run)
+
     return call
 
 
 def pretrain_into(prepare_dir, resume=False, overwrite=False, **config_changes):
     def call(ctx):
         out = prepare_dir(ctx)
+
         def state():
             return (snapshot(out) if out.is_dir() else out.read_bytes()) if out.exists() else None
 
         before = state()
         try:
-            pretrain(tiny_config(**config_changes), ctx.request.getfixturevalue("tiny_prepared"), out,
-                     tiny_settings(max_steps=10, save_steps=10, eval_steps=10), resume=resume, overwrite=overwrite)
+            pretrain(
+                tiny_config(**config_changes),
+                ctx.request.getfixturevalue("tiny_prepared"),
+                out,
+                tiny_settings(max_steps=10, save_steps=10, eval_steps=10),
+                resume=resume,
+                overwrite=overwrite,
+            )
         finally:  # refused without touching what was there
             assert state() == before
+
     return call
 
 
@@ -170,6 +192,7 @@ def _glue(header: str, *rows: str):
     def call(ctx):
         task = "sst2" if "sentence\t" in header or header == "sentence" else "rte"
         read_glue_tsv(write(ctx, "g.tsv", "\n".join((header,) + rows) + "\n"), task)
+
     return call
 
 
@@ -179,166 +202,417 @@ CASES = [
     Case("head_dim=-8", lambda c: tiny_cfg(head_dim=-8), ValueError, "head_dim must be a positive int, got -8"),
     Case("head_dim=16.0", lambda c: tiny_cfg(head_dim=16.0), ValueError, "got 16.0 (float)"),
     Case("head_dim=True", lambda c: tiny_cfg(head_dim=True), ValueError, "got True (bool)"),
-    Case("num_attention_heads=0", lambda c: tiny_cfg(num_attention_heads=0), ValueError,
-         "num_attention_heads must be a positive int, got 0"),
-    Case("standard d=1024,h=12", lambda c: tiny_cfg(hidden_size=1024, num_attention_heads=12), ValueError,
-         "got hidden_size=1024 and num_attention_heads=12"),
-    Case("hidden_dropout_prob=1.0", lambda c: tiny_cfg(hidden_dropout_prob=1.0), ValueError,
-         "hidden_dropout_prob must be a probability in [0, 1), got 1.0"),
-    Case("max_position_embeddings=0", lambda c: tiny_cfg(max_position_embeddings=0), ValueError,
-         "max_position_embeddings must be an int >= 1, got 0"),
+    Case(
+        "num_attention_heads=0",
+        lambda c: tiny_cfg(num_attention_heads=0),
+        ValueError,
+        "num_attention_heads must be a positive int, got 0",
+    ),
+    Case(
+        "standard d=1024,h=12",
+        lambda c: tiny_cfg(hidden_size=1024, num_attention_heads=12),
+        ValueError,
+        "got hidden_size=1024 and num_attention_heads=12",
+    ),
+    Case(
+        "hidden_dropout_prob=1.0",
+        lambda c: tiny_cfg(hidden_dropout_prob=1.0),
+        ValueError,
+        "hidden_dropout_prob must be a probability in [0, 1), got 1.0",
+    ),
+    Case(
+        "max_position_embeddings=0",
+        lambda c: tiny_cfg(max_position_embeddings=0),
+        ValueError,
+        "max_position_embeddings must be an int >= 1, got 0",
+    ),
     Case("vocab_size=0", lambda c: tiny_cfg(vocab_size=0), ValueError, "vocab_size must be an int >= 1, got 0"),
-    Case("pad_token_id=500 with vocab 50", lambda c: tiny_cfg(pad_token_id=500), ValueError,
-         "pad_token_id must be in [0, vocab_size=50), got 500"),
+    Case(
+        "pad_token_id=500 with vocab 50",
+        lambda c: tiny_cfg(pad_token_id=500),
+        ValueError,
+        "pad_token_id must be in [0, vocab_size=50), got 500",
+    ),
     # the layer alone checks its sizes as the configuration does
-    Case("attention head_dim=0", lambda c: MultiHeadAttention(64, 4, head_dim=0), ValueError,
-         "head_dim must be a positive int, got 0"),
-    Case("attention d=1024,h=12", lambda c: MultiHeadAttention(1024, 12), ValueError,
-         "got hidden_size=1024 and num_attention_heads=12"),
-    Case("attention dropout=1.5", lambda c: MultiHeadAttention(64, 4, dropout=1.5), ValueError,
-         "dropout must be a float in [0, 1), got 1.5"),
-    Case("TrainSettings max_steps=0", lambda c: TrainSettings(max_steps=0), ValueError,
-         "max_steps must be a positive int, got 0"),
-    Case("TrainSettings learning_rate=nan", lambda c: TrainSettings(learning_rate=math.nan), ValueError,
-         "learning_rate must be a positive finite number, got nan"),
+    Case(
+        "attention head_dim=0",
+        lambda c: MultiHeadAttention(64, 4, head_dim=0),
+        ValueError,
+        "head_dim must be a positive int, got 0",
+    ),
+    Case(
+        "attention d=1024,h=12",
+        lambda c: MultiHeadAttention(1024, 12),
+        ValueError,
+        "got hidden_size=1024 and num_attention_heads=12",
+    ),
+    Case(
+        "attention dropout=1.5",
+        lambda c: MultiHeadAttention(64, 4, dropout=1.5),
+        ValueError,
+        "dropout must be a float in [0, 1), got 1.5",
+    ),
+    Case(
+        "TrainSettings max_steps=0",
+        lambda c: TrainSettings(max_steps=0),
+        ValueError,
+        "max_steps must be a positive int, got 0",
+    ),
+    Case(
+        "TrainSettings learning_rate=nan",
+        lambda c: TrainSettings(learning_rate=math.nan),
+        ValueError,
+        "learning_rate must be a positive finite number, got nan",
+    ),
     # --- tensors ------------------------------------------------------------------------
-    Case("sequence 41 > max_position_embeddings 40", model_call(input_ids=torch.ones(1, 41, dtype=torch.long)),
-         ValueError, "sequence length 41 exceeds max_position_embeddings=40"),
-    Case("attention_mask shape (2,4) for (2,5)",
-         model_call(input_ids=torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4)),
-         ValueError, "attention_mask must have shape [batch, seq] = (2, 5), got (2, 4)"),
-    Case("attention_mask additive 0/-inf",
-         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.0, -math.inf]])),
-         ValueError, "must hold only 0 (padding) and 1 (token), got -inf"),
-    Case("attention_mask complex dtype",
-         lambda c: padding_mask_to_bias(torch.ones(1, 3, dtype=torch.complex64), torch.float32), ValueError,
-         "got dtype torch.complex64"),
-    Case("attention_mask [batch,1,seq] to the layer",
-         lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), torch.ones(2, 1, 5)), ValueError,
-         "attention_mask must have shape [batch, seq] = (2, 5), got (2, 1, 5)"),
-    Case("input id 50 with vocab 50", model_call(input_ids=torch.tensor([[1, 50]])), ValueError,
-         "token id 50, outside the vocabulary [0, 50)"),
+    Case(
+        "sequence 41 > max_position_embeddings 40",
+        model_call(input_ids=torch.ones(1, 41, dtype=torch.long)),
+        ValueError,
+        "sequence length 41 exceeds max_position_embeddings=40",
+    ),
+    Case(
+        "attention_mask shape (2,4) for (2,5)",
+        model_call(input_ids=torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4)),
+        ValueError,
+        "attention_mask must have shape [batch, seq] = (2, 5), got (2, 4)",
+    ),
+    Case(
+        "attention_mask additive 0/-inf",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.0, -math.inf]])),
+        ValueError,
+        "must hold only 0 (padding) and 1 (token), got -inf",
+    ),
+    Case(
+        "attention_mask complex dtype",
+        lambda c: padding_mask_to_bias(torch.ones(1, 3, dtype=torch.complex64), torch.float32),
+        ValueError,
+        "got dtype torch.complex64",
+    ),
+    Case(
+        "attention_mask [batch,1,seq] to the layer",
+        lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), torch.ones(2, 1, 5)),
+        ValueError,
+        "attention_mask must have shape [batch, seq] = (2, 5), got (2, 1, 5)",
+    ),
+    Case(
+        "input id 50 with vocab 50",
+        model_call(input_ids=torch.tensor([[1, 50]])),
+        ValueError,
+        "token id 50, outside the vocabulary [0, 50)",
+    ),
     Case("input id -3", model_call(input_ids=torch.tensor([[1, -3]])), ValueError, "token id -3, outside"),
-    Case("float input_ids", model_call(input_ids=torch.ones(1, 3)), ValueError,
-         "input_ids must be an integer tensor of token ids, got dtype torch.float32"),
-    Case("NaN in inputs_embeds", model_call(inputs_embeds=torch.tensor([[[0.0] * 31 + [math.nan]]])), ValueError,
-         "inputs_embeds holds non-finite values (first at index (0, 0, 31): nan)"),
-    Case("hidden_states width 32 into a 64-wide layer", lambda c: MultiHeadAttention(64, 4)(torch.randn(2, 3, 32)),
-         ValueError, "hidden_states must be [batch, seq, 64], got (2, 3, 32)"),
-    Case("labels shape (1,2) for (1,3)",
-         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 2, dtype=torch.long)),
-         ValueError, "labels must have shape [batch, seq] = (1, 3), got (1, 2)"),
+    Case(
+        "float input_ids",
+        model_call(input_ids=torch.ones(1, 3)),
+        ValueError,
+        "input_ids must be an integer tensor of token ids, got dtype torch.float32",
+    ),
+    Case(
+        "NaN in inputs_embeds",
+        model_call(inputs_embeds=torch.tensor([[[0.0] * 31 + [math.nan]]])),
+        ValueError,
+        "inputs_embeds holds non-finite values (first at index (0, 0, 31): nan)",
+    ),
+    Case(
+        "hidden_states width 32 into a 64-wide layer",
+        lambda c: MultiHeadAttention(64, 4)(torch.randn(2, 3, 32)),
+        ValueError,
+        "hidden_states must be [batch, seq, 64], got (2, 3, 32)",
+    ),
+    Case(
+        "labels shape (1,2) for (1,3)",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 2, dtype=torch.long)),
+        ValueError,
+        "labels must have shape [batch, seq] = (1, 3), got (1, 2)",
+    ),
     # every tensor argument of every forward: values and shapes (issue 12, item 5)
-    Case("position_ids 9..16 with 16 positions", positions16_call(position_ids=torch.arange(9, 17)[None]),
-         ValueError, "position_ids hold 16, outside [0, max_position_embeddings=16) (at index (0, 7))"),
-    Case("position_ids -1", positions16_call(position_ids=torch.tensor([[0, 1, 2, -1, 4, 5, 6, 7]])), ValueError,
-         "position_ids hold -1, outside [0, max_position_embeddings=16)"),
-    Case("position_ids of length 5 for 8 tokens", positions16_call(position_ids=torch.arange(5)[None]), ValueError,
-         "position_ids must have shape [batch, seq] = (1, 8) (or [1, seq] / [seq] to share one row), got (1, 5)"),
-    Case("float position_ids", positions16_call(position_ids=torch.arange(8.0)[None]), ValueError,
-         "position_ids must be an integer tensor, got dtype torch.float32"),
-    Case("token_type_ids 2 with 2 types", positions16_call(token_type_ids=torch.tensor([[0, 1, 2, 0, 0, 0, 0, 0]])),
-         ValueError, "token_type_ids hold 2, outside [0, type_vocab_size=2) (at index (0, 2))"),
-    Case("token_type_ids of length 3 for 8 tokens",
-         positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)), ValueError,
-         "token_type_ids must have shape [batch, seq] = (1, 8)"),
-    Case("bool token_type_ids", positions16_call(token_type_ids=torch.zeros(1, 8, dtype=torch.bool)), ValueError,
-         "token_type_ids must be an integer tensor, got dtype torch.bool"),
-    Case("input_ids as a list", model_call(input_ids=[[1, 2, 3]]), TypeError,
-         "input_ids must be a torch.Tensor, got list"),
-    Case("attention_mask as a list",
-         model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]), TypeError,
-         "attention_mask must be a torch.Tensor, got list"),
-    Case("attention_mask value 2", model_call(input_ids=torch.ones(1, 3, dtype=torch.long),
-                                              attention_mask=torch.tensor([[1, 2, 0]])),
-         ValueError, "must hold only 0 (padding) and 1 (token), got 2"),
-    Case("inputs_embeds 31 wide for hidden 32", model_call(inputs_embeds=torch.randn(1, 4, 31)), ValueError,
-         "inputs_embeds must be [batch, seq, hidden_size=32], got shape (1, 4, 31)"),
-    Case("integer inputs_embeds", model_call(inputs_embeds=torch.ones(1, 4, 32, dtype=torch.long)), ValueError,
-         "inputs_embeds must be a floating-point tensor, got dtype torch.int64"),
-    Case("float MLM labels", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 3)),
-         ValueError, "labels must be an integer tensor of token ids (-100 = not scored), got dtype torch.float32"),
-    Case("MLM label -1", model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.tensor([[-100, -1, 5]])),
-         ValueError, "labels hold -1, outside the vocabulary [0, 50) (use -100 to skip a position; at index (0, 1))"),
-    Case("class 2 with num_labels=2", classifier_call(labels=torch.tensor([0, 2])), ValueError,
-         "labels hold class 2, outside [0, num_labels=2) (-100 = not scored; at index (1,))"),
-    Case("multi-label labels [batch] for [batch, 3]", classifier_call("multi_label_classification", 3,
-                                                                      labels=torch.ones(2)),
-         ValueError, "multi_label_classification labels must be multi-hot [batch, num_labels] = (2, 3), got (2,)"),
-    Case("regression label NaN", classifier_call("regression", 1, labels=torch.tensor([0.5, math.nan])), ValueError,
-         "labels holds non-finite values (first at index (1,): nan)"),
-    Case("regression labels [batch] for 2 outputs", classifier_call("regression", 2, labels=torch.ones(2)), ValueError,
-         "regression labels must have shape (2, 2), got (2,)"),
-    Case("problem_type misspelt", lambda c: tiny_cfg(num_labels=3, problem_type="multilabel"), ValueError,
-         "problem_type must be one of ('regression', 'single_label_classification', 'multi_label_classification') "
-         "or None, got 'multilabel'"),
-    Case("attention_bias [batch,1,seq] to the layer",
-         lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)), ValueError,
-         "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, keys]), "
-         "got (2, 1, 5)"),
+    Case(
+        "position_ids 9..16 with 16 positions",
+        positions16_call(position_ids=torch.arange(9, 17)[None]),
+        ValueError,
+        "position_ids hold 16, outside [0, max_position_embeddings=16) (at index (0, 7))",
+    ),
+    Case(
+        "position_ids -1",
+        positions16_call(position_ids=torch.tensor([[0, 1, 2, -1, 4, 5, 6, 7]])),
+        ValueError,
+        "position_ids hold -1, outside [0, max_position_embeddings=16)",
+    ),
+    Case(
+        "position_ids of length 5 for 8 tokens",
+        positions16_call(position_ids=torch.arange(5)[None]),
+        ValueError,
+        "position_ids must have shape [batch, seq] = (1, 8) (or [1, seq] / [seq] to share one row), got (1, 5)",
+    ),
+    Case(
+        "float position_ids",
+        positions16_call(position_ids=torch.arange(8.0)[None]),
+        ValueError,
+        "position_ids must be an integer tensor, got dtype torch.float32",
+    ),
+    Case(
+        "token_type_ids 2 with 2 types",
+        positions16_call(token_type_ids=torch.tensor([[0, 1, 2, 0, 0, 0, 0, 0]])),
+        ValueError,
+        "token_type_ids hold 2, outside [0, type_vocab_size=2) (at index (0, 2))",
+    ),
+    Case(
+        "token_type_ids of length 3 for 8 tokens",
+        positions16_call(token_type_ids=torch.zeros(1, 3, dtype=torch.long)),
+        ValueError,
+        "token_type_ids must have shape [batch, seq] = (1, 8)",
+    ),
+    Case(
+        "bool token_type_ids",
+        positions16_call(token_type_ids=torch.zeros(1, 8, dtype=torch.bool)),
+        ValueError,
+        "token_type_ids must be an integer tensor, got dtype torch.bool",
+    ),
+    Case(
+        "input_ids as a list",
+        model_call(input_ids=[[1, 2, 3]]),
+        TypeError,
+        "input_ids must be a torch.Tensor, got list",
+    ),
+    Case(
+        "attention_mask as a list",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=[[1, 1, 1]]),
+        TypeError,
+        "attention_mask must be a torch.Tensor, got list",
+    ),
+    Case(
+        "attention_mask value 2",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.tensor([[1, 2, 0]])),
+        ValueError,
+        "must hold only 0 (padding) and 1 (token), got 2",
+    ),
+    Case(
+        "inputs_embeds 31 wide for hidden 32",
+        model_call(inputs_embeds=torch.randn(1, 4, 31)),
+        ValueError,
+        "inputs_embeds must be [batch, seq, hidden_size=32], got shape (1, 4, 31)",
+    ),
+    Case(
+        "integer inputs_embeds",
+        model_call(inputs_embeds=torch.ones(1, 4, 32, dtype=torch.long)),
+        ValueError,
+        "inputs_embeds must be a floating-point tensor, got dtype torch.int64",
+    ),
+    Case(
+        "float MLM labels",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.ones(1, 3)),
+        ValueError,
+        "labels must be an integer tensor of token ids (-100 = not scored), got dtype torch.float32",
+    ),
+    Case(
+        "MLM label -1",
+        model_call(input_ids=torch.ones(1, 3, dtype=torch.long), labels=torch.tensor([[-100, -1, 5]])),
+        ValueError,
+        "labels hold -1, outside the vocabulary [0, 50) (use -100 to skip a position; at index (0, 1))",
+    ),
+    Case(
+        "class 2 with num_labels=2",
+        classifier_call(labels=torch.tensor([0, 2])),
+        ValueError,
+        "labels hold class 2, outside [0, num_labels=2) (-100 = not scored; at index (1,))",
+    ),
+    Case(
+        "multi-label labels [batch] for [batch, 3]",
+        classifier_call("multi_label_classification", 3, labels=torch.ones(2)),
+        ValueError,
+        "multi_label_classification labels must be multi-hot [batch, num_labels] = (2, 3), got (2,)",
+    ),
+    Case(
+        "regression label NaN",
+        classifier_call("regression", 1, labels=torch.tensor([0.5, math.nan])),
+        ValueError,
+        "labels holds non-finite values (first at index (1,): nan)",
+    ),
+    Case(
+        "regression labels [batch] for 2 outputs",
+        classifier_call("regression", 2, labels=torch.ones(2)),
+        ValueError,
+        "regression labels must have shape (2, 2), got (2,)",
+    ),
+    Case(
+        "problem_type misspelt",
+        lambda c: tiny_cfg(num_labels=3, problem_type="multilabel"),
+        ValueError,
+        "problem_type must be one of ('regression', 'single_label_classification', 'multi_label_classification') "
+        "or None, got 'multilabel'",
+    ),
+    Case(
+        "attention_bias [batch,1,seq] to the layer",
+        lambda c: MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), attention_bias=torch.zeros(2, 1, 5)),
+        ValueError,
+        "attention_bias must broadcast to [batch, heads, query, key] = (2, 4, 5, 5) (e.g. [batch, 1, 1, keys]), "
+        "got (2, 1, 5)",
+    ),
     # --- data files ---------------------------------------------------------------------
-    Case("empty corpus", lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")), ValueError,
-         "is empty: no document with non-whitespace text"),
-    Case("corpus not UTF-8", lambda c: read_corpus(write(c, "latin1.txt", "caf\xe9 au lait".encode("latin-1"))),
-         ValueError, "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)"),
-    Case("jsonl line without text",
-         lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"}\n{"body": "no text"}\n')), ValueError,
-         "bad.jsonl:2: JSON line has no 'text' field"),
-    Case("jsonl line not JSON", lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"\n')), ValueError,
-         "bad.jsonl:1: not valid JSON"),
+    Case(
+        "empty corpus",
+        lambda c: read_corpus(write(c, "empty.txt", " \n\t\n")),
+        ValueError,
+        "is empty: no document with non-whitespace text",
+    ),
+    Case(
+        "corpus not UTF-8",
+        lambda c: read_corpus(write(c, "latin1.txt", "caf\xe9 au lait".encode("latin-1"))),
+        ValueError,
+        "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)",
+    ),
+    Case(
+        "jsonl line without text",
+        lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"}\n{"body": "no text"}\n')),
+        ValueError,
+        "bad.jsonl:2: JSON line has no 'text' field",
+    ),
+    Case(
+        "jsonl line not JSON",
+        lambda c: read_corpus(write(c, "bad.jsonl", '{"text": "ok"\n')),
+        ValueError,
+        "bad.jsonl:1: not valid JSON",
+    ),
     Case("truncated .jsonl.gz", truncated_gz, ValueError, "cut.jsonl.gz: cannot read"),
-    Case("missing corpus file", lambda c: read_corpus(c.tmp / "nowhere.txt"), FileNotFoundError,
-         "nowhere.txt' does not exist"),
-    Case("directory without corpus files", lambda c: read_corpus(write(c, "books/notes.csv", "a,b\n").parent),
-         ValueError, "books: directory holds no .txt/.jsonl/.txt.gz/.jsonl.gz files"),
-    Case("too little text for one sequence", lambda c: pack_sequences([[5, 6]], 64, 2, 3), ValueError,
-         "corpus too small: 3 tokens, fewer than one sequence of 64"),
-    Case("GLUE TSV missing label column", _glue("sentence", "a fine film"), ValueError,
-         "header lacks column 'label' needed by GLUE sst2"),
-    Case("GLUE TSV row missing a field", _glue("index\tsentence1\tsentence2\tlabel", "0\tA man.\tentailment"),
-         ValueError, "g.tsv:2: expected 4 tab-separated fields for GLUE rte, got 3"),
-    Case("GLUE TSV unknown label", _glue("index\tsentence1\tsentence2\tlabel", "0\tA.\tB.\tmaybe"), ValueError,
-         "g.tsv:2: label 'maybe' is not one of ['entailment', 'not_entailment']"),
+    Case(
+        "missing corpus file",
+        lambda c: read_corpus(c.tmp / "nowhere.txt"),
+        FileNotFoundError,
+        "nowhere.txt' does not exist",
+    ),
+    Case(
+        "directory without corpus files",
+        lambda c: read_corpus(write(c, "books/notes.csv", "a,b\n").parent),
+        ValueError,
+        "books: directory holds no .txt/.jsonl/.txt.gz/.jsonl.gz files",
+    ),
+    Case(
+        "too little text for one sequence",
+        lambda c: pack_sequences([[5, 6]], 64, 2, 3),
+        ValueError,
+        "corpus too small: 3 tokens, fewer than one sequence of 64",
+    ),
+    Case(
+        "GLUE TSV missing label column",
+        _glue("sentence", "a fine film"),
+        ValueError,
+        "header lacks column 'label' needed by GLUE sst2",
+    ),
+    Case(
+        "GLUE TSV row missing a field",
+        _glue("index\tsentence1\tsentence2\tlabel", "0\tA man.\tentailment"),
+        ValueError,
+        "g.tsv:2: expected 4 tab-separated fields for GLUE rte, got 3",
+    ),
+    Case(
+        "GLUE TSV unknown label",
+        _glue("index\tsentence1\tsentence2\tlabel", "0\tA.\tB.\tmaybe"),
+        ValueError,
+        "g.tsv:2: label 'maybe' is not one of ['entailment', 'not_entailment']",
+    ),
     Case("STS-B score nan", _stsb("3.2", "nan"), ValueError, "g.tsv:3: score 'nan' is not a finite number"),
     Case("STS-B score inf", _stsb("inf"), ValueError, "g.tsv:2: score 'inf' is not a finite number"),
     Case("STS-B score 7.5", _stsb("7.5"), ValueError, "g.tsv:2: score '7.5' is outside GLUE stsb's [0, 5]"),
-    Case("GLUE metrics of a NaN prediction", lambda c: glue_metrics("stsb", [1.0, math.nan, 2.0], [1.0, 2.0, 3.0]),
-         ValueError, "GLUE stsb: predictions hold nan at index (1,)"),
-    Case("GLUE metrics of NaN logits", lambda c: glue_metrics("sst2", [[0.1, 0.2], [math.nan, 0.0]], [0, 1]),
-         ValueError, "GLUE sst2: predictions hold nan at index (1, 0)"),
-    Case("unknown GLUE task", lambda c: read_glue_tsv(write(c, "x.tsv", "a\tb\n"), "mnli2"), ValueError,
-         "unknown GLUE task 'mnli2'; known: cola, mrpc, rte, sst2, stsb"),
+    Case(
+        "GLUE metrics of a NaN prediction",
+        lambda c: glue_metrics("stsb", [1.0, math.nan, 2.0], [1.0, 2.0, 3.0]),
+        ValueError,
+        "GLUE stsb: predictions hold nan at index (1,)",
+    ),
+    Case(
+        "GLUE metrics of NaN logits",
+        lambda c: glue_metrics("sst2", [[0.1, 0.2], [math.nan, 0.0]], [0, 1]),
+        ValueError,
+        "GLUE sst2: predictions hold nan at index (1, 0)",
+    ),
+    Case(
+        "unknown GLUE task",
+        lambda c: read_glue_tsv(write(c, "x.tsv", "a\tb\n"), "mnli2"),
+        ValueError,
+        "unknown GLUE task 'mnli2'; known: cola, mrpc, rte, sst2, stsb",
+    ),
     # --- checkpoints and run directories -------------------------------------------------
     Case("truncated model.safetensors", truncate_weights, ValueError, "model.safetensors is truncated or corrupt"),
-    Case("pickle pytorch_model.bin", pickle_weights, ValueError,
-         "holds pickle weights (pytorch_model.bin), which can execute code when loaded; refusing"),
+    Case(
+        "pickle pytorch_model.bin",
+        pickle_weights,
+        ValueError,
+        "holds pickle weights (pytorch_model.bin), which can execute code when loaded; refusing",
+    ),
     Case("missing run directory", lambda c: load_run(c.tmp / "no-run"), FileNotFoundError, "no-run' does not exist"),
-    Case("config.json not JSON", file_replace("config.json", "{hidden_size: 32"), ValueError,
-         "run/config.json is not valid JSON"),
-    Case("config.json head_dim 0", config_edit(head_dim=0), ValueError,
-         "run/config.json: head_dim must be a positive int, got 0"),
-    Case("config.json model_type bert", config_edit(model_type="bert"), ValueError,
-         "model_type is 'bert', expected 'fixedhead'"),
-    Case("config.json vocab smaller than tokenizer", config_edit(vocab_size=100), ValueError,
-         "but config.vocab_size=100"),
-    Case("tokenizer.json not JSON", file_replace("tokenizer.json", '{"model": '), ValueError,
-         "run/tokenizer.json is not valid JSON"),
-    Case("tokenizer.json not a tokenizer", file_replace("tokenizer.json", '{"version": "1.0"}'), ValueError,
-         "tokenizer.json: not a tokenizers file"),
-    Case("output dir holds a different run", pretrain_into(Ctx.run_copy, head_dim=8), FileExistsError,
-         "already holds a run; pass --resume to continue it or --overwrite to replace it"),
-    Case("--resume into a different run", pretrain_into(Ctx.run_copy, resume=True, head_dim=8), FileExistsError,
-         "holds a run with different settings (config.head_dim: 16 → 8"),
-    Case("output dir is a file", pretrain_into(lambda c: write(c, "out", "x")), FileExistsError,
-         "is an existing file, not a directory"),
-    Case("output dir holds something else", pretrain_into(lambda c: write(c, "out/notes.txt", "x").parent),
-         FileExistsError, "exists and is not a fixedhead run directory"),
-    Case("--overwrite of a folder that is not a run", pretrain_into(lambda c: write(c, "out/README.md", "x").parent,
-         overwrite=True), FileExistsError, "--overwrite only replaces fixedhead runs"),
-    Case("--resume of nothing", pretrain_into(lambda c: c.tmp / "empty-out", resume=True), FileNotFoundError,
-         "nothing to resume"),
-    Case("--resume with --overwrite", pretrain_into(Ctx.run_copy, resume=True, overwrite=True), ValueError,
-         "contradict"),
+    Case(
+        "config.json not JSON",
+        file_replace("config.json", "{hidden_size: 32"),
+        ValueError,
+        "run/config.json is not valid JSON",
+    ),
+    Case(
+        "config.json head_dim 0",
+        config_edit(head_dim=0),
+        ValueError,
+        "run/config.json: head_dim must be a positive int, got 0",
+    ),
+    Case(
+        "config.json model_type bert",
+        config_edit(model_type="bert"),
+        ValueError,
+        "model_type is 'bert', expected 'fixedhead'",
+    ),
+    Case(
+        "config.json vocab smaller than tokenizer", config_edit(vocab_size=100), ValueError, "but config.vocab_size=100"
+    ),
+    Case(
+        "tokenizer.json not JSON",
+        file_replace("tokenizer.json", '{"model": '),
+        ValueError,
+        "run/tokenizer.json is not valid JSON",
+    ),
+    Case(
+        "tokenizer.json not a tokenizer",
+        file_replace("tokenizer.json", '{"version": "1.0"}'),
+        ValueError,
+        "tokenizer.json: not a tokenizers file",
+    ),
+    Case(
+        "output dir holds a different run",
+        pretrain_into(Ctx.run_copy, head_dim=8),
+        FileExistsError,
+        "already holds a run; pass --resume to continue it or --overwrite to replace it",
+    ),
+    Case(
+        "--resume into a different run",
+        pretrain_into(Ctx.run_copy, resume=True, head_dim=8),
+        FileExistsError,
+        "holds a run with different settings (config.head_dim: 16 → 8",
+    ),
+    Case(
+        "output dir is a file",
+        pretrain_into(lambda c: write(c, "out", "x")),
+        FileExistsError,
+        "is an existing file, not a directory",
+    ),
+    Case(
+        "output dir holds something else",
+        pretrain_into(lambda c: write(c, "out/notes.txt", "x").parent),
+        FileExistsError,
+        "exists and is not a fixedhead run directory",
+    ),
+    Case(
+        "--overwrite of a folder that is not a run",
+        pretrain_into(lambda c: write(c, "out/README.md", "x").parent, overwrite=True),
+        FileExistsError,
+        "--overwrite only replaces fixedhead runs",
+    ),
+    Case(
+        "--resume of nothing",
+        pretrain_into(lambda c: c.tmp / "empty-out", resume=True),
+        FileNotFoundError,
+        "nothing to resume",
+    ),
+    Case(
+        "--resume with --overwrite", pretrain_into(Ctx.run_copy, resume=True, overwrite=True), ValueError, "contradict"
+    ),
 ]
 
 
@@ -354,20 +628,42 @@ def test_bad_input_is_refused_with_a_message_naming_it(case, tmp_path, request):
 @pytest.fixture
 def cli_env(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    return ["--corpus", str(small_real_corpus), "--vocab-size", "400", "--max-seq-length", "32",
-            "--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "4", "--report-to", "none"]
+    return [
+        "--corpus",
+        str(small_real_corpus),
+        "--vocab-size",
+        "400",
+        "--max-seq-length",
+        "32",
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "4",
+        "--report-to",
+        "none",
+    ]
 
 
 CLI_CASES = [
     ("pretrain --head-dim 0", ["pretrain", "--head-dim", "0"], "head_dim must be a positive int, got 0"),
-    ("pretrain --num-attention-heads 0", ["pretrain", "--num-attention-heads", "0"],
-     "num_attention_heads must be a positive int, got 0"),
+    (
+        "pretrain --num-attention-heads 0",
+        ["pretrain", "--num-attention-heads", "0"],
+        "num_attention_heads must be a positive int, got 0",
+    ),
     ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-    ("pretrain --corpus missing", ["pretrain", "--corpus", "missing/corpus.txt"],
-     "'missing/corpus.txt' does not exist"),
-    ("pretrain --preset with a size", ["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--hidden-size", "64",
-                                       "--head-dim", "16"],
-     "--preset lm1b-fixed-d256-h4-dp32 fixes the model size; drop --head-dim, --hidden-size"),
+    (
+        "pretrain --corpus missing",
+        ["pretrain", "--corpus", "missing/corpus.txt"],
+        "'missing/corpus.txt' does not exist",
+    ),
+    (
+        "pretrain --preset with a size",
+        ["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--hidden-size", "64", "--head-dim", "16"],
+        "--preset lm1b-fixed-d256-h4-dp32 fixes the model size; drop --head-dim, --hidden-size",
+    ),
 ]
 
 
@@ -421,8 +717,9 @@ def test_all_padding_row_gives_finite_output():
     mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
     for impl in ("sdpa", "eager"):
         model.config._attn_implementation = impl
-        out = model(input_ids=torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), attention_mask=mask,
-                    output_attentions=impl == "eager")
+        out = model(
+            input_ids=torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), attention_mask=mask, output_attentions=impl == "eager"
+        )
         assert torch.isfinite(out.last_hidden_state).all()
         if impl == "eager":  # padding keys get no weight; an all-padding row attends uniformly
             probs = out.attentions[0]

@@ -22,9 +22,21 @@ def test_training_rows_train_in_train_mode_after_the_inference_rows():
     # the inference rows share the models and put them in eval mode; a training row must still
     # train with dropout (it once timed eval-mode steps: no dropout, a faster and wrong number)
     bench = load_bench()
-    args = argparse.Namespace(batch=2, seq=8, vocab=200, hidden=16, layers=1, heads=2, fixed_heads=2,
-                              fixed_head_dim=8, masked=0.25, bf16=False, adamw="foreach", levers=True,
-                              compile=False)
+    args = argparse.Namespace(
+        batch=2,
+        seq=8,
+        vocab=200,
+        hidden=16,
+        layers=1,
+        heads=2,
+        fixed_heads=2,
+        fixed_head_dim=8,
+        masked=0.25,
+        bf16=False,
+        adamw="foreach",
+        levers=True,
+        compile=False,
+    )
     torch.manual_seed(0)
     rows, models = bench.build_rows(args, torch.device("cpu"))
     for row in rows:  # the benchmark's warm-up order: train rows, then inference rows
@@ -46,8 +58,14 @@ def test_dropout_0_rows_have_no_dropout_and_the_others_keep_it():
     from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
 
     bench = load_bench()
-    cfg = FixedHeadConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                          intermediate_size=32, max_position_embeddings=8)  # dropout 0.1 (BERT's)
+    cfg = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=8,
+    )  # dropout 0.1 (BERT's)
     model = FixedHeadForMaskedLM(cfg).train()
     plain = bench.without_dropout(model).train()
     ids = torch.randint(5, 50, (2, 8))
@@ -64,9 +82,17 @@ def test_lever_variants_compute_the_same_function():
     from fixedhead.attention import MultiHeadAttention
 
     bench = load_bench()
-    cfg = FixedHeadConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, head_dim=12,
-                          intermediate_size=32, max_position_embeddings=8, hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0)
+    cfg = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=12,
+        intermediate_size=32,
+        max_position_embeddings=8,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = FixedHeadForMaskedLM(cfg).eval()
     ids, mask = torch.randint(5, 50, (2, 8)), torch.ones(2, 8, dtype=torch.long)
     labels = torch.where(torch.rand(2, 8) < 0.5, ids, -100)

@@ -16,16 +16,36 @@ from fixedhead.attention import MultiHeadAttention, causal_bias
 
 
 def bert_config(**kw) -> BertConfig:
-    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=40, is_decoder=True, hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0)
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        is_decoder=True,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertConfig(**{**base, **kw})
 
 
 def tiny(head_dim=16, **kw) -> FixedHeadForCausalLM:
-    cfg = FixedHeadConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=head_dim,
-                          intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=0, **kw)
+    cfg = FixedHeadConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **kw,
+    )
     return FixedHeadForCausalLM(cfg).eval()
 
 
@@ -39,8 +59,10 @@ def test_parity_with_transformers_bert_decoder(impl):
     mask = torch.ones(3, 12, dtype=torch.long)
     mask[1, 9:] = 0  # right padding
     with torch.no_grad():
-        expected, got = bert(input_ids=ids, attention_mask=mask, labels=ids), ours(input_ids=ids, attention_mask=mask,
-                                                                                      labels=ids)
+        expected, got = (
+            bert(input_ids=ids, attention_mask=mask, labels=ids),
+            ours(input_ids=ids, attention_mask=mask, labels=ids),
+        )
     keep = mask.bool()
     torch.testing.assert_close(got.logits[keep], expected.logits[keep], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
@@ -168,7 +190,6 @@ def test_bad_labels_and_positions_are_refused():
 @pytest.fixture(scope="module")
 def clm_run(small_real_corpus, tmp_path_factory):
     from _tiny_run import tiny_config, tiny_data, tiny_settings
-
     from fixedhead.training import pretrain
 
     threads = torch.get_num_threads()
@@ -199,7 +220,9 @@ def test_text_generation_pipeline_continues_a_prompt(clm_run):
     run, _, _ = clm_run
     generate = pipeline("text-generation", model=str(run))
     ids = generate.tokenizer("it was the best of times")["input_ids"]
-    assert ids[0] == generate.tokenizer.cls_token_id and generate.tokenizer.sep_token_id not in ids  # continued, not closed
+    assert (
+        ids[0] == generate.tokenizer.cls_token_id and generate.tokenizer.sep_token_id not in ids
+    )  # continued, not closed
     out = generate("it was the best of times", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert out.startswith("it was the best of times") and len(out) > len("it was the best of times")
 
@@ -227,8 +250,24 @@ def test_cli_compare_causal_reports_the_unigram_reference(small_real_corpus, tmp
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "cmp"
-    assert main(["compare", "--preset", "tiny", "--objective", "clm", "--corpus", str(small_real_corpus),
-                 "--max-steps", "3", "--output-dir", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--preset",
+                "tiny",
+                "--objective",
+                "clm",
+                "--corpus",
+                str(small_real_corpus),
+                "--max-steps",
+                "3",
+                "--output-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "below unigram" in printed and "held-out next tokens" in printed
     saved = json.loads((out / "results.json").read_text())

@@ -49,10 +49,40 @@ def reference(tiny_prepared, tmp_path_factory):
 
 # ------------------------------------------------------------------------- SIGKILL + resume
 def _pretrain_args(out: Path, corpus: Path, *extra: str) -> list[str]:
-    return ["pretrain", "--output-dir", str(out), "--corpus", str(corpus), "--vocab-size", "400",
-            "--max-seq-length", "32", "--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads", "4",
-            "--head-dim", "16", "--max-steps", "120", "--batch-size", "16", "--save-steps", "10", "--eval-steps", "40",
-            "--report-to", "none", "--heldout-fraction", "0.1", "--max-eval-tokens", "4000", *extra]
+    return [
+        "pretrain",
+        "--output-dir",
+        str(out),
+        "--corpus",
+        str(corpus),
+        "--vocab-size",
+        "400",
+        "--max-seq-length",
+        "32",
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "4",
+        "--head-dim",
+        "16",
+        "--max-steps",
+        "120",
+        "--batch-size",
+        "16",
+        "--save-steps",
+        "10",
+        "--eval-steps",
+        "40",
+        "--report-to",
+        "none",
+        "--heldout-fraction",
+        "0.1",
+        "--max-eval-tokens",
+        "4000",
+        *extra,
+    ]
 
 
 def test_sigkill_then_resume_matches_uninterrupted_run(small_real_corpus, tmp_path, monkeypatch, capsys):
@@ -68,12 +98,17 @@ def test_sigkill_then_resume_matches_uninterrupted_run(small_real_corpus, tmp_pa
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SRC), TOKENIZERS_PARALLELISM="false")
     # train the run's tokenizer once (same settings as the CLI), so the runs below share it
-    prepare_data(DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
-                              max_eval_tokens=4000), progress=False)
+    prepare_data(
+        DataSettings(
+            corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1, max_eval_tokens=4000
+        ),
+        progress=False,
+    )
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
     cli = [sys.executable, "-m", "fixedhead.cli"]
-    victim = subprocess.Popen(cli + _pretrain_args(killed_dir, small_real_corpus), env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    victim = subprocess.Popen(
+        cli + _pretrain_args(killed_dir, small_real_corpus), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     killed_at: list[list[str]] = []
 
     def kill_after_checkpoint_20():
@@ -103,8 +138,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(small_real_corpus, tmp_pa
     for checkpoint in list_checkpoints(killed_dir):  # whatever was visible at the kill is complete
         check_checkpoint(checkpoint)
 
-    resumed = subprocess.run(cli + _pretrain_args(killed_dir, small_real_corpus, "--resume"), env=env,
-                             capture_output=True, text=True, timeout=150)
+    resumed = subprocess.run(
+        cli + _pretrain_args(killed_dir, small_real_corpus, "--resume"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from {killed_dir / f'checkpoint-{max(steps)}'}" in resumed.stdout
     assert not any(p.name.startswith(STAGING_PREFIX) for p in killed_dir.iterdir())
@@ -289,4 +329,5 @@ def test_runs_saved_before_a_setting_existed_still_resume():
     old = json.loads(json.dumps(now))  # what an older version saved: no bf16 key at all
     assert settings_differences(old, now) == []
     assert settings_differences(old, run_fingerprint(config, replace(settings, bf16=True), None)) == [
-        "train.bf16: None → True"]
+        "train.bf16: None → True"
+    ]

@@ -24,8 +24,7 @@ def test_runs_as_a_module(module, monkeypatch, capsys):
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("pretrain", "evaluate", "finetune", "analyze", "compare", "count", "bottleneck", "sweep",
-                    "report"):
+    for command in ("pretrain", "evaluate", "finetune", "analyze", "compare", "count", "bottleneck", "sweep", "report"):
         assert command in out
 
 

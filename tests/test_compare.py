@@ -8,8 +8,19 @@ from fixedhead.cli import main
 
 def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    rc = main(["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(tmp_path / "c"),
-               "--max-steps", "6"])
+    rc = main(
+        [
+            "compare",
+            "--preset",
+            "tiny",
+            "--corpus",
+            str(small_real_corpus),
+            "--output-dir",
+            str(tmp_path / "c"),
+            "--max-steps",
+            "6",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "held-out ppl" in out and "standard-wide" in out

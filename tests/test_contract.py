@@ -36,14 +36,28 @@ HEAD_DIMS = [None, 12]  # the standard head size d/h (BERT itself) and a fixed o
 
 
 def bert_config(**kw):
-    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertConfig(**{**base, **kw})
 
 
 def fh_config(**kw):
-    base = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                max_position_embeddings=16)
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=16,
+    )
     return FixedHeadConfig(**{**base, **kw})
 
 
@@ -172,10 +186,16 @@ def test_trainer_evaluation_with_run_mlm_metrics_matches_bert(tmp_path):
     data = _mlm_eval_dataset()
     results = {}
     for name, model in (("bert", bert), ("ours", ours)):
-        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_eval_batch_size=3, report_to=[],
-                                 use_cpu=True, disable_tqdm=True)
-        trainer = Trainer(model=model, args=args, eval_dataset=data, compute_metrics=compute_metrics,
-                          preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / name), per_device_eval_batch_size=3, report_to=[], use_cpu=True, disable_tqdm=True
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            eval_dataset=data,
+            compute_metrics=compute_metrics,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
         results[name] = trainer.evaluate()
     assert "eval_accuracy" in results["ours"]
     assert results["ours"]["eval_accuracy"] == results["bert"]["eval_accuracy"]
@@ -293,16 +313,28 @@ def test_decoder_untied_by_hand_in_a_tied_config_is_kept():
 
 
 #: a BERT config with every field that changes the computation away from its default
-NON_DEFAULT = dict(hidden_act="gelu_new", layer_norm_eps=1e-6, type_vocab_size=3, pad_token_id=7,
-                   initializer_range=0.05, classifier_dropout=0.3, chunk_size_feed_forward=4,
-                   num_labels=3, problem_type="single_label_classification", attn_implementation="eager")
+NON_DEFAULT = dict(
+    hidden_act="gelu_new",
+    layer_norm_eps=1e-6,
+    type_vocab_size=3,
+    pad_token_id=7,
+    initializer_range=0.05,
+    classifier_dropout=0.3,
+    chunk_size_feed_forward=4,
+    num_labels=3,
+    problem_type="single_label_classification",
+    attn_implementation="eager",
+)
 
 
 @pytest.mark.parametrize("bert_cls", [BertModel, BertForMaskedLM, BertForSequenceClassification])
 def test_every_head_with_a_counterpart_converts_exactly(bert_cls):
     bert, ours = pair(bert_cls, **NON_DEFAULT)
-    expected_type = {BertModel: FixedHeadModel, BertForMaskedLM: FixedHeadForMaskedLM,
-                     BertForSequenceClassification: FixedHeadForSequenceClassification}[bert_cls]
+    expected_type = {
+        BertModel: FixedHeadModel,
+        BertForMaskedLM: FixedHeadForMaskedLM,
+        BertForSequenceClassification: FixedHeadForSequenceClassification,
+    }[bert_cls]
     assert type(ours) is expected_type
     for name in convert.CARRIED:
         assert getattr(ours.config, name) == getattr(bert.config, name), name
@@ -312,8 +344,10 @@ def test_every_head_with_a_counterpart_converts_exactly(bert_cls):
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, 6:] = 0
     with torch.no_grad():
-        want, got = bert(input_ids=ids, token_type_ids=types, attention_mask=mask), ours(
-            input_ids=ids, token_type_ids=types, attention_mask=mask)
+        want, got = (
+            bert(input_ids=ids, token_type_ids=types, attention_mask=mask),
+            ours(input_ids=ids, token_type_ids=types, attention_mask=mask),
+        )
     if bert_cls is BertModel:
         real = mask.bool()
         torch.testing.assert_close(got.last_hidden_state[real], want.last_hidden_state[real], atol=1e-5, rtol=1e-5)
@@ -328,8 +362,9 @@ def test_bert_model_without_pooler():
     assert ours.pooler is None
     ids = torch.randint(0, 100, (2, 5))
     with torch.no_grad():
-        torch.testing.assert_close(ours(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state,
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            ours(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state, atol=1e-5, rtol=1e-5
+        )
 
 
 def test_every_bert_config_field_is_classified():
@@ -352,7 +387,10 @@ def test_unclassified_or_unsupported_fields_are_refused(monkeypatch):
 
 
 def test_heads_without_a_counterpart_are_refused_by_name():
-    with pytest.raises(TypeError, match="BertModel, BertForMaskedLM, BertLMHeadModel or BertForSequenceClassification.*BertForPreTraining"):
+    with pytest.raises(
+        TypeError,
+        match="BertModel, BertForMaskedLM, BertLMHeadModel or BertForSequenceClassification.*BertForPreTraining",
+    ):
         from_bert(BertForPreTraining(bert_config()))
 
 
@@ -395,8 +433,9 @@ def test_torch_compile_fullgraph(head_dim):
         model = cls(fh_config(head_dim=head_dim, **kw)).eval()
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         with torch.no_grad():
-            torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).logits,
-                                       model(input_ids=ids, attention_mask=mask).logits)
+            torch.testing.assert_close(
+                compiled(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
+            )
         model.train()
         lab = labels if cls is FixedHeadForMaskedLM else torch.tensor([0, 2])
         torch.manual_seed(0)
@@ -415,8 +454,11 @@ def test_torch_compile_fullgraph(head_dim):
 def test_torch_export(head_dim):
     ids, mask, labels = _inputs()
     model = FixedHeadForMaskedLM(fh_config(head_dim=head_dim)).eval()
-    for kwargs in (dict(input_ids=ids), dict(input_ids=ids, attention_mask=mask),
-                   dict(input_ids=ids, attention_mask=mask, labels=labels)):
+    for kwargs in (
+        dict(input_ids=ids),
+        dict(input_ids=ids, attention_mask=mask),
+        dict(input_ids=ids, attention_mask=mask, labels=labels),
+    ):
         exported = torch.export.export(model, (), kwargs)
         got, want = exported.module()(**kwargs), model(**kwargs)
         torch.testing.assert_close(got.logits, want.logits)
@@ -424,8 +466,10 @@ def test_torch_export(head_dim):
             torch.testing.assert_close(got.loss, want.loss)
     base = FixedHeadModel(fh_config(head_dim=head_dim)).eval()
     exported = torch.export.export(base, (), dict(input_ids=ids, attention_mask=mask))
-    torch.testing.assert_close(exported.module()(input_ids=ids, attention_mask=mask).last_hidden_state,
-                               base(input_ids=ids, attention_mask=mask).last_hidden_state)
+    torch.testing.assert_close(
+        exported.module()(input_ids=ids, attention_mask=mask).last_hidden_state,
+        base(input_ids=ids, attention_mask=mask).last_hidden_state,
+    )
 
 
 def test_compiled_model_still_refuses_wrong_shapes():
@@ -481,8 +525,9 @@ def test_cuda_training_step_host_syncs():
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gradient_checkpointing_gives_the_plain_gradients(head_dim):
     torch.manual_seed(0)
-    plain = FixedHeadForMaskedLM(fh_config(head_dim=head_dim, hidden_dropout_prob=0.1,
-                                           attention_probs_dropout_prob=0.1)).train()
+    plain = FixedHeadForMaskedLM(
+        fh_config(head_dim=head_dim, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    ).train()
     ckpt = copy.deepcopy(plain)
     ckpt.activation_checkpointing_enable()
     assert ckpt.is_activation_checkpointing and not plain.is_activation_checkpointing
@@ -494,7 +539,7 @@ def test_gradient_checkpointing_gives_the_plain_gradients(head_dim):
         out.loss.backward()
         losses.append(out.loss)
     torch.testing.assert_close(losses[1], losses[0])
-    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
 
 
@@ -509,8 +554,16 @@ def test_gradient_checkpointing_old_name_and_trainer(tmp_path):
     model.activation_checkpointing_disable()
     assert not model.is_activation_checkpointing
     data = [{"input_ids": torch.randint(5, 100, (8,)), "labels": torch.tensor(i % 2)} for i in range(8)]
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
-                             use_cpu=True, disable_tqdm=True, activation_checkpointing=True, save_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        activation_checkpointing=True,
+        save_strategy="no",
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.train()
     assert model.is_activation_checkpointing
@@ -535,7 +588,8 @@ def test_gradient_checkpointing_option_of_pretrain_and_finetune(small_real_corpu
     assert _training_args(tmp_path, replace(settings, gradient_checkpointing=True)).activation_checkpointing
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_hidden_layers=2)
     assert run_fingerprint(config, settings, None) == run_fingerprint(
-        config, replace(settings, gradient_checkpointing=True), None)
+        config, replace(settings, gradient_checkpointing=True), None
+    )
     data = tiny_data(small_real_corpus, tmp_path / "tok")
     plain = pretrain(config, data, tmp_path / "plain", settings)
     ckpt = pretrain(config, data, tmp_path / "ckpt", replace(settings, gradient_checkpointing=True))

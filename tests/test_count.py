@@ -7,11 +7,19 @@ from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel, count_param
 # the paper's reported sizes (Tables 1, 2A, 2B, 3), in millions: an independent check on the
 # architecture, written here rather than read back from the presets
 PAPER = {
-    "bert-large-h8": 336, "bert-large-h16": 336, "bert-large-h32": 336,
-    "fixed-d512-h8-dp128": 168, "fixed-d512-h12-dp128": 193, "fixed-d512-h16-dp128": 218,
+    "bert-large-h8": 336,
+    "bert-large-h16": 336,
+    "bert-large-h32": 336,
+    "fixed-d512-h8-dp128": 168,
+    "fixed-d512-h12-dp128": 193,
+    "fixed-d512-h16-dp128": 218,
     "fixed-d512-h32-dp128": 319,
-    "fixed-d512-h8-dp32": 130, "fixed-d512-h8-dp64": 142, "fixed-d512-h8-dp256": 218,
-    "fixed-d768-h8-dp128": 214, "fixed-d768-h12-dp128": 252, "fixed-d768-h16-dp128": 290,
+    "fixed-d512-h8-dp32": 130,
+    "fixed-d512-h8-dp64": 142,
+    "fixed-d512-h8-dp256": 218,
+    "fixed-d768-h8-dp128": 214,
+    "fixed-d768-h12-dp128": 252,
+    "fixed-d768-h16-dp128": 290,
     "fixed-d768-h20-dp128": 327,
 }
 
@@ -37,8 +45,9 @@ def test_paper_parameter_counts_within_one_percent(name):
     ],
 )
 def test_formula_matches_a_real_model(kw):
-    cfg = FixedHeadConfig(vocab_size=301, num_hidden_layers=3, max_position_embeddings=50,
-                          **{"intermediate_size": 96, **kw})
+    cfg = FixedHeadConfig(
+        vocab_size=301, num_hidden_layers=3, max_position_embeddings=50, **{"intermediate_size": 96, **kw}
+    )
     mlm = FixedHeadForMaskedLM(cfg)
     assert count_parameters(cfg, pooler=False) == sum(p.numel() for p in mlm.parameters())
     base = FixedHeadModel(cfg)

@@ -60,8 +60,7 @@ def test_tokenizer_learns_an_even_share_of_every_document(tmp_path):
     train_tokenizer([a, b], vocab_size=120, cache_dir=tmp_path, max_chars=200)
     assert len(list(tmp_path.iterdir())) == 1
     # past each document's share: the same text was learnt from, the cached tokenizer is reused
-    train_tokenizer([a[:100] + "zebra" * 20, b[:100] + "yak" * 30], vocab_size=120, cache_dir=tmp_path,
-                    max_chars=200)
+    train_tokenizer([a[:100] + "zebra" * 20, b[:100] + "yak" * 30], vocab_size=120, cache_dir=tmp_path, max_chars=200)
     assert len(list(tmp_path.iterdir())) == 1
     # inside the second document's share (not "200 characters of the first document, in order")
     train_tokenizer([a, "zebra" + b[5:]], vocab_size=120, cache_dir=tmp_path, max_chars=200)

@@ -46,8 +46,13 @@ print(type(AutoModelForSequenceClassification.from_pretrained({str(run)!r}, num_
 """
     out = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["unknown-before-import", "FixedHeadConfig", "FixedHeadModel",
-                                  "FixedHeadForMaskedLM", "FixedHeadForSequenceClassification"]
+    assert out.stdout.split() == [
+        "unknown-before-import",
+        "FixedHeadConfig",
+        "FixedHeadModel",
+        "FixedHeadForMaskedLM",
+        "FixedHeadForSequenceClassification",
+    ]
 
 
 def test_auto_masked_lm_loads_the_trained_weights(tiny_pretrained_run):
@@ -130,8 +135,12 @@ def test_fill_mask_example_scores_heldout_sentences(tiny_pretrained_run, capsys)
 def test_fill_mask_example_refuses_another_corpus(tiny_pretrained_run, tmp_path, capsys):
     run, _, _ = tiny_pretrained_run
     other = tmp_path / "other.jsonl"
-    other.write_text("".join(json.dumps({"title": f"doc {i}", "text": f"Some other text here, part {i}. " * 20}) + "\n"
-                             for i in range(10)))
+    other.write_text(
+        "".join(
+            json.dumps({"title": f"doc {i}", "text": f"Some other text here, part {i}. " * 20}) + "\n"
+            for i in range(10)
+        )
+    )
     with pytest.raises(SystemExit) as info:
         _example("fill_mask").main([str(run), "--corpus", str(other)])
     assert "is not the one" in str(info.value) and "doc " in str(info.value)
@@ -139,11 +148,37 @@ def test_fill_mask_example_refuses_another_corpus(tiny_pretrained_run, tmp_path,
 
 def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    args = ["--output-dir", str(tmp_path / "run"), "--minutes", "0.05", "--calibration-steps", "3",
-            "--corpus", str(small_real_corpus), "--vocab-size", "400", "--max-seq-length", "32",
-            "--heldout-fraction", "0.1", "--max-eval-tokens", "2000", "--hidden-size", "32",
-            "--num-hidden-layers", "1", "--num-attention-heads", "4", "--head-dim", "16", "--batch-size", "8",
-            "--report-to", "none", "--bf16"]
+    args = [
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--minutes",
+        "0.05",
+        "--calibration-steps",
+        "3",
+        "--corpus",
+        str(small_real_corpus),
+        "--vocab-size",
+        "400",
+        "--max-seq-length",
+        "32",
+        "--heldout-fraction",
+        "0.1",
+        "--max-eval-tokens",
+        "2000",
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "4",
+        "--head-dim",
+        "16",
+        "--batch-size",
+        "8",
+        "--report-to",
+        "none",
+        "--bf16",
+    ]
     result = _example("pretrain_timed").main(args)
     out = capsys.readouterr().out
     steps = json.loads((tmp_path / "run" / "pretrain_settings.json").read_text())["train"]
@@ -154,9 +189,11 @@ def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, t
         _example("pretrain_timed").main(args + ["--max-steps", "5"])  # steps come from --minutes only
     assert "--max-steps is set from --minutes" in capsys.readouterr().err
     # refused before any data preparation: the run exists, a bad count, an unknown tracker
-    for extra, message in ((["--minutes", "1"], "already holds a run; pass --overwrite to replace it"),
-                           (["--evaluations", "0"], "--evaluations must be >= 1, got 0"),
-                           (["--report-to", "nosuchtracker"], "--report-to nosuchtracker: unknown integration")):
+    for extra, message in (
+        (["--minutes", "1"], "already holds a run; pass --overwrite to replace it"),
+        (["--evaluations", "0"], "--evaluations must be >= 1, got 0"),
+        (["--report-to", "nosuchtracker"], "--report-to nosuchtracker: unknown integration"),
+    ):
         before = sorted(p.name for p in (tmp_path / "run").iterdir())
         with pytest.raises(SystemExit):
             _example("pretrain_timed").main(args + extra)
@@ -236,15 +273,52 @@ def test_two_process_pretraining_with_torchrun(small_real_corpus, tmp_path):
     if not dist.is_gloo_available():
         pytest.skip("the gloo backend (CPU collectives) is not available in this PyTorch build")
     run = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "fixedhead.cli", "pretrain", "--output-dir", str(run),
-           "--corpus", str(small_real_corpus), "--hidden-size", "32", "--num-hidden-layers", "1",
-           "--num-attention-heads", "4", "--head-dim", "16", "--max-seq-length", "32", "--vocab-size", "400",
-           "--heldout-fraction", "0.1", "--max-steps", "8", "--batch-size", "8", "--eval-steps", "4",
-           "--save-steps", "8", "--max-eval-tokens", "2000", "--report-to", "none"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        "-m",
+        "fixedhead.cli",
+        "pretrain",
+        "--output-dir",
+        str(run),
+        "--corpus",
+        str(small_real_corpus),
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "4",
+        "--head-dim",
+        "16",
+        "--max-seq-length",
+        "32",
+        "--vocab-size",
+        "400",
+        "--heldout-fraction",
+        "0.1",
+        "--max-steps",
+        "8",
+        "--batch-size",
+        "8",
+        "--eval-steps",
+        "4",
+        "--save-steps",
+        "8",
+        "--max-eval-tokens",
+        "2000",
+        "--report-to",
+        "none",
+    ]
     out = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
-    if out.returncode != 0 and any(s in out.stderr for s in ("Address already in use", "EADDRINUSE",
-                                                               "Operation not permitted", "Connection refused")):
+    if out.returncode != 0 and any(
+        s in out.stderr
+        for s in ("Address already in use", "EADDRINUSE", "Operation not permitted", "Connection refused")
+    ):
         pytest.skip(f"this platform cannot run a local two-process gloo job: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr[-3000:]
     # the same kind of run directory as a single-process run

@@ -8,8 +8,19 @@ from fixedhead.data import train_tokenizer
 from fixedhead.data.glue import glue_path, read_glue_tsv
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, split_train_validation
 
-SMALL = dict(max_seq_length=32, batch_size=8, learning_rate=1e-3, max_steps=4, eval_steps=2, patience=2,
-             validation_size=24, max_train_examples=48, max_dev_examples=40, progress=False, save_model=False)
+SMALL = dict(
+    max_seq_length=32,
+    batch_size=8,
+    learning_rate=1e-3,
+    max_steps=4,
+    eval_steps=2,
+    patience=2,
+    validation_size=24,
+    max_train_examples=48,
+    max_dev_examples=40,
+    progress=False,
+    save_model=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +31,15 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     texts = [e["text_a"] for e in read_glue_tsv(glue_path("sst2", "train"), "sst2")[:3000]]
     tok = train_tokenizer([" ".join(texts)], vocab_size=300, cache_dir=root / "cache", model_max_length=32)
-    cfg = FixedHeadConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                          head_dim=16, intermediate_size=64, max_position_embeddings=32)
+    cfg = FixedHeadConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     run = root / "run"
     FixedHeadForMaskedLM(cfg).save_pretrained(run)
     tok.save_pretrained(run)
@@ -64,9 +82,29 @@ def test_finetune_stsb_is_regression(tiny_run, tmp_path):
 
 
 def test_cli_finetune_mrpc_and_errors(tiny_run, tmp_path, capsys):
-    rc = main(["finetune", "--task", "mrpc", "--model", str(tiny_run), "--output-dir", str(tmp_path / "m"),
-               "--max-steps", "2", "--eval-steps", "2", "--batch-size", "8", "--validation-size", "16",
-               "--max-train-examples", "16", "--max-seq-length", "32"])
+    rc = main(
+        [
+            "finetune",
+            "--task",
+            "mrpc",
+            "--model",
+            str(tiny_run),
+            "--output-dir",
+            str(tmp_path / "m"),
+            "--max-steps",
+            "2",
+            "--eval-steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--validation-size",
+            "16",
+            "--max-train-examples",
+            "16",
+            "--max-seq-length",
+            "32",
+        ]
+    )
     assert rc == 0
     result = json.loads((tmp_path / "m" / FINETUNE_FILE).read_text())
     assert result["metric"] == "f1" and {"f1", "accuracy"} <= set(result["dev"])

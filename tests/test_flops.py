@@ -11,20 +11,46 @@ from fixedhead.modeling import FixedHeadForMaskedLM
 
 def tiny(**kw):
     base = dict(
-        vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-        max_position_embeddings=8, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        vocab_size=10,
+        hidden_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=8,
+        max_position_embeddings=8,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     base.update(kw)
     return FixedHeadConfig(**base)
 
 
 def test_fixed_over_standard_ratio_behaves():
-    std = tiny(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-               intermediate_size=1024, max_position_embeddings=128)
-    fixed = tiny(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=16,
-                 head_dim=128, intermediate_size=1024, max_position_embeddings=128)
-    same = tiny(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                head_dim=64, intermediate_size=1024, max_position_embeddings=128)
+    std = tiny(
+        vocab_size=30522,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+    )
+    fixed = tiny(
+        vocab_size=30522,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        head_dim=128,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+    )
+    same = tiny(
+        vocab_size=30522,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        head_dim=64,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+    )
     f_std, f_fixed = estimate_flops(std, 32, 128), estimate_flops(fixed, 32, 128)
     # a fixed head size equal to d/h is the standard layer: same cost
     assert estimate_flops(same, 32, 128) == f_std

@@ -7,11 +7,16 @@ from fixedhead.data.glue import GLUE_TASKS, MAIN_METRIC, glue_metrics, glue_path
 
 # (task, split) -> examples, from ../shared/data/README.md
 COUNTS = {
-    ("sst2", "train"): 67_349, ("sst2", "dev"): 872,
-    ("cola", "train"): 8_551, ("cola", "dev"): 1_043,
-    ("mrpc", "train"): 3_668, ("mrpc", "dev"): 408,
-    ("rte", "train"): 2_490, ("rte", "dev"): 277,
-    ("stsb", "train"): 5_749, ("stsb", "dev"): 1_500,
+    ("sst2", "train"): 67_349,
+    ("sst2", "dev"): 872,
+    ("cola", "train"): 8_551,
+    ("cola", "dev"): 1_043,
+    ("mrpc", "train"): 3_668,
+    ("mrpc", "dev"): 408,
+    ("rte", "train"): 2_490,
+    ("rte", "dev"): 277,
+    ("stsb", "train"): 5_749,
+    ("stsb", "dev"): 1_500,
 }
 
 

@@ -11,8 +11,14 @@ from fixedhead.modeling import (
 
 
 def tiny(**kw):
-    base = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=40)
+    base = dict(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+    )
     return FixedHeadConfig(**{**base, **kw})
 
 
@@ -23,8 +29,15 @@ def tiny(**kw):
 )
 def test_parity_with_transformers_bert(impl, hidden, layers, heads, seq):
     """Standard head size here is exactly transformers' BERT: same weights, same logits."""
-    bc = BertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                    intermediate_size=2 * hidden, max_position_embeddings=64, attn_implementation=impl)
+    bc = BertConfig(
+        vocab_size=211,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        attn_implementation=impl,
+    )
     bert = BertForMaskedLM(bc).eval()
     ours = from_bert(bert).eval()
     ids = torch.randint(0, 211, (4, seq))
@@ -53,8 +66,10 @@ def test_padding_does_not_change_real_tokens_in_model():
     model = FixedHeadModel(tiny(head_dim=24)).eval()
     ids = torch.randint(5, 97, (1, 6))
     alone = model(input_ids=ids).last_hidden_state
-    padded = model(input_ids=torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], 1),
-                   attention_mask=torch.tensor([[1] * 6 + [0] * 4])).last_hidden_state
+    padded = model(
+        input_ids=torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], 1),
+        attention_mask=torch.tensor([[1] * 6 + [0] * 4]),
+    ).last_hidden_state
     torch.testing.assert_close(padded[:, :6], alone, atol=1e-5, rtol=1e-5)
 
 

@@ -20,9 +20,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _config(head_dim):
-    return FixedHeadConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           head_dim=head_dim, intermediate_size=128, max_position_embeddings=32,
-                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return FixedHeadConfig(
+        vocab_size=200,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def _assert_every_parameter_has_a_finite_gradient(model):

@@ -56,8 +56,12 @@ def test_cost_estimate_is_the_6nt_rule_plus_attention():
     assert flops < rule
     # hundreds of A100-hours for BERT-large, under one for the LM1B-style models
     assert 100 < gpu_hours(flops) < 1000
-    assert gpu_hours(training_flops(LM1B_PRESETS["lm1b-fixed-d256-h8-dp32"].build_config(),
-                                    PAPER_TRAINING_TOKENS["lm1b"], 256)) < 1
+    assert (
+        gpu_hours(
+            training_flops(LM1B_PRESETS["lm1b-fixed-d256-h8-dp32"].build_config(), PAPER_TRAINING_TOKENS["lm1b"], 256)
+        )
+        < 1
+    )
 
 
 @pytest.mark.slow
@@ -80,14 +84,35 @@ def test_cli_pretrain_with_a_paper_preset(small_real_corpus, tmp_path, monkeypat
     from fixedhead.cli import main
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    common = ["--corpus", str(small_real_corpus), "--vocab-size", "200", "--max-seq-length", "16",
-              "--batch-size", "2", "--max-steps", "1", "--eval-steps", "1", "--save-steps", "1",
-              "--report-to", "none"]
+    common = [
+        "--corpus",
+        str(small_real_corpus),
+        "--vocab-size",
+        "200",
+        "--max-seq-length",
+        "16",
+        "--batch-size",
+        "2",
+        "--max-steps",
+        "1",
+        "--eval-steps",
+        "1",
+        "--save-steps",
+        "1",
+        "--report-to",
+        "none",
+    ]
     run = tmp_path / "run"
     assert main(["pretrain", "--preset", "lm1b-fixed-d256-h4-dp32", "--output-dir", str(run)] + common) == 0
     config = json.loads((run / "config.json").read_text())
-    assert (config["hidden_size"], config["num_attention_heads"], config["head_dim"], config["num_hidden_layers"],
-            config["intermediate_size"], config["hidden_dropout_prob"]) == (256, 4, 32, 6, 1024, 0.1)
+    assert (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["head_dim"],
+        config["num_hidden_layers"],
+        config["intermediate_size"],
+        config["hidden_dropout_prob"],
+    ) == (256, 4, 32, 6, 1024, 0.1)
     capsys.readouterr()
     assert main(["pretrain", "--preset", "bert-huge", "--output-dir", str(tmp_path / "x")] + common) == 2
     assert "'bert-huge'" in capsys.readouterr().err

@@ -10,16 +10,37 @@ from fixedhead.training.pretrain import evaluate_run
 
 def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
     data = prepare_data(
-        DataSettings(corpus=str(small_real_corpus), vocab_size=400, max_seq_length=32, heldout_fraction=0.1,
-                     tokenizer_max_chars=None),
-        cache_dir=tmp_path / "cache", progress=False,
+        DataSettings(
+            corpus=str(small_real_corpus),
+            vocab_size=400,
+            max_seq_length=32,
+            heldout_fraction=0.1,
+            tokenizer_max_chars=None,
+        ),
+        cache_dir=tmp_path / "cache",
+        progress=False,
     )
     assert data.train.shape[1] == 32 and data.heldout.shape[0] > 10
-    config = FixedHeadConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, head_dim=16,
-                             intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                             attention_probs_dropout_prob=0.0)
-    settings = TrainSettings(batch_size=16, max_steps=40, learning_rate=5e-3, logging_steps=10, eval_steps=20,
-                             save_steps=20, report_to=[], progress=False)
+    config = FixedHeadConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    settings = TrainSettings(
+        batch_size=16,
+        max_steps=40,
+        learning_rate=5e-3,
+        logging_steps=10,
+        eval_steps=20,
+        save_steps=20,
+        report_to=[],
+        progress=False,
+    )
     run = tmp_path / "run"
     result = pretrain(config, data, run, settings)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.json", "checkpoint-40"):
@@ -44,8 +65,10 @@ def test_resume_ignores_logging_options_but_not_training_ones():
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
     saved = run_fingerprint(config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c"))
     saved["train"]["progress"] = True  # the settings file keeps every field
-    assert same_run_settings(saved, run_fingerprint(config, TrainSettings(progress=False, report_to=[]),
-                                                    DataSettings(corpus="c")))
-    assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(learning_rate=0.5),
-                                                        DataSettings(corpus="c")))
+    assert same_run_settings(
+        saved, run_fingerprint(config, TrainSettings(progress=False, report_to=[]), DataSettings(corpus="c"))
+    )
+    assert not same_run_settings(
+        saved, run_fingerprint(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
+    )
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))

@@ -38,8 +38,15 @@ def test_fp16_bias_stays_finite():
 
 @pytest.mark.parametrize(
     "head_dim, fused, flash",
-    [(64, True, True), (128, True, True), (256, True, True), (512, False, False), (260, False, False),
-     (60, False, False), (12, False, False)],
+    [
+        (64, True, True),
+        (128, True, True),
+        (256, True, True),
+        (512, False, False),
+        (260, False, False),
+        (60, False, False),
+        (12, False, False),
+    ],
 )
 def test_sdpa_backend_plan_cuda(head_dim, fused, flash):
     backends, reason = sdpa_backend_plan(head_dim, "cuda")
@@ -87,8 +94,15 @@ def test_cuda_forward_warns_and_matches_cpu(monkeypatch):
 @cuda
 def test_cuda_bf16_autocast_training_step():
     torch.manual_seed(0)
-    cfg = FixedHeadConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                          head_dim=32, intermediate_size=128, max_position_embeddings=16)
+    cfg = FixedHeadConfig(
+        vocab_size=97,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=16,
+    )
     model = FixedHeadForMaskedLM(cfg).cuda().train()
     ids, mask, labels = (t.cuda() for t in batch())
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -144,8 +158,14 @@ def test_training_attention_probability_dropout_statistics():
 
 def test_training_step_with_the_dropout_attention_kernel_is_finite():
     torch.manual_seed(0)
-    cfg = FixedHeadConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, max_position_embeddings=16)
+    cfg = FixedHeadConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+    )
     model = FixedHeadForMaskedLM(cfg).train()
     ids, mask, labels = batch()
     out = model(input_ids=ids, attention_mask=mask, labels=labels)

@@ -35,8 +35,13 @@ def test_cpu_plan_is_deduplicated_and_seed_major():
     assert [s for _, _, s in plan] == [0] * 12 + [1] * 12
     # every experiment has >= 2 seeds per point and both series where the paper has both
     exps = {(p.experiment, p.series) for p in preset.points}
-    assert exps == {("heads", "standard"), ("heads", "fixed"), ("embedding", "standard"), ("embedding", "fixed"),
-                    ("head_size", "fixed")}
+    assert exps == {
+        ("heads", "standard"),
+        ("heads", "fixed"),
+        ("embedding", "standard"),
+        ("embedding", "fixed"),
+        ("head_size", "fixed"),
+    }
     assert len(plan_runs(preset, ["head_size"])) == 2 * 4
     with pytest.raises(ValueError, match="'bogus'"):
         plan_runs(preset, ["bogus"])
@@ -55,25 +60,43 @@ def test_verdict_rule():
 
 
 def _tiny_preset(corpus):
-    common = dict(num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    common = dict(
+        num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     return SweepPreset(
         description="test",
-        data=DataSettings(corpus=str(corpus), vocab_size=200, max_seq_length=16, heldout_fraction=0.1,
-                          tokenizer_max_chars=None, max_eval_tokens=2000),
-        train=TrainSettings(batch_size=8, max_steps=3, learning_rate=2e-3, logging_steps=1, eval_steps=3,
-                            save_steps=3, report_to=[]),
+        data=DataSettings(
+            corpus=str(corpus),
+            vocab_size=200,
+            max_seq_length=16,
+            heldout_fraction=0.1,
+            tokenizer_max_chars=None,
+            max_eval_tokens=2000,
+        ),
+        train=TrainSettings(
+            batch_size=8, max_steps=3, learning_rate=2e-3, logging_steps=1, eval_steps=3, save_steps=3, report_to=[]
+        ),
         common=common,
-        points=[SweepPoint("heads", "standard", 2, dict(hidden_size=16, num_attention_heads=2)),
-                SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),
-                SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
-                SweepPoint("embedding", "standard", 16, dict(hidden_size=16, num_attention_heads=2)),
-                SweepPoint("embedding", "fixed", 16, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
-                SweepPoint("head_size", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=4)),
-                SweepPoint("head_size", "fixed", 8, dict(hidden_size=16, num_attention_heads=4, head_dim=8))],
+        points=[
+            SweepPoint("heads", "standard", 2, dict(hidden_size=16, num_attention_heads=2)),
+            SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),
+            SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+            SweepPoint("embedding", "standard", 16, dict(hidden_size=16, num_attention_heads=2)),
+            SweepPoint("embedding", "fixed", 16, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+            SweepPoint("head_size", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=4)),
+            SweepPoint("head_size", "fixed", 8, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+        ],
         seeds=(0, 1),
-        finetune=FinetuneSettings(max_seq_length=16, batch_size=8, max_steps=2, eval_steps=2, validation_size=16,
-                                  max_train_examples=16, max_dev_examples=24, save_model=False),
+        finetune=FinetuneSettings(
+            max_seq_length=16,
+            batch_size=8,
+            max_steps=2,
+            eval_steps=2,
+            validation_size=16,
+            max_train_examples=16,
+            max_dev_examples=24,
+            save_model=False,
+        ),
     )
 
 
@@ -86,8 +109,9 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     state = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
     # 3 distinct models (h=2 std, h=4 std = d_p 4, h=4 d_p=8 fixed) x 2 seeds
-    assert sorted(state["runs"]) == sorted(f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed")
-                                           for s in (0, 1))
+    assert sorted(state["runs"]) == sorted(
+        f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed") for s in (0, 1)
+    )
     saved = json.loads((out / SWEEP_FILE).read_text())
     assert saved["runs"].keys() == state["runs"].keys()
     assert all("finetune" in r and 0 <= r["finetune"]["score"] <= 1 for r in saved["runs"].values())
@@ -106,8 +130,11 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
     calls = []
     real = compare.pretrain
-    monkeypatch.setattr(compare, "pretrain", lambda config, data, run_dir, *a, **k: calls.append(run_dir.name)
-                        or real(config, data, run_dir, *a, **k))
+    monkeypatch.setattr(
+        compare,
+        "pretrain",
+        lambda config, data, run_dir, *a, **k: calls.append(run_dir.name) or real(config, data, run_dir, *a, **k),
+    )
     ft_file = out / "runs" / "d16-h2-dp8-s0" / "finetune-sst2" / FINETUNE_FILE
     mtime = ft_file.stat().st_mtime_ns
     (out / "runs" / "d16-h4-dp4-s1" / "metrics.json").unlink()
@@ -142,8 +169,25 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
 def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
-    rc = main(["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--experiments",
-               "head_size", "--seeds", "0", "--max-steps", "2", "--skip-finetune", "--threads", "1"])
+    rc = main(
+        [
+            "sweep",
+            "--quick",
+            "--corpus",
+            str(small_real_corpus),
+            "--output-dir",
+            str(out),
+            "--experiments",
+            "head_size",
+            "--seeds",
+            "0",
+            "--max-steps",
+            "2",
+            "--skip-finetune",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     state = json.loads((out / SWEEP_FILE).read_text())
     assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-s0", "d32-h4-dp8-s0"]

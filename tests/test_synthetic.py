@@ -60,13 +60,16 @@ def test_farthest_point_with_full_rank_is_the_plain_farthest_point():
     np.testing.assert_array_equal(idx.numpy(), np.einsum("bid,bjd->bij", x.numpy(), x.numpy()).argmin(-1))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(dim=4, rank=5), "rank must be at most dim"),
-    (dict(dim=4, rank=0), "rank must be a positive int"),
-    (dict(dim=4, rank=2, num_points=1), "num_points must be at least 2"),
-    (dict(dim=4.0, rank=2), "dim must be a positive int"),
-    (dict(dim=4, rank=True), "rank must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(dim=4, rank=5), "rank must be at most dim"),
+        (dict(dim=4, rank=0), "rank must be a positive int"),
+        (dict(dim=4, rank=2, num_points=1), "num_points must be at least 2"),
+        (dict(dim=4.0, rank=2), "dim must be a positive int"),
+        (dict(dim=4, rank=True), "rank must be a positive int"),
+    ],
+)
 def test_task_refuses_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FarthestPointTask(**kwargs)
@@ -90,7 +93,7 @@ def test_prediction_metrics_match_numpy():
     t = np.take_along_axis(x, idx[..., None], axis=1)
     o = t + rng.normal(scale=0.3, size=t.shape)  # near the targets, some hits and some misses
     err = ((o - t) ** 2).sum(-1)
-    gap = np.linalg.norm(t[:, :, None, :] - x[:, None, :, :], axis=-1)   # [b, i, k]
+    gap = np.linalg.norm(t[:, :, None, :] - x[:, None, :, :], axis=-1)  # [b, i, k]
     np.put_along_axis(gap, idx[..., None], np.inf, axis=2)
     hit = np.sqrt(err) < 0.5 * gap.min(-1)
     nearest = np.linalg.norm(o[:, :, None, :] - x[:, None, :, :], axis=-1).argmin(-1) == idx
@@ -122,15 +125,15 @@ def _hand_built_attention(d, factors_q, factors_k, c):
     h = math.ceil(d / k)
     attn = MultiHeadAttention(d, h, head_dim=k, bias=False).double()
     with torch.no_grad():
-        w = torch.zeros(3, h, k, d, dtype=torch.float64)    # qkv weight rows: [q|k|v] × head × d_p
+        w = torch.zeros(3, h, k, d, dtype=torch.float64)  # qkv weight rows: [q|k|v] × head × d_p
         for i in range(h):
-            w[0, i] = -c * math.sqrt(k) * factors_q            # × √d_p cancels the layer's 1/√d_p
+            w[0, i] = -c * math.sqrt(k) * factors_q  # × √d_p cancels the layer's 1/√d_p
             w[1, i] = factors_k
             for j in range(k):
                 if i * k + j < d:
                     w[2, i, j, i * k + j] = 1.0
         attn.qkv.weight.copy_(w.reshape(3 * h * k, d))
-        out = torch.zeros(d, h * k, dtype=torch.float64)     # head i's coordinate j back to x's i·k + j
+        out = torch.zeros(d, h * k, dtype=torch.float64)  # head i's coordinate j back to x's i·k + j
         for col in range(min(d, h * k)):
             out[col, col] = 1.0
         attn.out_proj.weight.copy_(out)
@@ -167,10 +170,10 @@ def test_heads_of_size_r_solve_the_task_without_training():
     d, r = 8, 4
     task = FarthestPointTask(d, r, num_points=8, seed=0)
     u = task.projection.double()
-    attn = _hand_built_attention(d, u, u, c=2000.0)           # 2 heads of size r = 4, values 4 + 4 coordinates
+    attn = _hand_built_attention(d, u, u, c=2000.0)  # 2 heads of size r = 4, values 4 + 4 coordinates
     mse, argmax_ok = _layer_error(attn, task)
-    assert argmax_ok > 0.999                                     # every head's argmax is j*
-    assert mse < 1e-2                                            # the output is x_j* (predicting 0 scores 1)
+    assert argmax_ok > 0.999  # every head's argmax is j*
+    assert mse < 1e-2  # the output is x_j* (predicting 0 scores 1)
 
 
 def test_best_head_of_size_r_minus_1_does_not():
@@ -183,7 +186,7 @@ def test_best_head_of_size_r_minus_1_does_not():
     xs = x.double().numpy()
     w, v = np.linalg.eigh(u.numpy().T @ u.numpy())
     assert np.allclose(w[-r:], 1.0) and np.allclose(w[:-r], 0.0)
-    trunc = v[:, -(r - 1):] @ v[:, -(r - 1):].T
+    trunc = v[:, -(r - 1) :] @ v[:, -(r - 1) :].T
     right = np.einsum("bid,de,bje->bij", xs, trunc, xs).argmin(-1) == idx.numpy()
     assert right.mean() < 0.85
     # fitted: the same construction with 3 heads of size r − 1 (values 3 + 3 + 2 coordinates)
@@ -207,12 +210,15 @@ def test_model_scales_the_logits_and_keeps_shapes():
     torch.testing.assert_close(m(x), out)  # the SDPA path (no probabilities) gives the same output
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(hidden_size=8, num_attention_heads=2, head_dim=3), r"2 × 3 = 6 < hidden_size = 8"),
-    (dict(hidden_size=8, num_attention_heads=2, head_dim=4, logit_scale=0.0), "logit_scale must be a positive"),
-    (dict(hidden_size=8, num_attention_heads=2, head_dim=4, input_scale=float("nan")), "input_scale must be"),
-    (dict(hidden_size=8, num_attention_heads=0, head_dim=4), "num_attention_heads must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(hidden_size=8, num_attention_heads=2, head_dim=3), r"2 × 3 = 6 < hidden_size = 8"),
+        (dict(hidden_size=8, num_attention_heads=2, head_dim=4, logit_scale=0.0), "logit_scale must be a positive"),
+        (dict(hidden_size=8, num_attention_heads=2, head_dim=4, input_scale=float("nan")), "input_scale must be"),
+        (dict(hidden_size=8, num_attention_heads=0, head_dim=4), "num_attention_heads must be a positive int"),
+    ],
+)
 def test_model_refuses_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
         S.SetAttentionModel(**kwargs)
@@ -224,7 +230,7 @@ def test_recipe_and_verdict_rule():
     with pytest.raises(ValueError, match="warmup_ratio must be in"):
         S.SyntheticRecipe(warmup_ratio=1.0)
     assert S.cell_verdict([0.95, 0.91, 0.99]) == "succeeds"
-    assert S.cell_verdict([0.95, 0.89]) == "in between"       # one seed below the bar
+    assert S.cell_verdict([0.95, 0.89]) == "in between"  # one seed below the bar
     assert S.cell_verdict([0.1, 0.49]) == "fails"
     assert S.cell_verdict([0.1, 0.5]) == "in between"
     assert S.cell_verdict([]) == "not run"
@@ -235,7 +241,7 @@ def test_presets():
     keys = [c.key for c in p.cells()]
     assert len(keys) == 16 + 3 and len(set(keys)) == len(keys)  # r16-dp4-h8 is in the grid and the row once
     assert all(c.num_heads * c.head_dim >= p.dim for c in p.cells())  # values can carry a point
-    assert p.grid_heads * 4 == p.dim                              # d_p = 4 is the standard d/h
+    assert p.grid_heads * 4 == p.dim  # d_p = 4 is the standard d/h
     assert len(p.seeds) >= 3
     with pytest.raises(ValueError, match="unknown farthest-point preset 'big'; known: default, quick"):
         S.get_synthetic_preset("big")
@@ -261,7 +267,7 @@ def test_quick_preset_end_to_end_and_resume(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_synthetic("quick", out, progress=False, command="test")   # resumes: everything reused
+    again = S.run_synthetic("quick", out, progress=False, command="test")  # resumes: everything reused
     assert again["runs"] == state["runs"]
     with pytest.raises(FileExistsError, match="other settings"):
         S.run_synthetic("quick", out, steps=3, progress=False)

@@ -287,8 +287,7 @@ def test_theorem2_standard_layer_cannot_fit_the_witness_fixed_head_layer_can():
     # 4 random restarts of the standard fit. Achieved (seed 0): standard ≈ 0.050 train / 0.083
     # held-out relative squared error, every restart >= 0.049; fixed-head 0 exactly (the witness)
     # and ≈ 4e-11 when refitted from a perturbed witness.
-    r = th.theorem2_demo(hidden_size=4, num_attention_heads=4, head_dim=2, seq_len=4, num_inputs=64, restarts=4,
-                         seed=0)
+    r = th.theorem2_demo(hidden_size=4, num_attention_heads=4, head_dim=2, seq_len=4, num_inputs=64, restarts=4, seed=0)
     assert (r.hidden_size, r.num_attention_heads, r.head_dim, r.seq_len) == (4, 4, 2, 4)
     assert len(r.standard_errors) == 4
     assert min(r.standard_errors) == r.standard_error > 0.02
@@ -407,8 +406,16 @@ def brute_force_causal_error(P, k, restarts=8, seed=0, max_nfev=400):
     rng = np.random.default_rng(seed)
     best = math.inf
     for _ in range(restarts):
-        fit = least_squares(residual, rng.standard_normal(2 * n * k + n), jac=jacobian, method="trf",
-                            xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=max_nfev)
+        fit = least_squares(
+            residual,
+            rng.standard_normal(2 * n * k + n),
+            jac=jacobian,
+            method="trf",
+            xtol=1e-15,
+            ftol=1e-15,
+            gtol=1e-15,
+            max_nfev=max_nfev,
+        )
         best = min(best, float(np.linalg.norm(fit.fun)))
         if best <= 1e-12:  # ~10-25 % of single starts end in a spurious local minimum; stop at a zero
             break
@@ -557,9 +564,13 @@ def test_causal_exact_threshold_is_not_closed_attend_to_self():
 )
 def test_causal_rejects_bad_input(mutate, match):
     P = mutate(th.random_attention(5, seed=0, causal=True))
-    for f in (lambda: th.min_head_dim(P, causal=True), lambda: th.represent(np.eye(5), P, causal=True),
-              lambda: th.complete_causal_logits(P), lambda: th.causal_logit_lower_bounds(P),
-              lambda: th.fit_causal_logits(P, 1)):
+    for f in (
+        lambda: th.min_head_dim(P, causal=True),
+        lambda: th.represent(np.eye(5), P, causal=True),
+        lambda: th.complete_causal_logits(P),
+        lambda: th.causal_logit_lower_bounds(P),
+        lambda: th.fit_causal_logits(P, 1),
+    ):
         with pytest.raises(ValueError, match=match):
             f()
 
@@ -580,8 +591,9 @@ def test_causal_accepts_rounding_above_the_diagonal_and_validates_fit_args():
 
 def test_cli_bottleneck_causal_side_by_side(tmp_path, capsys):
     out = tmp_path / "bn"
-    rc = main(["bottleneck", "--causal", "--n", "4", "7", "--seeds", "0", "1", "--output-dir", str(out),
-               "--no-progress"])
+    rc = main(
+        ["bottleneck", "--causal", "--n", "4", "7", "--seeds", "0", "1", "--output-dir", str(out), "--no-progress"]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "causal" in printed and "bidirectional" in printed

@@ -28,8 +28,22 @@ from fixedhead.runs import write_json_atomic
 from fixedhead.training import DataSettings, pretrain
 from fixedhead.training.finetune import FINETUNE_FILE
 
-FT = ["--task", "sst2", "--max-steps", "2", "--eval-steps", "2", "--batch-size", "8", "--max-seq-length", "32",
-      "--validation-size", "16", "--max-train-examples", "16"]
+FT = [
+    "--task",
+    "sst2",
+    "--max-steps",
+    "2",
+    "--eval-steps",
+    "2",
+    "--batch-size",
+    "8",
+    "--max-seq-length",
+    "32",
+    "--validation-size",
+    "16",
+    "--max-train-examples",
+    "16",
+]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -44,7 +58,7 @@ def _one_error_line(capsys) -> str:
 def _last_json(out: str) -> dict:
     """The indented JSON object a command prints last (progress lines may come before it)."""
     out = "\n" + out
-    return json.loads(out[out.rindex("\n{\n") + 1:])
+    return json.loads(out[out.rindex("\n{\n") + 1 :])
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +114,9 @@ def test_overwrite_removes_only_what_finetune_wrote(run_copy, glue, tmp_path, ca
     out = tmp_path / "ft"
     assert main(["finetune", "--model", str(run_copy), "--output-dir", str(out), *FT]) == 0
     (out / "notes.txt").write_text("kept")
-    assert main(["finetune", "--model", str(run_copy), "--output-dir", str(out), *FT, "--seed", "1",
-                 "--overwrite"]) == 0
+    assert (
+        main(["finetune", "--model", str(run_copy), "--output-dir", str(out), *FT, "--seed", "1", "--overwrite"]) == 0
+    )
     assert (out / "notes.txt").read_text() == "kept"
     assert json.loads((out / FINETUNE_FILE).read_text())["fingerprint"]["settings"]["seed"] == 1
 
@@ -117,10 +132,12 @@ def test_other_writing_commands_refuse_a_users_folder(command, run, prepared, tm
     sweep_dir = tmp_path / "sw"
     sweep_dir.mkdir()
     write_json_atomic(sweep_dir / "sweep.json", {"meta": {}, "runs": {"x": {}}, "points": []})
-    argv = {"analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(mine)],
-            "bottleneck": ["bottleneck", "--n", "4", "--seeds", "0", "--output-dir", str(mine), "--no-progress"],
-            "sweep": ["sweep", "--quick", "--output-dir", str(mine)],
-            "report": ["report", str(sweep_dir), "--output-dir", str(mine)]}[command]
+    argv = {
+        "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(mine)],
+        "bottleneck": ["bottleneck", "--n", "4", "--seeds", "0", "--output-dir", str(mine), "--no-progress"],
+        "sweep": ["sweep", "--quick", "--output-dir", str(mine)],
+        "report": ["report", str(sweep_dir), "--output-dir", str(mine)],
+    }[command]
     assert main(argv) == 2
     assert "did not create" in _one_error_line(capsys)
     assert snapshot(mine) == before
@@ -139,8 +156,13 @@ def test_finetune_result_follows_the_model_not_the_folder(run, prepared, glue, t
     assert main(["finetune", "--model", str(moved), *FT]) == 0
     assert (moved / "finetune-sst2" / FINETUNE_FILE).stat().st_mtime_ns == mtime
     # retrained in place with another size: the old result is not the new model's
-    pretrain(tiny_config(hidden_size=48, num_attention_heads=4), prepared, moved,
-             tiny_settings(max_steps=4, save_steps=4, eval_steps=4), overwrite=True)
+    pretrain(
+        tiny_config(hidden_size=48, num_attention_heads=4),
+        prepared,
+        moved,
+        tiny_settings(max_steps=4, save_steps=4, eval_steps=4),
+        overwrite=True,
+    )
     capsys.readouterr()
     assert main(["finetune", "--model", str(moved), *FT]) == 2
     assert "another model" in _one_error_line(capsys)
@@ -153,8 +175,21 @@ def test_finetune_result_follows_the_model_not_the_folder(run, prepared, glue, t
 def test_sweeps_with_other_seeds_merge_into_one_results_file(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
-    base = ["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--experiments",
-            "head_size", "--max-steps", "2", "--skip-finetune", "--threads", "1"]
+    base = [
+        "sweep",
+        "--quick",
+        "--corpus",
+        str(small_real_corpus),
+        "--output-dir",
+        str(out),
+        "--experiments",
+        "head_size",
+        "--max-steps",
+        "2",
+        "--skip-finetune",
+        "--threads",
+        "1",
+    ]
     assert main(base + ["--seeds", "0"]) == 0
     assert main(base + ["--seeds", "1"]) == 0
     state = json.loads((out / "sweep.json").read_text())
@@ -181,10 +216,34 @@ def test_corpus_path_is_recorded_resolved_and_compared_by_identity(small_real_co
         (folder / "data").mkdir(parents=True)
         with gzip.open(small_real_corpus, "rt") as src, gzip.open(folder / "data" / "corpus.jsonl.gz", "wt") as dst:
             dst.writelines(line for i, line in enumerate(src) if i < n and (folder == a or i % 2))
-    args = ["--corpus", "data/corpus.jsonl.gz", "--vocab-size", "300", "--max-seq-length", "32", "--hidden-size",
-            "32", "--num-hidden-layers", "1", "--num-attention-heads", "4", "--max-steps", "2", "--batch-size", "4",
-            "--eval-steps", "2", "--save-steps", "2", "--report-to", "none", "--heldout-fraction", "0.1",
-            "--max-eval-tokens", "2000"]
+    args = [
+        "--corpus",
+        "data/corpus.jsonl.gz",
+        "--vocab-size",
+        "300",
+        "--max-seq-length",
+        "32",
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "1",
+        "--num-attention-heads",
+        "4",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--eval-steps",
+        "2",
+        "--save-steps",
+        "2",
+        "--report-to",
+        "none",
+        "--heldout-fraction",
+        "0.1",
+        "--max-eval-tokens",
+        "2000",
+    ]
     monkeypatch.chdir(a)
     assert main(["pretrain", "--output-dir", str(tmp_path / "run"), *args]) == 0
     recorded = json.loads((tmp_path / "run" / "pretrain_settings.json").read_text())["data"]["corpus"]
@@ -225,34 +284,39 @@ def test_a_corpus_whose_text_changed_is_not_the_runs(small_real_corpus, prepared
 
 
 # ------------------------------------------- 5. numbers are validated by every command
-@pytest.mark.parametrize("argv, message", [
-    (["finetune", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-    (["finetune", "--max-steps", "-1"], "max_steps must be a positive int, got -1"),
-    (["finetune", "--max-train-examples", "0"], "max_train_examples must be a positive int, got 0"),
-    (["finetune", "--validation-size", "0"], "validation_size must be a positive int, got 0"),
-    (["finetune", "--max-seq-length", "2"], "max_seq_length must be an int >= 8, got 2"),
-    (["finetune", "--learning-rate", "nan"], "learning_rate must be a positive finite number, got nan"),
-    (["pretrain", "--max-train-tokens", "-5"], "max_train_tokens must be an int >= 64, got -5"),
-    (["pretrain", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 64, got 0"),
-    (["pretrain", "--heldout-fraction", "1.5"], "heldout_fraction must be in (0, 1), got 1.5"),
-    (["pretrain", "--seed", "-3"], "seed must be an int >= 0, got -3"),
-    (["evaluate", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 32, got 0"),  # the run's n
-    (["analyze", "--max-sequences", "0"], "max_sequences must be a positive int, got 0"),
-    (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
-    (["sweep", "--seeds", "0", "-1"], "seed must be an int >= 0, got -1"),
-    (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
-    (["compare", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["finetune", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
+        (["finetune", "--max-steps", "-1"], "max_steps must be a positive int, got -1"),
+        (["finetune", "--max-train-examples", "0"], "max_train_examples must be a positive int, got 0"),
+        (["finetune", "--validation-size", "0"], "validation_size must be a positive int, got 0"),
+        (["finetune", "--max-seq-length", "2"], "max_seq_length must be an int >= 8, got 2"),
+        (["finetune", "--learning-rate", "nan"], "learning_rate must be a positive finite number, got nan"),
+        (["pretrain", "--max-train-tokens", "-5"], "max_train_tokens must be an int >= 64, got -5"),
+        (["pretrain", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 64, got 0"),
+        (["pretrain", "--heldout-fraction", "1.5"], "heldout_fraction must be in (0, 1), got 1.5"),
+        (["pretrain", "--seed", "-3"], "seed must be an int >= 0, got -3"),
+        (["evaluate", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 32, got 0"),  # the run's n
+        (["analyze", "--max-sequences", "0"], "max_sequences must be a positive int, got 0"),
+        (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
+        (["sweep", "--seeds", "0", "-1"], "seed must be an int >= 0, got -1"),
+        (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
+        (["compare", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
+    ],
+)
 def test_cli_numbers_are_refused_naming_the_value(argv, message, run, tmp_path, capsys):
     command, rest = argv[0], argv[1:]
     text = tmp_path / "t.txt"
     text.write_text("words " * 100)
-    base = {"finetune": ["finetune", "--task", "sst2", "--model", str(run), "--output-dir", str(tmp_path / "o")],
-            "pretrain": ["pretrain", "--output-dir", str(tmp_path / "o")],
-            "evaluate": ["evaluate", str(run)],
-            "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(tmp_path / "o")],
-            "sweep": ["sweep", "--quick", "--output-dir", str(tmp_path / "o")],
-            "compare": ["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "o")]}[command]
+    base = {
+        "finetune": ["finetune", "--task", "sst2", "--model", str(run), "--output-dir", str(tmp_path / "o")],
+        "pretrain": ["pretrain", "--output-dir", str(tmp_path / "o")],
+        "evaluate": ["evaluate", str(run)],
+        "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(tmp_path / "o")],
+        "sweep": ["sweep", "--quick", "--output-dir", str(tmp_path / "o")],
+        "compare": ["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "o")],
+    }[command]
     assert main(base + rest) == 2
     assert message in _one_error_line(capsys)
     assert not (tmp_path / "o").exists()
@@ -262,9 +326,25 @@ def test_validation_size_is_never_changed_silently(run_copy, glue, tmp_path, cap
     rte = glue_path("rte", "train")
     if not rte.is_file():
         pytest.skip("RTE not found")
-    argv = ["finetune", "--task", "rte", "--model", str(run_copy), "--output-dir", str(tmp_path / "o"),
-            "--max-steps", "1", "--eval-steps", "1", "--batch-size", "4", "--max-seq-length", "32",
-            "--max-train-examples", "8"]
+    argv = [
+        "finetune",
+        "--task",
+        "rte",
+        "--model",
+        str(run_copy),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--max-steps",
+        "1",
+        "--eval-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-seq-length",
+        "32",
+        "--max-train-examples",
+        "8",
+    ]
     assert main(argv + ["--validation-size", "5000"]) == 2
     assert "validation_size must be in [1, 2489] for 2490 training examples, got 5000" in _one_error_line(capsys)
     # the default is 1,000 or a fifth of GLUE train, and the result says which it was
@@ -296,16 +376,26 @@ def test_every_command_checks_a_run_before_loading_it(damage, command, run_copy,
         from transformers import BertConfig, BertForMaskedLM
 
         shutil.rmtree(run_copy)
-        BertForMaskedLM(BertConfig(vocab_size=400, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                   intermediate_size=32, max_position_embeddings=32)).save_pretrained(run_copy)
+        BertForMaskedLM(
+            BertConfig(
+                vocab_size=400,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=32,
+            )
+        ).save_pretrained(run_copy)
         expected = "model_type is 'bert', expected 'fixedhead'"
         if command == "analyze":
             pytest.skip("analyze reads transformers BERT checkpoints on purpose")
     text = tmp_path / "t.txt"
     text.write_text("words " * 100)
-    argv = {"finetune": ["finetune", "--task", "sst2", "--model", str(run_copy), "--output-dir", str(tmp_path / "o")],
-            "analyze": ["analyze", str(run_copy), "--text", str(text), "--output-dir", str(tmp_path / "o")],
-            "evaluate": ["evaluate", str(run_copy)]}[command]
+    argv = {
+        "finetune": ["finetune", "--task", "sst2", "--model", str(run_copy), "--output-dir", str(tmp_path / "o")],
+        "analyze": ["analyze", str(run_copy), "--text", str(text), "--output-dir", str(tmp_path / "o")],
+        "evaluate": ["evaluate", str(run_copy)],
+    }[command]
     before = snapshot(run_copy)
     assert main(argv) == 2
     assert expected in _one_error_line(capsys)
@@ -319,12 +409,29 @@ def test_a_full_disk_during_analyze_leaves_all_outputs_or_none(run, tmp_path):
     out = tmp_path / "out"
     # a file-size limit: writes beyond it fail with EFBIG (Python ignores SIGXFSZ), as on a full disk
     # the limit is set after the imports (a first matplotlib import may write its font cache)
-    driver = ("import resource, sys; import matplotlib.pyplot; from fixedhead.cli import main; "
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000)); sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", driver, "analyze", str(run), "--text", str(text),
-                           "--output-dir", str(out), "--max-sequences", "2"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    driver = (
+        "import resource, sys; import matplotlib.pyplot; from fixedhead.cli import main; "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000)); sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            driver,
+            "analyze",
+            str(run),
+            "--text",
+            str(text),
+            "--output-dir",
+            str(out),
+            "--max-sequences",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = [line for line in proc.stderr.splitlines() if line.startswith("fixedhead ")]
     assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -333,8 +440,7 @@ def test_a_full_disk_during_analyze_leaves_all_outputs_or_none(run, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["finetune", "analyze", "pretrain"])
-def test_a_read_only_folder_is_one_line(command, run, glue, prepared, small_real_corpus, tmp_path, capsys,
-                                        monkeypatch):
+def test_a_read_only_folder_is_one_line(command, run, glue, prepared, small_real_corpus, tmp_path, capsys, monkeypatch):
     # tests may run as root, for whom chmod does not make a folder read-only: the file system's
     # answer is simulated where every command creates its files and folders
     target = tmp_path / "ro"
@@ -346,17 +452,38 @@ def test_a_read_only_folder_is_one_line(command, run, glue, prepared, small_real
     import tempfile
 
     real_mkdir = pathlib.Path.mkdir
-    monkeypatch.setattr(pathlib.Path, "mkdir",
-                        lambda self, *a, **k: refuse() if str(self).startswith(str(target)) else real_mkdir(self, *a, **k))
+    monkeypatch.setattr(
+        pathlib.Path,
+        "mkdir",
+        lambda self, *a, **k: refuse() if str(self).startswith(str(target)) else real_mkdir(self, *a, **k),
+    )
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     text = tmp_path / "t.txt"
     text.write_text("words " * 100)
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    argv = {"finetune": ["finetune", "--model", str(run), "--output-dir", str(target), *FT],
-            "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(target)],
-            "pretrain": ["pretrain", "--output-dir", str(target), "--corpus", str(small_real_corpus),
-                         "--vocab-size", "300", "--max-seq-length", "32", "--hidden-size", "32",
-                         "--num-hidden-layers", "1", "--max-steps", "1", "--report-to", "none"]}[command]
+    argv = {
+        "finetune": ["finetune", "--model", str(run), "--output-dir", str(target), *FT],
+        "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(target)],
+        "pretrain": [
+            "pretrain",
+            "--output-dir",
+            str(target),
+            "--corpus",
+            str(small_real_corpus),
+            "--vocab-size",
+            "300",
+            "--max-seq-length",
+            "32",
+            "--hidden-size",
+            "32",
+            "--num-hidden-layers",
+            "1",
+            "--max-steps",
+            "1",
+            "--report-to",
+            "none",
+        ],
+    }[command]
     assert main(argv) == 2
     err = _one_error_line(capsys)
     assert "Read-only file system" in err and str(target) in err

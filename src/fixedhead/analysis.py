@@ -214,21 +214,26 @@ class AttentionAnalysis:
         out = []
         for layer in range(self.num_layers):
             for head in range(self.num_heads):
-                out.append({
-                    "layer": layer, "head": head, "head_dim": self.head_dims[layer],
-                    "rank_cap": min(self.head_dims[layer], self.seq_len),
-                    "logit_rank": self.logit_rank[layer][head],
-                    "logit_rank_max": self.logit_rank_max[layer][head],
-                    "min_head_dim": self.min_head_dim[layer][head],
-                    "min_head_dim_max": self.min_head_dim_max[layer][head],
-                    "entropy": self.entropy[layer][head],
-                })
+                out.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "head_dim": self.head_dims[layer],
+                        "rank_cap": min(self.head_dims[layer], self.seq_len),
+                        "logit_rank": self.logit_rank[layer][head],
+                        "logit_rank_max": self.logit_rank_max[layer][head],
+                        "min_head_dim": self.min_head_dim[layer][head],
+                        "min_head_dim_max": self.min_head_dim_max[layer][head],
+                        "entropy": self.entropy[layer][head],
+                    }
+                )
         return out
 
 
 @torch.no_grad()
-def analyze_model(model, input_ids: torch.Tensor, rtol: float = DEFAULT_RTOL, batch_size: int = 8,
-                  name: str = "") -> AttentionAnalysis:
+def analyze_model(
+    model, input_ids: torch.Tensor, rtol: float = DEFAULT_RTOL, batch_size: int = 8, name: str = ""
+) -> AttentionAnalysis:
     """Diagnostics of every head of ``model`` on the sequences ``input_ids`` [num_sequences, n].
 
     Sequences must be unpadded (every token real). See the module docstring for the quantities.
@@ -286,13 +291,15 @@ def analyze_model(model, input_ids: torch.Tensor, rtol: float = DEFAULT_RTOL, ba
 
 
 def _head_dims(model) -> list[int]:
-    return [m.head_dim if isinstance(m, MultiHeadAttention) else m.attention_head_size
-            for _, m in _attention_modules(model)]
+    return [
+        m.head_dim if isinstance(m, MultiHeadAttention) else m.attention_head_size for _, m in _attention_modules(model)
+    ]
 
 
 # ----------------------------------------------------------------------- models, text, files
-def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
-                 allow_pickle: bool = False):
+def load_encoder(
+    model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, allow_pickle: bool = False
+):
     """Load ``(encoder, tokenizer)`` from a local fixedhead run or transformers BERT directory.
 
     A fixedhead run is opened by :func:`fixedhead.runs.open_run` (the one way every command opens
@@ -332,8 +339,9 @@ def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLik
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
     try:
-        model, info = AutoModel.from_pretrained(str(path), output_loading_info=True, dtype=torch.float32,
-                                                use_safetensors=weights == "safetensors")
+        model, info = AutoModel.from_pretrained(
+            str(path), output_loading_info=True, dtype=torch.float32, use_safetensors=weights == "safetensors"
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
@@ -342,8 +350,15 @@ def load_encoder(model_path: str | os.PathLike, tokenizer_path: str | os.PathLik
     return model.eval(), tokenizer
 
 
-def analyze(model_path, text_path, tokenizer_path=None, max_sequences: int = 8, max_seq_length: int | None = None,
-            rtol: float = DEFAULT_RTOL, allow_pickle: bool = False) -> AttentionAnalysis:
+def analyze(
+    model_path,
+    text_path,
+    tokenizer_path=None,
+    max_sequences: int = 8,
+    max_seq_length: int | None = None,
+    rtol: float = DEFAULT_RTOL,
+    allow_pickle: bool = False,
+) -> AttentionAnalysis:
     """Load a local model directory and analyse its heads on a text file (``fixedhead analyze``).
 
     ``max_seq_length`` (n) defaults to the model's ``max_position_embeddings`` (capped at 512).
@@ -412,11 +427,21 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
         if result.num_heads * result.num_layers <= 400:
             for (i, j), v in np.ndenumerate(grid):
                 if not np.isnan(v):
-                    ax.text(j, i, f"{v:.1f}" if "entropy" in title else f"{v:.0f}", ha="center", va="center",
-                            fontsize=6, color="white" if v < 0.6 * vmax else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{v:.1f}" if "entropy" in title else f"{v:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6,
+                        color="white" if v < 0.6 * vmax else "black",
+                    )
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle(f"{result.model}: d_p = {sorted(set(result.head_dims))}, n = {result.seq_len} "
-                 f"(rank cap min(d_p, n); entropy max ln n = {math.log(result.seq_len):.2f})", fontsize=10)
+    fig.suptitle(
+        f"{result.model}: d_p = {sorted(set(result.head_dims))}, n = {result.seq_len} "
+        f"(rank cap min(d_p, n); entropy max ln n = {math.log(result.seq_len):.2f})",
+        fontsize=10,
+    )
     return save_figure(fig, path)
 
 

@@ -50,20 +50,20 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=Non
     padding_mask [batch, n] with 1 = token or None. Returns [batch, n, d]. No biases, no dropout:
     :class:`MultiHeadAttention` is this equation plus those, and faster kernels.
     """
-    batch, n, d = x.shape                                      # x: [batch, n, d]
-    head_dim = w_q.shape[0] // num_heads                       # d_p: free, not tied to d / h
+    batch, n, d = x.shape  # x: [batch, n, d]
+    head_dim = w_q.shape[0] // num_heads  # d_p: free, not tied to d / h
 
-    def per_head(t):                                           # [batch, n, h·d_p] -> [batch, h, n, d_p]
+    def per_head(t):  # [batch, n, h·d_p] -> [batch, h, n, d_p]
         return t.view(batch, n, num_heads, head_dim).transpose(1, 2)
 
     q, k, v = per_head(x @ w_q.T), per_head(x @ w_k.T), per_head(x @ w_v.T)
-    logits = q @ k.transpose(-1, -2) / math.sqrt(head_dim)     # [batch, h, n, n]: rank <= d_p (Section 3)
-    if padding_mask is not None:                               # padding keys get no attention
+    logits = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [batch, h, n, n]: rank <= d_p (Section 3)
+    if padding_mask is not None:  # padding keys get no attention
         logits = logits.masked_fill(padding_mask[:, None, None, :] == 0, float("-inf"))
-    probs = logits.softmax(dim=-1)                             # [batch, h, query, key]; rows sum to 1
-    heads = probs @ v                                          # [batch, h, n, d_p]
+    probs = logits.softmax(dim=-1)  # [batch, h, query, key]; rows sum to 1
+    heads = probs @ v  # [batch, h, n, d_p]
     concat = heads.transpose(1, 2).reshape(batch, n, num_heads * head_dim)  # [batch, n, h·d_p]
-    return concat @ w_o.T                                      # [batch, n, d]
+    return concat @ w_o.T  # [batch, n, d]
 
 
 def _check_positive_int(name: str, value) -> int:
@@ -129,10 +129,13 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
     require_tensor("attention_mask", attention_mask)
     if attention_mask.dim() != 2:
         raise ValueError(
-            f"attention_mask must be [batch, seq] with 1 = token and 0 = padding, got shape {tuple(attention_mask.shape)}"
+            "attention_mask must be [batch, seq] with 1 = token and 0 = padding, "
+            f"got shape {tuple(attention_mask.shape)}"
         )
     if attention_mask.dtype.is_complex:
-        raise ValueError(f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}")
+        raise ValueError(
+            f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}"
+        )
     host = host_reads_allowed(attention_mask)
     if attention_mask.dtype == torch.bool:
         keep = attention_mask
@@ -158,7 +161,8 @@ def _check_attention_bias(bias, batch: int, heads: int, seq: int, keys: int | No
     require_tensor("attention_bias", bias)
     keys = seq if keys is None else keys
     shape = tuple(bias.shape)
-    ok = len(shape) == 4 and all(s in (1, full) for s, full in zip(shape[:3], (batch, heads, seq))) and shape[3] == keys
+    ok = len(shape) == 4 and shape[3] == keys
+    ok = ok and all(s in (1, full) for s, full in zip(shape[:3], (batch, heads, seq), strict=True))
     if not ok:
         raise ValueError(
             f"attention_bias must broadcast to [batch, heads, query, key] = {(batch, heads, seq, keys)} "
@@ -277,8 +281,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"hidden_states must be a floating-point tensor, got dtype {hidden_states.dtype}")
         batch, seq, _ = hidden_states.shape
         past = cache.get_seq_length(self.layer_idx or 0) if cache is not None else 0
-        if attention_bias is None and attention_mask is not None and (
-            tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, past + seq)
+        if (
+            attention_bias is None
+            and attention_mask is not None
+            and (tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, past + seq))
         ):
             what = "[batch, seq]" if cache is None else "[batch, cached + new tokens]"
             raise ValueError(
@@ -311,8 +317,9 @@ class MultiHeadAttention(nn.Module):
         if use_sdpa and not output_attentions:
             if sdpa_causal and needs_explicit_bias(q, dropout_p, self.training, attention_bias):
                 attention_bias, sdpa_causal = causal_bias(seq, keys, q.dtype, q.device), False
-            context = scaled_dot_product(q, k, v, attention_bias, dropout_p, self.scale, sdpa_causal, self.training,
-                                         self.head_dim)
+            context = scaled_dot_product(
+                q, k, v, attention_bias, dropout_p, self.scale, sdpa_causal, self.training, self.head_dim
+            )
         else:
             if sdpa_causal:  # the eager path applies the causal bias itself
                 attention_bias = causal_bias(seq, keys, q.dtype, q.device)

@@ -108,8 +108,7 @@ def check_broadcast_ids_shape(name: str, tensor: torch.Tensor, batch: int, seq: 
     shape = tuple(tensor.shape)
     if shape not in ((seq,), (1, seq), (batch, seq)):
         raise ValueError(
-            f"{name} must have shape [batch, seq] = {(batch, seq)} (or [1, seq] / [seq] to share one row), "
-            f"got {shape}"
+            f"{name} must have shape [batch, seq] = {(batch, seq)} (or [1, seq] / [seq] to share one row), got {shape}"
         )
 
 

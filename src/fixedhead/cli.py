@@ -30,7 +30,11 @@ def _cmd_count(args):
     from .experiments.presets import PAPER_PRESETS, get_preset
     from .modeling import count_parameters
 
-    explicit = [f for f in ("hidden_size", "num_attention_heads", "head_dim", "intermediate_size") if getattr(args, f) is not None]
+    explicit = [
+        f
+        for f in ("hidden_size", "num_attention_heads", "head_dim", "intermediate_size")
+        if getattr(args, f) is not None
+    ]
     if explicit and args.preset:
         raise ValueError("pass either --preset or explicit sizes (--hidden-size ...), not both")
     if explicit:
@@ -45,9 +49,11 @@ def _cmd_count(args):
             vocab_size=args.vocab_size,
             max_position_embeddings=args.max_position_embeddings,
         )
-        print(f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-              f"d_p={cfg.attention_head_size}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
-              f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)")
+        print(
+            f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
+            f"d_p={cfg.attention_head_size}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
+            f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
+        )
         return 0
     names = args.preset or list(PAPER_PRESETS)
     print(f"{'preset':<22} {'source':<9} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}")
@@ -78,10 +84,12 @@ def _add_model_args(p):
     g.add_argument("--hidden-size", type=int, default=128, action=_SizeOption, help="d (default 128)")
     g.add_argument("--num-hidden-layers", type=int, default=2, action=_SizeOption)
     g.add_argument("--num-attention-heads", type=int, default=16, action=_SizeOption, help="h (default 16)")
-    g.add_argument("--head-dim", type=int, default=None, action=_SizeOption,
-                   help="fixed head size d_p; omit for the standard d/h")
-    g.add_argument("--intermediate-size", type=int, default=None, action=_SizeOption,
-                   help="feed-forward width (default 4d)")
+    g.add_argument(
+        "--head-dim", type=int, default=None, action=_SizeOption, help="fixed head size d_p; omit for the standard d/h"
+    )
+    g.add_argument(
+        "--intermediate-size", type=int, default=None, action=_SizeOption, help="feed-forward width (default 4d)"
+    )
     g.add_argument("--dropout", type=float, default=None, help="hidden and attention dropout (default 0)")
 
 
@@ -106,9 +114,12 @@ def _add_data_args(p, corpus_default=True):
     from .data import DEFAULT_CORPUS
 
     g = p.add_argument_group("data")
-    g.add_argument("--corpus", default=str(DEFAULT_CORPUS) if corpus_default else None,
-                   help="a .txt/.jsonl(.gz) file, a directory of them, or a Hugging Face dataset name "
-                   "(default: the Gutenberg books in ../shared/data)")
+    g.add_argument(
+        "--corpus",
+        default=str(DEFAULT_CORPUS) if corpus_default else None,
+        help="a .txt/.jsonl(.gz) file, a directory of them, or a Hugging Face dataset name "
+        "(default: the Gutenberg books in ../shared/data)",
+    )
     g.add_argument("--max-seq-length", type=int, default=64, help="n, tokens per packed sequence (default 64)")
     g.add_argument("--vocab-size", type=int, default=8192)
     g.add_argument("--heldout-fraction", type=float, default=0.05, help="fraction of documents held out")
@@ -118,9 +129,13 @@ def _add_data_args(p, corpus_default=True):
 
 def _add_train_args(p):
     g = p.add_argument_group("training")
-    g.add_argument("--objective", default="mlm", choices=["mlm", "clm"],
-                   help="mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, "
-                   "FixedHeadForCausalLM (default mlm)")
+    g.add_argument(
+        "--objective",
+        default="mlm",
+        choices=["mlm", "clm"],
+        help="mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, "
+        "FixedHeadForCausalLM (default mlm)",
+    )
     g.add_argument("--max-steps", type=int, default=600)
     g.add_argument("--batch-size", type=int, default=64)
     g.add_argument("--learning-rate", type=float, default=2e-3)
@@ -129,18 +144,31 @@ def _add_train_args(p):
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eval-steps", type=int, default=100)
     g.add_argument("--save-steps", type=int, default=200)
-    g.add_argument("--report-to", nargs="*", default=["tensorboard"], help="Trainer integrations (tensorboard, wandb, mlflow, none)")
+    g.add_argument(
+        "--report-to",
+        nargs="*",
+        default=["tensorboard"],
+        help="Trainer integrations (tensorboard, wandb, mlflow, none)",
+    )
     g.add_argument("--torch-compile", action="store_true")
-    g.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast (mixed precision; weights and optimizer stay fp32); meant for GPUs "
-                   "with bf16, works on CPUs with it too")
+    g.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast (mixed precision; weights and optimizer stay fp32); meant for GPUs "
+        "with bf16, works on CPUs with it too",
+    )
     _add_checkpointing_arg(g)
 
 
 def _add_checkpointing_arg(group):
-    group.add_argument("--gradient-checkpointing", "--activation-checkpointing", dest="gradient_checkpointing",
-                       action="store_true", help="recompute each encoder block in the backward pass: less "
-                       "activation memory for about one more forward pass of time; same gradients")
+    group.add_argument(
+        "--gradient-checkpointing",
+        "--activation-checkpointing",
+        dest="gradient_checkpointing",
+        action="store_true",
+        help="recompute each encoder block in the backward pass: less "
+        "activation memory for about one more forward pass of time; same gradients",
+    )
 
 
 def _report_to(names: list[str]) -> list[str]:
@@ -154,10 +182,14 @@ def _report_to(names: list[str]) -> list[str]:
         return iu.get_available_reporting_integrations()
     for name in names:
         if name not in iu.INTEGRATION_TO_CALLBACK:
-            raise ValueError(f"--report-to {name}: unknown integration; known: none, all, {', '.join(iu.INTEGRATION_TO_CALLBACK)}")
+            raise ValueError(
+                f"--report-to {name}: unknown integration; known: none, all, {', '.join(iu.INTEGRATION_TO_CALLBACK)}"
+            )
         available = getattr(iu, f"is_{name.replace('_ml', '').replace('azure', 'azureml')}_available", None)
         if available is not None and not available():
-            raise ValueError(f"--report-to {name}: the {name} package is not installed (pip install it, or pick another)")
+            raise ValueError(
+                f"--report-to {name}: the {name} package is not installed (pip install it, or pick another)"
+            )
     return list(names)
 
 
@@ -166,9 +198,12 @@ def _add_pretrain(sub):
     p.add_argument("--output-dir", required=True, help="run directory (model, tokenizer, metrics, checkpoints, logs)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --output-dir")
-    p.add_argument("--preset", default=None,
-                   help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options "
-                   "below are then refused, --dropout is allowed (default: the preset's 0.1)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options "
+        "below are then refused, --dropout is allowed (default: the preset's 0.1)",
+    )
     _add_model_args(p)
     _add_data_args(p)
     _add_train_args(p)
@@ -185,27 +220,49 @@ def _cmd_pretrain(args):
         from .experiments.presets import get_preset
 
         if getattr(args, "size_options_given", ()):
-            raise ValueError(f"--preset {args.preset} fixes the model size; drop "
-                             f"{', '.join(sorted(set(args.size_options_given)))} (or drop --preset)")
+            raise ValueError(
+                f"--preset {args.preset} fixes the model size; drop "
+                f"{', '.join(sorted(set(args.size_options_given)))} (or drop --preset)"
+            )
 
-        dropout = {} if args.dropout is None else dict(hidden_dropout_prob=args.dropout,
-                                                       attention_probs_dropout_prob=args.dropout)
+        dropout = (
+            {}
+            if args.dropout is None
+            else dict(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+        )
         config = get_preset(args.preset).build_config(**dropout)
         if args.max_seq_length > config.max_position_embeddings:
-            raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds preset {args.preset!r}'s "
-                             f"max_position_embeddings={config.max_position_embeddings}")
+            raise ValueError(
+                f"--max-seq-length {args.max_seq_length} exceeds preset {args.preset!r}'s "
+                f"max_position_embeddings={config.max_position_embeddings}"
+            )
     else:
         config = model_config_from_args(args)
     settings = TrainSettings(  # validated before the (slow) data preparation
-        batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, seed=args.seed,
-        eval_steps=args.eval_steps, save_steps=args.save_steps, report_to=report_to,
-        torch_compile=args.torch_compile, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
-        objective=args.objective)
-    data = prepare_data(DataSettings(
-        corpus=args.corpus, vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
-        heldout_fraction=args.heldout_fraction, max_train_tokens=args.max_train_tokens,
-        max_eval_tokens=args.max_eval_tokens))
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        eval_steps=args.eval_steps,
+        save_steps=args.save_steps,
+        report_to=report_to,
+        torch_compile=args.torch_compile,
+        bf16=args.bf16,
+        gradient_checkpointing=args.gradient_checkpointing,
+        objective=args.objective,
+    )
+    data = prepare_data(
+        DataSettings(
+            corpus=args.corpus,
+            vocab_size=args.vocab_size,
+            max_seq_length=args.max_seq_length,
+            heldout_fraction=args.heldout_fraction,
+            max_train_tokens=args.max_train_tokens,
+            max_eval_tokens=args.max_eval_tokens,
+        )
+    )
     result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
     return 0
@@ -218,8 +275,11 @@ def _add_evaluate(sub):
     p.add_argument("--corpus", default=None, help="override the corpus recorded in the run")
     p.add_argument("--eval-seed", type=int, default=None, help="masking seed (default: the run's)")
     p.add_argument("--max-eval-tokens", type=int, default=None)
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="also load pickle weights (pytorch_model.bin); only for files you trust")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pickle weights (pytorch_model.bin); only for files you trust",
+    )
     p.set_defaults(func=_cmd_evaluate)
 
 
@@ -228,8 +288,13 @@ def _cmd_evaluate(args):
 
     from .training.pretrain import evaluate_run
 
-    metrics = evaluate_run(args.run_dir, corpus=args.corpus, eval_seed=args.eval_seed,
-                           max_eval_tokens=args.max_eval_tokens, allow_pickle=args.allow_pickle)
+    metrics = evaluate_run(
+        args.run_dir,
+        corpus=args.corpus,
+        eval_seed=args.eval_seed,
+        max_eval_tokens=args.max_eval_tokens,
+        allow_pickle=args.allow_pickle,
+    )
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -241,9 +306,15 @@ def _add_compare(sub):
     p = sub.add_parser("compare", help="train standard vs fixed-head models on the same text and compare (make run)")
     p.add_argument("--preset", default="cpu", choices=sorted(COMPARE_PRESETS))
     p.add_argument("--output-dir", default="runs/compare")
-    p.add_argument("--corpus", default=None, help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name")
-    p.add_argument("--objective", default=None, choices=["mlm", "clm"],
-                   help="train every model as a masked (mlm) or causal (clm) LM (default: the preset's)")
+    p.add_argument(
+        "--corpus", default=None, help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name"
+    )
+    p.add_argument(
+        "--objective",
+        default=None,
+        choices=["mlm", "clm"],
+        help="train every model as a masked (mlm) or causal (clm) LM (default: the preset's)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="override the preset's step budget")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
@@ -255,9 +326,18 @@ def _add_compare(sub):
 def _cmd_compare(args):
     from .experiments.compare import run_compare
 
-    run_compare(args.preset, args.output_dir, corpus=args.corpus, max_steps=args.max_steps,
-                batch_size=args.batch_size, seed=args.seed, learning_rate=args.learning_rate,
-                overwrite=args.overwrite, objective=args.objective)
+    run_compare(
+        args.preset,
+        args.output_dir,
+        corpus=args.corpus,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        overwrite=args.overwrite,
+        objective=args.objective,
+    )
+
 
 # ------------------------------------------------------------------------------ bottleneck
 def _add_bottleneck(sub):
@@ -267,8 +347,11 @@ def _add_bottleneck(sub):
     p.add_argument("--temperature", type=float, default=1.0, help="P = softmax(G / T); lower is more peaked")
     p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per fit (KL; causal: logit space)")
     p.add_argument("--output-dir", default="runs/bottleneck")
-    p.add_argument("--causal", action="store_true",
-                   help="also a causal (decoder) head: its threshold ceil((n-1)/2) side by side with n-1")
+    p.add_argument(
+        "--causal",
+        action="store_true",
+        help="also a causal (decoder) head: its threshold ceil((n-1)/2) side by side with n-1",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_bottleneck)
 
@@ -277,13 +360,27 @@ def _cmd_bottleneck(args):
     from .runs import claim_output_dir
     from .theory import bottleneck_sweep
 
-    claim_output_dir(args.output_dir, ("bottleneck.csv", "bottleneck.png"), ("bottleneck.csv", "bottleneck.png"),
-                     "bottleneck", create=False)
+    claim_output_dir(
+        args.output_dir,
+        ("bottleneck.csv", "bottleneck.png"),
+        ("bottleneck.csv", "bottleneck.png"),
+        "bottleneck",
+        create=False,
+    )
     args.n, args.seeds = sorted(set(args.n)), sorted(set(args.seeds))  # repeats add nothing
-    rows = bottleneck_sweep(args.n, args.seeds, args.temperature, args.output_dir, args.max_iter,
-                            progress=not args.no_progress, causal=args.causal)
-    print(f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   "
-          f"(mean over {len(args.seeds)} seeds, nats)")
+    rows = bottleneck_sweep(
+        args.n,
+        args.seeds,
+        args.temperature,
+        args.output_dir,
+        args.max_iter,
+        progress=not args.no_progress,
+        causal=args.causal,
+    )
+    print(
+        f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   "
+        f"(mean over {len(args.seeds)} seeds, nats)"
+    )
     for mask in ("bidirectional", "causal") if args.causal else ("bidirectional",):
         for n in args.n:
             sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
@@ -304,19 +401,38 @@ def _add_analyze(sub):
     p.add_argument("--text", required=True, help="a .txt or .jsonl (text field) file, optionally .gz")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     p.add_argument("--max-sequences", type=int, default=8, help="windows of the text to analyse (default 8)")
-    p.add_argument("--max-seq-length", type=int, default=None, help="n (default: the model's max_position_embeddings, <= 512)")
-    p.add_argument("--rtol", type=float, default=None, help="relative singular-value tolerance of the logit rank (default 1e-5)")
-    p.add_argument("--output-dir", default=None, help="where analysis.json and attention_heatmap.png go "
-                   "(default: runs/analysis/<model directory name>); a new, empty or earlier analysis folder")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="also load pickle weights (pytorch_model.bin); only for files you trust")
+    p.add_argument(
+        "--max-seq-length", type=int, default=None, help="n (default: the model's max_position_embeddings, <= 512)"
+    )
+    p.add_argument(
+        "--rtol", type=float, default=None, help="relative singular-value tolerance of the logit rank (default 1e-5)"
+    )
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="where analysis.json and attention_heatmap.png go "
+        "(default: runs/analysis/<model directory name>); a new, empty or earlier analysis folder",
+    )
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pickle weights (pytorch_model.bin); only for files you trust",
+    )
     p.set_defaults(func=_cmd_analyze)
 
 
 def _cmd_analyze(args):
     from pathlib import Path
 
-    from .analysis import ANALYSIS_FILE, ANALYSIS_OWNED, DEFAULT_RTOL, HEATMAP_FILE, analyze, format_table, write_analysis
+    from .analysis import (
+        ANALYSIS_FILE,
+        ANALYSIS_OWNED,
+        DEFAULT_RTOL,
+        HEATMAP_FILE,
+        analyze,
+        format_table,
+        write_analysis,
+    )
     from .runs import claim_output_dir
     from .validation import positive_int
 
@@ -326,9 +442,15 @@ def _cmd_analyze(args):
     out = args.output_dir or Path("runs") / "analysis" / Path(args.model).resolve().name
     # refuse an occupied folder before the work, not after it
     claim_output_dir(out, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze", create=False)
-    result = analyze(args.model, args.text, tokenizer_path=args.tokenizer, max_sequences=args.max_sequences,
-                     max_seq_length=args.max_seq_length, rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL,
-                     allow_pickle=args.allow_pickle)
+    result = analyze(
+        args.model,
+        args.text,
+        tokenizer_path=args.tokenizer,
+        max_sequences=args.max_sequences,
+        max_seq_length=args.max_seq_length,
+        rtol=args.rtol if args.rtol is not None else DEFAULT_RTOL,
+        allow_pickle=args.allow_pickle,
+    )
     print(format_table(result))
     paths = write_analysis(result, out)
     print(f"wrote {paths['json']} and {paths['heatmap']}")
@@ -340,8 +462,11 @@ def _add_finetune(sub):
     p = sub.add_parser("finetune", help="fine-tune a pretrained run on a GLUE task; score on GLUE dev")
     p.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
     p.add_argument("--model", required=True, help="a pretraining run directory (model.safetensors + tokenizer)")
-    p.add_argument("--output-dir", default=None, help="default: MODEL/finetune-TASK; a new, empty or earlier "
-                   "fine-tuning folder (never the run itself)")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="default: MODEL/finetune-TASK; a new, empty or earlier fine-tuning folder (never the run itself)",
+    )
     p.add_argument("--data-dir", default=None, help="folder holding glue/ (default: ../shared/data)")
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
@@ -349,13 +474,20 @@ def _add_finetune(sub):
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--eval-steps", type=int, default=100, help="validate (and checkpoint) every N steps")
     p.add_argument("--patience", type=int, default=3, help="early stopping: evaluations without improvement")
-    p.add_argument("--validation-size", type=int, default=None,
-                   help="examples carved out of GLUE train for early stopping (default: 1000 or a fifth of "
-                   "GLUE train, whichever is smaller)")
+    p.add_argument(
+        "--validation-size",
+        type=int,
+        default=None,
+        help="examples carved out of GLUE train for early stopping (default: 1000 or a fifth of "
+        "GLUE train, whichever is smaller)",
+    )
     p.add_argument("--max-train-examples", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier fine-tuning result in --output-dir (removes only files fine-tuning wrote)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier fine-tuning result in --output-dir (removes only files fine-tuning wrote)",
+    )
     _add_checkpointing_arg(p)
     p.set_defaults(func=_cmd_finetune)
 
@@ -367,10 +499,17 @@ def _cmd_finetune(args):
     from .training.finetune import FinetuneSettings, finetune
 
     settings = FinetuneSettings(
-        max_seq_length=args.max_seq_length, batch_size=args.batch_size, learning_rate=args.learning_rate,
-        max_steps=args.max_steps, eval_steps=args.eval_steps, patience=args.patience,
-        validation_size=args.validation_size, max_train_examples=args.max_train_examples, seed=args.seed,
-        gradient_checkpointing=args.gradient_checkpointing)
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        max_steps=args.max_steps,
+        eval_steps=args.eval_steps,
+        patience=args.patience,
+        validation_size=args.validation_size,
+        max_train_examples=args.max_train_examples,
+        seed=args.seed,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
     out = args.output_dir or str(Path(args.model) / f"finetune-{args.task}")
     result = finetune(args.model, args.task, out, settings, data_dir=args.data_dir, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if k != "fingerprint"}, indent=2))
@@ -408,9 +547,18 @@ def _cmd_sweep(args):
 
         torch.set_num_threads(positive_int("threads", args.threads))
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
-    run_sweep(args.preset, out, quick=args.quick, corpus=args.corpus, seeds=args.seeds,
-              experiments=args.experiments, max_steps=args.max_steps, finetune_task=args.finetune_task,
-              skip_finetune=args.skip_finetune, overwrite=args.overwrite)
+    run_sweep(
+        args.preset,
+        out,
+        quick=args.quick,
+        corpus=args.corpus,
+        seeds=args.seeds,
+        experiments=args.experiments,
+        max_steps=args.max_steps,
+        finetune_task=args.finetune_task,
+        skip_finetune=args.skip_finetune,
+        overwrite=args.overwrite,
+    )
     if not args.no_report:
         print(f"report: {write_report(out)}")
     return 0
@@ -435,8 +583,11 @@ def _cmd_report(args):
 def _add_farthest_point(sub):
     from .experiments.synthetic import SYNTHETIC_PRESETS
 
-    p = sub.add_parser("farthest-point", help="the bottleneck in trained models: a synthetic task whose needed "
-                       "rank r is a knob, trained over (r, d_p) and heads, with seeds (minutes on a CPU)")
+    p = sub.add_parser(
+        "farthest-point",
+        help="the bottleneck in trained models: a synthetic task whose needed "
+        "rank r is a knob, trained over (r, d_p) and heads, with seeds (minutes on a CPU)",
+    )
     p.add_argument("--preset", default="default", choices=sorted(SYNTHETIC_PRESETS))
     p.add_argument("--quick", action="store_true", help="the seconds-long preset (same as --preset quick)")
     p.add_argument("--output-dir", default=None, help="default: runs/farthest-point-PRESET")
@@ -459,19 +610,30 @@ def _cmd_farthest_point(args):
 
         torch.set_num_threads(args.threads)
     out = args.output_dir or f"runs/farthest-point-{preset}"
-    state = run_synthetic(preset, out, seeds=args.seeds, steps=args.steps, overwrite=args.overwrite,
-                          progress=not args.no_progress)
+    state = run_synthetic(
+        preset, out, seeds=args.seeds, steps=args.steps, overwrite=args.overwrite, progress=not args.no_progress
+    )
     print(format_grid(state))
     meta = state["meta"]
-    print(f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s since "
-          f"the first start, {meta['compute_seconds']:.0f} s of training)")
+    print(
+        f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s since "
+        f"the first start, {meta['compute_seconds']:.0f} s of training)"
+    )
     return 0
 
 
 # ------------------------------------------------------------------------------------ main
 _COMMANDS = [
-    _add_count, _add_pretrain, _add_evaluate, _add_compare, _add_bottleneck, _add_analyze,
-    _add_finetune, _add_sweep, _add_report, _add_farthest_point,
+    _add_count,
+    _add_pretrain,
+    _add_evaluate,
+    _add_compare,
+    _add_bottleneck,
+    _add_analyze,
+    _add_finetune,
+    _add_sweep,
+    _add_report,
+    _add_farthest_point,
 ]
 
 
@@ -489,8 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _os_error_message(e: OSError) -> str:
     """One line for a file-system error: our own messages as they are, the system's with the path."""
     if e.strerror and e.filename:
-        hint = {27: " (the disk or a file-size limit is full)", 28: " (the disk is full)",
-                30: " (a read-only file system)", 13: ""}.get(e.errno, "")
+        hint = {
+            27: " (the disk or a file-size limit is full)",
+            28: " (the disk is full)",
+            30: " (a read-only file system)",
+            13: "",
+        }.get(e.errno, "")
         return f"{e.filename}: {e.strerror}{hint}"
     return str(e)
 
@@ -506,10 +672,12 @@ def main(argv=None) -> int:
         print(f"fixedhead {args.command}: error: {_os_error_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = {"pretrain": "; rerun with --resume to continue from the newest checkpoint",
-                "compare": "; rerun the same command to continue (finished models are reused)",
-                "sweep": "; rerun the same command to continue (finished points are reused)",
-                "farthest-point": "; rerun the same command to continue (finished runs are reused)"}.get(args.command, "")
+        hint = {
+            "pretrain": "; rerun with --resume to continue from the newest checkpoint",
+            "compare": "; rerun the same command to continue (finished models are reused)",
+            "sweep": "; rerun the same command to continue (finished points are reused)",
+            "farthest-point": "; rerun the same command to continue (finished runs are reused)",
+        }.get(args.command, "")
         print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 

@@ -33,11 +33,32 @@ from .modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, FixedHeadForSe
 
 #: BertConfig fields with the same name and meaning in FixedHeadConfig: copied as they are
 CARRIED = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-    "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout", "tie_word_embeddings",
-    "bos_token_id", "eos_token_id", "id2label", "label2id", "problem_type", "output_attentions",
-    "output_hidden_states", "return_dict", "dtype", "is_decoder", "use_cache",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+    "classifier_dropout",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "dtype",
+    "is_decoder",
+    "use_cache",
 )
 #: fields of architectures fixedhead does not have (a causal or cross-attending BERT): their defaults only
 REFUSED_UNLESS_DEFAULT = {
@@ -100,8 +121,10 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
         raise ValueError(f"hidden_act must be an activation name to convert, got {values.get('hidden_act')!r}")
     kwargs = {name: values[name] for name in CARRIED if name in values}
     extras = {
-        k: v for k, v in values.items()
-        if k not in known and k not in bert_config_fields(bert_config)
+        k: v
+        for k, v in values.items()
+        if k not in known
+        and k not in bert_config_fields(bert_config)
         and k not in ("head_dim", "position_embedding_type")
     }
     impl = getattr(bert_config, "_attn_implementation", None)
@@ -138,11 +161,11 @@ def from_bert(bert_model):
 
     ``BertModel`` → ``FixedHeadModel`` (pooler kept or absent as in the source),
     ``BertForMaskedLM`` → ``FixedHeadForMaskedLM``, ``BertLMHeadModel`` (``is_decoder=True``) →
-    ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` → ``FixedHeadForSequenceClassification``. The weights are copied exactly (q, k, v fused into
-    one projection); the configuration as :func:`config_from_bert`; an untied MLM decoder stays
-    untied (also when the config says tied but the weights differ); dtype, device and
-    train/eval mode follow the source. In float32 eval mode both give the same outputs up to
-    float rounding (tested to 1e-5).
+    ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` → ``FixedHeadForSequenceClassification``.
+    The weights are copied exactly (q, k, v fused into one projection); the configuration as
+    :func:`config_from_bert`; an untied MLM decoder stays untied (also when the config says tied
+    but the weights differ); dtype, device and train/eval mode follow the source. In float32 eval
+    mode both give the same outputs up to float rounding (tested to 1e-5).
 
     Raises:
         TypeError: a model with no fixedhead counterpart (the message lists those that have one).
@@ -154,8 +177,10 @@ def from_bert(bert_model):
         kind, encoder = "mlm", bert_model.bert
     elif isinstance(bert_model, BertLMHeadModel):
         if not bert_model.config.is_decoder:
-            raise ValueError("a BertLMHeadModel with is_decoder=False attends in both directions; "
-                             "FixedHeadForCausalLM is causal (set is_decoder=True, as transformers asks)")
+            raise ValueError(
+                "a BertLMHeadModel with is_decoder=False attends in both directions; "
+                "FixedHeadForCausalLM is causal (set is_decoder=True, as transformers asks)"
+            )
         kind, encoder = "clm", bert_model.bert
     elif isinstance(bert_model, BertForSequenceClassification):
         kind, encoder = "cls", bert_model.bert

@@ -22,7 +22,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .checks import tracing
 
-
 # PyTorch's FlashAttention-2 kernel (CUDA) takes head sizes up to 256; its fused kernels want the
 # head size a multiple of 8 (16 bytes in half precision) and otherwise pad or refuse it.
 FLASH_MAX_HEAD_DIM = 256
@@ -152,8 +151,14 @@ class DropoutAttention(torch.autograd.Function):
         grad_scores = torch._softmax_backward_data(grad_dropped, probs, -1, probs.dtype)
         grad_q = torch.bmm(grad_scores, k3).mul_(ctx.scale)
         grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(ctx.scale)
-        return (grad_q.view(b, h, n, -1), grad_k.view(b, h, -1, q3.shape[-1]), grad_v.view(b, h, -1, dv),
-                None, None, None)
+        return (
+            grad_q.view(b, h, n, -1),
+            grad_k.view(b, h, -1, q3.shape[-1]),
+            grad_v.view(b, h, -1, dv),
+            None,
+            None,
+            None,
+        )
 
 
 def needs_explicit_bias(q: torch.Tensor, dropout_p: float, training: bool, bias: torch.Tensor | None) -> bool:
@@ -162,8 +167,9 @@ def needs_explicit_bias(q: torch.Tensor, dropout_p: float, training: bool, bias:
     return not q.is_cuda and use_cpu_fast_path(q, dropout_p, training) and not (bias is not None and bias.requires_grad)
 
 
-def scaled_dot_product(q, k, v, bias, dropout_p: float, scale: float, is_causal: bool, training: bool,
-                       head_dim: int) -> torch.Tensor:
+def scaled_dot_product(
+    q, k, v, bias, dropout_p: float, scale: float, is_causal: bool, training: bool, head_dim: int
+) -> torch.Tensor:
     """softmax(scale·q kᵀ + bias [+ causal mask]) with dropout, times v, by the fastest kernel that applies.
 
     q [batch, heads, query, d_p], k and v [batch, heads, key, d_p] (v's last size may differ),
@@ -174,11 +180,13 @@ def scaled_dot_product(q, k, v, bias, dropout_p: float, scale: float, is_causal:
     """
     if q.is_cuda:
         with sdpa_kernel(warn_if_unfused(head_dim, "cuda"), set_priority=True):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale,
-                                                  is_causal=is_causal)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+            )
     if needs_explicit_bias(q, dropout_p, training, bias):
         if is_causal:
             raise ValueError("DropoutAttention has no causal flag: pass the causal mask as the bias")
         return DropoutAttention.apply(q, k, v, bias, dropout_p, scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale,
-                                          is_causal=is_causal)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    )

@@ -20,16 +20,16 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.utils.deprecation import deprecate_kwarg
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
     MaskedLMOutput,
     SequenceClassifierOutput,
 )
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import MultiHeadAttention, padding_mask_to_bias
 from .checks import (
@@ -60,8 +60,9 @@ class FixedHeadEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                cache_length: int = 0):
+    def forward(
+        self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None, cache_length: int = 0
+    ):
         """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
 
         ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
@@ -109,7 +110,8 @@ class FixedHeadEmbeddings(nn.Module):
             bad = first_out_of_range(position_ids, 0, n_positions)
             if bad is not None:
                 raise ValueError(
-                    f"position_ids hold {bad[0]}, outside [0, max_position_embeddings={n_positions}) (at index {bad[1]})"
+                    f"position_ids hold {bad[0]}, outside [0, max_position_embeddings={n_positions}) "
+                    f"(at index {bad[1]})"
                 )
             position_embeds = self.position_embeddings(position_ids)
         if token_type_ids is None:
@@ -163,8 +165,12 @@ class FixedHeadLayer(GradientCheckpointingLayer):
         """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
         [batch, heads, seq, keys] or None); ``is_causal`` and ``cache`` as in :class:`MultiHeadAttention`."""
         attn_out, probs = self.attention(
-            hidden_states, attention_bias=attention_bias, output_attentions=output_attentions, use_sdpa=use_sdpa,
-            is_causal=is_causal, cache=cache,
+            hidden_states,
+            attention_bias=attention_bias,
+            output_attentions=output_attentions,
+            use_sdpa=use_sdpa,
+            is_causal=is_causal,
+            cache=cache,
         )
         hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
         ffn_out = self.output(self.act(self.intermediate(hidden_states)))
@@ -412,7 +418,8 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
             check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
             if tuple(labels.shape) != tuple(sequence_output.shape[:2]):
                 raise ValueError(
-                    f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, got {tuple(labels.shape)}"
+                    f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, "
+                    f"got {tuple(labels.shape)}"
                 )
             bad = first_out_of_range(labels, 0, vocab, ignore=-100)
             if bad is not None:
@@ -487,9 +494,7 @@ def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels
         check_finite("labels", targets)
         bad = first_outside_interval(targets, 0.0, 1.0)
         if bad is not None:
-            raise ValueError(
-                f"multi_label_classification labels must lie in [0, 1], got {bad[0]} (at index {bad[1]})"
-            )
+            raise ValueError(f"multi_label_classification labels must lie in [0, 1], got {bad[0]} (at index {bad[1]})")
         return F.binary_cross_entropy_with_logits(logits.float(), targets)
     raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
 

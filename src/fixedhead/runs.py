@@ -170,9 +170,7 @@ def check_safetensors(path: str | os.PathLike) -> None:
         with safe_open(str(path), framework="pt") as f:
             f.keys()
     except Exception as e:  # SafetensorError derives from Exception only
-        raise ValueError(
-            f"{path} is truncated or corrupt ({path.stat().st_size} bytes; safetensors: {e})"
-        ) from None
+        raise ValueError(f"{path} is truncated or corrupt ({path.stat().st_size} bytes; safetensors: {e})") from None
 
 
 def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) -> str:
@@ -217,8 +215,8 @@ class OpenedRun:
     """A validated fixedhead run directory (nothing loaded into a model yet).
 
     ``config`` is the :class:`~fixedhead.configuration.FixedHeadConfig`, ``tokenizer`` the
-    run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its ``pretrain_settings.json`` ({} if absent),
-    ``weights`` ``"safetensors"`` or ``"pickle"``.
+    run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its
+    ``pretrain_settings.json`` ({} if absent), ``weights`` ``"safetensors"`` or ``"pickle"``.
     """
 
     path: Path
@@ -255,8 +253,11 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
     if config_dict.get("model_type") != FixedHeadConfig.model_type:
         raise ValueError(
             f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
-            + ("; convert a transformers BERT first with fixedhead.modeling.from_bert(model) and save_pretrained"
-               if config_dict.get("model_type") == "bert" else "")
+            + (
+                "; convert a transformers BERT first with fixedhead.modeling.from_bert(model) and save_pretrained"
+                if config_dict.get("model_type") == "bert"
+                else ""
+            )
         )
     try:
         config = FixedHeadConfig.from_dict(config_dict)

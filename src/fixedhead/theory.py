@@ -86,8 +86,11 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     if np.any(P <= 0):
         i, j = np.argwhere(P <= 0)[0]
         low = np.tri(P.shape[0], dtype=bool)
-        hint = ("; it is zero above the diagonal and positive on and below it: for causal attention pass "
-                "causal=True") if np.all(P[low] > 0) and np.all(P[~low] == 0) else ""
+        hint = (
+            ("; it is zero above the diagonal and positive on and below it: for causal attention pass causal=True")
+            if np.all(P[low] > 0) and np.all(P[~low] == 0)
+            else ""
+        )
         raise ValueError(
             f"P must be entrywise positive (Theorem 1 takes log P), got P[{i}, {j}] = {float(P[i, j])!r}{hint}"
         )
@@ -449,8 +452,9 @@ def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_
 
 
 @_one_thread
-def fit_head(X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 1000,
-             row_sum_tol: float = ROW_SUM_TOL) -> HeadFit:
+def fit_head(
+    X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 1000, row_sum_tol: float = ROW_SUM_TOL
+) -> HeadFit:
     """Best one-head fit of P in probability space: minimise the mean row KL(P || softmax(L)).
 
     Minimises (1/n) Σ_i KL(P[i] || softmax(X W_q (X W_k)^T / √head_dim)[i]) (nats) over W_q,
@@ -533,9 +537,7 @@ def random_attention(n: int, temperature: float = 1.0, seed: int = 0, *, causal:
             that an entry of P (on or below the diagonal if causal) underflows to 0.
     """
     n = _check_int("n", n)
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
-        0 < temperature < math.inf
-    ):
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (0 < temperature < math.inf):
         raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
     G = np.random.default_rng(seed).standard_normal((n, n)) / temperature
     seen = np.tri(n, dtype=bool) if causal else np.ones((n, n), dtype=bool)
@@ -792,14 +794,27 @@ def _fit_causal_keys(logp: np.ndarray, B0: np.ndarray, max_iter: int) -> np.ndar
         R = np.where(seen, x[:, :k] @ B.T + x[:, k:] - logp, 0.0)
         return float(np.sum(R**2)), (2.0 * R.T @ x[:, :k]).ravel()  # envelope theorem: x is optimal
 
-    res = minimize(loss_and_grad, B0.ravel(), jac=True, method="L-BFGS-B",
-                   options={"maxiter": max_iter, "maxcor": 20, "ftol": 1e-15, "gtol": 1e-12})
+    res = minimize(
+        loss_and_grad,
+        B0.ravel(),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "maxcor": 20, "ftol": 1e-15, "gtol": 1e-12},
+    )
     return res.x.reshape(n, k)
 
 
 @_one_thread
-def fit_causal_logits(P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 300,
-                      rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL) -> CausalLogitFit:
+def fit_causal_logits(
+    P,
+    head_dim: int,
+    *,
+    restarts: int = 0,
+    seed: int = 0,
+    max_iter: int = 300,
+    rtol: float | None = None,
+    row_sum_tol: float = ROW_SUM_TOL,
+) -> CausalLogitFit:
     """The closest logits a causal head of size ``head_dim`` reaches (numerically), with a lower bound.
 
     At or above the exact threshold (:func:`min_head_dim` with ``causal=True``) this is the exact
@@ -953,8 +968,9 @@ def _random_layer(num_attention_heads: int, hidden_size: int, head_dim: int, gen
     return MultiHeadWeights(r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, e, d, fan=h * e))
 
 
-def theorem2_witness(hidden_size: int = 4, num_attention_heads: int = 4, head_dim: int = 2, *, logit_scale: float = 2.0,
-                     seed: int = 0) -> MultiHeadWeights:
+def theorem2_witness(
+    hidden_size: int = 4, num_attention_heads: int = 4, head_dim: int = 2, *, logit_scale: float = 2.0, seed: int = 0
+) -> MultiHeadWeights:
     """The paper's Theorem 2 witness: a fixed-head layer no standard multi-head layer equals.
 
     All h heads share one rank-d_p bilinear form U = W_q[i] W_k[i]^T ∈ R^{d×d} (the paper's
@@ -1014,9 +1030,18 @@ def _relative_error(Y_hat: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 
 
 @_one_thread
-def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_attention_heads: int, head_dim: int, *, restarts: int = 8,
-                  seed: int = 0, max_iter: int = 1000, tol_change: float = 1e-14,
-                  init: MultiHeadWeights | None = None):
+def fit_multihead(
+    X: torch.Tensor,
+    Y: torch.Tensor,
+    num_attention_heads: int,
+    head_dim: int,
+    *,
+    restarts: int = 8,
+    seed: int = 0,
+    max_iter: int = 1000,
+    tol_change: float = 1e-14,
+    init: MultiHeadWeights | None = None,
+):
     """Fit a bias-free multi-head layer (h heads of size d_p) to input/output pairs.
 
     Minimises the relative squared error Σ_b ||out(X_b) − Y_b||_F² / Σ_b ||Y_b||_F² with
@@ -1043,14 +1068,20 @@ def fit_multihead(X: torch.Tensor, Y: torch.Tensor, num_attention_heads: int, he
         raise ValueError("need restarts >= 1 or an init")
     d = X.shape[-1]
     gen = torch.Generator().manual_seed(seed)
-    starts = ([init.flat()] if init is not None else []) + [
-        _random_layer(h, d, e, gen).flat() for _ in range(restarts)
-    ]
+    starts = ([init.flat()] if init is not None else []) + [_random_layer(h, d, e, gen).flat() for _ in range(restarts)]
     errors, best = [], None
     for z0 in starts:
         z = z0.clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=1e-14,
-                                tolerance_change=tol_change, history_size=20, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            [z],
+            lr=1.0,
+            max_iter=max_iter,
+            max_eval=2 * max_iter,
+            tolerance_grad=1e-14,
+            tolerance_change=tol_change,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure(opt=opt, z=z):  # this start's optimiser and weights (LBFGS calls closure() bare)
             opt.zero_grad()
@@ -1096,9 +1127,19 @@ class Theorem2Result:
 
 
 @_one_thread
-def theorem2_demo(hidden_size: int = 4, num_attention_heads: int = 4, head_dim: int = 2, seq_len: int = 4, *,
-                  num_inputs: int = 64, logit_scale: float = 2.0, restarts: int = 4, max_iter: int = 300,
-                  fixed_max_iter: int = 1000, seed: int = 0) -> Theorem2Result:
+def theorem2_demo(
+    hidden_size: int = 4,
+    num_attention_heads: int = 4,
+    head_dim: int = 2,
+    seq_len: int = 4,
+    *,
+    num_inputs: int = 64,
+    logit_scale: float = 2.0,
+    restarts: int = 4,
+    max_iter: int = 300,
+    fixed_max_iter: int = 1000,
+    seed: int = 0,
+) -> Theorem2Result:
     """Theorem 2 numerically: the witness is fitted exactly by a fixed-head layer, not by a standard one.
 
     Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_attention_heads``, d_p = ``head_dim``),
@@ -1144,21 +1185,39 @@ def theorem2_demo(hidden_size: int = 4, num_attention_heads: int = 4, head_dim: 
     z = w.flat()
     noisy = z + 0.1 * z.abs() * torch.randn(z.shape, generator=gen, dtype=torch.float64)
     init = MultiHeadWeights.from_flat(noisy, num_attention_heads, hidden_size, head_dim)
-    fixed, fixed_err, _ = fit_multihead(X, Y, num_attention_heads, head_dim, restarts=0, init=init,
-                                        max_iter=fixed_max_iter, tol_change=0.0)
+    fixed, fixed_err, _ = fit_multihead(
+        X, Y, num_attention_heads, head_dim, restarts=0, init=init, max_iter=fixed_max_iter, tol_change=0.0
+    )
     with torch.no_grad():
         return Theorem2Result(
-            hidden_size, num_attention_heads, head_dim, seq_len, num_inputs,
-            sorted(std_errs), std_err, float(_relative_error(multihead(X_test, std), Y_test)),
+            hidden_size,
+            num_attention_heads,
+            head_dim,
+            seq_len,
+            num_inputs,
+            sorted(std_errs),
+            std_err,
+            float(_relative_error(multihead(X_test, std), Y_test)),
             float(_relative_error(multihead(X_test, w), Y_test)),
-            fixed_err, float(_relative_error(multihead(X_test, fixed), Y_test)),
+            fixed_err,
+            float(_relative_error(multihead(X_test, fixed), Y_test)),
         )
 
 
 # ------------------------------------------------------------------------ bottleneck sweep
 SWEEP_COLUMNS = [
-    "mask", "n", "seed", "temperature", "head_dim", "min_head_dim",
-    "logit_error", "logit_error_lower", "logit_error_rel", "kl_svd", "kl_fit", "max_abs_error",
+    "mask",
+    "n",
+    "seed",
+    "temperature",
+    "head_dim",
+    "min_head_dim",
+    "logit_error",
+    "logit_error_lower",
+    "logit_error_rel",
+    "kl_svd",
+    "kl_fit",
+    "max_abs_error",
 ]
 
 
@@ -1175,19 +1234,36 @@ def _causal_sweep_rows(n: int, seed: int, temperature: float, max_iter: int, bar
         L = L - L.max(axis=1, keepdims=True)
         log_att = np.where(seen, L - np.log(np.exp(L).sum(axis=1, keepdims=True)), 0.0)  # masked log-softmax
         kl = float(np.sum(P * (logp - log_att)) / n)
-        rows.append(dict(
-            mask="causal", n=n, seed=seed, temperature=float(temperature), head_dim=k, min_head_dim=r,
-            logit_error=fit.error, logit_error_lower=float(lower[k]), logit_error_rel=fit.error / lower[0],
-            kl_svd=math.nan, kl_fit=kl, max_abs_error=float(np.max(np.abs(np.exp(log_att) * seen - P))),
-        ))
+        rows.append(
+            dict(
+                mask="causal",
+                n=n,
+                seed=seed,
+                temperature=float(temperature),
+                head_dim=k,
+                min_head_dim=r,
+                logit_error=fit.error,
+                logit_error_lower=float(lower[k]),
+                logit_error_rel=fit.error / lower[0],
+                kl_svd=math.nan,
+                kl_fit=kl,
+                max_abs_error=float(np.max(np.abs(np.exp(log_att) * seen - P))),
+            )
+        )
         bar.update(1)
     return rows
 
 
 @_one_thread
-def bottleneck_sweep(ns=(16, 32, 64), seeds=(0, 1, 2), temperature: float = 1.0,
-                     output_dir="runs/bottleneck", max_iter: int = 100, progress: bool = True,
-                     causal: bool = False) -> list[dict]:
+def bottleneck_sweep(
+    ns=(16, 32, 64),
+    seeds=(0, 1, 2),
+    temperature: float = 1.0,
+    output_dir="runs/bottleneck",
+    max_iter: int = 100,
+    progress: bool = True,
+    causal: bool = False,
+) -> list[dict]:
     """The low-rank bottleneck against head size (paper Theorem 1, sharpened): CSV + PNG.
 
     For each n and seed, draws P = :func:`random_attention` (n, temperature, seed) — generic, so
@@ -1241,8 +1317,9 @@ def bottleneck_sweep(ns=(16, 32, 64), seeds=(0, 1, 2), temperature: float = 1.0,
     from tqdm.auto import tqdm
 
     rows = []
-    bar = tqdm(total=sum(ns) * len(seeds) * (2 if causal else 1), desc="bottleneck fits", disable=not progress,
-               unit="fit")
+    bar = tqdm(
+        total=sum(ns) * len(seeds) * (2 if causal else 1), desc="bottleneck fits", disable=not progress, unit="fit"
+    )
     for n in ns:
         X = np.eye(n)
         for seed in seeds:
@@ -1251,12 +1328,22 @@ def bottleneck_sweep(ns=(16, 32, 64), seeds=(0, 1, 2), temperature: float = 1.0,
             errs = logit_errors(P)
             for k in range(1, n + 1):
                 fit = fit_head(X, P, k, max_iter=max_iter)
-                rows.append(dict(
-                    mask="bidirectional", n=n, seed=seed, temperature=float(temperature), head_dim=k,
-                    min_head_dim=r, logit_error=float(errs[k]), logit_error_lower=float(errs[k]),
-                    logit_error_rel=float(errs[k] / errs[0]),
-                    kl_svd=fit.kl_svd_init, kl_fit=fit.kl, max_abs_error=fit.max_abs_error,
-                ))
+                rows.append(
+                    dict(
+                        mask="bidirectional",
+                        n=n,
+                        seed=seed,
+                        temperature=float(temperature),
+                        head_dim=k,
+                        min_head_dim=r,
+                        logit_error=float(errs[k]),
+                        logit_error_lower=float(errs[k]),
+                        logit_error_rel=float(errs[k] / errs[0]),
+                        kl_svd=fit.kl_svd_init,
+                        kl_fit=fit.kl,
+                        max_abs_error=fit.max_abs_error,
+                    )
+                )
                 bar.update(1)
             if causal:
                 rows += _causal_sweep_rows(n, seed, temperature, max_iter, bar)
@@ -1279,8 +1366,10 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
     floor = 1e-17  # exact zeros (and float64 rounding noise, which can be negative) drawn here
     causal = any(r["mask"] == "causal" for r in rows)
     fig, axes = plt.subplots(2, len(ns), figsize=(4.2 * len(ns), 6.6), squeeze=False, sharey="row")
-    panels = [("logit_error", None, "logit-space error e_k (nats, Frobenius)"),
-              ("kl_fit", "kl_svd", "mean row KL(P || fit) (nats)")]
+    panels = [
+        ("logit_error", None, "logit-space error e_k (nats, Frobenius)"),
+        ("kl_fit", "kl_svd", "mean row KL(P || fit) (nats)"),
+    ]
 
     def mean_curve(sel, key):  # [seeds, k] -> geometric mean over seeds, each curve with the floor
         seeds = sorted({r["seed"] for r in sel})
@@ -1298,15 +1387,24 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
             for v in vals:
                 ax.plot(ks, v, color="C0", alpha=0.25, lw=0.8)
             name = "bidirectional: " if causal else ""
-            ax.plot(ks, mean, color="C0", lw=2,
-                    label=f"{name}optimised (L-BFGS)" if key2 else f"{name}{len(seeds)} seeds, geometric mean")
+            ax.plot(
+                ks,
+                mean,
+                color="C0",
+                lw=2,
+                label=f"{name}optimised (L-BFGS)" if key2 else f"{name}{len(seeds)} seeds, geometric mean",
+            )
             if key2:
-                ax.plot(ks, mean_curve(sel, key2)[1], color="C1", lw=1.5, ls="--",
-                        label=f"{name}truncated-SVD logits")
+                ax.plot(ks, mean_curve(sel, key2)[1], color="C1", lw=1.5, ls="--", label=f"{name}truncated-SVD logits")
             if csel:
                 upper = mean_curve(csel, key)[1]
-                ax.plot(ks, upper, color="C2", lw=2,
-                        label="causal: logit-space fit" if key2 else "causal: achieved (L-BFGS-B)")
+                ax.plot(
+                    ks,
+                    upper,
+                    color="C2",
+                    lw=2,
+                    label="causal: logit-space fit" if key2 else "causal: achieved (L-BFGS-B)",
+                )
                 r_causal = sorted({r["min_head_dim"] for r in csel})
                 if not key2:
                     lower = mean_curve(csel, "logit_error_lower")[1]
@@ -1314,11 +1412,22 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
                     below = ks <= r_causal[-1] - 1  # from the threshold on both are 0 up to rounding
                     ax.fill_between(ks[below], lower[below], upper[below], color="C2", alpha=0.15, lw=0)
                 for i, rc in enumerate(r_causal):
-                    ax.axvline(rc, color="C2", ls="--", lw=1,
-                               label="⌈(n − 1)/2⌉ (causal threshold)" if i == 0 and rc == math.ceil((n - 1) / 2)
-                               else ("causal threshold" if i == 0 else None))
-            ax.axvline(n - 1, color="C3", ls="--", lw=1,
-                       label="n − 1 (bidirectional threshold)" if causal else "n − 1 (sharp threshold)")
+                    ax.axvline(
+                        rc,
+                        color="C2",
+                        ls="--",
+                        lw=1,
+                        label="⌈(n − 1)/2⌉ (causal threshold)"
+                        if i == 0 and rc == math.ceil((n - 1) / 2)
+                        else ("causal threshold" if i == 0 else None),
+                    )
+            ax.axvline(
+                n - 1,
+                color="C3",
+                ls="--",
+                lw=1,
+                label="n − 1 (bidirectional threshold)" if causal else "n − 1 (sharp threshold)",
+            )
             ax.axvline(n, color="k", ls=":", lw=1, label="n (paper's d_p ≥ n)")
             ax.axhline(floor, color="0.6", lw=0.6)
             ax.set_yscale("log")
@@ -1335,8 +1444,11 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
                 ax.legend(fontsize=7, loc="lower left")
     temp = rows[0]["temperature"]
     what = "bidirectional and causal (masked) heads" if causal else "one head"
-    fig.suptitle(f"Low-rank bottleneck of {what}, random P = softmax(G / T), T = {temp:g}; "
-                 f"values at {floor:g} are exact zeros (float64)", fontsize=10)
+    fig.suptitle(
+        f"Low-rank bottleneck of {what}, random P = softmax(G / T), T = {temp:g}; "
+        f"values at {floor:g} are exact zeros (float64)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -95,8 +95,9 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*")
-                       if p.is_file() and p.name.endswith(_SUFFIXES) and not _is_hidden(p, path))
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES) and not _is_hidden(p, path)
+        )
         if not files:
             raise ValueError(f"{path}: directory holds no {'/'.join(_SUFFIXES)} files")
         docs = [d for f in files for d in _read_file(f, text_field)]
@@ -107,7 +108,8 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
     elif os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith("."):
         where = (
             " (the default: the project's shared data beside the repository, or $FIXEDHEAD_DATA_DIR)"
-            if path == DEFAULT_CORPUS else ""
+            if path == DEFAULT_CORPUS
+            else ""
         )
         raise FileNotFoundError(
             f"corpus {str(source)!r} does not exist{where}; pass --corpus PATH (a .txt/.jsonl(.gz) file or a "

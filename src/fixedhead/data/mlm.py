@@ -47,8 +47,10 @@ class DataSettings:
 
     def __post_init__(self):
         if not isinstance(self.corpus, (str, os.PathLike)) or not str(self.corpus).strip():
-            raise ValueError("DataSettings needs a corpus: a .txt/.jsonl(.gz) file, a directory of them, "
-                             "or a Hugging Face dataset name (e.g. fixedhead.data.DEFAULT_CORPUS)")
+            raise ValueError(
+                "DataSettings needs a corpus: a .txt/.jsonl(.gz) file, a directory of them, "
+                "or a Hugging Face dataset name (e.g. fixedhead.data.DEFAULT_CORPUS)"
+            )
         # recorded as an absolute path: the run must mean the same file from any working folder
         self.corpus = resolve_local_path(self.corpus)
         positive_int("vocab_size", self.vocab_size)
@@ -88,12 +90,18 @@ def prepare_data(
         corpus_digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
     duplicates = len(docs) - len(train_docs) - len(held_docs)
     if progress and duplicates:
-        print(f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
-              f"(held-out text must never be trained on)", flush=True)
+        print(
+            f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
+            f"(held-out text must never be trained on)",
+            flush=True,
+        )
     if progress:
-        print(f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
-              f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
-              f"{' …' if len(held_docs) > 6 else ''}", flush=True)
+        print(
+            f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
+            f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
+            f"{' …' if len(held_docs) > 6 else ''}",
+            flush=True,
+        )
     tokenizer = tokenizer or train_tokenizer(
         [d.text for d in train_docs],
         vocab_size=settings.vocab_size,
@@ -123,9 +131,11 @@ def prepare_data(
         "prepare_seconds": round(time.time() - t0, 1),
     }
     if progress:
-        print(f"data: {train.numel():,} training tokens in {train.shape[0]:,} sequences of {settings.max_seq_length}; "
-              f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
-              flush=True)
+        print(
+            f"data: {train.numel():,} training tokens in {train.shape[0]:,} sequences of {settings.max_seq_length}; "
+            f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
+            flush=True,
+        )
     return PreparedData(tokenizer, train, heldout, info, settings)
 
 

@@ -61,9 +61,7 @@ def pack_sequences(token_ids: list[list[int]], max_seq_length: int, cls_id: int,
         stream.append(sep_id)
     n = len(stream) // body
     if n == 0:
-        raise ValueError(
-            f"corpus too small: {len(stream)} tokens, fewer than one sequence of {max_seq_length}"
-        )
+        raise ValueError(f"corpus too small: {len(stream)} tokens, fewer than one sequence of {max_seq_length}")
     body_t = torch.tensor(stream[: n * body], dtype=torch.long).view(n, body)
     cls = torch.full((n, 1), cls_id, dtype=torch.long)
     sep = torch.full((n, 1), sep_id, dtype=torch.long)

@@ -43,8 +43,9 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def sample_sphere(shape: tuple[int, ...], dim: int, generator: torch.Generator | None = None,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sample_sphere(
+    shape: tuple[int, ...], dim: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Points drawn uniformly from the unit sphere S^{dim−1}: a tensor [*shape, dim] of unit rows."""
     x = torch.randn(*shape, dim, generator=generator, dtype=dtype)
     return x / x.norm(dim=-1, keepdim=True)
@@ -86,10 +87,11 @@ def farthest_point_indices(points: torch.Tensor, projection: torch.Tensor) -> to
     if points.dim() != 3:
         raise ValueError(f"points must be [batch, N, d], got shape {tuple(points.shape)}")
     if projection.dim() != 2 or projection.shape[1] != points.shape[-1]:
-        raise ValueError(f"projection must be [r, {points.shape[-1]}] (d of the points), got shape "
-                         f"{tuple(projection.shape)}")
-    z = points @ projection.to(points.dtype).T            # [batch, N, r]: U x_j
-    scores = z @ z.transpose(1, 2)                        # [batch, N, N]: ⟨U x_i, U x_j⟩
+        raise ValueError(
+            f"projection must be [r, {points.shape[-1]}] (d of the points), got shape {tuple(projection.shape)}"
+        )
+    z = points @ projection.to(points.dtype).T  # [batch, N, r]: U x_j
+    scores = z @ z.transpose(1, 2)  # [batch, N, N]: ⟨U x_i, U x_j⟩
     return scores.argmin(dim=-1)
 
 
@@ -131,8 +133,9 @@ class FarthestPointTask:
         """U, [rank, dim], orthonormal rows (see :func:`orthonormal_projection`)."""
         return orthonormal_projection(self.rank, self.dim, self.seed)
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None,
-               projection: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None, projection: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draw ``batch_size`` fresh sets.
 
         Args:

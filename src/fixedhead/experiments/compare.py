@@ -44,8 +44,13 @@ class ComparePreset:
 
 
 def _cpu_preset(steps=700, batch=128) -> ComparePreset:
-    common = dict(num_hidden_layers=2, intermediate_size=512, max_position_embeddings=32,
-                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    common = dict(
+        num_hidden_layers=2,
+        intermediate_size=512,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return ComparePreset(
         description="d=128, 16 heads, n=32: standard d_p=8 vs fixed d_p=n=32 vs a parameter-matched wider "
         "standard model; 2 layers, Gutenberg books",
@@ -64,14 +69,26 @@ def _cpu_preset(steps=700, batch=128) -> ComparePreset:
 
 
 def _tiny_preset() -> ComparePreset:
-    common = dict(num_hidden_layers=1, intermediate_size=64, max_position_embeddings=32,
-                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    common = dict(
+        num_hidden_layers=1,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return ComparePreset(
         description="a seconds-long smoke test: d=32, 8 heads (d_p=4) vs fixed d_p=16",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=500, max_seq_length=32, max_train_tokens=40_000,
-                          max_eval_tokens=4_000, tokenizer_max_chars=300_000),
-        train=TrainSettings(batch_size=16, max_steps=20, learning_rate=2e-3, logging_steps=5, eval_steps=10,
-                            save_steps=20),
+        data=DataSettings(
+            corpus=str(DEFAULT_CORPUS),
+            vocab_size=500,
+            max_seq_length=32,
+            max_train_tokens=40_000,
+            max_eval_tokens=4_000,
+            tokenizer_max_chars=300_000,
+        ),
+        train=TrainSettings(
+            batch_size=16, max_steps=20, learning_rate=2e-3, logging_steps=5, eval_steps=10, save_steps=20
+        ),
         models={
             "standard": dict(common, hidden_size=32, num_attention_heads=8, head_dim=None),
             "fixed": dict(common, hidden_size=32, num_attention_heads=8, head_dim=16),
@@ -157,9 +174,12 @@ def run_compare(
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
         run_dir = out / name
         if progress:
-            print(f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
-                  f"d_p={config.attention_head_size} ({'fixed' if config.is_fixed_head else 'standard'}), "
-                  f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps", flush=True)
+            print(
+                f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
+                f"d_p={config.attention_head_size} ({'fixed' if config.is_fixed_head else 'standard'}), "
+                f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
+                flush=True,
+            )
         results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
@@ -197,9 +217,13 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
     if not out.is_dir():
         return
     foreign = sorted(
-        e.name for e in out.iterdir()
-        if not (e.name in _COMPARE_FILES or (e.is_dir() and e.name in model_names)
-                or any(e.name.startswith(f".{f}.") for f in _COMPARE_FILES))  # a staged write cut short
+        e.name
+        for e in out.iterdir()
+        if not (
+            e.name in _COMPARE_FILES
+            or (e.is_dir() and e.name in model_names)
+            or any(e.name.startswith(f".{f}.") for f in _COMPARE_FILES)
+        )  # a staged write cut short
     )
     if foreign:
         raise FileExistsError(
@@ -232,8 +256,15 @@ def environment_info() -> dict:
     }
 
 
-def train_or_reuse(config, data, run_dir: Path, train: TrainSettings, data_settings: DataSettings,
-                   overwrite: bool = False, progress: bool = True) -> dict:
+def train_or_reuse(
+    config,
+    data,
+    run_dir: Path,
+    train: TrainSettings,
+    data_settings: DataSettings,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
     """Pretrain one model into ``run_dir``, or return its metrics if it already finished there.
 
     A run counts as finished when ``metrics.json`` exists and ``pretrain_settings.json`` records
@@ -258,8 +289,9 @@ def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> b
         saved = load_json_file(settings_file)
     except ValueError:
         return False  # unreadable: retrain rather than trust it
-    return (same_run_settings(saved, run_fingerprint(config, train, data_settings))
-            and same_corpus_text(saved, data_info.get("corpus_sha256")))
+    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and same_corpus_text(
+        saved, data_info.get("corpus_sha256")
+    )
 
 
 TABLE_COLUMNS = [
@@ -289,13 +321,18 @@ def format_table(results: list[dict], unigram_perplexity: float | None = None) -
     rows = [[fmt.format(r[key]) for key, _, fmt in columns] for r in results]
     headers = [h for _, h, _ in columns]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
     lines = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
     if unigram_perplexity:
         objective = results[0].get("objective", "mlm") if results else "mlm"
         scored = "masked tokens" if objective == "mlm" else "next tokens"
-        lines.append(f"unigram reference (training-set word frequencies, no context) on the same held-out {scored}: "
-                     f"ppl {unigram_perplexity:.1f}; 'below unigram' is its log minus the model's loss, in nats")
+        lines.append(
+            f"unigram reference (training-set word frequencies, no context) on the same held-out {scored}: "
+            f"ppl {unigram_perplexity:.1f}; 'below unigram' is its log minus the model's loss, in nats"
+        )
     return "\n".join(lines)
 
 
@@ -319,13 +356,19 @@ def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> No
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for r in results:
         tokens_per_step = r["tokens_per_step"]
-        label = f"{r['name']} (d={r['hidden_size']}, h={r['num_attention_heads']}, d_p={r['head_dim']}, " \
-                f"{r['parameters'] / 1e6:.2f}M)"
+        label = (
+            f"{r['name']} (d={r['hidden_size']}, h={r['num_attention_heads']}, d_p={r['head_dim']}, "
+            f"{r['parameters'] / 1e6:.2f}M)"
+        )
         for ax, curve in ((axes[0], r["train_curve"]), (axes[1], r["eval_curve"])):
             if curve:
-                steps, losses = zip(*curve)
-                ax.plot([s * tokens_per_step / 1e6 for s in steps], losses, marker="." if ax is axes[1] else None,
-                        label=label)
+                steps, losses = zip(*curve, strict=True)
+                ax.plot(
+                    [s * tokens_per_step / 1e6 for s in steps],
+                    losses,
+                    marker="." if ax is axes[1] else None,
+                    label=label,
+                )
     axes[0].set_title("training MLM loss")
     axes[1].set_title("held-out MLM loss (fixed masking)")
     for ax in axes:

@@ -57,8 +57,9 @@ PAPER_PRESETS: dict[str, ModelPreset] = {
 
 #: the paper's LM1B setup (tensor2tensor, PAPER.md "Experiments"): 6 layers, 32k sub-word vocabulary,
 #: sequence length 256, feed-forward 1024. The paper gives no parameter counts for these models.
-_LM1B_COMMON = dict(vocab_size=32000, num_hidden_layers=6, max_position_embeddings=256, intermediate_size=1024,
-                    type_vocab_size=2)
+_LM1B_COMMON = dict(
+    vocab_size=32000, num_hidden_layers=6, max_position_embeddings=256, intermediate_size=1024, type_vocab_size=2
+)
 
 
 def _lm1b(name, source, hidden, heads, head_dim, desc):
@@ -70,15 +71,35 @@ LM1B_PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         # Fig. 1 and 3a: fixed head size d_p = 32 at d = 256, with 4 to 64 heads (the paper: 4-70)
-        [_lm1b(f"lm1b-fixed-d256-h{h}-dp32", "Fig. 1/3a (LM1B)", 256, h, 32, f"LM1B-style, d=256, {h} heads of 32")
-         for h in (4, 8, 16, 32, 64)]
+        [
+            _lm1b(f"lm1b-fixed-d256-h{h}-dp32", "Fig. 1/3a (LM1B)", 256, h, 32, f"LM1B-style, d=256, {h} heads of 32")
+            for h in (4, 8, 16, 32, 64)
+        ]
         # Fig. 3a baseline: standard heads at d = 256 (d_p = 256/h)
-        + [_lm1b(f"lm1b-standard-d256-h{h}", "Fig. 3a (LM1B)", 256, h, None,
-                 f"LM1B-style, d=256, {h} standard heads (d_p={256 // h})") for h in (4, 8, 16, 32, 64)]
+        + [
+            _lm1b(
+                f"lm1b-standard-d256-h{h}",
+                "Fig. 3a (LM1B)",
+                256,
+                h,
+                None,
+                f"LM1B-style, d=256, {h} standard heads (d_p={256 // h})",
+            )
+            for h in (4, 8, 16, 32, 64)
+        ]
         # Fig. 1 baselines: wider standard models, d = 256..512 (the head count of these baselines
         # is not stated in the paper's text; 8 heads here)
-        + [_lm1b(f"lm1b-standard-d{d}-h8", "Fig. 1 (LM1B)", d, 8, None,
-                 f"LM1B-style baseline, d={d}, 8 standard heads (d_p={d // 8})") for d in (320, 384, 448, 512)]
+        + [
+            _lm1b(
+                f"lm1b-standard-d{d}-h8",
+                "Fig. 1 (LM1B)",
+                d,
+                8,
+                None,
+                f"LM1B-style baseline, d={d}, 8 standard heads (d_p={d // 8})",
+            )
+            for d in (320, 384, 448, 512)
+        ]
     )
 }
 

@@ -84,7 +84,8 @@ def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:
         runs = sorted(by_key.get(p["key"], []), key=lambda r: r["seed"])
         if runs:
             series.setdefault((p["experiment"], p["series"]), []).append(
-                PointStats(p["experiment"], p["series"], p["x"], p["key"], runs))
+                PointStats(p["experiment"], p["series"], p["x"], p["key"], runs)
+            )
     for v in series.values():
         v.sort(key=lambda s: s.x)
     return series
@@ -126,9 +127,11 @@ def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: 
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
-    text = (f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; "
-            f"{label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
-            f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})")
+    text = (
+        f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; "
+        f"{label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
+        f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
+    )
     return text, verdict(delta, p, paper_sign)
 
 
@@ -153,21 +156,34 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     # 1. standard heads degrade beyond a threshold at fixed d
     if len(std_h) >= 2:
         best = min(std_h[:-1], key=lambda q: q.mean())
-        text, v = _compare(best, std_h[-1], "ppl", +1, f"best standard h={best.x} (d_p={best.head_dim})",
-                           f"standard h={std_h[-1].x} (d_p={std_h[-1].head_dim})")
+        text, v = _compare(
+            best,
+            std_h[-1],
+            "ppl",
+            +1,
+            f"best standard h={best.x} (d_p={best.head_dim})",
+            f"standard h={std_h[-1].x} (d_p={std_h[-1].head_dim})",
+        )
         text += "; the best is picked after the fact, which favours finding a difference"
     else:
         text, v = _compare(None, None, "ppl", +1, "", "")
-    rows.append(("Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
-                 "(LM1B, d=256: beyond 16 heads)", text, v))
+    rows.append(
+        (
+            "Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
+            "(LM1B, d=256: beyond 16 heads)",
+            text,
+            v,
+        )
+    )
     # 2. fixed heads keep improving with more heads
     a, b = (fix_h[0], fix_h[-1]) if len(fix_h) >= 2 else (None, None)
     text, v = _compare(a, b, "ppl", -1, f"fixed h={a.x}" if a else "", f"fixed h={b.x}" if b else "")
     if len(fix_h) >= 3:
         means = [q.mean() for q in fix_h]
         mono = all(y < x for x, y in pairwise(means))
-        text += f"; means {'fall at every step' if mono else 'do not fall at every step'}: " + \
-            ", ".join(f"h={q.x}: {q.mean():.2f}" for q in fix_h)
+        text += f"; means {'fall at every step' if mono else 'do not fall at every step'}: " + ", ".join(
+            f"h={q.x}: {q.mean():.2f}" for q in fix_h
+        )
     rows.append(("Fig. 3a: with a fixed head size the model keeps improving as heads are added", text, v))
     # 3. same d and the largest h: fixed beats standard
     # the largest h measured in both series where the two differ (a fixed d_p = d/h is the standard layer)
@@ -175,47 +191,95 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     both = [q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key]
     h_max = max(both, default=None)
     a, b = _point(s, "heads", "standard", h_max), _point(s, "heads", "fixed", h_max)
-    text, v = _compare(a, b, "ppl", -1, f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
-                       f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""))
-    rows.append(("Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard "
-                 "d_p = d/h", text, v))
+    text, v = _compare(
+        a,
+        b,
+        "ppl",
+        -1,
+        f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
+        f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
+    )
+    rows.append(
+        ("Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h", text, v)
+    )
     # 4. Fig. 1: fixed at the smallest d vs standard of about equal parameter count
     std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
     a = b = None
     if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(a, b, "ppl", -1, f"standard d={a.x} ({a.params / 1e6:.2f}M)" if a else "",
-                       f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']} ({b.params / 1e6:.2f}M)" if b else "")
-    rows.append(("Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
-                 "of equal parameter count (made wider instead)", text, v))
+    text, v = _compare(
+        a,
+        b,
+        "ppl",
+        -1,
+        f"standard d={a.x} ({a.params / 1e6:.2f}M)" if a else "",
+        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']} ({b.params / 1e6:.2f}M)" if b else "",
+    )
+    rows.append(
+        (
+            "Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
+            "of equal parameter count (made wider instead)",
+            text,
+            v,
+        )
+    )
     # 5. Table 2B: larger head size at fixed h
     hs = s.get(("head_size", "fixed"), [])
     a, b = (hs[0], hs[-1]) if len(hs) >= 2 else (None, None)
     text, v = _compare(a, b, "ppl", -1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
-    rows.append(("Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
-                 "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)", text, v))
+    rows.append(
+        (
+            "Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
+            "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)",
+            text,
+            v,
+        )
+    )
     text, v = _compare(a, b, "ft", +1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
     rows.append((f"Table 2B, fine-tuned: larger head size fine-tunes better (ours: {task} dev)", text, v))
     # 6. Table 1: standard heads 8 -> 32 slightly worse downstream
     a, b = _point(s, "heads", "standard", 8), _point(s, "heads", "standard", 32)
     text, v = _compare(a, b, "ft", -1, "standard h=8", "standard h=32")
-    rows.append((f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
-                 f"SQuAD F1 90.89→90.45; ours: {task} dev)", text, v))
+    rows.append(
+        (
+            f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
+            f"SQuAD F1 90.89→90.45; ours: {task} dev)",
+            text,
+            v,
+        )
+    )
     # 7. Table 2A: fixed heads 8 -> 32 better downstream
     a, b = _point(s, "heads", "fixed", 8), _point(s, "heads", "fixed", 32)
     text, v = _compare(a, b, "ft", +1, "fixed h=8", "fixed h=32")
-    rows.append((f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
-                 f"89.6→90.95; ours: {task} dev)", text, v))
+    rows.append(
+        (
+            f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
+            f"89.6→90.95; ours: {task} dev)",
+            text,
+            v,
+        )
+    )
     # 8. Fig. 2: fixed vs standard of equal size, downstream
     a = b = None
     if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(a, b, "ft", +1, f"standard d={a.x}" if a else "",
-                       f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "")
-    rows.append((f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size "
-                 f"(ours: {task} dev)", text, v))
+    text, v = _compare(
+        a,
+        b,
+        "ft",
+        +1,
+        f"standard d={a.x}" if a else "",
+        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "",
+    )
+    rows.append(
+        (
+            f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size (ours: {task} dev)",
+            text,
+            v,
+        )
+    )
     # 9. pretraining perplexity vs fine-tuning score across all runs
     pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
     if len(pairs) >= 4:
@@ -232,14 +296,26 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     from ..experiments.presets import PAPER_PRESETS
     from ..modeling import count_parameters
 
-    errs = [abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
-            for p in PAPER_PRESETS.values() if p.paper_params]
-    rows.append((f"Tables 1–3: reported parameter counts ({len(errs)} configurations, 130M–336M)",
-                 f"our architecture's count is within {100 * max(errs):.2f}% of every reported number",
-                 "agrees"))
-    rows.append(("Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
-                 "LM1B perplexities", "not run here (CPU only); the presets exist, see README",
-                 "cannot tell at this scale"))
+    errs = [
+        abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
+        for p in PAPER_PRESETS.values()
+        if p.paper_params
+    ]
+    rows.append(
+        (
+            f"Tables 1–3: reported parameter counts ({len(errs)} configurations, 130M–336M)",
+            f"our architecture's count is within {100 * max(errs):.2f}% of every reported number",
+            "agrees",
+        )
+    )
+    rows.append(
+        (
+            "Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
+            "LM1B perplexities",
+            "not run here (CPU only); the presets exist, see README",
+            "cannot tell at this scale",
+        )
+    )
     return rows
 
 
@@ -275,8 +351,14 @@ def plot_heads(series, path, ref=None):
             dp = "d/h" if kind == "standard" else f"{pts[0].head_dim}"
             _errorbar(ax, pts, [q.x for q in pts], "ppl", f"{kind} (d_p = {dp})", kind)
     for q in series.get(("heads", "standard"), []):
-        ax.annotate(f"d_p={q.head_dim}", (q.x, q.mean()), textcoords="offset points", xytext=(4, -10), fontsize=7,
-                    color=_STYLE["standard"]["color"])
+        ax.annotate(
+            f"d_p={q.head_dim}",
+            (q.x, q.mean()),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=7,
+            color=_STYLE["standard"]["color"],
+        )
     ax.set_xscale("log", base=2)
     _plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
     ax.set_xlabel("number of heads h")
@@ -329,8 +411,14 @@ def plot_finetune(state, path, task, majority=None, ref=None):
     for kind in ("standard", "fixed"):
         rs = [r for r in state["runs"].values() if "finetune" in r and r["fixed_head"] == (kind == "fixed")]
         if rs:
-            ax.scatter([r["heldout_perplexity"] for r in rs], [r["finetune"]["score"] for r in rs],
-                       label=f"{kind} head size", color=_STYLE[kind]["color"], marker=_STYLE[kind]["marker"], s=18)
+            ax.scatter(
+                [r["heldout_perplexity"] for r in rs],
+                [r["finetune"]["score"] for r in rs],
+                label=f"{kind} head size",
+                color=_STYLE[kind]["color"],
+                marker=_STYLE[kind]["marker"],
+                s=18,
+            )
     ax.set_xlabel("held-out MLM perplexity of the pretrained checkpoint")
     ax.set_ylabel(f"{task} dev score after fine-tuning")
     ax.set_title("fine-tuning score vs pretraining perplexity (every run)", fontsize=10)
@@ -339,13 +427,17 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 # ----------------------------------------------------------------------------------- report
 def _table(pts: list[PointStats], xname: str, task: str) -> list[str]:
-    lines = [f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | {task} dev | run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | {task} dev | run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for q in pts:
         r = q.runs[0]
-        lines.append(f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-                     f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | "
-                     f"{_fmt(q.mean('ft'), q.std('ft'), 4)} | `{q.key}` |")
+        lines.append(
+            f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
+            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | "
+            f"{_fmt(q.mean('ft'), q.std('ft'), 4)} | `{q.key}` |"
+        )
     return lines
 
 
@@ -393,61 +485,91 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     L = [f"# Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}", ""]
     L += [f"{meta['description']}.", ""]
     if n_runs < expected:
-        L += [f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
-              f"rerunning the same command resumes the rest.", ""]
+        L += [
+            f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
+            f"rerunning the same command resumes the rest.",
+            "",
+        ]
     commands = meta.get("commands") or [meta["command"]]
     L += ["## What was run", ""]
-    L += [f"- command{'s (workers sharing the plan, or resumed invocations)' if len(commands) > 1 else ''}: "
-          + ", ".join(f"`{c}`" for c in commands)]
-    L += [f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
-          + (f"; the runs' own training + fine-tuning time sums to {meta['compute_seconds'] / 60:.1f} min"
-             if "compute_seconds" in meta else "")
-          + f"; on {meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
-          f"{meta.get('torch_threads')} per process",
-          f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
-          + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
-          f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
-          f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
-          f"available, held-out: {len(info.get('heldout_documents', []))} books "
-          f"({info.get('heldout_sequences', 0):,} sequences scored with one fixed 15% masking)",
-          f"- tokenizer: WordPiece, vocabulary {info.get('vocab_size')}",
-          f"- pretraining per run: {tr['max_steps']} steps × batch {tr['batch_size']} × {d['max_seq_length']} "
-          f"tokens = {tr['max_steps'] * tr['batch_size'] * d['max_seq_length']:,} tokens, AdamW lr "
-          f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, linear decay, no dropout",
-          f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and masking "
-          f"of the held-out set are fixed)"]
+    L += [
+        f"- command{'s (workers sharing the plan, or resumed invocations)' if len(commands) > 1 else ''}: "
+        + ", ".join(f"`{c}`" for c in commands)
+    ]
+    L += [
+        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
+        + (
+            f"; the runs' own training + fine-tuning time sums to {meta['compute_seconds'] / 60:.1f} min"
+            if "compute_seconds" in meta
+            else ""
+        )
+        + f"; on {meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
+        f"{meta.get('torch_threads')} per process",
+        f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
+        + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
+        f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
+        f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
+        f"available, held-out: {len(info.get('heldout_documents', []))} books "
+        f"({info.get('heldout_sequences', 0):,} sequences scored with one fixed 15% masking)",
+        f"- tokenizer: WordPiece, vocabulary {info.get('vocab_size')}",
+        f"- pretraining per run: {tr['max_steps']} steps × batch {tr['batch_size']} × {d['max_seq_length']} "
+        f"tokens = {tr['max_steps'] * tr['batch_size'] * d['max_seq_length']:,} tokens, AdamW lr "
+        f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, linear decay, no dropout",
+        f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and masking "
+        f"of the held-out set are fixed)",
+    ]
     if ft:
         first = "" if ft.get("max_dev_examples") is None else f", first {ft['max_dev_examples']} dev examples"
-        L += [f"- fine-tuning per run: GLUE {task}, {ft['max_train_examples']} training examples, "
-              f"{ft['validation_size']} carved out of GLUE train for early stopping (every {ft['eval_steps']} "
-              f"steps, patience {ft['patience']}, best checkpoint), ≤ {ft['max_steps']} steps × batch "
-              f"{ft['batch_size']}, max length {ft['max_seq_length']}, lr {ft['learning_rate']}; score = GLUE "
-              f"dev {task} (the test set here){first}"]
-    L += ["", "Perplexity = exp(mean masked-token cross-entropy) on the held-out books; lower is better. "
-          "Values are mean ± sample std over seeds.", ""]
+        L += [
+            f"- fine-tuning per run: GLUE {task}, {ft['max_train_examples']} training examples, "
+            f"{ft['validation_size']} carved out of GLUE train for early stopping (every {ft['eval_steps']} "
+            f"steps, patience {ft['patience']}, best checkpoint), ≤ {ft['max_steps']} steps × batch "
+            f"{ft['batch_size']}, max length {ft['max_seq_length']}, lr {ft['learning_rate']}; score = GLUE "
+            f"dev {task} (the test set here){first}"
+        ]
+    L += [
+        "",
+        "Perplexity = exp(mean masked-token cross-entropy) on the held-out books; lower is better. "
+        "Values are mean ± sample std over seeds.",
+        "",
+    ]
     uni = meta.get("unigram_perplexity")
     if uni:
         ppls = [r["heldout_perplexity"] for r in state["runs"].values()]
         worse = sum(p > uni for p in ppls)
-        L += [f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same masked "
-              f"tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f} (the best is "
-              f"{100 * (1 - min(ppls) / uni):.0f}% below it; {worse} of {len(ppls)} runs are above it). "
-              + ("At this budget the models have learnt little beyond word frequencies, so there is little "
-                 "that attention, and so its head size, can show."
-                 if min(ppls) > 0.75 * uni else "The models use context well beyond word frequencies."), ""]
+        L += [
+            f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same masked "
+            f"tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f} (the best is "
+            f"{100 * (1 - min(ppls) / uni):.0f}% below it; {worse} of {len(ppls)} runs are above it). "
+            + (
+                "At this budget the models have learnt little beyond word frequencies, so there is little "
+                "that attention, and so its head size, can show."
+                if min(ppls) > 0.75 * uni
+                else "The models use context well beyond word frequencies."
+            ),
+            "",
+        ]
     majority = _majority_rate(task)
     ft_runs = [r for r in state["runs"].values() if "finetune" in r]
     if majority is not None and ft_runs and (meta.get("finetune") or {}).get("max_dev_examples") is None:
         stuck = [r for r in ft_runs if abs(r["finetune"]["dev"].get("accuracy", -1) - majority) < 1e-9]
-        L += [f"**Fine-tuning:** always answering the majority class scores {majority:.4f} on {task} dev; "
-              f"{len(stuck)} of {len(ft_runs)} fine-tuning runs ended exactly there (the classifier never left "
-              f"the majority class within its budget), which makes the fine-tuning column mostly noise. "
-              f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.", ""]
-    L += ["## Paper claim → our measurement", "",
-          "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
-          "other direction = does not agree, otherwise cannot tell at this scale. With 2 seeds the test "
-          "has little power.", "",
-          "| paper claim | our measurement | verdict |", "|---|---|---|"]
+        L += [
+            f"**Fine-tuning:** always answering the majority class scores {majority:.4f} on {task} dev; "
+            f"{len(stuck)} of {len(ft_runs)} fine-tuning runs ended exactly there (the classifier never left "
+            f"the majority class within its budget), which makes the fine-tuning column mostly noise. "
+            f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
+            "",
+        ]
+    L += [
+        "## Paper claim → our measurement",
+        "",
+        "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
+        "other direction = does not agree, otherwise cannot tell at this scale. With 2 seeds the test "
+        "has little power.",
+        "",
+        "| paper claim | our measurement | verdict |",
+        "|---|---|---|",
+    ]
     for claim, measured, v in claims(state):
         L.append(f"| {claim} | {measured} | **{v}** |")
     L += ["", "## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
@@ -455,8 +577,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         pts = series.get(("heads", kind), [])
         if pts:
             L += [f"**{kind}**", ""] + _table(pts, "h", task) + [""]
-    L += ["## Embedding size against parameter count (paper Fig. 1 and 2)", "",
-          "![perplexity vs parameters](params.png)", ""]
+    L += [
+        "## Embedding size against parameter count (paper Fig. 1 and 2)",
+        "",
+        "![perplexity vs parameters](params.png)",
+        "",
+    ]
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
@@ -465,8 +591,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     pts = series.get(("head_size", "fixed"), [])
     if pts:
         L += _table(pts, "d_p", task) + [""]
-    L += ["## Fine-tuning score against pretraining perplexity", "",
-          "![fine-tuning vs perplexity](finetune_vs_perplexity.png)", ""]
+    L += [
+        "## Fine-tuning score against pretraining perplexity",
+        "",
+        "![fine-tuning vs perplexity](finetune_vs_perplexity.png)",
+        "",
+    ]
     report = out / "report.md"
     write_text_atomic(report, "\n".join(L) + "\n")
     return report

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
-from ..data.mlm import DataSettings, prepare_data, unigram_perplexity  # noqa: F401 (re-exported)
+from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..modeling import count_parameters
 from ..runs import claim_output_dir, load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
@@ -97,62 +97,112 @@ def run_key(fields: dict) -> str:
 
 def _points_heads(d, heads_std, heads_fixed, d_p):
     pts = [SweepPoint("heads", "standard", h, dict(hidden_size=d, num_attention_heads=h)) for h in heads_std]
-    pts += [SweepPoint("heads", "fixed", h, dict(hidden_size=d, num_attention_heads=h, head_dim=d_p))
-            for h in heads_fixed]
+    pts += [
+        SweepPoint("heads", "fixed", h, dict(hidden_size=d, num_attention_heads=h, head_dim=d_p)) for h in heads_fixed
+    ]
     return pts
 
 
 def _points_embedding(ds_std, h_std, d_fixed, heads_fixed, d_p):
     pts = [SweepPoint("embedding", "standard", d, dict(hidden_size=d, num_attention_heads=h_std)) for d in ds_std]
-    pts += [SweepPoint("embedding", "fixed", d_fixed, dict(hidden_size=d_fixed, num_attention_heads=h,
-                                                              head_dim=d_p)) for h in heads_fixed]
+    pts += [
+        SweepPoint("embedding", "fixed", d_fixed, dict(hidden_size=d_fixed, num_attention_heads=h, head_dim=d_p))
+        for h in heads_fixed
+    ]
     return pts
 
 
 def _points_head_size(d, h, head_dims):
-    return [SweepPoint("head_size", "fixed", dp, dict(hidden_size=d, num_attention_heads=h, head_dim=dp))
-            for dp in head_dims]
+    return [
+        SweepPoint("head_size", "fixed", dp, dict(hidden_size=d, num_attention_heads=h, head_dim=dp))
+        for dp in head_dims
+    ]
 
 
 def _cpu_sweep(quick: bool = False) -> SweepPreset:
     if quick:
-        common = dict(num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                      attention_probs_dropout_prob=0.0)
+        common = dict(
+            num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
         return SweepPreset(
             description="--quick (CI-sized, seconds per run; numbers mean nothing): d=32, n=32, 1 layer",
-            data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=1000, max_seq_length=32,
-                              max_train_tokens=60_000, max_eval_tokens=6_000, tokenizer_max_chars=300_000),
-            train=TrainSettings(batch_size=16, max_steps=16, learning_rate=2e-3, logging_steps=4, eval_steps=8,
-                                save_steps=16, report_to=[]),
+            data=DataSettings(
+                corpus=str(DEFAULT_CORPUS),
+                vocab_size=1000,
+                max_seq_length=32,
+                max_train_tokens=60_000,
+                max_eval_tokens=6_000,
+                tokenizer_max_chars=300_000,
+            ),
+            train=TrainSettings(
+                batch_size=16,
+                max_steps=16,
+                learning_rate=2e-3,
+                logging_steps=4,
+                eval_steps=8,
+                save_steps=16,
+                report_to=[],
+            ),
             common=common,
-            points=_points_heads(32, [2, 8], [8], 16) + _points_embedding([32, 48], 8, 32, [8], 16)
+            points=_points_heads(32, [2, 8], [8], 16)
+            + _points_embedding([32, 48], 8, 32, [8], 16)
             + _points_head_size(32, 4, [8, 16]),
             seeds=(0, 1),
-            finetune=FinetuneSettings(max_seq_length=32, batch_size=16, learning_rate=3e-4, max_steps=8,
-                                      eval_steps=4, patience=2, validation_size=100, max_train_examples=300,
-                                      max_dev_examples=200, save_model=False),
+            finetune=FinetuneSettings(
+                max_seq_length=32,
+                batch_size=16,
+                learning_rate=3e-4,
+                max_steps=8,
+                eval_steps=4,
+                patience=2,
+                validation_size=100,
+                max_train_examples=300,
+                max_dev_examples=200,
+                save_model=False,
+            ),
         )
     # Sized for ~1 h of 2 CPU cores (see the report for what was measured). n = 64 tokens, so the
     # standard layer at d = 128 is below the paper's d_p >= n line for every h >= 2 (Theorem 1).
-    common = dict(num_hidden_layers=2, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0)
+    common = dict(
+        num_hidden_layers=2, max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     return SweepPreset(
         description="2 layers, n=64, vocab 8192, Gutenberg books; 300 steps of 32x64 tokens per run; "
         "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, "
         "4-32 heads; head size 8-64 at d=128, 8 heads",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=64,
-                          max_train_tokens=3_000_000, max_eval_tokens=100_000),
-        train=TrainSettings(batch_size=32, max_steps=300, learning_rate=2e-3, logging_steps=25, eval_steps=150,
-                            save_steps=300, report_to=[]),
+        data=DataSettings(
+            corpus=str(DEFAULT_CORPUS),
+            vocab_size=8192,
+            max_seq_length=64,
+            max_train_tokens=3_000_000,
+            max_eval_tokens=100_000,
+        ),
+        train=TrainSettings(
+            batch_size=32,
+            max_steps=300,
+            learning_rate=2e-3,
+            logging_steps=25,
+            eval_steps=150,
+            save_steps=300,
+            report_to=[],
+        ),
         common=common,
         points=_points_heads(128, [2, 4, 8, 16, 32], [4, 8, 16, 32], 32)
         + _points_embedding([128, 160, 192], 8, 128, [4, 8, 16, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
         seeds=(0, 1),
         # lr 1e-3: at 3e-4 and 150 steps these small encoders stayed at chance on SST-2 dev (measured)
-        finetune=FinetuneSettings(max_seq_length=64, batch_size=32, learning_rate=1e-3, max_steps=200,
-                                  eval_steps=50, patience=2, validation_size=400, max_train_examples=4000,
-                                  save_model=False),
+        finetune=FinetuneSettings(
+            max_seq_length=64,
+            batch_size=32,
+            learning_rate=1e-3,
+            max_steps=200,
+            eval_steps=50,
+            patience=2,
+            validation_size=400,
+            max_train_examples=4000,
+            save_model=False,
+        ),
     )
 
 
@@ -200,8 +250,11 @@ def _check_same_sweep(prev_meta: dict, data: dict, state_file: Path) -> None:
     old = prev_meta.get("data")
     if not old:
         return
-    diffs = [f"{k}: {old.get(k)!r} → {v!r}" for k, v in data.items()
-             if old.get(k) != v and not (k == "corpus" and _same_path(old.get(k), v))]
+    diffs = [
+        f"{k}: {old.get(k)!r} → {v!r}"
+        for k, v in data.items()
+        if old.get(k) != v and not (k == "corpus" and _same_path(old.get(k), v))
+    ]
     if diffs:
         raise FileExistsError(
             f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); its results would not be "
@@ -322,8 +375,11 @@ def run_sweep(
         # wall-clock span from the first invocation's start to the latest result (restarts included)
         "first_started": min(prev_meta.get("first_started", time.time()), time.time()),
     }
-    points = [asdict(pt) | {"key": run_key({**p.common, **pt.model})} for pt in p.points
-              if not experiments or pt.experiment in experiments]
+    points = [
+        asdict(pt) | {"key": run_key({**p.common, **pt.model})}
+        for pt in p.points
+        if not experiments or pt.experiment in experiments
+    ]
     runs: dict[str, dict] = {}
 
     def save():
@@ -339,11 +395,13 @@ def run_sweep(
         experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
         meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
         meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
-        meta["compute_seconds"] = round(sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0)
-                                            for r in runs.values()), 1)
+        meta["compute_seconds"] = round(
+            sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs.values()), 1
+        )
         seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
-        points.extend(q for q in other.get("points", [])
-                      if (q["experiment"], q["series"], q["x"], q["key"]) not in seen)
+        points.extend(
+            q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
+        )
         write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
 
     save()  # written first: it marks the folder as this sweep's
@@ -351,10 +409,13 @@ def run_sweep(
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
         run_dir = out / "runs" / f"{key}-s{seed}"
         if progress:
-            print(f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
-                  f"h={config.num_attention_heads}, "
-                  f"d_p={config.attention_head_size}, {count_parameters(config, pooler=False):,} parameters "
-                  f"({time.time() - t_start:.0f} s into this invocation)", flush=True)
+            print(
+                f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
+                f"h={config.num_attention_heads}, "
+                f"d_p={config.attention_head_size}, {count_parameters(config, pooler=False):,} parameters "
+                f"({time.time() - t_start:.0f} s into this invocation)",
+                flush=True,
+            )
         lock = _try_lock(run_dir)
         if lock is None:
             if progress:
@@ -370,17 +431,23 @@ def run_sweep(
             ft_dir, ft_seeded = run_dir / f"finetune-{task}", replace(ft, seed=seed)
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
             stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
-                "fingerprint") != finetune_fingerprint(run_dir, task, ft_seeded)
+                "fingerprint"
+            ) != finetune_fingerprint(run_dir, task, ft_seeded)
             ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
             entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
             if progress:
-                print(f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
-                      f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)", flush=True)
+                print(
+                    f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
+                    f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
         runs[f"{key}-s{seed}"] = entry
         lock.unlink(missing_ok=True)
         save()
     save()
     if progress:
-        print(f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
-              f"({meta['total_seconds']:.0f} s in all invocations)")
+        print(
+            f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
+            f"({meta['total_seconds']:.0f} s in all invocations)"
+        )
     return {"meta": meta, "points": points, "runs": runs}

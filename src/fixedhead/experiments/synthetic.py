@@ -88,15 +88,24 @@ class SetAttentionModel(nn.Module):
             d-dimensional point), or a logit_scale / input_scale that is not a positive finite number.
     """
 
-    def __init__(self, hidden_size: int, num_attention_heads: int, head_dim: int,
-                 intermediate_size: int | None = None, logit_scale: float = 1.0, input_scale: float = 1.0):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        head_dim: int,
+        intermediate_size: int | None = None,
+        logit_scale: float = 1.0,
+        input_scale: float = 1.0,
+    ):
         super().__init__()
         d = _positive_int("hidden_size", hidden_size)
         h = _positive_int("num_attention_heads", num_attention_heads)
         dp = _positive_int("head_dim", head_dim)
         if h * dp < d:
-            raise ValueError(f"num_attention_heads × head_dim = {h} × {dp} = {h * dp} < hidden_size = {d}: "
-                             f"the values cannot carry a {d}-dimensional point")
+            raise ValueError(
+                f"num_attention_heads × head_dim = {h} × {dp} = {h * dp} < hidden_size = {d}: "
+                f"the values cannot carry a {d}-dimensional point"
+            )
         ffn = 4 * d if intermediate_size is None else _positive_int("intermediate_size", intermediate_size)
         for name, v in (("logit_scale", logit_scale), ("input_scale", input_scale)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
@@ -121,8 +130,9 @@ class SetAttentionModel(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- metrics
-def prediction_metrics(points: torch.Tensor, targets: torch.Tensor, index: torch.Tensor,
-                       outputs: torch.Tensor) -> dict[str, float]:
+def prediction_metrics(
+    points: torch.Tensor, targets: torch.Tensor, index: torch.Tensor, outputs: torch.Tensor
+) -> dict[str, float]:
     """``mse`` (‖o − x_{j*}‖² per point, i.e. MSE × d), ``hit_rate`` and ``nearest_rate`` (module docstring).
 
     Args:
@@ -132,23 +142,27 @@ def prediction_metrics(points: torch.Tensor, targets: torch.Tensor, index: torch
     Returns:
         A dict of three floats, each a mean over batch × N points.
     """
-    err = ((outputs - targets) ** 2).sum(-1)                                   # [batch, N]
-    gaps = torch.cdist(targets, points)                                        # [batch, N(query), N(point)]
+    err = ((outputs - targets) ** 2).sum(-1)  # [batch, N]
+    gaps = torch.cdist(targets, points)  # [batch, N(query), N(point)]
     gaps = gaps.masked_fill(nn.functional.one_hot(index, points.shape[1]).bool(), float("inf"))
     hit = err.sqrt() < 0.5 * gaps.min(-1).values
     nearest = torch.cdist(outputs, points).argmin(-1) == index
-    return {"mse": err.mean().item(), "hit_rate": hit.float().mean().item(),
-            "nearest_rate": nearest.float().mean().item()}
+    return {
+        "mse": err.mean().item(),
+        "hit_rate": hit.float().mean().item(),
+        "nearest_rate": nearest.float().mean().item(),
+    }
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, sets: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-             chunk: int = 1024) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, sets: tuple[torch.Tensor, torch.Tensor, torch.Tensor], chunk: int = 1024
+) -> dict[str, float]:
     """:func:`prediction_metrics` of ``model`` on (points, targets, index), in chunks of sets."""
     was_training = model.training
     model.eval()
     x, t, idx = sets
-    outs = torch.cat([model(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)])
+    outs = torch.cat([model(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)])
     model.train(was_training)
     return prediction_metrics(x, t, idx, outs)
 
@@ -252,18 +266,34 @@ def _default_preset() -> SyntheticPreset:
     return SyntheticPreset(
         description="d = 32, N = 16 points per set; grid r ∈ {4, 8, 16, 32} × d_p ∈ {4, 8, 16, 32} at h = 8 "
         "(d_p = 4 = d/h is the standard head); more heads: d_p = 4 with h = 8, 16, 32, 64 at r = 16",
-        dim=32, num_points=16, ranks=(4, 8, 16, 32), head_dims=(4, 8, 16, 32), grid_heads=8,
-        more_heads_rank=16, more_heads_head_dim=4, more_heads=(8, 16, 32, 64), seeds=(0, 1, 2),
-        recipe=SyntheticRecipe())
+        dim=32,
+        num_points=16,
+        ranks=(4, 8, 16, 32),
+        head_dims=(4, 8, 16, 32),
+        grid_heads=8,
+        more_heads_rank=16,
+        more_heads_head_dim=4,
+        more_heads=(8, 16, 32, 64),
+        seeds=(0, 1, 2),
+        recipe=SyntheticRecipe(),
+    )
 
 
 def _quick_preset() -> SyntheticPreset:
     return SyntheticPreset(
         description="--quick (seconds; numbers mean nothing): d = 8, N = 8, r ∈ {2, 4} × d_p ∈ {2, 4} at h = 4; "
         "more heads: d_p = 2 with h = 4, 8 at r = 4; 40 steps",
-        dim=8, num_points=8, ranks=(2, 4), head_dims=(2, 4), grid_heads=4,
-        more_heads_rank=4, more_heads_head_dim=2, more_heads=(4, 8), seeds=(0,),
-        recipe=SyntheticRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256))
+        dim=8,
+        num_points=8,
+        ranks=(2, 4),
+        head_dims=(2, 4),
+        grid_heads=4,
+        more_heads_rank=4,
+        more_heads_head_dim=2,
+        more_heads=(4, 8),
+        seeds=(0,),
+        recipe=SyntheticRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256),
+    )
 
 
 SYNTHETIC_PRESETS = {"default": _default_preset, "quick": _quick_preset}
@@ -282,11 +312,13 @@ def _lr_lambda(warmup: int, total: int):
         if step < warmup:
             return (step + 1) / warmup
         return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
     return f
 
 
-def train_cell(task: FarthestPointTask, cell: SyntheticCell, recipe: SyntheticRecipe, seed: int,
-               progress: bool = True) -> dict:
+def train_cell(
+    task: FarthestPointTask, cell: SyntheticCell, recipe: SyntheticRecipe, seed: int, progress: bool = True
+) -> dict:
     """Train one :class:`SetAttentionModel` on ``task`` with ``recipe``; return its metrics and curve.
 
     ``seed`` sets the initialisation (``torch.manual_seed``) and the stream of training sets; the
@@ -306,21 +338,24 @@ def train_cell(task: FarthestPointTask, cell: SyntheticCell, recipe: SyntheticRe
     if cell.rank != task.rank:
         raise ValueError(f"cell rank {cell.rank} differs from the task's rank {task.rank}")
     torch.manual_seed(seed)
-    model = SetAttentionModel(task.dim, cell.num_heads, cell.head_dim, recipe.intermediate_size, recipe.logit_scale,
-                             recipe.input_scale)
+    model = SetAttentionModel(
+        task.dim, cell.num_heads, cell.head_dim, recipe.intermediate_size, recipe.logit_scale, recipe.input_scale
+    )
     u = task.projection
     curve_sets = task.sample(recipe.curve_sets, torch.Generator().manual_seed(seed + 20_000), u)
     eval_sets = task.sample(recipe.eval_sets, torch.Generator().manual_seed(seed + 30_000), u)
     data = torch.Generator().manual_seed(seed + 10_000)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=recipe.betas,
-                            weight_decay=recipe.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe.learning_rate, betas=recipe.betas, weight_decay=recipe.weight_decay
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(int(recipe.warmup_ratio * recipe.steps), recipe.steps))
     every = max(1, recipe.steps // recipe.curve_points)
     m0 = evaluate(model, curve_sets)
     curve = [[0, m0["mse"], m0["hit_rate"]]]
     t0 = time.time()
-    bar = tqdm(range(1, recipe.steps + 1), desc=cell.key + f" s{seed}", disable=not progress, leave=False,
-               mininterval=1.0)
+    bar = tqdm(
+        range(1, recipe.steps + 1), desc=cell.key + f" s{seed}", disable=not progress, leave=False, mininterval=1.0
+    )
     for step in bar:
         x, t, _ = task.sample(recipe.batch_size, data, u)
         loss = ((model(x) - t) ** 2).sum(-1).mean()  # MSE × d
@@ -334,9 +369,17 @@ def train_cell(task: FarthestPointTask, cell: SyntheticCell, recipe: SyntheticRe
             bar.set_postfix(mse=f"{m['mse']:.3f}", hit=f"{m['hit_rate']:.2f}")
     seconds = time.time() - t0
     final = evaluate(model, eval_sets)
-    return {**asdict(cell), "key": cell.key, "seed": seed, "dim": task.dim, "num_points": task.num_points,
-            "parameters": sum(p.numel() for p in model.parameters()), **final,
-            "train_seconds": round(seconds, 2), "curve": curve}
+    return {
+        **asdict(cell),
+        "key": cell.key,
+        "seed": seed,
+        "dim": task.dim,
+        "num_points": task.num_points,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **final,
+        "train_seconds": round(seconds, 2),
+        "curve": curve,
+    }
 
 
 # ----------------------------------------------------------------------------------- verdict
@@ -383,9 +426,15 @@ def _check_output_dir(out: Path) -> None:
     claim_output_dir(out, (RESULTS_FILE,), tuple(_OWN_FILES) + (f".{RESULTS_FILE}.*",), "farthest-point", create=False)
 
 
-def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | Path = "runs/farthest-point",
-                  seeds: list[int] | None = None, steps: int | None = None, overwrite: bool = False,
-                  progress: bool = True, command: str | None = None) -> dict:
+def run_synthetic(
+    preset: str | SyntheticPreset = "default",
+    output_dir: str | Path = "runs/farthest-point",
+    seeds: list[int] | None = None,
+    steps: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict:
     """Train (or reuse) every (cell, seed) of a preset; write results, plots and the report.
 
     A run is reused when ``results.json`` holds it with the same task sizes and recipe; after
@@ -417,13 +466,18 @@ def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | P
             raise ValueError(f"seeds must be non-negative ints, got {seeds!r}")
         p = replace(p, seeds=tuple(dict.fromkeys(seeds)))
     if steps is not None:
-        p = replace(p, recipe=replace(p.recipe, steps=_positive_int("steps", steps),
-                                      curve_points=min(p.recipe.curve_points, steps)))
+        p = replace(
+            p,
+            recipe=replace(
+                p.recipe, steps=_positive_int("steps", steps), curve_points=min(p.recipe.curve_points, steps)
+            ),
+        )
     cells = p.cells()
     for c in cells:  # refuse bad sizes before anything is written
         FarthestPointTask(p.dim, c.rank, p.num_points)
-        SetAttentionModel(p.dim, c.num_heads, c.head_dim, p.recipe.intermediate_size, p.recipe.logit_scale,
-                          p.recipe.input_scale)
+        SetAttentionModel(
+            p.dim, c.num_heads, c.head_dim, p.recipe.intermediate_size, p.recipe.logit_scale, p.recipe.input_scale
+        )
 
     out = Path(output_dir)
     _check_output_dir(out)
@@ -434,18 +488,23 @@ def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | P
     if state_file.is_file() and not overwrite:
         previous = load_json_file(state_file, "farthest-point results")
         if previous.get("meta", {}).get("settings") != fingerprint:
-            raise FileExistsError(f"{state_file} holds runs of other settings (task sizes or recipe); pass "
-                                  f"--overwrite to replace them or choose another --output-dir")
+            raise FileExistsError(
+                f"{state_file} holds runs of other settings (task sizes or recipe); pass "
+                f"--overwrite to replace them or choose another --output-dir"
+            )
         runs, previous_meta = previous.get("runs", {}), previous["meta"]
     out.mkdir(parents=True, exist_ok=True)
 
     this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     now = time.time()
     meta = {
-        "preset": name, "description": p.description, "settings": fingerprint,
+        "preset": name,
+        "description": p.description,
+        "settings": fingerprint,
         "command": this_command,
         "commands": list(dict.fromkeys(previous_meta.get("commands", []) + [this_command])),
-        "seeds": list(p.seeds), "cells": [asdict(c) for c in cells],
+        "seeds": list(p.seeds),
+        "cells": [asdict(c) for c in cells],
         "grid": {"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},
         "more_heads": {"rank": p.more_heads_rank, "head_dim": p.more_heads_head_dim, "heads": list(p.more_heads)},
         "rule": {"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
@@ -453,8 +512,10 @@ def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | P
         "invocation_started": now,
         **environment_info(),
     }
-    references = {str(r): attention_free_reference(FarthestPointTask(p.dim, r, p.num_points, seed=0))
-                  for r in sorted({c.rank for c in cells})}
+    references = {
+        str(r): attention_free_reference(FarthestPointTask(p.dim, r, p.num_points, seed=0))
+        for r in sorted({c.rank for c in cells})
+    }
 
     def save():
         meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
@@ -470,8 +531,11 @@ def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | P
         result = train_cell(task, cell, p.recipe, seed, progress=progress)
         runs[run_key] = result
         if progress:
-            print(f"[{i}/{len(plan)}] {run_key}: mse×d {result['mse']:.3f}, hit rate {result['hit_rate']:.3f} "
-                  f"({result['train_seconds']:.0f} s)", flush=True)
+            print(
+                f"[{i}/{len(plan)}] {run_key}: mse×d {result['mse']:.3f}, hit rate {result['hit_rate']:.3f} "
+                f"({result['train_seconds']:.0f} s)",
+                flush=True,
+            )
         save()
     save()
     state = {"meta": meta, "references": references, "runs": runs}
@@ -482,14 +546,19 @@ def run_synthetic(preset: str | SyntheticPreset = "default", output_dir: str | P
 # ----------------------------------------------------------------------------------- outputs
 def _runs_of(state: dict, cell: dict) -> list[dict]:
     key = SyntheticCell(**cell).key
-    return sorted((r for r in state["runs"].values() if r["key"] == key and r["seed"] in state["meta"]["seeds"]),
-                  key=lambda r: r["seed"])
+    return sorted(
+        (r for r in state["runs"].values() if r["key"] == key and r["seed"] in state["meta"]["seeds"]),
+        key=lambda r: r["seed"],
+    )
 
 
 def _grid_runs(state: dict) -> dict[tuple[int, int], list[dict]]:
     g = state["meta"]["grid"]
-    return {(r, dp): _runs_of(state, dict(rank=r, head_dim=dp, num_heads=g["heads"]))
-            for r in g["ranks"] for dp in g["head_dims"]}
+    return {
+        (r, dp): _runs_of(state, dict(rank=r, head_dim=dp, num_heads=g["heads"]))
+        for r in g["ranks"]
+        for dp in g["head_dims"]
+    }
 
 
 def format_grid(state: dict, what: str = "hit_rate") -> str:
@@ -505,8 +574,20 @@ def format_grid(state: dict, what: str = "hit_rate") -> str:
 
 def write_outputs(state: dict, out: Path) -> None:
     """``results.csv`` (one row per run), the three PNGs and ``report.md`` in ``out``."""
-    keys = ["key", "rank", "head_dim", "num_heads", "seed", "dim", "num_points", "parameters", "mse", "hit_rate",
-            "nearest_rate", "train_seconds"]
+    keys = [
+        "key",
+        "rank",
+        "head_dim",
+        "num_heads",
+        "seed",
+        "dim",
+        "num_points",
+        "parameters",
+        "mse",
+        "hit_rate",
+        "nearest_rate",
+        "train_seconds",
+    ]
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(keys)
@@ -546,18 +627,24 @@ def plot_heatmap(state: dict, path: Path) -> None:
         ax.plot(xs, ys, color="red", linewidth=2.5, label="predicted boundary (d_p ≥ r to its right)")
         diag = [(j, i) for i, r in enumerate(ranks) for j, dp in enumerate(dps) if dp == r]
         if diag:
-            ax.plot([a for a, _ in diag], [b for _, b in diag], color="red", linestyle=":", linewidth=1.5,
-                    label="d_p = r")
+            ax.plot(
+                [a for a, _ in diag], [b for _, b in diag], color="red", linestyle=":", linewidth=1.5, label="d_p = r"
+            )
         ax.set_xticks(range(len(dps)), [str(x) for x in dps])
         ax.set_yticks(range(len(ranks)), [str(x) for x in ranks])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel("rank r of the needed logit")
-        ax.set_title({"hit_rate": "hit rate (↑; output is x_j*)", "mse": "MSE × d (↓; 0 perfect, 1 = predict 0)"}[what],
-                     fontsize=10)
+        ax.set_title(
+            {"hit_rate": "hit rate (↑; output is x_j*)", "mse": "MSE × d (↓; 0 perfect, 1 = predict 0)"}[what],
+            fontsize=10,
+        )
         fig.colorbar(im, ax=ax, fraction=0.046)
     n = len(state["meta"]["seeds"])
-    fig.suptitle(f"one trained layer, d = {state['meta']['settings']['dim']}, h = {g['heads']}, mean (± std) of "
-                 f"{n} seed{'s' if n > 1 else ''}; prediction: succeeds iff d_p ≥ r", fontsize=10)
+    fig.suptitle(
+        f"one trained layer, d = {state['meta']['settings']['dim']}, h = {g['heads']}, mean (± std) of "
+        f"{n} seed{'s' if n > 1 else ''}; prediction: succeeds iff d_p ≥ r",
+        fontsize=10,
+    )
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -567,7 +654,8 @@ def plot_heatmap(state: dict, path: Path) -> None:
 
 def plot_more_heads(state: dict, path: Path) -> None:
     """Hit rate and MSE × d against the number of heads of the more-heads row (mean ± std)."""
-    from ..plotting import pyplot as _plt, save_figure as _save
+    from ..plotting import pyplot as _plt
+    from ..plotting import save_figure as _save
 
     plt = _plt()
     mh = state["meta"]["more_heads"]
@@ -585,8 +673,9 @@ def plot_more_heads(state: dict, path: Path) -> None:
     ax.errorbar(hs, mse, yerr=mse_s, marker="s", capsize=3, label="MSE × d")
     ref = state["references"].get(str(mh["rank"]))
     if ref:
-        ax.axhline(ref["mse"], color="gray", linestyle="--", linewidth=1,
-                   label=f"MSE × d without attention ({ref['mse']:.2f})")
+        ax.axhline(
+            ref["mse"], color="gray", linestyle="--", linewidth=1, label=f"MSE × d without attention ({ref['mse']:.2f})"
+        )
     ax.set_xscale("log", base=2)
     from .report import _plain_ticks
 
@@ -600,20 +689,31 @@ def plot_more_heads(state: dict, path: Path) -> None:
 def plot_learning_curves(state: dict, path: Path) -> None:
     """Held-out MSE × d against step (mean over seeds), one panel per rank, one line per d_p, plus
     the more-heads row."""
-    from ..plotting import pyplot as _plt, save_figure as _save
+    from ..plotting import pyplot as _plt
+    from ..plotting import save_figure as _save
 
     plt = _plt()
     g, mh = state["meta"]["grid"], state["meta"]["more_heads"]
-    panels = [(f"r = {r}, h = {g['heads']}", [(f"d_p = {dp}", dict(rank=r, head_dim=dp, num_heads=g["heads"]))
-                                            for dp in g["head_dims"]], r) for r in g["ranks"]]
-    panels.append((f"r = {mh['rank']}, d_p = {mh['head_dim']}",
-                   [(f"h = {h}", dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h)) for h in mh["heads"]],
-                   mh["rank"]))
+    panels = [
+        (
+            f"r = {r}, h = {g['heads']}",
+            [(f"d_p = {dp}", dict(rank=r, head_dim=dp, num_heads=g["heads"])) for dp in g["head_dims"]],
+            r,
+        )
+        for r in g["ranks"]
+    ]
+    panels.append(
+        (
+            f"r = {mh['rank']}, d_p = {mh['head_dim']}",
+            [(f"h = {h}", dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h)) for h in mh["heads"]],
+            mh["rank"],
+        )
+    )
     cols = 3 if len(panels) > 4 else len(panels)
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), sharey=True, squeeze=False)
     flat = [a for row in axes for a in row]
-    for ax, (title, lines, r) in zip(flat, panels):
+    for ax, (title, lines, r) in zip(flat, panels, strict=False):  # more axes than panels: the rest are hidden
         for label, cell in lines:
             rs = _runs_of(state, cell)
             if not rs:
@@ -627,13 +727,13 @@ def plot_learning_curves(state: dict, path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.1)
-    for ax in flat[len(panels):]:
+    for ax in flat[len(panels) :]:
         ax.axis("off")
     for row in axes:
         row[0].set_ylabel("held-out MSE × d")
-    for ax in flat[:len(panels)]:
+    for ax in flat[: len(panels)]:
         ax.legend(fontsize=7)
-    _save(fig, path, flat[:len(panels)], legend=False)
+    _save(fig, path, flat[: len(panels)], legend=False)
 
 
 def report_markdown(state: dict) -> str:
@@ -644,43 +744,58 @@ def report_markdown(state: dict) -> str:
     runs = _grid_runs(state)
     n_done = sum(1 for c in meta["cells"] for _ in _runs_of(state, c))
     n_plan = len(meta["cells"]) * len(meta["seeds"])
-    L = ["# Farthest point under a rank-r projection: does head size matter when a model learns?", "",
-         f"{meta['description']}.", ""]
+    L = [
+        "# Farthest point under a rank-r projection: does head size matter when a model learns?",
+        "",
+        f"{meta['description']}.",
+        "",
+    ]
     if n_done < n_plan:
         L += [f"**Incomplete: {n_done} of {n_plan} runs finished.** Rerun the same command to finish.", ""]
-    L += ["![hit rate and MSE over (r, d_p)](heatmap.png)", "",
-          "## What was run", "",
-          "- command" + ("s" if len(meta["commands"]) > 1 else "") + ": "
-          + ", ".join(f"`{c}`" for c in meta["commands"]),
-          f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result; the runs' "
-          f"own training time sums to {meta['compute_seconds'] / 60:.1f} min; {meta.get('cpu_count')} CPU cores "
-          f"({meta.get('platform', '')}), torch threads {meta.get('torch_threads')}",
-          f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
-          + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
-          f"- task: N = {meta['settings']['num_points']} points uniform on the unit sphere in "
-          f"R^{meta['settings']['dim']}; target of x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with "
-          f"orthonormal rows (UᵀU projects onto a random r-dimensional subspace); fresh sets every step",
-          f"- model: one post-LN encoder block (this project's MultiHeadAttention, h heads of size d_p, no "
-          f"positions; GELU feed-forward {rec['intermediate_size'] or '4d'}), linear read-out; logits "
-          f"q·k/√d_p × {rec['logit_scale']}; points fed × {rec['input_scale']}",
-          f"- recipe, the same for every cell: {rec['steps']} steps × {rec['batch_size']} sets, AdamW lr "
-          f"{rec['learning_rate']} (betas {tuple(rec['betas'])}, weight decay {rec['weight_decay']}), warm-up "
-          f"{rec['warmup_ratio']:.0%} then cosine decay to 0; loss MSE × d",
-          f"- seeds {meta['seeds']}: seed s is the task instance (U), the initialisation and the data stream; "
-          f"final metrics on {rec['eval_sets']} held-out sets ({rec['eval_sets'] * meta['settings']['num_points']:,} "
-          f"points) per run", "",
-          "**Metrics.** MSE × d = ‖output − x_j*‖² per point (predicting 0 scores 1). Hit rate = fraction of "
-          "points whose output is within half the gap around x_j*: ‖output − x_j*‖ < ½ min_(k≠j*) ‖x_k − x_j*‖, "
-          "so it is nearer to x_j* than to any other point, with a margin. (The plain \"nearest point is x_j*\" "
-          "rate is in `results.csv` but is not used: the attention-free map x_i ↦ −UᵀU x_i scores 1 on it.)", "",
-          f"**Verdict rule** (fixed before the run): a cell *succeeds* if every seed's hit rate is ≥ {SUCCEEDS_AT}, "
-          f"*fails* if every seed's is < {FAILS_BELOW}, and is *in between* otherwise.", "",
-          "**Reference without attention** (least-squares affine map of x_i alone, seed-0 task): "
-          + "; ".join(f"r = {r}: MSE × d {v['mse']:.3f}, hit rate {v['hit_rate']:.3f}, nearest-point rate "
-                      f"{v['nearest_rate']:.3f}" for r, v in refs.items()) + ".", "",
-          f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)", "",
-          "| r | d_p | d_p ≥ r | hit rate | MSE × d | verdict | agrees with d_p ≥ r? |",
-          "|---|---|---|---|---|---|---|"]
+    L += [
+        "![hit rate and MSE over (r, d_p)](heatmap.png)",
+        "",
+        "## What was run",
+        "",
+        "- command" + ("s" if len(meta["commands"]) > 1 else "") + ": " + ", ".join(f"`{c}`" for c in meta["commands"]),
+        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result; the runs' "
+        f"own training time sums to {meta['compute_seconds'] / 60:.1f} min; {meta.get('cpu_count')} CPU cores "
+        f"({meta.get('platform', '')}), torch threads {meta.get('torch_threads')}",
+        f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
+        + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
+        f"- task: N = {meta['settings']['num_points']} points uniform on the unit sphere in "
+        f"R^{meta['settings']['dim']}; target of x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with "
+        f"orthonormal rows (UᵀU projects onto a random r-dimensional subspace); fresh sets every step",
+        f"- model: one post-LN encoder block (this project's MultiHeadAttention, h heads of size d_p, no "
+        f"positions; GELU feed-forward {rec['intermediate_size'] or '4d'}), linear read-out; logits "
+        f"q·k/√d_p × {rec['logit_scale']}; points fed × {rec['input_scale']}",
+        f"- recipe, the same for every cell: {rec['steps']} steps × {rec['batch_size']} sets, AdamW lr "
+        f"{rec['learning_rate']} (betas {tuple(rec['betas'])}, weight decay {rec['weight_decay']}), warm-up "
+        f"{rec['warmup_ratio']:.0%} then cosine decay to 0; loss MSE × d",
+        f"- seeds {meta['seeds']}: seed s is the task instance (U), the initialisation and the data stream; "
+        f"final metrics on {rec['eval_sets']} held-out sets ({rec['eval_sets'] * meta['settings']['num_points']:,} "
+        f"points) per run",
+        "",
+        "**Metrics.** MSE × d = ‖output − x_j*‖² per point (predicting 0 scores 1). Hit rate = fraction of "
+        "points whose output is within half the gap around x_j*: ‖output − x_j*‖ < ½ min_(k≠j*) ‖x_k − x_j*‖, "
+        'so it is nearer to x_j* than to any other point, with a margin. (The plain "nearest point is x_j*" '
+        "rate is in `results.csv` but is not used: the attention-free map x_i ↦ −UᵀU x_i scores 1 on it.)",
+        "",
+        f"**Verdict rule** (fixed before the run): a cell *succeeds* if every seed's hit rate is ≥ {SUCCEEDS_AT}, "
+        f"*fails* if every seed's is < {FAILS_BELOW}, and is *in between* otherwise.",
+        "",
+        "**Reference without attention** (least-squares affine map of x_i alone, seed-0 task): "
+        + "; ".join(
+            f"r = {r}: MSE × d {v['mse']:.3f}, hit rate {v['hit_rate']:.3f}, nearest-point rate {v['nearest_rate']:.3f}"
+            for r, v in refs.items()
+        )
+        + ".",
+        "",
+        f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)",
+        "",
+        "| r | d_p | d_p ≥ r | hit rate | MSE × d | verdict | agrees with d_p ≥ r? |",
+        "|---|---|---|---|---|---|---|",
+    ]
     agree, total = 0, 0
     for r in g["ranks"]:
         for dp in g["head_dims"]:
@@ -690,22 +805,50 @@ def report_markdown(state: dict) -> str:
             ok = "–" if v == "not run" else ("yes" if v == predicted else "no")
             agree += ok == "yes"
             total += ok != "–"
-            L.append(f"| {r} | {dp} | {'yes' if dp >= r else 'no'} | {_fmt([x['hit_rate'] for x in rs])} | "
-                     f"{_fmt([x['mse'] for x in rs])} | **{v}** | {ok} |")
-    L += ["", f"{agree} of {total} grid cells have the verdict the prediction (succeeds iff d_p ≥ r) names.", "",
-          f"## More heads of a too-small size: d_p = {mh['head_dim']}, r = {mh['rank']}", "",
-          "![more heads](more_heads.png)", "",
-          "| h | h·d_p | hit rate | MSE × d | verdict |", "|---|---|---|---|---|"]
+            L.append(
+                f"| {r} | {dp} | {'yes' if dp >= r else 'no'} | {_fmt([x['hit_rate'] for x in rs])} | "
+                f"{_fmt([x['mse'] for x in rs])} | **{v}** | {ok} |"
+            )
+    L += [
+        "",
+        f"{agree} of {total} grid cells have the verdict the prediction (succeeds iff d_p ≥ r) names.",
+        "",
+        f"## More heads of a too-small size: d_p = {mh['head_dim']}, r = {mh['rank']}",
+        "",
+        "![more heads](more_heads.png)",
+        "",
+        "| h | h·d_p | hit rate | MSE × d | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for h in mh["heads"]:
         rs = _runs_of(state, dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h))
-        L.append(f"| {h} | {h * mh['head_dim']} | {_fmt([x['hit_rate'] for x in rs])} | "
-                 f"{_fmt([x['mse'] for x in rs])} | **{cell_verdict([x['hit_rate'] for x in rs])}** |")
-    L += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", "",
-          "## Every run", "", "| run | parameters | hit rate | MSE × d | nearest-point rate | train s |",
-          "|---|---|---|---|---|---|"]
-    for k in sorted(state["runs"], key=lambda k: (state["runs"][k]["rank"], state["runs"][k]["head_dim"],
-                                                   state["runs"][k]["num_heads"], state["runs"][k]["seed"])):
+        L.append(
+            f"| {h} | {h * mh['head_dim']} | {_fmt([x['hit_rate'] for x in rs])} | "
+            f"{_fmt([x['mse'] for x in rs])} | **{cell_verdict([x['hit_rate'] for x in rs])}** |"
+        )
+    L += [
+        "",
+        "## Learning curves",
+        "",
+        "![learning curves](learning_curves.png)",
+        "",
+        "## Every run",
+        "",
+        "| run | parameters | hit rate | MSE × d | nearest-point rate | train s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in sorted(
+        state["runs"],
+        key=lambda k: (
+            state["runs"][k]["rank"],
+            state["runs"][k]["head_dim"],
+            state["runs"][k]["num_heads"],
+            state["runs"][k]["seed"],
+        ),
+    ):
         x = state["runs"][k]
-        L.append(f"| `{k}` | {x['parameters']:,} | {x['hit_rate']:.3f} | {x['mse']:.3f} | {x['nearest_rate']:.3f} | "
-                 f"{x['train_seconds']:.0f} |")
+        L.append(
+            f"| `{k}` | {x['parameters']:,} | {x['hit_rate']:.3f} | {x['mse']:.3f} | {x['nearest_rate']:.3f} | "
+            f"{x['train_seconds']:.0f} |"
+        )
     return "\n".join(L) + "\n"

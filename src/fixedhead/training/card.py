@@ -52,8 +52,9 @@ def model_card(result: dict, fingerprint: dict) -> str:
     kind = f"fixed head size d_p = {dp}" if result["fixed_head"] else f"standard head size d_p = d/h = {dp}"
     bottleneck = (
         f"d_p = {dp} < n = {n}: each head's logit matrix has rank at most {dp}, below the sequence length "
-        "(the paper's low-rank bottleneck)" if n and dp < n else
-        f"d_p = {dp} >= n = {n}: heads are not rank-limited at this sequence length (paper Theorem 1)"
+        "(the paper's low-rank bottleneck)"
+        if n and dp < n
+        else f"d_p = {dp} >= n = {n}: heads are not rank-limited at this sequence length (paper Theorem 1)"
     )
     heldout = info.get("heldout_documents", [])
     causal = result.get("objective", train.get("objective", "mlm")) == "clm"
@@ -82,19 +83,23 @@ def model_card(result: dict, fingerprint: dict) -> str:
         "",
         "```python",
         "import fixedhead  # registers the model with transformers' Auto classes",
-        *([
-            "from transformers import AutoModelForCausalLM, pipeline",
-            "",
-            'generate = pipeline("text-generation", model="PATH/TO/THIS/DIRECTORY")',
-            'print(generate("the old man walked slowly to the", max_new_tokens=20))',
-            'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
-        ] if causal else [
-            "from transformers import AutoModelForMaskedLM, pipeline",
-            "",
-            'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
-            'print(fill("the old man walked slowly to the [MASK]."))',
-            'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
-        ]),
+        *(
+            [
+                "from transformers import AutoModelForCausalLM, pipeline",
+                "",
+                'generate = pipeline("text-generation", model="PATH/TO/THIS/DIRECTORY")',
+                'print(generate("the old man walked slowly to the", max_new_tokens=20))',
+                'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+            ]
+            if causal
+            else [
+                "from transformers import AutoModelForMaskedLM, pipeline",
+                "",
+                'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
+                'print(fill("the old man walked slowly to the [MASK]."))',
+                'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+            ]
+        ),
         "```",
         "",
         "Diagnostics of its heads: `fixedhead analyze PATH/TO/THIS/DIRECTORY --text FILE`.",
@@ -105,47 +110,65 @@ def model_card(result: dict, fingerprint: dict) -> str:
         "",
         "## Data",
         "",
-        _table([
-            ("corpus", info.get("corpus", data.get("corpus", ""))),
-            ("documents (train / held out)",
-             f"{info.get('train_documents', '?')} / {len(heldout)} "
-             f"(split by whole document, seed {data.get('split_seed', '?')})"),
-            ("held-out documents", "; ".join(heldout[:8]) + (" …" if len(heldout) > 8 else "")),
-            ("sequence length n", n),
-            ("training sequences", info.get("train_sequences", "?")),
-            ("held-out sequences", info.get("heldout_sequences", "?")),
-            ("tokenizer", f"WordPiece, {info.get('vocab_size', '?')} tokens, lowercase={data.get('lowercase', '?')}"),
-        ]),
+        _table(
+            [
+                ("corpus", info.get("corpus", data.get("corpus", ""))),
+                (
+                    "documents (train / held out)",
+                    f"{info.get('train_documents', '?')} / {len(heldout)} "
+                    f"(split by whole document, seed {data.get('split_seed', '?')})",
+                ),
+                ("held-out documents", "; ".join(heldout[:8]) + (" …" if len(heldout) > 8 else "")),
+                ("sequence length n", n),
+                ("training sequences", info.get("train_sequences", "?")),
+                ("held-out sequences", info.get("heldout_sequences", "?")),
+                (
+                    "tokenizer",
+                    f"WordPiece, {info.get('vocab_size', '?')} tokens, lowercase={data.get('lowercase', '?')}",
+                ),
+            ]
+        ),
         "",
         "## Training budget",
         "",
-        _table([
-            ("steps", train.get("max_steps")),
-            ("batch size per process", train.get("batch_size")),
-            ("processes (world size)", result.get("world_size", 1)),
-            ("tokens per step", result["tokens_per_step"]),
-            ("training tokens", result["training_tokens"]),
-            ("optimizer", f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
-                          f"weight decay {train.get('weight_decay')}, "
-                          f"linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
-                          "then linear decay"),
-            ("objective", "causal LM: every token predicted from the ones before it" if causal else
-             "masked LM, 15% of tokens: 80% [MASK], 10% random, 10% kept"),
-            ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
-            ("seed", train.get("seed")),
-            ("wall time (s)", result["train_seconds"]),
-        ]),
+        _table(
+            [
+                ("steps", train.get("max_steps")),
+                ("batch size per process", train.get("batch_size")),
+                ("processes (world size)", result.get("world_size", 1)),
+                ("tokens per step", result["tokens_per_step"]),
+                ("training tokens", result["training_tokens"]),
+                (
+                    "optimizer",
+                    f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
+                    f"weight decay {train.get('weight_decay')}, "
+                    f"linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
+                    "then linear decay",
+                ),
+                (
+                    "objective",
+                    "causal LM: every token predicted from the ones before it"
+                    if causal
+                    else "masked LM, 15% of tokens: 80% [MASK], 10% random, 10% kept",
+                ),
+                ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
+                ("seed", train.get("seed")),
+                ("wall time (s)", result["train_seconds"]),
+            ]
+        ),
         "",
         "## Metrics (held-out documents, " + ("every next token)" if causal else "one fixed seeded masking)"),
         "",
-        _table([
-            ("causal-LM loss per token (nats)" if causal else "masked-LM loss (nats)", result["heldout_loss"]),
-            ("perplexity (per WordPiece token)", result["heldout_perplexity"]),
-            ("next-token accuracy" if causal else "masked-token accuracy", result["heldout_accuracy"]),
-            ("tokens scored", result["heldout_masked_tokens"]),
-            ("final training loss", train_curve[-1][1] if train_curve else "n/a"),
-            ("held-out loss by step", ", ".join(f"{s}: {v:.3f}" for s, v in eval_curve) or "n/a"),
-        ]),
+        _table(
+            [
+                ("causal-LM loss per token (nats)" if causal else "masked-LM loss (nats)", result["heldout_loss"]),
+                ("perplexity (per WordPiece token)", result["heldout_perplexity"]),
+                ("next-token accuracy" if causal else "masked-token accuracy", result["heldout_accuracy"]),
+                ("tokens scored", result["heldout_masked_tokens"]),
+                ("final training loss", train_curve[-1][1] if train_curve else "n/a"),
+                ("held-out loss by step", ", ".join(f"{s}: {v:.3f}" for s, v in eval_curve) or "n/a"),
+            ]
+        ),
         "",
         "## Limitations",
         "",

@@ -36,9 +36,21 @@ FINETUNE_FILE = "finetune_metrics.json"
 FINETUNE_SETTINGS_FILE = "finetune_settings.json"
 #: every entry fine-tuning writes (Trainer's checkpoints and saved model, the tokenizer); --overwrite
 #: removes only these
-FINETUNE_OWNED = (FINETUNE_FILE, FINETUNE_SETTINGS_FILE, "checkpoint-*", ".staging-checkpoint-*", "model.safetensors",
-                  "config.json", "training_args.bin", "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json", "vocab.txt", "README.md", "runs")
+FINETUNE_OWNED = (
+    FINETUNE_FILE,
+    FINETUNE_SETTINGS_FILE,
+    "checkpoint-*",
+    ".staging-checkpoint-*",
+    "model.safetensors",
+    "config.json",
+    "training_args.bin",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "README.md",
+    "runs",
+)
 MIN_SEQ_LENGTH = 8
 DEFAULT_VALIDATION_SIZE = 1000
 
@@ -93,13 +105,20 @@ def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings, data_di
     match, whatever the run's folder is called or where it moved; retraining a run in place
     changes its fingerprint."""
     files = [glue_path(task, split, data_dir) for split in ("train", "dev")]
-    return json.loads(json.dumps({
-        "task": task,
-        "model": model_fingerprint(run_dir),
-        "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
-        "settings": {k: v for k, v in asdict(settings).items()
-                     if k not in ("progress", "save_model", "gradient_checkpointing")},
-    }))
+    return json.loads(
+        json.dumps(
+            {
+                "task": task,
+                "model": model_fingerprint(run_dir),
+                "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
+                "settings": {
+                    k: v
+                    for k, v in asdict(settings).items()
+                    if k not in ("progress", "save_model", "gradient_checkpointing")
+                },
+            }
+        )
+    )
 
 
 class GlueDataset(Dataset):
@@ -110,8 +129,10 @@ class GlueDataset(Dataset):
         b = [e["text_b"] for e in examples] if examples and examples[0]["text_b"] is not None else None
         enc = tokenizer(a, b, truncation=True, max_length=max_seq_length)
         self.features = [
-            {**{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")},
-             "labels": float(e["label"]) if regression else int(e["label"])}
+            {
+                **{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")},
+                "labels": float(e["label"]) if regression else int(e["label"]),
+            }
             for i, e in enumerate(examples)
         ]
 
@@ -188,8 +209,10 @@ def finetune(
     run_dir, out = Path(run_dir), Path(output_dir)
     run = open_run(run_dir)  # the one way to open a run: refuses damaged, pickle or non-fixedhead models
     if out.resolve() == run_dir.resolve():
-        raise FileExistsError(f"--output-dir {str(out)!r} is the pretraining run itself; fine-tuning would "
-                              f"replace its model (the default is {run_dir / ('finetune-' + task)})")
+        raise FileExistsError(
+            f"--output-dir {str(out)!r} is the pretraining run itself; fine-tuning would "
+            f"replace its model (the default is {run_dir / ('finetune-' + task)})"
+        )
     claim_output_dir(out, (FINETUNE_SETTINGS_FILE, FINETUNE_FILE), FINETUNE_OWNED, "finetune", create=False)
     train_path, dev_path = glue_path(task, "train", data_dir), glue_path(task, "dev", data_dir)
     for p in (train_path, dev_path):
@@ -201,13 +224,17 @@ def finetune(
         previous = load_json_file(done)
         if previous.get("fingerprint") == fingerprint:
             return previous
-        raise FileExistsError(f"{out} holds a fine-tuning result of another model, data or settings; "
-                              f"pass --overwrite to replace it, or choose another --output-dir")
+        raise FileExistsError(
+            f"{out} holds a fine-tuning result of another model, data or settings; "
+            f"pass --overwrite to replace it, or choose another --output-dir"
+        )
     started = out / FINETUNE_SETTINGS_FILE
     if started.is_file() and not done.is_file() and not overwrite:
         if load_json_file(started).get("fingerprint") != fingerprint:
-            raise FileExistsError(f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
-                                  f"pass --overwrite to replace it, or choose another --output-dir")
+            raise FileExistsError(
+                f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
+                f"pass --overwrite to replace it, or choose another --output-dir"
+            )
 
     train_all = read_glue_tsv(train_path, task)
     dev = read_glue_tsv(dev_path, task)
@@ -236,13 +263,18 @@ def finetune(
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     model = FixedHeadForSequenceClassification.from_pretrained(
-        str(run_dir), use_safetensors=run.use_safetensors, num_labels=spec.num_labels,
+        str(run_dir),
+        use_safetensors=run.use_safetensors,
+        num_labels=spec.num_labels,
         problem_type="regression" if regression else "single_label_classification",
-        hidden_dropout_prob=settings.dropout, attention_probs_dropout_prob=settings.dropout,
+        hidden_dropout_prob=settings.dropout,
+        attention_probs_dropout_prob=settings.dropout,
     )
     max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
-    datasets = {name: GlueDataset(ex, tokenizer, max_len, regression) for name, ex in
-                (("train", train), ("validation", val), ("dev", dev))}
+    datasets = {
+        name: GlueDataset(ex, tokenizer, max_len, regression)
+        for name, ex in (("train", train), ("validation", val), ("dev", dev))
+    }
     metric = MAIN_METRIC[task]
 
     def compute_metrics(p):
@@ -297,8 +329,12 @@ def finetune(
     # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
     best_val = trainer.evaluate(datasets["validation"])
     dev_metrics = trainer.evaluate(datasets["dev"])
-    strip = lambda m, pre: {k[len(pre) + 1:]: v for k, v in m.items()  # noqa: E731
-                            if k.startswith(pre + "_") and k[len(pre) + 1:] in _METRIC_NAMES}
+
+    def strip(m, pre):
+        return {
+            k[len(pre) + 1 :]: v for k, v in m.items() if k.startswith(pre + "_") and k[len(pre) + 1 :] in _METRIC_NAMES
+        }
+
     best_ckpt = trainer.state.best_model_checkpoint
     result = {
         "task": task,

@@ -48,8 +48,9 @@ from .checkpoints import (
 
 
 @torch.no_grad()
-def evaluate_mlm(model, input_ids: torch.Tensor, labels: torch.Tensor, batch_size: int = 128,
-                 objective: str = "mlm") -> dict:
+def evaluate_mlm(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, batch_size: int = 128, objective: str = "mlm"
+) -> dict:
     """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.mlm.heldout_batches`).
 
     ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
@@ -160,8 +161,11 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
     for key, value in fingerprint.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            diffs += [f"{key}.{k}: {old.get(k)!r} → {v!r}" for k, v in value.items()
-                      if old.get(k) != v and not (key == "data" and k == "corpus" and _same_file(old.get(k), v))]
+            diffs += [
+                f"{key}.{k}: {old.get(k)!r} → {v!r}"
+                for k, v in value.items()
+                if old.get(k) != v and not (key == "data" and k == "corpus" and _same_file(old.get(k), v))
+            ]
         elif old != value:
             diffs.append(f"{key}: {old!r} → {value!r}")
     return diffs
@@ -353,12 +357,19 @@ def causal_tokenizer(tokenizer):
     backend = copy.deepcopy(tokenizer.backend_tokenizer)
     cls, sep = tokenizer.cls_token, tokenizer.sep_token
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A", pair=f"{cls} $A {sep} $B:1",
+        single=f"{cls} $A",
+        pair=f"{cls} $A {sep} $B:1",
         special_tokens=[(cls, tokenizer.cls_token_id), (sep, tokenizer.sep_token_id)],
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token=cls, eos_token=sep, cls_token=cls, sep_token=sep,
-        pad_token=tokenizer.pad_token, unk_token=tokenizer.unk_token, mask_token=tokenizer.mask_token,
+        tokenizer_object=backend,
+        bos_token=cls,
+        eos_token=sep,
+        cls_token=cls,
+        sep_token=sep,
+        pad_token=tokenizer.pad_token,
+        unk_token=tokenizer.unk_token,
+        mask_token=tokenizer.mask_token,
         model_max_length=tokenizer.model_max_length,
     )
 
@@ -438,8 +449,14 @@ def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
     return corpus
 
 
-def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_seed: int | None = None,
-                 max_eval_tokens: int | None = None, batch_size: int = 128, allow_pickle: bool = False) -> dict:
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    corpus: str | None = None,
+    eval_seed: int | None = None,
+    max_eval_tokens: int | None = None,
+    batch_size: int = 128,
+    allow_pickle: bool = False,
+) -> dict:
     """Score a run directory's model on its held-out documents (same split, same fixed masking).
 
     ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
@@ -459,9 +476,15 @@ def evaluate_run(run_dir: str | os.PathLike, corpus: str | None = None, eval_see
     model = _load_model(run)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
     if not same_corpus_text(saved, data.info["corpus_sha256"]):
-        raise ValueError(f"corpus {data_settings.corpus!r} does not hold the text {run_dir} was trained on "
-                         f"(its content changed); pass --corpus with the original")
-    seed = non_negative_int("eval_seed", eval_seed) if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
+        raise ValueError(
+            f"corpus {data_settings.corpus!r} does not hold the text {run_dir} was trained on "
+            f"(its content changed); pass --corpus with the original"
+        )
+    seed = (
+        non_negative_int("eval_seed", eval_seed)
+        if eval_seed is not None
+        else saved.get("train", {}).get("eval_seed", 1234)
+    )
     objective = "clm" if run.config.is_decoder else "mlm"
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
     return {**evaluate_mlm(model, ids, labels, batch_size, objective=objective), "objective": objective}
