@@ -130,3 +130,33 @@ def test_analyze_errors_name_the_problem(tiny_pretrained_run, heldout_text, tmp_
     assert main(["analyze", str(run), "--text", str(heldout_text), "--max-seq-length", "64"]) == 2
     assert "exceeds the model's max_position_embeddings=32" in capsys.readouterr().err
     shutil.rmtree(no_tok)
+
+
+@pytest.mark.parametrize("head_dim", [4, 16])
+def test_causal_heads_report_the_causal_threshold(head_dim):
+    # theory (fixedhead.theory, causal=True): a causal head whose logits have rank d_p needs a head
+    # of min(d_p, ceil((n - 1) / 2)); the encoder of the same weights needs min(d_p, n - 1)
+    import math
+
+    from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
+    from fixedhead.analysis import analyze_model, format_table
+
+    torch.manual_seed(0)
+    n = 20
+    kw = dict(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        initializer_range=0.5,
+    )
+    ids = torch.randint(3, 60, (2, n))
+    decoder = analyze_model(FixedHeadForCausalLM(FixedHeadConfig(**kw)).eval(), ids)
+    assert decoder.causal and "causal threshold" in format_table(decoder)
+    assert {v for row in decoder.min_head_dim_max for v in row} == {min(head_dim, math.ceil((n - 1) / 2))}
+    encoder = analyze_model(FixedHeadForMaskedLM(FixedHeadConfig(**kw)).eval(), ids)
+    assert not encoder.causal
+    assert {v for row in encoder.min_head_dim_max for v in row} == {min(head_dim, n - 1)}

@@ -153,37 +153,41 @@ def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
     return int((s > rtol * s[0]).sum())
 
 
-def _min_head_dim(P: np.ndarray, rtol: float) -> int:
-    """:func:`fixedhead.theory.min_head_dim`, with the same relative tolerance as ``logit_rank``
-    when the theory function takes one (``rtol=``): log P carries float64 rounding of size
+def _min_head_dim(P: np.ndarray, rtol: float, causal: bool = False) -> int:
+    """:func:`fixedhead.theory.min_head_dim` (bidirectional, or causal for a decoder's head), with
+    the same relative tolerance as ``logit_rank``: log P carries float64 rounding of size
     eps·|log P| ≈ eps·ln n, which a tolerance at float64 level can count as rank when the head is
     close to uniform (small centred logits)."""
-    import inspect
-
     from .theory import min_head_dim
 
-    if "rtol" in inspect.signature(min_head_dim).parameters:
-        return min_head_dim(P, rtol=rtol)
-    return min_head_dim(P)
+    return min_head_dim(P, rtol=rtol, causal=causal)
 
 
-def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL) -> dict:
+def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL, causal: bool = False) -> dict:
     """Rank, minimal head size and entropy of one head on one sequence.
 
     Args:
         logits: [n, n] logits of one head (queries are rows), as from :func:`attention_logits`.
         rtol: relative singular-value tolerance of ``logit_rank``.
+        causal: a decoder's head: query i attends to keys 0..i only, so P is the softmax of the
+            lower triangle and ``min_head_dim`` is the causal threshold
+            (:func:`fixedhead.theory.min_head_dim` with ``causal=True``; ⌈(n − 1)/2⌉ for a
+            generic P). ``logit_rank`` stays the rank of the raw bilinear form (≤ d_p).
 
     Returns:
         ``{"logit_rank": int, "min_head_dim": int or None (P has entries that underflow to 0 in
         float64), "entropy": float (nats, mean over queries)}``.
     """
     logits = logits.double()
-    log_p = torch.log_softmax(logits, dim=-1)
+    masked = logits
+    if causal:  # keys after the query are not attended to
+        future = torch.ones_like(logits, dtype=torch.bool).triu(diagonal=1)
+        masked = logits.masked_fill(future, float("-inf"))
+    log_p = torch.log_softmax(masked, dim=-1)
     p = log_p.exp()
-    entropy = float(-(p * log_p).sum(-1).mean())
+    entropy = float(-(p * log_p.nan_to_num(neginf=0.0)).sum(-1).mean())
     try:
-        mhd = int(_min_head_dim(p.cpu().numpy(), rtol))
+        mhd = int(_min_head_dim(p.cpu().numpy(), rtol, causal))
     except ValueError:  # an attention entry below float64's smallest positive number
         mhd = None
     return {"logit_rank": numerical_rank(logits, rtol), "min_head_dim": mhd, "entropy": entropy}
@@ -208,6 +212,7 @@ class AttentionAnalysis:
     entropy: list[list[float]]
     text: str = ""
     notes: dict = field(default_factory=dict)
+    causal: bool = False  # a decoder: min_head_dim is the causal threshold (lower-triangular P)
 
     def rows(self) -> list[dict]:
         """One dict per (layer, head), as in the printed table."""
@@ -248,6 +253,7 @@ def analyze_model(
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     model.eval()
     device = next(model.parameters()).device
+    causal = bool(getattr(getattr(model, "config", None), "is_decoder", False))
     per_seq = None  # [layer][head] -> list of per-sequence dicts
     head_dims = None
     for i in range(0, input_ids.shape[0], batch_size):
@@ -259,7 +265,7 @@ def analyze_model(
         for layer, s in enumerate(layers):
             for b in range(s.shape[0]):
                 for head in range(s.shape[1]):
-                    per_seq[layer][head].append(head_statistics(s[b, head], rtol))
+                    per_seq[layer][head].append(head_statistics(s[b, head], rtol, causal))
     num_heads = {len(h) for h in per_seq}
     if len(num_heads) != 1:
         raise ValueError(f"layers have different head counts {sorted(num_heads)}; not supported")
@@ -287,6 +293,7 @@ def analyze_model(
         min_head_dim=stat("min_head_dim", mean),
         min_head_dim_max=stat("min_head_dim", vmax),
         entropy=stat("entropy", mean),
+        causal=causal,
     )
 
 
@@ -383,7 +390,12 @@ def format_table(result: AttentionAnalysis) -> str:
     n = result.seq_len
     lines = [
         f"{result.model} ({result.model_type}): {result.num_layers} layers × {result.num_heads} heads, "
-        f"n = {n} tokens × {result.num_sequences} sequences, rank tolerance {result.rtol:g}·σ_max",
+        f"n = {n} tokens × {result.num_sequences} sequences, rank tolerance {result.rtol:g}·σ_max"
+        + (
+            "; causal (decoder) heads: min_d_p is the causal threshold, at most ⌈(n − 1)/2⌉ generically"
+            if result.causal
+            else ""
+        ),
         f"{'layer':>5} {'head':>4} {'d_p':>4} {'cap':>4} {'rank(S)':>8} {'max':>4} {'min_d_p':>8} {'max':>4} "
         f"{'entropy':>8} {'/ln n':>6}",
     ]
