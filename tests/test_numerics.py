@@ -1,6 +1,6 @@
 """Numerics: bf16 autocast training on CPU for head sizes up to 512, and fully masked rows.
 
-Documented tolerance (README, "Numerics"): with ``torch.autocast("cpu", dtype=torch.bfloat16)``
+Documented tolerance (docs/reliability.md, "Numerics"): with ``torch.autocast("cpu", dtype=torch.bfloat16)``
 the model's outputs stay within 0.03 (absolute) of float32 on the final hidden states, which
 are LayerNorm-ed to unit scale, within 0.02 on the MLM logits, and within 0.01 nats on the MLM
 loss, for head sizes 8 to 512. (Measured: at most 0.012, 0.007 and 0.001 on these models.)

@@ -1,6 +1,6 @@
 """Input checks that name the bad value, and where they run (eager, compiled, traced, GPU).
 
-The models refuse bad input early with a message naming the value (README, "Reliability").
+The models refuse bad input early with a message naming the value (docs/reliability.md).
 There are two kinds of check, and they cost different things:
 
 * **Metadata checks** (number of dimensions, shape, dtype) read only a tensor's metadata. They

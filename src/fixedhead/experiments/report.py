@@ -312,7 +312,7 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
         (
             "Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
             "LM1B perplexities",
-            "not run here (CPU only); the presets exist, see README",
+            "not run here (CPU only); the presets exist, see docs/experiments.md",
             "cannot tell at this scale",
         )
     )
