@@ -23,9 +23,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from fixedhead.cli import _add_data_args, _add_model_args, _add_train_args, _report_to, model_config_from_args
+from fixedhead.cli import add_data_args, add_model_args, add_train_args, model_config_from_args, report_to_integrations
 from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
-from fixedhead.training.pretrain import _check_run_dir
+from fixedhead.training.pretrain import check_run_dir
 
 
 def main(argv=None):
@@ -40,9 +40,9 @@ def main(argv=None):
     )
     p.add_argument("--calibration-steps", type=int, default=200)
     p.add_argument("--evaluations", type=int, default=5, help="held-out evaluations during the run")
-    _add_model_args(p)
-    _add_data_args(p)
-    _add_train_args(p)
+    add_model_args(p)
+    add_data_args(p)
+    add_train_args(p)
     p.set_defaults(max_steps=None, eval_steps=None, save_steps=None)
     args = p.parse_args(argv)
     for option in ("max_steps", "eval_steps", "save_steps"):
@@ -57,8 +57,8 @@ def main(argv=None):
         if getattr(args, option) < 1:
             p.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
     try:  # everything that can be refused is refused before the (slow) data preparation
-        report_to = _report_to(args.report_to)
-        _check_run_dir(Path(args.output_dir), {}, resume=False, overwrite=args.overwrite)
+        report_to = report_to_integrations(args.report_to)
+        check_run_dir(Path(args.output_dir), {}, resume=False, overwrite=args.overwrite)
     except (ValueError, FileExistsError) as e:
         p.error(str(e).replace("pass --resume to continue it or --overwrite", "pass --overwrite"))
 

@@ -36,12 +36,12 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
 
 
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
-    from fixedhead.cli import _report_to
+    from fixedhead.cli import report_to_integrations
     from fixedhead.training.pretrain import _training_args
 
     assert _training_args(tmp_path, TrainSettings(report_to=["tensorboard"])).report_to == ["tensorboard"]
     assert _training_args(tmp_path, TrainSettings(report_to=[])).report_to == []
-    assert _report_to(["none"]) == [] and _report_to(["tensorboard"]) == ["tensorboard"]
+    assert report_to_integrations(["none"]) == [] and report_to_integrations(["tensorboard"]) == ["tensorboard"]
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
     assert rc == 2 and "--report-to nosuchtracker: unknown integration" in capsys.readouterr().err
     from transformers.integrations import is_wandb_available

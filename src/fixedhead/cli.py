@@ -79,7 +79,7 @@ class _SizeOption(argparse.Action):
         namespace.size_options_given = getattr(namespace, "size_options_given", ()) + (option_string,)
 
 
-def _add_model_args(p):
+def add_model_args(p):
     g = p.add_argument_group("model")
     g.add_argument("--hidden-size", type=int, default=128, action=_SizeOption, help="d (default 128)")
     g.add_argument("--num-hidden-layers", type=int, default=2, action=_SizeOption)
@@ -94,7 +94,7 @@ def _add_model_args(p):
 
 
 def model_config_from_args(args):
-    """The ``FixedHeadConfig`` that the model options (``_add_model_args``) and ``--max-seq-length`` describe."""
+    """The ``FixedHeadConfig`` that the model options (``add_model_args``) and ``--max-seq-length`` describe."""
     from .configuration import FixedHeadConfig
 
     dropout = 0.0 if args.dropout is None else args.dropout
@@ -110,7 +110,7 @@ def model_config_from_args(args):
     )
 
 
-def _add_data_args(p, corpus_default=True):
+def add_data_args(p, corpus_default=True):
     from .data import DEFAULT_CORPUS
 
     g = p.add_argument_group("data")
@@ -127,7 +127,7 @@ def _add_data_args(p, corpus_default=True):
     g.add_argument("--max-eval-tokens", type=int, default=200_000)
 
 
-def _add_train_args(p):
+def add_train_args(p):
     g = p.add_argument_group("training")
     g.add_argument(
         "--objective",
@@ -171,7 +171,7 @@ def _add_checkpointing_arg(group):
     )
 
 
-def _report_to(names: list[str]) -> list[str]:
+def report_to_integrations(names: list[str]) -> list[str]:
     """``--report-to`` values as the Trainer takes them; unknown or uninstalled integrations are a
     ValueError naming the value, raised before any data is prepared."""
     from transformers.integrations import integration_utils as iu
@@ -204,9 +204,9 @@ def _add_pretrain(sub):
         help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options "
         "below are then refused, --dropout is allowed (default: the preset's 0.1)",
     )
-    _add_model_args(p)
-    _add_data_args(p)
-    _add_train_args(p)
+    add_model_args(p)
+    add_data_args(p)
+    add_train_args(p)
     p.set_defaults(func=_cmd_pretrain)
 
 
@@ -215,7 +215,7 @@ def _cmd_pretrain(args):
 
     from .training import DataSettings, TrainSettings, prepare_data, pretrain
 
-    report_to = _report_to(args.report_to)  # before the (slow) data preparation
+    report_to = report_to_integrations(args.report_to)  # before the (slow) data preparation
     if args.preset:
         from .experiments.presets import get_preset
 

@@ -24,12 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from torch.utils.data import Dataset
 
 from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
 from ..runs import claim_output_dir, file_digest, load_json_file, model_fingerprint, open_run, write_json_atomic
 from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
+from .arguments import shared_training_arguments
 
 FINETUNE_FILE = "finetune_metrics.json"
 #: written first: marks a folder as a fine-tuning output and records what it is computed from
@@ -198,7 +198,6 @@ def finetune(
         DataCollatorWithPadding,
         EarlyStoppingCallback,
         Trainer,
-        TrainingArguments,
         set_seed,
     )
 
@@ -281,31 +280,18 @@ def finetune(
         preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
         return glue_metrics(task, preds, p.label_ids)
 
-    args = TrainingArguments(
-        output_dir=str(out),
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=max(64, settings.batch_size),
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        warmup_steps=settings.warmup_ratio,
-        lr_scheduler_type="linear",
-        weight_decay=settings.weight_decay,
-        seed=settings.seed,
+    args = shared_training_arguments(
+        out,
+        settings,
+        eval_batch_size=max(64, settings.batch_size),
         logging_steps=max(1, settings.eval_steps // 2),
-        eval_strategy="steps",
-        eval_steps=settings.eval_steps,
-        save_strategy="steps",
         save_steps=settings.eval_steps,
         save_total_limit=1,
         load_best_model_at_end=True,
         metric_for_best_model=metric,
         greater_is_better=True,
         report_to=[],
-        disable_tqdm=not settings.progress,
-        dataloader_num_workers=0,
-        use_cpu=not torch.cuda.is_available(),
         save_only_model=True,
-        activation_checkpointing=settings.gradient_checkpointing,
     )
     trainer = Trainer(
         model=model,

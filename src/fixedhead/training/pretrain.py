@@ -36,6 +36,7 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
 from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ..validation import in_range, non_negative_int, positive_float, positive_int
+from .arguments import shared_training_arguments
 from .card import write_model_card
 from .checkpoints import (
     atomic_checkpoint_trainer,
@@ -192,7 +193,17 @@ def same_run_settings(previous: dict, fingerprint: dict) -> bool:
     return not settings_differences(previous, fingerprint)
 
 
-def _check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, corpus_sha256: str | None = None):
+def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, corpus_sha256: str | None = None):
+    """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
+    resumed with the same settings (``fingerprint``, and the same corpus text), or one being
+    replaced (``overwrite``). Nothing is changed.
+
+    Raises:
+        FileExistsError: a file; another run (without ``resume``/``overwrite``); different
+            settings with ``resume``; a folder holding something that is not a fixedhead run.
+        FileNotFoundError: ``resume`` with nothing to resume.
+        ValueError: both ``resume`` and ``overwrite``.
+    """
     settings_file = run_dir / PRETRAIN_FILE
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"output directory {str(run_dir)!r} is an existing file, not a directory")
@@ -281,7 +292,7 @@ def pretrain(
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
-            _check_run_dir(run_dir, fingerprint, resume, overwrite, data.info.get("corpus_sha256"))
+            check_run_dir(run_dir, fingerprint, resume, overwrite, data.info.get("corpus_sha256"))
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
@@ -375,36 +386,21 @@ def causal_tokenizer(tokenizer):
 
 
 def _training_args(run_dir: Path, settings: TrainSettings):
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(run_dir),
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=max(settings.batch_size, 128),
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        warmup_steps=settings.warmup_ratio,
-        lr_scheduler_type="linear",
-        weight_decay=settings.weight_decay,
+    return shared_training_arguments(
+        run_dir,
+        settings,
+        eval_batch_size=max(settings.batch_size, 128),
         adam_beta2=settings.adam_beta2,
         max_grad_norm=settings.max_grad_norm,
-        seed=settings.seed,
         logging_steps=settings.logging_steps,
-        eval_strategy="steps",
-        eval_steps=settings.eval_steps,
-        save_strategy="steps",
         save_steps=settings.save_steps,
         save_total_limit=settings.save_total_limit,
         prediction_loss_only=True,
         report_to=settings.report_to,
-        disable_tqdm=not settings.progress,
-        dataloader_num_workers=0,
         remove_unused_columns=False,
-        ddp_find_unused_parameters=False,  # every parameter of the MLM model gets a gradient
+        ddp_find_unused_parameters=False,  # every parameter of the language model gets a gradient
         torch_compile=settings.torch_compile,
         bf16=settings.bf16,
-        activation_checkpointing=settings.gradient_checkpointing,
-        use_cpu=not torch.cuda.is_available(),
     )
 
 
