@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
 
 from .checks import host_reads_allowed, require_tensor
 from .kernels import (  # noqa: F401 (kernel policy lives in fixedhead.kernels; these names stay importable here)
@@ -242,7 +246,7 @@ class MultiHeadAttention(nn.Module):
         use_sdpa: bool = True,
         attention_bias: torch.Tensor | None = None,
         is_causal: bool = False,
-        cache=None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend.
 

@@ -61,8 +61,13 @@ class FixedHeadEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None, cache_length: int = 0
-    ):
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache_length: int = 0,
+    ) -> torch.Tensor:
         """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
 
         ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
@@ -160,7 +165,7 @@ class FixedHeadLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         use_sdpa: bool = True,
         is_causal: bool = False,
-        cache=None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
         [batch, heads, seq, keys] or None); ``is_causal`` and ``cache`` as in :class:`MultiHeadAttention`."""
@@ -250,7 +255,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         cache: Cache | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ):
+    ) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
         """See the class docstring; returns ``BaseModelOutputWithPoolingAndCrossAttentions``
         (``cache`` set when a decoder uses one)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -306,7 +311,8 @@ class FixedHeadPooler(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = nn.Tanh()
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, hidden] -> [batch, hidden] (the first token's state)."""
         return self.activation(self.dense(hidden_states[:, 0]))
 
 
@@ -320,7 +326,8 @@ class FixedHeadMLMHead(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> logits [..., vocab]."""
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
 
 
@@ -388,16 +395,18 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
 
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-    ):
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MaskedLMOutput | tuple:
+        """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
+        and the mean masked-LM loss; see the class docstring."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.fixedhead(
             input_ids,
@@ -621,16 +630,19 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
 
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-    ):
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> SequenceClassifierOutput | tuple:
+        """input_ids [batch, seq], labels [batch] (classes or regression targets) or [batch, num_labels]
+        (multi-label, or several regression targets) -> logits [batch, num_labels] and the loss of
+        ``config.problem_type``; see the class docstring."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.fixedhead(
             input_ids,
