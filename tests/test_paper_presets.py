@@ -119,3 +119,9 @@ def test_cli_pretrain_with_a_paper_preset(small_real_corpus, tmp_path, monkeypat
     bad = [a if a != "16" else "300" for a in common]
     assert main(["pretrain", "--preset", "lm1b-standard-d256-h8", "--output-dir", str(tmp_path / "y")] + bad) == 2
     assert "max_position_embeddings=256" in capsys.readouterr().err
+
+
+def test_lm1b_presets_are_causal_and_bert_presets_masked():
+    # the paper reports LM1B test perplexity (next-token LM); BERT is a masked LM
+    assert {p.objective for p in LM1B_PRESETS.values()} == {"clm"}
+    assert {p.objective for name, p in PAPER_PRESETS.items() if name not in LM1B_PRESETS} == {"mlm"}

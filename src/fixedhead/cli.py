@@ -131,10 +131,10 @@ def add_train_args(p):
     g = p.add_argument_group("training")
     g.add_argument(
         "--objective",
-        default="mlm",
+        default=None,
         choices=["mlm", "clm"],
         help="mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, "
-        "FixedHeadForCausalLM (default mlm)",
+        "FixedHeadForCausalLM (default: mlm, or the --preset's: clm for the LM1B-style presets)",
     )
     g.add_argument("--max-steps", type=int, default=600)
     g.add_argument("--batch-size", type=int, default=64)
@@ -216,8 +216,11 @@ def _cmd_pretrain(args):
     from .training import DataSettings, TrainSettings, prepare_data, pretrain
 
     report_to = report_to_integrations(args.report_to)  # before the (slow) data preparation
+    objective = args.objective or "mlm"
     if args.preset:
         from .experiments.presets import get_preset
+
+        objective = args.objective or get_preset(args.preset).objective  # LM1B presets: causal, as the paper
 
         if getattr(args, "size_options_given", ()):
             raise ValueError(
@@ -251,7 +254,7 @@ def _cmd_pretrain(args):
         torch_compile=args.torch_compile,
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
-        objective=args.objective,
+        objective=objective,
     )
     data = prepare_data(
         DataSettings(

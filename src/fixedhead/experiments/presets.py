@@ -24,6 +24,8 @@ class ModelPreset:
     config: dict = field(default_factory=dict)
     paper_params: float | None = None
     source: str = ""
+    #: the objective the paper trained this model with: "mlm" (BERT, Tables 1-3) or "clm" (LM1B)
+    objective: str = "mlm"
 
     def build_config(self, **overrides) -> FixedHeadConfig:
         return FixedHeadConfig(**{**self.config, **overrides})
@@ -56,7 +58,9 @@ PAPER_PRESETS: dict[str, ModelPreset] = {
 
 
 #: the paper's LM1B setup (tensor2tensor, PAPER.md "Experiments"): 6 layers, 32k sub-word vocabulary,
-#: sequence length 256, feed-forward 1024. The paper gives no parameter counts for these models.
+#: sequence length 256, feed-forward 1024. The paper gives no parameter counts for these models. They
+#: train as causal (left-to-right) LMs: the paper reports LM1B *test perplexity* from tensor2tensor,
+#: whose LM1B problem is next-token language modelling (a masked LM has no such perplexity).
 _LM1B_COMMON = dict(
     vocab_size=32000, num_hidden_layers=6, max_position_embeddings=256, intermediate_size=1024, type_vocab_size=2
 )
@@ -64,7 +68,7 @@ _LM1B_COMMON = dict(
 
 def _lm1b(name, source, hidden, heads, head_dim, desc):
     cfg = dict(_LM1B_COMMON, hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim)
-    return ModelPreset(name, desc, cfg, None, source)
+    return ModelPreset(name, desc, cfg, None, source, objective="clm")
 
 
 LM1B_PRESETS: dict[str, ModelPreset] = {
