@@ -23,8 +23,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from fixedhead.cli import add_data_args, add_model_args, add_train_args, model_config_from_args, report_to_integrations
-from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+from fixedhead.cli import (
+    add_data_args,
+    add_model_args,
+    add_train_args,
+    data_settings_from_args,
+    model_config_from_args,
+    report_to_integrations,
+)
+from fixedhead.training import TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import check_run_dir
 
 
@@ -77,16 +84,7 @@ def main(argv=None):
         torch_compile=args.torch_compile,
         bf16=args.bf16,
     )
-    data = prepare_data(
-        DataSettings(
-            corpus=args.corpus,
-            vocab_size=args.vocab_size,
-            max_seq_length=args.max_seq_length,
-            heldout_fraction=args.heldout_fraction,
-            max_train_tokens=args.max_train_tokens,
-            max_eval_tokens=args.max_eval_tokens,
-        )
-    )
+    data = prepare_data(data_settings_from_args(args))
 
     scratch = tempfile.mkdtemp(prefix="fixedhead-calibration-")
     try:

@@ -127,6 +127,20 @@ def add_data_args(p, corpus_default=True):
     g.add_argument("--max-eval-tokens", type=int, default=200_000)
 
 
+def data_settings_from_args(args):
+    """The ``DataSettings`` that the data options (:func:`add_data_args`) describe (validated)."""
+    from .data import DataSettings
+
+    return DataSettings(
+        corpus=args.corpus,
+        vocab_size=args.vocab_size,
+        max_seq_length=args.max_seq_length,
+        heldout_fraction=args.heldout_fraction,
+        max_train_tokens=args.max_train_tokens,
+        max_eval_tokens=args.max_eval_tokens,
+    )
+
+
 def add_train_args(p):
     g = p.add_argument_group("training")
     g.add_argument(
@@ -213,7 +227,7 @@ def _add_pretrain(sub):
 def _cmd_pretrain(args):
     import json
 
-    from .training import DataSettings, TrainSettings, prepare_data, pretrain
+    from .training import TrainSettings, prepare_data, pretrain
 
     report_to = report_to_integrations(args.report_to)  # before the (slow) data preparation
     objective = args.objective or "mlm"
@@ -256,16 +270,7 @@ def _cmd_pretrain(args):
         gradient_checkpointing=args.gradient_checkpointing,
         objective=objective,
     )
-    data = prepare_data(
-        DataSettings(
-            corpus=args.corpus,
-            vocab_size=args.vocab_size,
-            max_seq_length=args.max_seq_length,
-            heldout_fraction=args.heldout_fraction,
-            max_train_tokens=args.max_train_tokens,
-            max_eval_tokens=args.max_eval_tokens,
-        )
-    )
+    data = prepare_data(data_settings_from_args(args))
     result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
     return 0

@@ -65,6 +65,17 @@ def _as_matrix(name: str, a) -> np.ndarray:
     return a
 
 
+def _check_row_sums(P: np.ndarray, row_sum_tol: float) -> None:
+    """Raise ValueError naming the first row (query) of P that does not sum to 1 within ``row_sum_tol``."""
+    dev = np.abs(P.sum(axis=1) - 1.0)
+    if np.any(dev > row_sum_tol):
+        i = int(np.argmax(dev))
+        raise ValueError(
+            f"each row of P (one query) must sum to 1 within {row_sum_tol:g}, got row {i} summing to "
+            f"{float(P[i].sum())!r}; rows are queries here (the transpose of the paper's columns)"
+        )
+
+
 def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     """Validate an attention matrix and return it as float64.
 
@@ -94,13 +105,7 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
         raise ValueError(
             f"P must be entrywise positive (Theorem 1 takes log P), got P[{i}, {j}] = {float(P[i, j])!r}{hint}"
         )
-    dev = np.abs(P.sum(axis=1) - 1.0)
-    if np.any(dev > row_sum_tol):
-        i = int(np.argmax(dev))
-        raise ValueError(
-            f"each row of P (one query) must sum to 1 within {row_sum_tol:g}, got row {i} summing to "
-            f"{float(P[i].sum())!r}; rows are queries here (the transpose of the paper's columns)"
-        )
+    _check_row_sums(P, row_sum_tol)
     return P
 
 
@@ -584,13 +589,7 @@ def check_causal_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
             f"P[{i}, {j}] = {float(P[i, j])!r}"
         )
     P = np.where(seen, P, 0.0)
-    dev = np.abs(P.sum(axis=1) - 1.0)
-    if np.any(dev > row_sum_tol):
-        i = int(np.argmax(dev))
-        raise ValueError(
-            f"each row of P (one query) must sum to 1 within {row_sum_tol:g}, got row {i} summing to "
-            f"{float(P[i].sum())!r}; rows are queries here (the transpose of the paper's columns)"
-        )
+    _check_row_sums(P, row_sum_tol)
     return P
 
 
