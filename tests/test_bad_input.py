@@ -224,9 +224,9 @@ CASES = [
         "max_position_embeddings=0",
         lambda c: tiny_cfg(max_position_embeddings=0),
         ValueError,
-        "max_position_embeddings must be an int >= 1, got 0",
+        "max_position_embeddings must be a positive int, got 0",
     ),
-    Case("vocab_size=0", lambda c: tiny_cfg(vocab_size=0), ValueError, "vocab_size must be an int >= 1, got 0"),
+    Case("vocab_size=0", lambda c: tiny_cfg(vocab_size=0), ValueError, "vocab_size must be a positive int, got 0"),
     Case(
         "pad_token_id=500 with vocab 50",
         lambda c: tiny_cfg(pad_token_id=500),

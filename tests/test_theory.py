@@ -14,6 +14,7 @@ import torch
 
 from fixedhead import theory as th
 from fixedhead.cli import main
+from fixedhead.experiments import bottleneck
 
 
 def softmax_rows(L):
@@ -328,7 +329,7 @@ def test_cli_bottleneck_writes_sane_csv_and_png(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     with open(out / "bottleneck.csv") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == th.SWEEP_COLUMNS
+    assert list(rows[0]) == bottleneck.SWEEP_COLUMNS
     assert len(rows) == (4 + 6) * 2
     for r in rows:
         n, k = int(r["n"]), int(r["head_dim"])

@@ -42,6 +42,7 @@ from .kernels import (  # noqa: F401 (kernel policy lives in fixedhead.kernels; 
     use_cpu_fast_path,
     warn_if_unfused,
 )
+from .validation import positive_int
 
 _DropoutAttention = DropoutAttention  # the name benchmarks and tests used before the move
 
@@ -70,15 +71,6 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=Non
     return concat @ w_o.T  # [batch, n, d]
 
 
-def _check_positive_int(name: str, value) -> int:
-    # bool is an int subclass: True heads is a bug, not 1 head.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return int(value)
-
-
 def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int | None) -> int:
     """Return the per-head size d_p.
 
@@ -90,8 +82,8 @@ def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int |
         ValueError: a size that is not a positive int (bools and floats included), or standard
             mode with ``hidden_size`` not divisible by ``num_attention_heads``.
     """
-    hidden_size = _check_positive_int("hidden_size", hidden_size)
-    num_attention_heads = _check_positive_int("num_attention_heads", num_attention_heads)
+    hidden_size = positive_int("hidden_size", hidden_size)
+    num_attention_heads = positive_int("num_attention_heads", num_attention_heads)
     if head_dim is None:
         if hidden_size % num_attention_heads != 0:
             raise ValueError(
@@ -100,7 +92,7 @@ def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int |
                 f"pass an explicit head_dim for a fixed head size"
             )
         return hidden_size // num_attention_heads
-    return _check_positive_int("head_dim", head_dim)
+    return positive_int("head_dim", head_dim)
 
 
 def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -365,8 +365,8 @@ def _add_bottleneck(sub):
 
 
 def _cmd_bottleneck(args):
+    from .experiments.bottleneck import bottleneck_sweep
     from .runs import claim_output_dir
-    from .theory import bottleneck_sweep
 
     claim_output_dir(
         args.output_dir,

@@ -13,14 +13,10 @@ from dataclasses import dataclass
 from transformers import PreTrainedConfig
 
 from .attention import resolve_head_dim
+from .validation import non_negative_int, positive_int
 
 #: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
-
-
-def _check_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_prob(name, value):
@@ -74,8 +70,8 @@ class FixedHeadConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
         for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
-            _check_int(name, getattr(self, name))
-        _check_int("type_vocab_size", self.type_vocab_size, minimum=0)
+            positive_int(name, getattr(self, name))
+        non_negative_int("type_vocab_size", self.type_vocab_size)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _check_prob(name, getattr(self, name))
         if self.classifier_dropout is not None:

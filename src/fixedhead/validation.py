@@ -18,7 +18,9 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
         ValueError: naming ``name`` and the value.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        # bool is an int subclass: True heads is a bug, not 1 head
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
@@ -32,7 +34,9 @@ def optional_positive_int(name: str, value, minimum: int = 1) -> int | None:
 
 def non_negative_int(name: str, value) -> int:
     """An int >= 0 (a seed, a count that may be zero)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r} ({type(value).__name__})")
+    if value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     return int(value)
 
