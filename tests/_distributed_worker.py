@@ -46,9 +46,18 @@ WRAPPERS = ("ddp", "fsdp2")
 
 
 def model_config() -> FixedHeadConfig:
-    return FixedHeadConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
-                           intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0, pad_token_id=0)
+    return FixedHeadConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
 
 
 def fixed_batches(objective: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,9 +133,14 @@ def shard_as_accelerate(model: torch.nn.Module) -> torch.nn.Module:
     plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
     if plugin.fsdp_version != 2:
         raise ValueError(f"expected FSDP version 2, the config gives {plugin.fsdp_version}")
-    stand_in = types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=None,
-                                     parallelism_config=None, mixed_precision="no", device=torch.device("cpu"),
-                                     is_main_process=dist.get_rank() == 0)
+    stand_in = types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin),
+        torch_device_mesh=None,
+        parallelism_config=None,
+        mixed_precision="no",
+        device=torch.device("cpu"),
+        is_main_process=dist.get_rank() == 0,
+    )
     return fsdp2_prepare_model(stand_in, model)
 
 
@@ -212,8 +226,11 @@ def main() -> None:
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--wrappers", default=",".join(WRAPPERS), help="of ddp, fsdp2, accelerate-fsdp2")
     parser.add_argument("--fsdp-config", help="for fsdp2: an accelerate config file with FSDP2 settings")
-    parser.add_argument("--mixed-precision", default=None,
-                        help="override the config's mixed_precision, as `accelerate launch --mixed_precision`")
+    parser.add_argument(
+        "--mixed-precision",
+        default=None,
+        help="override the config's mixed_precision, as `accelerate launch --mixed_precision`",
+    )
     args = parser.parse_args()
     wrappers = args.wrappers.split(",")
     fsdp = None

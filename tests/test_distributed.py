@@ -25,11 +25,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _distributed_worker as worker
 import pytest
 import torch
 import torch.distributed as dist
-from _tiny_run import one_thread  # noqa: F401 (autouse: tiny models train faster on one thread)
+
+import _distributed_worker as worker
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_CONFIG = ROOT / "configs" / "accelerate_fsdp.yaml"
@@ -39,9 +39,20 @@ PARAM_ATOL = 1e-5  # parameters move by ~1e-2 in these steps; a run that does no
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this PyTorch build"),
-    pytest.mark.skipif(dist.is_available() and not dist.is_gloo_available(),
-                       reason="the gloo backend (CPU collectives) is not available in this PyTorch build"),
+    pytest.mark.skipif(
+        dist.is_available() and not dist.is_gloo_available(),
+        reason="the gloo backend (CPU collectives) is not available in this PyTorch build",
+    ),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The in-process runs on one thread: tiny models train several times faster so on shared CPUs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _free_port() -> int:
@@ -62,8 +73,10 @@ def _env(tmp_path: Path) -> dict:
 
 def _launch(cmd: list[str], env: dict) -> None:
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    if out.returncode != 0 and any(s in out.stderr for s in ("Address already in use", "EADDRINUSE",
-                                                               "Operation not permitted", "Connection refused")):
+    if out.returncode != 0 and any(
+        s in out.stderr
+        for s in ("Address already in use", "EADDRINUSE", "Operation not permitted", "Connection refused")
+    ):
         pytest.skip(f"this platform cannot run a local two-process gloo job: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr[-4000:]
 
@@ -72,20 +85,55 @@ def _launch(cmd: list[str], env: dict) -> None:
 def torchrun_runs(tmp_path_factory) -> Path:
     """Both models under DDP and under FSDP2 (as the accelerate config says), in one 2-process job."""
     out = tmp_path_factory.mktemp("torchrun")
-    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-             f"--master_port={_free_port()}", str(WORKER), "--wrappers", "ddp,fsdp2",
-             "--fsdp-config", str(FSDP_CONFIG), "--mixed-precision", "no", "--out", str(out)], _env(out))
+    _launch(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            str(WORKER),
+            "--wrappers",
+            "ddp,fsdp2",
+            "--fsdp-config",
+            str(FSDP_CONFIG),
+            "--mixed-precision",
+            "no",
+            "--out",
+            str(out),
+        ],
+        _env(out),
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def accelerate_runs(tmp_path_factory) -> Path:
-    """Both models under ``accelerate launch --config_file configs/accelerate_fsdp.yaml``, FSDP2 applied by accelerate."""
+    """Both models under ``accelerate launch --config_file configs/accelerate_fsdp.yaml``, accelerate applying FSDP2."""
     pytest.importorskip("accelerate")
     out = tmp_path_factory.mktemp("accelerate")
-    _launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG),
-             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
-             str(WORKER), "--wrappers", "accelerate-fsdp2", "--out", str(out)], _env(out))
+    _launch(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(FSDP_CONFIG),
+            "--num_processes",
+            "2",
+            "--mixed_precision",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+            str(WORKER),
+            "--wrappers",
+            "accelerate-fsdp2",
+            "--out",
+            str(out),
+        ],
+        _env(out),
+    )
     return out
 
 
@@ -146,8 +194,9 @@ def test_fsdp2_shards_what_the_accelerate_config_names(torchrun_runs, objective)
 
 
 @pytest.mark.parametrize("objective", worker.OBJECTIVES)
-def test_accelerate_launch_with_the_shipped_fsdp_config_ends_where_one_process_does(accelerate_runs, references,
-                                                                                   objective):
+def test_accelerate_launch_with_the_shipped_fsdp_config_ends_where_one_process_does(
+    accelerate_runs, references, objective
+):
     losses, params, info = _load(accelerate_runs, objective, "accelerate-fsdp2")
     assert info["world_size"] == 2 and info["max_diff_between_ranks"] == 0.0 and info["tied"]
     # accelerate's layout: a unit per block, the tied embeddings + decoder together in one more, the root
@@ -161,12 +210,13 @@ def test_the_comparison_notices_processes_that_do_not_combine(references, object
     """Control: training on one process's half alone is far outside the tolerances above."""
     ref_losses, ref_params, _ = references[objective]
     losses, params, _ = worker.train(objective, "none", rank=0, world=2)
-    assert max(abs(a - b) for a, b in zip(losses, ref_losses)) > 100 * LOSS_ATOL
+    assert max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)) > 100 * LOSS_ATOL
     assert max((params[k] - ref_params[k]).abs().max().item() for k in params) > 100 * PARAM_ATOL
 
 
-def test_trainer_causal_lm_on_two_processes_equals_one_process_with_the_global_batch(small_real_corpus, tmp_path,
-                                                                                      monkeypatch):
+def test_trainer_causal_lm_on_two_processes_equals_one_process_with_the_global_batch(
+    small_real_corpus, tmp_path, monkeypatch
+):
     """``fixedhead pretrain --objective clm`` under torchrun: 2 × 4 rows per step = 1 × 8 rows.
 
     (The masked LM's Trainer run cannot be compared this way: its collator draws masks in each
@@ -177,14 +227,56 @@ def test_trainer_causal_lm_on_two_processes_equals_one_process_with_the_global_b
     from fixedhead import FixedHeadForCausalLM
     from fixedhead.cli import main
 
-    common = ["pretrain", "--objective", "clm", "--corpus", str(small_real_corpus), "--hidden-size", "32",
-              "--num-hidden-layers", "2", "--num-attention-heads", "4", "--head-dim", "16", "--max-seq-length", "32",
-              "--vocab-size", "400", "--heldout-fraction", "0.1", "--max-steps", "6", "--eval-steps", "3",
-              "--save-steps", "6", "--max-eval-tokens", "2000", "--report-to", "none"]
+    common = [
+        "pretrain",
+        "--objective",
+        "clm",
+        "--corpus",
+        str(small_real_corpus),
+        "--hidden-size",
+        "32",
+        "--num-hidden-layers",
+        "2",
+        "--num-attention-heads",
+        "4",
+        "--head-dim",
+        "16",
+        "--max-seq-length",
+        "32",
+        "--vocab-size",
+        "400",
+        "--heldout-fraction",
+        "0.1",
+        "--max-steps",
+        "6",
+        "--eval-steps",
+        "3",
+        "--save-steps",
+        "6",
+        "--max-eval-tokens",
+        "2000",
+        "--report-to",
+        "none",
+    ]
     two, one = tmp_path / "two", tmp_path / "one"
-    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-             f"--master_port={_free_port()}", "-m", "fixedhead", *common, "--output-dir", str(two),
-             "--batch-size", "4"], _env(tmp_path))
+    _launch(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            "-m",
+            "fixedhead",
+            *common,
+            "--output-dir",
+            str(two),
+            "--batch-size",
+            "4",
+        ],
+        _env(tmp_path),
+    )
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))  # the same tokenizer and data
     assert main([*common, "--output-dir", str(one), "--batch-size", "8"]) == 0
     m2, m1 = (json.loads((run / "metrics.json").read_text()) for run in (two, one))
