@@ -594,3 +594,31 @@ def test_gradient_checkpointing_option_of_pretrain_and_finetune(small_real_corpu
     plain = pretrain(config, data, tmp_path / "plain", settings)
     ckpt = pretrain(config, data, tmp_path / "ckpt", replace(settings, gradient_checkpointing=True))
     assert ckpt["heldout_loss"] == pytest.approx(plain["heldout_loss"], abs=1e-5)
+
+
+def test_masked_lm_loss_averages_over_the_global_batch_when_the_trainer_says_so():
+    # the Trainer passes num_items_in_batch (masked tokens in the whole global batch) to models that
+    # accept loss kwargs; the loss is then the summed cross-entropy over that count
+    torch.manual_seed(0)
+    cfg = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = FixedHeadForMaskedLM(cfg).eval()
+    assert model.accepts_loss_kwargs
+    ids = torch.randint(0, 50, (2, 8))
+    labels = torch.full_like(ids, -100)
+    labels[0, 1], labels[1, 3], labels[1, 5] = 4, 7, 9
+    with torch.no_grad():
+        out = model(ids, labels=labels)
+        scaled = model(ids, labels=labels, num_items_in_batch=6)  # as if another process held 3 more
+    keep = labels != -100
+    total = torch.nn.functional.cross_entropy(out.logits[keep], labels[keep], reduction="sum")
+    torch.testing.assert_close(out.loss, total / 3)
+    torch.testing.assert_close(scaled.loss, total / 6)

@@ -331,8 +331,15 @@ class FixedHeadMLMHead(nn.Module):
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
 
 
-def masked_lm_loss_and_logits(head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int):
+def masked_lm_loss_and_logits(
+    head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int, num_items_in_batch=None
+):
     """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
+
+    ``num_items_in_batch`` (transformers' Trainer passes it): the number of labelled positions in
+    the whole global batch (all processes, all accumulation steps); the summed cross-entropy is
+    divided by it, so data-parallel and accumulated steps average over every masked token, as one
+    process on the global batch would. Without it, the mean over this call's labelled positions.
 
     The output layer (the largest matrix product of a BERT step at a 30k vocabulary) runs only at
     the labelled positions, as the original BERT code does; their rows are scattered into a
@@ -352,11 +359,15 @@ def masked_lm_loss_and_logits(head: nn.Module, sequence_output: torch.Tensor, la
         keep = flat_labels != -100
         logits = head(sequence_output).reshape(batch * seq, vocab).masked_fill(~keep.unsqueeze(1), 0)
         total = F.cross_entropy(logits.float(), flat_labels, ignore_index=-100, reduction="sum")
-        return total / keep.sum().clamp(min=1), logits.view(batch, seq, vocab)
+        count = keep.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return total / count, logits.view(batch, seq, vocab)
     idx = (flat_labels != -100).nonzero().squeeze(1)  # [num_labelled]
     compact = head(sequence_output.reshape(batch * seq, hidden).index_select(0, idx))  # [num_labelled, vocab]
     if idx.numel() == 0:
         loss = compact.sum() * 0.0
+    elif num_items_in_batch is not None:
+        total = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx), reduction="sum")
+        loss = total / num_items_in_batch
     else:
         loss = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx))
     logits = compact.new_zeros(batch * seq, vocab)
@@ -379,6 +390,8 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
             a value that is neither -100 nor a token id of the (current) output vocabulary.
     """
 
+    #: the Trainer passes num_items_in_batch: the loss averages over the global batch's masked tokens
+    accepts_loss_kwargs = True
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: FixedHeadConfig):
@@ -404,6 +417,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
     ) -> MaskedLMOutput | tuple:
         """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
         and the mean masked-LM loss; see the class docstring."""
@@ -436,7 +450,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
                     f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
                     f"at index {bad[1]})"
                 )
-            loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab)
+            loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab, num_items_in_batch)
         out = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
