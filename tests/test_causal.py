@@ -225,6 +225,9 @@ def test_text_generation_pipeline_continues_a_prompt(clm_run):
     )  # continued, not closed
     out = generate("it was the best of times", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert out.startswith("it was the best of times") and len(out) > len("it was the best of times")
+    # with the pipeline's defaults generation stops where the learned positions end (n = 32 here)
+    tokens = generate("it was the best of times", return_tensors=True)[0]["generated_token_ids"]
+    assert len(tokens) == 32
 
 
 def test_causal_unigram_reference_counts_every_predicted_token(clm_run):

@@ -550,6 +550,9 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
         self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
         self.cls = FixedHeadMLMHead(config)
         self.post_init()
+        # learned positions end at max_position_embeddings: generate (and pipeline("text-generation"),
+        # whose own default is 256 new tokens) stop there unless told otherwise
+        self.generation_config.max_length = config.max_position_embeddings
 
     def get_output_embeddings(self):
         return self.cls.decoder
