@@ -11,13 +11,39 @@ import argparse
 import sys
 
 
+def parse_head_dim(text):
+    """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
+    (``64,64,128,128``; ``none`` = the standard d/h for that layer).
+
+    Raises:
+        ValueError: an entry that is neither a positive int nor ``none``, naming it.
+    """
+    if text is None or isinstance(text, int):
+        return text
+    parts = [t.strip() for t in str(text).split(",")]
+    values = []
+    for t in parts:
+        if t.lower() == "none":
+            values.append(None)
+            continue
+        try:
+            values.append(int(t))
+        except ValueError:
+            raise ValueError(
+                f"--head-dim takes an int or a comma-separated list of ints / 'none' (one per layer), got {text!r}"
+            ) from None
+    return values[0] if len(values) == 1 and "," not in str(text) else values
+
+
 # ----------------------------------------------------------------------------------- count
 def _add_count(sub):
     p = sub.add_parser("count", help="parameter count of a preset or of explicit sizes (paper Tables 1-3)")
     p.add_argument("--preset", nargs="*", help="paper preset names (default: all of Tables 1-3)")
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-attention-heads", type=int)
-    p.add_argument("--head-dim", type=int, default=None, help="fixed head size; omit for standard d/h")
+    p.add_argument(
+        "--head-dim", default=None, help="fixed head size, or one per layer (64,64,128,128); omit for standard d/h"
+    )
     p.add_argument("--num-hidden-layers", type=int, default=24)
     p.add_argument("--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size)")
     p.add_argument("--vocab-size", type=int, default=30522)
@@ -43,7 +69,7 @@ def _cmd_count(args):
         cfg = FixedHeadConfig(
             hidden_size=args.hidden_size,
             num_attention_heads=args.num_attention_heads,
-            head_dim=args.head_dim,
+            head_dim=parse_head_dim(args.head_dim),
             num_hidden_layers=args.num_hidden_layers,
             intermediate_size=args.intermediate_size or 4 * args.hidden_size,
             vocab_size=args.vocab_size,
@@ -51,7 +77,7 @@ def _cmd_count(args):
         )
         print(
             f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.attention_head_size}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
+            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
             f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
         )
         return 0
@@ -65,7 +91,7 @@ def _cmd_count(args):
         paper = f"{p.paper_params:.0f}M" if p.paper_params else ""
         print(
             f"{name:<22} {p.source:<9} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
-            f"{cfg.attention_head_size:>4} {n:>13,} {paper:>6} {diff:>7}"
+            f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
         )
     return 0
 
@@ -85,7 +111,10 @@ def add_model_args(p):
     g.add_argument("--num-hidden-layers", type=int, default=2, action=_SizeOption)
     g.add_argument("--num-attention-heads", type=int, default=16, action=_SizeOption, help="h (default 16)")
     g.add_argument(
-        "--head-dim", type=int, default=None, action=_SizeOption, help="fixed head size d_p; omit for the standard d/h"
+        "--head-dim",
+        default=None,
+        action=_SizeOption,
+        help="fixed head size d_p, or one per layer (64,64,128,128); omit for the standard d/h",
     )
     g.add_argument(
         "--intermediate-size", type=int, default=None, action=_SizeOption, help="feed-forward width (default 4d)"
@@ -102,7 +131,7 @@ def model_config_from_args(args):
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=args.num_attention_heads,
-        head_dim=args.head_dim,
+        head_dim=parse_head_dim(args.head_dim),
         intermediate_size=args.intermediate_size or 4 * args.hidden_size,
         max_position_embeddings=args.max_seq_length,
         hidden_dropout_prob=dropout,
