@@ -659,6 +659,48 @@ def _cmd_farthest_point(args):
     return 0
 
 
+# ---------------------------------------------------------------------------------- widen
+def _add_widen(sub):
+    p = sub.add_parser(
+        "widen", help="grow every head of a run to a larger head size d_p' with the same function (exactly)"
+    )
+    p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
+    p.add_argument(
+        "--head-dim", required=True, help="new head size d_p' >= the current one, or one per layer (64,64,128,128)"
+    )
+    p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier widen output)")
+    p.add_argument(
+        "--init-std", type=float, default=None, help="std of the new random rows (default: initializer_range)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead widen` output there")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pickle weights (pytorch_model.bin); only for files you trust",
+    )
+    p.set_defaults(func=_cmd_widen)
+
+
+def _cmd_widen(args):
+    from .widen import widen_run
+
+    record = widen_run(
+        args.run_dir,
+        parse_head_dim(args.head_dim),
+        args.output_dir,
+        init_std=args.init_std,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        allow_pickle=args.allow_pickle,
+    )
+    print(
+        f"widened {args.run_dir}: head sizes {record['old_head_dims']} -> {record['new_head_dims']}; "
+        f"wrote {args.output_dir}"
+    )
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
 _COMMANDS = [
     _add_count,
@@ -671,6 +713,7 @@ _COMMANDS = [
     _add_sweep,
     _add_report,
     _add_farthest_point,
+    _add_widen,
 ]
 
 
