@@ -115,8 +115,9 @@ def test_cli_head_dim_lists(capsys):
     want = cfg([8, 8, 16, 16], vocab_size=30522, intermediate_size=128, max_position_embeddings=512)
     assert f"{count_parameters(want):,} parameters" in out
     assert "d_p=[8, 8, 16, 16]" in out
-    assert main([*argv, "--head-dim", "8,x"]) == 2
-    assert "--head-dim takes an int or a comma-separated list" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse's usage error, as for any unparsable option
+        main([*argv, "--head-dim", "8,x"])
+    assert info.value.code == 2 and "invalid int value: 'x'" in capsys.readouterr().err
     assert main([*argv, "--head-dim", "8,8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "one entry per layer" in err

@@ -13,26 +13,27 @@ import sys
 
 def parse_head_dim(text):
     """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
-    (``64,64,128,128``; ``none`` = the standard d/h for that layer).
+    (``64,64,128,128``; ``none`` = the standard d/h for that layer). The options' argparse ``type``.
 
     Raises:
-        ValueError: an entry that is neither a positive int nor ``none``, naming it.
+        argparse.ArgumentTypeError: an entry that is neither an int nor ``none`` (argparse turns
+            it into its usage error, exit status 2).
     """
-    if text is None or isinstance(text, int):
+    if text is None or isinstance(text, (int, list)):
         return text
-    parts = [t.strip() for t in str(text).split(",")]
     values = []
-    for t in parts:
+    for t in str(text).split(","):
+        t = t.strip()
         if t.lower() == "none":
             values.append(None)
             continue
         try:
             values.append(int(t))
         except ValueError:
-            raise ValueError(
-                f"--head-dim takes an int or a comma-separated list of ints / 'none' (one per layer), got {text!r}"
+            raise argparse.ArgumentTypeError(
+                f"invalid int value: {t!r} (--head-dim takes an int, or one per layer: 64,64,128,128; none = d/h)"
             ) from None
-    return values[0] if len(values) == 1 and "," not in str(text) else values
+    return values if "," in str(text) else values[0]
 
 
 # ----------------------------------------------------------------------------------- count
@@ -42,7 +43,10 @@ def _add_count(sub):
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-attention-heads", type=int)
     p.add_argument(
-        "--head-dim", default=None, help="fixed head size, or one per layer (64,64,128,128); omit for standard d/h"
+        "--head-dim",
+        type=parse_head_dim,
+        default=None,
+        help="fixed head size, or one per layer (64,64,128,128); omit for standard d/h",
     )
     p.add_argument("--num-hidden-layers", type=int, default=24)
     p.add_argument("--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size)")
@@ -69,7 +73,7 @@ def _cmd_count(args):
         cfg = FixedHeadConfig(
             hidden_size=args.hidden_size,
             num_attention_heads=args.num_attention_heads,
-            head_dim=parse_head_dim(args.head_dim),
+            head_dim=args.head_dim,
             num_hidden_layers=args.num_hidden_layers,
             intermediate_size=args.intermediate_size or 4 * args.hidden_size,
             vocab_size=args.vocab_size,
@@ -112,6 +116,7 @@ def add_model_args(p):
     g.add_argument("--num-attention-heads", type=int, default=16, action=_SizeOption, help="h (default 16)")
     g.add_argument(
         "--head-dim",
+        type=parse_head_dim,
         default=None,
         action=_SizeOption,
         help="fixed head size d_p, or one per layer (64,64,128,128); omit for the standard d/h",
@@ -131,7 +136,7 @@ def model_config_from_args(args):
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=args.num_attention_heads,
-        head_dim=parse_head_dim(args.head_dim),
+        head_dim=args.head_dim,
         intermediate_size=args.intermediate_size or 4 * args.hidden_size,
         max_position_embeddings=args.max_seq_length,
         hidden_dropout_prob=dropout,
@@ -666,7 +671,10 @@ def _add_widen(sub):
     )
     p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
     p.add_argument(
-        "--head-dim", required=True, help="new head size d_p' >= the current one, or one per layer (64,64,128,128)"
+        "--head-dim",
+        type=parse_head_dim,
+        required=True,
+        help="new head size d_p' >= the current one, or one per layer (64,64,128,128)",
     )
     p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier widen output)")
     p.add_argument(
@@ -687,7 +695,7 @@ def _cmd_widen(args):
 
     record = widen_run(
         args.run_dir,
-        parse_head_dim(args.head_dim),
+        args.head_dim,
         args.output_dir,
         init_std=args.init_std,
         seed=args.seed,
