@@ -15,6 +15,7 @@ from .modeling import (
     count_parameters,
     register_auto_classes,
 )
+from .widen import widen_heads
 
 register_auto_classes()  # AutoConfig / AutoModel* / pipeline(...) load fixedhead run directories
 
@@ -29,4 +30,5 @@ __all__ = [
     "FixedHeadForSequenceClassification",
     "count_parameters",
     "from_bert",
+    "widen_heads",
 ]

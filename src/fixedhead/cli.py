@@ -11,13 +11,43 @@ import argparse
 import sys
 
 
+def parse_head_dim(text):
+    """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
+    (``64,64,128,128``; ``none`` = the standard d/h for that layer). The options' argparse ``type``.
+
+    Raises:
+        argparse.ArgumentTypeError: an entry that is neither an int nor ``none`` (argparse turns
+            it into its usage error, exit status 2).
+    """
+    if text is None or isinstance(text, (int, list)):
+        return text
+    values = []
+    for t in str(text).split(","):
+        t = t.strip()
+        if t.lower() == "none":
+            values.append(None)
+            continue
+        try:
+            values.append(int(t))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid int value: {t!r} (--head-dim takes an int, or one per layer: 64,64,128,128; none = d/h)"
+            ) from None
+    return values if "," in str(text) else values[0]
+
+
 # ----------------------------------------------------------------------------------- count
 def _add_count(sub):
     p = sub.add_parser("count", help="parameter count of a preset or of explicit sizes (paper Tables 1-3)")
     p.add_argument("--preset", nargs="*", help="paper preset names (default: all of Tables 1-3)")
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-attention-heads", type=int)
-    p.add_argument("--head-dim", type=int, default=None, help="fixed head size; omit for standard d/h")
+    p.add_argument(
+        "--head-dim",
+        type=parse_head_dim,
+        default=None,
+        help="fixed head size, or one per layer (64,64,128,128); omit for standard d/h",
+    )
     p.add_argument("--num-hidden-layers", type=int, default=24)
     p.add_argument("--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size)")
     p.add_argument("--vocab-size", type=int, default=30522)
@@ -51,7 +81,7 @@ def _cmd_count(args):
         )
         print(
             f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.attention_head_size}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
+            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
             f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
         )
         return 0
@@ -65,7 +95,7 @@ def _cmd_count(args):
         paper = f"{p.paper_params:.0f}M" if p.paper_params else ""
         print(
             f"{name:<22} {p.source:<9} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
-            f"{cfg.attention_head_size:>4} {n:>13,} {paper:>6} {diff:>7}"
+            f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
         )
     return 0
 
@@ -85,7 +115,11 @@ def add_model_args(p):
     g.add_argument("--num-hidden-layers", type=int, default=2, action=_SizeOption)
     g.add_argument("--num-attention-heads", type=int, default=16, action=_SizeOption, help="h (default 16)")
     g.add_argument(
-        "--head-dim", type=int, default=None, action=_SizeOption, help="fixed head size d_p; omit for the standard d/h"
+        "--head-dim",
+        type=parse_head_dim,
+        default=None,
+        action=_SizeOption,
+        help="fixed head size d_p, or one per layer (64,64,128,128); omit for the standard d/h",
     )
     g.add_argument(
         "--intermediate-size", type=int, default=None, action=_SizeOption, help="feed-forward width (default 4d)"
@@ -630,6 +664,51 @@ def _cmd_farthest_point(args):
     return 0
 
 
+# ---------------------------------------------------------------------------------- widen
+def _add_widen(sub):
+    p = sub.add_parser(
+        "widen", help="grow every head of a run to a larger head size d_p' with the same function (exactly)"
+    )
+    p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
+    p.add_argument(
+        "--head-dim",
+        type=parse_head_dim,
+        required=True,
+        help="new head size d_p' >= the current one, or one per layer (64,64,128,128)",
+    )
+    p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier widen output)")
+    p.add_argument(
+        "--init-std", type=float, default=None, help="std of the new random rows (default: initializer_range)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead widen` output there")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pickle weights (pytorch_model.bin); only for files you trust",
+    )
+    p.set_defaults(func=_cmd_widen)
+
+
+def _cmd_widen(args):
+    from .widen import widen_run
+
+    record = widen_run(
+        args.run_dir,
+        args.head_dim,
+        args.output_dir,
+        init_std=args.init_std,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        allow_pickle=args.allow_pickle,
+    )
+    print(
+        f"widened {args.run_dir}: head sizes {record['old_head_dims']} -> {record['new_head_dims']}; "
+        f"wrote {args.output_dir}"
+    )
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
 _COMMANDS = [
     _add_count,
@@ -642,6 +721,7 @@ _COMMANDS = [
     _add_sweep,
     _add_report,
     _add_farthest_point,
+    _add_widen,
 ]
 
 

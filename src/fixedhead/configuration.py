@@ -2,7 +2,8 @@
 
 Field names follow transformers' ``BertConfig``. The single addition is ``head_dim``: ``None``
 means the standard tied head size d_p = hidden_size / num_attention_heads (paper Section 2), an
-int is the paper's fixed head size (Section 4).
+int is the paper's fixed head size (Section 4), and a list gives each layer its own (one entry per
+layer, each None or an int; :attr:`FixedHeadConfig.layer_head_dims` resolves them).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class FixedHeadConfig(PreTrainedConfig):
 
     Args (the transformers BERT names; the paper's symbols in brackets):
         vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h],
-        head_dim [d_p]: None for the standard d/h, an int for a fixed head size,
+        head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or a list with
+            one entry per layer (each None or an int) for per-layer head sizes,
         intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
         initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
@@ -41,7 +43,8 @@ class FixedHeadConfig(PreTrainedConfig):
 
     Raises:
         ValueError: at construction, naming the bad value: non-int or non-positive sizes
-            (bools and floats included), standard mode with d not divisible by h, dropout
+            (bools and floats included), standard mode with d not divisible by h, a per-layer
+            ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, dropout
             outside [0, 1), pad_token_id outside the vocabulary, a problem_type that is not one
             of :data:`PROBLEM_TYPES` (BERT would silently compute no loss).
     """
@@ -52,7 +55,7 @@ class FixedHeadConfig(PreTrainedConfig):
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
-    head_dim: int | None = None
+    head_dim: int | list[int | None] | None = None
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
@@ -68,7 +71,21 @@ class FixedHeadConfig(PreTrainedConfig):
     use_cache: bool = True  # decoders: keep a key/value cache while generating
 
     def __post_init__(self, **kwargs):
-        resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
+        positive_int("num_hidden_layers", self.num_hidden_layers)
+        if isinstance(self.head_dim, (list, tuple)):
+            self.head_dim = list(self.head_dim)  # saved as a JSON list, reloaded the same
+            if len(self.head_dim) != self.num_hidden_layers:
+                raise ValueError(
+                    f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
+                    f"got {len(self.head_dim)}: {self.head_dim!r}"
+                )
+            for layer, dp in enumerate(self.head_dim):
+                try:
+                    resolve_head_dim(self.hidden_size, self.num_attention_heads, dp)
+                except ValueError as e:
+                    raise ValueError(f"head_dim[{layer}] (layer {layer}): {e}") from None
+        else:
+            resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
         for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
             positive_int(name, getattr(self, name))
         non_negative_int("type_vocab_size", self.type_vocab_size)
@@ -87,10 +104,34 @@ class FixedHeadConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     @property
+    def layer_head_dims(self) -> list[int]:
+        """The head size d_p of every layer, resolved (None entries = hidden_size // num_attention_heads)."""
+        per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
+        return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
+
+    @property
     def attention_head_size(self) -> int:
-        """The head size d_p in use: ``head_dim`` if set, else hidden_size // num_attention_heads."""
-        return resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+        """The head size d_p in use: ``head_dim`` if set, else hidden_size // num_attention_heads.
+
+        Raises:
+            ValueError: per-layer head sizes that differ (use :attr:`layer_head_dims`).
+        """
+        sizes = set(self.layer_head_dims)
+        if len(sizes) != 1:
+            raise ValueError(
+                f"head sizes differ per layer ({self.layer_head_dims}); use config.layer_head_dims for one layer's"
+            )
+        return sizes.pop()
+
+    @property
+    def head_size_label(self) -> int | list[int]:
+        """d_p for reports: the int when every layer has the same head size, else the per-layer list."""
+        sizes = self.layer_head_dims
+        return sizes[0] if len(set(sizes)) == 1 else sizes
 
     @property
     def is_fixed_head(self) -> bool:
+        """True when some layer's head size is set explicitly (not the standard d/h)."""
+        if isinstance(self.head_dim, list):
+            return any(dp is not None for dp in self.head_dim)
         return self.head_dim is not None

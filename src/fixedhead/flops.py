@@ -35,6 +35,8 @@ def estimate_flops(
 
       forward = T·l·(8·d·i + 4·n·i + 4·d·f) + M·(2·d² + 2·d·v)
 
+    With per-layer head sizes (``head_dim`` a list) each layer counts its own i and the l·(…) is a sum.
+
     Training (``training=True``) is 3× forward: the backward of every product ``Y = X·W``
     costs two more of the same size (``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``); this includes the first
     layer, whose input gradient feeds the trained embeddings, and the two attention products
@@ -66,11 +68,13 @@ def estimate_flops(
     positive_int("seq_len", seq_len)
     in_range("masked_fraction", masked_fraction, 0.0, 1.0, high_open=False)
     d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
-    i = config.num_attention_heads * config.attention_head_size
     tokens = batch_size * seq_len
     masked = round(masked_fraction * tokens)
-    per_token_layer = 2 * d * 3 * i + 2 * i * d + 2 * n * i + 2 * n * i + 2 * 2 * d * f
-    forward = tokens * config.num_hidden_layers * per_token_layer + masked * (2 * d * d + 2 * d * v)
+    per_token = 0
+    for dp in config.layer_head_dims:  # per-layer head sizes: each layer its own i
+        i = config.num_attention_heads * dp
+        per_token += 2 * d * 3 * i + 2 * i * d + 2 * n * i + 2 * n * i + 2 * 2 * d * f
+    forward = tokens * per_token + masked * (2 * d * d + 2 * d * v)
     return 3 * forward if training else forward
 
 

@@ -147,7 +147,7 @@ class FixedHeadLayer(GradientCheckpointingLayer):
         self.attention = MultiHeadAttention(
             config.hidden_size,
             config.num_attention_heads,
-            head_dim=config.head_dim,
+            head_dim=config.head_dim[layer_idx or 0] if isinstance(config.head_dim, list) else config.head_dim,
             dropout=config.attention_probs_dropout_prob,
             layer_idx=layer_idx,
         )
@@ -706,7 +706,8 @@ def count_parameters(
 ) -> int:
     """Number of trainable parameters of a model with ``config``, without building it.
 
-    With d = hidden_size, i = h·d_p (attention inner size), f = intermediate_size, v = vocab:
+    With d = hidden_size, i = h·d_p (attention inner size; per layer when ``head_dim`` is a list),
+    f = intermediate_size, v = vocab:
       embeddings  v·d + max_positions·d + type_vocab·d + 2d (LayerNorm)
       per layer   3(d·i + i) + (i·d + d)      q, k, v and output projections (4·h·d_p·d + biases:
                                               the paper's stated cost of a fixed head size)
@@ -720,10 +721,10 @@ def count_parameters(
     Tables 1–3 (checked to within 1% there; exactly against ``sum(p.numel())`` in the tests).
     """
     d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
-    i = config.num_attention_heads * config.attention_head_size
     total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
-    per_layer = 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
-    total += config.num_hidden_layers * per_layer
+    for dp in config.layer_head_dims:
+        i = config.num_attention_heads * dp
+        total += 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
     if pooler:
         total += d * d + d
     if mlm_head:

@@ -176,7 +176,7 @@ def run_compare(
         if progress:
             print(
                 f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
-                f"d_p={config.attention_head_size} ({'fixed' if config.is_fixed_head else 'standard'}), "
+                f"d_p={config.head_size_label} ({'fixed' if config.is_fixed_head else 'standard'}), "
                 f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
                 flush=True,
             )

@@ -412,7 +412,7 @@ def run_sweep(
             print(
                 f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
                 f"h={config.num_attention_heads}, "
-                f"d_p={config.attention_head_size}, {count_parameters(config, pooler=False):,} parameters "
+                f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters "
                 f"({time.time() - t_start:.0f} s into this invocation)",
                 flush=True,
             )

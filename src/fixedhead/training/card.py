@@ -53,7 +53,7 @@ def model_card(result: dict, fingerprint: dict) -> str:
     bottleneck = (
         f"d_p = {dp} < n = {n}: each head's logit matrix has rank at most {dp}, below the sequence length "
         "(the paper's low-rank bottleneck)"
-        if n and dp < n
+        if n and (min(dp) if isinstance(dp, list) else dp) < n
         else f"d_p = {dp} >= n = {n}: heads are not rank-limited at this sequence length (paper Theorem 1)"
     )
     heldout = info.get("heldout_documents", [])

@@ -334,7 +334,7 @@ def pretrain(
         "parameters": count_parameters(config, pooler=False),
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
-        "head_dim": config.attention_head_size,
+        "head_dim": config.head_size_label,  # a list for per-layer head sizes
         "fixed_head": config.is_fixed_head,
         "num_hidden_layers": config.num_hidden_layers,
         "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
