@@ -369,8 +369,10 @@ def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> No
                     marker="." if ax is axes[1] else None,
                     label=label,
                 )
-    axes[0].set_title("training MLM loss")
-    axes[1].set_title("held-out MLM loss (fixed masking)")
+    causal = any(r.get("objective") == "clm" for r in results)
+    what = "causal-LM loss per token" if causal else "MLM loss"
+    axes[0].set_title(f"training {what}")
+    axes[1].set_title(f"held-out {what}" + ("" if causal else " (fixed masking)"))
     for ax in axes:
         ax.set_xlabel("training tokens (millions)")
     axes[0].set_ylabel("cross-entropy (nats)")
