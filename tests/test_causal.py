@@ -227,7 +227,7 @@ def test_text_generation_pipeline_continues_a_prompt(clm_run):
     assert out.startswith("it was the best of times") and len(out) > len("it was the best of times")
     # with the pipeline's defaults generation stops where the learned positions end (n = 32 here)
     tokens = generate("it was the best of times", return_tensors=True)[0]["generated_token_ids"]
-    assert len(tokens) == 32
+    assert len(tokens) == 32 or (len(tokens) < 32 and tokens[-1] == generate.tokenizer.eos_token_id)
 
 
 def test_causal_unigram_reference_counts_every_predicted_token(clm_run):

@@ -562,3 +562,60 @@ def test_malformed_files_are_named(run, tmp_path, capsys):
     (sweep / "sweep.json").write_text('{"meta": {"preset": "cpu"}, "runs": {"a"')
     assert main(["report", str(sweep)]) == 2
     assert f"{sweep / 'sweep.json'} is not valid JSON" in _one_error_line(capsys)
+
+
+# ------------------------------------------------- found by a review that followed the README
+def test_review_findings_widen_finetune_resume_permissions(run, prepared, glue, tmp_path, capsys):
+    from fixedhead.training import pretrain as pretrain_fn
+    from fixedhead.training.pretrain import load_run
+
+    # widening into the run itself, or over an earlier widen output without --overwrite, is refused
+    assert main(["widen", str(run), "--head-dim", "32", "--output-dir", str(run)]) == 2
+    assert "is the run being widened" in _one_error_line(capsys)
+    out = tmp_path / "wide"
+    assert main(["widen", str(run), "--head-dim", "32", "--output-dir", str(out)]) == 0
+    before = snapshot(out)
+    assert main(["widen", str(run), "--head-dim", "48", "--output-dir", str(out)]) == 2
+    assert "pass --overwrite" in _one_error_line(capsys) and snapshot(out) == before
+    assert main(["widen", str(run), "--head-dim", "32", "--seed", "-1", "--output-dir", str(tmp_path / "w")]) == 2
+    assert "seed must be an int >= 0, got -1" in _one_error_line(capsys)
+    # the widened run keeps its source's data settings: evaluate scores the same held-out set
+    assert main(["evaluate", str(out)]) == 0
+    assert main(["evaluate", str(run)]) == 0
+    # safetensors writes 0600; run files follow the umask
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~_umask()
+    assert stat.S_IMODE((run / "model.safetensors").stat().st_mode) == 0o666 & ~_umask()
+    # a fine-tuned classifier is not a pretraining run: widen refuses it rather than drop its classifier
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--model", str(run), "--output-dir", str(ft), *FT]) == 0
+    capsys.readouterr()
+    assert main(["widen", str(ft), "--head-dim", "32", "--output-dir", str(tmp_path / "w2")]) == 2
+    assert "FixedHeadForSequenceClassification" in _one_error_line(capsys)
+    # resuming a finished run returns its metrics: no extra step, no new checkpoint
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    checkpoints = sorted(p.name for p in resumed.glob("checkpoint-*"))
+    model, _, _ = load_run(resumed)
+    result = pretrain_fn(
+        tiny_config(), prepared, resumed, tiny_settings(max_steps=4, save_steps=4, eval_steps=4), resume=True
+    )
+    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == checkpoints
+    assert result == json.loads((run / "metrics.json").read_text())
+
+
+def test_causal_runs_are_not_fine_tuned_and_usage_errors_are_one_line(clm_tiny_run, glue, tmp_path, capsys):
+    assert main(["finetune", "--model", str(clm_tiny_run), "--output-dir", str(tmp_path / "ft"), *FT]) == 2
+    assert "is a causal LM" in _one_error_line(capsys)
+    assert not (tmp_path / "ft").exists()
+    with pytest.raises(SystemExit) as info:
+        main(["pretrain", "--objective", "xyz"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "invalid choice: 'xyz'" in err
+
+
+@pytest.fixture(scope="module")
+def clm_tiny_run(prepared, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("clm") / "run"
+    pretrain(tiny_config(), prepared, out, tiny_settings(max_steps=2, save_steps=2, eval_steps=2, objective="clm"))
+    return out

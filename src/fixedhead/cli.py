@@ -304,6 +304,12 @@ def _cmd_pretrain(args):
         gradient_checkpointing=args.gradient_checkpointing,
         objective=objective,
     )
+    if not args.resume:  # an occupied folder is refused before the (slow) data preparation
+        from pathlib import Path
+
+        from .training.pretrain import check_run_dir
+
+        check_run_dir(Path(args.output_dir), {}, resume=False, overwrite=args.overwrite)
     data = prepare_data(data_settings_from_args(args))
     result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
@@ -725,12 +731,20 @@ _COMMANDS = [
 ]
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``fixedhead CMD: error: ...``) with exit status 2,
+    like every other error of the command; ``--help`` still shows the full usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="fixedhead",
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     for add in _COMMANDS:
         add(sub)
     return parser

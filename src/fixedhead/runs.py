@@ -278,6 +278,8 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         raise ValueError(f"{run_dir}: tokenizer has {len(tokenizer)} tokens but config.vocab_size={config.vocab_size}")
     settings_file = run_dir / PRETRAIN_FILE
     settings = load_json_file(settings_file) if settings_file.is_file() else {}
+    if not settings and (run_dir / "widen.json").is_file():  # a widened run: its source's data settings
+        settings = load_json_file(run_dir / "widen.json").get("source_settings") or {}
     return OpenedRun(run_dir, config, tokenizer, weights, settings)
 
 
@@ -353,6 +355,11 @@ def claim_output_dir(
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{option} {str(out)!r} is an existing file, not a directory")
+    for parent in out.absolute().parents:  # a folder below a file can never be created
+        if parent.exists():
+            if not parent.is_dir():
+                raise FileExistsError(f"{option} {str(out)!r} lies below {str(parent)!r}, which is a file")
+            break
     if out.is_dir():
         entries = sorted(out.iterdir())
         if entries and not any((out / m).exists() for m in markers):
@@ -360,7 +367,7 @@ def claim_output_dir(
             raise FileExistsError(
                 f"{option} {str(out)!r} holds files that `fixedhead {command}` did not create "
                 f"({', '.join(names[:5])}{' …' if len(names) > 5 else ''}); choose an empty or new folder "
-                f"(nothing was changed; --overwrite only replaces an earlier `fixedhead {command}` output)"
+                f"(nothing was changed)"
             )
         if overwrite and create:
             for e in entries:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from pathlib import Path
 
 import torch
 
@@ -209,10 +210,22 @@ def widen_run(
         FileNotFoundError: no such run.
     """
     from .modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
-    from .runs import claim_output_dir, open_run, resolve_local_path, write_json_atomic
+    from .runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
+    from .validation import non_negative_int
 
+    non_negative_int("seed", seed)
+    if Path(output_dir).resolve() == Path(run_dir).resolve():
+        raise FileExistsError(f"--output-dir {str(output_dir)!r} is the run being widened; choose another folder")
     claim_output_dir(output_dir, (WIDEN_FILE,), WIDEN_OWNED, "widen", create=False)  # refuse before the work
+    if (Path(output_dir) / WIDEN_FILE).is_file() and not overwrite:
+        raise FileExistsError(f"{output_dir} holds an earlier `fixedhead widen` output; pass --overwrite to replace it")
     run = open_run(run_dir, allow_pickle=allow_pickle)
+    kinds = set(run.config.architectures or []) - {"FixedHeadForMaskedLM", "FixedHeadForCausalLM"}
+    if kinds:
+        raise ValueError(
+            f"{run_dir} holds a {', '.join(sorted(kinds))}; `fixedhead widen` takes pretraining runs (masked or "
+            f"causal LM). Widen other models in Python with fixedhead.widen_heads(model, head_dim)"
+        )
     _new_sizes(run.config.layer_head_dims, head_dim)  # a wrong size is refused before loading anything
     cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
     model = cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
@@ -227,9 +240,12 @@ def widen_run(
         "new_head_dim": wide.config.head_dim,
         "seed": seed,
         "init_std": init_std if init_std is not None else run.config.initializer_range,
+        # the source's data and masking settings: `evaluate` scores the widened model on the same held-out set
+        "source_settings": run.settings,
     }
     out = claim_output_dir(output_dir, (WIDEN_FILE,), WIDEN_OWNED, "widen", overwrite=overwrite)
     write_json_atomic(out / WIDEN_FILE, record)  # the marker first: a failed save can be overwritten
     wide.save_pretrained(str(out), safe_serialization=True)
+    follow_umask(out / "model.safetensors")  # safetensors writes 0600
     run.tokenizer.save_pretrained(str(out))
     return record

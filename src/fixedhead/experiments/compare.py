@@ -27,7 +27,14 @@ from ..data.mlm import unigram_perplexity
 from ..modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
-from ..training.pretrain import TrainSettings, pretrain, run_fingerprint, same_corpus_text, same_run_settings
+from ..training.pretrain import (
+    TrainSettings,
+    lm_config,
+    pretrain,
+    run_fingerprint,
+    same_corpus_text,
+    same_run_settings,
+)
 
 
 @dataclass
@@ -271,6 +278,7 @@ def train_or_reuse(
     the same config, training and data settings; an unfinished run continues from its newest
     checkpoint (if any). This is what makes compare runs and sweeps resumable.
     """
+    lm_config(config, data.tokenizer, train.objective)  # as pretrain fills it in, so fingerprints compare equal
     done = run_dir / METRICS_FILE
     if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings, data.info):
         if progress:

@@ -107,10 +107,12 @@ def remove_staging(run_dir: str | os.PathLike) -> None:
 
 
 def _fsync_tree(root: Path) -> None:
+    """fsync every file under ``root`` and give it the umask's permissions (safetensors writes 0600)."""
     for p in root.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+            follow_umask(p)
 
 
 @functools.cache

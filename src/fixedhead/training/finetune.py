@@ -27,7 +27,15 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
-from ..runs import claim_output_dir, file_digest, load_json_file, model_fingerprint, open_run, write_json_atomic
+from ..runs import (
+    claim_output_dir,
+    file_digest,
+    follow_umask,
+    load_json_file,
+    model_fingerprint,
+    open_run,
+    write_json_atomic,
+)
 from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from .arguments import shared_training_arguments
 
@@ -207,6 +215,11 @@ def finetune(
     spec = get_glue_task(task)
     run_dir, out = Path(run_dir), Path(output_dir)
     run = open_run(run_dir)  # the one way to open a run: refuses damaged, pickle or non-fixedhead models
+    if run.config.is_decoder:
+        raise ValueError(
+            f"{run_dir} is a causal LM (left-to-right); GLUE fine-tuning here classifies from the first "
+            f"token's state, which in a causal model has seen nothing else. Fine-tune a masked-LM run"
+        )
     if out.resolve() == run_dir.resolve():
         raise FileExistsError(
             f"--output-dir {str(out)!r} is the pretraining run itself; fine-tuning would "
@@ -342,6 +355,7 @@ def finetune(
         shutil.rmtree(ckpt, ignore_errors=True)
     if settings.save_model:
         trainer.save_model(str(out))
+        follow_umask(out / "model.safetensors")  # safetensors writes 0600 whatever the umask
         tokenizer.save_pretrained(str(out))
     write_json_atomic(done, result)  # last: its presence marks a finished fine-tuning run
     return result

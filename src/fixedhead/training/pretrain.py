@@ -34,7 +34,7 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
     prepare_data,
 )
 from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
-from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
+from ..runs import METRICS_FILE, PRETRAIN_FILE, follow_umask, open_run
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 from .arguments import shared_training_arguments
 from .card import write_model_card
@@ -179,6 +179,20 @@ def same_corpus_text(saved: dict, corpus_sha256: str | None) -> bool:
     return old is None or corpus_sha256 is None or old == corpus_sha256
 
 
+def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> FixedHeadConfig:
+    """Fill in what a run's config takes from its tokenizer and objective (in place; returned):
+    vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
+    from [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
+    :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
+    fingerprint is compared with the config it was trained with."""
+    config.vocab_size = len(tokenizer)
+    config.pad_token_id = tokenizer.pad_token_id
+    if check_objective(objective) == "clm":
+        config.is_decoder = True
+        config.bos_token_id, config.eos_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    return config
+
+
 def _same_file(a, b) -> bool:
     """Two recorded corpus paths that name the same file or folder (compared by identity, so a
     relative path recorded by an older run still matches the absolute path recorded now)."""
@@ -272,12 +286,8 @@ def pretrain(
 
     settings = settings or TrainSettings()
     run_dir = Path(run_dir)
-    config.vocab_size = len(data.tokenizer)
-    config.pad_token_id = data.tokenizer.pad_token_id
+    lm_config(config, data.tokenizer, settings.objective)
     causal = settings.objective == "clm"
-    if causal:  # generation starts from [CLS] and a document ends with [SEP], as in the packed data
-        config.is_decoder = True
-        config.bos_token_id, config.eos_token_id = data.tokenizer.cls_token_id, data.tokenizer.sep_token_id
     if config.max_position_embeddings < data.train.shape[1]:
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
@@ -300,6 +310,10 @@ def pretrain(
                     shutil.rmtree(old)
                 (run_dir / METRICS_FILE).unlink(missing_ok=True)
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
+    if resume and (run_dir / METRICS_FILE).is_file():  # finished with these settings: nothing to train
+        if settings.progress:
+            print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
+        return load_json_file(run_dir / METRICS_FILE)
 
     set_seed(settings.seed)
     model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
@@ -325,6 +339,8 @@ def pretrain(
     if any(not math.isfinite(loss) for _, loss in train_curve):
         raise ValueError(f"training loss became non-finite in {run_dir}; lower the learning rate")
     trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
+    if args.should_save:
+        follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
     if args.should_save:
         (causal_tokenizer(data.tokenizer) if causal else data.tokenizer).save_pretrained(str(run_dir))
     metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective)
