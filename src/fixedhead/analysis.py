@@ -44,6 +44,7 @@ import torch
 
 from .attention import MultiHeadAttention
 from .data import read_text, text_windows
+from .theory import min_head_dim
 
 DEFAULT_RTOL = 1e-5
 ANALYSIS_FILE = "analysis.json"
@@ -152,16 +153,6 @@ def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
     return rank(matrix.detach().double().cpu().numpy(), rtol)
 
 
-def _min_head_dim(P: np.ndarray, rtol: float, causal: bool = False) -> int:
-    """:func:`fixedhead.theory.min_head_dim` (bidirectional, or causal for a decoder's head), with
-    the same relative tolerance as ``logit_rank``: log P carries float64 rounding of size
-    eps·|log P| ≈ eps·ln n, which a tolerance at float64 level can count as rank when the head is
-    close to uniform (small centred logits)."""
-    from .theory import min_head_dim
-
-    return min_head_dim(P, rtol=rtol, causal=causal)
-
-
 def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL, causal: bool = False) -> dict:
     """Rank, minimal head size and entropy of one head on one sequence.
 
@@ -186,7 +177,9 @@ def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL, causal: bo
     p = log_p.exp()
     entropy = float(-(p * log_p.nan_to_num(neginf=0.0)).sum(-1).mean())
     try:
-        mhd = int(_min_head_dim(p.cpu().numpy(), rtol, causal))
+        # the same relative tolerance as logit_rank: log P carries float64 rounding (≈ eps·ln n) that a
+        # float64-level tolerance would count as rank on near-uniform heads
+        mhd = int(min_head_dim(p.cpu().numpy(), rtol=rtol, causal=causal))
     except ValueError:  # an attention entry below float64's smallest positive number
         mhd = None
     return {"logit_rank": numerical_rank(logits, rtol), "min_head_dim": mhd, "entropy": entropy}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .data.mlm import OBJECTIVES
+
 
 def parse_head_dim(text):
     """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
@@ -180,7 +182,7 @@ def add_train_args(p):
     g.add_argument(
         "--objective",
         default=None,
-        choices=["mlm", "clm"],
+        choices=OBJECTIVES,
         help="mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, "
         "FixedHeadForCausalLM (default: mlm, or the --preset's: clm for the LM1B-style presets)",
     )
@@ -317,17 +319,21 @@ def _cmd_pretrain(args):
 
 
 # ------------------------------------------------------------------------------- evaluate
+def _add_allow_pickle(p):
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pickle weights (pytorch_model.bin); only for files you trust",
+    )
+
+
 def _add_evaluate(sub):
     p = sub.add_parser("evaluate", help="held-out masked-LM loss, perplexity and accuracy of a run directory")
     p.add_argument("run_dir")
     p.add_argument("--corpus", default=None, help="override the corpus recorded in the run")
     p.add_argument("--eval-seed", type=int, default=None, help="masking seed (default: the run's)")
     p.add_argument("--max-eval-tokens", type=int, default=None)
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="also load pickle weights (pytorch_model.bin); only for files you trust",
-    )
+    _add_allow_pickle(p)
     p.set_defaults(func=_cmd_evaluate)
 
 
@@ -360,7 +366,7 @@ def _add_compare(sub):
     p.add_argument(
         "--objective",
         default=None,
-        choices=["mlm", "clm"],
+        choices=OBJECTIVES,
         help="train every model as a masked (mlm) or causal (clm) LM (default: the preset's)",
     )
     p.add_argument("--max-steps", type=int, default=None, help="override the preset's step budget")
@@ -461,11 +467,7 @@ def _add_analyze(sub):
         help="where analysis.json and attention_heatmap.png go "
         "(default: runs/analysis/<model directory name>); a new, empty or earlier analysis folder",
     )
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="also load pickle weights (pytorch_model.bin); only for files you trust",
-    )
+    _add_allow_pickle(p)
     p.set_defaults(func=_cmd_analyze)
 
 
@@ -688,11 +690,7 @@ def _add_widen(sub):
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the new random rows (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead widen` output there")
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="also load pickle weights (pytorch_model.bin); only for files you trust",
-    )
+    _add_allow_pickle(p)
     p.set_defaults(func=_cmd_widen)
 
 

@@ -331,6 +331,28 @@ class FixedHeadMLMHead(nn.Module):
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
 
 
+def check_token_labels(labels: torch.Tensor, hidden_states: torch.Tensor, decoder: nn.Linear) -> int:
+    """Check language-model labels [batch, seq] (token ids, -100 = not scored) against the hidden
+    states they score and the *current* output vocabulary (resizing changes it); returns its size.
+
+    Raises:
+        ValueError: not an integer tensor, the wrong shape, or a label outside the vocabulary.
+    """
+    vocab = decoder.weight.shape[0]
+    check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
+    if tuple(labels.shape) != tuple(hidden_states.shape[:2]):
+        raise ValueError(
+            f"labels must have shape [batch, seq] = {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}"
+        )
+    bad = first_out_of_range(labels, 0, vocab, ignore=-100)
+    if bad is not None:
+        raise ValueError(
+            f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
+            f"at index {bad[1]})"
+        )
+    return vocab
+
+
 def masked_lm_loss_and_logits(
     head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int, num_items_in_batch=None
 ):
@@ -437,19 +459,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         if labels is None:
             logits = self.cls(sequence_output)
         else:
-            vocab = self.cls.decoder.weight.shape[0]  # the current output vocabulary (resizing changes it)
-            check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
-            if tuple(labels.shape) != tuple(sequence_output.shape[:2]):
-                raise ValueError(
-                    f"labels must have shape [batch, seq] = {tuple(sequence_output.shape[:2])}, "
-                    f"got {tuple(labels.shape)}"
-                )
-            bad = first_out_of_range(labels, 0, vocab, ignore=-100)
-            if bad is not None:
-                raise ValueError(
-                    f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
-                    f"at index {bad[1]})"
-                )
+            vocab = check_token_labels(labels, sequence_output, self.cls.decoder)
             loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab, num_items_in_batch)
         out = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -598,18 +608,7 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
         logits = self.cls(hidden_states[:, keep])
         loss = None
         if labels is not None:
-            vocab = self.cls.decoder.weight.shape[0]  # the current output vocabulary (resizing changes it)
-            check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
-            if tuple(labels.shape) != tuple(hidden_states.shape[:2]):
-                raise ValueError(
-                    f"labels must have shape [batch, seq] = {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}"
-                )
-            bad = first_out_of_range(labels, 0, vocab, ignore=-100)
-            if bad is not None:
-                raise ValueError(
-                    f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
-                    f"at index {bad[1]})"
-                )
+            vocab = check_token_labels(labels, hidden_states, self.cls.decoder)
             if logits.shape[1] != labels.shape[1]:
                 raise ValueError("labels need logits at every position: pass logits_to_keep=0 with labels")
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=vocab, **kwargs)
