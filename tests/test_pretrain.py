@@ -72,3 +72,35 @@ def test_resume_ignores_logging_options_but_not_training_ones():
         saved, run_fingerprint(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
     )
     assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))
+
+
+def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(tmp_path):
+    """--mlm-probability masks that fraction of training tokens (the held-out set keeps 0.15), and
+    --lr-scheduler-type is the Trainer's schedule; both are refused with a message when they
+    cannot apply, and runs saved before they existed keep their fingerprint."""
+    import torch
+
+    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.training.pretrain import _training_args, run_fingerprint, settings_differences
+
+    from fixedhead.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
+    rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))
+    for rate in (0.15, 0.4):
+        batch = TrainOrFixedCollator(tok, rate, seed=0)([{"input_ids": r} for r in rows])
+        assert (batch["labels"] != -100).float().mean().item() == pytest.approx(rate, abs=0.02)
+    args = _training_args(tmp_path, TrainSettings(lr_scheduler_type="cosine", report_to=[]))
+    assert args.lr_scheduler_type == "cosine"  # a str enum
+    with pytest.raises(ValueError, match="mlm_probability must be in \\(0, 1\\), got 1.0"):
+        TrainSettings(mlm_probability=1.0)
+    with pytest.raises(ValueError, match="applies to the masked objective only"):
+        TrainSettings(objective="clm", mlm_probability=0.4)
+    with pytest.raises(ValueError, match="lr_scheduler_type must be one of linear, cosine"):
+        TrainSettings(lr_scheduler_type="one_cycle")
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+    now = run_fingerprint(config, TrainSettings(), None)
+    assert "mlm_probability" not in now["train"] and "lr_scheduler_type" not in now["train"]
+    assert settings_differences(now, run_fingerprint(config, TrainSettings(mlm_probability=0.4), None)) == [
+        "train.mlm_probability: None → 0.4"
+    ]

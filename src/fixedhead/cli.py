@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .data.mlm import OBJECTIVES
+from .training.arguments import LR_SCHEDULERS
 
 
 def parse_head_dim(text):
@@ -191,6 +192,19 @@ def add_train_args(p):
     g.add_argument("--learning-rate", type=float, default=2e-3)
     g.add_argument("--warmup-ratio", type=float, default=0.06)
     g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument(
+        "--lr-scheduler-type",
+        default="linear",
+        choices=LR_SCHEDULERS,
+        help="learning-rate schedule after the warm-up (default linear decay, as BERT)",
+    )
+    g.add_argument(
+        "--mlm-probability",
+        type=float,
+        default=0.15,
+        help="masked LM: fraction of training tokens masked (default 0.15, BERT's; held-out scoring always "
+        "masks 0.15)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eval-steps", type=int, default=100)
     g.add_argument("--save-steps", type=int, default=200)
@@ -297,6 +311,8 @@ def _cmd_pretrain(args):
         learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler_type,
+        mlm_probability=args.mlm_probability,
         seed=args.seed,
         eval_steps=args.eval_steps,
         save_steps=args.save_steps,

@@ -12,6 +12,10 @@ import os
 
 import torch
 
+#: learning-rate schedules after the warm-up (transformers' ``SchedulerType`` names that need no
+#: extra arguments): linear decay to 0 (BERT), cosine decay to 0, constant
+LR_SCHEDULERS = ("linear", "cosine", "constant_with_warmup")
+
 
 def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batch_size: int, **own):
     """``transformers.TrainingArguments`` for ``settings`` (AdamW, linear warm-up then linear decay,

@@ -36,7 +36,7 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
 from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import METRICS_FILE, PRETRAIN_FILE, follow_umask, open_run
 from ..validation import in_range, non_negative_int, positive_float, positive_int
-from .arguments import shared_training_arguments
+from .arguments import LR_SCHEDULERS, shared_training_arguments
 from .card import write_model_card
 from .checkpoints import (
     atomic_checkpoint_trainer,
@@ -119,6 +119,11 @@ class TrainSettings:
     gradient_checkpointing: bool = False
     #: "mlm" (masked LM, BERT and the paper's Tables 1-3) or "clm" (causal LM: FixedHeadForCausalLM)
     objective: str = "mlm"
+    #: masked LM: the fraction of training tokens masked (BERT's 0.15; Wettig et al., EACL 2023, find
+    #: 0.4 better). The held-out set is always masked at 0.15, so every model is scored alike.
+    mlm_probability: float = 0.15
+    #: transformers' ``lr_scheduler_type`` after the warm-up: "linear" decay to 0 (BERT), "cosine", ...
+    lr_scheduler_type: str = "linear"
 
     def __post_init__(self):
         check_objective(self.objective)
@@ -131,12 +136,22 @@ class TrainSettings:
         in_range("weight_decay", self.weight_decay, 0.0, 1.0, high_open=False)
         in_range("adam_beta2", self.adam_beta2, 0.0, 1.0)
         positive_float("max_grad_norm", self.max_grad_norm)
+        in_range("mlm_probability", self.mlm_probability, 0.0, 1.0, low_open=True)
+        if self.objective == "clm" and self.mlm_probability != 0.15:
+            raise ValueError(
+                f"mlm_probability={self.mlm_probability} applies to the masked objective only; "
+                f"a causal LM predicts every token (drop it, or use objective='mlm')"
+            )
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise ValueError(
+                f"lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}"
+            )
 
 
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
 _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
-_ADDED_LATER = {"bf16": False, "objective": "mlm"}
+_ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
 
 
 def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_settings: DataSettings | None) -> dict:
@@ -258,6 +273,7 @@ def pretrain(
     settings: TrainSettings | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    callbacks: list | None = None,
 ) -> dict:
     """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
 
@@ -275,7 +291,8 @@ def pretrain(
     ``resume`` continues from the newest *complete* checkpoint (damaged newer ones are skipped
     with a :class:`~fixedhead.training.checkpoints.CheckpointWarning`) and ends where an
     uninterrupted run would; checkpoints are written atomically. ``overwrite`` replaces the run,
-    deleting its checkpoints.
+    deleting its checkpoints. ``callbacks``: extra ``transformers.TrainerCallback`` objects
+    (e.g. the held-out timer of ``benchmarks/bench_tokens_to_quality.py``).
 
     Raises:
         FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
@@ -319,7 +336,9 @@ def pretrain(
     model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
-    collator = CausalCollator() if causal else TrainOrFixedCollator(data.tokenizer, seed=settings.seed)
+    collator = CausalCollator() if causal else TrainOrFixedCollator(
+        data.tokenizer, settings.mlm_probability, seed=settings.seed
+    )
     if checkpoint is not None and not causal:
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
         if settings.progress:
@@ -330,6 +349,7 @@ def pretrain(
         train_dataset=SequenceDataset(data.train),
         eval_dataset=MaskedDataset(eval_ids, eval_labels),
         data_collator=collator,
+        callbacks=callbacks,
     )
     t0 = time.time()
     trainer.train(resume_from_checkpoint=checkpoint)
@@ -407,6 +427,7 @@ def _training_args(run_dir: Path, settings: TrainSettings):
         settings,
         eval_batch_size=max(settings.batch_size, 128),
         adam_beta2=settings.adam_beta2,
+        lr_scheduler_type=settings.lr_scheduler_type,
         max_grad_norm=settings.max_grad_norm,
         logging_steps=settings.logging_steps,
         save_steps=settings.save_steps,
