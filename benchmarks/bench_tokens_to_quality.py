@@ -15,8 +15,9 @@ Rows (``--rows`` picks some; each row's result is kept in ``OUT/rows/NAME.json``
                    DataCollatorForLanguageModeling at 15%, BertConfig's dropout 0.1
   pretrain-default our FixedHeadForMaskedLM with `fixedhead pretrain`'s defaults: lr 2e-3,
                    batch 64, warm-up 6%, linear decay, weight decay 0.01, beta2 0.98, no dropout
-  recipe           the best masked-LM recipe found here (RECIPE below)
+  recipe           the best masked-LM recipe found here (LEVERS below: 40% masking, batch 32)
   recipe-no-X      the recipe with lever X switched back to pretrain's default
+  recipe+X         the recipe with a lever X added that did not help (REJECTED below)
   recipe-fixed     the recipe on the fixed head size d_p = n = 32 (the paper's fix)
   causal           FixedHeadForCausalLM (every token predicted), lr 1e-3, batch 128
 
@@ -65,7 +66,10 @@ DEFAULT = TrainSettings(batch_size=64, learning_rate=2e-3, warmup_ratio=0.06, we
 LEVERS = {
     "mask40": dict(mlm_probability=0.4),  # Wettig et al., EACL 2023
     "batch32": dict(batch_size=32),  # more updates per token
-    "lr3e-3": dict(learning_rate=3e-3),
+}
+#: levers tried on top of the recipe that did not help here (rows recipe+X)
+REJECTED = {
+    "lr3e-3": dict(learning_rate=3e-3),  # a higher peak rate (Cramming trains small models hot)
 }
 
 
@@ -92,6 +96,8 @@ def rows() -> dict[str, dict]:
     }
     for name in LEVERS:
         table[f"recipe-no-{name}"] = dict(kind="ours", settings=recipe_settings(without=name), model={})
+    for name, lever in REJECTED.items():
+        table[f"recipe+{name}"] = dict(kind="ours", settings=replace(recipe_settings(), **lever), model={})
     return table
 
 

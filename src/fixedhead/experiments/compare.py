@@ -188,6 +188,9 @@ def run_compare(
                 flush=True,
             )
         results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
+    if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
+        for r in results:
+            r["samples"] = continuations(out / r["name"], seed=train.seed)
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
         "objective": train.objective,
@@ -205,8 +208,33 @@ def run_compare(
     if progress:
         print()
         print(format_table(results, meta["unigram_perplexity"]))
+        for r in results:
+            for prompt, text in r.get("samples", {}).items():
+                print(f"{r['name']:>14}: {prompt} | {text}")
         print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
+
+
+#: prompts continued by every causal model of a comparison (public-domain style, not from the books)
+SAMPLE_PROMPTS = ("it was a dark and stormy night, and", "the king said to his son that")
+
+
+def continuations(run_dir, prompts=SAMPLE_PROMPTS, max_new_tokens: int = 24, seed: int = 0) -> dict[str, str]:
+    """Sampled continuations of ``prompts`` by a causal run, through transformers'
+    ``pipeline("text-generation")`` (top-k 40, temperature 0.8, seeded; only the new text):
+    ``{prompt: continuation}``. A continuation stops where the model's learned positions end
+    (``max_position_embeddings``)."""
+    from transformers import pipeline, set_seed
+
+    generate = pipeline("text-generation", model=str(run_dir), device="cpu")
+    room = generate.model.config.max_position_embeddings
+    samples = {}
+    for prompt in prompts:
+        set_seed(seed)
+        new = min(max_new_tokens, room - len(generate.tokenizer(prompt)["input_ids"]))
+        out = generate(prompt, max_new_tokens=new, do_sample=True, top_k=40, temperature=0.8, return_full_text=False)
+        samples[prompt] = " ".join(out[0]["generated_text"].split())
+    return samples
 
 
 _COMPARE_FILES = {"results.json", "results.csv", "learning_curves.png"}
