@@ -54,3 +54,35 @@ def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
     assert "max_steps" in capsys.readouterr().err
+
+
+def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_preset_away():
+    """`make run` (preset cpu) compares causal LMs whose fixed head size is the causal threshold
+    ceil((n - 1)/2) (docs/theory.md) with standard heads of d/h = 8; cpu-mlm keeps the masked
+    comparison at fixed d_p = n with the 40% masking recipe; switching objective drops the
+    masking rate rather than refusing (a causal LM has none; next test)."""
+    import math
+
+    from fixedhead.configuration import FixedHeadConfig
+    from fixedhead.experiments.compare import get_compare_preset
+
+    cpu = get_compare_preset("cpu")
+    n = cpu.data.max_seq_length
+    assert cpu.train.objective == "clm" and n == 64
+    assert cpu.models["fixed"]["head_dim"] == math.ceil((n - 1) / 2)
+    assert FixedHeadConfig(**cpu.models["standard"]).attention_head_size == 128 // 16 < n // 4
+    masked = get_compare_preset("cpu-mlm")
+    assert masked.train.objective == "mlm" and masked.train.mlm_probability == 0.4
+    assert masked.models["fixed"]["head_dim"] == masked.data.max_seq_length
+
+
+def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_path, monkeypatch):
+    import fixedhead.experiments.compare as compare
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    tiny = compare.get_compare_preset("tiny")
+    tiny.train = __import__("dataclasses").replace(tiny.train, mlm_probability=0.4)
+    results = compare.run_compare(
+        tiny, tmp_path / "c", corpus=str(small_real_corpus), max_steps=2, objective="clm", progress=False
+    )
+    assert {r["objective"] for r in results} == {"clm"}

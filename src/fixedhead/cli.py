@@ -202,8 +202,7 @@ def add_train_args(p):
         "--mlm-probability",
         type=float,
         default=0.15,
-        help="masked LM: fraction of training tokens masked (default 0.15, BERT's; held-out scoring always "
-        "masks 0.15)",
+        help="masked LM: fraction of training tokens masked (default 0.15, BERT's; held-out scoring always masks 0.15)",
     )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--eval-steps", type=int, default=100)

@@ -1,15 +1,22 @@
 """`fixedhead compare`: standard vs fixed head size, trained and scored on the same real text.
 
-The default preset is CPU-sized (the README's ``make run``): three masked-LM models on the same
-tokenizer, data, masking and step budget —
+The default preset ``cpu`` is CPU-sized (the README's ``make run``): three causal (left-to-right)
+language models on the same tokenizer, data and step budget, at n = 64 tokens —
 
-* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n = 32 (the paper's
+* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n (the paper's
   bottleneck regime, Section 3);
-* ``fixed``: the same d and h with a fixed head size d_p = n = 32, the paper's recommendation
-  (Section 4; by the sharp threshold of :mod:`fixedhead.theory`, n − 1 already suffices);
+* ``fixed``: the same d and h with a fixed head size d_p = 32, the paper's fix (Section 4) at the
+  threshold of a causal head, ⌈(n − 1)/2⌉ = 32 (:func:`fixedhead.theory.min_head_dim` with
+  ``causal=True``: a causal head's logits are free above the diagonal, so generic causal
+  attention needs about half the rank of bidirectional attention);
 * ``standard-wide``: a standard model whose hidden size is chosen to match the fixed model's
   parameter count (the paper's Fig. 1/2 question: is the fixed model better than simply making
   the standard one bigger?).
+
+``cpu-mlm`` is the same question for masked LMs (n = 32, fixed d_p = n, the masked-LM recipe of
+``benchmarks/bench_tokens_to_quality.py``); ``tiny`` a seconds-long smoke test. A causal LM is
+used by default because on a CPU budget it is the objective that leaves the word-frequency plateau
+(docs/performance.md, "Tokens to quality").
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from ..training.pretrain import (
     same_run_settings,
 )
 
+#: ``make run``'s budget (the "cpu" preset): steps x batch x n = training tokens per model
+CPU_STEPS, CPU_BATCH, CPU_LR = 400, 64, 2e-3
+
 
 @dataclass
 class ComparePreset:
@@ -50,26 +60,64 @@ class ComparePreset:
     match_to: str | None = None
 
 
-def _cpu_preset(steps=700, batch=128) -> ComparePreset:
-    common = dict(
+def _common(n: int) -> dict:
+    return dict(
         num_hidden_layers=2,
         intermediate_size=512,
-        max_position_embeddings=32,
+        max_position_embeddings=n,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+
+
+def _models(common: dict, fixed_head_dim: int) -> dict[str, dict]:
+    return {
+        "standard": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
+        "fixed": dict(common, hidden_size=128, num_attention_heads=16, head_dim=fixed_head_dim),
+        "standard-wide": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
+    }
+
+
+def _cpu_preset(steps=CPU_STEPS, batch=CPU_BATCH) -> ComparePreset:
+    """``make run``: causal LMs at n = 64 (a causal LM learns from every token, so on a CPU budget
+    it leaves the word-frequency plateau where a masked LM does not; see docs/performance.md)."""
+    n = 64
     return ComparePreset(
-        description="d=128, 16 heads, n=32: standard d_p=8 vs fixed d_p=n=32 vs a parameter-matched wider "
-        "standard model; 2 layers, Gutenberg books",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=32, max_eval_tokens=200_000),
-        # lr 2e-3 gave the fixed model a loss spike at ~0.3M tokens after which it stalled on the
-        # unigram plateau (held-out ppl 722 vs 493 standard); 1e-3 trains all three stably
-        train=TrainSettings(batch_size=batch, max_steps=steps, learning_rate=1e-3, eval_steps=100, save_steps=350),
-        models={
-            "standard": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
-            "fixed": dict(common, hidden_size=128, num_attention_heads=16, head_dim=32),
-            "standard-wide": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
-        },
+        description=f"causal LMs, d=128, 16 heads, n={n}: standard d_p=8 vs fixed d_p=32 (the causal threshold "
+        f"ceil((n-1)/2)) vs a parameter-matched wider standard model; 2 layers, Gutenberg books",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=200_000),
+        train=TrainSettings(
+            objective="clm",
+            batch_size=batch,
+            max_steps=steps,
+            learning_rate=CPU_LR,
+            eval_steps=max(1, steps // 7),
+            save_steps=steps,
+        ),
+        models=_models(_common(n), 32),
+        widen="standard-wide",
+        match_to="fixed",
+    )
+
+
+def _cpu_mlm_preset(steps=2800, batch=32) -> ComparePreset:
+    """The masked comparison: the sizes of ``make run`` before it became causal (n = 32, fixed d_p =
+    n), trained with the masked-LM recipe of benchmarks/bench_tokens_to_quality.py: 40% of the
+    training tokens masked, batch 32, lr 2e-3 (held-out scoring masks 15%)."""
+    n = 32
+    return ComparePreset(
+        description=f"masked LMs, d=128, 16 heads, n={n}: standard d_p=8 vs fixed d_p=n=32 vs a parameter-matched "
+        f"wider standard model; 40% masking, batch 32; 2 layers, Gutenberg books",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=200_000),
+        train=TrainSettings(
+            batch_size=batch,
+            max_steps=steps,
+            learning_rate=2e-3,
+            mlm_probability=0.4,
+            eval_steps=max(1, steps // 7),
+            save_steps=steps,
+        ),
+        models=_models(_common(n), n),
         widen="standard-wide",
         match_to="fixed",
     )
@@ -106,7 +154,7 @@ def _tiny_preset() -> ComparePreset:
     )
 
 
-COMPARE_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset}
+COMPARE_PRESETS = {"cpu": _cpu_preset, "cpu-mlm": _cpu_mlm_preset, "tiny": _tiny_preset}
 
 
 def get_compare_preset(name: str) -> ComparePreset:
@@ -161,7 +209,8 @@ def run_compare(
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
-    train = replace(train, objective=objective) if objective is not None else train
+    if objective is not None and objective != train.objective:  # the masking rate is the masked objective's
+        train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
     out = Path(output_dir)
     check_compare_dir(out, list(p.models))

@@ -336,8 +336,10 @@ def pretrain(
     model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
-    collator = CausalCollator() if causal else TrainOrFixedCollator(
-        data.tokenizer, settings.mlm_probability, seed=settings.seed
+    collator = (
+        CausalCollator()
+        if causal
+        else TrainOrFixedCollator(data.tokenizer, settings.mlm_probability, seed=settings.seed)
     )
     if checkpoint is not None and not causal:
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
