@@ -44,7 +44,7 @@ import math
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -90,7 +90,6 @@ class WideningPreset:
     continuation: object  # TrainSettings
     seeds: tuple[int, ...]
     wide_head_dim: int | None = None  # None: the generic causal threshold for n
-    extra: dict = field(default_factory=dict)
 
 
 def causal_threshold(n: int) -> int:
@@ -541,7 +540,9 @@ def run_widening(
         result = pretrain(None, data, run_dir, train, resume=(run_dir / PRETRAIN_FILE).is_file(), init_from=start)
         run_config = _load_model_config(run_dir)
         state["runs"][key] = {
-            **{k: v for k, v in result.items() if k != "eval_curve"},
+            **{k: v for k, v in result.items() if k not in ("eval_curve", "init_from")},
+            # the start as a path inside the output folder (results.json stays true when the folder moves)
+            "init_from": {"path": start.relative_to(out).as_posix(), **without_path(result["init_from"])},
             "arm": arm.name,
             "seed": seed,
             "layer_head_dims": run_config.layer_head_dims,
@@ -566,6 +567,11 @@ def run_widening(
     return state
 
 
+def without_path(record: dict) -> dict:
+    """A run's ``init_from`` record without its absolute ``path``."""
+    return {k: v for k, v in record.items() if k != "path"}
+
+
 def _load_model_config(run_dir: Path):
     from ..runs import open_run
 
@@ -586,6 +592,7 @@ def summarize(state: dict) -> list[dict]:
     unigram = math.log(state["unigram_perplexity"])
     rows = []
     as_is = _arm_runs(state, "as-is")
+    as_is_by_seed = {r["seed"]: r["heldout_loss"] for r in as_is}
     for arm in state["meta"]["arms"]:
         rs = _arm_runs(state, arm["name"])
         if not rs:
@@ -612,6 +619,10 @@ def summarize(state: dict) -> list[dict]:
                 "ppl_std": ppl_s,
                 "below_unigram": unigram - m,
                 "losses": losses,
+                # descriptive, not the verdict rule: the same seed means the same batches in every arm
+                "paired_differences": [
+                    r["heldout_loss"] - as_is_by_seed[r["seed"]] for r in rs if r["seed"] in as_is_by_seed
+                ],
                 "accuracy_mean": mean_std([r["heldout_accuracy"] for r in rs])[0],
                 "start_max_logit_change": max(r["start_max_logit_change"] for r in rs),
                 "train_seconds_mean": mean_std([r["train_seconds"] for r in rs])[0],
@@ -815,26 +826,30 @@ def report_markdown(state: dict) -> str:
         f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.flops.training_flops`).",
         "",
         "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
-        "perplexity | below unigram | losses per seed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "perplexity | below unigram | losses per seed | − as-is, same seed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     if base:
         L.append(
             f"| base ({base_recipe['max_steps']} steps) | {base['head_dim']} | {model['intermediate_size']} | "
             f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
-            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – |"
+            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
         )
     for r in rows:
         if not r["runs"]:
-            L.append(f"| {r['arm']} | not run | | | | | | | | |")
+            L.append(f"| {r['arm']} | not run | | | | | | | | | |")
             continue
         L.append(
             f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
             f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
             f"{_pm(r['loss_mean'], r['loss_std'])} | {_pm(r['ppl_mean'], r['ppl_std'], 1)} | "
-            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} |"
+            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
+            f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
         )
     L += [
+        "",
+        "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
+        "description of the pairs, not part of the verdict rule, which compares the arms' means and spreads.",
         "",
         "## Verdicts",
         "",
@@ -870,7 +885,7 @@ def report_markdown(state: dict) -> str:
         "- Tokens and steps: every arm trains on the same number of tokens, in the same order for a given seed.",
         "- Parameters: *wide-early* and *wide-late* have exactly the same count; *ffn-matched* differs from "
         "*wide-all* by the few parameters a whole feed-forward unit cannot split (see the table); *as-is* has "
-        "fewer than all of them. There is no parameter-matched control for the one-layer arms.",
+        "the fewest. There is no parameter-matched control for the one-layer arms.",
         "- FLOPs: the widened and ffn-matched arms cost more per token than *as-is*; the ratios are in the "
         "table. They count matrix products only, the output layer over the whole vocabulary included.",
         "",
