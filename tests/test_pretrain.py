@@ -81,9 +81,8 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     import torch
 
     from fixedhead.data.mlm import TrainOrFixedCollator
-    from fixedhead.training.pretrain import _training_args, run_fingerprint, settings_differences
-
     from fixedhead.data.tokenizer import train_tokenizer
+    from fixedhead.training.pretrain import _training_args, run_fingerprint, settings_differences
 
     tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
     rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))

@@ -105,11 +105,21 @@ def _cmd_count(args):
 
 # ------------------------------------------------------------------------------- pretrain
 class _SizeOption(argparse.Action):
-    """Stores the value and remembers that the option was given (``--preset`` refuses size options)."""
+    """Stores the value and remembers that the option was given (``--preset`` and ``--init-from``
+    refuse size options)."""
+
+    given = "size_options_given"
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        namespace.size_options_given = getattr(namespace, "size_options_given", ()) + (option_string,)
+        setattr(namespace, self.given, getattr(namespace, self.given, ()) + (option_string,))
+
+
+class _DataOption(_SizeOption):
+    """Stores the value and remembers that the option was given (``--init-from`` takes the source
+    run's data settings and refuses other data options)."""
+
+    given = "data_options_given"
 
 
 def add_model_args(p):
@@ -154,14 +164,19 @@ def add_data_args(p, corpus_default=True):
     g.add_argument(
         "--corpus",
         default=str(DEFAULT_CORPUS) if corpus_default else None,
+        action=_DataOption,
         help="a .txt/.jsonl(.gz) file, a directory of them, or a Hugging Face dataset name "
         "(default: the Gutenberg books in ../shared/data)",
     )
-    g.add_argument("--max-seq-length", type=int, default=64, help="n, tokens per packed sequence (default 64)")
-    g.add_argument("--vocab-size", type=int, default=8192)
-    g.add_argument("--heldout-fraction", type=float, default=0.05, help="fraction of documents held out")
-    g.add_argument("--max-train-tokens", type=int, default=None)
-    g.add_argument("--max-eval-tokens", type=int, default=200_000)
+    g.add_argument(
+        "--max-seq-length", type=int, default=64, action=_DataOption, help="n, tokens per packed sequence (default 64)"
+    )
+    g.add_argument("--vocab-size", type=int, default=8192, action=_DataOption)
+    g.add_argument(
+        "--heldout-fraction", type=float, default=0.05, action=_DataOption, help="fraction of documents held out"
+    )
+    g.add_argument("--max-train-tokens", type=int, default=None, action=_DataOption)
+    g.add_argument("--max-eval-tokens", type=int, default=200_000, action=_DataOption)
 
 
 def data_settings_from_args(args):
@@ -267,6 +282,14 @@ def _add_pretrain(sub):
         help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options "
         "below are then refused, --dropout is allowed (default: the preset's 0.1)",
     )
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue training from this run's weights (a pretraining run or a `fixedhead widen` output) "
+        "with the training options given here, on the data the run recorded (--corpus may name a moved "
+        "corpus); model and other data options are refused",
+    )
     add_model_args(p)
     add_data_args(p)
     add_train_args(p)
@@ -280,7 +303,12 @@ def _cmd_pretrain(args):
 
     report_to = report_to_integrations(args.report_to)  # before the (slow) data preparation
     objective = args.objective or "mlm"
-    if args.preset:
+    source = None
+    if args.init_from is not None:
+        source = _init_from_source(args)
+        objective = "clm" if source.config.is_decoder else "mlm"
+        config = None
+    elif args.preset:
         from .experiments.presets import get_preset
 
         objective = args.objective or get_preset(args.preset).objective  # LM1B presets: causal, as the paper
@@ -327,10 +355,55 @@ def _cmd_pretrain(args):
         from .training.pretrain import check_run_dir
 
         check_run_dir(Path(args.output_dir), {}, resume=False, overwrite=args.overwrite)
-    data = prepare_data(data_settings_from_args(args))
-    result = pretrain(config, data, args.output_dir, settings, resume=args.resume, overwrite=args.overwrite)
+    if source is not None:
+        from .training import source_data
+
+        given = set(getattr(args, "data_options_given", ()))
+        data = source_data(args.init_from, corpus=args.corpus if "--corpus" in given else None)
+    else:
+        data = prepare_data(data_settings_from_args(args))
+    result = pretrain(
+        config,
+        data,
+        args.output_dir,
+        settings,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        init_from=args.init_from,
+    )
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_curve")}, indent=2))
     return 0
+
+
+def _init_from_source(args):
+    """``--init-from``: refuse options that would contradict the run, then open it (one-line errors)."""
+    from pathlib import Path
+
+    from .runs import open_run
+
+    refused = [o for o in getattr(args, "size_options_given", ())]
+    refused += ["--preset"] * bool(args.preset) + ["--dropout"] * (args.dropout is not None)
+    refused += [o for o in getattr(args, "data_options_given", ()) if o != "--corpus"]
+    if refused:
+        raise ValueError(
+            f"--init-from {args.init_from} continues that run's model on its recorded data; drop "
+            f"{', '.join(sorted(set(refused)))} (to change the head size, widen it first: fixedhead widen)"
+        )
+    if not Path(args.init_from).is_dir():
+        raise FileNotFoundError(f"--init-from {args.init_from!r}: no such run directory")
+    if Path(args.init_from).resolve() == Path(args.output_dir).resolve():
+        raise FileExistsError(f"--output-dir {args.output_dir!r} is the run being continued; choose another folder")
+    try:
+        source = open_run(args.init_from)
+    except (OSError, ValueError) as e:
+        raise type(e)(f"--init-from {args.init_from!r}: {e}") from None
+    objective = "clm" if source.config.is_decoder else "mlm"
+    if args.objective is not None and args.objective != objective:
+        raise ValueError(
+            f"--init-from {args.init_from} holds a {'causal' if objective == 'clm' else 'masked'} LM; "
+            f"drop --objective {args.objective} (its objective, {objective}, is used)"
+        )
+    return source
 
 
 # ------------------------------------------------------------------------------- evaluate
@@ -728,6 +801,63 @@ def _cmd_widen(args):
     return 0
 
 
+# ----------------------------------------------------------------------- widen-experiment
+def _add_widen_experiment(sub):
+    from .experiments.widening import WIDENING_PRESETS
+
+    p = sub.add_parser(
+        "widen-experiment",
+        help="does widening help? a trained standard-head causal LM continued as is, widened (all, early, "
+        "late layers) and with a parameter-matched wider FFN, with seeds; report and plot",
+    )
+    p.add_argument("--preset", default="cpu", choices=sorted(WIDENING_PRESETS))
+    p.add_argument("--output-dir", default=None, help="default: runs/widen-experiment-PRESET")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="continuation seeds (default: 1 2 3)")
+    p.add_argument("--base-steps", type=int, default=None, help="override the base run's steps (cpu: 400)")
+    p.add_argument("--steps", type=int, default=None, help="override each continuation's steps (cpu: 100)")
+    p.add_argument(
+        "--head-dim",
+        type=int,
+        default=None,
+        help="the widened head size (default: the generic causal threshold ceil((n-1)/2), 16 for n = 32)",
+    )
+    p.add_argument("--corpus", default=None, help="the preset's corpus at another path")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--overwrite", action="store_true", help="delete this experiment's earlier runs there first")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_widen_experiment)
+
+
+def _cmd_widen_experiment(args):
+    from .experiments.widening import format_table, run_widening
+    from .validation import positive_int
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(positive_int("threads", args.threads))
+    out = args.output_dir or f"runs/widen-experiment-{args.preset}"
+    state = run_widening(
+        args.preset,
+        out,
+        seeds=args.seeds,
+        base_steps=args.base_steps,
+        steps=args.steps,
+        wide_head_dim=args.head_dim,
+        corpus=args.corpus,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    if args.no_progress:
+        print(format_table(state))
+    meta = state["meta"]
+    print(
+        f"wrote {out}/report.md, results.json and widening.png ({meta['total_seconds']:.0f} s since the first "
+        f"start, {meta['compute_seconds']:.0f} s of training)"
+    )
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
 _COMMANDS = [
     _add_count,
@@ -741,6 +871,7 @@ _COMMANDS = [
     _add_report,
     _add_farthest_point,
     _add_widen,
+    _add_widen_experiment,
 ]
 
 
@@ -792,6 +923,7 @@ def main(argv=None) -> int:
             "compare": "; rerun the same command to continue (finished models are reused)",
             "sweep": "; rerun the same command to continue (finished points are reused)",
             "farthest-point": "; rerun the same command to continue (finished runs are reused)",
+            "widen-experiment": "; rerun the same command to continue (finished runs are reused)",
         }.get(args.command, "")
         print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ from .pretrain import (
     load_run,
     prepare_data,
     pretrain,
+    source_data,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "load_run",
     "prepare_data",
     "pretrain",
+    "source_data",
 ]

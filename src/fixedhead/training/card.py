@@ -153,6 +153,7 @@ def model_card(result: dict, fingerprint: dict) -> str:
                 ),
                 ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
                 ("seed", train.get("seed")),
+                ("started from", (fingerprint.get("init_from") or {}).get("path", "a fresh initialisation")),
                 ("wall time (s)", result["train_seconds"]),
             ]
         ),

@@ -34,7 +34,7 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
     prepare_data,
 )
 from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
-from ..runs import METRICS_FILE, PRETRAIN_FILE, follow_umask, open_run
+from ..runs import METRICS_FILE, PRETRAIN_FILE, follow_umask, model_fingerprint, open_run, resolve_local_path
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 from .arguments import LR_SCHEDULERS, shared_training_arguments
 from .card import write_model_card
@@ -154,9 +154,17 @@ _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_step
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
 
 
-def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_settings: DataSettings | None) -> dict:
+def run_fingerprint(
+    config: FixedHeadConfig,
+    settings: TrainSettings,
+    data_settings: DataSettings | None,
+    init_from: dict | None = None,
+) -> dict:
     """What must match for a run directory to be resumed or reused: model config, data settings,
-    and the training settings that affect the result (not logging or progress options)."""
+    the training settings that affect the result (not logging or progress options), and the
+    weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
+    :func:`init_from_record`) for a run continued from another run, None for one trained from
+    scratch (runs saved before this was recorded count as from scratch)."""
     train = {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}
     for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
         if train.get(name) == default:
@@ -165,8 +173,22 @@ def run_fingerprint(config: FixedHeadConfig, settings: TrainSettings, data_setti
         "config": config.to_diff_dict(),
         "train": train,
         "data": asdict(data_settings) if data_settings else {},
+        # keyed on the starting weights' content, not on their folder: a moved source still matches
+        "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
     }
     return json.loads(json.dumps(fingerprint, default=str))
+
+
+def init_from_record(run_dir: str | os.PathLike) -> dict:
+    """Where a continued run starts: ``{"path": absolute path, "model_sha256": hash of the
+    config, weights and tokenizer (:func:`fixedhead.runs.model_fingerprint`)}``.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` does not exist.
+    """
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+    return {"path": resolve_local_path(run_dir), "model_sha256": model_fingerprint(run_dir)}
 
 
 def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
@@ -267,15 +289,25 @@ def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: boo
 
 
 def pretrain(
-    config: FixedHeadConfig,
+    config: FixedHeadConfig | None,
     data: PreparedData,
     run_dir: str | os.PathLike,
     settings: TrainSettings | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    init_from: str | os.PathLike | None = None,
     callbacks: list | None = None,
 ) -> dict:
     """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
+
+    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead. ``init_from``
+    continues training from another run's weights instead of a fresh initialisation: a
+    pretraining run or a ``fixedhead widen`` output, opened with :func:`fixedhead.runs.open_run`.
+    Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
+    and ``data`` must be tokenised with its tokenizer (:func:`source_data` prepares the data the
+    run recorded). Where it started (path and content hash, :func:`init_from_record`) is recorded
+    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's fingerprint, so a
+    run continued from other weights is never resumed or reused as this one.
 
     Writes to ``run_dir``: the model (safetensors) and tokenizer (loadable with
     ``from_pretrained`` and ``transformers.pipeline("fill-mask", model=run_dir)``),
@@ -296,24 +328,34 @@ def pretrain(
 
     Raises:
         FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
-            settings (with ``resume``), or is a file.
-        ValueError: non-finite training loss.
+            settings (with ``resume``), or is a file, or is ``init_from`` itself.
+        FileNotFoundError: ``init_from`` is not a finished run.
+        ValueError: non-finite training loss; with ``init_from``: a ``config`` passed, another
+            objective than the run's, or data tokenised with another vocabulary.
     """
     from transformers import set_seed
 
     settings = settings or TrainSettings()
     run_dir = Path(run_dir)
-    lm_config(config, data.tokenizer, settings.objective)
+    source = None
+    if init_from is not None:
+        source, config = _open_source(init_from, config, data, settings, run_dir)
+    elif config is None:
+        raise ValueError("pretrain needs a config (or init_from: a run to continue, whose config is used)")
+    else:
+        lm_config(config, data.tokenizer, settings.objective)
     causal = settings.objective == "clm"
     if config.max_position_embeddings < data.train.shape[1]:
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
-    fingerprint = run_fingerprint(config, settings, data.settings)
+    start = init_from_record(init_from) if source is not None else None
+    fingerprint = run_fingerprint(config, settings, data.settings, init_from=start)
     recorded = {
         **fingerprint,
         "train": json.loads(json.dumps(asdict(settings), default=str)),
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+        "init_from": start,
     }
     args = _training_args(run_dir, settings)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
@@ -333,7 +375,10 @@ def pretrain(
         return load_json_file(run_dir / METRICS_FILE)
 
     set_seed(settings.seed)
-    model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
+    if source is not None:
+        model = _load_model(source)  # the source run's weights, exactly
+    else:
+        model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
     collator = (
@@ -387,10 +432,79 @@ def pretrain(
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
     }
+    if start is not None:
+        result["init_from"] = start
     if args.should_save:
         write_model_card(run_dir, result, recorded)
         write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
+
+
+def _open_source(init_from, config, data: PreparedData, settings: TrainSettings, run_dir: Path):
+    """Check a run to continue from against what :func:`pretrain` was given; return it opened and its config."""
+    if config is not None:
+        raise ValueError(
+            f"init_from={str(init_from)!r} brings its own model config; pass config=None (to change the model's "
+            f"size, widen it first: fixedhead widen)"
+        )
+    if Path(init_from).exists() and Path(init_from).resolve() == run_dir.resolve():
+        raise FileExistsError(f"--output-dir {str(run_dir)!r} is the run being continued; choose another folder")
+    source = open_run(init_from)
+    objective = "clm" if source.config.is_decoder else "mlm"
+    if settings.objective != objective:
+        raise ValueError(
+            f"{init_from} holds a {'causal' if objective == 'clm' else 'masked'} LM; continue it with "
+            f"objective={objective!r}, not {settings.objective!r}"
+        )
+    if data.tokenizer.get_vocab() != source.tokenizer.get_vocab():
+        raise ValueError(
+            f"the data is tokenised with another vocabulary than {init_from}'s tokenizer; prepare it with "
+            f"source_data({str(init_from)!r}) or prepare_data(..., tokenizer=<the run's tokenizer>)"
+        )
+    return source, source.config
+
+
+def source_data(
+    init_from: str | os.PathLike,
+    corpus: str | None = None,
+    cache_dir=None,
+    progress: bool = True,
+    allow_pickle: bool = False,
+) -> PreparedData:
+    """The data a run was trained on, prepared again to continue it (:func:`pretrain` with ``init_from``):
+    its recorded data settings (``pretrain_settings.json``, or a widened run's source settings in
+    ``widen.json``) and its own tokenizer, so the training and held-out sequences are the run's.
+
+    ``corpus`` replaces the recorded corpus path (a moved file); its text must be the same.
+
+    Raises:
+        FileNotFoundError: no such run.
+        ValueError: the run records no corpus and none is given, or the corpus text changed.
+    """
+    run = open_run(init_from, allow_pickle=allow_pickle)
+    data = prepare_data(
+        _recorded_data_settings(init_from, run, corpus), cache_dir=cache_dir, progress=progress, tokenizer=run.tokenizer
+    )
+    _check_same_text(init_from, run.settings, data)
+    return data
+
+
+def _recorded_data_settings(run_dir, run, corpus: str | None = None, max_eval_tokens: int | None = None):
+    """The run's recorded DataSettings, with ``corpus`` / ``max_eval_tokens`` replaced when given."""
+    data_kwargs = dict(run.settings.get("data", {}))
+    data_kwargs["corpus"] = corpus if corpus is not None else recorded_corpus(run_dir, run.settings)
+    if max_eval_tokens is not None:
+        data_kwargs["max_eval_tokens"] = max_eval_tokens
+    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", run.config.max_position_embeddings)
+    return DataSettings(**data_kwargs)
+
+
+def _check_same_text(run_dir, saved: dict, data: PreparedData) -> None:
+    if not same_corpus_text(saved, data.info["corpus_sha256"]):
+        raise ValueError(
+            f"corpus {data.settings.corpus!r} does not hold the text {run_dir} was trained on "
+            f"(its content changed); pass --corpus with the original"
+        )
 
 
 def causal_tokenizer(tokenizer):
@@ -502,19 +616,10 @@ def evaluate_run(
         non_negative_int("eval_seed", eval_seed)
     run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
     saved, tokenizer = run.settings, run.tokenizer
-    data_kwargs = dict(saved.get("data", {}))
-    data_kwargs["corpus"] = corpus if corpus is not None else recorded_corpus(run_dir, saved)
-    if max_eval_tokens is not None:
-        data_kwargs["max_eval_tokens"] = max_eval_tokens
-    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", run.config.max_position_embeddings)
-    data_settings = DataSettings(**data_kwargs)
+    data_settings = _recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
     model = _load_model(run)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
-    if not same_corpus_text(saved, data.info["corpus_sha256"]):
-        raise ValueError(
-            f"corpus {data_settings.corpus!r} does not hold the text {run_dir} was trained on "
-            f"(its content changed); pass --corpus with the original"
-        )
+    _check_same_text(run_dir, saved, data)
     seed = (
         non_negative_int("eval_seed", eval_seed)
         if eval_seed is not None
