@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow lint bench install clean
+.PHONY: run test test-slow lint bench bench-quality install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training_step.py $(ARGS)
+
+# tokens to quality: pretraining recipes side by side (about an hour of 2 CPU cores for every row)
+bench-quality: $(STAMP)
+	$(BIN)/python benchmarks/bench_tokens_to_quality.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

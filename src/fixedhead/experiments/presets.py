@@ -115,9 +115,14 @@ PAPER_PRESETS.update(LM1B_PRESETS)
 PAPER_TRAINING_TOKENS = {"bert": 450_000 * 1024 * 128 + 50_000 * 1024 * 512, "lm1b": 250_000 * 4096}
 
 
+def lookup(table: dict, name: str, kind: str):
+    """``table[name]``, the one lookup of every preset table (models, compare, sweep, farthest-point,
+    widen-experiment). Raises ValueError naming ``kind`` and listing the known names."""
+    if name not in table:
+        raise ValueError(f"unknown {kind} preset {name!r}; known: {', '.join(table)}")
+    return table[name]
+
+
 def get_preset(name: str) -> ModelPreset:
     """Look up a model preset by name. Raises ValueError listing the known names."""
-    try:
-        return PAPER_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PAPER_PRESETS)}") from None
+    return lookup(PAPER_PRESETS, name, "model")

@@ -211,9 +211,9 @@ SWEEP_PRESETS = {"cpu": _cpu_sweep}
 
 def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
     """Raises ValueError listing the known sweep presets."""
-    if name not in SWEEP_PRESETS:
-        raise ValueError(f"unknown sweep preset {name!r}; known: {', '.join(SWEEP_PRESETS)}")
-    return SWEEP_PRESETS[name](quick)
+    from .presets import lookup
+
+    return lookup(SWEEP_PRESETS, name, "sweep")(quick)
 
 
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:

@@ -301,9 +301,9 @@ SYNTHETIC_PRESETS = {"default": _default_preset, "quick": _quick_preset}
 
 def get_synthetic_preset(name: str) -> SyntheticPreset:
     """Raises ValueError listing the known presets."""
-    if name not in SYNTHETIC_PRESETS:
-        raise ValueError(f"unknown farthest-point preset {name!r}; known: {', '.join(SYNTHETIC_PRESETS)}")
-    return SYNTHETIC_PRESETS[name]()
+    from .presets import lookup
+
+    return lookup(SYNTHETIC_PRESETS, name, "farthest-point")()
 
 
 # --------------------------------------------------------------------------------- training

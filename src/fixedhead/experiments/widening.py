@@ -154,9 +154,9 @@ WIDENING_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset}
 
 def get_widening_preset(name: str) -> WideningPreset:
     """Raises ValueError listing the known presets."""
-    if name not in WIDENING_PRESETS:
-        raise ValueError(f"unknown widen-experiment preset {name!r}; known: {', '.join(WIDENING_PRESETS)}")
-    return WIDENING_PRESETS[name]()
+    from .presets import lookup
+
+    return lookup(WIDENING_PRESETS, name, "widen-experiment")()
 
 
 def _base_config(p: WideningPreset, vocab_size: int):
