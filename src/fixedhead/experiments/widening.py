@@ -123,7 +123,7 @@ def _cpu_preset() -> WideningPreset:
     cpu = get_compare_preset("cpu-mlm")  # its data and standard model are at n = 32, as this run was made
     base, cont = _recipes(400, 100, 128, 1e-3, (25, 10))
     return WideningPreset(
-        description="the compare presets' standard model as a causal LM (d = 128, h = 16, d_p = 8, 2 layers, FFN 512, "
+        description="The compare presets' standard model as a causal LM (d = 128, h = 16, d_p = 8, 2 layers, FFN 512, "
         "n = 32, vocabulary 8,192, no dropout; Gutenberg books), 400 steps, then 100 more steps per arm",
         data=cpu.data,
         model=dict(cpu.models["standard"]),
