@@ -35,7 +35,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training_step.py $(ARGS)
 
-# tokens to quality: pretraining recipes side by side (about an hour of 2 CPU cores for every row)
+# tokens to quality: pretraining recipes side by side (8-25 minutes per row on one CPU thread; rows run in parallel with --rows)
 bench-quality: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokens_to_quality.py $(ARGS)
 

@@ -287,7 +287,12 @@ def main(argv=None) -> int:
     p.add_argument("--output-dir", default="runs/tokens-to-quality")
     p.add_argument("--rows", nargs="*", default=list(table), choices=list(table))
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    p.add_argument("--budget-tokens", type=int, default=2_867_200, help="training tokens per row (make run's)")
+    p.add_argument(
+        "--budget-tokens",
+        type=int,
+        default=2_867_200,
+        help="training tokens per row (default 2.87M: the budget of the masked make run, before it became causal)",
+    )
     p.add_argument("--every-tokens", type=int, default=204_800, help="held-out scoring interval")
     p.add_argument("--level", type=float, default=0.4, help="L: nats below unigram to reach")
     p.add_argument("--seed", type=int, default=0)

@@ -4,7 +4,7 @@
 ``lm1b-standard-d256-h32`` and ``lm1b-fixed-d256-h32-dp32``: 6 layers, FFN 1024).
 
 Prepared to fit about 8 minutes of an H100/H200-class GPU (data preparation included); it runs on
-a CPU too (slowly: use ``--max-steps 5`` to check it works). Every model trains on the same
+a CPU too (slowly: use ``--max-steps 3`` to check it works). Every model trains on the same
 tokenizer, packed sequences and step budget and is scored on the same held-out next tokens; the
 table gives held-out perplexity, nats below the unigram reference, and mean ± std over seeds.
 
@@ -21,15 +21,17 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import unigram_perplexity
+from fixedhead.experiments.compare import train_or_reuse
 from fixedhead.experiments.presets import get_preset
 from fixedhead.flops import training_flops
-from fixedhead.training.pretrain import TrainSettings, pretrain
+from fixedhead.training.pretrain import TrainSettings
 
 MODELS = {"standard (d_p=8)": "lm1b-standard-d256-h32", "fixed (d_p=32)": "lm1b-fixed-d256-h32-dp32"}
 SEQ = 128
@@ -81,8 +83,9 @@ def main(argv=None) -> int:
             config.vocab_size = len(data.tokenizer)
             run = Path(args.output_dir) / f"{preset}-s{seed}"
             t0 = time.time()
-            settings.seed = seed
-            r = pretrain(config, data, run, settings, overwrite=run.exists())
+            r = train_or_reuse(
+                config, data, run, replace(settings, seed=seed), data.settings, progress=False
+            )  # a rerun reuses
             rows.append((label, preset, seed, r, config))
             print(
                 f"{label:>17} seed {seed}: held-out ppl {r['heldout_perplexity']:.1f}, "

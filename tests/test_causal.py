@@ -283,3 +283,14 @@ def test_cli_compare_causal_reports_the_unigram_reference(small_real_corpus, tmp
     for r in saved["results"]:
         assert set(r["samples"]) == set(SAMPLE_PROMPTS) and all(r["samples"].values())
     assert f"standard: {SAMPLE_PROMPTS[0]} | " in printed
+
+
+def test_a_causal_config_in_the_masked_lm_class_warns():
+    """As transformers' BertForMaskedLM: allowed, but said (AutoModelForMaskedLM or the fill-mask
+    pipeline on a causal run would otherwise answer with causal attention, silently)."""
+    from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
+
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+    config.is_decoder = True
+    with pytest.warns(UserWarning, match="decoder config"):
+        FixedHeadForMaskedLM(config)

@@ -330,5 +330,5 @@ def test_runs_saved_before_a_setting_existed_still_resume():
     old = json.loads(json.dumps(now))  # what an older version saved: no bf16 key at all
     assert settings_differences(old, now) == []
     assert settings_differences(old, run_fingerprint(config, replace(settings, bf16=True), None)) == [
-        "train.bf16: None → True"
+        "train.bf16: False → True"
     ]

@@ -100,6 +100,7 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
     now = run_fingerprint(config, TrainSettings(), None)
     assert "mlm_probability" not in now["train"] and "lr_scheduler_type" not in now["train"]
-    assert settings_differences(now, run_fingerprint(config, TrainSettings(mlm_probability=0.4), None)) == [
-        "train.mlm_probability: None → 0.4"
-    ]
+    masked40 = run_fingerprint(config, TrainSettings(mlm_probability=0.4), None)
+    assert settings_differences(now, masked40) == ["train.mlm_probability: 0.15 → 0.4"]
+    # and the other way: a run saved at 0.4 is not resumed by a command at the default
+    assert settings_differences(masked40, now) == ["train.mlm_probability: 0.4 → 0.15"]

@@ -15,6 +15,8 @@ where (eager, compiled, GPU) is :mod:`fixedhead.checks`.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -418,6 +420,13 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__(config)
+        if config.is_decoder:  # as BertForMaskedLM: allowed (causal attention), but rarely meant
+            warnings.warn(
+                "FixedHeadForMaskedLM built from a decoder config (is_decoder=True): its attention is causal, "
+                "so each masked token sees only the tokens before it; a causal run is meant for "
+                "FixedHeadForCausalLM / AutoModelForCausalLM / pipeline('text-generation')",
+                stacklevel=2,
+            )
         self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
         self.cls = FixedHeadMLMHead(config)
         self.post_init()

@@ -92,7 +92,7 @@ def _cpu_preset(steps=700, batch=32) -> ComparePreset:
             # first evaluation (docs/experiments.md, causal section); at 1e-3 they track each other
             learning_rate=1e-3,
             eval_steps=max(1, steps // 4),
-            save_steps=steps,
+            save_steps=steps // 2,  # an interrupted model resumes from its halfway checkpoint
         ),
         models=_models(_common(n), 32),
         widen="standard-wide",
@@ -115,7 +115,7 @@ def _cpu_mlm_preset(steps=2800, batch=32) -> ComparePreset:
             learning_rate=2e-3,
             mlm_probability=0.4,
             eval_steps=max(1, steps // 7),
-            save_steps=steps,
+            save_steps=steps // 2,  # an interrupted model resumes from its halfway checkpoint
         ),
         models=_models(_common(n), n),
         widen="standard-wide",
@@ -209,7 +209,9 @@ def run_compare(
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
+    description = p.description
     if objective is not None and objective != train.objective:  # the masking rate is the masked objective's
+        description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
         train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
     out = Path(output_dir)
@@ -246,7 +248,7 @@ def run_compare(
         # the context-free reference on the same held-out tokens: how far below it the models are is
         # how much they learnt beyond word frequencies (see unigram_perplexity)
         "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-        "description": p.description,
+        "description": description,
         "data": asdict(data_settings),
         "data_info": data.info,
         "train": asdict(train),
@@ -272,7 +274,11 @@ def continuations(run_dir, prompts=SAMPLE_PROMPTS, max_new_tokens: int = 24, see
     """Sampled continuations of ``prompts`` by a causal run, through transformers'
     ``pipeline("text-generation")`` (top-k 40, temperature 0.8, seeded; only the new text):
     ``{prompt: continuation}``. A continuation stops where the model's learned positions end
-    (``max_position_embeddings``)."""
+    (``max_position_embeddings``).
+
+    Raises:
+        ValueError: a prompt that already fills the learned positions.
+    """
     from transformers import pipeline, set_seed
 
     generate = pipeline("text-generation", model=str(run_dir), device="cpu")
@@ -280,8 +286,18 @@ def continuations(run_dir, prompts=SAMPLE_PROMPTS, max_new_tokens: int = 24, see
     samples = {}
     for prompt in prompts:
         set_seed(seed)
-        new = min(max_new_tokens, room - len(generate.tokenizer(prompt)["input_ids"]))
-        out = generate(prompt, max_new_tokens=new, do_sample=True, top_k=40, temperature=0.8, return_full_text=False)
+        length = len(generate.tokenizer(prompt)["input_ids"])
+        if length >= room:
+            raise ValueError(f"prompt {prompt[:40]!r} is {length} tokens, no room left in n = {room} positions")
+        # max_length (the generation config's own field) rather than max_new_tokens: no warning about both
+        out = generate(
+            prompt,
+            max_length=min(room, length + max_new_tokens),
+            do_sample=True,
+            top_k=40,
+            temperature=0.8,
+            return_full_text=False,
+        )
         samples[prompt] = " ".join(out[0]["generated_text"].split())
     return samples
 
@@ -462,6 +478,8 @@ def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> No
         ax.set_xlabel("training tokens (millions)")
     axes[0].set_ylabel("cross-entropy (nats)")
     if title:
-        fig.suptitle(title, fontsize=9)
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, 140)), fontsize=9)
     axes[0].grid(alpha=0.3)
     save_figure(fig, path, [axes[1]])  # one legend, on the held-out panel

@@ -368,8 +368,14 @@ def _fingerprint(p: WideningPreset, wide_head_dim: int) -> dict:
     """What must match for stored runs to be reused: data, model, both recipes (seeds aside), wide size."""
     import json
 
+    # training fields added after this experiment's first report, left out at their default so
+    # that report still matches
+    later = {"mlm_probability": 0.15, "lr_scheduler_type": "linear"}
+
     def recipe(t):
-        return {k: v for k, v in asdict(t).items() if k not in ("seed", "progress")}
+        return {
+            k: v for k, v in asdict(t).items() if k not in ("seed", "progress") and not (k in later and v == later[k])
+        }
 
     return json.loads(
         json.dumps(

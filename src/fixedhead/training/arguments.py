@@ -18,8 +18,9 @@ LR_SCHEDULERS = ("linear", "cosine", "constant_with_warmup")
 
 
 def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batch_size: int, **own):
-    """``transformers.TrainingArguments`` for ``settings`` (AdamW, linear warm-up then linear decay,
-    as BERT), with ``own`` fields of the calling module added or overriding.
+    """``transformers.TrainingArguments`` for ``settings`` (AdamW, linear warm-up then linear decay
+    as BERT unless ``own`` sets another ``lr_scheduler_type``), with ``own`` fields of the calling
+    module added or overriding.
 
     ``warmup_steps`` receives the warm-up *ratio*: transformers 5 reads a value below 1 as a
     fraction of ``max_steps`` (its ``warmup_ratio`` argument is deprecated).

@@ -14,6 +14,10 @@ from pathlib import Path
 CARD_FILE = "README.md"
 
 
+#: how the model card names each learning-rate schedule after the warm-up
+_SCHEDULES = {"linear": "linear decay", "cosine": "cosine decay", "constant_with_warmup": "a constant rate"}
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -143,13 +147,14 @@ def model_card(result: dict, fingerprint: dict) -> str:
                     f"AdamW, lr {train.get('learning_rate')}, beta2 {train.get('adam_beta2')}, "
                     f"weight decay {train.get('weight_decay')}, "
                     f"linear warm-up ({_warmup(train.get('warmup_ratio'))}) "
-                    "then linear decay",
+                    f"then {_SCHEDULES.get(train.get('lr_scheduler_type', 'linear'), train.get('lr_scheduler_type'))}",
                 ),
                 (
                     "objective",
                     "causal LM: every token predicted from the ones before it"
                     if causal
-                    else "masked LM, 15% of tokens: 80% [MASK], 10% random, 10% kept",
+                    else f"masked LM, {100 * train.get('mlm_probability', 0.15):g}% of tokens: 80% [MASK], 10% random, "
+                    "10% kept (held-out scoring: 15%)",
                 ),
                 ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
                 ("seed", train.get("seed")),

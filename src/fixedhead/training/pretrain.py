@@ -140,7 +140,7 @@ class TrainSettings:
         if self.objective == "clm" and self.mlm_probability != 0.15:
             raise ValueError(
                 f"mlm_probability={self.mlm_probability} applies to the masked objective only; "
-                f"a causal LM predicts every token (drop it, or use objective='mlm')"
+                f"a causal LM predicts every token (drop the masking rate, or train a masked LM)"
             )
         if self.lr_scheduler_type not in LR_SCHEDULERS:
             raise ValueError(
@@ -194,11 +194,15 @@ def init_from_record(run_dir: str | os.PathLike) -> dict:
 def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
     """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_fingerprint`,
     as ``"section.field: saved → now"`` strings (fields outside the fingerprint, such as logging
-    options, may differ freely)."""
+    options, may differ freely). Training fields added later (``_ADDED_LATER``) count at their
+    default where either side omits them, so a run at a non-default value never matches one at
+    the default."""
     diffs = []
     for key, value in fingerprint.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
+            if key == "train":
+                old, value = {**_ADDED_LATER, **old}, {**_ADDED_LATER, **value}
             diffs += [
                 f"{key}.{k}: {old.get(k)!r} → {v!r}"
                 for k, v in value.items()
