@@ -470,6 +470,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
         claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report")
     meta = state["meta"]
+    causal = (meta.get("objective") or (meta.get("train") or {}).get("objective")) == "clm"
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
     plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"))
@@ -510,13 +511,15 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
         f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
         f"available, held-out: {len(info.get('heldout_documents', []))} books "
-        f"({info.get('heldout_sequences', 0):,} sequences scored with one fixed 15% masking)",
+        f"({info.get('heldout_sequences', 0):,} sequences, "
+        + ("every next token scored)" if causal else "scored with one fixed 15% masking)"),
         f"- tokenizer: WordPiece, vocabulary {info.get('vocab_size')}",
         f"- pretraining per run: {tr['max_steps']} steps × batch {tr['batch_size']} × {d['max_seq_length']} "
         f"tokens = {tr['max_steps'] * tr['batch_size'] * d['max_seq_length']:,} tokens, AdamW lr "
         f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, linear decay, no dropout",
-        f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and masking "
-        f"of the held-out set are fixed)",
+        f"- objective: {'causal LM (FixedHeadForCausalLM, every next token predicted)' if causal else 'masked LM'}",
+        f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and held-out "
+        f"scoring are fixed)",
     ]
     if ft:
         first = "" if ft.get("max_dev_examples") is None else f", first {ft['max_dev_examples']} dev examples"
@@ -529,7 +532,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         ]
     L += [
         "",
-        "Perplexity = exp(mean masked-token cross-entropy) on the held-out books; lower is better. "
+        f"Perplexity = exp(mean {'next-token' if causal else 'masked-token'} cross-entropy) on the held-out "
+        "books; lower is better. "
         "Values are mean ± sample std over seeds.",
         "",
     ]
@@ -538,9 +542,10 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         ppls = [r["heldout_perplexity"] for r in state["runs"].values()]
         worse = sum(p > uni for p in ppls)
         L += [
-            f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same masked "
-            f"tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f} (the best is "
-            f"{100 * (1 - min(ppls) / uni):.0f}% below it; {worse} of {len(ppls)} runs are above it). "
+            f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same "
+            f"{'next' if causal else 'masked'} tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f}, "
+            f"{math.log(uni / max(ppls)):.2f}–{math.log(uni / min(ppls)):.2f} nats below it "
+            f"({worse} of {len(ppls)} runs are above it). "
             + (
                 "At this budget the models have learnt little beyond word frequencies, so there is little "
                 "that attention, and so its head size, can show."
