@@ -44,15 +44,10 @@ class PointStats:
         return [r["finetune"]["score"] for r in self.runs if "finetune" in r]
 
     def mean(self, what="ppl") -> float:
-        v = self.values(what)
-        return sum(v) / len(v) if v else float("nan")
+        return mean_std(self.values(what))[0]
 
     def std(self, what="ppl") -> float:
-        v = self.values(what)
-        if len(v) < 2:
-            return float("nan")
-        m = sum(v) / len(v)
-        return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+        return mean_std(self.values(what))[1]
 
     @property
     def params(self) -> int:
@@ -61,6 +56,16 @@ class PointStats:
     @property
     def head_dim(self) -> int:
         return self.runs[0]["head_dim"] if self.runs else 0
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1) of seeds' results; NaN where undefined (no value,
+    or one value for the deviation). Every report of the project uses it."""
+    if not values:
+        return float("nan"), float("nan")
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
+    return m, s
 
 
 def load_sweep(sweep_dir: str | Path) -> dict:

@@ -48,6 +48,7 @@ from torch import nn
 from ..attention import MultiHeadAttention
 from ..data.synthetic import FarthestPointTask
 from ..runs import load_json_file, write_json_atomic
+from .report import mean_std
 
 RESULTS_FILE = "results.json"
 _OWN_FILES = {RESULTS_FILE, "results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "report.md"}
@@ -395,16 +396,8 @@ def cell_verdict(hit_rates: list[float]) -> str:
     return "in between"
 
 
-def _mean_std(v: list[float]) -> tuple[float, float]:
-    if not v:
-        return float("nan"), float("nan")
-    m = sum(v) / len(v)
-    s = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else float("nan")
-    return m, s
-
-
 def _fmt(v: list[float], digits: int = 3) -> str:
-    m, s = _mean_std(v)
+    m, s = mean_std(v)
     if not math.isfinite(m):
         return "–"
     return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
@@ -609,11 +602,11 @@ def plot_heatmap(state: dict, path: Path) -> None:
     ranks, dps = g["ranks"], g["head_dims"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, what, cmap, vmax in ((axes[0], "hit_rate", "viridis", 1.0), (axes[1], "mse", "magma_r", 1.0)):
-        vals = [[_mean_std([x[what] for x in runs[(r, dp)]])[0] for dp in dps] for r in ranks]
+        vals = [[mean_std([x[what] for x in runs[(r, dp)]])[0] for dp in dps] for r in ranks]
         im = ax.imshow(vals, origin="lower", cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
         for i, r in enumerate(ranks):
             for j, dp in enumerate(dps):
-                m, s = _mean_std([x[what] for x in runs[(r, dp)]])
+                m, s = mean_std([x[what] for x in runs[(r, dp)]])
                 if math.isfinite(m):
                     txt = f"{m:.2f}" + (f"\n±{s:.2f}" if math.isfinite(s) else "")
                     dark = (m > 0.55) if what == "hit_rate" else (m < 0.45)
@@ -666,7 +659,7 @@ def plot_more_heads(state: dict, path: Path) -> None:
         if rs:
             hs.append(h)
             for vals, ms, what in ((hit, hit_s, "hit_rate"), (mse, mse_s, "mse")):
-                m, s = _mean_std([x[what] for x in rs])
+                m, s = mean_std([x[what] for x in rs])
                 vals.append(m)
                 ms.append(s if math.isfinite(s) else 0.0)
     ax.errorbar(hs, hit, yerr=hit_s, marker="o", capsize=3, label="hit rate")

@@ -52,6 +52,7 @@ import torch
 from ..data import DataSettings
 from ..runs import METRICS_FILE, PRETRAIN_FILE, claim_output_dir, load_json_file, write_json_atomic
 from ..validation import non_negative_int, positive_int
+from .report import mean_std
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -320,15 +321,6 @@ def _max_logit_change(base_model, start_dir: Path, ids: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------- verdict
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof 1; NaN for fewer than two values)."""
-    if not values:
-        return float("nan"), float("nan")
-    m = sum(values) / len(values)
-    s = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
-    return m, s
-
-
 def compare_arms(losses_a: list[float], losses_b: list[float]) -> dict:
     """The verdict rule: B against A on held-out loss (nats; lower is better).
 
