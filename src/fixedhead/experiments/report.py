@@ -346,7 +346,7 @@ def _reference(ax, ref):
         ax.axhline(ref, color="gray", linestyle="--", linewidth=1, label=f"unigram guess ({ref:.0f})")
 
 
-def plot_heads(series, path, ref=None):
+def plot_heads(series, path, ref=None, lm="MLM"):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     _reference(ax, ref)
@@ -367,12 +367,12 @@ def plot_heads(series, path, ref=None):
     ax.set_xscale("log", base=2)
     _plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
     ax.set_xlabel("number of heads h")
-    ax.set_ylabel("held-out MLM perplexity (mean ± std over seeds)")
+    ax.set_ylabel(f"held-out {lm} perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
     save_figure(fig, path, [ax])
 
 
-def plot_params(series, path, ref=None):
+def plot_params(series, path, ref=None, lm="MLM"):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     _reference(ax, ref)
@@ -383,8 +383,8 @@ def plot_params(series, path, ref=None):
             for q in pts:
                 lab = f"d={q.x}" if kind == "standard" else f"h={q.runs[0]['num_attention_heads']}"
                 ax.annotate(lab, (q.params / 1e6, q.mean()), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("parameters (millions, MLM model)")
-    ax.set_ylabel("held-out MLM perplexity")
+    ax.set_xlabel(f"parameters (millions, {lm} model)")
+    ax.set_ylabel(f"held-out {lm} perplexity")
     ax.set_title("perplexity vs parameters: wider standard vs fixed head at small d (Fig. 1/2)", fontsize=9)
     save_figure(fig, path, [ax])
 
@@ -478,10 +478,18 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     causal = (meta.get("objective") or (meta.get("train") or {}).get("objective")) == "clm"
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
-    plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"))
-    plot_params(series, out / "params.png", meta.get("unigram_perplexity"))
-    plot_head_size(series, out / "head_size.png")
-    plot_finetune(state, out / "finetune_vs_perplexity.png", task, _majority_rate(task), meta.get("unigram_perplexity"))
+    lm = "causal-LM" if causal else "MLM"
+    plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"), lm)
+    plot_params(series, out / "params.png", meta.get("unigram_perplexity"), lm)
+    # the head-size experiment and fine-tuning are plotted only where the sweep has them
+    has_head_size = bool(series.get(("head_size", "fixed")))
+    has_finetune = any("finetune" in r for r in state["runs"].values())
+    if has_head_size:
+        plot_head_size(series, out / "head_size.png")
+    if has_finetune:
+        plot_finetune(
+            state, out / "finetune_vs_perplexity.png", task, _majority_rate(task), meta.get("unigram_perplexity")
+        )
 
     planned = {(p["key"]) for p in state["points"]}
     n_runs = len(state["runs"])
@@ -597,16 +605,16 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         pts = series.get(("embedding", kind), [])
         if pts:
             L += [f"**{kind}**", ""] + _table(pts, "d" if kind == "standard" else "d", task) + [""]
-    L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
-    pts = series.get(("head_size", "fixed"), [])
-    if pts:
-        L += _table(pts, "d_p", task) + [""]
-    L += [
-        "## Fine-tuning score against pretraining perplexity",
-        "",
-        "![fine-tuning vs perplexity](finetune_vs_perplexity.png)",
-        "",
-    ]
+    if has_head_size:
+        L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
+        L += _table(series[("head_size", "fixed")], "d_p", task) + [""]
+    if has_finetune:
+        L += [
+            "## Fine-tuning score against pretraining perplexity",
+            "",
+            "![fine-tuning vs perplexity](finetune_vs_perplexity.png)",
+            "",
+        ]
     report = out / "report.md"
     write_text_atomic(report, "\n".join(L) + "\n")
     return report
