@@ -18,6 +18,7 @@ from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
 from fixedhead.data import DataSettings
 from fixedhead.runs import PRETRAIN_FILE
+from fixedhead.theory import causal_threshold
 from fixedhead.training import pretrain
 from fixedhead.widen import widen_run
 
@@ -180,7 +181,7 @@ def test_cli_bad_init_from_is_one_line_naming_the_path(source, tmp_path, capsys)
 # -------------------------------------------------------------------------------- the design
 def test_arms_and_their_parameter_counts_for_make_runs_model():
     config = FixedHeadConfig(**W.get_widening_preset("cpu").model, vocab_size=8192)
-    assert config.layer_head_dims == [8, 8] and W.causal_threshold(32) == 16
+    assert config.layer_head_dims == [8, 8] and causal_threshold(32) == 16
     arms = {a.name: a for a in W.make_arms(config, 16)}
     assert list(arms) == ["as-is", "wide-all", "wide-early", "wide-late", "ffn-matched"]
     assert arms["wide-early"].head_dim == (16, None) and arms["wide-late"].head_dim == (None, 16)

@@ -188,6 +188,19 @@ def numerical_rank(matrix, rtol: float | None = None) -> int:
     return _numerical_rank(np.linalg.svd(m, compute_uv=False), m.shape, rtol)
 
 
+def causal_threshold(n: int) -> int:
+    """⌈(n − 1)/2⌉: the head size that represents a *generic* causal attention pattern on n tokens
+    exactly — what :func:`min_head_dim` with ``causal=True`` returns for a generic P (special P
+    need anything from 1 to n − 1; see :func:`complete_causal_logits`).
+
+    Raises:
+        ValueError: n not a positive int.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    return math.ceil((n - 1) / 2)
+
+
 @_one_thread
 def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False) -> int:
     """Smallest head size d_p that represents P exactly on an input X of rank n (sharp Theorem 1).

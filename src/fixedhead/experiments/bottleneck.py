@@ -19,6 +19,7 @@ from ..theory import (
     _check_int,
     _one_thread,
     causal_logit_lower_bounds,
+    causal_threshold,
     fit_causal_logits,
     fit_head,
     logit_errors,
@@ -239,7 +240,7 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
                         ls="--",
                         lw=1,
                         label="⌈(n − 1)/2⌉ (causal threshold)"
-                        if i == 0 and rc == math.ceil((n - 1) / 2)
+                        if i == 0 and rc == causal_threshold(n)
                         else ("causal threshold" if i == 0 else None),
                     )
             ax.axvline(

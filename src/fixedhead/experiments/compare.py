@@ -34,6 +34,7 @@ from ..data.mlm import unigram_perplexity
 from ..modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
+from ..theory import causal_threshold
 from ..training.pretrain import (
     TrainSettings,
     lm_config,
@@ -94,7 +95,7 @@ def _cpu_preset(steps=700, batch=32) -> ComparePreset:
             eval_steps=max(1, steps // 4),
             save_steps=steps // 2,  # an interrupted model resumes from its halfway checkpoint
         ),
-        models=_models(_common(n), 32),
+        models=_models(_common(n), causal_threshold(n)),
         widen="standard-wide",
         match_to="fixed",
     )

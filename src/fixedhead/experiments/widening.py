@@ -51,6 +51,7 @@ import torch
 
 from ..data import DataSettings
 from ..runs import METRICS_FILE, PRETRAIN_FILE, claim_output_dir, load_json_file, write_json_atomic
+from ..theory import causal_threshold
 from ..validation import non_negative_int, positive_int
 from .report import mean_std
 
@@ -91,12 +92,6 @@ class WideningPreset:
     continuation: object  # TrainSettings
     seeds: tuple[int, ...]
     wide_head_dim: int | None = None  # None: the generic causal threshold for n
-
-
-def causal_threshold(n: int) -> int:
-    """⌈(n − 1)/2⌉: the head size that represents a generic causal attention pattern on n tokens
-    exactly (:func:`fixedhead.theory.min_head_dim` with ``causal=True``; docs/theory.md)."""
-    return math.ceil((positive_int("n", n) - 1) / 2)
 
 
 def _recipes(base_steps: int, steps: int, batch: int, lr: float, logging: tuple[int, int]):
