@@ -355,14 +355,8 @@ def _fingerprint(p: WideningPreset, wide_head_dim: int) -> dict:
     """What must match for stored runs to be reused: data, model, both recipes (seeds aside), wide size."""
     import json
 
-    # training fields added after this experiment's first report, left out at their default so
-    # that report still matches
-    later = {"mlm_probability": 0.15, "lr_scheduler_type": "linear"}
-
     def recipe(t):
-        return {
-            k: v for k, v in asdict(t).items() if k not in ("seed", "progress") and not (k in later and v == later[k])
-        }
+        return {k: v for k, v in asdict(t).items() if k not in ("seed", "progress")}
 
     return json.loads(
         json.dumps(
@@ -376,6 +370,17 @@ def _fingerprint(p: WideningPreset, wide_head_dim: int) -> dict:
             default=str,
         )
     )
+
+
+def _same_settings(saved: dict | None, fingerprint: dict) -> bool:
+    """A saved fingerprint against the current one, training fields added since compared at their
+    old default (:func:`fixedhead.training.pretrain.with_later_defaults`)."""
+    from ..training.pretrain import with_later_defaults
+
+    def normal(f):
+        return {k: with_later_defaults(v) if k in ("base", "continuation") else v for k, v in f.items()}
+
+    return isinstance(saved, dict) and normal(saved) == normal(fingerprint)
 
 
 def run_widening(
@@ -450,7 +455,7 @@ def run_widening(
     previous: dict = {}
     if state_file.is_file() and not overwrite:
         previous = load_json_file(state_file, "widen-experiment results")
-        if previous.get("meta", {}).get("settings") != fingerprint:
+        if not _same_settings(previous.get("meta", {}).get("settings"), fingerprint):
             raise FileExistsError(
                 f"{state_file} holds runs of other settings (data, model, recipes or wide head size); pass "
                 f"--overwrite to replace them or choose another --output-dir"

@@ -154,6 +154,13 @@ _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_step
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
 
 
+def with_later_defaults(train: dict) -> dict:
+    """Recorded training settings with every field added after runs were first saved filled in at
+    the default those runs used (``_ADDED_LATER``): the one way saved and current settings are
+    compared, so an omitted field and its default are the same setting."""
+    return {**_ADDED_LATER, **train}
+
+
 def run_fingerprint(
     config: FixedHeadConfig,
     settings: TrainSettings,
@@ -202,7 +209,7 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
             if key == "train":
-                old, value = {**_ADDED_LATER, **old}, {**_ADDED_LATER, **value}
+                old, value = with_later_defaults(old), with_later_defaults(value)
             diffs += [
                 f"{key}.{k}: {old.get(k)!r} → {v!r}"
                 for k, v in value.items()
