@@ -77,8 +77,8 @@ def main(argv=None) -> int:
         progress=False,
     )
     rows = []
-    for label, preset in MODELS.items():
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed-major: a run cut short still has whole pairs
+        for label, preset in MODELS.items():
             config = get_preset(preset).build_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
             config.vocab_size = len(data.tokenizer)
             run = Path(args.output_dir) / f"{preset}-s{seed}"

@@ -49,6 +49,22 @@ def test_cpu_plan_is_deduplicated_and_seed_major():
         get_sweep_preset("gpu")
 
 
+def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
+    from fixedhead.experiments.compare import get_compare_preset
+
+    preset, recipe = get_sweep_preset("cpu-mlm"), get_compare_preset("cpu-mlm")
+    for field in ("objective", "mlm_probability", "batch_size", "learning_rate", "max_steps"):
+        assert getattr(preset.train, field) == getattr(recipe.train, field), field
+    assert preset.train.mlm_probability == 0.4 and preset.train.objective == "mlm"
+    n = preset.data.max_seq_length
+    assert n == recipe.data.max_seq_length == preset.common["max_position_embeddings"]
+    assert preset.finetune is not None and preset.finetune.max_seq_length <= n  # no untrained positions
+    plan = plan_runs(preset)
+    assert len({k for k, _, _ in plan}) == 8 and len(preset.seeds) >= 3
+    assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
+    assert get_sweep_preset("cpu-mlm", quick=True).train.mlm_probability == 0.4
+
+
 def test_verdict_rule():
     d, p = welch([10.0, 10.1], [12.0, 12.1])
     assert d == pytest.approx(2.0) and p < 0.05
@@ -124,6 +140,12 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     assert "| paper claim | our measurement | verdict |" in text
     for png in ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png"):
         assert (tmp_path / "report" / png).stat().st_size > 5000, png
+    assert "With 2 seeds per point" in text
+    # a GPU recorded with the runs is named in the report (environment_info records it on a CUDA machine)
+    saved["meta"]["accelerator"] = "Some GPU"
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
+    assert "on Some GPU and " in write_report(tmp_path / "gpu").read_text()
     rows = claims(saved)
     assert len(rows) >= 8 and all(v in ("agrees", "does not agree", "cannot tell at this scale") for _, _, v in rows)
 

@@ -354,6 +354,8 @@ def environment_info() -> dict:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # the GPU the runs trained on (the Trainer uses one when present), None on a CPU-only machine
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 

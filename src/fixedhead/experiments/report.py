@@ -7,7 +7,7 @@ writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png`` and
 Every point is summarised as mean ± sample standard deviation over its seeds. A paper claim is
 judged with Welch's two-sample t-test on the seeds (p < 0.05): a significant difference in the
 paper's direction "agrees", a significant one in the other direction "does not agree", anything
-else "cannot tell at this scale". With two seeds per point the test has little power, so small
+else "cannot tell at this scale". With a few seeds per point the test has little power, so small
 real effects end up as "cannot tell" — that is the honest verdict, not a rounding toward either side.
 """
 
@@ -149,6 +149,15 @@ def _point(series, experiment, kind, x=None, pick=None):
     if pick == "max":
         return pts[-1]
     return next((q for q in pts if q.x == x), None)
+
+
+def _seeds_per_point(state: dict) -> str:
+    """How many seeds the sweep's models have: ``"3"`` or a range such as ``"2-3"``."""
+    counts: dict[str, int] = {}
+    for r in state["runs"].values():
+        counts[r["key"]] = counts.get(r["key"], 0) + 1
+    lo, hi = min(counts.values(), default=0), max(counts.values(), default=0)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def claims(state: dict) -> list[tuple[str, str, str]]:
@@ -317,7 +326,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
         (
             "Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
             "LM1B perplexities",
-            "not run here (CPU only); the presets exist, see docs/experiments.md",
+            "not run here (these sweeps train 2-layer models of 1.5M-2.5M parameters); the presets exist, "
+            "see docs/experiments.md",
             "cannot tell at this scale",
         )
     )
@@ -517,7 +527,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             if "compute_seconds" in meta
             else ""
         )
-        + f"; on {meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
+        + f"; on {meta['accelerator'] + ' and ' if meta.get('accelerator') else ''}"
+        f"{meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
         f"{meta.get('torch_threads')} per process",
         f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
         + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
@@ -529,7 +540,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         f"- tokenizer: WordPiece, vocabulary {info.get('vocab_size')}",
         f"- pretraining per run: {tr['max_steps']} steps × batch {tr['batch_size']} × {d['max_seq_length']} "
         f"tokens = {tr['max_steps'] * tr['batch_size'] * d['max_seq_length']:,} tokens, AdamW lr "
-        f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, linear decay, no dropout",
+        f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, {tr.get('lr_scheduler_type', 'linear')} decay, "
+        "no dropout" + ("" if causal else f", {100 * tr.get('mlm_probability', 0.15):g}% of training tokens masked"),
         f"- objective: {'causal LM (FixedHeadForCausalLM, every next token predicted)' if causal else 'masked LM'}",
         f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and held-out "
         f"scoring are fixed)",
@@ -574,16 +586,18 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         L += [
             f"**Fine-tuning:** always answering the majority class scores {majority:.4f} on {task} dev; "
             f"{len(stuck)} of {len(ft_runs)} fine-tuning runs ended exactly there (the classifier never left "
-            f"the majority class within its budget), which makes the fine-tuning column mostly noise. "
-            f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
+            f"the majority class within its budget)"
+            + (", which makes the fine-tuning column mostly noise. " if 2 * len(stuck) > len(ft_runs) else ". ")
+            + f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
             "",
         ]
     L += [
         "## Paper claim → our measurement",
         "",
         "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
-        "other direction = does not agree, otherwise cannot tell at this scale. With 2 seeds the test "
-        "has little power.",
+        "other direction = does not agree, otherwise cannot tell at this scale. With "
+        f"{_seeds_per_point(state)} seeds per point the test finds only differences of a few standard "
+        "deviations; smaller real effects read as cannot tell.",
         "",
         "| paper claim | our measurement | verdict |",
         "|---|---|---|",
