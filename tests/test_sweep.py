@@ -146,6 +146,13 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     (tmp_path / "gpu").mkdir()
     (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
     assert "on Some GPU and " in write_report(tmp_path / "gpu").read_text()
+    # a sweep without fine-tuning (the causal preset) has no fine-tuning column and says why a claim is unmeasured
+    for r in saved["runs"].values():
+        del r["finetune"]
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
+    no_ft = write_report(tmp_path / "gpu").read_text()
+    assert "| held-out perplexity | run |" in no_ft and "sst2 dev |" not in no_ft
+    assert "no fine-tuning scores in this sweep" in no_ft
     rows = claims(saved)
     assert len(rows) >= 8 and all(v in ("agrees", "does not agree", "cannot tell at this scale") for _, _, v in rows)
 

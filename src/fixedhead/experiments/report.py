@@ -127,8 +127,10 @@ def _fmt(m, s, digits=2):
 
 def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: int, label_a: str, label_b: str):
     """One measured comparison: text, verdict. ``paper_sign`` is the sign the paper implies for b − a."""
-    if a is None or b is None or not a.values(what) or not b.values(what):
+    if a is None or b is None:
         return "not measured (points missing from this sweep)", "cannot tell at this scale"
+    if not a.values(what) or not b.values(what):
+        return "not measured (no fine-tuning scores in this sweep)", "cannot tell at this scale"
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
@@ -441,17 +443,19 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 
 # ----------------------------------------------------------------------------------- report
-def _table(pts: list[PointStats], xname: str, task: str) -> list[str]:
+def _table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
+    """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column."""
+    ft_head, ft_rule = (f" {task} dev |", "---|") if task else ("", "")
     lines = [
-        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | {task} dev | run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity |{ft_head} run |",
+        f"|---|---|---|---|---|---|---|{ft_rule}---|",
     ]
     for q in pts:
         r = q.runs[0]
+        ft = f" {_fmt(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
         lines.append(
             f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | "
-            f"{_fmt(q.mean('ft'), q.std('ft'), 4)} | `{q.key}` |"
+            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} |{ft} `{q.key}` |"
         )
     return lines
 
@@ -604,11 +608,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     ]
     for claim, measured, v in claims(state):
         L.append(f"| {claim} | {measured} | **{v}** |")
+    table_task = task if has_finetune else None
     L += ["", "## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "h", task) + [""]
+            L += [f"**{kind}**", ""] + _table(pts, "h", table_task) + [""]
     L += [
         "## Embedding size against parameter count (paper Fig. 1 and 2)",
         "",
@@ -618,10 +623,10 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "d" if kind == "standard" else "d", task) + [""]
+            L += [f"**{kind}**", ""] + _table(pts, "d", table_task) + [""]
     if has_head_size:
         L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
-        L += _table(series[("head_size", "fixed")], "d_p", task) + [""]
+        L += _table(series[("head_size", "fixed")], "d_p", table_task) + [""]
     if has_finetune:
         L += [
             "## Fine-tuning score against pretraining perplexity",
