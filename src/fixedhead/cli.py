@@ -659,7 +659,7 @@ def _add_sweep(sub):
     from .experiments.sweep import EXPERIMENTS, SWEEP_PRESETS
 
     p = sub.add_parser("sweep", help="head / embedding-size / head-size sweeps with seeds, SST-2 fine-tuning, report")
-    p.add_argument("--preset", default="cpu", choices=sorted(SWEEP_PRESETS))
+    p.add_argument("--preset", default="cpu-mlm", choices=sorted(SWEEP_PRESETS))
     p.add_argument("--quick", action="store_true", help="CI-sized version of the preset (minutes)")
     p.add_argument("--output-dir", default=None, help="default: runs/sweep-PRESET[-quick]")
     p.add_argument("--corpus", default=None)

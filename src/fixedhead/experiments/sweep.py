@@ -1,8 +1,10 @@
 """`fixedhead sweep`: the paper's head, embedding-size and head-size sweeps at CPU scale.
 
 Three experiments, each a list of points (a model configuration) trained with several seeds on
-one shared tokenizer and data set (prepared once), scored by held-out masked-LM perplexity, and
-fine-tuned on SST-2:
+one shared tokenizer and data set (prepared once), scored by held-out perplexity with the
+preset's objective and, for the masked presets, fine-tuned on SST-2. Presets: ``cpu-mlm`` (the
+default: the BERT claims with the masked-LM recipe), ``cpu-clm`` (the LM1B claims as causal LMs),
+``cpu`` (the original 300-step masked sweep, whose models stay near the unigram plateau).
 
 * ``heads`` (paper Fig. 3a): at a fixed hidden size d, standard heads (d_p = d/h) against a fixed
   head size d_p, for a growing number of heads h;
@@ -387,7 +389,7 @@ def _try_lock(run_dir: Path) -> Path | None:
 
 
 def run_sweep(
-    preset: str | SweepPreset = "cpu",
+    preset: str | SweepPreset = "cpu-mlm",
     output_dir: str | Path = "runs/sweep",
     quick: bool = False,
     corpus: str | None = None,
@@ -404,7 +406,7 @@ def run_sweep(
 ) -> dict:
     """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
 
-    Each run: masked-LM pretraining (:func:`fixedhead.training.pretrain.pretrain`) and, unless
+    Each run: pretraining with the preset's objective (:func:`fixedhead.training.pretrain.pretrain`) and, unless
     ``skip_finetune``, fine-tuning on ``finetune_task`` (default the preset's, SST-2) with its
     dev score recorded next to the held-out perplexity.
 
