@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's claims on one GPU in about 8 minutes, three jobs at once:
 #   * the masked-LM sweep of the BERT claims:   fixedhead sweep --preset cpu-mlm  (8 models x seeds 0-2)
-#   * the causal sweep of the LM1B claims:      fixedhead sweep --preset cpu-clm  (6 models x seeds 2-5, 0, 1)
+#   * the causal sweep of the LM1B claims:      fixedhead sweep --preset cpu-clm  (5 models x seeds 2-5, 0, 1)
 #   * the LM1B-style pair at d = 256, n = 128:  benchmarks/gpu_lm1b_pair.py
 # Each sweep runs as several workers sharing one output folder (a worker skips a run another holds;
 # sweep.json is rewritten after every finished run), so whatever finishes before the deadline is
