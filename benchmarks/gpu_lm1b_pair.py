@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         progress=False,
     )
     rows = []
-    for seed in args.seeds:  # seed-major: a run cut short still has whole pairs
+    for seed in args.seeds:  # seed-major: a run cut short has printed whole pairs, and a rerun reuses them
         for label, preset in MODELS.items():
             config = get_preset(preset).build_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
             config.vocab_size = len(data.tokenizer)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's claims on one GPU in about 8 minutes, three jobs at once:
+# The paper's claims on one GPU in about 6 minutes, three jobs at once:
 #   * the masked-LM sweep of the BERT claims:   fixedhead sweep --preset cpu-mlm  (8 models x seeds 0-2)
 #   * the causal sweep of the LM1B claims:      fixedhead sweep --preset cpu-clm  (5 models x seeds 2-5, 0, 1)
 #   * the LM1B-style pair at d = 256, n = 128:  benchmarks/gpu_lm1b_pair.py
@@ -8,50 +8,81 @@
 # kept, seeds in the order given. The presets are the CPU sweeps' own: same data, models, steps.
 #
 # Usage: benchmarks/gpu_sweeps.sh OUT_DIR [DEADLINE_SECONDS]
-#   OUT_DIR gets gpu.txt, pair.log, pair.json, sweep-mlm.json, sweep-clm.json and workers.log;
-#   afterwards: fixedhead report DIR_WITH_sweep.json --output-dir docs/results/...
-# Environment: PYTHON (default python3), MLM_WORKERS (8), CLM_WORKERS (5), RUNS (runs/gpu),
-#   QUICK=1 (CI-sized presets and a 3-step pair: checks the script on a CPU in about a minute).
+#   OUT_DIR gets gpu.txt (machine, versions, each job's exit status), pair.log, pair.json,
+#   sweep-mlm.json, sweep-clm.json and workers.log (the end of every worker's log). The run folders
+#   stay in $RUNS; afterwards: fixedhead report $RUNS/sweep-mlm --output-dir docs/results/sweep-mlm
+# Environment: PYTHON (default python3), MLM_WORKERS (8), CLM_WORKERS (5), RUNS (runs/gpu, or
+#   runs/gpu-quick with QUICK=1), QUICK=1 (CI-sized presets and a 3-step pair: checks the script on
+#   a CPU in a few minutes; its runs never mix with real ones).
+# Exit status: 0 when both sweep files were written, 1 otherwise (a job that hit the deadline
+#   shows status 124 in gpu.txt; its finished runs are still in the sweep file).
 set -u
 out=${1:?usage: benchmarks/gpu_sweeps.sh OUT_DIR [DEADLINE_SECONDS]}
 deadline=${2:-420}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.." || exit 1 # the repository root: benchmarks/ and src/ are found from here
 py=${PYTHON:-python3}
-runs=${RUNS:-runs/gpu}
-mkdir -p "$out" "$runs/logs"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 quick=()
 pair_steps=()
-if [ "${QUICK:-0}" = 1 ]; then quick=(--quick); pair_steps=(--max-steps 3 --max-eval-tokens 20000); fi
+if [ "${QUICK:-0}" = 1 ]; then
+  quick=(--quick)
+  pair_steps=(--max-steps 3 --max-eval-tokens 5000)
+  runs=${RUNS:-runs/gpu-quick}
+else
+  runs=${RUNS:-runs/gpu}
+fi
+$py -c "import fixedhead" || { echo "cannot import fixedhead with $py" >&2; exit 1; }
+mkdir -p "$runs/logs"
+rm -f "$out"/{gpu.txt,pair.log,pair.json,sweep-mlm.json,sweep-clm.json,workers.log} "$runs"/logs/*.log
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-  nproc; date -u; } > "$out/gpu.txt" 2>&1
+  echo "cpu cores: $(nproc)"; date -u; } > "$out/gpu.txt" 2>&1
 
 start=$(date +%s)
-timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --output-dir "$runs/lm1b-pair" "${pair_steps[@]}" \
+names=()
+pids=()
+timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --output-dir "$runs/lm1b-pair" ${pair_steps[@]+"${pair_steps[@]}"} \
   > "$out/pair.log" 2>&1 &
+names+=(pair) pids+=($!)
 for i in $(seq 1 "${MLM_WORKERS:-8}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm "${quick[@]}" --threads 1 --no-report \
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} --threads 1 --no-report \
     --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
-  sleep 1  # the first worker claims the folder before the others look at it
+  names+=("mlm-$i") pids+=($!)
+  sleep 1  # stagger the starts (data preparation, then the folder claim)
 done
 for i in $(seq 1 "${CLM_WORKERS:-5}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm "${quick[@]}" --threads 1 --no-report \
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} --threads 1 --no-report \
     --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
+  names+=("clm-$i") pids+=($!)
   sleep 1
 done
-wait
+for k in "${!pids[@]}"; do
+  wait "${pids[$k]}"
+  echo "job ${names[$k]}: exit status $?" >> "$out/gpu.txt"
+done
 echo "all jobs ended after $(($(date +%s) - start)) s (deadline $deadline s)" >> "$out/gpu.txt"
 
-cp "$runs/sweep-mlm/sweep.json" "$out/sweep-mlm.json" 2>/dev/null
-cp "$runs/sweep-clm/sweep.json" "$out/sweep-clm.json" 2>/dev/null
-cp "$runs/lm1b-pair/summary.json" "$out/pair.json" 2>/dev/null
+status=0
+for pair in "sweep-mlm:$runs/sweep-mlm/sweep.json" "sweep-clm:$runs/sweep-clm/sweep.json" "pair:$runs/lm1b-pair/summary.json"; do
+  name=${pair%%:*} src=${pair#*:}
+  if [ -f "$src" ]; then
+    cp "$src" "$out/$name.json"
+  else
+    echo "missing: $src" | tee -a "$out/gpu.txt"
+    case $name in sweep-*) status=1 ;; esac
+  fi
+done
 for f in "$runs"/logs/*.log; do
+  [ -f "$f" ] || continue
   echo "=== $f"
-  grep -v -e 'it/s]' -e 's/it]' "$f" | tail -n 25
+  grep -v -e 'it/s]' -e 's/it]' "$f" | tr -d '\033' | tail -n 25
 done > "$out/workers.log"
 cat "$out/gpu.txt"
-for f in "$out"/sweep-*.json; do
-  $py -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1], len(s['runs']), 'runs finished')" "$f"
+for f in "$out"/sweep-mlm.json "$out"/sweep-clm.json; do
+  [ -f "$f" ] && $py -c "import json, sys; s = json.load(open(sys.argv[1])); print(sys.argv[1], len(s['runs']), 'runs finished')" "$f"
 done
 tail -n 12 "$out/pair.log"
+exit $status

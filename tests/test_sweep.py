@@ -63,6 +63,16 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
     assert len({k for k, _, _ in plan}) == 8 and len(preset.seeds) >= 3
     assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
     assert get_sweep_preset("cpu-mlm", quick=True).train.mlm_probability == 0.4
+    with pytest.raises(ValueError, match="'cpu-clm' has no fine-tuning.*'cola'"):
+        run_sweep("cpu-clm", "/nonexistent/never-written", quick=True, finetune_task="cola")
+
+
+def test_nats_range_wording():
+    from fixedhead.experiments.report import _nats_range
+
+    assert _nats_range(0.70, 0.78) == "0.70–0.78 nats below it"
+    assert _nats_range(-0.39, -0.25) == "0.25–0.39 nats above it"
+    assert _nats_range(-0.08, 0.17) == "from 0.08 nats above it to 0.17 below"
 
 
 def test_verdict_rule():
@@ -152,7 +162,12 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
     no_ft = write_report(tmp_path / "gpu").read_text()
     assert "| held-out perplexity | run |" in no_ft and "sst2 dev |" not in no_ft
-    assert "no fine-tuning scores in this sweep" in no_ft
+    assert "not measured (this sweep has no fine-tuning)" in no_ft and "sst2" not in no_ft.split("## Paper claim")[1]
+    assert "training + fine-tuning time" not in no_ft
+    # one seed per point: no test is possible, and the report says so instead of quoting a power
+    one = dict(saved, runs={k: r for k, r in saved["runs"].items() if k.endswith("-s0")})
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(one))
+    assert "Some points have one seed: no test is possible" in write_report(tmp_path / "gpu").read_text()
     rows = claims(saved)
     assert len(rows) >= 8 and all(v in ("agrees", "does not agree", "cannot tell at this scale") for _, _, v in rows)
 

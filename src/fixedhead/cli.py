@@ -658,15 +658,27 @@ def _cmd_finetune(args):
 def _add_sweep(sub):
     from .experiments.sweep import EXPERIMENTS, SWEEP_PRESETS
 
-    p = sub.add_parser("sweep", help="head / embedding-size / head-size sweeps with seeds, SST-2 fine-tuning, report")
-    p.add_argument("--preset", default="cpu-mlm", choices=sorted(SWEEP_PRESETS))
-    p.add_argument("--quick", action="store_true", help="CI-sized version of the preset (minutes)")
+    p = sub.add_parser(
+        "sweep",
+        help="the paper's head / embedding-size / head-size sweeps with seeds, then a report",
+        description="Train every model of a sweep preset with several seeds (several workers may share one "
+        "--output-dir: each skips runs another holds), score held-out perplexity, fine-tune (masked presets) "
+        "and write OUT/report.md with a paper-claim table. Presets: cpu-mlm (default) = the BERT claims with "
+        "the masked-LM recipe, 8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal "
+        "LMs, 5 models x seeds 0-1, no fine-tuning; cpu = the original 300-step masked sweep.",
+    )
+    p.add_argument("--preset", default="cpu-mlm", choices=sorted(SWEEP_PRESETS), help="(default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="CI-sized version of the preset (under a minute)")
     p.add_argument("--output-dir", default=None, help="default: runs/sweep-PRESET[-quick]")
     p.add_argument("--corpus", default=None)
     p.add_argument("--seeds", type=int, nargs="*", default=None, help="override the preset's seeds")
     p.add_argument("--experiments", nargs="*", default=None, choices=EXPERIMENTS)
     p.add_argument("--max-steps", type=int, default=None, help="override the pretraining steps per run")
-    p.add_argument("--finetune-task", default=None, help="GLUE task for each checkpoint (default sst2)")
+    p.add_argument(
+        "--finetune-task",
+        default=None,
+        help="GLUE task for each checkpoint (default: the preset's, sst2; cpu-clm has none)",
+    )
     p.add_argument("--skip-finetune", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")

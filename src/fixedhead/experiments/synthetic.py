@@ -504,6 +504,7 @@ def run_synthetic(
         "first_started": previous_meta.get("first_started", now),
         "invocation_started": now,
         **environment_info(),
+        "accelerator": None,  # the grid trains on the CPU even where a GPU is present
     }
     references = {
         str(r): attention_free_reference(FarthestPointTask(p.dim, r, p.num_points, seed=0))
