@@ -22,6 +22,7 @@ turns it into markdown and plots.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -473,6 +474,12 @@ def run_sweep(
     runs: dict[str, dict] = {}
 
     def save():
+        # one worker at a time: two workers merging at once would each drop the other's newest run
+        with open(out / f".{SWEEP_FILE}.lock", "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            _merge_and_write()
+
+    def _merge_and_write():
         # the results file is a merge of everything finished in this folder: what other workers
         # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
         other = _read_state(state_file)
