@@ -268,29 +268,22 @@ def _cpu_mlm_sweep(quick: bool = False) -> SweepPreset:
     common = dict(
         num_hidden_layers=2, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
-    base = _cpu_sweep()
+    from .compare import get_compare_preset
+
+    recipe = get_compare_preset("cpu-mlm")  # the masked-LM recipe has one home
     return SweepPreset(
         description="masked LMs with the masked-LM recipe (40% masking, batch 32, lr 2e-3), 2 layers, n=32, "
         "vocab 8192, Gutenberg books; 2800 steps of 32x32 tokens per run; heads at d=128 (standard h=2, 8, 32 "
         "vs fixed d_p=32, h=8, 32); standard d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at "
         "d=128, 8 heads; SST-2 fine-tuning at 32 tokens",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=200_000),
-        train=TrainSettings(
-            batch_size=32,
-            max_steps=2800,
-            learning_rate=2e-3,
-            mlm_probability=0.4,
-            logging_steps=50,
-            eval_steps=1400,
-            save_steps=1400,
-            report_to=[],
-        ),
+        data=recipe.data,
+        train=replace(recipe.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
         common=common,
         points=_points_heads(128, [2, 8, 32], [8, 32], 32)
         + _points_embedding([128, 192], 8, 128, [8, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
         seeds=(0, 1, 2),
-        finetune=replace(base.finetune, max_seq_length=n),
+        finetune=replace(_cpu_sweep().finetune, max_seq_length=n),
     )
 
 
