@@ -619,3 +619,16 @@ def clm_tiny_run(prepared, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("clm") / "run"
     pretrain(tiny_config(), prepared, out, tiny_settings(max_steps=2, save_steps=2, eval_steps=2, objective="clm"))
     return out
+
+
+def test_invocation_commands_keep_every_distinct_command_in_order(monkeypatch):
+    from fixedhead.runs import invocation_commands
+
+    previous = {"commands": ["fixedhead sweep --seeds 0 1", "fixedhead sweep --seeds 1 0"]}
+    assert invocation_commands("fixedhead sweep --seeds 0 1", previous) == (
+        "fixedhead sweep --seeds 0 1",
+        ["fixedhead sweep --seeds 0 1", "fixedhead sweep --seeds 1 0"],
+    )
+    assert invocation_commands("x", {}) == ("x", ["x"])
+    monkeypatch.setattr("sys.argv", ["fixedhead", "sweep", "--output-dir", "a b"])
+    assert invocation_commands(None, {})[0] == "fixedhead sweep --output-dir 'a b'"

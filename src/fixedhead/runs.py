@@ -308,6 +308,17 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
     return file_digest([model_dir / n for n in names if (model_dir / n).is_file()])
 
 
+def invocation_commands(command: str | None, previous_meta: dict) -> tuple[str, list[str]]:
+    """This invocation's command line (``command``, else ``fixedhead`` and the process arguments) and every
+    distinct command recorded in ``previous_meta["commands"]`` followed by it: what a results file of
+    a resumed or shared run folder (sweep workers, resumed experiments) lists as its commands."""
+    import shlex
+    import sys
+
+    this = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return this, list(dict.fromkeys([*previous_meta.get("commands", []), this]))
+
+
 def resolve_local_path(value: str | os.PathLike) -> str:
     """An existing local path as an absolute, symlink-free string; anything else (a Hugging Face
     dataset name) unchanged. Recorded paths must mean the same file from any working folder."""

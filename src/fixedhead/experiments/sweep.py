@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shlex
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,7 +33,7 @@ from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..modeling import count_parameters
-from ..runs import claim_output_dir, load_json_file, write_json_atomic
+from ..runs import claim_output_dir, invocation_commands, load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings
 from ..validation import non_negative_int
@@ -438,14 +436,14 @@ def run_sweep(
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     vocab = len(data.tokenizer)
     claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep")
-    this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    this_command, commands = invocation_commands(command, prev_meta)
     meta = {
         "preset": name,
         "quick": quick,
         "description": p.description,
         "command": this_command,
         # every invocation that wrote here (a resumed sweep, or several workers sharing the plan)
-        "commands": list(dict.fromkeys(prev_meta.get("commands", []) + [this_command])),
+        "commands": commands,
         "data": asdict(data_settings),
         "data_info": {k: v for k, v in data.info.items()},
         "train": asdict(train),

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import csv
 import math
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,7 +45,7 @@ from torch import nn
 
 from ..attention import MultiHeadAttention
 from ..data.synthetic import FarthestPointTask
-from ..runs import load_json_file, write_json_atomic
+from ..runs import invocation_commands, load_json_file, write_json_atomic
 from .report import mean_std
 
 RESULTS_FILE = "results.json"
@@ -488,14 +486,14 @@ def run_synthetic(
         runs, previous_meta = previous.get("runs", {}), previous["meta"]
     out.mkdir(parents=True, exist_ok=True)
 
-    this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
     meta = {
         "preset": name,
         "description": p.description,
         "settings": fingerprint,
         "command": this_command,
-        "commands": list(dict.fromkeys(previous_meta.get("commands", []) + [this_command])),
+        "commands": commands,
         "seeds": list(p.seeds),
         "cells": [asdict(c) for c in cells],
         "grid": {"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -50,7 +48,14 @@ from pathlib import Path
 import torch
 
 from ..data import DataSettings
-from ..runs import METRICS_FILE, PRETRAIN_FILE, claim_output_dir, load_json_file, write_json_atomic
+from ..runs import (
+    METRICS_FILE,
+    PRETRAIN_FILE,
+    claim_output_dir,
+    invocation_commands,
+    load_json_file,
+    write_json_atomic,
+)
 from ..theory import causal_threshold
 from ..validation import non_negative_int, positive_int
 from .report import mean_std
@@ -463,8 +468,8 @@ def run_widening(
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
     out = claim_output_dir(out, (RESULTS_FILE,), _OWNED, "widen-experiment", overwrite=overwrite)
 
-    this_command = command or "fixedhead " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     previous_meta = previous.get("meta", {})
+    this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
     config = lm_config(_base_config(p, len(data.tokenizer)), data.tokenizer, "clm")
     arms = make_arms(config, wide)
@@ -474,7 +479,7 @@ def run_widening(
         "description": p.description,
         "settings": fingerprint,
         "command": this_command,
-        "commands": list(dict.fromkeys(previous_meta.get("commands", []) + [this_command])),
+        "commands": commands,
         "seeds": list(p.seeds),
         "n": n,
         "wide_head_dim": wide,
