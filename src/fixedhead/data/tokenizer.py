@@ -1,16 +1,33 @@
-"""WordPiece tokenizer training (the tokenizers library) with BERT's special tokens, cached on disk."""
+"""WordPiece tokenizer: a vocabulary chosen deterministically here, tokenising done by the tokenizers
+library, with BERT's special tokens; cached on disk.
+
+Why not ``tokenizers.trainers.WordPieceTrainer``: its merge loop breaks ties between equally frequent
+pairs by ids that it hands out while iterating a randomly seeded hash map, so the same text trains a
+different vocabulary, or the same one with other ids, on every call (huggingface/tokenizers#1794),
+and a seed fixes the embedding rows, not which token owns which row. :func:`learn_wordpiece_vocab`
+runs the same algorithm (BPE merges with the ``##`` continuing-subword prefix, as that trainer does)
+with every order fixed: words sorted, the alphabet sorted by code point, ties broken by the lower
+ids, which are themselves assigned in a fixed order. Same text and settings, same bytes of
+``tokenizer.json``, on any machine and with any number of threads.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import heapq
+import json
 import os
 import shutil
 import tempfile
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from ..runs import follow_umask
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CONTINUING_SUBWORD_PREFIX = "##"
+#: part of the cache key: a change to how vocabularies are chosen must never reuse a cached one
+_ALGORITHM_VERSION = "v2-deterministic"
 
 
 def default_cache_dir() -> Path:
@@ -24,6 +41,131 @@ def _iter_chunks(texts, chunk_chars=100_000):
             yield t[i : i + chunk_chars]
 
 
+def learn_wordpiece_vocab(
+    word_counts: dict[str, int],
+    vocab_size: int,
+    special_tokens: list[str] = SPECIAL_TOKENS,
+    prefix: str = CONTINUING_SUBWORD_PREFIX,
+) -> list[str]:
+    """Choose a WordPiece vocabulary by byte-pair merges, deterministically.
+
+    The algorithm of the tokenizers library's ``WordPieceTrainer`` (a BPE trainer with a
+    continuing-subword prefix): the vocabulary starts as the special tokens, every character
+    (sorted by code point), and every character that occurs inside a word with ``prefix``
+    (sorted); then the most frequent adjacent pair of pieces (counted over ``word_counts``) is
+    merged into a new piece (``"th" + "##e" → "the"``, ``"##i" + "##ng" → "##ing"``) until the
+    vocabulary has ``vocab_size`` pieces or no pair is left. Ties in frequency go to the pair with
+    the lower ids, and ids are handed out in that fixed order, so the result depends on the word
+    counts alone.
+
+    Args:
+        word_counts: pre-tokenised words (normalised) and how often each occurs.
+        vocab_size: the size to stop at (special tokens and alphabet included; the alphabet alone
+            may already exceed it, then no merges happen).
+        special_tokens: ids 0, 1, ... in this order.
+        prefix: the continuing-subword prefix (BERT's ``##``).
+
+    Returns:
+        the vocabulary as a list: token ``vocab[i]`` has id ``i``.
+    """
+    words_sorted = sorted((w, n) for w, n in word_counts.items() if w and n > 0)
+    vocab: list[str] = []
+    ids: dict[str, int] = {}
+
+    def add(token: str) -> int:
+        if token not in ids:
+            ids[token] = len(vocab)
+            vocab.append(token)
+        return ids[token]
+
+    for token in special_tokens:
+        add(token)
+    for c in sorted({c for w, _ in words_sorted for c in w}):
+        add(c)
+    for c in sorted({c for w, _ in words_sorted for c in w[1:]}):
+        add(prefix + c)
+    words = [[ids[w[0]]] + [ids[prefix + c] for c in w[1:]] for w, _ in words_sorted]
+    counts = [n for _, n in words_sorted]
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # word indices that hold (or held) a pair
+    for i, w in enumerate(words):
+        for pair in zip(w, w[1:]):
+            pair_counts[pair] += counts[i]
+            where[pair].add(i)
+    heap = [(-n, pair) for pair, n in pair_counts.items()]  # most frequent first, then lowest ids
+    heapq.heapify(heap)
+    while len(vocab) < vocab_size and heap:
+        neg_count, pair = heapq.heappop(heap)
+        count = pair_counts.get(pair, 0)
+        if count != -neg_count:  # a stale entry: queue the pair again at its current count
+            if count > 0:
+                heapq.heappush(heap, (-count, pair))
+            continue
+        a, b = pair
+        piece_b = vocab[b]
+        new = add(vocab[a] + (piece_b[len(prefix) :] if piece_b.startswith(prefix) else piece_b))
+        changed = set()
+        for i in sorted(where.pop(pair)):
+            w = words[i]
+            merged, j = [], 0
+            while j < len(w):  # left to right, as the tokenizers library merges
+                if j + 1 < len(w) and w[j] == a and w[j + 1] == b:
+                    merged.append(new)
+                    j += 2
+                else:
+                    merged.append(w[j])
+                    j += 1
+            if len(merged) == len(w):
+                continue
+            for p in zip(w, w[1:]):
+                pair_counts[p] -= counts[i]
+                changed.add(p)
+            for p in zip(merged, merged[1:]):
+                pair_counts[p] += counts[i]
+                where[p].add(i)
+                changed.add(p)
+            words[i] = merged
+        for p in sorted(changed):
+            if pair_counts.get(p, 0) > 0:
+                heapq.heappush(heap, (-pair_counts[p], p))
+            else:
+                pair_counts.pop(p, None)
+    return vocab
+
+
+def count_words(texts, lowercase: bool = True) -> Counter:
+    """Occurrences of each word after BERT's normalisation and pre-tokenisation (the tokenizers
+    library's ``BertNormalizer`` and ``BertPreTokenizer``), read in chunks of 100,000 characters."""
+    from tokenizers import pre_tokenizers
+
+    normalizer = _normalizer(lowercase)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts: Counter = Counter()
+    for chunk in _iter_chunks(texts):
+        counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(chunk)))
+    return counts
+
+
+def _normalizer(lowercase: bool):
+    from tokenizers import normalizers
+
+    return normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase, clean_text=True)
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """SHA-256 of what turns text into ids: the normaliser, pre-tokeniser and vocabulary with its
+    ids (of a ``transformers`` fast tokenizer or a ``tokenizers.Tokenizer``). The post-processor
+    (which special tokens frame a sequence) is left out, so a causal run's copy of a tokenizer
+    (:func:`fixedhead.training.pretrain.causal_tokenizer`) has the hash of the tokenizer it was
+    made from. Two runs with the same hash saw the same ids for the same text."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    spec = json.loads(backend.to_str())
+    model = dict(spec["model"])
+    model["vocab"] = sorted(model.get("vocab", {}).items(), key=lambda kv: kv[1])
+    canonical = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer"), "model": model}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def train_tokenizer(
     texts: list[str],
     vocab_size: int = 8192,
@@ -32,12 +174,15 @@ def train_tokenizer(
     max_chars: int | None = 20_000_000,
     model_max_length: int = 512,
 ):
-    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``.
+    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically.
 
-    The cache key is a SHA-256 of the text actually learnt from (after the ``max_chars`` cut) and
-    of the settings: a changed corpus or setting trains a new tokenizer, a change beyond the cut
-    reuses the cached one. Special tokens are BERT's, with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
-    [MASK]=4.
+    The vocabulary is chosen by :func:`learn_wordpiece_vocab` from :func:`count_words`, and handed
+    to the tokenizers library's ``WordPiece`` model, which does the tokenising; the same text and
+    settings give a byte-identical ``tokenizer.json`` on any machine and with any number of
+    threads (about 16 s for the default 18M characters on one CPU core). The cache key is a
+    SHA-256 of the text actually learnt from (after the ``max_chars`` cut) and of the settings:
+    a changed corpus or setting trains a new tokenizer, a change beyond the cut reuses the cached
+    one. Special tokens are BERT's, with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 
     Args:
         texts: documents to learn the vocabulary from.
@@ -57,7 +202,7 @@ def train_tokenizer(
     Raises:
         ValueError: vocab_size below 100 or no text.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import BertTokenizerFast
 
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 100:
@@ -67,7 +212,7 @@ def train_tokenizer(
         texts = [t[:per_doc] for t in texts]
     if not any(t.strip() for t in texts):
         raise ValueError("cannot train a tokenizer on empty text")
-    h = hashlib.sha256(f"v1|{vocab_size}|{lowercase}|{model_max_length}|".encode())
+    h = hashlib.sha256(f"{_ALGORITHM_VERSION}|{vocab_size}|{lowercase}|{model_max_length}|".encode())
     for t in texts:
         h.update(t.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
@@ -76,12 +221,18 @@ def train_tokenizer(
     if (path / "tokenizer.json").is_file():
         return BertTokenizerFast.from_pretrained(str(path))
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase, clean_text=True)
+    vocab = learn_wordpiece_vocab(count_words(texts, lowercase), vocab_size)
+    tok = Tokenizer(
+        models.WordPiece(
+            {token: i for i, token in enumerate(vocab)},
+            unk_token="[UNK]",
+            continuing_subword_prefix=CONTINUING_SUBWORD_PREFIX,
+        )
+    )
+    tok.normalizer = _normalizer(lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
-    tok.train_from_iterator(_iter_chunks(texts), trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
