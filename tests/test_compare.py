@@ -23,14 +23,50 @@ def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys
     )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "held-out ppl" in out and "standard-wide" in out
+    assert "held-out ppl" in out and "bits/char" in out and "standard-wide" in out
     results = json.loads((tmp_path / "c" / "results.json").read_text())["results"]
+    assert all(0 < r["heldout_bits_per_character"] < 10 for r in results)
     assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
     assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
     # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)
     assert results[2]["parameters"] >= results[1]["parameters"]
     assert (tmp_path / "c" / "learning_curves.png").stat().st_size > 1000
     assert (tmp_path / "c" / "results.csv").read_text().count("\n") == 4
+
+
+def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_path):
+    import csv
+    import math
+
+    from fixedhead.experiments.compare import format_table, write_results
+
+    base = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=8,
+        parameters=1000,
+        training_tokens=640,
+        heldout_perplexity=100.0,
+        heldout_loss=math.log(100.0),
+        heldout_accuracy=0.1,
+        train_seconds=3.0,
+        fixed_head=False,
+        num_hidden_layers=1,
+        tokens_per_step=64,
+        train_curve=[(1, 5.0)],
+        eval_curve=[(1, 5.1)],
+    )
+    new = dict(base, name="new", heldout_bits_per_character=1.23456)
+    old = dict(base, name="old")  # a results file from before bits per character was measured
+    lines = format_table([new, old], unigram_perplexity=200.0).splitlines()
+    end = lines[0].index("bits/char") + len("bits/char")  # cells are right-aligned under their header
+    assert lines[0][:end].endswith("held-out ppl  bits/char")
+    assert lines[2][:end].split()[-2:] == ["100.00", "1.235"]
+    assert lines[3][:end].split()[-2:] == ["100.00", "-"]
+    write_results([new, old], tmp_path, {"description": "test"})
+    with open(tmp_path / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["heldout_bits_per_character"] for r in rows] == ["1.23456", ""]
 
 
 def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):

@@ -96,3 +96,111 @@ def test_masking_is_80_10_10_and_fixed_masking_is_reproducible(tmp_path):
     a = fixed_masking(seqs, tok, seed=5)
     b = fixed_masking(seqs, tok, seed=5)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_directory_follows_symlinked_subfolders(tmp_path):
+    # documents kept elsewhere and linked into the corpus folder (Path.rglob skips such links on
+    # Python < 3.13, which read this corpus as empty)
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    (shelf / "b.txt").write_text("book b")
+    (shelf / "a.txt").write_text("book a")
+    (shelf / ".draft.txt").write_text("a hidden draft")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "books").symlink_to(shelf, target_is_directory=True)
+    assert [(d.text, d.source) for d in read_corpus(corpus)] == [
+        ("book a", str(corpus / "books" / "a.txt")),
+        ("book b", str(corpus / "books" / "b.txt")),
+    ]
+    # next to a real file and a real folder: still sorted by path, hidden names still skipped
+    (corpus / "c.txt").write_text("file c")
+    (corpus / "0").mkdir()
+    (corpus / "0" / "z.txt").write_text("file z")
+    (corpus / ".hidden").symlink_to(shelf, target_is_directory=True)
+    assert [d.text for d in read_corpus(corpus)] == ["file z", "book a", "book b", "file c"]
+
+
+def test_directory_symlink_loops_end_and_a_folder_is_read_once(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "sub" / "a.txt").write_text("doc a")
+    (corpus / "top.txt").write_text("doc top")
+    (corpus / "sub" / "up").symlink_to(corpus, target_is_directory=True)  # corpus/sub/up/sub/up/...
+    (corpus / "sub" / "self").symlink_to(corpus / "sub", target_is_directory=True)
+    (corpus / "twin").symlink_to(corpus / "sub", target_is_directory=True)  # the same folder again
+    docs = read_corpus(corpus)  # would recurse forever (or to the path-length limit) without a guard
+    assert sorted(d.text for d in docs) == ["doc a", "doc top"]
+    assert [d.source for d in docs] == [str(corpus / "sub" / "a.txt"), str(corpus / "top.txt")]
+
+
+def test_directory_with_only_a_broken_or_looping_link_is_refused(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "gone").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    (corpus / "loop").symlink_to(corpus, target_is_directory=True)
+    with pytest.raises(ValueError, match="directory holds no .txt/.jsonl/.txt.gz/.jsonl.gz files"):
+        read_corpus(corpus)
+
+
+def test_wordpiece_vocab_merges_by_hand():
+    """Counts {"ab": 3, "abc": 1}: specials, alphabet a b c, inside-word ##b ##c; pair (a, ##b)
+    occurs 4 times and is merged first, then (ab, ##c) once."""
+    from fixedhead.data.tokenizer import SPECIAL_TOKENS, learn_wordpiece_vocab
+
+    base = [*SPECIAL_TOKENS, "a", "b", "c", "##b", "##c"]
+    assert learn_wordpiece_vocab({"ab": 3, "abc": 1}, 12) == [*base, "ab", "abc"]
+    assert learn_wordpiece_vocab({"ab": 3, "abc": 1}, 11) == [*base, "ab"]  # stops at the size
+    # a tie (both pairs once) goes to the pair of lower ids: a < c, whatever order the counts come in
+    tie = [*SPECIAL_TOKENS, "a", "b", "c", "d", "##b", "##d", "ab", "cd"]
+    assert learn_wordpiece_vocab({"cd": 1, "ab": 1}, 20) == tie
+    assert learn_wordpiece_vocab(dict(reversed(list({"cd": 1, "ab": 1}.items()))), 20) == tie
+    # {"ing": 2, "xing": 5}: "##n" + "##g" (7) -> "##ng", the second prefix dropped; then (x, ##i) and
+    # (##i, ##ng) tie at 5 and x has the lower id -> "xi", then "xing" (5), last "ing" (2)
+    assert learn_wordpiece_vocab({"ing": 2, "xing": 5}, 20)[-4:] == ["##ng", "xi", "xing", "ing"]
+    # a repeated pair merges left to right: "aaa" is a ##a ##a, (a, ##a) -> "aa"
+    assert learn_wordpiece_vocab({"aaa": 1}, 8)[-1] == "aa"
+
+
+_TRAIN_IN_SUBPROCESS = """
+import sys
+from fixedhead.data import read_corpus, train_tokenizer
+train_tokenizer([d.text for d in read_corpus(sys.argv[1])], vocab_size=400, cache_dir=sys.argv[2])
+"""
+
+
+def test_tokenizer_is_byte_identical_across_processes_and_threads(small_real_corpus, tmp_path):
+    """The same text trained in two fresh processes, one limited to one thread everywhere (rayon,
+    the tokenizers library's parallelism, BLAS): the same bytes in every saved file."""
+    import os
+    import subprocess
+    import sys
+
+    outputs = []
+    for i, env in enumerate(
+        [
+            {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"},
+            {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"},
+        ]
+    ):
+        cache = tmp_path / f"cache{i}"
+        run_env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS")}
+        subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_SUBPROCESS, str(small_real_corpus), str(cache)],
+            env={**run_env, **env},
+            check=True,
+        )
+        (folder,) = cache.iterdir()
+        outputs.append({f.name: f.read_bytes() for f in sorted(folder.iterdir())})
+    assert "tokenizer.json" in outputs[0]
+    assert outputs[0] == outputs[1]
+
+
+def test_tokenizer_hash_names_what_maps_text_to_ids(tmp_path):
+    from fixedhead.data.tokenizer import tokenizer_sha256
+    from fixedhead.training.pretrain import causal_tokenizer
+
+    tok = train_tokenizer([TEXT, "Another document about cats and dogs. " * 30], vocab_size=120, cache_dir=tmp_path)
+    assert tokenizer_sha256(tok) == tokenizer_sha256(causal_tokenizer(tok))  # other framing, same ids
+    other = train_tokenizer([TEXT, "Another document about mice and dogs. " * 30], vocab_size=120, cache_dir=tmp_path)
+    assert tokenizer_sha256(other) != tokenizer_sha256(tok)

@@ -161,7 +161,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
         del r["finetune"]
     (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
     no_ft = write_report(tmp_path / "gpu").read_text()
-    assert "| held-out perplexity | run |" in no_ft and "sst2 dev |" not in no_ft
+    assert "| held-out perplexity | bits/char | run |" in no_ft and "sst2 dev |" not in no_ft
     assert "not measured (this sweep has no fine-tuning)" in no_ft and "sst2" not in no_ft.split("## Paper claim")[1]
     assert "training + fine-tuning time" not in no_ft
     # one seed per point: no test is possible, and the report says so instead of quoting a power
@@ -238,4 +238,24 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, c
     assert state["meta"]["quick"] and state["meta"]["train"]["max_steps"] == 2
     assert (out / "report.md").is_file() and "report:" in capsys.readouterr().out
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
-    assert "(--quick)" in (tmp_path / "r" / "report.md").read_text()
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "(--quick)" in text
+    # bits per character beside perplexity, from the run's result (one seed)
+    bpc = state["runs"]["d32-h4-dp8-s0"]["heldout_bits_per_character"]
+    assert 0 < bpc < 10 and f"| {bpc:.3f} (1 seed) |" in text
+
+
+def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
+    from fixedhead.experiments.report import PointStats, _table
+
+    run = dict(hidden_size=32, num_attention_heads=4, head_dim=8, parameters=10_000, heldout_perplexity=100.0)
+    both = PointStats("heads", "fixed", 4, "k1", [dict(run, heldout_bits_per_character=1.0), dict(run)])
+    both.runs[1]["heldout_bits_per_character"] = 1.2
+    old = PointStats("heads", "fixed", 8, "k2", [dict(run), dict(run)])  # results from before it was measured
+    mixed = PointStats("heads", "fixed", 16, "k3", [dict(run, heldout_bits_per_character=1.5), dict(run)])
+    lines = _table([both, old, mixed], "h", None)
+    assert lines[0] == "| h | d | h | d_p | params | seeds | held-out perplexity | bits/char | run |"
+    # mean 1.1, sample std sqrt(((-0.1)^2 + 0.1^2) / 1) = 0.1414
+    assert "| 100.00 ± 0.00 | 1.100 ± 0.141 | `k1` |" in lines[2]
+    assert "| 100.00 ± 0.00 | – | `k2` |" in lines[3]
+    assert "| 1.500 (1 of 2 seeds) | `k3` |" in lines[4]

@@ -40,9 +40,26 @@ def parse_head_dim(text):
 
 
 # ----------------------------------------------------------------------------------- count
+#: ``count`` options that a preset keeps its own values of when they are not given (and takes when
+#: they are: the preset with another depth, feed-forward width, vocabulary or length), with the
+#: defaults of explicit sizes (BERT's)
+_COUNT_OVERRIDES = {
+    "num_hidden_layers": 24,
+    "intermediate_size": None,  # 4 x hidden size
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+}
+
+
 def _add_count(sub):
     p = sub.add_parser("count", help="parameter count of a preset or of explicit sizes (paper Tables 1-3)")
-    p.add_argument("--preset", nargs="*", help="paper preset names (default: all of Tables 1-3)")
+    p.add_argument(
+        "--preset",
+        nargs="*",
+        help="paper preset names (default: all of Tables 1-3); --num-hidden-layers, --intermediate-size, "
+        "--vocab-size and --max-position-embeddings change them, --hidden-size, --num-attention-heads "
+        "and --head-dim are refused",
+    )
     p.add_argument("--hidden-size", type=int)
     p.add_argument("--num-attention-heads", type=int)
     p.add_argument(
@@ -51,10 +68,12 @@ def _add_count(sub):
         default=None,
         help="fixed head size, or one per layer (64,64,128,128); omit for standard d/h",
     )
-    p.add_argument("--num-hidden-layers", type=int, default=24)
-    p.add_argument("--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size)")
-    p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--max-position-embeddings", type=int, default=512)
+    p.add_argument("--num-hidden-layers", type=int, help="default 24, or the preset's")
+    p.add_argument(
+        "--intermediate-size", type=int, help="feed-forward width (default 4 x hidden size, or the preset's)"
+    )
+    p.add_argument("--vocab-size", type=int, help="default 30522, or the preset's")
+    p.add_argument("--max-position-embeddings", type=int, help="default 512, or the preset's")
     p.set_defaults(func=_cmd_count)
 
 
@@ -63,24 +82,20 @@ def _cmd_count(args):
     from .experiments.presets import PAPER_PRESETS, get_preset
     from .modeling import count_parameters
 
-    explicit = [
-        f
-        for f in ("hidden_size", "num_attention_heads", "head_dim", "intermediate_size")
-        if getattr(args, f) is not None
-    ]
-    if explicit and args.preset:
-        raise ValueError("pass either --preset or explicit sizes (--hidden-size ...), not both")
-    if explicit:
+    sizes = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if getattr(args, f) is not None]
+    overrides = {f: getattr(args, f) for f in _COUNT_OVERRIDES if getattr(args, f) is not None}
+    if sizes and args.preset is not None:
+        options = ", ".join(f"--{f.replace('_', '-')}" for f in sizes)
+        raise ValueError(f"--preset fixes d, h and d_p; drop {options} (or drop --preset)")
+    if sizes or (overrides and args.preset is None):
         if args.hidden_size is None or args.num_attention_heads is None:
-            raise ValueError(f"--{explicit[0].replace('_', '-')} needs --hidden-size and --num-attention-heads")
+            given = (sizes or list(overrides))[0]
+            raise ValueError(
+                f"--{given.replace('_', '-')} needs --hidden-size and --num-attention-heads (or --preset NAME)"
+            )
+        kw = {**_COUNT_OVERRIDES, "intermediate_size": 4 * args.hidden_size, **overrides}
         cfg = FixedHeadConfig(
-            hidden_size=args.hidden_size,
-            num_attention_heads=args.num_attention_heads,
-            head_dim=args.head_dim,
-            num_hidden_layers=args.num_hidden_layers,
-            intermediate_size=args.intermediate_size or 4 * args.hidden_size,
-            vocab_size=args.vocab_size,
-            max_position_embeddings=args.max_position_embeddings,
+            hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads, head_dim=args.head_dim, **kw
         )
         print(
             f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
@@ -89,17 +104,21 @@ def _cmd_count(args):
         )
         return 0
     names = args.preset or list(PAPER_PRESETS)
+    rows = [(name, get_preset(name)) for name in names]  # an unknown name is refused before any output
+    rows = [(name, p, p.build_config(**overrides)) for name, p in rows]
     print(f"{'preset':<22} {'source':<9} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}")
-    for name in names:
-        p = get_preset(name)
-        cfg = p.build_config()
+    for name, p, cfg in rows:
         n = count_parameters(cfg)
-        diff = f"{100 * (n / 1e6 - p.paper_params) / p.paper_params:+.2f}%" if p.paper_params else ""
-        paper = f"{p.paper_params:.0f}M" if p.paper_params else ""
+        paper_params = None if overrides else p.paper_params  # the paper counted the preset as it is
+        diff = f"{100 * (n / 1e6 - paper_params) / paper_params:+.2f}%" if paper_params else ""
+        paper = f"{paper_params:.0f}M" if paper_params else ""
         print(
             f"{name:<22} {p.source:<9} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
             f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
         )
+    if overrides:
+        changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        print(f"({changed} in place of the preset's own; no paper column: the paper counted the presets as published)")
     return 0
 
 
@@ -150,7 +169,7 @@ def model_config_from_args(args):
         num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=args.num_attention_heads,
         head_dim=args.head_dim,
-        intermediate_size=args.intermediate_size or 4 * args.hidden_size,
+        intermediate_size=args.intermediate_size if args.intermediate_size is not None else 4 * args.hidden_size,
         max_position_embeddings=args.max_seq_length,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
@@ -226,7 +245,8 @@ def add_train_args(p):
         "--report-to",
         nargs="*",
         default=["tensorboard"],
-        help="Trainer integrations (tensorboard, wandb, mlflow, none)",
+        help="Trainer integrations (tensorboard, wandb, mlflow, ...; a repeated one counts once), "
+        "all (every installed one) or none (no logging); default tensorboard",
     )
     g.add_argument("--torch-compile", action="store_true")
     g.add_argument(
@@ -250,10 +270,19 @@ def _add_checkpointing_arg(group):
 
 
 def report_to_integrations(names: list[str]) -> list[str]:
-    """``--report-to`` values as the Trainer takes them; unknown or uninstalled integrations are a
-    ValueError naming the value, raised before any data is prepared."""
+    """``--report-to`` values as the Trainer takes them: repeats dropped (keeping the first, in
+    order), ``none`` (or no value) = ``[]``, ``all`` = every installed integration. Unknown or
+    uninstalled integrations, and ``none`` or ``all`` together with another value, are a
+    ValueError naming the values, raised before any data is prepared."""
     from transformers.integrations import integration_utils as iu
 
+    names = list(dict.fromkeys(names))  # a repeated integration would log every scalar twice
+    for word, meaning in (("none", "turns reporting off"), ("all", "already means every installed integration")):
+        if word in names and len(names) > 1:
+            others = " ".join(n for n in names if n != word)
+            raise ValueError(
+                f"--report-to {' '.join(names)}: {word} {meaning}; pass {word} alone, or {others} without it"
+            )
     if names in (["none"], []):
         return []
     if names == ["all"]:
@@ -416,9 +445,17 @@ def _add_allow_pickle(p):
 
 
 def _add_evaluate(sub):
-    p = sub.add_parser("evaluate", help="held-out masked-LM loss, perplexity and accuracy of a run directory")
+    p = sub.add_parser(
+        "evaluate",
+        help="held-out (or --text) loss, perplexity, accuracy and bits per character of a run directory",
+    )
     p.add_argument("run_dir")
-    p.add_argument("--corpus", default=None, help="override the corpus recorded in the run")
+    p.add_argument("--corpus", default=None, help="where the run's training corpus is now (its text must be the same)")
+    p.add_argument(
+        "--text",
+        default=None,
+        help="score new text instead of the held-out set: a .txt/.jsonl(.gz) file or a folder of them, all of it",
+    )
     p.add_argument("--eval-seed", type=int, default=None, help="masking seed (default: the run's)")
     p.add_argument("--max-eval-tokens", type=int, default=None)
     _add_allow_pickle(p)
@@ -428,15 +465,26 @@ def _add_evaluate(sub):
 def _cmd_evaluate(args):
     import json
 
-    from .training.pretrain import evaluate_run
+    from .training.pretrain import evaluate_run, evaluate_text
 
-    metrics = evaluate_run(
-        args.run_dir,
-        corpus=args.corpus,
-        eval_seed=args.eval_seed,
-        max_eval_tokens=args.max_eval_tokens,
-        allow_pickle=args.allow_pickle,
-    )
+    if args.text is not None:
+        if args.corpus is not None:
+            raise ValueError("pass --text (new text to score) or --corpus (the moved training corpus), not both")
+        metrics = evaluate_text(
+            args.run_dir,
+            args.text,
+            eval_seed=args.eval_seed,
+            max_eval_tokens=args.max_eval_tokens,
+            allow_pickle=args.allow_pickle,
+        )
+    else:
+        metrics = evaluate_run(
+            args.run_dir,
+            corpus=args.corpus,
+            eval_seed=args.eval_seed,
+            max_eval_tokens=args.max_eval_tokens,
+            allow_pickle=args.allow_pickle,
+        )
     print(json.dumps(metrics, indent=2))
     return 0
 

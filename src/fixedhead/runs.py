@@ -308,6 +308,51 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
     return file_digest([model_dir / n for n in names if (model_dir / n).is_file()])
 
 
+def tensors_sha256(tensors: dict) -> str:
+    """SHA-256 of named tensors (a ``state_dict``, a batch): names sorted, each with its dtype,
+    shape and bytes. The same values give the same hash on any device."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def environment_info() -> dict:
+    """Software versions and the machine, recorded with every results file: two runs of one
+    command that differ can be told apart by what differed."""
+    import platform
+
+    import torch
+    import transformers
+
+    def version(name):
+        try:
+            return __import__(name).__version__
+        except ImportError:
+            return None
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "other_versions": {
+            n: version(n) for n in ("tokenizers", "accelerate", "numpy", "scipy", "sklearn", "matplotlib")
+        },
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        # the GPU the runs trained on (the Trainer uses one when present), None on a CPU-only machine
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
 def invocation_commands(command: str | None, previous_meta: dict) -> tuple[str, list[str]]:
     """This invocation's command line (``command``, else ``fixedhead`` and the process arguments) and every
     distinct command recorded in ``previous_meta["commands"]`` followed by it: what a results file of

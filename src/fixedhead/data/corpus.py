@@ -45,6 +45,31 @@ def _is_hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
+def _corpus_files(root: Path) -> list[Path]:
+    """The corpus files under the folder ``root``, recursively, sorted by path, skipping hidden
+    files and folders (:func:`_is_hidden`).
+
+    Symlinked subfolders are followed (``Path.rglob`` does not follow them before Python 3.13, so a
+    corpus assembled from links read as empty). Each real folder is read once, under the first
+    path that reaches it in sorted order, so a link to a folder already read (or a link loop such
+    as ``sub/up -> ..``) neither repeats its documents nor recurses forever.
+    """
+    files = []
+    visited = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:
+            dirnames[:] = []
+            continue
+        visited.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            file = Path(dirpath, name)
+            if name.endswith(_SUFFIXES) and not _is_hidden(file, root) and file.is_file():
+                files.append(file)
+    return sorted(files)
+
+
 def _read_file(path: Path, text_field: str) -> list[Document]:
     docs = []
     try:
@@ -78,9 +103,10 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
 
     Args:
         source: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a directory (all such files in
-            it, recursively, sorted by path, skipping hidden files and folders, whose names start
-            with a dot, such as ``.ipynb_checkpoints/``); or a Hugging Face dataset name (only when no such
-            path exists; needs network access or a local hub cache).
+            it, recursively, following symlinked subfolders, sorted by path, skipping hidden files
+            and folders, whose names start with a dot, such as ``.ipynb_checkpoints/``); or a
+            Hugging Face dataset name (only when no such path exists; needs network access or a
+            local hub cache).
         text_field: the JSON / dataset field holding the text.
         split: dataset split for hub datasets.
 
@@ -95,9 +121,7 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
     """
     path = Path(source).expanduser()
     if path.is_dir():
-        files = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES) and not _is_hidden(p, path)
-        )
+        files = _corpus_files(path)
         if not files:
             raise ValueError(f"{path}: directory holds no {'/'.join(_SUFFIXES)} files")
         docs = [d for f in files for d in _read_file(f, text_field)]

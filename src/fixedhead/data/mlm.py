@@ -23,7 +23,16 @@ from ..runs import resolve_local_path
 from ..validation import in_range, non_negative_int, optional_positive_int, positive_int
 from .corpus import read_corpus, split_documents
 from .packing import pack_sequences, tokenize_documents
-from .tokenizer import train_tokenizer
+from .tokenizer import tokenizer_sha256, train_tokenizer
+
+
+def documents_sha256(docs) -> str:
+    """SHA-256 of the documents' text (each followed by a NUL byte), in order: what the text is,
+    whatever the files are called (a run's ``corpus_sha256``; results are keyed on it)."""
+    digest = hashlib.sha256()
+    for d in docs:
+        digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
+    return digest.hexdigest()
 
 
 @dataclass
@@ -69,6 +78,9 @@ class PreparedData:
     heldout: torch.Tensor  # [num_heldout_sequences, max_seq_length]
     info: dict = field(default_factory=dict)
     settings: DataSettings | None = None
+    #: [num_heldout_sequences, max_seq_length]: characters of original text each held-out token
+    #: covers (0 at [CLS]/[SEP]; see :func:`fixedhead.data.tokenize_documents`), for bits per character
+    heldout_chars: torch.Tensor | None = None
 
 
 def prepare_data(
@@ -85,9 +97,6 @@ def prepare_data(
     t0 = time.time()
     docs = read_corpus(settings.corpus, settings.text_field)
     train_docs, held_docs = split_documents(docs, settings.heldout_fraction, settings.split_seed)
-    corpus_digest = hashlib.sha256()
-    for d in docs:  # what the text is, whatever the file is called: results are keyed on it
-        corpus_digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
     duplicates = len(docs) - len(train_docs) - len(held_docs)
     if progress and duplicates:
         print(
@@ -116,18 +125,22 @@ def prepare_data(
     else:
         train_ids = tokenize_documents(tokenizer, [d.text for d in train_docs], settings.max_train_tokens)
         train = pack_sequences(train_ids, settings.max_seq_length, cls_id, sep_id)
-    held_ids = tokenize_documents(tokenizer, [d.text for d in held_docs], settings.max_eval_tokens)
-    heldout = pack_sequences(held_ids, settings.max_seq_length, cls_id, sep_id)
+    held_ids, held_chars = tokenize_documents(
+        tokenizer, [d.text for d in held_docs], settings.max_eval_tokens, with_chars=True
+    )
+    heldout, heldout_chars = pack_sequences(held_ids, settings.max_seq_length, cls_id, sep_id, chars=held_chars)
     info = {
         "corpus": str(settings.corpus),
         "documents": len(docs),
         "duplicate_documents_dropped": duplicates,
-        "corpus_sha256": corpus_digest.hexdigest(),
+        "corpus_sha256": documents_sha256(docs),
         "train_documents": len(train_docs),
         "heldout_documents": [d.title or d.source for d in held_docs],
         "train_sequences": int(train.shape[0]),
         "heldout_sequences": int(heldout.shape[0]),
         "vocab_size": len(tokenizer),
+        # which id each piece of text gets: per-token results of two runs compare only when it is equal
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
         "prepare_seconds": round(time.time() - t0, 1),
     }
     if progress:
@@ -136,7 +149,7 @@ def prepare_data(
             f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
             flush=True,
         )
-    return PreparedData(tokenizer, train, heldout, info, settings)
+    return PreparedData(tokenizer, train, heldout, info, settings, heldout_chars=heldout_chars)
 
 
 class SequenceDataset(Dataset):
@@ -242,6 +255,32 @@ def heldout_batches(sequences: torch.Tensor, tokenizer, objective: str = "mlm", 
     if check_objective(objective) == "mlm":
         return fixed_masking(sequences, tokenizer, eval_seed)
     return sequences, causal_labels(sequences)
+
+
+def scored_characters(labels: torch.Tensor, chars: torch.Tensor, objective: str = "mlm") -> int:
+    """Characters of original text covered by the scored tokens: the sum of ``chars`` (aligned with
+    ``labels``, as :attr:`PreparedData.heldout_chars`) where a label is scored. For ``"clm"`` the
+    targets are ``labels[:, 1:]`` (position t predicts token t + 1), so the counts are those of
+    the target tokens, ``chars[:, 1:]``; special tokens count 0. The denominator of bits per
+    character (:func:`bits_per_character`).
+
+    Raises:
+        ValueError: ``chars`` not of the shape of ``labels``.
+    """
+    if tuple(chars.shape) != tuple(labels.shape):
+        raise ValueError(f"chars {tuple(chars.shape)} must be aligned with labels {tuple(labels.shape)}")
+    if check_objective(objective) == "clm":
+        labels, chars = labels[:, 1:], chars[:, 1:]
+    return int(chars[labels != -100].sum())
+
+
+def bits_per_character(total_nats: float, characters: int) -> float | None:
+    """Total cross-entropy of the scored tokens, in bits, per character of original text they cover:
+    ``total_nats / ln 2 / characters`` (None when no character is covered). Unlike perplexity per
+    token it does not depend on how the tokenizer cuts the text into tokens."""
+    import math
+
+    return total_nats / math.log(2) / characters if characters > 0 else None
 
 
 def unigram_perplexity(data: PreparedData, eval_seed: int = 1234, objective: str = "mlm") -> float:

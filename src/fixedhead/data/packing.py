@@ -6,66 +6,111 @@ import numpy as np
 import torch
 
 
-def tokenize_documents(tokenizer, texts: list[str], max_tokens: int | None = None, chunk_chars: int = 50_000):
+def tokenize_documents(
+    tokenizer,
+    texts: list[str],
+    max_tokens: int | None = None,
+    chunk_chars: int = 50_000,
+    with_chars: bool = False,
+):
     """Token ids (no special tokens) of each document, in order.
 
     Long documents are encoded in ``chunk_chars`` pieces cut at whitespace (the fast tokenizer
     then runs them in parallel). Stops early once ``max_tokens`` ids have been produced.
 
+    ``with_chars`` also counts the characters of the original text each token covers, from the
+    fast tokenizer's offset mapping (which refers to the un-normalised text): a token covers the
+    characters from the end of the previous token of the same document (its start, for the first
+    token) to its own end, so the whitespace before a word belongs to the word's first token.
+    The counts of a document's tokens sum to the end offset of its last token (trailing
+    whitespace is covered by no token); they are the denominator of bits per character.
+
     Returns:
-        a list with one ``list[int]`` per document (the last possibly cut short).
+        a list with one ``list[int]`` per document (the last possibly cut short); with
+        ``with_chars``, ``(ids, chars)``: two such lists, ``chars`` aligned with ``ids``.
     """
     backend = tokenizer.backend_tokenizer
-    out, total = [], 0
+    out, out_chars, total = [], [], 0
     for text in texts:
-        pieces, start = [], 0
+        pieces, starts, start = [], [], 0
         while start < len(text):
             end = min(len(text), start + chunk_chars)
             if end < len(text):
                 cut = text.rfind(" ", start, end)
                 end = cut if cut > start else end
             pieces.append(text[start:end])
+            starts.append(start)
             start = end
         ids: list[int] = []
+        chars: list[int] = []
+        covered = 0  # end (in the document) of the text covered so far
         for i in range(0, len(pieces), 64):
-            for enc in backend.encode_batch(pieces[i : i + 64], add_special_tokens=False):
+            encodings = backend.encode_batch(pieces[i : i + 64], add_special_tokens=False)
+            for offset, enc in zip(starts[i : i + 64], encodings, strict=True):
                 ids.extend(enc.ids)
+                if with_chars:
+                    for _, token_end in enc.offsets:
+                        token_end += offset
+                        chars.append(max(0, token_end - covered))
+                        covered = max(covered, token_end)
             if max_tokens is not None and total + len(ids) >= max_tokens:
                 break
         if max_tokens is not None and total + len(ids) >= max_tokens:
             out.append(ids[: max_tokens - total])
-            return out
+            out_chars.append(chars[: max_tokens - total])
+            return (out, out_chars) if with_chars else out
         out.append(ids)
+        out_chars.append(chars)
         total += len(ids)
-    return out
+    return (out, out_chars) if with_chars else out
 
 
-def pack_sequences(token_ids: list[list[int]], max_seq_length: int, cls_id: int, sep_id: int) -> torch.Tensor:
+def pack_sequences(
+    token_ids: list[list[int]],
+    max_seq_length: int,
+    cls_id: int,
+    sep_id: int,
+    chars: list[list[int]] | None = None,
+):
     """Concatenate documents (each followed by [SEP]) and cut into ``[CLS] … [SEP]`` sequences.
 
     Every row has exactly ``max_seq_length`` tokens, so no padding and no attention mask is
     needed; the incomplete tail is dropped.
 
+    ``chars``: per-token character counts aligned with ``token_ids`` (from
+    :func:`tokenize_documents` with ``with_chars``); they are packed the same way, with 0 at
+    every [CLS] and [SEP] (special tokens cover no text).
+
     Returns:
-        int64 tensor [num_sequences, max_seq_length].
+        int64 tensor [num_sequences, max_seq_length]; with ``chars``, ``(ids, chars)``: two such
+        tensors, aligned.
 
     Raises:
-        ValueError: max_seq_length < 3, or too little text for one sequence.
+        ValueError: max_seq_length < 3, too little text for one sequence, or ``chars`` not
+            aligned with ``token_ids``.
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
+    if chars is not None and [len(c) for c in chars] != [len(t) for t in token_ids]:
+        raise ValueError("chars must have one count per token of token_ids")
     body = max_seq_length - 2
-    stream = []
-    for ids in token_ids:
+    stream, char_stream = [], []
+    for i, ids in enumerate(token_ids):
         stream.extend(ids)
         stream.append(sep_id)
+        if chars is not None:
+            char_stream.extend(chars[i])
+            char_stream.append(0)
     n = len(stream) // body
     if n == 0:
         raise ValueError(f"corpus too small: {len(stream)} tokens, fewer than one sequence of {max_seq_length}")
-    body_t = torch.tensor(stream[: n * body], dtype=torch.long).view(n, body)
-    cls = torch.full((n, 1), cls_id, dtype=torch.long)
-    sep = torch.full((n, 1), sep_id, dtype=torch.long)
-    return torch.cat([cls, body_t, sep], dim=1)
+
+    def rows(values, first, last):
+        body_t = torch.tensor(values[: n * body], dtype=torch.long).view(n, body)
+        return torch.cat([torch.full((n, 1), first), body_t, torch.full((n, 1), last)], dim=1)
+
+    packed = rows(stream, cls_id, sep_id)
+    return (packed, rows(char_stream, 0, 0)) if chars is not None else packed
 
 
 def text_windows(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:

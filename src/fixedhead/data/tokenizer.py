@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 from ..runs import follow_umask
@@ -89,7 +90,7 @@ def learn_wordpiece_vocab(
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)  # word indices that hold (or held) a pair
     for i, w in enumerate(words):
-        for pair in zip(w, w[1:]):
+        for pair in pairwise(w):
             pair_counts[pair] += counts[i]
             where[pair].add(i)
     heap = [(-n, pair) for pair, n in pair_counts.items()]  # most frequent first, then lowest ids
@@ -117,10 +118,10 @@ def learn_wordpiece_vocab(
                     j += 1
             if len(merged) == len(w):
                 continue
-            for p in zip(w, w[1:]):
+            for p in pairwise(w):
                 pair_counts[p] -= counts[i]
                 changed.add(p)
-            for p in zip(merged, merged[1:]):
+            for p in pairwise(merged):
                 pair_counts[p] += counts[i]
                 where[p].add(i)
                 changed.add(p)

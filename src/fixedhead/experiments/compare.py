@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,14 +32,14 @@ from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
 from ..data.mlm import unigram_perplexity
 from ..modeling import count_parameters
 from ..plotting import pyplot, save_figure
-from ..runs import METRICS_FILE, PRETRAIN_FILE, load_json_file, staged_outputs
+from ..runs import METRICS_FILE, PRETRAIN_FILE, environment_info, load_json_file, staged_outputs
 from ..theory import causal_threshold
 from ..training.pretrain import (
     TrainSettings,
+    data_differences,
     lm_config,
     pretrain,
     run_fingerprint,
-    same_corpus_text,
     same_run_settings,
 )
 
@@ -333,32 +332,6 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
         )
 
 
-def environment_info() -> dict:
-    """Software versions and the machine, recorded with every result file."""
-    import os
-
-    import torch
-    import transformers
-
-    def version(name):
-        try:
-            return __import__(name).__version__
-        except ImportError:
-            return None
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "other_versions": {n: version(n) for n in ("tokenizers", "numpy", "scipy", "sklearn", "matplotlib")},
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        # the GPU the runs trained on (the Trainer uses one when present), None on a CPU-only machine
-        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
 def train_or_reuse(
     config,
     data,
@@ -385,7 +358,8 @@ def train_or_reuse(
 
 
 def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> bool:
-    """Same config, training and data settings, and the same corpus text (not just its path)."""
+    """Same config, training and data settings, the same corpus text (not just its path) and the
+    same tokenizer (:func:`~fixedhead.training.pretrain.data_differences`)."""
     settings_file = run_dir / PRETRAIN_FILE
     if not settings_file.is_file():
         return False
@@ -393,8 +367,8 @@ def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> b
         saved = load_json_file(settings_file)
     except ValueError:
         return False  # unreadable: retrain rather than trust it
-    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and same_corpus_text(
-        saved, data_info.get("corpus_sha256")
+    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and not data_differences(
+        run_dir, saved, data_info
     )
 
 
@@ -406,9 +380,20 @@ TABLE_COLUMNS = [
     ("parameters", "params", "{:,}"),
     ("training_tokens", "train tokens", "{:,}"),
     ("heldout_perplexity", "held-out ppl", "{:.2f}"),
+    # bits per character: tokenizer-independent (None or absent in results from before it was measured)
+    ("heldout_bits_per_character", "bits/char", "{:.3f}"),
     ("heldout_accuracy", "top-1 acc", "{:.4f}"),
     ("train_seconds", "wall s", "{:.0f}"),
 ]
+
+
+#: columns an older results file may lack: shown as a dash in the table, left empty in results.csv
+OPTIONAL_COLUMNS = ("heldout_bits_per_character",)
+
+
+def _cell(r: dict, key: str, fmt: str) -> str:
+    value = r.get(key) if key in OPTIONAL_COLUMNS else r[key]
+    return "-" if value is None else fmt.format(value)
 
 
 def format_table(results: list[dict], unigram_perplexity: float | None = None) -> str:
@@ -422,7 +407,7 @@ def format_table(results: list[dict], unigram_perplexity: float | None = None) -
         columns.insert(-1, ("below_unigram", "below unigram", "{:.2f}"))
         for r in results:
             r["below_unigram"] = math.log(unigram_perplexity) - r["heldout_loss"]
-    rows = [[fmt.format(r[key]) for key, _, fmt in columns] for r in results]
+    rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in results]
     headers = [h for _, h, _ in columns]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
 
@@ -450,7 +435,7 @@ def write_results(results: list[dict], out: Path, meta: dict) -> None:
             keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
             w.writerow(keys)
             for r in results:
-                w.writerow([r[k] for k in keys])
+                w.writerow([r.get(k) if k in OPTIONAL_COLUMNS else r[k] for k in keys])
         plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))
 
 

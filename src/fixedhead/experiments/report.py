@@ -42,6 +42,10 @@ class PointStats:
     def values(self, what: str) -> list[float]:
         if what == "ppl":
             return [r["heldout_perplexity"] for r in self.runs]
+        if what == "bpc":  # runs from before bits per character was measured have none
+            return [
+                r["heldout_bits_per_character"] for r in self.runs if r.get("heldout_bits_per_character") is not None
+            ]
         return [r["finetune"]["score"] for r in self.runs if "finetune" in r]
 
     def mean(self, what="ppl") -> float:
@@ -481,15 +485,18 @@ def _table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
     """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column."""
     ft_head, ft_rule = (f" {task} dev |", "---|") if task else ("", "")
     lines = [
-        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity |{ft_head} run |",
-        f"|---|---|---|---|---|---|---|{ft_rule}---|",
+        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | bits/char |{ft_head} run |",
+        f"|---|---|---|---|---|---|---|---|{ft_rule}---|",
     ]
     for q in pts:
         r = q.runs[0]
         ft = f" {_fmt(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
+        bpc, have = _fmt(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
+        if 0 < have < len(q.runs):  # some seeds' results predate bits per character
+            bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
         lines.append(
             f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} |{ft} `{q.key}` |"
+            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | {bpc} |{ft} `{q.key}` |"
         )
     return lines
 
@@ -598,7 +605,13 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         "",
         f"Perplexity = exp(mean {'next-token' if causal else 'masked-token'} cross-entropy) on the held-out "
         "books; lower is better. "
-        "Values are mean ± sample std over seeds.",
+        f"Bits/char = the same cross-entropy in bits, summed, per character of the "
+        + (
+            "held-out text: it does not depend on the tokenizer. "
+            if causal
+            else "masked tokens’ text: it depends on the tokenizer only through which text is masked. "
+        )
+        + "Values are mean ± sample std over seeds.",
         "",
     ]
     uni = meta.get("unigram_perplexity")

@@ -33,11 +33,11 @@ from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..modeling import count_parameters
-from ..runs import claim_output_dir, invocation_commands, load_json_file, write_json_atomic
+from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings
 from ..validation import non_negative_int
-from .compare import environment_info, train_or_reuse
+from .compare import train_or_reuse
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -341,6 +341,22 @@ def _check_same_sweep(prev_meta: dict, data: dict, state_file: Path) -> None:
         )
 
 
+def _check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: Path) -> None:
+    """Refuse to merge results of runs trained with another tokenizer (recorded in a sweep file's
+    meta or its runs) with this invocation's: per-token perplexities of two vocabularies do not
+    compare, and a seed fixes the embedding rows, not which token owns each row. Sweep files from
+    before tokenizers were recorded pass; their runs are checked one by one when reused."""
+    recorded = {(state.get("meta", {}).get("data_info") or {}).get("tokenizer_sha256")}
+    recorded |= {(r.get("reproducibility") or {}).get("tokenizer_sha256") for r in state.get("runs", {}).values()}
+    other = sorted(recorded - {None, tokenizer_sha256})
+    if tokenizer_sha256 and other:
+        raise FileExistsError(
+            f"{state_file} holds runs trained with another tokenizer ({', '.join(t[:12] for t in other)}) than this "
+            f"invocation's ({tokenizer_sha256[:12]}); their per-token results do not compare with these. Choose "
+            f"another --output-dir, or remove that folder to re-run the sweep with this tokenizer"
+        )
+
+
 def _same_path(a, b) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -434,6 +450,7 @@ def run_sweep(
     _check_same_sweep(prev_meta, asdict(data_settings), state_file)
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    _check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
     vocab = len(data.tokenizer)
     claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep")
     this_command, commands = invocation_commands(command, prev_meta)
@@ -474,6 +491,7 @@ def run_sweep(
         # the results file is a merge of everything finished in this folder: what other workers
         # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
         other = _read_state(state_file)
+        _check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
         runs.update({k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()})
         other_meta = other.get("meta", {})
         meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))

@@ -448,7 +448,7 @@ def run_synthetic(
         FileExistsError: the folder holds other files, or results of other task sizes / recipe
             (without ``overwrite``).
     """
-    from .compare import environment_info
+    from ..runs import environment_info
 
     p = get_synthetic_preset(preset) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"

@@ -425,9 +425,8 @@ def run_widening(
     from ..data.mlm import unigram_perplexity
     from ..flops import training_flops
     from ..modeling import count_parameters
-    from ..runs import open_run
+    from ..runs import environment_info, open_run
     from ..training.pretrain import _load_model, lm_config, pretrain
-    from .compare import environment_info
 
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
     if seeds is not None:

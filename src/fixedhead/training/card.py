@@ -169,6 +169,10 @@ def model_card(result: dict, fingerprint: dict) -> str:
             [
                 ("causal-LM loss per token (nats)" if causal else "masked-LM loss (nats)", result["heldout_loss"]),
                 ("perplexity (per WordPiece token)", result["heldout_perplexity"]),
+                (
+                    "bits per character" + ("" if causal else " (of the masked tokens' text)"),
+                    result.get("heldout_bits_per_character") or "n/a",
+                ),
                 ("next-token accuracy" if causal else "masked-token accuracy", result["heldout_accuracy"]),
                 ("tokens scored", result["heldout_masked_tokens"]),
                 ("final training loss", train_curve[-1][1] if train_curve else "n/a"),

@@ -27,18 +27,32 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
     PreparedData,
     SequenceDataset,
     TrainOrFixedCollator,
+    bits_per_character,
     check_objective,
+    documents_sha256,
     fixed_masking,
     heldout_batches,
     mlm_collator,
     prepare_data,
+    scored_characters,
 )
+from ..data.tokenizer import tokenizer_sha256
 from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
-from ..runs import METRICS_FILE, PRETRAIN_FILE, follow_umask, model_fingerprint, open_run, resolve_local_path
-from ..validation import in_range, non_negative_int, positive_float, positive_int
+from ..runs import (
+    METRICS_FILE,
+    PRETRAIN_FILE,
+    environment_info,
+    follow_umask,
+    model_fingerprint,
+    open_run,
+    resolve_local_path,
+    tensors_sha256,
+)
+from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from .arguments import LR_SCHEDULERS, shared_training_arguments
 from .card import write_model_card
 from .checkpoints import (
+    STAGING_PREFIX,
     atomic_checkpoint_trainer,
     find_resume_checkpoint,
     list_checkpoints,
@@ -50,21 +64,36 @@ from .checkpoints import (
 
 @torch.no_grad()
 def evaluate_mlm(
-    model, input_ids: torch.Tensor, labels: torch.Tensor, batch_size: int = 128, objective: str = "mlm"
+    model,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int = 128,
+    objective: str = "mlm",
+    chars: torch.Tensor | None = None,
 ) -> dict:
     """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.mlm.heldout_batches`).
 
     ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
     the tokens before it (logits at t score the label at t + 1, as the model's own loss).
 
+    ``chars``: the characters of original text each token covers, aligned with ``labels``
+    (:attr:`~fixedhead.data.PreparedData.heldout_chars`; 0 at special tokens). With it, bits per
+    character = total cross-entropy of the scored tokens in bits / the characters they cover
+    (:func:`~fixedhead.data.mlm.scored_characters`; for ``"clm"`` those of the target tokens).
+    For a causal model that is the bits per character of the text; for a masked model, of the
+    masked tokens' text (under this fixed masking).
+
     Returns:
         ``{"loss": mean cross-entropy per scored token (nats), "perplexity": exp(loss),
         "accuracy": fraction of scored tokens predicted exactly (top-1), "masked_tokens": count
-        of scored tokens}`` (for a causal model, "masked" means scored: every predicted token).
+        of scored tokens}`` (for a causal model, "masked" means scored: every predicted token);
+        with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
 
     Raises:
-        ValueError: no scored token, or a non-finite loss (a diverged model is reported, not hidden).
+        ValueError: no scored token, a non-finite loss (a diverged model is reported, not hidden),
+            or ``chars`` not aligned with ``labels``.
     """
+    characters = None if chars is None else scored_characters(labels, chars, objective)
     was_training = model.training
     model.eval()
     total_loss, total_correct, total = 0.0, 0, 0
@@ -89,7 +118,20 @@ def evaluate_mlm(
     loss = total_loss / total
     if not math.isfinite(loss):
         raise ValueError(f"held-out loss is not finite ({loss}); the model has diverged")
-    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
+    result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
+    if characters is not None:
+        result["scored_characters"] = characters
+        result["bits_per_character"] = bits_per_character(total_loss, characters)
+    return result
+
+
+def heldout_bits_per_character(metrics: dict, labels: torch.Tensor, chars: torch.Tensor | None, objective: str):
+    """Bits per character of :func:`evaluate_mlm` metrics computed without ``chars``: their total
+    cross-entropy (mean loss × scored tokens) over the characters the scored ``labels`` cover
+    (None without ``chars``, e.g. a :class:`PreparedData` built by hand)."""
+    if chars is None:
+        return None
+    return bits_per_character(metrics["loss"] * metrics["masked_tokens"], scored_characters(labels, chars, objective))
 
 
 # -------------------------------------------------------------------------------- training
@@ -227,6 +269,45 @@ def same_corpus_text(saved: dict, corpus_sha256: str | None) -> bool:
     return old is None or corpus_sha256 is None or old == corpus_sha256
 
 
+#: the first training batch's hash, written when a run takes it (a resumed run never sees it again)
+DATA_ORDER_FILE = "data_order.json"
+
+
+def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
+    """The :func:`~fixedhead.data.tokenizer.tokenizer_sha256` of the tokenizer a run trains with:
+    recorded in its ``pretrain_settings.json`` (``saved``), else hashed from the tokenizer saved in
+    ``run_dir``; None when the run has neither (started before tokenizers were kept with the run)."""
+    recorded = (saved.get("data_info") or {}).get("tokenizer_sha256")
+    if recorded:
+        return recorded
+    path = Path(run_dir) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            return tokenizer_sha256(Tokenizer.from_file(str(path)))
+        except Exception:  # a damaged file: the tokenizer is unknown, never assumed equal
+            return None
+    return None
+
+
+def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -> list[str]:
+    """How the data a saved run trained on differs from prepared data (``data_info``,
+    :attr:`PreparedData.info`): another corpus text, or another tokenizer (which id each piece of
+    text gets; a run whose tokenizer is unknown counts as different). Empty when they agree."""
+    diffs = []
+    if not same_corpus_text(saved, data_info.get("corpus_sha256")):
+        diffs.append("data: the corpus text changed since the run started")
+    now = data_info.get("tokenizer_sha256")
+    if now is not None:
+        then = run_tokenizer_sha256(run_dir, saved)
+        if then is None:
+            diffs.append("data: the run keeps no tokenizer (started before tokenizers were saved with runs)")
+        elif then != now:
+            diffs.append(f"data: another tokenizer (the run's {then[:12]}, now {now[:12]})")
+    return diffs
+
+
 def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> FixedHeadConfig:
     """Fill in what a run's config takes from its tokenizer and objective (in place; returned):
     vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
@@ -255,10 +336,11 @@ def same_run_settings(previous: dict, fingerprint: dict) -> bool:
     return not settings_differences(previous, fingerprint)
 
 
-def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, corpus_sha256: str | None = None):
+def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
     """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
-    resumed with the same settings (``fingerprint``, and the same corpus text), or one being
-    replaced (``overwrite``). Nothing is changed.
+    resumed with the same settings (``fingerprint``, and the same corpus text and tokenizer as
+    ``data_info``, see :func:`data_differences`), or one being replaced (``overwrite``). Nothing
+    is changed.
 
     Raises:
         FileExistsError: a file; another run (without ``resume``/``overwrite``); different
@@ -280,9 +362,7 @@ def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: boo
             return  # a fixedhead run: replacing it is what was asked
         previous = load_json_file(settings_file)
         if resume:
-            diffs = settings_differences(previous, fingerprint)
-            if not same_corpus_text(previous, corpus_sha256):
-                diffs.append("data: the corpus text changed since the run started")
+            diffs = settings_differences(previous, fingerprint) + data_differences(run_dir, previous, data_info or {})
             if diffs:
                 raise FileExistsError(
                     f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
@@ -356,6 +436,7 @@ def pretrain(
     else:
         lm_config(config, data.tokenizer, settings.objective)
     causal = settings.objective == "clm"
+    run_tokenizer = causal_tokenizer(data.tokenizer) if causal else data.tokenizer  # what the run folder keeps
     if config.max_position_embeddings < data.train.shape[1]:
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
@@ -372,14 +453,18 @@ def pretrain(
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
-            check_run_dir(run_dir, fingerprint, resume, overwrite, data.info.get("corpus_sha256"))
+            check_run_dir(run_dir, fingerprint, resume, overwrite, data.info)
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
                 for old in list_checkpoints(run_dir):
                     shutil.rmtree(old)
                 (run_dir / METRICS_FILE).unlink(missing_ok=True)
+            if not resume:  # the first batch of a run that starts now is taken again below
+                (run_dir / DATA_ORDER_FILE).unlink(missing_ok=True)
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
+            # the tokenizer goes into the run before its first step: a resume never depends on a cache
+            save_tokenizer_atomic(run_tokenizer, run_dir)
     if resume and (run_dir / METRICS_FILE).is_file():  # finished with these settings: nothing to train
         if settings.progress:
             print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
@@ -390,6 +475,7 @@ def pretrain(
         model = _load_model(source)  # the source run's weights, exactly
     else:
         model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
+    init_weights_sha256 = tensors_sha256(model.state_dict())
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
     collator = (
@@ -401,12 +487,15 @@ def pretrain(
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
         if settings.progress:
             print(f"resuming from {checkpoint}", flush=True)
+    if checkpoint is None and args.process_index == 0:
+        collator = FirstBatchRecorder(collator, run_dir / DATA_ORDER_FILE)
     trainer = atomic_checkpoint_trainer()(
         model=model,
         args=args,
         train_dataset=SequenceDataset(data.train),
         eval_dataset=MaskedDataset(eval_ids, eval_labels),
         data_collator=collator,
+        processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
     )
     t0 = time.time()
@@ -420,7 +509,7 @@ def pretrain(
     if args.should_save:
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
     if args.should_save:
-        (causal_tokenizer(data.tokenizer) if causal else data.tokenizer).save_pretrained(str(run_dir))
+        save_tokenizer_atomic(run_tokenizer, run_dir)
     metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective)
     result = {
         "name": run_dir.name,
@@ -439,16 +528,61 @@ def pretrain(
         "heldout_perplexity": metrics["perplexity"],
         "heldout_accuracy": metrics["accuracy"],
         "heldout_masked_tokens": metrics["masked_tokens"],
+        "heldout_bits_per_character": heldout_bits_per_character(
+            metrics, eval_labels, data.heldout_chars, settings.objective
+        ),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
     }
     if start is not None:
         result["init_from"] = start
+    # what two runs of one command could differ in: the ids, the starting weights, the data order, the software
+    data_order = load_json_file(run_dir / DATA_ORDER_FILE) if (run_dir / DATA_ORDER_FILE).is_file() else {}
+    result["reproducibility"] = {
+        "corpus_sha256": data.info.get("corpus_sha256"),
+        "tokenizer_sha256": data.info.get("tokenizer_sha256"),
+        "init_weights_sha256": init_weights_sha256,
+        "first_batch_sha256": data_order.get("first_batch_sha256"),
+        **{k: v for k, v in environment_info().items() if k not in ("platform", "cpu_count")},
+    }
     if args.should_save:
         write_model_card(run_dir, result, recorded)
         write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
+
+
+class FirstBatchRecorder:
+    """A data collator that passes every batch through and writes the SHA-256 of the first
+    *training* batch it makes (``input_ids`` and ``labels`` after masking, so the data order and
+    the masking) to ``path``: two runs of one command took the same first step only if these
+    agree. Held-out batches (features that bring their own labels) are not recorded."""
+
+    def __init__(self, collator, path: Path):
+        self.collator, self.path, self.recorded = collator, Path(path), False
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        if not self.recorded and "labels" not in features[0]:
+            self.recorded = True
+            write_json_atomic(self.path, {"first_batch_sha256": tensors_sha256(dict(batch))})
+        return batch
+
+
+def save_tokenizer_atomic(tokenizer, run_dir: Path) -> None:
+    """``tokenizer.save_pretrained(run_dir)`` with each file appearing whole: written into a
+    staging folder (removed by :func:`~fixedhead.training.checkpoints.remove_staging` if a kill
+    leaves it), then moved into place file by file."""
+    import tempfile
+
+    staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX))
+    try:
+        tokenizer.save_pretrained(str(staging))
+        for f in staging.iterdir():
+            follow_umask(f)
+            os.replace(f, run_dir / f.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _open_source(init_from, config, data: PreparedData, settings: TrainSettings, run_dir: Path):
@@ -621,7 +755,7 @@ def evaluate_run(
 
     ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
     apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
-    :func:`evaluate_mlm` metrics.
+    :func:`evaluate_mlm` metrics, bits per character of the held-out set included, and the objective.
     """
     if eval_seed is not None:
         non_negative_int("eval_seed", eval_seed)
@@ -638,4 +772,74 @@ def evaluate_run(
     )
     objective = "clm" if run.config.is_decoder else "mlm"
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
-    return {**evaluate_mlm(model, ids, labels, batch_size, objective=objective), "objective": objective}
+    metrics = evaluate_mlm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
+    return {**metrics, "objective": objective}
+
+
+def evaluate_text(
+    run_dir: str | os.PathLike,
+    text: str | os.PathLike,
+    eval_seed: int | None = None,
+    max_eval_tokens: int | None = None,
+    batch_size: int = 128,
+    allow_pickle: bool = False,
+    text_field: str = "text",
+) -> dict:
+    """Score a run directory's model on new text: a ``.txt``/``.jsonl(.gz)`` file or a folder of
+    them (anything :func:`fixedhead.data.read_corpus` reads from a path).
+
+    Every document is new text (no train/held-out split): all are tokenised with the run's own
+    tokenizer (the first ``max_eval_tokens`` tokens, when given), packed into rows of the run's
+    sequence length as the held-out set is (the incomplete last row is dropped), and scored as
+    the run's held-out set: every next token for a causal run, one fixed seeded masking
+    (``eval_seed``, default the run's) for a masked one. Bits per character are over the text of
+    the scored tokens: all of it for a causal run, the masked tokens' for a masked one.
+
+    Returns:
+        the :func:`evaluate_mlm` metrics (loss, perplexity, accuracy, bits per character, scored
+        tokens and characters) with ``objective``, ``text`` (the path), ``text_sha256`` (of the
+        documents' text, as a run's ``corpus_sha256``), ``documents``, ``text_tokens`` (all tokens
+        read), ``sequences`` and ``eval_seed`` (None for a causal run).
+
+    Raises:
+        FileNotFoundError: no such text path, or ``run_dir`` holds no finished model.
+        ValueError: text with no words, or too few tokens for one sequence; a bad run directory
+            or option (see :func:`evaluate_run`).
+    """
+    from ..data.corpus import read_corpus
+    from ..data.packing import pack_sequences, tokenize_documents
+
+    if eval_seed is not None:
+        non_negative_int("eval_seed", eval_seed)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"text {str(text)!r} does not exist; pass a .txt/.jsonl(.gz) file or a folder of them")
+    run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
+    saved, tokenizer = run.settings, run.tokenizer
+    n = int((saved.get("data") or {}).get("max_seq_length") or run.config.max_position_embeddings)
+    optional_positive_int("max_eval_tokens", max_eval_tokens, minimum=n)
+    docs = read_corpus(path, text_field)
+    ids, chars = tokenize_documents(tokenizer, [d.text for d in docs], max_eval_tokens, with_chars=True)
+    text_tokens = sum(map(len, ids))
+    try:
+        sequences, seq_chars = pack_sequences(ids, n, tokenizer.cls_token_id, tokenizer.sep_token_id, chars=chars)
+    except ValueError:
+        raise ValueError(
+            f"{path}: {text_tokens} tokens in {len(docs)} document{'s' * (len(docs) != 1)}, too few for one "
+            f"sequence of the run's n = {n} (n − 2 = {n - 2}, counting a [SEP] after each document); give more text"
+        ) from None
+    objective = "clm" if run.config.is_decoder else "mlm"
+    seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
+    input_ids, labels = heldout_batches(sequences, tokenizer, objective, seed)
+    model = _load_model(run)
+    metrics = evaluate_mlm(model, input_ids, labels, batch_size, objective=objective, chars=seq_chars)
+    return {
+        **metrics,
+        "objective": objective,
+        "text": str(path),
+        "text_sha256": documents_sha256(docs),
+        "documents": len(docs),
+        "text_tokens": text_tokens,
+        "sequences": int(sequences.shape[0]),
+        "eval_seed": seed if objective == "mlm" else None,
+    }

@@ -1,0 +1,111 @@
+"""Same command, same numbers: a run folder keeps its tokenizer from the first step, resume and
+reuse refuse another tokenizer, and two runs of one seed agree in every recorded hash and in the
+held-out loss (values compared run against run, never against numbers from this code)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from _tiny_run import tiny_config, tiny_settings
+from fixedhead.data.tokenizer import tokenizer_sha256
+from fixedhead.training import pretrain
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_same_seed_twice_gives_identical_hashes_and_heldout_loss(tiny_prepared, tmp_path):
+    a = pretrain(tiny_config(), tiny_prepared, tmp_path / "a", tiny_settings(max_steps=6))
+    b = pretrain(tiny_config(), tiny_prepared, tmp_path / "b", tiny_settings(max_steps=6))
+    c = pretrain(tiny_config(), tiny_prepared, tmp_path / "c", tiny_settings(max_steps=6, seed=1))
+    assert a["heldout_loss"] == b["heldout_loss"]
+    ra, rb, rc = a["reproducibility"], b["reproducibility"], c["reproducibility"]
+    for key in ("tokenizer_sha256", "init_weights_sha256", "first_batch_sha256", "corpus_sha256"):
+        assert ra[key] and ra[key] == rb[key], key
+    # another seed: same text and tokenizer, other starting weights and another first batch
+    assert rc["tokenizer_sha256"] == ra["tokenizer_sha256"] and rc["corpus_sha256"] == ra["corpus_sha256"]
+    assert rc["init_weights_sha256"] != ra["init_weights_sha256"]
+    assert rc["first_batch_sha256"] != ra["first_batch_sha256"]
+    assert ra["tokenizer_sha256"] == tokenizer_sha256(tiny_prepared.tokenizer)
+    for package in ("tokenizers", "accelerate"):
+        assert ra["other_versions"][package]
+    assert ra["torch"] == torch.__version__
+    saved = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert saved["reproducibility"] == ra
+    settings = json.loads((tmp_path / "a" / "pretrain_settings.json").read_text())
+    assert settings["data_info"]["tokenizer_sha256"] == ra["tokenizer_sha256"]
+
+
+def _stop_after_first_step(run_dir):
+    """A Trainer callback that looks into the run folder after step 1 and stops training there."""
+    from transformers import TrainerCallback
+
+    class Spy(TrainerCallback):
+        seen = None
+
+        def on_step_end(self, args, state, control, **kw):
+            Spy.seen = sorted(p.name for p in run_dir.iterdir())
+            control.should_training_stop = True
+            return control
+
+    return Spy()
+
+
+def test_tokenizer_is_in_the_run_and_every_checkpoint_from_the_first_step(tiny_prepared, tmp_path):
+    from transformers import BertTokenizerFast
+
+    run = tmp_path / "run"
+    spy = _stop_after_first_step(run)
+    pretrain(tiny_config(), tiny_prepared, run, tiny_settings(max_steps=6), callbacks=[spy])
+    assert spy.seen is not None and "tokenizer.json" in spy.seen and "data_order.json" in spy.seen
+    assert tokenizer_sha256(BertTokenizerFast.from_pretrained(str(run))) == tokenizer_sha256(tiny_prepared.tokenizer)
+    full = pretrain(tiny_config(), tiny_prepared, tmp_path / "full", tiny_settings(max_steps=4, save_steps=2))
+    for ckpt in sorted((tmp_path / "full").glob("checkpoint-*")):
+        assert (ckpt / "tokenizer.json").is_file(), ckpt
+        kept = BertTokenizerFast.from_pretrained(str(ckpt))
+        assert tokenizer_sha256(kept) == full["reproducibility"]["tokenizer_sha256"]
+    assert not list((tmp_path / "full").glob(".staging-*"))
+
+
+def test_resume_and_reuse_refuse_another_tokenizer(tiny_prepared, small_real_corpus, tmp_path):
+    from _tiny_run import tiny_data
+    from fixedhead.experiments.compare import train_or_reuse
+
+    run = tmp_path / "run"
+    settings = tiny_settings(max_steps=4, save_steps=2)
+    pretrain(tiny_config(), tiny_prepared, run, settings)
+    # the same text with a tokenizer of other ids: the vocabulary learnt one piece larger
+    other = tiny_data(small_real_corpus, tmp_path / "other-cache")
+    other = replace(other, tokenizer=_with_extra_piece(other.tokenizer, tmp_path / "extra"))
+    other.info = {**other.info, "tokenizer_sha256": tokenizer_sha256(other.tokenizer)}
+    assert other.info["tokenizer_sha256"] != tiny_prepared.info["tokenizer_sha256"]
+    with pytest.raises(FileExistsError, match="another tokenizer"):
+        pretrain(tiny_config(), other, run, settings, resume=True)
+    with pytest.raises(FileExistsError, match="another tokenizer"):  # reuse: not reused, and resume refuses
+        train_or_reuse(tiny_config(), other, run, settings, other.settings, progress=False)
+    # with its own tokenizer, the finished run is reused as it is
+    assert train_or_reuse(tiny_config(), tiny_prepared, run, settings, tiny_prepared.settings, progress=False)
+
+
+def _with_extra_piece(tokenizer, folder):
+    from transformers import BertTokenizerFast
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    folder.mkdir()
+    pieces = [*(t for t, _ in vocab[:5]), "zzzq", *(t for t, _ in vocab[5:])]  # every id from 5 on moves by one
+    (folder / "vocab.txt").write_text("\n".join(pieces) + "\n")
+    return BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+
+
+def test_sweep_refuses_to_merge_runs_of_another_tokenizer(tmp_path):
+    from fixedhead.experiments.sweep import _check_same_tokenizer
+
+    state = {"meta": {"data_info": {"tokenizer_sha256": "a" * 64}}, "runs": {}}
+    _check_same_tokenizer(state, "a" * 64, tmp_path / "sweep.json")
+    _check_same_tokenizer({}, "a" * 64, tmp_path / "sweep.json")  # a new sweep
+    with pytest.raises(FileExistsError, match="another tokenizer.*another --output-dir"):
+        _check_same_tokenizer(state, "b" * 64, tmp_path / "sweep.json")
+    runs_only = {"meta": {}, "runs": {"x-s0": {"reproducibility": {"tokenizer_sha256": "c" * 64}}}}
+    with pytest.raises(FileExistsError, match="cccccccccccc"):
+        _check_same_tokenizer(runs_only, "a" * 64, tmp_path / "sweep.json")
