@@ -90,6 +90,22 @@ def tiny_pretrained_run(small_real_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_causal_run(small_real_corpus, tmp_path_factory):
+    """A 6-step causal-LM run of the tiny config on ``small_real_corpus``, trained on one thread:
+    (run directory, its PreparedData, pretrain's result). Read-only for tests."""
+    from _tiny_run import tiny_config, tiny_settings
+    from fixedhead.training import pretrain
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    data = tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
+    run = tmp_path_factory.mktemp("clm") / "run"
+    result = pretrain(tiny_config(), data, run, tiny_settings(max_steps=6, save_steps=6, eval_steps=3, objective="clm"))
+    torch.set_num_threads(threads)
+    return run, data, result
+
+
+@pytest.fixture(scope="session")
 def heldout_text(tiny_pretrained_run, small_real_corpus, tmp_path_factory):
     """The held-out documents of ``tiny_pretrained_run``, as a .txt file."""
     from fixedhead.data import read_corpus

@@ -137,20 +137,6 @@ def test_a_per_character_cost_gives_the_same_bits_per_character_under_any_tokeni
 
 
 # ------------------------------------------------------------------ held-out and evaluate --text
-@pytest.fixture(scope="module")
-def clm_run(small_real_corpus, tmp_path_factory):
-    from _tiny_run import tiny_config, tiny_data, tiny_settings
-    from fixedhead.training import pretrain
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    data = tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
-    run = tmp_path_factory.mktemp("clm") / "run"
-    result = pretrain(tiny_config(), data, run, tiny_settings(max_steps=4, save_steps=4, eval_steps=4, objective="clm"))
-    torch.set_num_threads(threads)
-    return run, data, result
-
-
 def _heldout_files(data, corpus, folder):
     """The run's held-out documents, one .txt file each, in corpus order (a folder reads sorted)."""
     from fixedhead.data import read_corpus
@@ -165,9 +151,9 @@ def _heldout_files(data, corpus, folder):
 
 @pytest.mark.parametrize("kind", ["mlm", "clm"])
 def test_text_that_is_the_heldout_set_scores_as_the_heldout_set(
-    kind, tiny_pretrained_run, clm_run, small_real_corpus, tmp_path
+    kind, tiny_pretrained_run, tiny_causal_run, small_real_corpus, tmp_path
 ):
-    run, data, result = tiny_pretrained_run if kind == "mlm" else clm_run
+    run, data, result = tiny_pretrained_run if kind == "mlm" else tiny_causal_run
     assert 0.3 < result["heldout_bits_per_character"] < 8
     again = evaluate_run(run)
     assert again["bits_per_character"] == pytest.approx(result["heldout_bits_per_character"], rel=1e-5)
@@ -190,8 +176,8 @@ def test_text_that_is_the_heldout_set_scores_as_the_heldout_set(
 
 
 @pytest.mark.parametrize("kind", ["mlm", "clm"])
-def test_cli_evaluate_text_scores_a_folder_of_new_text(kind, tiny_pretrained_run, clm_run, tmp_path, capsys):
-    run, data, _ = tiny_pretrained_run if kind == "mlm" else clm_run
+def test_cli_evaluate_text_scores_a_folder_of_new_text(kind, tiny_pretrained_run, tiny_causal_run, tmp_path, capsys):
+    run, data, _ = tiny_pretrained_run if kind == "mlm" else tiny_causal_run
     folder = tmp_path / "new"
     folder.mkdir()
     a = "The river ran past the old mill, and the miller watched it every morning. " * 12

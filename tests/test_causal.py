@@ -188,24 +188,10 @@ def test_bad_labels_and_positions_are_refused():
 
 
 # ------------------------------------------------------------------ training a causal LM
-@pytest.fixture(scope="module")
-def clm_run(small_real_corpus, tmp_path_factory):
-    from _tiny_run import tiny_config, tiny_data, tiny_settings
-    from fixedhead.training import pretrain
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    data = tiny_data(small_real_corpus, tmp_path_factory.mktemp("tok"))
-    run = tmp_path_factory.mktemp("clm") / "run"
-    result = pretrain(tiny_config(), data, run, tiny_settings(max_steps=6, save_steps=6, eval_steps=3, objective="clm"))
-    torch.set_num_threads(threads)
-    return run, data, result
-
-
-def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(clm_run):
+def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(tiny_causal_run):
     from fixedhead.training.pretrain import evaluate_run
 
-    run, data, result = clm_run
+    run, data, result = tiny_causal_run
     assert result["objective"] == "clm"
     # every packed row scores its n - 2 next tokens (not [CLS], not the closing [SEP])
     assert result["heldout_masked_tokens"] == data.heldout.shape[0] * (data.heldout.shape[1] - 2)
@@ -215,10 +201,10 @@ def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(clm_run):
     assert (run / "README.md").read_text().count("text-generation") >= 1
 
 
-def test_text_generation_pipeline_continues_a_prompt(clm_run):
+def test_text_generation_pipeline_continues_a_prompt(tiny_causal_run):
     from transformers import pipeline
 
-    run, _, _ = clm_run
+    run, _, _ = tiny_causal_run
     generate = pipeline("text-generation", model=str(run))
     ids = generate.tokenizer("it was the best of times")["input_ids"]
     assert (
@@ -231,13 +217,13 @@ def test_text_generation_pipeline_continues_a_prompt(clm_run):
     assert len(tokens) == 32 or (len(tokens) < 32 and tokens[-1] == generate.tokenizer.eos_token_id)
 
 
-def test_causal_unigram_reference_counts_every_predicted_token(clm_run):
+def test_causal_unigram_reference_counts_every_predicted_token(tiny_causal_run):
     import math
     from collections import Counter
 
     from fixedhead.data.mlm import unigram_perplexity
 
-    _, data, _ = clm_run
+    _, data, _ = tiny_causal_run
     vocab = len(data.tokenizer)
     special = set(data.tokenizer.all_special_ids)
     counts = Counter(t for t in data.train.reshape(-1).tolist() if t not in special)
