@@ -24,8 +24,14 @@ def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys
     assert rc == 0
     out = capsys.readouterr().out
     assert "held-out ppl" in out and "bits/char" in out and "standard-wide" in out
-    results = json.loads((tmp_path / "c" / "results.json").read_text())["results"]
+    saved = json.loads((tmp_path / "c" / "results.json").read_text())
+    results = saved["results"]
     assert all(0 < r["heldout_bits_per_character"] < 10 for r in results)
+    # one tokenizer for every model, recorded beside the corpus, with the versions that trained them
+    tokenizer = saved["meta"]["data_info"]["tokenizer_sha256"]
+    assert len(tokenizer) == 64 and saved["meta"]["data_info"]["corpus_sha256"]
+    assert {r["reproducibility"]["tokenizer_sha256"] for r in results} == {tokenizer}
+    assert saved["meta"]["other_versions"]["accelerate"]
     assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
     assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
     # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)

@@ -109,3 +109,47 @@ def test_sweep_refuses_to_merge_runs_of_another_tokenizer(tmp_path):
     runs_only = {"meta": {}, "runs": {"x-s0": {"reproducibility": {"tokenizer_sha256": "c" * 64}}}}
     with pytest.raises(FileExistsError, match="cccccccccccc"):
         _check_same_tokenizer(runs_only, "a" * 64, tmp_path / "sweep.json")
+
+
+_TINY_RUN_IN_SUBPROCESS = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[3])
+from _tiny_run import tiny_config, tiny_data, tiny_settings
+from fixedhead.training import pretrain
+torch.set_num_threads(int(sys.argv[4]))
+data = tiny_data(sys.argv[1], sys.argv[2] + "/cache")
+result = pretrain(tiny_config(), data, sys.argv[2] + "/run", tiny_settings(max_steps=2, save_steps=2, eval_steps=2))
+print(json.dumps(result["reproducibility"]))
+"""
+
+
+def test_one_and_two_threads_learn_the_same_tokenizer_weights_and_data_order(small_real_corpus, tmp_path):
+    """Two fresh processes with fresh tokenizer caches, one on one torch thread and one on two:
+    the same tokenizer, initial weights and first batch (the loss may differ by float rounding)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    records = []
+    for threads in (1, 2):
+        folder = tmp_path / f"t{threads}"
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _TINY_RUN_IN_SUBPROCESS,
+                str(small_real_corpus),
+                str(folder),
+                str(Path(__file__).parent),
+                str(threads),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        records.append(json.loads(out.strip().splitlines()[-1]))
+    one, two = records
+    assert one["torch_threads"] == 1 and two["torch_threads"] == 2
+    for key in ("corpus_sha256", "tokenizer_sha256", "init_weights_sha256", "first_batch_sha256"):
+        assert one[key] and one[key] == two[key], key
