@@ -394,12 +394,6 @@ def test_heads_without_a_counterpart_are_refused_by_name():
         from_bert(BertForPreTraining(bert_config()))
 
 
-def test_old_import_path_still_works():
-    from fixedhead.modeling import from_bert as old
-
-    assert old is from_bert
-
-
 # ------------------------------------------------------------------ 5. tensor arguments
 def test_position_and_token_type_ids_in_every_shape_bert_accepts():
     bert, ours = pair(BertModel)

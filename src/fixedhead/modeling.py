@@ -695,20 +695,6 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
-# --------------------------------------------------------------------------------------------
-# Conversion from transformers' BERT lives in fixedhead.convert (it imports this module); the
-# old import path ``fixedhead.modeling.from_bert`` keeps working.
-# --------------------------------------------------------------------------------------------
-
-
-def __getattr__(name):
-    if name in ("from_bert", "config_from_bert"):
-        from . import convert
-
-        return getattr(convert, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def count_parameters(
     config: FixedHeadConfig, *, pooler: bool = True, mlm_head: bool = True, nsp_head: bool = False
 ) -> int:

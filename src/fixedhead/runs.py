@@ -254,7 +254,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         raise ValueError(
             f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
             + (
-                "; convert a transformers BERT first with fixedhead.modeling.from_bert(model) and save_pretrained"
+                "; convert a transformers BERT first with fixedhead.from_bert(model) and save_pretrained"
                 if config_dict.get("model_type") == "bert"
                 else ""
             )
