@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from fixedhead.experiments.presets import LM1B_PRESETS, PAPER_PRESETS, PAPER_TRAINING_TOKENS, gpu_hours, training_flops
+from fixedhead.experiments.presets import LM1B_PRESETS, PAPER_PRESETS, PAPER_TRAINING_TOKENS
+from fixedhead.flops import gpu_hours, training_flops
 from fixedhead.modeling import FixedHeadForMaskedLM, count_parameters
 
 

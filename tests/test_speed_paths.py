@@ -9,8 +9,9 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from fixedhead import attention, kernels
-from fixedhead.attention import MultiHeadAttention, sdpa_backend_plan, warn_if_unfused
+from fixedhead.attention import MultiHeadAttention
 from fixedhead.configuration import FixedHeadConfig
+from fixedhead.kernels import sdpa_backend_plan, warn_if_unfused
 from fixedhead.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -136,13 +137,11 @@ def test_dropout_attention_matches_math_with_the_same_mask(monkeypatch, with_bia
     bias = attention.padding_mask_to_bias(torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.float64)
     bias = bias if with_bias else None
     p, scale = 0.3, 0.5
-    out = attention._DropoutAttention.apply(q, k, v, bias, p, scale)
+    out = kernels.DropoutAttention.apply(q, k, v, bias, p, scale)
     scores = q @ k.transpose(-1, -2) * scale + (0 if bias is None else bias)
     ref = (torch.softmax(scores, -1) * masks[0].view(2, 3, 5, 5)) @ v
     torch.testing.assert_close(out, ref)
-    assert torch.autograd.gradcheck(
-        lambda q, k, v: attention._DropoutAttention.apply(q, k, v, bias, p, scale), (q, k, v)
-    )
+    assert torch.autograd.gradcheck(lambda q, k, v: kernels.DropoutAttention.apply(q, k, v, bias, p, scale), (q, k, v))
 
 
 def test_training_attention_probability_dropout_statistics():
@@ -177,7 +176,7 @@ def test_dropout_attention_value_size_and_no_silent_second_backward(monkeypatch)
     masks = _fixed_mask(monkeypatch)
     q, k = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True)  # value size 3 != 4
-    out = attention._DropoutAttention.apply(q, k, v, None, 0.2, 0.5)
+    out = kernels.DropoutAttention.apply(q, k, v, None, 0.2, 0.5)
     ref = (torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1) * masks[0].view(1, 2, 5, 5)) @ v
     torch.testing.assert_close(out, ref)
     (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)

@@ -32,19 +32,8 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
 from .checks import host_reads_allowed, require_tensor
-from .kernels import (  # noqa: F401 (kernel policy lives in fixedhead.kernels; these names stay importable here)
-    FLASH_MAX_HEAD_DIM,
-    FUSED_HEAD_DIM_MULTIPLE,
-    DropoutAttention,
-    needs_explicit_bias,
-    scaled_dot_product,
-    sdpa_backend_plan,
-    use_cpu_fast_path,
-    warn_if_unfused,
-)
+from .kernels import needs_explicit_bias, scaled_dot_product
 from .validation import positive_int
-
-_DropoutAttention = DropoutAttention  # the name benchmarks and tests used before the move
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=None):
@@ -247,9 +236,9 @@ class MultiHeadAttention(nn.Module):
             attention_mask: [batch, seq], 1 = token, 0 = padding; or None.
             output_attentions: also return the probabilities (forces the eager path).
             use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention`` (on CPU in
-                training with dropout, where SDPA has only its math kernel, this module's
-                ``_DropoutAttention``, the same computation); False for the eager reference
-                path. They agree to float rounding (with dropout: in distribution).
+                training with dropout, where SDPA has only its math kernel,
+                :class:`~fixedhead.kernels.DropoutAttention`, the same computation); False for the
+                eager reference path. They agree to float rounding (with dropout: in distribution).
             attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
                 :func:`padding_mask_to_bias` (models compute it once for all layers), or any
                 float bias broadcastable to [batch, heads, query, key]; overrides ``attention_mask``.
