@@ -20,7 +20,7 @@ from fixedhead import (
 from fixedhead.attention import MultiHeadAttention
 from fixedhead.cli import main, parse_head_dim
 from fixedhead.flops import estimate_flops
-from fixedhead.widen import WIDEN_FILE
+from fixedhead.training.widen import WIDEN_FILE
 
 D, H, L, V, F = 32, 4, 4, 60, 48
 

@@ -20,7 +20,7 @@ from fixedhead.data import DataSettings
 from fixedhead.runs import PRETRAIN_FILE
 from fixedhead.theory import causal_threshold
 from fixedhead.training import pretrain
-from fixedhead.widen import widen_run
+from fixedhead.training.widen import widen_run
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module (fixedhead.training.pretrain is the function)
 pytestmark = pytest.mark.usefixtures("one_thread")

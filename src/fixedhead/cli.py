@@ -843,7 +843,7 @@ def _add_widen(sub):
 
 
 def _cmd_widen(args):
-    from .widen import widen_run
+    from .training.widen import widen_run
 
     record = widen_run(
         args.run_dir,

@@ -281,7 +281,7 @@ def _write_start(base_dir: Path, arm: Arm, seed: int, out: Path) -> None:
     deterministic, so a finished continuation's record of its content still matches)."""
     from ..runs import follow_umask, open_run, resolve_local_path
     from ..training.pretrain import _load_model
-    from ..widen import WIDEN_FILE, widen_run
+    from ..training.widen import WIDEN_FILE, widen_run
 
     if arm.head_dim is not None:
         widen_run(base_dir, list(arm.head_dim), out, seed=seed, overwrite=True)
