@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
+from fixedhead.model.attention import MultiHeadAttention, padding_mask_to_bias
 
 
 def reference_attention(mha: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor | None):

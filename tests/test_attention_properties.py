@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixedhead.attention import MultiHeadAttention, resolve_head_dim
+from fixedhead.model.attention import MultiHeadAttention, resolve_head_dim
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

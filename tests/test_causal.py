@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, BertForMaskedLM, BertLMHeadModel, DynamicCache
 
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, from_bert
-from fixedhead.attention import MultiHeadAttention, causal_bias
+from fixedhead.model.attention import MultiHeadAttention, causal_bias
 
 
 def bert_config(**kw) -> BertConfig:

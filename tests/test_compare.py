@@ -99,8 +99,8 @@ def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_
     masking rate rather than refusing (a causal LM has none; next test)."""
     import math
 
-    from fixedhead.configuration import FixedHeadConfig
     from fixedhead.experiments.compare import get_compare_preset
+    from fixedhead.model.configuration import FixedHeadConfig
 
     cpu = get_compare_preset("cpu")
     n = cpu.data.max_seq_length

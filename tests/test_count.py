@@ -1,8 +1,8 @@
 import pytest
 
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.experiments.presets import PAPER_PRESETS
-from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadModel, count_parameters
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadModel, count_parameters
+from fixedhead.model.paper_presets import PAPER_PRESETS
 
 # the paper's reported sizes (Tables 1, 2A, 2B, 3), in millions: an independent check on the
 # architecture, written here rather than read back from the presets

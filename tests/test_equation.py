@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fixedhead.attention import MultiHeadAttention, multi_head_attention
+from fixedhead.model.attention import MultiHeadAttention, multi_head_attention
 
 
 @pytest.mark.parametrize("hidden, heads, head_dim", [(32, 4, None), (32, 4, 16), (24, 8, 5)])

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.flops import estimate_flops
-from fixedhead.modeling import FixedHeadForMaskedLM
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.flops import estimate_flops
+from fixedhead.model.modeling import FixedHeadForMaskedLM
 
 
 def tiny(**kw):

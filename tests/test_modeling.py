@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.convert import from_bert
-from fixedhead.modeling import (
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.from_bert import from_bert
+from fixedhead.model.modeling import (
     FixedHeadForMaskedLM,
     FixedHeadModel,
 )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixedhead.attention import MultiHeadAttention
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.modeling import FixedHeadForMaskedLM
+from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.modeling import FixedHeadForMaskedLM
 
 HIDDEN_TOL, LOGIT_TOL, LOSS_TOL = 0.03, 0.02, 0.01
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -3,7 +3,7 @@ and which settings make a run the same run."""
 
 import pytest
 
-from fixedhead.configuration import FixedHeadConfig
+from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import evaluate_run
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
-from fixedhead import attention, kernels
-from fixedhead.attention import MultiHeadAttention
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.kernels import sdpa_backend_plan, warn_if_unfused
-from fixedhead.modeling import FixedHeadForMaskedLM
+from fixedhead.model import attention, kernels
+from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.kernels import sdpa_backend_plan, warn_if_unfused
+from fixedhead.model.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

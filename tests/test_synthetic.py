@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from fixedhead.attention import MultiHeadAttention
 from fixedhead.cli import main
 from fixedhead.data.synthetic import (
     FarthestPointTask,
@@ -21,6 +20,7 @@ from fixedhead.data.synthetic import (
     sample_sphere,
 )
 from fixedhead.experiments import synthetic as S
+from fixedhead.model.attention import MultiHeadAttention
 
 
 def _np_sets(num_sets, n, d, seed):

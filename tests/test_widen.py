@@ -17,9 +17,9 @@ from fixedhead import (
     from_bert,
     widen_heads,
 )
-from fixedhead.attention import MultiHeadAttention
 from fixedhead.cli import main, parse_head_dim
-from fixedhead.flops import estimate_flops
+from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.flops import estimate_flops
 from fixedhead.training.widen import WIDEN_FILE
 
 D, H, L, V, F = 32, 4, 4, 60, 48

@@ -78,9 +78,9 @@ def _add_count(sub):
 
 
 def _cmd_count(args):
-    from .configuration import FixedHeadConfig
-    from .experiments.presets import PAPER_PRESETS, get_preset
-    from .modeling import count_parameters
+    from .model.configuration import FixedHeadConfig
+    from .model.modeling import count_parameters
+    from .model.paper_presets import PAPER_PRESETS, get_preset
 
     sizes = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if getattr(args, f) is not None]
     overrides = {f: getattr(args, f) for f in _COUNT_OVERRIDES if getattr(args, f) is not None}
@@ -161,7 +161,7 @@ def add_model_args(p):
 
 def model_config_from_args(args):
     """The ``FixedHeadConfig`` that the model options (``add_model_args``) and ``--max-seq-length`` describe."""
-    from .configuration import FixedHeadConfig
+    from .model.configuration import FixedHeadConfig
 
     dropout = 0.0 if args.dropout is None else args.dropout
     return FixedHeadConfig(
@@ -338,7 +338,7 @@ def _cmd_pretrain(args):
         objective = "clm" if source.config.is_decoder else "mlm"
         config = None
     elif args.preset:
-        from .experiments.presets import get_preset
+        from .model.paper_presets import get_preset
 
         objective = args.objective or get_preset(args.preset).objective  # LM1B presets: causal, as the paper
 

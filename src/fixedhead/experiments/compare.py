@@ -27,10 +27,10 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
 from ..data.mlm import unigram_perplexity
-from ..modeling import count_parameters
+from ..model.configuration import FixedHeadConfig
+from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, environment_info, load_json_file, staged_outputs
 from ..theory import causal_threshold
@@ -159,7 +159,7 @@ COMPARE_PRESETS = {"cpu": _cpu_preset, "cpu-mlm": _cpu_mlm_preset, "tiny": _tiny
 
 def get_compare_preset(name: str) -> ComparePreset:
     """Raises ValueError listing the known preset names."""
-    from .presets import lookup
+    from ..model.paper_presets import lookup
 
     return lookup(COMPARE_PRESETS, name, "compare")()
 

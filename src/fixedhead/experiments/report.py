@@ -330,8 +330,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             for claim, _, _ in rows[first_finetune_row:]
         ]
     # 10. parameter counts of the paper's tables
-    from ..experiments.presets import PAPER_PRESETS
-    from ..modeling import count_parameters
+    from ..model.modeling import count_parameters
+    from ..model.paper_presets import PAPER_PRESETS
 
     errs = [
         abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params

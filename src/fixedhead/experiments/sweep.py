@@ -29,10 +29,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..configuration import FixedHeadConfig
 from ..data import DEFAULT_CORPUS
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
-from ..modeling import count_parameters
+from ..model.configuration import FixedHeadConfig
+from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings
@@ -290,7 +290,7 @@ SWEEP_PRESETS = {"cpu": _cpu_sweep, "cpu-clm": _cpu_clm_sweep, "cpu-mlm": _cpu_m
 
 def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
     """Raises ValueError listing the known sweep presets."""
-    from .presets import lookup
+    from ..model.paper_presets import lookup
 
     return lookup(SWEEP_PRESETS, name, "sweep")(quick)
 

@@ -8,7 +8,7 @@ size are not rescued by having more of them. The prediction this experiment test
 model learns the task iff d_p ≥ r, whatever the number of heads h.
 
 The model (:class:`SetAttentionModel`) is one post-LN encoder block around this project's
-:class:`fixedhead.attention.MultiHeadAttention`, with no positions (the task is a set task), and a
+:class:`fixedhead.model.attention.MultiHeadAttention`, with no positions (the task is a set task), and a
 linear read-out. The grid trains it over (r, d_p) at d = 32, h = 8 (d_p = 4 is the standard d/h;
 larger d_p are the paper's fixed head size at the same d and h), plus a "more heads" row: d_p = 4
 with h = 8..64 at r = 16. Every cell is trained with the same recipe (:class:`SyntheticRecipe`)
@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..attention import MultiHeadAttention
 from ..data.synthetic import FarthestPointTask
+from ..model.attention import MultiHeadAttention
 from ..runs import invocation_commands, load_json_file, write_json_atomic
 from .report import mean_std
 
@@ -69,7 +69,7 @@ class SetAttentionModel(nn.Module):
     points x ∈ R^{N×d} → h0 = s_in·x → z = LN(h0 + MultiHead(h0)) → y = LN(z + FFN(z))
     → output = y W_rᵀ + b_r ∈ R^{N×d}.
     The block is BERT's (paper Section 2, post-LN, GELU feed-forward of width ``intermediate_size``);
-    MultiHead is :class:`fixedhead.attention.MultiHeadAttention` with h heads of size d_p (any d_p:
+    MultiHead is :class:`fixedhead.model.attention.MultiHeadAttention` with h heads of size d_p (any d_p:
     the paper's fixed head size, Section 4), whose logits q·k/√d_p are multiplied by ``logit_scale``
     (an inverse temperature, the same for every head size).
 
@@ -300,7 +300,7 @@ SYNTHETIC_PRESETS = {"default": _default_preset, "quick": _quick_preset}
 
 def get_synthetic_preset(name: str) -> SyntheticPreset:
     """Raises ValueError listing the known presets."""
-    from .presets import lookup
+    from ..model.paper_presets import lookup
 
     return lookup(SYNTHETIC_PRESETS, name, "farthest-point")()
 

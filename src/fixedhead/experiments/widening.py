@@ -24,7 +24,7 @@ noise given that base, not the noise of training a base.
 
 Every run is scored on every next token of the same held-out books, next to the unigram
 reference (:func:`fixedhead.data.mlm.unigram_perplexity`); parameters are
-:func:`fixedhead.modeling.count_parameters` and training FLOPs :func:`fixedhead.flops.training_flops`.
+:func:`fixedhead.model.modeling.count_parameters` and training FLOPs :func:`fixedhead.model.flops.training_flops`.
 
 **Verdict rule** (fixed before the committed run, :func:`compare_arms`): arm B against arm A is
 *lower loss* if mean loss(A) − mean loss(B) > 2 × the pooled standard deviation
@@ -85,7 +85,7 @@ class Arm:
 class WideningPreset:
     """The data, the base model, the two training recipes, the wide head size and the seeds.
 
-    ``model`` holds :class:`~fixedhead.configuration.FixedHeadConfig` fields of a standard-head
+    ``model`` holds :class:`~fixedhead.model.configuration.FixedHeadConfig` fields of a standard-head
     model (``head_dim=None``); ``base`` trains it from scratch; ``continuation`` is every arm's
     recipe (its ``seed`` is replaced by each of ``seeds``). Both must use ``objective="clm"``.
     """
@@ -155,22 +155,22 @@ WIDENING_PRESETS = {"cpu": _cpu_preset, "tiny": _tiny_preset}
 
 def get_widening_preset(name: str) -> WideningPreset:
     """Raises ValueError listing the known presets."""
-    from .presets import lookup
+    from ..model.paper_presets import lookup
 
     return lookup(WIDENING_PRESETS, name, "widen-experiment")()
 
 
 def _base_config(p: WideningPreset, vocab_size: int):
-    from ..configuration import FixedHeadConfig
+    from ..model.configuration import FixedHeadConfig
 
     return FixedHeadConfig(**p.model, vocab_size=vocab_size)
 
 
 def matched_intermediate_size(config, target_params: int) -> int:
     """The feed-forward width (same for every layer, ≥ the config's) whose parameter count is
-    nearest to ``target_params`` (counted as :func:`~fixedhead.modeling.count_parameters` without
+    nearest to ``target_params`` (counted as :func:`~fixedhead.model.modeling.count_parameters` without
     pooler); ties go to the smaller width."""
-    from ..modeling import count_parameters
+    from ..model.modeling import count_parameters
 
     def params(f):
         return count_parameters(replace_config(config, intermediate_size=f), pooler=False)
@@ -195,7 +195,7 @@ def make_arms(config, wide_head_dim: int) -> list[Arm]:
     Raises:
         ValueError: ``wide_head_dim`` not larger than the base's head size.
     """
-    from ..modeling import count_parameters
+    from ..model.modeling import count_parameters
 
     layers = config.num_hidden_layers
     old = config.layer_head_dims
@@ -423,8 +423,8 @@ def run_widening(
     """
     from ..data import prepare_data
     from ..data.mlm import unigram_perplexity
-    from ..flops import training_flops
-    from ..modeling import count_parameters
+    from ..model.flops import training_flops
+    from ..model.modeling import count_parameters
     from ..runs import environment_info, open_run
     from ..training.pretrain import _load_model, lm_config, pretrain
 
@@ -825,7 +825,7 @@ def report_markdown(state: dict) -> str:
         f"Held-out loss per next token (nats) and perplexity, mean ± std over seeds; the unigram reference "
         f"(training-set word frequencies, no context) on the same tokens is ppl {unigram:.1f} (loss "
         f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
-        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.flops.training_flops`).",
+        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.flops.training_flops`).",
         "",
         "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
         "perplexity | below unigram | losses per seed | − as-is, same seed |",

@@ -1,6 +1,6 @@
 """``fixedhead widen``: a pretraining run's language model with wider heads, saved as a new run folder.
 
-The model surgery itself (:func:`fixedhead.widen.widen_heads`) works on a model in memory; this
+The model surgery itself (:func:`fixedhead.widen_heads`) works on a model in memory; this
 module opens the source run (:func:`fixedhead.runs.open_run`), claims the output folder and writes
 the widened model, its tokenizer and ``widen.json`` there.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
+from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
+from ..model.surgery import new_head_dims, widen_heads
 from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
 from ..validation import non_negative_int
-from ..widen import new_head_dims, widen_heads
 
 WIDEN_FILE = "widen.json"
 #: every entry `fixedhead widen` writes into its output folder (its temporary files included)
@@ -43,14 +43,14 @@ def widen_run(
     """``fixedhead widen``: widen the heads of a run's language model and save it as a new run folder.
 
     Opens ``run_dir`` with :func:`fixedhead.runs.open_run` (masked or causal LM), widens it with
-    :func:`~fixedhead.widen.widen_heads`, and writes the model, its tokenizer and ``widen.json`` (source run, old and
+    :func:`fixedhead.widen_heads`, and writes the model, its tokenizer and ``widen.json`` (source run, old and
     new per-layer head sizes, seed, init_std) to ``output_dir``.
 
     Returns:
         the ``widen.json`` record.
 
     Raises:
-        ValueError: see :func:`~fixedhead.widen.widen_heads` and :func:`~fixedhead.runs.open_run`.
+        ValueError: see :func:`fixedhead.widen_heads` and :func:`~fixedhead.runs.open_run`.
         FileExistsError: ``output_dir`` holds files that ``fixedhead widen`` did not write.
         FileNotFoundError: no such run.
     """

@@ -1,7 +1,7 @@
 """Kernel policy for attention: which fused kernel runs, and a faster CPU kernel for training.
 
 Nothing here changes what attention computes beyond float rounding (the equation is
-:func:`fixedhead.attention.multi_head_attention`). It decides *how* the product runs:
+:func:`fixedhead.model.attention.multi_head_attention`). It decides *how* the product runs:
 
 * on CUDA, which scaled-dot-product-attention (SDPA) backends a head size allows
   (:func:`sdpa_backend_plan`), with one warning when the fused kernels drop out
@@ -9,7 +9,7 @@ Nothing here changes what attention computes beyond float rounding (the equation
   d_p leave FlashAttention;
 * on CPU in training with attention dropout, where PyTorch's SDPA has only its math kernel, a
   dropout-attention autograd function with the same products (:class:`DropoutAttention`);
-* :func:`scaled_dot_product`, the one call :class:`~fixedhead.attention.MultiHeadAttention` makes.
+* :func:`scaled_dot_product`, the one call :class:`~fixedhead.model.attention.MultiHeadAttention` makes.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
     for name in sorted(bert_config_fields(bert_config) - known):
         if name in values and values[name] != default.get(name):
             raise ValueError(
-                f"BertConfig field {name}={values[name]!r} is not known to fixedhead.convert, which cannot tell "
+                f"BertConfig field {name}={values[name]!r} is not known to fixedhead.from_bert, which cannot tell "
                 f"whether it changes the computation; refusing rather than dropping it"
             )
     if not isinstance(values.get("hidden_act"), str):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
+from ..validation import non_negative_int, positive_int
 from .attention import resolve_head_dim
-from .validation import non_negative_int, positive_int
 
 #: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -37,7 +37,7 @@ class FixedHeadConfig(PreTrainedConfig):
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
         initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
         tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
-        is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.modeling.FixedHeadForCausalLM`
+        is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.model.modeling.FixedHeadForCausalLM`
         sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
         and transformers' common fields (num_labels / id2label, problem_type, ...).
 

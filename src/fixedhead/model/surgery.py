@@ -32,8 +32,8 @@ import math
 
 import torch
 
+from ..validation import positive_float
 from .attention import MultiHeadAttention
-from .validation import positive_float
 
 
 def _attention_layers(model) -> list[MultiHeadAttention]:

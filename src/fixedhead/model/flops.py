@@ -7,8 +7,8 @@ for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :f
 
 from __future__ import annotations
 
+from ..validation import in_range, positive_float, positive_int
 from .configuration import FixedHeadConfig
-from .validation import in_range, positive_float, positive_int
 
 
 def estimate_flops(
@@ -46,7 +46,7 @@ def estimate_flops(
     model-FLOP utilisation is meant to expose.
 
     ``masked_fraction`` is the fraction of positions where the output layer runs: the masking
-    rate for :class:`~fixedhead.modeling.FixedHeadForMaskedLM` with labels (it scores only the
+    rate for :class:`~fixedhead.model.modeling.FixedHeadForMaskedLM` with labels (it scores only the
     labelled positions), ``1.0`` for full logits (transformers' ``BertForMaskedLM``, or our
     model without labels, e.g. inference). The paper's fixed head size changes only the ``i``
     terms: 8·d·i + 4·n·i per token per layer, against 8·d² + 4·n·d for standard heads.

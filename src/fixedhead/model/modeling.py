@@ -3,14 +3,14 @@
 Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
 LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
 embeddings. With ``config.head_dim=None`` the models are numerically BERT
-(see :func:`fixedhead.convert.from_bert` and the parity test); with an int they are the paper's
+(see :func:`fixedhead.from_bert` and the parity test); with an int they are the paper's
 fixed-head models.
 
 transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
 ``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
 ``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
 and ``torch.export``. Bad input is refused with a message naming the value; which checks run
-where (eager, compiled, GPU) is :mod:`fixedhead.checks`.
+where (eager, compiled, GPU) is :mod:`fixedhead.model.checks`.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
 
     Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
     ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
-    syncs), shape and dtype checks always run: see :mod:`fixedhead.checks`.
+    syncs), shape and dtype checks always run: see :mod:`fixedhead.model.checks`.
     A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
@@ -501,7 +501,7 @@ def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels
     Raises:
         ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
             [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
-            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.checks`.
+            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.model.checks`.
     """
     batch, num_labels = logits.shape
     shape = tuple(labels.shape)

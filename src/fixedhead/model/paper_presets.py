@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..configuration import FixedHeadConfig
+from .configuration import FixedHeadConfig
 
 #: the paper's BERT pretraining setup shared by every table (PAPER.md, "Experiments")
 _BERT_COMMON = dict(vocab_size=30522, num_hidden_layers=24, max_position_embeddings=512, type_vocab_size=2)

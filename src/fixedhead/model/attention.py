@@ -2,7 +2,7 @@
 
 This is the paper's core object (Bhojanapalli et al., ICML 2020, Sections 2 and 4). In standard
 multi-head attention the head size is tied to the embedding size, d_p = d/h; with
-``head_dim=None`` this module is exactly that layer (and, inside :mod:`fixedhead.modeling`,
+``head_dim=None`` this module is exactly that layer (and, inside :mod:`fixedhead.model.modeling`,
 numerically identical to transformers' BERT self-attention). With an integer ``head_dim`` it is
 the paper's *fixed head size* layer ("FixedMultiHead", Section 4): per head
 W_q^i, W_k^i, W_v^i ∈ R^{d_p×d}, logits scaled by 1/√d_p and an output projection
@@ -10,7 +10,7 @@ W_o ∈ R^{d×(h·d_p)}, for any number of heads h.
 
 Read :func:`multi_head_attention` first: the equation in 20 lines, a shape at every reshape.
 :class:`MultiHeadAttention` is the same computation with biases, dropout, masks (padding and
-causal), a key/value cache and fast kernels (chosen in :mod:`fixedhead.kernels`); a test checks
+causal), a key/value cache and fast kernels (chosen in :mod:`fixedhead.model.kernels`); a test checks
 that the two agree.
 
 Conventions (batch-first, as in PyTorch): hidden states are [batch, seq, hidden_size]; inside
@@ -31,9 +31,9 @@ from torch import nn
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
+from ..validation import positive_int
 from .checks import host_reads_allowed, require_tensor
 from .kernels import needs_explicit_bias, scaled_dot_product
-from .validation import positive_int
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=None):
@@ -94,7 +94,7 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
 
     Returns:
         None when there is no mask, or when nothing is masked and reading the mask on the host is
-        free (eager mode, CPU: see :mod:`fixedhead.checks`), so SDPA can take its fastest path;
+        free (eager mode, CPU: see :mod:`fixedhead.model.checks`), so SDPA can take its fastest path;
         otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
         (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
         cast cannot make it -inf). Under ``torch.compile``/``torch.export`` and on GPUs a mask is
@@ -106,7 +106,7 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
     Raises:
         ValueError: a mask that is not 2-D, is complex, or holds values other than 0 and 1
             (an additive 0/-inf mask, say); the message names the first bad value (the value
-            check runs where host reads are free, see :mod:`fixedhead.checks`).
+            check runs where host reads are free, see :mod:`fixedhead.model.checks`).
         TypeError: a mask that is not a tensor.
     """
     if attention_mask is None:
@@ -237,7 +237,7 @@ class MultiHeadAttention(nn.Module):
             output_attentions: also return the probabilities (forces the eager path).
             use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention`` (on CPU in
                 training with dropout, where SDPA has only its math kernel,
-                :class:`~fixedhead.kernels.DropoutAttention`, the same computation); False for the
+                :class:`~fixedhead.model.kernels.DropoutAttention`, the same computation); False for the
                 eager reference path. They agree to float rounding (with dropout: in distribution).
             attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
                 :func:`padding_mask_to_bias` (models compute it once for all layers), or any
