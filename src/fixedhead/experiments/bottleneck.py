@@ -15,9 +15,6 @@ import math
 import numpy as np
 
 from ..theory import (
-    _causal_log,
-    _check_int,
-    _one_thread,
     causal_logit_lower_bounds,
     causal_threshold,
     fit_causal_logits,
@@ -26,6 +23,8 @@ from ..theory import (
     min_head_dim,
     random_attention,
 )
+from ..theory.causal import _causal_log
+from ..theory.common import _check_int, _one_thread
 
 SWEEP_COLUMNS = [
     "mask",
