@@ -279,7 +279,7 @@ def test_cli_compare_causal_reports_the_unigram_reference(small_real_corpus, tmp
     assert {r["objective"] for r in saved["results"]} == {"clm"}
     assert all(json.loads((out / name / "config.json").read_text())["is_decoder"] for name in ("standard", "fixed"))
     # every causal model's continuation of each prompt is printed and kept (the README's output check)
-    from fixedhead.experiments.compare import SAMPLE_PROMPTS
+    from fixedhead.studies.compare import SAMPLE_PROMPTS
 
     for r in saved["results"]:
         assert set(r["samples"]) == set(SAMPLE_PROMPTS) and all(r["samples"].values())

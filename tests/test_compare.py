@@ -1,4 +1,4 @@
-"""fixedhead.experiments.compare (``fixedhead compare``): the tiny preset end to end, and what it
+"""fixedhead.studies.compare (``fixedhead compare``): the tiny preset end to end, and what it
 refuses before any work."""
 
 import json
@@ -38,7 +38,7 @@ def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_
     import csv
     import math
 
-    from fixedhead.experiments.compare import format_table, write_results
+    from fixedhead.studies.compare import format_table, write_results
 
     base = dict(
         hidden_size=32,
@@ -70,7 +70,7 @@ def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_
 
 
 def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
-    import fixedhead.experiments.compare as compare
+    import fixedhead.studies.compare as compare
 
     monkeypatch.setattr(compare, "DEFAULT_CORPUS", tmp_path / "nowhere.jsonl.gz")
     preset = compare.get_compare_preset("tiny")
@@ -99,8 +99,8 @@ def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_
     masking rate rather than refusing (a causal LM has none; next test)."""
     import math
 
-    from fixedhead.experiments.compare import get_compare_preset
     from fixedhead.model.configuration import FixedHeadConfig
+    from fixedhead.studies.compare import get_compare_preset
 
     cpu = get_compare_preset("cpu")
     n = cpu.data.max_seq_length
@@ -113,7 +113,7 @@ def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_
 
 
 def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_path, monkeypatch):
-    import fixedhead.experiments.compare as compare
+    import fixedhead.studies.compare as compare
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     tiny = compare.get_compare_preset("tiny")

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-import fixedhead.experiments.compare as compare
+import fixedhead.studies.compare as compare
 from fixedhead.cli import main
-from fixedhead.experiments.report import claims, verdict, welch, write_report
-from fixedhead.experiments.sweep import (
+from fixedhead.studies.report import claims, verdict, welch, write_report
+from fixedhead.studies.sweep import (
     SWEEP_FILE,
     SweepPoint,
     SweepPreset,
@@ -50,7 +50,7 @@ def test_cpu_plan_is_deduplicated_and_seed_major():
 
 
 def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
-    from fixedhead.experiments.compare import get_compare_preset
+    from fixedhead.studies.compare import get_compare_preset
 
     preset, recipe = get_sweep_preset("cpu-mlm"), get_compare_preset("cpu-mlm")
     for field in ("objective", "mlm_probability", "batch_size", "learning_rate", "max_steps"):
@@ -68,7 +68,7 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
 
 
 def test_nats_range_wording():
-    from fixedhead.experiments.report import _nats_range
+    from fixedhead.studies.report import _nats_range
 
     assert _nats_range(0.70, 0.78) == "0.70–0.78 nats below it"
     assert _nats_range(-0.39, -0.25) == "0.25–0.39 nats above it"
@@ -197,7 +197,7 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
     import os
     import subprocess
 
-    from fixedhead.experiments.sweep import _try_lock
+    from fixedhead.studies.sweep import _try_lock
 
     run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
     lock = _try_lock(run_dir)
@@ -246,7 +246,7 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, c
 
 
 def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
-    from fixedhead.experiments.report import PointStats, _table
+    from fixedhead.studies.report import PointStats, _table
 
     run = dict(hidden_size=32, num_attention_heads=4, head_dim=8, parameters=10_000, heldout_perplexity=100.0)
     both = PointStats("heads", "fixed", 4, "k1", [dict(run, heldout_bits_per_character=1.0), dict(run)])

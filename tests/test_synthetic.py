@@ -19,8 +19,8 @@ from fixedhead.data.synthetic import (
     orthonormal_projection,
     sample_sphere,
 )
-from fixedhead.experiments import synthetic as S
 from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.studies import farthest_point as S
 
 
 def _np_sets(num_sets, n, d, seed):

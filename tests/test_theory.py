@@ -14,7 +14,7 @@ import torch
 
 from fixedhead import theory as th
 from fixedhead.cli import main
-from fixedhead.experiments import bottleneck
+from fixedhead.studies import bottleneck
 from fixedhead.theory.theorem2 import _random_layer  # a random layer of the shape a fit starts from
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixedhead.experiments.widening as W
+import fixedhead.studies.widening as W
 from _tiny_run import tiny_config, tiny_settings
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main

@@ -28,7 +28,7 @@ What is here, one module per part of the paper (import the names from :mod:`fixe
   :func:`numerical_rank`, :data:`ROW_SUM_TOL`.
 
 Mathematics only: no files, no plots, no progress bars (the ``fixedhead bottleneck`` experiment
-around these functions is :mod:`fixedhead.experiments.bottleneck`). This package stands alone
+around these functions is :mod:`fixedhead.studies.bottleneck`). This package stands alone
 (NumPy, SciPy, PyTorch); it imports nothing from the rest of fixedhead (tests/test_layering.py).
 """
 

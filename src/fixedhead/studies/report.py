@@ -1,6 +1,6 @@
 """`fixedhead report SWEEP_DIR`: markdown tables, PNG plots and the paper-claim table of a sweep.
 
-Reads ``SWEEP_DIR/sweep.json`` (written by :func:`fixedhead.experiments.sweep.run_sweep`) and
+Reads ``SWEEP_DIR/sweep.json`` (written by :func:`fixedhead.studies.sweep.run_sweep`) and
 writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png`` and
 ``finetune_vs_perplexity.png`` into the output folder (default: the sweep folder).
 

@@ -16,7 +16,7 @@ Points that are the same architecture (a fixed head size equal to d/h *is* the s
 are trained once and shared between series. Every (model, seed) pair is one run directory
 ``OUT/runs/<key>-s<seed>``; a sweep that is interrupted resumes without redoing finished runs
 (pretraining: ``metrics.json`` with the same settings; fine-tuning: ``finetune_metrics.json``).
-Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.experiments.report.write_report`
+Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.studies.report.write_report`
 turns it into markdown and plots.
 """
 
