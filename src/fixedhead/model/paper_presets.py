@@ -1,7 +1,7 @@
 """Named model configurations: the paper's BERT sizes (Tables 1–3) and LM1B-style models (Fig. 1/3a).
 
 Every paper preset records the parameter count the paper reports (``paper_params``, in
-millions), so the implementation can be checked against it (tests/test_count.py).
+millions), so the implementation can be checked against it (tests/model/test_count.py).
 """
 
 from __future__ import annotations

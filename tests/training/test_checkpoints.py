@@ -36,7 +36,7 @@ from fixedhead.training.checkpoints import (
 )
 from fixedhead.training.pretrain import load_run
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
