@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_training_step import PeakTensorMemory, make_batch, sync, tune_glibc_malloc
 
-from fixedhead.experiments.presets import get_preset
-from fixedhead.modeling import FixedHeadForMaskedLM
+from fixedhead.model.modeling import FixedHeadForMaskedLM
+from fixedhead.model.paper_presets import get_preset
 
 
 def step(model, batch):

@@ -45,9 +45,9 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import SequenceDataset, heldout_batches, unigram_perplexity
+from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.training.pretrain import TrainSettings, evaluate_mlm, pretrain
 
 SEQ = 32

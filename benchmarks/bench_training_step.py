@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Side by side: fixedhead's FixedHeadForMaskedLM against transformers' BertForMaskedLM.
 
-One process, identical configuration and identical weights (``fixedhead.convert.from_bert``).
+One process, identical configuration and identical weights (``fixedhead.from_bert``).
 Every comparison is a pair of rows run back to back, A B in one round and B A in the next, and
 its ratio is the median of those adjacent ratios: on a noisy, shared machine only side-by-side
 ratios mean anything (absolute times here moved 2× within a minute while this was written).
@@ -16,7 +16,7 @@ Rows:
 Columns: step time (median over all runs of the row, and the best), tokens/s, time relative to
 the row it is paired with (median of adjacent ratios), peak tensor memory of a step
 (parameters, optimizer state, activations, gradients and temporaries), FLOPs per step from
-``fixedhead.flops.estimate_flops``, achieved GFLOP/s and model-FLOP utilisation against an fp32
+``fixedhead.model.flops.estimate_flops``, achieved GFLOP/s and model-FLOP utilisation against an fp32
 ``torch.matmul`` peak measured in the same run (once per round, between the models).
 
 Usage: python benchmarks/bench_training_step.py [--rounds 3] [--compile] [--bf16] [--quick] ...
@@ -42,11 +42,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fixedhead.attention import MultiHeadAttention
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.convert import from_bert
-from fixedhead.flops import estimate_flops
-from fixedhead.modeling import FixedHeadForMaskedLM
+from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.flops import estimate_flops
+from fixedhead.model.from_bert import from_bert
+from fixedhead.model.modeling import FixedHeadForMaskedLM
 
 # ---------------------------------------------------------------------------------------------
 # machine set-up and measurement helpers

@@ -28,9 +28,9 @@ import torch
 
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import unigram_perplexity
-from fixedhead.experiments.compare import train_or_reuse
-from fixedhead.experiments.presets import get_preset
-from fixedhead.flops import training_flops
+from fixedhead.model.flops import training_flops
+from fixedhead.model.paper_presets import get_preset
+from fixedhead.studies.compare import train_or_reuse
 from fixedhead.training.pretrain import TrainSettings
 
 MODELS = {"standard (d_p=8)": "lm1b-standard-d256-h32", "fixed (d_p=32)": "lm1b-fixed-d256-h32-dp32"}

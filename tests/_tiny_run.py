@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from fixedhead.configuration import FixedHeadConfig
+from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.training import DataSettings, TrainSettings, prepare_data
 
 

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from _tiny_run import snapshot, tiny_config, tiny_settings
-from fixedhead.attention import MultiHeadAttention, padding_mask_to_bias
 from fixedhead.cli import main
-from fixedhead.configuration import FixedHeadConfig
 from fixedhead.data import pack_sequences, read_corpus
 from fixedhead.data.glue import glue_metrics, read_glue_tsv
-from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
+from fixedhead.model.attention import MultiHeadAttention, padding_mask_to_bias
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 from fixedhead.training import TrainSettings, pretrain
 from fixedhead.training.pretrain import load_run
 

@@ -79,7 +79,7 @@ def test_dropout_0_rows_have_no_dropout_and_the_others_keep_it():
 def test_lever_variants_compute_the_same_function():
     """The unfused-q,k,v and zero-bias rows time the same model, only computed the other way."""
     from fixedhead import FixedHeadConfig, FixedHeadForMaskedLM
-    from fixedhead.attention import MultiHeadAttention
+    from fixedhead.model.attention import MultiHeadAttention
 
     bench = load_bench()
     cfg = FixedHeadConfig(

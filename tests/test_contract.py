@@ -26,11 +26,11 @@ from transformers import (
     BertTokenizerFast,
 )
 
-import fixedhead.convert as convert
-from fixedhead import checks
-from fixedhead.configuration import FixedHeadConfig
-from fixedhead.convert import from_bert
-from fixedhead.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
+import fixedhead.model.from_bert as convert
+from fixedhead.model import checks
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.from_bert import from_bert
+from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
 
 HEAD_DIMS = [None, 12]  # the standard head size d/h (BERT itself) and a fixed one
 
@@ -368,7 +368,7 @@ def test_bert_model_without_pooler():
 
 
 def test_every_bert_config_field_is_classified():
-    """A newer transformers adding a BertConfig field fails here until convert.py classifies it."""
+    """A newer transformers adding a BertConfig field fails here until model/from_bert.py classifies it."""
     known = set(convert.CARRIED) | set(convert.REFUSED_UNLESS_DEFAULT) | set(convert.NO_EFFECT)
     assert convert.bert_config_fields() <= known, sorted(convert.bert_config_fields() - known)
     assert not set(convert.CARRIED) & set(convert.NO_EFFECT)
@@ -379,7 +379,7 @@ def test_unclassified_or_unsupported_fields_are_refused(monkeypatch):
         from_bert(BertForMaskedLM(bert_config(is_decoder=True, add_cross_attention=True)))
     with pytest.raises(ValueError, match="relative_key"):
         from_bert(BertModel(bert_config(position_embedding_type="relative_key")))
-    # a field convert.py does not know (simulated by forgetting one) is refused unless at its default
+    # a field from_bert.py does not know (simulated by forgetting one) is refused unless at its default
     monkeypatch.setattr(convert, "CARRIED", tuple(f for f in convert.CARRIED if f != "layer_norm_eps"))
     from_bert(BertModel(bert_config()))
     with pytest.raises(ValueError, match="layer_norm_eps=1e-06 is not known"):
@@ -392,12 +392,6 @@ def test_heads_without_a_counterpart_are_refused_by_name():
         match="BertModel, BertForMaskedLM, BertLMHeadModel or BertForSequenceClassification.*BertForPreTraining",
     ):
         from_bert(BertForPreTraining(bert_config()))
-
-
-def test_old_import_path_still_works():
-    from fixedhead.modeling import from_bert as old
-
-    assert old is from_bert
 
 
 # ------------------------------------------------------------------ 5. tensor arguments

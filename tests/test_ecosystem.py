@@ -247,7 +247,7 @@ def test_shipped_launcher_configs_parse():
     fsdp = ClusterConfig.from_yaml_file(str(root / "accelerate_fsdp.yaml"))  # unknown keys raise
     assert fsdp.distributed_type.value == "FSDP"
     assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "FixedHeadLayer"
-    from fixedhead.modeling import FixedHeadLayer  # the class named there exists
+    from fixedhead.model.modeling import FixedHeadLayer  # the class named there exists
 
     assert FixedHeadLayer.__name__ in FixedHeadForMaskedLM._no_split_modules
     ds = ClusterConfig.from_yaml_file(str(root / "accelerate_deepspeed.yaml"))

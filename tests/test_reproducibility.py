@@ -70,7 +70,7 @@ def test_tokenizer_is_in_the_run_and_every_checkpoint_from_the_first_step(tiny_p
 
 def test_resume_and_reuse_refuse_another_tokenizer(tiny_prepared, small_real_corpus, tmp_path):
     from _tiny_run import tiny_data
-    from fixedhead.experiments.compare import train_or_reuse
+    from fixedhead.studies.compare import train_or_reuse
 
     run = tmp_path / "run"
     settings = tiny_settings(max_steps=4, save_steps=2)
@@ -99,7 +99,7 @@ def _with_extra_piece(tokenizer, folder):
 
 
 def test_sweep_refuses_to_merge_runs_of_another_tokenizer(tmp_path):
-    from fixedhead.experiments.sweep import _check_same_tokenizer
+    from fixedhead.studies.sweep import _check_same_tokenizer
 
     state = {"meta": {"data_info": {"tokenizer_sha256": "a" * 64}}, "runs": {}}
     _check_same_tokenizer(state, "a" * 64, tmp_path / "sweep.json")

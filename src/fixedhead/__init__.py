@@ -4,10 +4,10 @@ Standard multi-head attention ties the head size to the embedding size (d_p = d/
 decouples it. See README.md.
 """
 
-from .attention import MultiHeadAttention
-from .configuration import FixedHeadConfig
-from .convert import from_bert
-from .modeling import (
+from .model.attention import MultiHeadAttention
+from .model.configuration import FixedHeadConfig
+from .model.from_bert import from_bert
+from .model.modeling import (
     FixedHeadForCausalLM,
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
@@ -15,7 +15,7 @@ from .modeling import (
     count_parameters,
     register_auto_classes,
 )
-from .widen import widen_heads
+from .model.surgery import widen_heads
 
 register_auto_classes()  # AutoConfig / AutoModel* / pipeline(...) load fixedhead run directories
 

@@ -24,7 +24,7 @@ For every layer and head, on real text, this measures what the paper's Section 3
 Statistics are per sequence, then averaged over the sequences analysed. Sequences are windows of
 ``n`` tokens of the text, [CLS] … [SEP], without padding.
 
-Supported models: fixedhead models (:class:`fixedhead.attention.MultiHeadAttention`) and
+Supported models: fixedhead models (:class:`fixedhead.model.attention.MultiHeadAttention`) and
 transformers encoders whose self-attention modules expose ``query``/``key`` linear layers with
 ``num_attention_heads`` and ``attention_head_size`` (BERT, and the BERT-derived RoBERTa/ELECTRA
 family), loaded from a local directory with ``AutoModel``.
@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .attention import MultiHeadAttention
 from .data import read_text, text_windows
+from .model.attention import MultiHeadAttention
 from .theory import min_head_dim
 
 DEFAULT_RTOL = 1e-5
@@ -315,7 +315,7 @@ def load_encoder(
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from .modeling import register_auto_classes
+    from .model.modeling import register_auto_classes
     from .runs import check_model_dir, load_json_file, open_run
 
     register_auto_classes()  # model_type "fixedhead" (already done by ``import fixedhead``; idempotent)

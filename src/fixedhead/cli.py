@@ -78,9 +78,9 @@ def _add_count(sub):
 
 
 def _cmd_count(args):
-    from .configuration import FixedHeadConfig
-    from .experiments.presets import PAPER_PRESETS, get_preset
-    from .modeling import count_parameters
+    from .model.configuration import FixedHeadConfig
+    from .model.modeling import count_parameters
+    from .model.paper_presets import PAPER_PRESETS, get_preset
 
     sizes = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if getattr(args, f) is not None]
     overrides = {f: getattr(args, f) for f in _COUNT_OVERRIDES if getattr(args, f) is not None}
@@ -161,7 +161,7 @@ def add_model_args(p):
 
 def model_config_from_args(args):
     """The ``FixedHeadConfig`` that the model options (``add_model_args``) and ``--max-seq-length`` describe."""
-    from .configuration import FixedHeadConfig
+    from .model.configuration import FixedHeadConfig
 
     dropout = 0.0 if args.dropout is None else args.dropout
     return FixedHeadConfig(
@@ -338,7 +338,7 @@ def _cmd_pretrain(args):
         objective = "clm" if source.config.is_decoder else "mlm"
         config = None
     elif args.preset:
-        from .experiments.presets import get_preset
+        from .model.paper_presets import get_preset
 
         objective = args.objective or get_preset(args.preset).objective  # LM1B presets: causal, as the paper
 
@@ -491,7 +491,7 @@ def _cmd_evaluate(args):
 
 # -------------------------------------------------------------------------------- compare
 def _add_compare(sub):
-    from .experiments.compare import COMPARE_PRESETS
+    from .studies.compare import COMPARE_PRESETS
 
     p = sub.add_parser("compare", help="train standard vs fixed-head models on the same text and compare (make run)")
     p.add_argument("--preset", default="cpu", choices=sorted(COMPARE_PRESETS))
@@ -514,7 +514,7 @@ def _add_compare(sub):
 
 
 def _cmd_compare(args):
-    from .experiments.compare import run_compare
+    from .studies.compare import run_compare
 
     run_compare(
         args.preset,
@@ -547,8 +547,8 @@ def _add_bottleneck(sub):
 
 
 def _cmd_bottleneck(args):
-    from .experiments.bottleneck import bottleneck_sweep
     from .runs import claim_output_dir
+    from .studies.bottleneck import bottleneck_sweep
 
     claim_output_dir(
         args.output_dir,
@@ -704,7 +704,7 @@ def _cmd_finetune(args):
 
 # ---------------------------------------------------------------------------------- sweep
 def _add_sweep(sub):
-    from .experiments.sweep import EXPERIMENTS, SWEEP_PRESETS
+    from .studies.sweep import EXPERIMENTS, SWEEP_PRESETS
 
     p = sub.add_parser(
         "sweep",
@@ -735,8 +735,8 @@ def _add_sweep(sub):
 
 
 def _cmd_sweep(args):
-    from .experiments.report import write_report
-    from .experiments.sweep import run_sweep
+    from .studies.report import write_report
+    from .studies.sweep import run_sweep
 
     if args.threads is not None:
         import torch
@@ -771,7 +771,7 @@ def _add_report(sub):
 
 
 def _cmd_report(args):
-    from .experiments.report import write_report
+    from .studies.report import write_report
 
     print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
     return 0
@@ -779,7 +779,7 @@ def _cmd_report(args):
 
 # -------------------------------------------------------------------------- farthest-point
 def _add_farthest_point(sub):
-    from .experiments.synthetic import SYNTHETIC_PRESETS
+    from .studies.farthest_point import SYNTHETIC_PRESETS
 
     p = sub.add_parser(
         "farthest-point",
@@ -798,7 +798,7 @@ def _add_farthest_point(sub):
 
 
 def _cmd_farthest_point(args):
-    from .experiments.synthetic import format_grid, run_synthetic
+    from .studies.farthest_point import format_grid, run_synthetic
 
     preset = "quick" if args.quick else args.preset
     if args.threads is not None:
@@ -843,7 +843,7 @@ def _add_widen(sub):
 
 
 def _cmd_widen(args):
-    from .widen import widen_run
+    from .training.widen import widen_run
 
     record = widen_run(
         args.run_dir,
@@ -863,7 +863,7 @@ def _cmd_widen(args):
 
 # ----------------------------------------------------------------------- widen-experiment
 def _add_widen_experiment(sub):
-    from .experiments.widening import WIDENING_PRESETS
+    from .studies.widening import WIDENING_PRESETS
 
     p = sub.add_parser(
         "widen-experiment",
@@ -889,7 +889,7 @@ def _add_widen_experiment(sub):
 
 
 def _cmd_widen_experiment(args):
-    from .experiments.widening import format_table, run_widening
+    from .studies.widening import format_table, run_widening
     from .validation import positive_int
 
     if args.threads is not None:

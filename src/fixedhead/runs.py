@@ -214,7 +214,7 @@ def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) ->
 class OpenedRun:
     """A validated fixedhead run directory (nothing loaded into a model yet).
 
-    ``config`` is the :class:`~fixedhead.configuration.FixedHeadConfig`, ``tokenizer`` the
+    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig`, ``tokenizer`` the
     run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its
     ``pretrain_settings.json`` ({} if absent), ``weights`` ``"safetensors"`` or ``"pickle"``.
     """
@@ -245,7 +245,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
     """
     from transformers import AutoTokenizer
 
-    from .configuration import FixedHeadConfig
+    from .model.configuration import FixedHeadConfig
 
     run_dir = Path(run_dir)
     weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
@@ -254,7 +254,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         raise ValueError(
             f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
             + (
-                "; convert a transformers BERT first with fixedhead.modeling.from_bert(model) and save_pretrained"
+                "; convert a transformers BERT first with fixedhead.from_bert(model) and save_pretrained"
                 if config_dict.get("model_type") == "bert"
                 else ""
             )

@@ -209,7 +209,7 @@ def finetune(
         set_seed,
     )
 
-    from ..modeling import FixedHeadForSequenceClassification
+    from ..model.modeling import FixedHeadForSequenceClassification
 
     settings = settings or FinetuneSettings()
     spec = get_glue_task(task)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from ..configuration import FixedHeadConfig
 from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in fixedhead.data.mlm)
     OBJECTIVES,
     CausalCollator,
@@ -37,7 +36,8 @@ from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in 
     scored_characters,
 )
 from ..data.tokenizer import tokenizer_sha256
-from ..modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
+from ..model.configuration import FixedHeadConfig
+from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,

@@ -1,0 +1,137 @@
+"""FixedHeadConfig: a BERT configuration whose head size is one independent field.
+
+Field names follow transformers' ``BertConfig``. The single addition is ``head_dim``: ``None``
+means the standard tied head size d_p = hidden_size / num_attention_heads (paper Section 2), an
+int is the paper's fixed head size (Section 4), and a list gives each layer its own (one entry per
+layer, each None or an int; :attr:`FixedHeadConfig.layer_head_dims` resolves them).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from transformers import PreTrainedConfig
+
+from ..validation import non_negative_int, positive_int
+from .attention import resolve_head_dim
+
+#: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def _check_prob(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+
+@dataclass(repr=False)
+class FixedHeadConfig(PreTrainedConfig):
+    """Configuration of a post-LN BERT encoder with standard or fixed head size.
+
+    Args (the transformers BERT names; the paper's symbols in brackets):
+        vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h],
+        head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or a list with
+            one entry per layer (each None or an int) for per-layer head sizes,
+        intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
+        attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
+        initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
+        tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
+        is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.model.modeling.FixedHeadForCausalLM`
+        sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
+        and transformers' common fields (num_labels / id2label, problem_type, ...).
+
+    Raises:
+        ValueError: at construction, naming the bad value: non-int or non-positive sizes
+            (bools and floats included), standard mode with d not divisible by h, a per-layer
+            ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, dropout
+            outside [0, 1), pad_token_id outside the vocabulary, a problem_type that is not one
+            of :data:`PROBLEM_TYPES` (BERT would silently compute no loss).
+    """
+
+    model_type = "fixedhead"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    head_dim: int | list[int | None] | None = None
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    classifier_dropout: float | None = None
+    tie_word_embeddings: bool = True
+    is_decoder: bool = False  # causal (left-to-right) attention; FixedHeadForCausalLM sets it
+    use_cache: bool = True  # decoders: keep a key/value cache while generating
+
+    def __post_init__(self, **kwargs):
+        positive_int("num_hidden_layers", self.num_hidden_layers)
+        if isinstance(self.head_dim, (list, tuple)):
+            self.head_dim = list(self.head_dim)  # saved as a JSON list, reloaded the same
+            if len(self.head_dim) != self.num_hidden_layers:
+                raise ValueError(
+                    f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
+                    f"got {len(self.head_dim)}: {self.head_dim!r}"
+                )
+            for layer, dp in enumerate(self.head_dim):
+                try:
+                    resolve_head_dim(self.hidden_size, self.num_attention_heads, dp)
+                except ValueError as e:
+                    raise ValueError(f"head_dim[{layer}] (layer {layer}): {e}") from None
+        else:
+            resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
+        for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
+            positive_int(name, getattr(self, name))
+        non_negative_int("type_vocab_size", self.type_vocab_size)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            _check_prob(name, getattr(self, name))
+        if self.classifier_dropout is not None:
+            _check_prob("classifier_dropout", self.classifier_dropout)
+        if self.pad_token_id is not None and not (
+            isinstance(self.pad_token_id, numbers.Integral) and 0 <= self.pad_token_id < self.vocab_size
+        ):
+            raise ValueError(f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}")
+        if getattr(self, "problem_type", None) is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {self.problem_type!r}")
+        if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        super().__post_init__(**kwargs)
+
+    @property
+    def layer_head_dims(self) -> list[int]:
+        """The head size d_p of every layer, resolved (None entries = hidden_size // num_attention_heads)."""
+        per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
+        return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
+
+    @property
+    def attention_head_size(self) -> int:
+        """The head size d_p in use: ``head_dim`` if set, else hidden_size // num_attention_heads.
+
+        Raises:
+            ValueError: per-layer head sizes that differ (use :attr:`layer_head_dims`).
+        """
+        sizes = set(self.layer_head_dims)
+        if len(sizes) != 1:
+            raise ValueError(
+                f"head sizes differ per layer ({self.layer_head_dims}); use config.layer_head_dims for one layer's"
+            )
+        return sizes.pop()
+
+    @property
+    def head_size_label(self) -> int | list[int]:
+        """d_p for reports: the int when every layer has the same head size, else the per-layer list."""
+        sizes = self.layer_head_dims
+        return sizes[0] if len(set(sizes)) == 1 else sizes
+
+    @property
+    def is_fixed_head(self) -> bool:
+        """True when some layer's head size is set explicitly (not the standard d/h)."""
+        if isinstance(self.head_dim, list):
+            return any(dp is not None for dp in self.head_dim)
+        return self.head_dim is not None

@@ -1,0 +1,192 @@
+"""Kernel policy for attention: which fused kernel runs, and a faster CPU kernel for training.
+
+Nothing here changes what attention computes beyond float rounding (the equation is
+:func:`fixedhead.model.attention.multi_head_attention`). It decides *how* the product runs:
+
+* on CUDA, which scaled-dot-product-attention (SDPA) backends a head size allows
+  (:func:`sdpa_backend_plan`), with one warning when the fused kernels drop out
+  (:func:`warn_if_unfused`) — the paper's fixed head size makes d_p a free knob, and large or odd
+  d_p leave FlashAttention;
+* on CPU in training with attention dropout, where PyTorch's SDPA has only its math kernel, a
+  dropout-attention autograd function with the same products (:class:`DropoutAttention`);
+* :func:`scaled_dot_product`, the one call :class:`~fixedhead.model.attention.MultiHeadAttention` makes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .checks import tracing
+
+# PyTorch's FlashAttention-2 kernel (CUDA) takes head sizes up to 256; its fused kernels want the
+# head size a multiple of 8 (16 bytes in half precision) and otherwise pad or refuse it.
+FLASH_MAX_HEAD_DIM = 256
+FUSED_HEAD_DIM_MULTIPLE = 8
+_warned_sdpa: set = set()
+
+
+def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend] | None, str | None]:
+    """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
+
+    The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
+    and large or odd d_p silently leave the fused attention kernels on GPUs: PyTorch's
+    FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
+    SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
+
+    Args:
+        head_dim: d_p.
+        device_type: ``"cuda"``, ``"cpu"``, ...
+
+    Returns:
+        (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
+        always ending with ``SDPBackend.MATH`` so a call never fails: FlashAttention, then
+        memory-efficient attention, when both fit; memory-efficient then math for
+        d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
+        other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
+        flash kernel without dropout, the math kernel with it, for every d_p).
+    """
+    if device_type != "cuda":
+        return None, None
+    reasons = []
+    if head_dim > FLASH_MAX_HEAD_DIM:
+        reasons.append(f"head_dim={head_dim} > {FLASH_MAX_HEAD_DIM}, the FlashAttention limit")
+    if head_dim % FUSED_HEAD_DIM_MULTIPLE != 0:
+        reasons.append(
+            f"head_dim={head_dim} is not a multiple of {FUSED_HEAD_DIM_MULTIPLE}, which the fused kernels "
+            f"need (they pad it, with extra copies, or refuse it)"
+        )
+    if not reasons:
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], None
+    return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "; ".join(reasons)
+
+
+def warn_if_unfused(head_dim: int, device_type: str) -> list[SDPBackend] | None:
+    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process
+    (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
+    backends, reason = sdpa_backend_plan(head_dim, device_type)
+    if reason is not None and (head_dim, device_type) not in _warned_sdpa and not tracing():
+        _warned_sdpa.add((head_dim, device_type))
+        warnings.warn(
+            f"fixedhead attention on {device_type}: {reason}. FlashAttention is skipped; SDPA uses the "
+            f"memory-efficient kernel where it accepts these shapes and dtypes, otherwise the math kernel, "
+            f"which materialises the [batch, heads, seq, seq] attention matrix (memory grows as seq²). "
+            f"Head sizes that are multiples of 8 and at most {FLASH_MAX_HEAD_DIM} keep the fused kernels.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return backends
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU training fast path: attention with dropout
+# ---------------------------------------------------------------------------------------------
+#
+# Attention dropout sends CPU SDPA to its math kernel (the fused CPU kernel has no dropout),
+# which scales q and k separately, copies them, runs a "safe" softmax (isneginf, all, where) and
+# draws the mask with ``bernoulli_`` (serial, a double per element). At the benchmark size
+# (hidden 256, batch 32 × 128 tokens) that costs 32 ms per layer, forward and backward, against
+# 24 ms for the kernel below with the same products (same FLOPs). Its mask keeps an element when
+# a float32 uniform u in [0, 1) is >= p (probability 1 - p, to 2^-24) and scales kept ones by
+# 1 / (1 - p), as ``nn.Dropout`` does; the masks come from PyTorch's default generator
+# (reproducible under ``torch.manual_seed``), not the same stream as SDPA's. Used only where it
+# pays: CPU, training, p > 0, no autocast.
+
+
+def _dropout_scale_mask(like: torch.Tensor, p: float) -> torch.Tensor:
+    """A tensor like ``like`` of 0 (probability p) and 1 / (1 - p) (probability 1 - p)."""
+    return torch.rand_like(like).ge_(p).mul_(1.0 / (1.0 - p))
+
+
+def use_cpu_fast_path(x: torch.Tensor, p: float, training: bool) -> bool:
+    """Whether the CPU dropout-attention kernel applies: CPU, training, 0 < p, plain float, no autocast."""
+    return (
+        training
+        and p > 0.0
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+class DropoutAttention(torch.autograd.Function):
+    """softmax(scale·q kᵀ + bias) with dropout, times v; q, k, v [batch, heads, seq, d_p].
+
+    The computation of SDPA's math kernel with dropout, and the same products (so the same
+    FLOPs): the scale rides on the product (``baddbmm``'s alpha), softmax and its backward are
+    PyTorch's, and the backward is written out so that each [batch·heads, n, n] matrix is read
+    and written as few times as possible. The bias (from :func:`padding_mask_to_bias`) is finite,
+    so a plain softmax never sees an all -inf row. The bias gets no gradient (callers send only a
+    bias that needs none; see :class:`MultiHeadAttention`), and a second backward is refused.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, p, scale):
+        b, h, n, dp = q.shape
+        m = k.shape[2]
+        q3, k3, v3 = q.reshape(b * h, n, dp), k.reshape(b * h, m, dp), v.reshape(b * h, m, v.shape[-1])
+        if bias is None:
+            scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
+        else:
+            scores = torch.baddbmm(bias.expand(b, h, n, m).reshape(b * h, n, m), q3, k3.transpose(1, 2), alpha=scale)
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        mask = _dropout_scale_mask(probs, p)
+        dropped = probs * mask
+        ctx.save_for_backward(q3, k3, v3, probs, mask, dropped)
+        ctx.scale = scale
+        return torch.bmm(dropped, v3).view(b, h, n, v.shape[-1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the saved probs/mask carry no graph: no double backward
+    def backward(ctx, grad):
+        q3, k3, v3, probs, mask, dropped = ctx.saved_tensors
+        b, h, n, dv = grad.shape
+        g3 = grad.reshape(b * h, n, dv)
+        grad_v = torch.bmm(dropped.transpose(1, 2), g3)
+        grad_dropped = torch.bmm(g3, v3.transpose(1, 2)).mul_(mask)
+        grad_scores = torch._softmax_backward_data(grad_dropped, probs, -1, probs.dtype)
+        grad_q = torch.bmm(grad_scores, k3).mul_(ctx.scale)
+        grad_k = torch.bmm(grad_scores.transpose(1, 2), q3).mul_(ctx.scale)
+        return (
+            grad_q.view(b, h, n, -1),
+            grad_k.view(b, h, -1, q3.shape[-1]),
+            grad_v.view(b, h, -1, dv),
+            None,
+            None,
+            None,
+        )
+
+
+def needs_explicit_bias(q: torch.Tensor, dropout_p: float, training: bool, bias: torch.Tensor | None) -> bool:
+    """Whether :func:`scaled_dot_product` will run :class:`DropoutAttention`, which has no causal
+    flag: the caller then passes causality as an additive bias."""
+    return not q.is_cuda and use_cpu_fast_path(q, dropout_p, training) and not (bias is not None and bias.requires_grad)
+
+
+def scaled_dot_product(
+    q, k, v, bias, dropout_p: float, scale: float, is_causal: bool, training: bool, head_dim: int
+) -> torch.Tensor:
+    """softmax(scale·q kᵀ + bias [+ causal mask]) with dropout, times v, by the fastest kernel that applies.
+
+    q [batch, heads, query, d_p], k and v [batch, heads, key, d_p] (v's last size may differ),
+    bias broadcastable to [batch, heads, query, key] or None; returns [batch, heads, query, d_v].
+    CUDA: SDPA restricted to :func:`sdpa_backend_plan`'s backends. CPU, training with dropout:
+    :class:`DropoutAttention` (a learnable bias keeps SDPA, which gives it a gradient; ``is_causal``
+    must then be folded into ``bias``, see :func:`needs_explicit_bias`). Otherwise PyTorch's SDPA.
+    """
+    if q.is_cuda:
+        with sdpa_kernel(warn_if_unfused(head_dim, "cuda"), set_priority=True):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+            )
+    if needs_explicit_bias(q, dropout_p, training, bias):
+        if is_causal:
+            raise ValueError("DropoutAttention has no causal flag: pass the causal mask as the bias")
+        return DropoutAttention.apply(q, k, v, bias, dropout_p, scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    )

@@ -1,0 +1,756 @@
+"""BERT-style encoders with standard or fixed head size, as transformers models.
+
+Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
+LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
+embeddings. With ``config.head_dim=None`` the models are numerically BERT
+(see :func:`fixedhead.from_bert` and the parity test); with an int they are the paper's
+fixed-head models.
+
+transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
+``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
+``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
+and ``torch.export``. Bad input is refused with a message naming the value; which checks run
+where (eager, compiled, GPU) is :mod:`fixedhead.model.checks`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+from transformers.utils.deprecation import deprecate_kwarg
+
+from .attention import MultiHeadAttention, padding_mask_to_bias
+from .checks import (
+    check_broadcast_ids_shape,
+    check_finite,
+    check_integer,
+    first_out_of_range,
+    first_outside_interval,
+    require_tensor,
+    tracing,
+)
+from .configuration import PROBLEM_TYPES, FixedHeadConfig
+
+
+class FixedHeadEmbeddings(nn.Module):
+    """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT).
+
+    Table sizes are read from the tables at every call, never remembered from the config: after
+    ``resize_token_embeddings``, ``set_input_embeddings`` or a replaced position / token-type
+    table, ids are checked against the table that will be indexed.
+    """
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache_length: int = 0,
+    ) -> torch.Tensor:
+        """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
+
+        ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
+        rows (as BERT). Without ``position_ids`` the tokens sit at positions ``cache_length`` ..
+        ``cache_length + seq - 1`` (after the tokens already in a key/value cache, as BERT).
+        Raises ValueError naming the value: see :class:`FixedHeadModel`.
+        """
+        hidden = self.LayerNorm.normalized_shape[0]
+        if inputs_embeds is None:
+            check_integer("input_ids", input_ids, "an integer tensor of token ids")
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+            if input_ids.numel() == 0:
+                raise ValueError(f"input_ids is empty (shape {tuple(input_ids.shape)})")
+            vocab = self.word_embeddings.weight.shape[0]
+            bad = first_out_of_range(input_ids, 0, vocab)
+            if bad is not None:
+                raise ValueError(
+                    f"input_ids hold token id {bad[0]}, outside the vocabulary [0, {vocab}) (at index {bad[1]})"
+                )
+            inputs_embeds = self.word_embeddings(input_ids)
+        else:
+            require_tensor("inputs_embeds", inputs_embeds)
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden:
+                raise ValueError(
+                    f"inputs_embeds must be [batch, seq, hidden_size={hidden}], got shape {tuple(inputs_embeds.shape)}"
+                )
+            if not inputs_embeds.is_floating_point():
+                raise ValueError(f"inputs_embeds must be a floating-point tensor, got dtype {inputs_embeds.dtype}")
+            if inputs_embeds.numel() == 0:
+                raise ValueError(f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)})")
+            # documented choice: refuse rather than propagate; one NaN would spread to every
+            # position of the batch row through attention
+            check_finite("inputs_embeds", inputs_embeds)
+        batch, seq = inputs_embeds.shape[:2]
+        n_positions = self.position_embeddings.weight.shape[0]
+        if position_ids is None:
+            if cache_length + seq > n_positions:
+                what = f"sequence length {seq}" if not cache_length else f"{cache_length} cached + {seq} new tokens"
+                raise ValueError(f"{what} exceeds max_position_embeddings={n_positions}")
+            position_embeds = self.position_embeddings.weight[cache_length : cache_length + seq].unsqueeze(0)
+        else:
+            check_integer("position_ids", position_ids)
+            check_broadcast_ids_shape("position_ids", position_ids, batch, seq)
+            bad = first_out_of_range(position_ids, 0, n_positions)
+            if bad is not None:
+                raise ValueError(
+                    f"position_ids hold {bad[0]}, outside [0, max_position_embeddings={n_positions}) "
+                    f"(at index {bad[1]})"
+                )
+            position_embeds = self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
+        else:
+            check_integer("token_type_ids", token_type_ids)
+            check_broadcast_ids_shape("token_type_ids", token_type_ids, batch, seq)
+            n_types = self.token_type_embeddings.weight.shape[0]
+            bad = first_out_of_range(token_type_ids, 0, n_types)
+            if bad is not None:
+                raise ValueError(
+                    f"token_type_ids hold {bad[0]}, outside [0, type_vocab_size={n_types}) (at index {bad[1]})"
+                )
+            type_embeds = self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(inputs_embeds + position_embeds + type_embeds))
+
+
+class FixedHeadLayer(GradientCheckpointingLayer):
+    """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2).
+
+    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable()`` (or the
+    older ``gradient_checkpointing_enable()``), training recomputes the block in the backward
+    pass instead of keeping its activations (same gradients; dropout masks are replayed).
+    """
+
+    def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.attention = MultiHeadAttention(
+            config.hidden_size,
+            config.num_attention_heads,
+            head_dim=config.head_dim[layer_idx or 0] if isinstance(config.head_dim, list) else config.head_dim,
+            dropout=config.attention_probs_dropout_prob,
+            layer_idx=layer_idx,
+        )
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_bias: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        use_sdpa: bool = True,
+        is_causal: bool = False,
+        cache: Cache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
+        [batch, heads, seq, keys] or None); ``is_causal`` and ``cache`` as in :class:`MultiHeadAttention`."""
+        attn_out, probs = self.attention(
+            hidden_states,
+            attention_bias=attention_bias,
+            output_attentions=output_attentions,
+            use_sdpa=use_sdpa,
+            is_causal=is_causal,
+            cache=cache,
+        )
+        hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
+        ffn_out = self.output(self.act(self.intermediate(hidden_states)))
+        hidden_states = self.output_norm(hidden_states + self.dropout(ffn_out))
+        return hidden_states, probs
+
+
+class FixedHeadPreTrainedModel(PreTrainedModel):
+    """HF plumbing; transformers' default init is BERT's (N(0, initializer_range), zero biases, unit LayerNorms)."""
+
+    config_class = FixedHeadConfig
+    config: FixedHeadConfig
+    base_model_prefix = "fixedhead"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
+
+    def _use_sdpa(self, output_attentions: bool) -> bool:
+        return not output_attentions and getattr(self.config, "_attn_implementation", "sdpa") != "eager"
+
+
+class FixedHeadModel(FixedHeadPreTrainedModel):
+    """The bare encoder (or, with ``config.is_decoder``, decoder): embeddings, ``num_hidden_layers``
+    blocks, optional BERT pooler.
+
+    With ``config.is_decoder=True`` (as :class:`FixedHeadForCausalLM` sets) attention is causal
+    (left to right) and ``use_cache`` / ``cache`` keep a transformers key/value ``Cache``
+    (``DynamicCache``) for generation; ``attention_mask`` then covers cached + new tokens.
+
+    forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
+    (1 = token, 0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq]
+    shared by all rows)) returns ``BaseModelOutputWithPoolingAndCrossAttentions`` with last_hidden_state
+    [batch, seq, hidden_size], pooler_output [batch, hidden_size] (or None), and, on request,
+    hidden_states and attentions ([batch, heads, query, key], rows sum to 1).
+
+    Raises:
+        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the
+            position table (when position_ids are not given); a tensor of the wrong shape or
+            dtype; token ids outside the vocabulary, position ids outside the position table,
+            token types outside the type table (all read from the tables themselves, so after
+            ``resize_token_embeddings`` too); a mask holding values other than 0/1; NaN or ±inf
+            in ``inputs_embeds`` (refused, not propagated).
+        TypeError: a tensor argument that is not a tensor.
+
+    Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
+    ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
+    syncs), shape and dtype checks always run: see :mod:`fixedhead.model.checks`.
+    A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
+    """
+
+    def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = FixedHeadEmbeddings(config)
+        self.encoder = nn.ModuleDict(
+            {"layer": nn.ModuleList(FixedHeadLayer(config, layer_idx=i) for i in range(config.num_hidden_layers))}
+        )
+        self.pooler = FixedHeadPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
+        """See the class docstring; returns ``BaseModelOutputWithPoolingAndCrossAttentions``
+        (``cache`` set when a decoder uses one)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        is_causal = bool(self.config.is_decoder)
+        use_cache = bool(use_cache if use_cache is not None else self.config.use_cache) and is_causal
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if cache is not None and not is_causal:
+            raise ValueError("a key/value cache is for decoders (config.is_decoder=True, e.g. FixedHeadForCausalLM)")
+        cache_length = cache.get_seq_length() if cache is not None else 0
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, cache_length)
+        batch, seq = hidden_states.shape[:2]
+        if attention_mask is not None:
+            require_tensor("attention_mask", attention_mask)
+            if tuple(attention_mask.shape) != (batch, cache_length + seq):
+                what = "[batch, seq]" if not cache_length else "[batch, cached + new tokens]"
+                raise ValueError(
+                    f"attention_mask must have shape {what} = {(batch, cache_length + seq)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+        attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
+        use_sdpa = self._use_sdpa(output_attentions)
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_attn = [] if output_attentions else None
+        for layer in self.encoder["layer"]:
+            hidden_states, probs = layer(hidden_states, attention_bias, output_attentions, use_sdpa, is_causal, cache)
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+            if output_attentions:
+                all_attn.append(probs)
+        pooled = self.pooler(hidden_states) if self.pooler is not None else None
+        out = BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            cache=cache if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class FixedHeadPooler(nn.Module):
+    """BERT pooler: tanh(W · hidden state of the first token)."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, hidden] -> [batch, hidden] (the first token's state)."""
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+class FixedHeadMLMHead(nn.Module):
+    """BERT's MLM head: dense + activation + LayerNorm, then the (tied) decoder to the vocabulary."""
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> logits [..., vocab]."""
+        return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states))))
+
+
+def check_token_labels(labels: torch.Tensor, hidden_states: torch.Tensor, decoder: nn.Linear) -> int:
+    """Check language-model labels [batch, seq] (token ids, -100 = not scored) against the hidden
+    states they score and the *current* output vocabulary (resizing changes it); returns its size.
+
+    Raises:
+        ValueError: not an integer tensor, the wrong shape, or a label outside the vocabulary.
+    """
+    vocab = decoder.weight.shape[0]
+    check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
+    if tuple(labels.shape) != tuple(hidden_states.shape[:2]):
+        raise ValueError(
+            f"labels must have shape [batch, seq] = {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}"
+        )
+    bad = first_out_of_range(labels, 0, vocab, ignore=-100)
+    if bad is not None:
+        raise ValueError(
+            f"labels hold {bad[0]}, outside the vocabulary [0, {vocab}) (use -100 to skip a position; "
+            f"at index {bad[1]})"
+        )
+    return vocab
+
+
+def masked_lm_loss_and_logits(
+    head: nn.Module, sequence_output: torch.Tensor, labels: torch.Tensor, vocab: int, num_items_in_batch=None
+):
+    """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
+
+    ``num_items_in_batch`` (transformers' Trainer passes it): the number of labelled positions in
+    the whole global batch (all processes, all accumulation steps); the summed cross-entropy is
+    divided by it, so data-parallel and accumulated steps average over every masked token, as one
+    process on the global batch would. Without it, the mean over this call's labelled positions.
+
+    The output layer (the largest matrix product of a BERT step at a 30k vocabulary) runs only at
+    the labelled positions, as the original BERT code does; their rows are scattered into a
+    [batch, seq, vocab] tensor of zeros (as MosaicML's BERT does), so the output has
+    ``BertForMaskedLM``'s shape and its values at every labelled position. Rows of unlabelled
+    positions are 0; pass no labels for logits everywhere. The loss is 0 with a zero gradient when
+    nothing is labelled (``BertForMaskedLM`` gives NaN there).
+
+    Under ``torch.compile``/``torch.export`` the number of labelled positions is not known while
+    tracing, so the output layer runs at every position and unlabelled rows are zeroed: the same
+    values, at full-logits cost. In eager mode on a GPU, finding the labelled positions
+    (``nonzero``) is one device-to-host synchronisation per step.
+    """
+    batch, seq, hidden = sequence_output.shape
+    flat_labels = labels.reshape(-1).long()
+    if tracing():
+        keep = flat_labels != -100
+        logits = head(sequence_output).reshape(batch * seq, vocab).masked_fill(~keep.unsqueeze(1), 0)
+        total = F.cross_entropy(logits.float(), flat_labels, ignore_index=-100, reduction="sum")
+        count = keep.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return total / count, logits.view(batch, seq, vocab)
+    idx = (flat_labels != -100).nonzero().squeeze(1)  # [num_labelled]
+    compact = head(sequence_output.reshape(batch * seq, hidden).index_select(0, idx))  # [num_labelled, vocab]
+    if idx.numel() == 0:
+        loss = compact.sum() * 0.0
+    elif num_items_in_batch is not None:
+        total = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx), reduction="sum")
+        loss = total / num_items_in_batch
+    else:
+        loss = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx))
+    logits = compact.new_zeros(batch * seq, vocab)
+    logits.index_copy_(0, idx, compact)
+    return loss, logits.view(batch, seq, vocab)
+
+
+class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
+    """Encoder + MLM head (decoder weight tied to the word embeddings unless ``tie_word_embeddings=False``).
+
+    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``
+    with logits [batch, seq, vocab_size] whether or not labels are given, as ``BertForMaskedLM``.
+    With labels, the output layer runs only at the labelled positions (see
+    :func:`masked_lm_loss_and_logits`): logits there are the model's, elsewhere 0; loss is the
+    mean cross-entropy over the labelled positions (0 with a zero gradient when nothing is
+    labelled, never NaN).
+
+    Raises:
+        ValueError: as :class:`FixedHeadModel`; labels of the wrong shape or dtype, or holding
+            a value that is neither -100 nor a token id of the (current) output vocabulary.
+    """
+
+    #: the Trainer passes num_items_in_batch: the loss averages over the global batch's masked tokens
+    accepts_loss_kwargs = True
+    _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__(config)
+        if config.is_decoder:  # as BertForMaskedLM: allowed (causal attention), but rarely meant
+            warnings.warn(
+                "FixedHeadForMaskedLM built from a decoder config (is_decoder=True): its attention is causal, "
+                "so each masked token sees only the tokens before it; a causal run is meant for "
+                "FixedHeadForCausalLM / AutoModelForCausalLM / pipeline('text-generation')",
+                stacklevel=2,
+            )
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
+        self.cls = FixedHeadMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> MaskedLMOutput | tuple:
+        """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
+        and the mean masked-LM loss; see the class docstring."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        sequence_output = outputs.last_hidden_state
+        loss = None
+        if labels is None:
+            logits = self.cls(sequence_output)
+        else:
+            vocab = check_token_labels(labels, sequence_output, self.cls.decoder)
+            loss, logits = masked_lm_loss_and_logits(self.cls, sequence_output, labels, vocab, num_items_in_batch)
+        out = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return out if return_dict else out.to_tuple()
+
+
+def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
+    """``BertForSequenceClassification``'s rule when ``config.problem_type`` is unset: one output is
+    regression; integer labels (int32/int64) with several outputs are single-label classification;
+    anything else (float multi-hot labels) is multi-label classification."""
+    if num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss ``BertForSequenceClassification`` computes for ``problem_type`` (in float32).
+
+    Args:
+        problem_type: ``"regression"`` (MSE; labels [batch] or [batch, 1] for one output,
+            [batch, num_labels] for several), ``"single_label_classification"`` (cross-entropy;
+            class ids [batch], -100 = not scored) or ``"multi_label_classification"``
+            (binary cross-entropy with logits; multi-hot labels [batch, num_labels] in [0, 1]).
+        logits: [batch, num_labels].
+        labels: see above.
+
+    Raises:
+        ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
+            [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
+            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.model.checks`.
+    """
+    batch, num_labels = logits.shape
+    shape = tuple(labels.shape)
+    if problem_type == "regression":
+        want = ((batch,), (batch, 1)) if num_labels == 1 else ((batch, num_labels),)
+        if shape not in want:
+            raise ValueError(f"regression labels must have shape {' or '.join(map(str, want))}, got {shape}")
+        if labels.dtype.is_complex or labels.dtype == torch.bool:
+            raise ValueError(f"regression labels must be real numbers, got dtype {labels.dtype}")
+        check_finite("labels", labels)
+        return F.mse_loss(logits.float().reshape(shape), labels.float())
+    if problem_type == "single_label_classification":
+        check_integer("labels", labels, "class ids (an integer tensor) for single_label_classification")
+        if shape not in ((batch,), (batch, 1)):
+            raise ValueError(f"single_label_classification labels must have shape ({batch},), got {shape}")
+        bad = first_out_of_range(labels, 0, num_labels, ignore=-100)
+        if bad is not None:
+            raise ValueError(
+                f"labels hold class {bad[0]}, outside [0, num_labels={num_labels}) (-100 = not scored; "
+                f"at index {bad[1]})"
+            )
+        return F.cross_entropy(logits.float(), labels.reshape(-1).long())
+    if problem_type == "multi_label_classification":
+        if shape != (batch, num_labels):
+            raise ValueError(
+                f"multi_label_classification labels must be multi-hot [batch, num_labels] = {(batch, num_labels)}, "
+                f"got {shape}"
+            )
+        if labels.dtype.is_complex:
+            raise ValueError(f"multi_label_classification labels must be real numbers, got dtype {labels.dtype}")
+        targets = labels.float()  # int or bool multi-hot labels are accepted too
+        check_finite("labels", targets)
+        bad = first_outside_interval(targets, 0.0, 1.0)
+        if bad is not None:
+            raise ValueError(f"multi_label_classification labels must lie in [0, 1], got {bad[0]} (at index {bad[1]})")
+        return F.binary_cross_entropy_with_logits(logits.float(), targets)
+    raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
+
+
+class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
+    """A decoder-only (left-to-right) language model with standard or fixed head size.
+
+    The same blocks, attention layer and ``head_dim`` semantics as the encoders (``None`` = d/h),
+    with causal attention (``config.is_decoder`` is set to True), learned absolute positions and
+    the MLM head's transform + decoder as the LM head, tied to the input embeddings by default
+    (the layout of transformers' ``BertLMHeadModel``). Works with ``generate`` (greedy, sampling,
+    beam search) through transformers' ``DynamicCache``, and with ``pipeline("text-generation")``.
+
+    forward(input_ids [batch, seq], attention_mask [batch, cached + new] (1 = token), ...,
+    labels [batch, seq] (-100 = not scored), cache, use_cache, logits_to_keep) returns
+    ``CausalLMOutputWithCrossAttentions``: logits [batch, seq, vocab] (or the last
+    ``logits_to_keep``), loss = mean cross-entropy of predicting token t+1 from tokens ≤ t
+    (transformers' ``ForCausalLMLoss``: labels are shifted inside, as for every causal LM), cache.
+
+    Raises:
+        ValueError: labels of the wrong shape or dtype, or outside the vocabulary (other than
+            -100); plus everything :class:`FixedHeadModel` refuses.
+    """
+
+    _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: FixedHeadConfig):
+        config.is_decoder = True  # this class is the decoder; an encoder config becomes a decoder one
+        super().__init__(config)
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
+        self.cls = FixedHeadMLMHead(config)
+        self.post_init()
+        # learned positions end at max_position_embeddings: generate (and pipeline("text-generation"),
+        # whose own default is 256 new tokens) stop there unless told otherwise
+        self.generation_config.max_length = config.max_position_embeddings
+
+    def get_output_embeddings(self):
+        return self.cls.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.decoder = new_embeddings
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ):
+        """See the class docstring."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False  # training: nothing to keep
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            cache=cache,
+            use_cache=use_cache,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.cls(hidden_states[:, keep])
+        loss = None
+        if labels is not None:
+            vocab = check_token_labels(labels, hidden_states, self.cls.decoder)
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError("labels need logits at every position: pass logits_to_keep=0 with labels")
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=vocab, **kwargs)
+        out = CausalLMOutputWithCrossAttentions(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
+    """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
+
+    forward(..., labels) returns ``SequenceClassifierOutput`` with logits [batch, num_labels]
+    and, with labels, the loss ``BertForSequenceClassification`` gives for ``config.problem_type``
+    (see :func:`sequence_classification_loss`): MSE for ``"regression"`` (STS-B),
+    cross-entropy for ``"single_label_classification"``, binary cross-entropy with logits for
+    ``"multi_label_classification"``. When ``problem_type`` is None it is inferred from
+    ``num_labels`` and the labels' dtype and recorded in the config, as BERT does
+    (:func:`infer_problem_type`; the text-classification pipeline then applies sigmoid or softmax
+    accordingly).
+    """
+
+    def __init__(self, config: FixedHeadConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.fixedhead = FixedHeadModel(config, add_pooling_layer=True)
+        drop = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(drop)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> SequenceClassifierOutput | tuple:
+        """input_ids [batch, seq], labels [batch] (classes or regression targets) or [batch, num_labels]
+        (multi-label, or several regression targets) -> logits [batch, num_labels] and the loss of
+        ``config.problem_type``; see the class docstring."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.fixedhead(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))
+        loss = None
+        if labels is not None:
+            require_tensor("labels", labels)
+            problem_type = self.config.problem_type
+            if problem_type is None:
+                problem_type = infer_problem_type(logits.shape[-1], labels)
+                if not tracing():  # a config write is a side effect a compiled graph cannot hold
+                    self.config.problem_type = problem_type
+            loss = sequence_classification_loss(problem_type, logits, labels)
+        out = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return out if return_dict else out.to_tuple()
+
+
+def count_parameters(
+    config: FixedHeadConfig, *, pooler: bool = True, mlm_head: bool = True, nsp_head: bool = False
+) -> int:
+    """Number of trainable parameters of a model with ``config``, without building it.
+
+    With d = hidden_size, i = h·d_p (attention inner size; per layer when ``head_dim`` is a list),
+    f = intermediate_size, v = vocab:
+      embeddings  v·d + max_positions·d + type_vocab·d + 2d (LayerNorm)
+      per layer   3(d·i + i) + (i·d + d)      q, k, v and output projections (4·h·d_p·d + biases:
+                                              the paper's stated cost of a fixed head size)
+                  + (d·f + f) + (f·d + d)     feed-forward
+                  + 4d                        two LayerNorms
+      pooler      d² + d                      (BERT's; ``pooler=True``)
+      MLM head    d² + d + 2d + v             transform, LayerNorm, output bias; decoder tied
+      NSP head    2d + 2                      (``nsp_head=True``, as in the paper's pretraining)
+
+    Defaults match ``FixedHeadModel`` + pooler + MLM head, i.e. BERT as counted in the paper's
+    Tables 1–3 (checked to within 1% there; exactly against ``sum(p.numel())`` in the tests).
+    """
+    d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
+    total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
+    for dp in config.layer_head_dims:
+        i = config.num_attention_heads * dp
+        total += 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    if pooler:
+        total += d * d + d
+    if mlm_head:
+        total += d * d + d + 2 * d + v
+    if nsp_head:
+        total += 2 * d + 2
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# transformers Auto classes
+# --------------------------------------------------------------------------------------------
+
+
+def register_auto_classes() -> None:
+    """Register ``FixedHeadConfig`` and the models with transformers' Auto classes.
+
+    Called when :mod:`fixedhead` is imported, so that ``AutoConfig``, ``AutoModel``,
+    ``AutoModelForMaskedLM``, ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` and
+    ``transformers.pipeline`` load a fixedhead run directory (``model_type: "fixedhead"`` in its
+    config.json) without ``trust_remote_code``. Idempotent (``exist_ok=True``).
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    AutoConfig.register(FixedHeadConfig.model_type, FixedHeadConfig, exist_ok=True)
+    AutoModel.register(FixedHeadConfig, FixedHeadModel, exist_ok=True)
+    AutoModelForMaskedLM.register(FixedHeadConfig, FixedHeadForMaskedLM, exist_ok=True)
+    AutoModelForCausalLM.register(FixedHeadConfig, FixedHeadForCausalLM, exist_ok=True)
+    AutoModelForSequenceClassification.register(FixedHeadConfig, FixedHeadForSequenceClassification, exist_ok=True)

@@ -1,0 +1,169 @@
+"""Widen the heads of a trained model, exactly: d_p → d_p' ≥ d_p with the same function.
+
+The paper (Bhojanapalli et al., ICML 2020, Section 4) fixes the head size d_p independently of the
+embedding size d. :func:`widen_heads` turns a trained model with head size d_p into one with a
+larger d_p' that computes the same outputs (to float rounding), so a model can be trained further
+without the low-rank bottleneck of its old head size.
+
+Per head i, with the fused ``qkv`` rows laid out [q | k | v], each [h·d_p] with heads contiguous,
+and ``out_proj`` columns [h·d_p]:
+
+* queries: the old rows (and bias) are multiplied by √(d_p'/d_p), so that
+  (c·q)·k / √d_p' = q·k / √d_p — the logit scale 1/√d_p' of the wider head is compensated exactly;
+  the d_p' − d_p new rows are small random values, their bias entries 0.
+* keys: the new rows and bias entries are **zero**, so the new logit terms q_new·k_new are 0 and the
+  logits are unchanged. The new key rows still get gradients (through the random new query rows).
+* values: the new rows are small random values, their bias entries 0.
+* output projection: the new columns are **zero**, so the new value dimensions add nothing to
+  the output. They get gradients through the random new value rows.
+
+Padding both sides of a product with zeros would leave the new weights at zero forever (each
+side's gradient is the other side's weights). Here one side of each product is random: in the
+first backward pass the zero sides (new key rows, new ``out_proj`` columns) get non-zero
+gradients; once they have moved, the random sides do too. The key *bias* is the exception that
+always holds: a key bias adds the same value to every logit of a query, which the softmax ignores,
+so its gradient is zero in any attention layer (old entries included).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from ..validation import positive_float
+from .attention import MultiHeadAttention
+
+
+def _attention_layers(model) -> list[MultiHeadAttention]:
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")
+    return layers
+
+
+def new_head_dims(old: list[int], head_dim) -> list[int]:
+    """The per-layer target sizes; None (as a whole or in a list) keeps a layer's size."""
+    if head_dim is None:
+        return list(old)
+    if isinstance(head_dim, (list, tuple)):
+        if len(head_dim) != len(old):
+            raise ValueError(f"head_dim as a list needs one entry per layer ({len(old)} layers), got {len(head_dim)}")
+        targets = list(head_dim)
+    else:
+        targets = [head_dim] * len(old)
+    sizes = []
+    for layer, (was, new) in enumerate(zip(old, targets, strict=True)):
+        if new is None:
+            new = was
+        if isinstance(new, bool) or not isinstance(new, int) or new < 1:
+            raise ValueError(f"head_dim for layer {layer} must be a positive int or None, got {new!r}")
+        if new < was:
+            raise ValueError(
+                f"head_dim={new} for layer {layer} is smaller than its current head size {was}: "
+                "widening only grows heads (d_p' >= d_p)"
+            )
+        sizes.append(new)
+    return sizes
+
+
+@torch.no_grad()
+def widen_attention(
+    attention: MultiHeadAttention, head_dim: int, init_std: float, generator: torch.Generator | None = None
+) -> MultiHeadAttention:
+    """A :class:`MultiHeadAttention` with head size ``head_dim`` ≥ ``attention.head_dim`` that
+    computes what ``attention`` does (see the module docstring for the construction).
+
+    Weights keep the old layer's dtype and device; new random entries are N(0, init_std²).
+
+    Raises:
+        ValueError: ``head_dim`` smaller than the current head size.
+    """
+    h, old, d = attention.num_attention_heads, attention.head_dim, attention.hidden_size
+    if head_dim < old:
+        raise ValueError(f"head_dim={head_dim} is smaller than the current head size {old}")
+    wide = MultiHeadAttention(
+        d,
+        h,
+        head_dim=head_dim,
+        dropout=attention.dropout,
+        bias=attention.qkv.bias is not None,
+        layer_idx=attention.layer_idx,
+    )
+    w = attention.qkv.weight
+    wide = wide.to(device=w.device, dtype=w.dtype)
+    extra = head_dim - old
+    c = math.sqrt(head_dim / old)  # (c·q)·k / √d_p' = q·k / √d_p
+
+    def noise(*shape):
+        return (torch.randn(*shape, generator=generator, dtype=torch.float32) * init_std).to(w.device, w.dtype)
+
+    # qkv weight [3·h·d_p, d] -> [3, h, d_p, d]: rows of q, k, v per head
+    old_w = w.view(3, h, old, d)
+    new_w = torch.zeros(3, h, head_dim, d, dtype=w.dtype, device=w.device)
+    new_w[:, :, :old] = old_w
+    new_w[0, :, :old] *= c
+    new_w[0, :, old:] = noise(h, extra, d)  # new query rows: random
+    # new_w[1, :, old:] stays 0                 new key rows: zero, so the new logit terms are 0
+    new_w[2, :, old:] = noise(h, extra, d)  # new value rows: random (out_proj's new columns are 0)
+    wide.qkv.weight.copy_(new_w.view(3 * h * head_dim, d))
+    if attention.qkv.bias is not None:
+        new_b = torch.zeros(3, h, head_dim, dtype=w.dtype, device=w.device)
+        new_b[:, :, :old] = attention.qkv.bias.view(3, h, old)
+        new_b[0, :, :old] *= c
+        wide.qkv.bias.copy_(new_b.view(-1))  # new entries of every bias: 0
+    # out_proj weight [d, h·d_p] -> [d, h, d_p]: new columns zero
+    o = attention.out_proj.weight
+    new_o = torch.zeros(d, h, head_dim, dtype=o.dtype, device=o.device)
+    new_o[:, :, :old] = o.view(d, h, old)
+    wide.out_proj.weight.copy_(new_o.view(d, h * head_dim))
+    if attention.out_proj.bias is not None:
+        wide.out_proj.bias.copy_(attention.out_proj.bias)
+    wide.train(attention.training)
+    return wide
+
+
+def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0):
+    """A copy of ``model`` whose attention heads are wider and which computes the same function.
+
+    Args:
+        model: a fixedhead model (``FixedHeadModel``, ``FixedHeadForMaskedLM``,
+            ``FixedHeadForCausalLM``, ``FixedHeadForSequenceClassification``; a transformers BERT
+            converted with :func:`fixedhead.from_bert` included). Not modified.
+        head_dim: the new head size d_p' for every layer (an int), or a list with one entry per
+            layer (an int, or None to keep that layer's size). Each must be ≥ the layer's current
+            d_p; equal sizes leave a layer exactly as it is.
+        init_std: standard deviation of the new random query and value rows (default: the
+            config's ``initializer_range``). Small values keep training close to the old model.
+        seed: seeds the new random rows (the same seed, the same widened model).
+
+    Returns:
+        the widened model (a deep copy, in the original's train/eval mode, dtype and device), whose
+        ``config.head_dim`` is the new size: an int when ``head_dim`` was one, else the per-layer
+        list. In float32 eval mode its outputs equal the original's to float rounding.
+
+    Raises:
+        ValueError: a size smaller than a layer's current head size (the message names the layer
+            and both sizes), a list of the wrong length, a size that is not a positive int, or a
+            model without fixedhead attention layers.
+    """
+    layers = _attention_layers(model)
+    old = [m.head_dim for m in layers]
+    new = new_head_dims(old, head_dim)
+    std = positive_float("init_std", init_std if init_std is not None else model.config.initializer_range)
+    generator = torch.Generator().manual_seed(seed)
+    wide = copy.deepcopy(model)
+    # replace in layer order (module order == the order _attention_layers found them)
+    targets = iter(new)
+    for parent in list(wide.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, MultiHeadAttention):
+                size = next(targets)
+                if size != child.head_dim:
+                    setattr(parent, name, widen_attention(child, size, std, generator))
+    if isinstance(head_dim, (list, tuple)):
+        wide.config.head_dim = list(new)
+    elif head_dim is not None and new != old:
+        wide.config.head_dim = new[0]
+    return wide

@@ -1,0 +1,559 @@
+"""`fixedhead sweep`: the paper's head, embedding-size and head-size sweeps at CPU scale.
+
+Three experiments, each a list of points (a model configuration) trained with several seeds on
+one shared tokenizer and data set (prepared once), scored by held-out perplexity with the
+preset's objective and, for the masked presets, fine-tuned on SST-2. Presets: ``cpu-mlm`` (the
+default: the BERT claims with the masked-LM recipe), ``cpu-clm`` (the LM1B claims as causal LMs),
+``cpu`` (the original 300-step masked sweep, whose models stay near the unigram plateau).
+
+* ``heads`` (paper Fig. 3a): at a fixed hidden size d, standard heads (d_p = d/h) against a fixed
+  head size d_p, for a growing number of heads h;
+* ``embedding`` (Fig. 1 and 2): standard models of growing d against fixed-head models at the
+  smallest d with more heads, compared at equal parameter count;
+* ``head_size`` (Table 2B): a fixed number of heads with a growing head size d_p.
+
+Points that are the same architecture (a fixed head size equal to d/h *is* the standard layer)
+are trained once and shared between series. Every (model, seed) pair is one run directory
+``OUT/runs/<key>-s<seed>``; a sweep that is interrupted resumes without redoing finished runs
+(pretraining: ``metrics.json`` with the same settings; fine-tuning: ``finetune_metrics.json``).
+Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.studies.report.write_report`
+turns it into markdown and plots.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ..data import DEFAULT_CORPUS
+from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
+from ..model.configuration import FixedHeadConfig
+from ..model.modeling import count_parameters
+from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
+from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
+from ..training.pretrain import TrainSettings
+from ..validation import non_negative_int
+from .compare import train_or_reuse
+
+SWEEP_FILE = "sweep.json"
+EXPERIMENTS = ("heads", "embedding", "head_size")
+
+
+@dataclass
+class SweepPoint:
+    """One point of one experiment's curve.
+
+    ``experiment`` is one of :data:`EXPERIMENTS`; ``series`` is ``"standard"`` or ``"fixed"``;
+    ``x`` the swept quantity (heads, hidden size or head size); ``model`` the config fields that
+    differ from the preset's ``common`` fields (hidden_size, num_attention_heads, head_dim, ...).
+    """
+
+    experiment: str
+    series: str
+    x: int
+    model: dict
+
+
+@dataclass
+class SweepPreset:
+    """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
+
+    description: str
+    data: DataSettings
+    train: TrainSettings
+    common: dict
+    points: list[SweepPoint]
+    seeds: tuple[int, ...] = (0, 1)
+    finetune: FinetuneSettings | None = None
+    finetune_task: str = "sst2"
+
+
+def canonical_fields(fields: dict) -> dict:
+    """Config fields with a fixed head size equal to d/h rewritten as the standard layer (None).
+
+    The two are the same architecture (paper Theorem 2, first part), so they share one run.
+    Also fills ``intermediate_size`` with 4·d when absent (BERT's ratio).
+    """
+    f = dict(fields)
+    d, h = f["hidden_size"], f["num_attention_heads"]
+    if f.get("head_dim") is not None and f["head_dim"] * h == d:
+        f["head_dim"] = None
+    f.setdefault("intermediate_size", 4 * d)
+    return f
+
+
+def run_key(fields: dict) -> str:
+    """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``."""
+    f = canonical_fields(fields)
+    d, h, dp = f["hidden_size"], f["num_attention_heads"], f.get("head_dim")
+    key = f"d{d}-h{h}-dp{dp if dp is not None else d // h}" + ("-fixed" if dp is not None else "")
+    if f["intermediate_size"] != 4 * d:
+        key += f"-ffn{f['intermediate_size']}"
+    return key
+
+
+def _points_heads(d, heads_std, heads_fixed, d_p):
+    pts = [SweepPoint("heads", "standard", h, dict(hidden_size=d, num_attention_heads=h)) for h in heads_std]
+    pts += [
+        SweepPoint("heads", "fixed", h, dict(hidden_size=d, num_attention_heads=h, head_dim=d_p)) for h in heads_fixed
+    ]
+    return pts
+
+
+def _points_embedding(ds_std, h_std, d_fixed, heads_fixed, d_p):
+    pts = [SweepPoint("embedding", "standard", d, dict(hidden_size=d, num_attention_heads=h_std)) for d in ds_std]
+    pts += [
+        SweepPoint("embedding", "fixed", d_fixed, dict(hidden_size=d_fixed, num_attention_heads=h, head_dim=d_p))
+        for h in heads_fixed
+    ]
+    return pts
+
+
+def _points_head_size(d, h, head_dims):
+    return [
+        SweepPoint("head_size", "fixed", dp, dict(hidden_size=d, num_attention_heads=h, head_dim=dp))
+        for dp in head_dims
+    ]
+
+
+def _cpu_sweep(quick: bool = False) -> SweepPreset:
+    if quick:
+        common = dict(
+            num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+        return SweepPreset(
+            description="--quick (CI-sized, seconds per run; numbers mean nothing): d=32, n=32, 1 layer",
+            data=DataSettings(
+                corpus=str(DEFAULT_CORPUS),
+                vocab_size=1000,
+                max_seq_length=32,
+                max_train_tokens=60_000,
+                max_eval_tokens=6_000,
+                tokenizer_max_chars=300_000,
+            ),
+            train=TrainSettings(
+                batch_size=16,
+                max_steps=16,
+                learning_rate=2e-3,
+                logging_steps=4,
+                eval_steps=8,
+                save_steps=16,
+                report_to=[],
+            ),
+            common=common,
+            points=_points_heads(32, [2, 8], [8], 16)
+            + _points_embedding([32, 48], 8, 32, [8], 16)
+            + _points_head_size(32, 4, [8, 16]),
+            seeds=(0, 1),
+            finetune=FinetuneSettings(
+                max_seq_length=32,
+                batch_size=16,
+                learning_rate=3e-4,
+                max_steps=8,
+                eval_steps=4,
+                patience=2,
+                validation_size=100,
+                max_train_examples=300,
+                max_dev_examples=200,
+                save_model=False,
+            ),
+        )
+    # Sized for ~1 h of 2 CPU cores (62.6 min measured with two workers). n = 64 tokens, so the
+    # standard layer at d = 128 is below the paper's d_p >= n line for every h >= 2 (Theorem 1).
+    common = dict(
+        num_hidden_layers=2, max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    return SweepPreset(
+        description="2 layers, n=64, vocab 8192, Gutenberg books; 300 steps of 32x64 tokens per run; "
+        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, "
+        "4-32 heads; head size 8-64 at d=128, 8 heads",
+        data=DataSettings(
+            corpus=str(DEFAULT_CORPUS),
+            vocab_size=8192,
+            max_seq_length=64,
+            max_train_tokens=3_000_000,
+            max_eval_tokens=100_000,
+        ),
+        train=TrainSettings(
+            batch_size=32,
+            max_steps=300,
+            learning_rate=2e-3,
+            logging_steps=25,
+            eval_steps=150,
+            save_steps=300,
+            report_to=[],
+        ),
+        common=common,
+        points=_points_heads(128, [2, 4, 8, 16, 32], [4, 8, 16, 32], 32)
+        + _points_embedding([128, 160, 192], 8, 128, [4, 8, 16, 32], 32)
+        + _points_head_size(128, 8, [8, 16, 32, 64]),
+        seeds=(0, 1),
+        # lr 1e-3: at 3e-4 and 150 steps these small encoders stayed at chance on SST-2 dev (measured)
+        finetune=FinetuneSettings(
+            max_seq_length=64,
+            batch_size=32,
+            learning_rate=1e-3,
+            max_steps=200,
+            eval_steps=50,
+            patience=2,
+            validation_size=400,
+            max_train_examples=4000,
+            save_model=False,
+        ),
+    )
+
+
+def _cpu_clm_sweep(quick: bool = False) -> SweepPreset:
+    """The paper's LM1B claims (Fig. 1 and 3a) as causal LMs, with ``make run``'s causal recipe
+    (n = 64, batch 32, 700 steps, lr 1e-3), which ends about 1 nat below the unigram reference
+    on this CPU: heads at d = 128 (standard h = 2, 32; fixed d_p = 32 with h = 8, 32) and the
+    equal-parameter pair of Fig. 1 (standard d = 192 against fixed d = 128, h = 32). No
+    fine-tuning (the GLUE claims are the masked model's)."""
+    if quick:
+        p = _cpu_sweep(quick=True)
+        return replace(
+            p,
+            description="--quick causal (CI-sized, seconds per run; numbers mean nothing)",
+            train=replace(p.train, objective="clm"),
+            finetune=None,
+        )
+    n = 64
+    common = dict(
+        num_hidden_layers=2, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    return SweepPreset(
+        description="causal LMs (the paper's LM1B claims), 2 layers, n=64, vocab 8192, Gutenberg books; 700 steps "
+        "of 32x64 tokens per run (make run's recipe); heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32); "
+        "standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=100_000),
+        train=TrainSettings(
+            objective="clm",
+            batch_size=32,
+            max_steps=700,
+            learning_rate=1e-3,
+            logging_steps=25,
+            eval_steps=175,
+            save_steps=350,
+            report_to=[],
+        ),
+        common=common,
+        points=_points_heads(128, [2, 32], [8, 32], 32) + _points_embedding([192], 8, 128, [8, 32], 32),
+        seeds=(0, 1),
+        finetune=None,
+    )
+
+
+def _cpu_mlm_sweep(quick: bool = False) -> SweepPreset:
+    """The paper's BERT claims (Tables 1-3, Fig. 2) and its masked-LM versions of Fig. 1/3a, with the
+    masked-LM recipe of ``fixedhead compare --preset cpu-mlm`` (n = 32, 40% of training tokens
+    masked, batch 32, 2,800 steps, lr 2e-3; benchmarks/bench_tokens_to_quality.py), which ends about
+    0.7 nats below the unigram reference. At n = 32 the standard layer at d = 128 is below the d_p >= n
+    line of Theorem 1 for every h > 4. Points: standard h = 2, 8, 32 and fixed d_p = 32 with h = 8, 32
+    at d = 128; standard d = 192 (8 heads) against fixed d = 128, h = 32 (about equal parameters); head
+    size 8-64 at d = 128, 8 heads. Fine-tuned on SST-2 at the pretraining length (32 tokens)."""
+    if quick:
+        p = _cpu_sweep(quick=True)
+        return replace(
+            p,
+            description="--quick masked recipe (CI-sized, seconds per run; numbers mean nothing)",
+            train=replace(p.train, mlm_probability=0.4),
+        )
+    n = 32
+    common = dict(
+        num_hidden_layers=2, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    from .compare import get_compare_preset
+
+    recipe = get_compare_preset("cpu-mlm")  # the masked-LM recipe has one home
+    return SweepPreset(
+        description="masked LMs with the masked-LM recipe (40% masking, batch 32, lr 2e-3), 2 layers, n=32, "
+        "vocab 8192, Gutenberg books; 2800 steps of 32x32 tokens per run; heads at d=128 (standard h=2, 8, 32 "
+        "vs fixed d_p=32, h=8, 32); standard d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at "
+        "d=128, 8 heads; SST-2 fine-tuning at 32 tokens",
+        data=recipe.data,
+        train=replace(recipe.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
+        common=common,
+        points=_points_heads(128, [2, 8, 32], [8, 32], 32)
+        + _points_embedding([128, 192], 8, 128, [8, 32], 32)
+        + _points_head_size(128, 8, [8, 16, 32, 64]),
+        seeds=(0, 1, 2),
+        finetune=replace(_cpu_sweep().finetune, max_seq_length=n),
+    )
+
+
+SWEEP_PRESETS = {"cpu": _cpu_sweep, "cpu-clm": _cpu_clm_sweep, "cpu-mlm": _cpu_mlm_sweep}
+
+
+def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
+    """Raises ValueError listing the known sweep presets."""
+    from ..model.paper_presets import lookup
+
+    return lookup(SWEEP_PRESETS, name, "sweep")(quick)
+
+
+def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
+    """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
+    seed before any second seed, so an interrupted sweep has the widest picture).
+
+    Raises:
+        ValueError: an unknown experiment name.
+    """
+    if experiments:
+        bad = [e for e in experiments if e not in EXPERIMENTS]
+        if bad:
+            raise ValueError(f"unknown experiment {bad[0]!r}; known: {', '.join(EXPERIMENTS)}")
+    models: dict[str, dict] = {}
+    for p in preset.points:
+        if experiments and p.experiment not in experiments:
+            continue
+        fields = canonical_fields({**preset.common, **p.model})
+        models.setdefault(run_key(fields), fields)
+    return [(key, fields, seed) for seed in preset.seeds for key, fields in models.items()]
+
+
+SWEEP_MARKERS = (SWEEP_FILE,)
+#: every entry a sweep (and its report) writes in its folder
+SWEEP_OWNED = (SWEEP_FILE, f".{SWEEP_FILE}.*", "runs", "report.md", ".report.md.*", "*.png")
+
+
+def _read_state(path: Path) -> dict:
+    return load_json_file(path) if path.is_file() else {}
+
+
+def _check_same_sweep(prev_meta: dict, data: dict, state_file: Path) -> None:
+    """Refuse to merge results computed on other data into an existing sweep folder."""
+    old = prev_meta.get("data")
+    if not old:
+        return
+    diffs = [
+        f"{k}: {old.get(k)!r} → {v!r}"
+        for k, v in data.items()
+        if old.get(k) != v and not (k == "corpus" and _same_path(old.get(k), v))
+    ]
+    if diffs:
+        raise FileExistsError(
+            f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); its results would not be "
+            f"comparable. Choose another --output-dir"
+        )
+
+
+def _check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: Path) -> None:
+    """Refuse to merge results of runs trained with another tokenizer (recorded in a sweep file's
+    meta or its runs) with this invocation's: per-token perplexities of two vocabularies do not
+    compare, and a seed fixes the embedding rows, not which token owns each row. Sweep files from
+    before tokenizers were recorded pass; their runs are checked one by one when reused."""
+    recorded = {(state.get("meta", {}).get("data_info") or {}).get("tokenizer_sha256")}
+    recorded |= {(r.get("reproducibility") or {}).get("tokenizer_sha256") for r in state.get("runs", {}).values()}
+    other = sorted(recorded - {None, tokenizer_sha256})
+    if tokenizer_sha256 and other:
+        raise FileExistsError(
+            f"{state_file} holds runs trained with another tokenizer ({', '.join(t[:12] for t in other)}) than this "
+            f"invocation's ({tokenizer_sha256[:12]}); their per-token results do not compare with these. Choose "
+            f"another --output-dir, or remove that folder to re-run the sweep with this tokenizer"
+        )
+
+
+def _same_path(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, TypeError):
+        return False
+
+
+def _try_lock(run_dir: Path) -> Path | None:
+    """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
+
+    Lets several ``fixedhead sweep`` workers share one output directory (each skips runs another
+    is training); a lock left by a dead process is taken over.
+    """
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    return None  # alive
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    return None
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return lock
+    return None
+
+
+def run_sweep(
+    preset: str | SweepPreset = "cpu-mlm",
+    output_dir: str | Path = "runs/sweep",
+    quick: bool = False,
+    corpus: str | None = None,
+    seeds: list[int] | None = None,
+    experiments: list[str] | None = None,
+    max_steps: int | None = None,
+    finetune_task: str | None = None,
+    skip_finetune: bool = False,
+    overwrite: bool = False,
+    keep_checkpoints: bool = False,
+    progress: bool = True,
+    cache_dir=None,
+    command: str | None = None,
+) -> dict:
+    """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
+
+    Each run: pretraining with the preset's objective (:func:`fixedhead.training.pretrain.pretrain`) and, unless
+    ``skip_finetune``, fine-tuning on ``finetune_task`` (default the preset's, SST-2) with its
+    dev score recorded next to the held-out perplexity.
+
+    Raises:
+        FileNotFoundError: the corpus or GLUE data is missing.
+        ValueError: an unknown preset / experiment / task.
+        FileExistsError: a run directory holds a run with other settings (without ``overwrite``).
+    """
+    p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
+    name = preset if isinstance(preset, str) else "custom"
+    data_settings = replace(p.data, corpus=corpus) if corpus else p.data
+    if seeds:
+        p = replace(p, seeds=tuple(non_negative_int("seed", s) for s in seeds))
+    train = replace(p.train, progress=progress)
+    if max_steps is not None:  # 0 or negative is refused by TrainSettings, not ignored
+        train = replace(train, max_steps=max_steps, save_steps=max_steps, eval_steps=max(1, max_steps // 2))
+    if finetune_task and p.finetune is None:
+        raise ValueError(f"sweep preset {name!r} has no fine-tuning, so finetune_task={finetune_task!r} does not apply")
+    task = finetune_task or p.finetune_task
+    ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
+    if ft is not None:
+        from ..data.glue import get_glue_task
+
+        get_glue_task(task)  # fail before hours of pretraining, not after
+    runs_plan = plan_runs(p, experiments)
+
+    out = Path(output_dir)
+    # a new or empty folder, or an earlier sweep's (never a folder of other files)
+    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep", create=False)
+    state_file = out / SWEEP_FILE
+    previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
+    prev_meta = previous.get("meta", {})
+    _check_same_sweep(prev_meta, asdict(data_settings), state_file)
+    t_start = time.time()
+    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    _check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
+    vocab = len(data.tokenizer)
+    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep")
+    this_command, commands = invocation_commands(command, prev_meta)
+    meta = {
+        "preset": name,
+        "quick": quick,
+        "description": p.description,
+        "command": this_command,
+        # every invocation that wrote here (a resumed sweep, or several workers sharing the plan)
+        "commands": commands,
+        "data": asdict(data_settings),
+        "data_info": {k: v for k, v in data.info.items()},
+        "train": asdict(train),
+        "finetune": asdict(ft) if ft else None,
+        "finetune_task": task if ft else None,
+        "seeds": list(p.seeds),
+        "experiments": list(experiments or EXPERIMENTS),
+        **environment_info(),
+        "objective": train.objective,
+        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
+        # wall-clock span from the first invocation's start to the latest result (restarts included)
+        "first_started": min(prev_meta.get("first_started", time.time()), time.time()),
+    }
+    points = [
+        asdict(pt) | {"key": run_key({**p.common, **pt.model})}
+        for pt in p.points
+        if not experiments or pt.experiment in experiments
+    ]
+    runs: dict[str, dict] = {}
+
+    def save():
+        # one worker at a time: two workers merging at once would each drop the other's newest run
+        with open(out / f".{SWEEP_FILE}.lock", "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            _merge_and_write()
+
+    def _merge_and_write():
+        # the results file is a merge of everything finished in this folder: what other workers
+        # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
+        other = _read_state(state_file)
+        _check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
+        runs.update({k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()})
+        other_meta = other.get("meta", {})
+        meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
+        meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
+        seeds = set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()}
+        meta["seeds"] = sorted(seeds)
+        experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
+        meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
+        meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
+        meta["compute_seconds"] = round(
+            sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs.values()), 1
+        )
+        seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
+        points.extend(
+            q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
+        )
+        write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
+
+    save()  # written first: it marks the folder as this sweep's
+    for i, (key, fields, seed) in enumerate(runs_plan, 1):
+        config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
+        run_dir = out / "runs" / f"{key}-s{seed}"
+        if progress:
+            print(
+                f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
+                f"h={config.num_attention_heads}, "
+                f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters "
+                f"({time.time() - t_start:.0f} s into this invocation)",
+                flush=True,
+            )
+        lock = _try_lock(run_dir)
+        if lock is None:
+            if progress:
+                print("  another worker is on this run; skipping it", flush=True)
+            continue
+        t0 = time.time()
+        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), data_settings, overwrite, progress)
+        if not keep_checkpoints:
+            for ckpt in run_dir.glob("checkpoint-*"):
+                shutil.rmtree(ckpt, ignore_errors=True)
+        entry = {k: v for k, v in result.items() if k != "train_curve"} | {"key": key, "seed": seed}
+        if ft is not None:
+            ft_dir, ft_seeded = run_dir / f"finetune-{task}", replace(ft, seed=seed)
+            # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
+            stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
+                "fingerprint"
+            ) != finetune_fingerprint(run_dir, task, ft_seeded)
+            ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
+            entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
+            if progress:
+                print(
+                    f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
+                    f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
+        runs[f"{key}-s{seed}"] = entry
+        lock.unlink(missing_ok=True)
+        save()
+    save()
+    if progress:
+        print(
+            f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
+            f"({meta['total_seconds']:.0f} s in all invocations)"
+        )
+    return {"meta": meta, "points": points, "runs": runs}

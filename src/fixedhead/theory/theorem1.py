@@ -1,0 +1,421 @@
+"""Theorem 1 (paper, Section 3): what one head of size d_p can represent.
+
+:func:`represent` builds weights whose head reproduces a given P exactly; :func:`min_head_dim` is
+the sharp threshold rank(log P · (I − 11^T/n)) ≤ n − 1; :func:`best_logits` / :func:`logit_errors`
+(logit space, Eckart–Young) and :func:`fit_head` (probability space, KL) are the best a smaller
+head can do. ``causal=True`` hands over to :mod:`fixedhead.theory.causal`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .causal import _causal_differences, _causal_rank, check_causal_attention, complete_causal_logits
+from .common import ROW_SUM_TOL, _as_matrix, _check_int, _numerical_rank, _one_thread, check_attention
+
+
+def centred_log_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
+    """The per-query-centred log attention C = log P · (I − 11^T/n).
+
+    Each row (query) of log P minus that row's mean, i.e. log P[i, j] − (1/n) Σ_k log P[i, k].
+    This is the paper's log(P D_0) with the free per-query diagonal D_0 chosen as the inverse
+    geometric mean of each query's probabilities (Theorem 1 proof). Softmax is invariant to
+    adding a per-row constant, so softmax(C) = P, and C is the representative of the logits of P
+    whose rows are orthogonal to the all-ones vector.
+
+    Args:
+        P: [n, n] attention matrix, see :func:`check_attention`.
+
+    Returns:
+        C: [n, n] float64, C @ 1 = 0 (so rank(C) <= n − 1), in nats.
+
+    Raises:
+        ValueError: see :func:`check_attention`.
+    """
+    P = check_attention(P, row_sum_tol)
+    logp = np.log(P)
+    return logp - logp.mean(axis=1, keepdims=True)
+
+
+@_one_thread
+def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False) -> int:
+    """Smallest head size d_p that represents P exactly on an input X of rank n (sharp Theorem 1).
+
+    ``causal=True``: the same for a causal head (query i sees keys 0..i only), where only the
+    lower triangle of P is given; see :func:`complete_causal_logits` for the derivation. It is the
+    minimum rank of a completion of the lower-triangular log-differences, counted column by column
+    with the same ``rtol`` rule: ⌈(n − 1)/2⌉ for generic P, but anything from 1 (e.g. uniform
+    over the prefix, ALiBi-like or key-only logits) to n − 1 (e.g. every query favouring itself by
+    one logit margin over an otherwise uniform past) for special P. Bidirectional (default):
+
+    A head's logits on X ∈ R^{n×d} of rank n can be any n×n matrix of rank <= d_p (Theorem 1's
+    proof, via a right inverse of X), and softmax(L) = P iff L = log P + c 1^T for some per-query
+    shift c ∈ R^n (the paper's D_0). Writing C = log P (I − 11^T/n) (each row of log P centred by
+    its own mean, :func:`centred_log_attention`), L (I − 11^T/n) = C for every such L, so
+    rank(L) >= rank(C), with equality at c = row means. Hence the threshold is exactly rank(C),
+    which is at most n − 1 (C 1 = 0): one less than the paper's sufficient condition d_p >= n.
+
+    Args:
+        P: [n, n] attention matrix, rows (queries) summing to 1, entries > 0; with ``causal=True``
+            lower-triangular instead (see :func:`check_causal_attention`).
+        rtol: singular values of C below ``rtol · σ_max(C)`` count as zero; default
+            n · float64 eps (NumPy's ``matrix_rank`` rule). Causal: singular values of the
+            staircase blocks below ``rtol`` times the largest of them count as zero.
+        causal: P is a causal (decoder) head's attention.
+
+    Returns:
+        rank(C), or 1 when C = 0 (every row uniform: a head of size 1 with zero weights), since a
+        head has at least one dimension. Causal: the minimum completion rank, or 1 when it is 0.
+
+    Raises:
+        ValueError: see :func:`check_attention` (:func:`check_causal_attention` when causal).
+    """
+    if causal:
+        D = _causal_differences(check_causal_attention(P, row_sum_tol))
+        return max(1, _causal_rank(D, rtol)[0])
+    C = centred_log_attention(P, row_sum_tol)
+    s = np.linalg.svd(C, compute_uv=False)
+    return max(1, _numerical_rank(s, C.shape, rtol))
+
+
+def head_attention(X, W_q, W_k, *, causal: bool = False) -> np.ndarray:
+    """One head's attention softmax((X W_q)(X W_k)^T / √d_p), row-wise (rows are queries).
+
+    Args:
+        X: [n, d] input (rows are tokens). W_q, W_k: [d, d_p] (transposes of the paper's maps).
+        causal: mask keys after the query (logits above the diagonal set to −inf), as a decoder does.
+
+    Returns:
+        [n, n] float64 attention, each row summing to 1 (exactly 0 above the diagonal if causal).
+
+    Raises:
+        ValueError: shapes that do not chain.
+    """
+    X, W_q, W_k = _as_matrix("X", X), _as_matrix("W_q", W_q), _as_matrix("W_k", W_k)
+    if W_q.shape != W_k.shape or W_q.shape[0] != X.shape[1]:
+        raise ValueError(f"need X [n, d] and W_q, W_k [d, d_p], got {X.shape}, {W_q.shape}, {W_k.shape}")
+    L = (X @ W_q) @ (X @ W_k).T / math.sqrt(W_q.shape[1])
+    if causal:
+        L = np.where(np.tri(L.shape[0], dtype=bool), L, -np.inf)
+    L = L - L.max(axis=1, keepdims=True)
+    E = np.exp(L)
+    return E / E.sum(axis=1, keepdims=True)
+
+
+def _svd_factors(C: np.ndarray, k: int, svd=None) -> tuple[np.ndarray, np.ndarray]:
+    """A, B ∈ R^{n×k} with A B^T = best rank-k approximation of C (zero columns beyond n)."""
+    U, s, Vt = np.linalg.svd(C) if svd is None else svd
+    m = min(k, C.shape[0])
+    r = np.sqrt(s[:m])
+    A = np.zeros((C.shape[0], k))
+    B = np.zeros((C.shape[0], k))
+    A[:, :m] = U[:, :m] * r
+    B[:, :m] = Vt[:m].T * r
+    return A, B
+
+
+@_one_thread
+def represent(X, P, head_dim: int | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False):
+    """Theorem 1's construction: W_q, W_k with softmax((X W_q)(X W_k)^T / √head_dim) = P exactly.
+
+    Construction (paper Theorem 1 proof, rows-are-tokens form). X has rank n, so it has a right
+    inverse X^+ = X^T (X X^T)^{-1} with X X^+ = I_n (the paper's left inverse of its X ∈ R^{d×n}).
+    Take the logit target C = log P (I − 11^T/n), i.e. log P with the free per-query shift
+    (the paper's D_0) chosen as minus each row's mean (:func:`centred_log_attention`); factor
+    C = A B^T with A, B ∈ R^{n×head_dim} by SVD; set W_q = head_dim^{1/4} X^+ A and
+    W_k = head_dim^{1/4} X^+ B. Then (X W_q)(X W_k)^T / √head_dim = A B^T = C and softmax(C) = P.
+
+    ``causal=True`` (beyond the paper): the same construction on the minimum-rank completed
+    logits of :func:`complete_causal_logits` instead of C, so that the *masked* softmax
+    (:func:`head_attention` with ``causal=True``) reproduces the lower-triangular P, row 0 included,
+    with a head of size ``min_head_dim(P, causal=True)`` (⌈(n − 1)/2⌉ for a generic P).
+
+    Args:
+        X: [n, d] input sequence, rows are tokens, rank n (so d >= n).
+        P: [n, n] target attention, entries > 0, each row (query) summing to 1 within
+            ``row_sum_tol`` (absolute); causal: see :func:`check_causal_attention`.
+        head_dim: the head size d_p; None picks the smallest that works, :func:`min_head_dim`
+            (≤ n − 1). Any head_dim >= min_head_dim(P) works (extra columns are zero).
+        causal: P is a causal head's attention (zero above the diagonal).
+
+    Returns:
+        (W_q, W_k), each float64 [d, head_dim]. On random inputs the max-abs error of the
+        reconstructed P is ~1e-12 (tests check <= 1e-8 up to n = 256; causal <= 1e-10 up to
+        n = 128, on random and structured P).
+
+    Raises:
+        ValueError: P has an entry <= 0 (causal: on or below the diagonal, or one above it that
+            is not 0), a row not summing to 1, or is not [n, n] with n the number of rows of X;
+            X has rank < n; head_dim < min_head_dim(P) (no head of that size represents P on any
+            input, Theorem 1 sharpened) or not a positive int.
+    """
+    X = _as_matrix("X", X)
+    P = check_causal_attention(P, row_sum_tol) if causal else check_attention(P, row_sum_tol)
+    n, d = X.shape
+    if P.shape[0] != n:
+        raise ValueError(f"P must be [n, n] with n = X.shape[0] = {n} tokens, got shape {P.shape}")
+    # one SVD of X gives both its rank and its pseudo-inverse (= a right inverse when rank is n)
+    Ux, sx, Vxt = np.linalg.svd(X, full_matrices=False)
+    rank_x = _numerical_rank(sx, X.shape, None)
+    if rank_x < n:
+        raise ValueError(
+            f"X must have rank n = {n} (its rows, the tokens, linearly independent; needs d >= n) "
+            f"for exact representation, got rank {rank_x} with X of shape {X.shape}"
+        )
+    if causal:
+        completion = complete_causal_logits(P, row_sum_tol=row_sum_tol)
+        C, needed = completion.logits, completion.head_dim
+        why = "a completion of its lower-triangular log-differences needs rank"
+    else:
+        C = centred_log_attention(P, row_sum_tol)
+        why = "the per-query-centred log P has rank"
+    svd = np.linalg.svd(C)
+    if not causal:
+        needed = max(1, _numerical_rank(svd[1], C.shape, None))
+    if head_dim is None:
+        head_dim = needed
+    head_dim = _check_int("head_dim", head_dim)
+    if head_dim < needed:
+        raise ValueError(
+            f"head_dim={head_dim} is too small to represent P exactly: {why} {needed} "
+            f"(min_head_dim{'(causal=True)' if causal else ''}), and a head's logits have rank <= head_dim"
+        )
+    A, B = _svd_factors(C, head_dim, svd)
+    x_pinv = Vxt.T / sx  # [d, n]: X^+ = V S^{-1} U^T
+    scale = head_dim**0.25
+    W_q = scale * (x_pinv @ (Ux.T @ A))
+    W_k = scale * (x_pinv @ (Ux.T @ B))
+    return W_q, W_k
+
+
+class BestLogits(NamedTuple):
+    """Result of :func:`best_logits`: ``logits`` [n, n] of rank <= head_dim, ``error`` in nats."""
+
+    logits: np.ndarray
+    error: float
+
+
+@_one_thread
+def logit_errors(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
+    """Minimal logit-space error of a head of every size k = 0..n (Eckart–Young on centred log P).
+
+    The quantity minimised, for each k, is the Frobenius distance from log P to the logits a
+    head of size k can produce, *modulo the per-query shift softmax ignores*:
+
+        e_k = min over L with rank(L) <= k and c ∈ R^n of ||L − (log P + c 1^T)||_F
+            = sqrt(Σ_{i>k} σ_i(C)²),   C = log P (I − 11^T/n).
+
+    (For fixed L the best c is the row mean of L − log P, leaving ||L(I − 11^T/n) − C||_F, and
+    L(I − 11^T/n) ranges over all rank-<=k matrices with rows ⊥ 1, which contain C's truncated
+    SVD.) On an input of rank n every rank-<=k logit matrix is reachable, so e_k is the exact
+    bottleneck of a size-k head in logit space (paper Theorem 1). e_k = 0 iff k >= rank(C).
+
+    Args:
+        P: [n, n] attention, rows (queries) summing to 1, entries > 0.
+
+    Returns:
+        [n + 1] float64 array, entry k = e_k in nats (absolute, not normalised; e_0 = ||C||_F).
+
+    Raises:
+        ValueError: see :func:`check_attention`.
+    """
+    C = centred_log_attention(P, row_sum_tol)
+    s = np.linalg.svd(C, compute_uv=False)
+    tail = np.concatenate([np.cumsum((s**2)[::-1])[::-1], [0.0]])  # tail[k] = Σ_{i>=k} σ_i² (0-based)
+    return np.sqrt(np.maximum(tail, 0.0))
+
+
+@_one_thread
+def best_logits(P, head_dim: int, row_sum_tol: float = ROW_SUM_TOL) -> BestLogits:
+    """The closest logits a head of size ``head_dim`` can produce on a rank-n input, and the error.
+
+    Returns the truncated SVD of C = log P (I − 11^T/n) (rank <= head_dim, rows ⊥ 1) and
+    e = min_{rank(L) <= head_dim, c ∈ R^n} ||L − (log P + c 1^T)||_F, see :func:`logit_errors`
+    for the exact statement. Theorem 1 (paper, Section 3) in logit space.
+
+    Args:
+        P: [n, n] attention, rows (queries) summing to 1, entries > 0.
+        head_dim: d_p >= 1.
+
+    Returns:
+        BestLogits(logits [n, n] float64, error in nats).
+
+    Raises:
+        ValueError: see :func:`check_attention`; head_dim not a positive int.
+    """
+    head_dim = _check_int("head_dim", head_dim)
+    C = centred_log_attention(P, row_sum_tol)
+    A, B = _svd_factors(C, head_dim)
+    L = A @ B.T
+    return BestLogits(L, float(np.linalg.norm(L - C)))
+
+
+def mean_row_kl(P, Q) -> float:
+    """Mean over queries of KL(P[i] || Q[i]) = (1/n) Σ_i Σ_j P_ij log(P_ij / Q_ij), in nats.
+
+    Args:
+        P, Q: [n, n] row-stochastic (rows are queries), Q > 0 wherever P > 0.
+
+    Raises:
+        ValueError: shapes differ.
+    """
+    P, Q = _as_matrix("P", P), _as_matrix("Q", Q)
+    if P.shape != Q.shape:
+        raise ValueError(f"P and Q must have the same shape, got {P.shape} and {Q.shape}")
+    return float(np.sum(P * (np.log(P) - np.log(Q))) / P.shape[0])
+
+
+@dataclass
+class HeadFit:
+    """Result of :func:`fit_head`.
+
+    Attributes:
+        W_q, W_k: [d, head_dim] float64, the best weights found.
+        attention: [n, n] the achieved softmax((X W_q)(X W_k)^T/√head_dim), rows sum to 1.
+        kl: mean row KL(P || attention) in nats (the bottleneck in probability space).
+        kl_svd_init: the same for the SVD initialisation (truncated SVD of centred log P).
+        max_abs_error: max |attention − P|.
+        restart_kls: KL reached from each start (SVD start first).
+    """
+
+    W_q: np.ndarray
+    W_k: np.ndarray
+    attention: np.ndarray
+    kl: float
+    kl_svd_init: float
+    max_abs_error: float
+    restart_kls: list[float] = field(default_factory=list)
+
+
+def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_iter: int) -> np.ndarray:
+    """torch L-BFGS on Z = [W_q, W_k] ([2, d, k]) for the mean row KL(P || softmax(X W_q W_k^T X^T/√k)).
+
+    ``Xt=None`` means X = I (d = n). Returns the final Z as a NumPy array.
+    """
+    n, k = Pt.shape[0], Z0.shape[-1]
+    logP = torch.log(Pt)
+    Z = torch.tensor(Z0, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [Z],
+        lr=1.0,
+        max_iter=max_iter,
+        max_eval=2 * max_iter,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-16,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        opt.zero_grad()
+        Q, K = (Z[0], Z[1]) if Xt is None else (Xt @ Z[0], Xt @ Z[1])
+        loss = (Pt * (logP - torch.log_softmax(Q @ K.T / math.sqrt(k), dim=1))).sum() / n
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return Z.detach().numpy().copy()
+
+
+@_one_thread
+def fit_head(
+    X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 1000, row_sum_tol: float = ROW_SUM_TOL
+) -> HeadFit:
+    """Best one-head fit of P in probability space: minimise the mean row KL(P || softmax(L)).
+
+    Minimises (1/n) Σ_i KL(P[i] || softmax(X W_q (X W_k)^T / √head_dim)[i]) (nats) over W_q,
+    W_k ∈ R^{d×head_dim} with ``torch.optim.LBFGS`` (float64, strong-Wolfe line search),
+    starting from the logit-space optimum (the truncated SVD of :func:`best_logits`, mapped
+    through the pseudo-inverse of X) and from ``restarts`` further random starts; returns the
+    best. This is the low-rank bottleneck of paper Theorem 1 measured on probabilities. X need
+    not have rank n (e.g. the paper's counterexample); then only logits X W_q W_k^T X^T are
+    reachable. The returned KL is achieved by the returned weights, so it is an upper bound on
+    the true minimum (the problem is non-convex in W_q, W_k).
+
+    Args:
+        X: [n, d] input, rows are tokens.
+        P: [n, n] target attention, rows (queries) sum to 1, entries > 0.
+        head_dim: head size d_p >= 1.
+        restarts: number of extra random initialisations (>= 0).
+        seed: seed of the random starts.
+        max_iter: L-BFGS iterations per start (it stops earlier once the loss stops changing).
+
+    Returns:
+        :class:`HeadFit`. For head_dim >= min_head_dim(P) and rank-n X the SVD start is already
+        exact (kl ≈ 0 up to float rounding, which can make it ~ ±1e-16).
+
+    Raises:
+        ValueError: bad P (see :func:`check_attention`), P not [n, n] for X's n, head_dim or
+            restarts or max_iter not ints in range.
+    """
+    X = _as_matrix("X", X)
+    P = check_attention(P, row_sum_tol)
+    n, d = X.shape
+    if P.shape[0] != n:
+        raise ValueError(f"P must be [n, n] with n = X.shape[0] = {n} tokens, got shape {P.shape}")
+    head_dim = _check_int("head_dim", head_dim)
+    restarts = _check_int("restarts", restarts, minimum=0)
+    max_iter = _check_int("max_iter", max_iter)
+
+    A, B = _svd_factors(centred_log_attention(P, row_sum_tol), head_dim)
+    x_pinv = np.linalg.pinv(X)
+    scale = head_dim**0.25
+    starts = [np.stack([scale * x_pinv @ A, scale * x_pinv @ B])]
+    rng = np.random.default_rng(seed)
+    for _ in range(restarts):
+        starts.append(rng.standard_normal((2, d, head_dim)) * scale / math.sqrt(d))
+    identity = n == d and np.array_equal(X, np.eye(n))
+    Xt, Pt = (None if identity else torch.from_numpy(X)), torch.from_numpy(P)
+    start_kls, restart_kls, fits = [], [], []
+    for Z0 in starts:
+        start_kl = mean_row_kl(P, head_attention(X, Z0[0], Z0[1]))
+        Z = _minimise_kl(Xt, Pt, Z0, max_iter)
+        kl = mean_row_kl(P, head_attention(X, Z[0], Z[1])) if np.all(np.isfinite(Z)) else math.inf
+        if not kl <= start_kl:  # never return something worse than the start (or nan)
+            Z, kl = Z0, start_kl
+        start_kls.append(start_kl)
+        restart_kls.append(kl)
+        fits.append(Z)
+    best = int(np.argmin(restart_kls))
+    W_q, W_k = fits[best][0].copy(), fits[best][1].copy()
+    att = head_attention(X, W_q, W_k)
+    return HeadFit(W_q, W_k, att, restart_kls[best], start_kls[0], float(np.max(np.abs(att - P))), restart_kls)
+
+
+def random_attention(n: int, temperature: float = 1.0, seed: int = 0, *, causal: bool = False) -> np.ndarray:
+    """A random entrywise-positive attention matrix P = softmax(G / temperature), G_ij ~ N(0, 1).
+
+    Rows are queries and sum to 1. Lower temperature = more peaked rows. Generic: the centred
+    log P = G (I − 11^T/n) / temperature has rank n − 1 with probability 1.
+
+    ``causal=True``: the masked softmax of the same G (row i over keys 0..i, 0 above the diagonal),
+    so a seed gives the bidirectional and the causal attention of one set of logits. Generic too:
+    ``min_head_dim(P, causal=True)`` = ⌈(n − 1)/2⌉ with probability 1.
+
+    Args:
+        n: sequence length >= 1. temperature: > 0. seed: NumPy seed. causal: mask keys after the query.
+
+    Returns:
+        [n, n] float64.
+
+    Raises:
+        ValueError: n not a positive int, temperature not a positive finite number or so low
+            that an entry of P (on or below the diagonal if causal) underflows to 0.
+    """
+    n = _check_int("n", n)
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (0 < temperature < math.inf):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+    G = np.random.default_rng(seed).standard_normal((n, n)) / temperature
+    seen = np.tri(n, dtype=bool) if causal else np.ones((n, n), dtype=bool)
+    G = np.where(seen, G, -np.inf)
+    G = G - G.max(axis=1, keepdims=True)
+    E = np.exp(G)
+    if np.any(E[seen] == 0.0):
+        raise ValueError(f"temperature={temperature!r} is so low that entries of P underflow to 0 in float64")
+    return E / E.sum(axis=1, keepdims=True)

@@ -1,0 +1,92 @@
+"""``fixedhead widen``: a pretraining run's language model with wider heads, saved as a new run folder.
+
+The model surgery itself (:func:`fixedhead.widen_heads`) works on a model in memory; this
+module opens the source run (:func:`fixedhead.runs.open_run`), claims the output folder and writes
+the widened model, its tokenizer and ``widen.json`` there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
+from ..model.surgery import new_head_dims, widen_heads
+from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
+from ..validation import non_negative_int
+
+WIDEN_FILE = "widen.json"
+#: every entry `fixedhead widen` writes into its output folder (its temporary files included)
+WIDEN_OWNED = (
+    WIDEN_FILE,
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    ".*.tmp*",
+)
+
+
+def widen_run(
+    run_dir: str | os.PathLike,
+    head_dim,
+    output_dir: str | os.PathLike,
+    *,
+    init_std: float | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    allow_pickle: bool = False,
+) -> dict:
+    """``fixedhead widen``: widen the heads of a run's language model and save it as a new run folder.
+
+    Opens ``run_dir`` with :func:`fixedhead.runs.open_run` (masked or causal LM), widens it with
+    :func:`fixedhead.widen_heads`, and writes the model, its tokenizer and ``widen.json`` (source run, old and
+    new per-layer head sizes, seed, init_std) to ``output_dir``.
+
+    Returns:
+        the ``widen.json`` record.
+
+    Raises:
+        ValueError: see :func:`fixedhead.widen_heads` and :func:`~fixedhead.runs.open_run`.
+        FileExistsError: ``output_dir`` holds files that ``fixedhead widen`` did not write.
+        FileNotFoundError: no such run.
+    """
+    non_negative_int("seed", seed)
+    if Path(output_dir).resolve() == Path(run_dir).resolve():
+        raise FileExistsError(f"--output-dir {str(output_dir)!r} is the run being widened; choose another folder")
+    claim_output_dir(output_dir, (WIDEN_FILE,), WIDEN_OWNED, "widen", create=False)  # refuse before the work
+    if (Path(output_dir) / WIDEN_FILE).is_file() and not overwrite:
+        raise FileExistsError(f"{output_dir} holds an earlier `fixedhead widen` output; pass --overwrite to replace it")
+    run = open_run(run_dir, allow_pickle=allow_pickle)
+    kinds = set(run.config.architectures or []) - {"FixedHeadForMaskedLM", "FixedHeadForCausalLM"}
+    if kinds:
+        raise ValueError(
+            f"{run_dir} holds a {', '.join(sorted(kinds))}; `fixedhead widen` takes pretraining runs (masked or "
+            f"causal LM). Widen other models in Python with fixedhead.widen_heads(model, head_dim)"
+        )
+    new_head_dims(run.config.layer_head_dims, head_dim)  # a wrong size is refused before loading anything
+    cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
+    model = cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    old = run.config.layer_head_dims
+    wide = widen_heads(model, head_dim, init_std=init_std, seed=seed)
+    record = {
+        "source_run": resolve_local_path(run_dir),
+        "objective": "clm" if run.config.is_decoder else "mlm",
+        "old_head_dims": old,
+        "new_head_dims": wide.config.layer_head_dims,
+        "old_head_dim": run.config.head_dim,
+        "new_head_dim": wide.config.head_dim,
+        "seed": seed,
+        "init_std": init_std if init_std is not None else run.config.initializer_range,
+        # the source's data and masking settings: `evaluate` scores the widened model on the same held-out set
+        "source_settings": run.settings,
+    }
+    out = claim_output_dir(output_dir, (WIDEN_FILE,), WIDEN_OWNED, "widen", overwrite=overwrite)
+    write_json_atomic(out / WIDEN_FILE, record)  # the marker first: a failed save can be overwritten
+    wide.save_pretrained(str(out), safe_serialization=True)
+    follow_umask(out / "model.safetensors")  # safetensors writes 0600
+    run.tokenizer.save_pretrained(str(out))
+    return record

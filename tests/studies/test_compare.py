@@ -1,0 +1,130 @@
+"""fixedhead.studies.compare (``fixedhead compare``): the tiny preset end to end, and what it
+refuses before any work."""
+
+import json
+
+from fixedhead.cli import main
+
+
+def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    rc = main(
+        [
+            "compare",
+            "--preset",
+            "tiny",
+            "--corpus",
+            str(small_real_corpus),
+            "--output-dir",
+            str(tmp_path / "c"),
+            "--max-steps",
+            "6",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "held-out ppl" in out and "bits/char" in out and "standard-wide" in out
+    saved = json.loads((tmp_path / "c" / "results.json").read_text())
+    results = saved["results"]
+    assert all(0 < r["heldout_bits_per_character"] < 10 for r in results)
+    # one tokenizer for every model, recorded beside the corpus, with the versions that trained them
+    tokenizer = saved["meta"]["data_info"]["tokenizer_sha256"]
+    assert len(tokenizer) == 64 and saved["meta"]["data_info"]["corpus_sha256"]
+    assert {r["reproducibility"]["tokenizer_sha256"] for r in results} == {tokenizer}
+    assert saved["meta"]["other_versions"]["accelerate"]
+    assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
+    assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
+    # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)
+    assert results[2]["parameters"] >= results[1]["parameters"]
+    assert (tmp_path / "c" / "learning_curves.png").stat().st_size > 1000
+    assert (tmp_path / "c" / "results.csv").read_text().count("\n") == 4
+
+
+def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_path):
+    import csv
+    import math
+
+    from fixedhead.studies.compare import format_table, write_results
+
+    base = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=8,
+        parameters=1000,
+        training_tokens=640,
+        heldout_perplexity=100.0,
+        heldout_loss=math.log(100.0),
+        heldout_accuracy=0.1,
+        train_seconds=3.0,
+        fixed_head=False,
+        num_hidden_layers=1,
+        tokens_per_step=64,
+        train_curve=[(1, 5.0)],
+        eval_curve=[(1, 5.1)],
+    )
+    new = dict(base, name="new", heldout_bits_per_character=1.23456)
+    old = dict(base, name="old")  # a results file from before bits per character was measured
+    lines = format_table([new, old], unigram_perplexity=200.0).splitlines()
+    end = lines[0].index("bits/char") + len("bits/char")  # cells are right-aligned under their header
+    assert lines[0][:end].endswith("held-out ppl  bits/char")
+    assert lines[2][:end].split()[-2:] == ["100.00", "1.235"]
+    assert lines[3][:end].split()[-2:] == ["100.00", "-"]
+    write_results([new, old], tmp_path, {"description": "test"})
+    with open(tmp_path / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["heldout_bits_per_character"] for r in rows] == ["1.23456", ""]
+
+
+def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
+    import fixedhead.studies.compare as compare
+
+    monkeypatch.setattr(compare, "DEFAULT_CORPUS", tmp_path / "nowhere.jsonl.gz")
+    preset = compare.get_compare_preset("tiny")
+    preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
+    monkeypatch.setattr(compare, "get_compare_preset", lambda name: preset)
+    rc = main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "c")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--corpus PATH" in err and "Traceback" not in err
+
+
+def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "busy")]) == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
+    assert "max_steps" in capsys.readouterr().err
+
+
+def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_preset_away():
+    """`make run` (preset cpu) compares causal LMs whose fixed head size is the causal threshold
+    ceil((n - 1)/2) (docs/theory.md) with standard heads of d/h = 8; cpu-mlm keeps the masked
+    comparison at fixed d_p = n with the 40% masking recipe; switching objective drops the
+    masking rate rather than refusing (a causal LM has none; next test)."""
+    import math
+
+    from fixedhead.model.configuration import FixedHeadConfig
+    from fixedhead.studies.compare import get_compare_preset
+
+    cpu = get_compare_preset("cpu")
+    n = cpu.data.max_seq_length
+    assert cpu.train.objective == "clm" and n == 64
+    assert cpu.models["fixed"]["head_dim"] == math.ceil((n - 1) / 2)
+    assert FixedHeadConfig(**cpu.models["standard"]).attention_head_size == 128 // 16 < n // 4
+    masked = get_compare_preset("cpu-mlm")
+    assert masked.train.objective == "mlm" and masked.train.mlm_probability == 0.4
+    assert masked.models["fixed"]["head_dim"] == masked.data.max_seq_length
+
+
+def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_path, monkeypatch):
+    import fixedhead.studies.compare as compare
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    tiny = compare.get_compare_preset("tiny")
+    tiny.train = __import__("dataclasses").replace(tiny.train, mlm_probability=0.4)
+    results = compare.run_compare(
+        tiny, tmp_path / "c", corpus=str(small_real_corpus), max_steps=2, objective="clm", progress=False
+    )
+    assert {r["objective"] for r in results} == {"clm"}

@@ -1,0 +1,261 @@
+import json
+
+import pytest
+
+import fixedhead.studies.compare as compare
+from fixedhead.cli import main
+from fixedhead.studies.report import claims, verdict, welch, write_report
+from fixedhead.studies.sweep import (
+    SWEEP_FILE,
+    SweepPoint,
+    SweepPreset,
+    canonical_fields,
+    get_sweep_preset,
+    plan_runs,
+    run_key,
+    run_sweep,
+)
+from fixedhead.training import DataSettings, TrainSettings
+from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
+
+
+def test_same_architecture_is_one_run():
+    # a fixed head size equal to d/h is the standard layer: one key, one run
+    assert canonical_fields(dict(hidden_size=128, num_attention_heads=4, head_dim=32))["head_dim"] is None
+    assert run_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
+    assert run_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
+    assert run_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
+
+
+def test_cpu_plan_is_deduplicated_and_seed_major():
+    preset = get_sweep_preset("cpu")
+    plan = plan_runs(preset)
+    keys = [k for k, _, s in plan if s == 0]
+    assert len(keys) == len(set(keys)) == 12
+    assert [s for _, _, s in plan] == [0] * 12 + [1] * 12
+    # every experiment has >= 2 seeds per point and both series where the paper has both
+    exps = {(p.experiment, p.series) for p in preset.points}
+    assert exps == {
+        ("heads", "standard"),
+        ("heads", "fixed"),
+        ("embedding", "standard"),
+        ("embedding", "fixed"),
+        ("head_size", "fixed"),
+    }
+    assert len(plan_runs(preset, ["head_size"])) == 2 * 4
+    with pytest.raises(ValueError, match="'bogus'"):
+        plan_runs(preset, ["bogus"])
+    with pytest.raises(ValueError, match="'gpu'"):
+        get_sweep_preset("gpu")
+
+
+def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
+    from fixedhead.studies.compare import get_compare_preset
+
+    preset, recipe = get_sweep_preset("cpu-mlm"), get_compare_preset("cpu-mlm")
+    for field in ("objective", "mlm_probability", "batch_size", "learning_rate", "max_steps"):
+        assert getattr(preset.train, field) == getattr(recipe.train, field), field
+    assert preset.train.mlm_probability == 0.4 and preset.train.objective == "mlm"
+    n = preset.data.max_seq_length
+    assert n == recipe.data.max_seq_length == preset.common["max_position_embeddings"]
+    assert preset.finetune is not None and preset.finetune.max_seq_length <= n  # no untrained positions
+    plan = plan_runs(preset)
+    assert len({k for k, _, _ in plan}) == 8 and len(preset.seeds) >= 3
+    assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
+    assert get_sweep_preset("cpu-mlm", quick=True).train.mlm_probability == 0.4
+    with pytest.raises(ValueError, match="'cpu-clm' has no fine-tuning.*'cola'"):
+        run_sweep("cpu-clm", "/nonexistent/never-written", quick=True, finetune_task="cola")
+
+
+def test_nats_range_wording():
+    from fixedhead.studies.report import _nats_range
+
+    assert _nats_range(0.70, 0.78) == "0.70–0.78 nats below it"
+    assert _nats_range(-0.39, -0.25) == "0.25–0.39 nats above it"
+    assert _nats_range(-0.08, 0.17) == "from 0.08 nats above it to 0.17 below"
+
+
+def test_verdict_rule():
+    d, p = welch([10.0, 10.1], [12.0, 12.1])
+    assert d == pytest.approx(2.0) and p < 0.05
+    assert verdict(d, p, +1) == "agrees" and verdict(d, p, -1) == "does not agree"
+    d, p = welch([10.0, 12.0], [10.5, 11.9])  # overlapping seeds
+    assert verdict(d, p, +1) == "cannot tell at this scale"
+    d, p = welch([10.0], [20.0])  # one seed: no test, no verdict
+    assert verdict(d, p, +1) == "cannot tell at this scale"
+
+
+def _tiny_preset(corpus):
+    common = dict(
+        num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    return SweepPreset(
+        description="test",
+        data=DataSettings(
+            corpus=str(corpus),
+            vocab_size=200,
+            max_seq_length=16,
+            heldout_fraction=0.1,
+            tokenizer_max_chars=None,
+            max_eval_tokens=2000,
+        ),
+        train=TrainSettings(
+            batch_size=8, max_steps=3, learning_rate=2e-3, logging_steps=1, eval_steps=3, save_steps=3, report_to=[]
+        ),
+        common=common,
+        points=[
+            SweepPoint("heads", "standard", 2, dict(hidden_size=16, num_attention_heads=2)),
+            SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),
+            SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+            SweepPoint("embedding", "standard", 16, dict(hidden_size=16, num_attention_heads=2)),
+            SweepPoint("embedding", "fixed", 16, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+            SweepPoint("head_size", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=4)),
+            SweepPoint("head_size", "fixed", 8, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
+        ],
+        seeds=(0, 1),
+        finetune=FinetuneSettings(
+            max_seq_length=16,
+            batch_size=8,
+            max_steps=2,
+            eval_steps=2,
+            validation_size=16,
+            max_train_examples=16,
+            max_dev_examples=24,
+            save_model=False,
+        ),
+    )
+
+
+def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
+    from fixedhead.data.glue import glue_path
+
+    if not glue_path("sst2", "train").is_file():
+        pytest.skip("shared GLUE data not found")
+    preset = _tiny_preset(small_real_corpus)
+    out = tmp_path / "sweep"
+    state = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    # 3 distinct models (h=2 std, h=4 std = d_p 4, h=4 d_p=8 fixed) x 2 seeds
+    assert sorted(state["runs"]) == sorted(
+        f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed") for s in (0, 1)
+    )
+    saved = json.loads((out / SWEEP_FILE).read_text())
+    assert saved["runs"].keys() == state["runs"].keys()
+    assert all("finetune" in r and 0 <= r["finetune"]["score"] <= 1 for r in saved["runs"].values())
+    assert not list(out.glob("runs/*/checkpoint-*")), "pretraining checkpoints are removed after each run"
+    # the context-free reference: better than a uniform guess over the vocabulary, worse than certainty
+    assert 1.0 < saved["meta"]["unigram_perplexity"] < saved["meta"]["data_info"]["vocab_size"]
+
+    report = write_report(out, tmp_path / "report")
+    text = report.read_text()
+    assert "| paper claim | our measurement | verdict |" in text
+    for png in ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png"):
+        assert (tmp_path / "report" / png).stat().st_size > 5000, png
+    assert "With 2 seeds per point" in text
+    # a GPU recorded with the runs is named in the report (environment_info records it on a CUDA machine)
+    saved["meta"]["accelerator"] = "Some GPU"
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
+    assert "on Some GPU and " in write_report(tmp_path / "gpu").read_text()
+    # a sweep without fine-tuning (the causal preset) has no fine-tuning column and says why a claim is unmeasured
+    for r in saved["runs"].values():
+        del r["finetune"]
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(saved))
+    no_ft = write_report(tmp_path / "gpu").read_text()
+    assert "| held-out perplexity | bits/char | run |" in no_ft and "sst2 dev |" not in no_ft
+    assert "not measured (this sweep has no fine-tuning)" in no_ft and "sst2" not in no_ft.split("## Paper claim")[1]
+    assert "training + fine-tuning time" not in no_ft
+    # one seed per point: no test is possible, and the report says so instead of quoting a power
+    one = dict(saved, runs={k: r for k, r in saved["runs"].items() if k.endswith("-s0")})
+    (tmp_path / "gpu" / SWEEP_FILE).write_text(json.dumps(one))
+    assert "Some points have one seed: no test is possible" in write_report(tmp_path / "gpu").read_text()
+    rows = claims(saved)
+    assert len(rows) >= 8 and all(v in ("agrees", "does not agree", "cannot tell at this scale") for _, _, v in rows)
+
+    # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
+    calls = []
+    real = compare.pretrain
+    monkeypatch.setattr(
+        compare,
+        "pretrain",
+        lambda config, data, run_dir, *a, **k: calls.append(run_dir.name) or real(config, data, run_dir, *a, **k),
+    )
+    ft_file = out / "runs" / "d16-h2-dp8-s0" / "finetune-sst2" / FINETUNE_FILE
+    mtime = ft_file.stat().st_mtime_ns
+    (out / "runs" / "d16-h4-dp4-s1" / "metrics.json").unlink()
+    again = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    assert calls == ["d16-h4-dp4-s1"]
+    assert ft_file.stat().st_mtime_ns == mtime
+    assert again["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"] == state["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"]
+
+
+def test_cli_report_errors(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "sweep.json" in capsys.readouterr().err
+
+
+def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
+    import os
+    import subprocess
+
+    from fixedhead.studies.sweep import _try_lock
+
+    run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
+    lock = _try_lock(run_dir)
+    assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
+    lock.write_text(str(os.getppid()))  # a live process that is not us
+    assert _try_lock(run_dir) is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # a finished process: its lock is stale
+    assert _try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
+
+
+def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "q"
+    rc = main(
+        [
+            "sweep",
+            "--quick",
+            "--corpus",
+            str(small_real_corpus),
+            "--output-dir",
+            str(out),
+            "--experiments",
+            "head_size",
+            "--seeds",
+            "0",
+            "--max-steps",
+            "2",
+            "--skip-finetune",
+            "--threads",
+            "1",
+        ]
+    )
+    assert rc == 0
+    state = json.loads((out / SWEEP_FILE).read_text())
+    assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-s0", "d32-h4-dp8-s0"]
+    assert state["meta"]["quick"] and state["meta"]["train"]["max_steps"] == 2
+    assert (out / "report.md").is_file() and "report:" in capsys.readouterr().out
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "(--quick)" in text
+    # bits per character beside perplexity, from the run's result (one seed)
+    bpc = state["runs"]["d32-h4-dp8-s0"]["heldout_bits_per_character"]
+    assert 0 < bpc < 10 and f"| {bpc:.3f} (1 seed) |" in text
+
+
+def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
+    from fixedhead.studies.report import PointStats, _table
+
+    run = dict(hidden_size=32, num_attention_heads=4, head_dim=8, parameters=10_000, heldout_perplexity=100.0)
+    both = PointStats("heads", "fixed", 4, "k1", [dict(run, heldout_bits_per_character=1.0), dict(run)])
+    both.runs[1]["heldout_bits_per_character"] = 1.2
+    old = PointStats("heads", "fixed", 8, "k2", [dict(run), dict(run)])  # results from before it was measured
+    mixed = PointStats("heads", "fixed", 16, "k3", [dict(run, heldout_bits_per_character=1.5), dict(run)])
+    lines = _table([both, old, mixed], "h", None)
+    assert lines[0] == "| h | d | h | d_p | params | seeds | held-out perplexity | bits/char | run |"
+    # mean 1.1, sample std sqrt(((-0.1)^2 + 0.1^2) / 1) = 0.1414
+    assert "| 100.00 ± 0.00 | 1.100 ± 0.141 | `k1` |" in lines[2]
+    assert "| 100.00 ± 0.00 | – | `k2` |" in lines[3]
+    assert "| 1.500 (1 of 2 seeds) | `k3` |" in lines[4]

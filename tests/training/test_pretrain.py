@@ -1,0 +1,106 @@
+"""fixedhead.training.pretrain: a seconds-long masked-LM run on real text, scored again from disk,
+and which settings make a run the same run."""
+
+import pytest
+
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+from fixedhead.training.pretrain import evaluate_run
+
+
+def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
+    data = prepare_data(
+        DataSettings(
+            corpus=str(small_real_corpus),
+            vocab_size=400,
+            max_seq_length=32,
+            heldout_fraction=0.1,
+            tokenizer_max_chars=None,
+        ),
+        cache_dir=tmp_path / "cache",
+        progress=False,
+    )
+    assert data.train.shape[1] == 32 and data.heldout.shape[0] > 10
+    config = FixedHeadConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    settings = TrainSettings(
+        batch_size=16,
+        max_steps=40,
+        learning_rate=5e-3,
+        logging_steps=10,
+        eval_steps=20,
+        save_steps=20,
+        report_to=[],
+        progress=False,
+    )
+    run = tmp_path / "run"
+    result = pretrain(config, data, run, settings)
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.json", "checkpoint-40"):
+        assert (run / name).exists(), name
+    # learning happened: held-out loss fell well below the uniform-guess loss ln(vocab)
+    import math
+
+    assert result["heldout_loss"] < math.log(len(data.tokenizer)) - 0.4
+    assert len(result["eval_curve"]) == 2 and result["eval_curve"][1][1] < result["eval_curve"][0][1]
+    # scoring the saved run again gives the same numbers (same split, same fixed masking)
+    again = evaluate_run(run)
+    assert again["masked_tokens"] == result["heldout_masked_tokens"]
+    assert again["loss"] == pytest.approx(result["heldout_loss"], abs=1e-5)
+    # a second run into the same directory is refused, not silently overwritten
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        pretrain(config, data, run, settings)
+
+
+def test_resume_ignores_logging_options_but_not_training_ones():
+    from fixedhead.training.pretrain import run_fingerprint, same_run_settings
+
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+    saved = run_fingerprint(config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c"))
+    saved["train"]["progress"] = True  # the settings file keeps every field
+    assert same_run_settings(
+        saved, run_fingerprint(config, TrainSettings(progress=False, report_to=[]), DataSettings(corpus="c"))
+    )
+    assert not same_run_settings(
+        saved, run_fingerprint(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
+    )
+    assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))
+
+
+def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(tmp_path):
+    """--mlm-probability masks that fraction of training tokens (the held-out set keeps 0.15), and
+    --lr-scheduler-type is the Trainer's schedule; both are refused with a message when they
+    cannot apply, and runs saved before they existed keep their fingerprint."""
+    import torch
+
+    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.data.tokenizer import train_tokenizer
+    from fixedhead.training.pretrain import _training_args, run_fingerprint, settings_differences
+
+    tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
+    rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))
+    for rate in (0.15, 0.4):
+        batch = TrainOrFixedCollator(tok, rate, seed=0)([{"input_ids": r} for r in rows])
+        assert (batch["labels"] != -100).float().mean().item() == pytest.approx(rate, abs=0.02)
+    args = _training_args(tmp_path, TrainSettings(lr_scheduler_type="cosine", report_to=[]))
+    assert args.lr_scheduler_type == "cosine"  # a str enum
+    with pytest.raises(ValueError, match="mlm_probability must be in \\(0, 1\\), got 1.0"):
+        TrainSettings(mlm_probability=1.0)
+    with pytest.raises(ValueError, match="applies to the masked objective only"):
+        TrainSettings(objective="clm", mlm_probability=0.4)
+    with pytest.raises(ValueError, match="lr_scheduler_type must be one of linear, cosine"):
+        TrainSettings(lr_scheduler_type="one_cycle")
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+    now = run_fingerprint(config, TrainSettings(), None)
+    assert "mlm_probability" not in now["train"] and "lr_scheduler_type" not in now["train"]
+    masked40 = run_fingerprint(config, TrainSettings(mlm_probability=0.4), None)
+    assert settings_differences(now, masked40) == ["train.mlm_probability: 0.15 → 0.4"]
+    # and the other way: a run saved at 0.4 is not resumed by a command at the default
+    assert settings_differences(masked40, now) == ["train.mlm_probability: 0.4 → 0.15"]
