@@ -125,15 +125,6 @@ def evaluate_mlm(
     return result
 
 
-def heldout_bits_per_character(metrics: dict, labels: torch.Tensor, chars: torch.Tensor | None, objective: str):
-    """Bits per character of :func:`evaluate_mlm` metrics computed without ``chars``: their total
-    cross-entropy (mean loss × scored tokens) over the characters the scored ``labels`` cover
-    (None without ``chars``, e.g. a :class:`PreparedData` built by hand)."""
-    if chars is None:
-        return None
-    return bits_per_character(metrics["loss"] * metrics["masked_tokens"], scored_characters(labels, chars, objective))
-
-
 # -------------------------------------------------------------------------------- training
 @dataclass
 class TrainSettings:
@@ -510,7 +501,7 @@ def pretrain(
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
     if args.should_save:
         save_tokenizer_atomic(run_tokenizer, run_dir)
-    metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective)
+    metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
@@ -528,9 +519,7 @@ def pretrain(
         "heldout_perplexity": metrics["perplexity"],
         "heldout_accuracy": metrics["accuracy"],
         "heldout_masked_tokens": metrics["masked_tokens"],
-        "heldout_bits_per_character": heldout_bits_per_character(
-            metrics, eval_labels, data.heldout_chars, settings.objective
-        ),
+        "heldout_bits_per_character": metrics.get("bits_per_character"),  # None without character counts
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
