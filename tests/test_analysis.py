@@ -160,3 +160,89 @@ def test_causal_heads_report_the_causal_threshold(head_dim):
     encoder = analyze_model(FixedHeadForMaskedLM(FixedHeadConfig(**kw)).eval(), ids)
     assert not encoder.causal
     assert {v for row in encoder.min_head_dim_max for v in row} == {min(head_dim, n - 1)}
+
+
+def _word_tokenizer(text_path: Path):
+    """A word-level tokenizer with <s>/</s> and no [CLS]: how GPT-2 and Llama tokenizers frame text."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted(set(Path(text_path).read_text().split()))[:500]
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", *words])}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def _decoder_checkpoint(kind: str, tokenizer, directory: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "llama":  # grouped keys (4 query heads, 2 key heads) and d_p = 12 != d / h = 8
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            initializer_range=0.5,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        model = LlamaForCausalLM(config)
+    else:
+        config = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            initializer_range=0.5,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        model = GPT2LMHeadModel(config)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize(("kind", "head_dim"), [("llama", 12), ("gpt2", 8)])
+def test_analyze_transformers_decoders(kind, head_dim, heldout_text, tmp_path, capsys):
+    from transformers import AutoModel
+
+    tokenizer = _word_tokenizer(heldout_text)
+    directory = _decoder_checkpoint(kind, tokenizer, tmp_path / kind)
+    n = 30
+    result = analyze(directory, heldout_text, max_sequences=2, max_seq_length=n)
+    assert (result.model_type, result.num_layers, result.num_heads) == (kind, 2, 4)
+    assert result.head_dims == [head_dim, head_dim] and result.causal
+    for row in result.rows():
+        # rank(S) <= d_p < n whatever the positions (rotary included): the cap is reached by generic weights
+        assert row["rank_cap"] == head_dim and row["logit_rank_max"] == head_dim
+        # a causal head needs at most min(d_p, ceil((n - 1) / 2)) (fixedhead.theory, causal threshold)
+        assert row["min_head_dim_max"] <= min(head_dim, math.ceil((n - 1) / 2))
+    # the captured logits are the model's own: with the causal mask their softmax is its eager attention
+    model = AutoModel.from_pretrained(str(directory), attn_implementation="eager").eval()
+    ids = torch.randint(3, len(tokenizer), (2, 16))
+    with torch.no_grad():
+        probs = model(input_ids=ids, output_attentions=True).attentions
+    future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+    for s, p in zip(attention_logits(model, ids), probs, strict=True):
+        torch.testing.assert_close(
+            torch.softmax(s.masked_fill(future, -torch.inf), -1).float(), p, atol=1e-6, rtol=1e-5
+        )
+    assert model.config._attn_implementation == "eager"  # restored after the capture
+    # and from the command line (the table, then the files)
+    out = tmp_path / "analysis"
+    assert (
+        main(["analyze", str(directory), "--text", str(heldout_text), "--max-sequences", "1", "--output-dir", str(out)])
+        == 0
+    )
+    assert "causal threshold" in capsys.readouterr().out
+    assert json.loads((out / "analysis.json").read_text())["causal"] is True

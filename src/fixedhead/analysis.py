@@ -22,12 +22,13 @@ For every layer and head, on real text, this measures what the paper's Section 3
   to one key; ln n = uniform).
 
 Statistics are per sequence, then averaged over the sequences analysed. Sequences are windows of
-``n`` tokens of the text, [CLS] … [SEP], without padding.
+``n`` tokens of the text without padding, framed as the tokenizer expects (:func:`fixedhead.data.text_windows`).
 
-Supported models: fixedhead models (:class:`fixedhead.model.attention.MultiHeadAttention`) and
-transformers encoders whose self-attention modules expose ``query``/``key`` linear layers with
-``num_attention_heads`` and ``attention_head_size`` (BERT, and the BERT-derived RoBERTa/ELECTRA
-family), loaded from a local directory with ``AutoModel``.
+Supported models: fixedhead models and any transformers model whose attention goes through
+transformers' attention interface — encoders (BERT, RoBERTa, ...) and decoders (GPT-2, Llama, Qwen,
+Gemma, ...; grouped key heads are repeated per query head, rotary models are read after the
+rotation) — loaded from a local directory with ``AutoModel``. A decoder's heads are analysed as
+causal (see ``causal`` of :func:`head_statistics`).
 """
 
 from __future__ import annotations
@@ -52,64 +53,72 @@ HEATMAP_FILE = "attention_heatmap.png"
 
 
 # ------------------------------------------------------------------------------ capture q, k
-def _attention_modules(model) -> list[tuple[str, torch.nn.Module]]:
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, MultiHeadAttention):
-            found.append((name, module))
-        elif (
-            isinstance(getattr(module, "query", None), torch.nn.Linear)
-            and isinstance(getattr(module, "key", None), torch.nn.Linear)
-            and isinstance(getattr(module, "num_attention_heads", None), int)
-            and isinstance(getattr(module, "attention_head_size", None), int)
-        ):
-            found.append((name, module))
-    if not found:
-        raise ValueError(
-            f"{type(model).__name__} has no attention module this analysis understands (fixedhead "
-            "MultiHeadAttention, or BERT-style self-attention with query/key linear layers)"
-        )
-    return found
+_CAPTURE = "fixedhead_capture"  # the attention implementation that records q and k
+
+
+def _uses_attention_interface(model) -> bool:
+    return bool(getattr(model, "_supports_attention_backend", False)) and hasattr(model, "set_attn_implementation")
 
 
 @contextmanager
 def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
 
-    Yields a list that each forward pass fills, in layer order, with ``(q, k, scale)``:
-    q and k are [batch, heads, seq, head_dim] (the model's dtype), ``scale`` the logit scale
-    (1/√head_dim). The hooks are removed on exit.
+    Yields a list that each forward pass fills, in layer order, with ``(q, k, scale, causal)``:
+    q and k are [batch, heads, seq, head_dim] (the model's dtype; grouped key heads repeated to one
+    per query head, so head i's logits are ``q[:, i] @ k[:, i].T · scale``), ``scale`` the logit
+    scale the model uses (1/√head_dim unless it says otherwise), ``causal`` whether the layer
+    masks future keys. Rotary models (Llama, Qwen, Gemma) are captured after the rotation, so the
+    logits are the model's own.
+
+    Any transformers model whose attention goes through transformers' attention interface
+    (``_supports_attention_backend``: BERT, GPT-2, Llama and most models since transformers 4.48)
+    is captured by switching it, for the duration, to an implementation that records q and k and
+    then runs SDPA; fixedhead's own :class:`~fixedhead.model.attention.MultiHeadAttention` by a
+    hook on its fused projection. The model's implementation is restored on exit.
 
     Raises:
-        ValueError: the model has no supported attention module (see the module docstring).
+        ValueError: the model has no attention this can capture.
     """
     captured: list = []
+    if _uses_attention_interface(model):
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        def capture(module, query, key, value, attention_mask, **kwargs):
+            heads, kv_heads = query.shape[1], key.shape[1]
+            keys = key if kv_heads == heads else key.repeat_interleave(heads // kv_heads, dim=1)
+            scale = kwargs.get("scaling")
+            scale = float(scale) if scale is not None else query.shape[-1] ** -0.5
+            causal = bool(getattr(module, "is_causal", False))
+            captured.append((query.detach(), keys.detach(), scale, causal))
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+        AttentionInterface.register(_CAPTURE, capture)
+        previous = model.config._attn_implementation
+        model.set_attn_implementation(_CAPTURE)
+        try:
+            yield captured
+        finally:
+            model.set_attn_implementation(previous)
+        return
+    modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not modules:
+        raise ValueError(
+            f"{type(model).__name__} has no attention this analysis can capture (a fixedhead model, or a "
+            "transformers model whose attention uses transformers' attention interface)"
+        )
+    causal = bool(getattr(getattr(model, "config", None), "is_decoder", False))
     handles = []
-    for _, module in _attention_modules(model):
-        if isinstance(module, MultiHeadAttention):
-            h, dp = module.num_attention_heads, module.head_dim
+    for module in modules:
+        h, dp = module.num_attention_heads, module.head_dim
 
-            def hook(_m, _inp, out, h=h, dp=dp, scale=module.scale):
-                b, s, _ = out.shape  # [batch, seq, 3·h·d_p] -> q, k: [batch, h, seq, d_p]
-                qkv = out.detach().view(b, s, 3, h, dp).permute(2, 0, 3, 1, 4)
-                captured.append((qkv[0], qkv[1], scale))
+        def hook(_m, _inp, out, h=h, dp=dp, scale=module.scale):
+            b, s, _ = out.shape  # [batch, seq, 3·h·d_p] -> q, k: [batch, h, seq, d_p]
+            qkv = out.detach().view(b, s, 3, h, dp).permute(2, 0, 3, 1, 4)
+            captured.append((qkv[0], qkv[1], scale, causal))
 
-            handles.append(module.qkv.register_forward_hook(hook))
-        else:
-            h, dp = module.num_attention_heads, module.attention_head_size
-            scale = float(getattr(module, "scaling", dp**-0.5))
-            pending = {}
-
-            def q_hook(_m, _inp, out, pending=pending):
-                pending["q"] = out.detach()
-
-            def k_hook(_m, _inp, out, pending=pending, h=h, dp=dp, scale=scale):
-                b, s, _ = out.shape  # [batch, seq, h·d_p] -> [batch, h, seq, d_p]
-                q = pending.pop("q").view(b, s, h, dp).transpose(1, 2)
-                captured.append((q, out.detach().view(b, s, h, dp).transpose(1, 2), scale))
-
-            handles.append(module.query.register_forward_hook(q_hook))
-            handles.append(module.key.register_forward_hook(k_hook))
+        handles.append(module.qkv.register_forward_hook(hook))
     try:
         yield captured
     finally:
@@ -122,7 +131,7 @@ def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """Each layer's pre-softmax attention logits S = Q K^T · scale, in float64.
 
     Args:
-        model: a fixedhead model or a BERT-style transformers encoder (see module docstring).
+        model: a fixedhead model or a transformers model (see :func:`capture_queries_keys`).
         input_ids: [batch, seq] token ids.
         attention_mask: [batch, seq] (1 = token, 0 = padding) or None. Padding is *not* applied
             to the returned logits (they are the raw bilinear form of the head).
@@ -134,7 +143,7 @@ def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     model.eval()
     with capture_queries_keys(model) as captured:
         model(input_ids=input_ids, attention_mask=attention_mask)
-    return [torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale for q, k, scale in captured]
+    return [torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale for q, k, scale, _ in captured]
 
 
 # ---------------------------------------------------------------------------- per-head stats
@@ -245,19 +254,21 @@ def analyze_model(
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     model.eval()
     device = next(model.parameters()).device
-    causal = bool(getattr(getattr(model, "config", None), "is_decoder", False))
     per_seq = None  # [layer][head] -> list of per-sequence dicts
-    head_dims = None
+    head_dims, causal = None, False
     for i in range(0, input_ids.shape[0], batch_size):
         batch = input_ids[i : i + batch_size].to(device)
-        layers = attention_logits(model, batch, torch.ones_like(batch))
+        with capture_queries_keys(model) as captured:
+            model(input_ids=batch, attention_mask=torch.ones_like(batch))
         if per_seq is None:
-            per_seq = [[[] for _ in range(s.shape[1])] for s in layers]
-            head_dims = [int(q_dim) for q_dim in _head_dims(model)]
-        for layer, s in enumerate(layers):
+            per_seq = [[[] for _ in range(q.shape[1])] for q, *_ in captured]
+            head_dims = [int(q.shape[-1]) for q, *_ in captured]
+            causal = any(c for *_, c in captured)
+        for layer, (q, k, scale, layer_causal) in enumerate(captured):
+            s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale  # [batch, h, n, n]
             for b in range(s.shape[0]):
                 for head in range(s.shape[1]):
-                    per_seq[layer][head].append(head_statistics(s[b, head], rtol, causal))
+                    per_seq[layer][head].append(head_statistics(s[b, head], rtol, layer_causal))
     num_heads = {len(h) for h in per_seq}
     if len(num_heads) != 1:
         raise ValueError(f"layers have different head counts {sorted(num_heads)}; not supported")
@@ -289,23 +300,17 @@ def analyze_model(
     )
 
 
-def _head_dims(model) -> list[int]:
-    return [
-        m.head_dim if isinstance(m, MultiHeadAttention) else m.attention_head_size for _, m in _attention_modules(model)
-    ]
-
-
 # ----------------------------------------------------------------------- models, text, files
 def load_encoder(
     model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, allow_pickle: bool = False
 ):
-    """Load ``(encoder, tokenizer)`` from a local fixedhead run or transformers BERT directory.
+    """Load ``(model, tokenizer)`` from a local fixedhead run or transformers checkpoint directory.
 
     A fixedhead run is opened by :func:`fixedhead.runs.open_run` (the one way every command opens
     a run); any other checkpoint is checked by :func:`fixedhead.runs.check_model_dir` first (whole
     safetensors, pickle weights only with ``allow_pickle``). The encoder is loaded with
-    ``AutoModel`` (a masked-LM or classification checkpoint's heads are dropped; a missing pooler
-    is fine: it does not touch attention).
+    ``AutoModel`` (the base model: a language-model or classification head is dropped; a missing
+    pooler is fine: it does not touch attention).
 
     Raises:
         FileNotFoundError: no such directory, no config.json, no weights, or no tokenizer (the

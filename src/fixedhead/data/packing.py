@@ -114,7 +114,9 @@ def pack_sequences(
 
 
 def text_windows(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
-    """Windows of the text as [CLS] + (seq_len − 2) tokens + [SEP], evenly spread over the text.
+    """Windows of ``seq_len`` tokens of the text, evenly spread over it, framed as the model expects:
+    [CLS] + tokens + [SEP] for a tokenizer with a [CLS] token (BERT-style), [BOS] + tokens for one
+    with a beginning-of-sequence token only (GPT-2, Llama), the tokens alone otherwise.
 
     Returns:
         [num_sequences, seq_len] token ids, num_sequences = min(max_sequences, windows available);
@@ -132,9 +134,13 @@ def text_windows(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> 
         ids.extend(tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"])
     if not ids:
         raise ValueError("the text has no tokens")
-    body = seq_len - 2
+    if tokenizer.cls_token_id is not None:
+        head, tail = [tokenizer.cls_token_id], [tokenizer.sep_token_id] if tokenizer.sep_token_id is not None else []
+    else:
+        head, tail = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else [], []
+    body = seq_len - len(head) - len(tail)
     windows = max(1, len(ids) // body)
     starts = np.linspace(0, (windows - 1) * body, num=min(windows, max_sequences)).astype(int)
     starts = [int(s) // body * body for s in starts]  # whole, non-overlapping windows
-    rows = [[tokenizer.cls_token_id] + ids[s : s + body] + [tokenizer.sep_token_id] for s in starts]
+    rows = [head + ids[s : s + body] + tail for s in starts]
     return torch.tensor(rows, dtype=torch.long)
