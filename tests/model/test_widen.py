@@ -124,9 +124,10 @@ def test_cli_head_dim_lists(capsys):
 
 
 def test_analyze_reads_per_layer_head_sizes():
-    from fixedhead.analysis import _head_dims
+    from fixedhead.analysis import analyze_model
 
-    assert _head_dims(FixedHeadForMaskedLM(cfg([None, 6, 16, None]))) == [8, 6, 16, 8]
+    result = analyze_model(FixedHeadForMaskedLM(cfg([None, 6, 16, None])), torch.randint(0, V, (1, 10)))
+    assert result.head_dims == [8, 6, 16, 8]
 
 
 # ------------------------------------------------------------------------------- widening

@@ -192,6 +192,7 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention probabilities (training only).
         bias: whether the projections have biases (BERT: yes).
         layer_idx: this layer's index in a key/value cache (decoders that generate).
+        scale: the logit scale; None for 1/√d_p (:mod:`fixedhead.model.parametrization` gives others).
 
     Raises:
         ValueError: see :func:`resolve_head_dim`; dropout outside [0, 1).
@@ -205,6 +206,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         layer_idx: int | None = None,
+        scale: float | None = None,
     ):
         super().__init__()
         self.layer_idx = layer_idx
@@ -215,7 +217,7 @@ class MultiHeadAttention(nn.Module):
         self.num_attention_heads = num_attention_heads
         self.inner_size = num_attention_heads * self.head_dim  # h·d_p, not necessarily d
         self.dropout = float(dropout)
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         self.qkv = nn.Linear(hidden_size, 3 * self.inner_size, bias=bias)
         self.out_proj = nn.Linear(self.inner_size, hidden_size, bias=bias)
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedConfig
 
 from ..validation import non_negative_int, positive_int
 from .attention import resolve_head_dim
+from .parametrization import check_parametrization
 
 #: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -39,6 +40,9 @@ class FixedHeadConfig(PreTrainedConfig):
         tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
         is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.model.modeling.FixedHeadForCausalLM`
         sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
+        parametrization ("standard" or "mup"), attention_scale, mup_base_head_dim,
+        mup_base_num_attention_heads, query_init: how the logit scale, W_o's initialisation and
+            learning rate, and W_q's initialisation depend on d_p (:mod:`fixedhead.model.parametrization`),
         and transformers' common fields (num_labels / id2label, problem_type, ...).
 
     Raises:
@@ -46,7 +50,8 @@ class FixedHeadConfig(PreTrainedConfig):
             (bools and floats included), standard mode with d not divisible by h, a per-layer
             ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, dropout
             outside [0, 1), pad_token_id outside the vocabulary, a problem_type that is not one
-            of :data:`PROBLEM_TYPES` (BERT would silently compute no loss).
+            of :data:`PROBLEM_TYPES` (BERT would silently compute no loss), parametrization fields
+            (:func:`~fixedhead.model.parametrization.check_parametrization`).
     """
 
     model_type = "fixedhead"
@@ -69,6 +74,12 @@ class FixedHeadConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     is_decoder: bool = False  # causal (left-to-right) attention; FixedHeadForCausalLM sets it
     use_cache: bool = True  # decoders: keep a key/value cache while generating
+    # how activations scale with d_p (fixedhead.model.parametrization): "standard" (BERT) or "mup"
+    parametrization: str = "standard"
+    attention_scale: float | None = None  # a logit scale overriding the parametrization's
+    mup_base_head_dim: int | None = None  # the d_p at which "mup" equals "standard"
+    mup_base_num_attention_heads: int | None = None  # the h of the base width (default: h)
+    query_init: str = "normal"  # "zero": W_q starts at 0
 
     def __post_init__(self, **kwargs):
         positive_int("num_hidden_layers", self.num_hidden_layers)
@@ -101,6 +112,7 @@ class FixedHeadConfig(PreTrainedConfig):
             raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {self.problem_type!r}")
         if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        check_parametrization(self)
         super().__post_init__(**kwargs)
 
     @property

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
@@ -44,6 +45,7 @@ from .checks import (
     tracing,
 )
 from .configuration import PROBLEM_TYPES, FixedHeadConfig
+from .parametrization import attention_scale, output_projection_multiplier
 
 
 class FixedHeadEmbeddings(nn.Module):
@@ -146,13 +148,18 @@ class FixedHeadLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
         super().__init__()
+        head_dim = config.layer_head_dims[layer_idx or 0]
         self.attention = MultiHeadAttention(
             config.hidden_size,
             config.num_attention_heads,
-            head_dim=config.head_dim[layer_idx or 0] if isinstance(config.head_dim, list) else config.head_dim,
+            head_dim=head_dim,
             dropout=config.attention_probs_dropout_prob,
             layer_idx=layer_idx,
+            scale=attention_scale(config, head_dim),
         )
+        # marks read by _init_weights: μP's W_o std, and W_q (the first h·d_p rows of the fused projection) at 0
+        self.attention.out_proj.init_std_factor = output_projection_multiplier(config, head_dim)
+        self.attention.qkv.zero_init_rows = self.attention.inner_size if config.query_init == "zero" else 0
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = ACT2FN[config.hidden_act]
@@ -194,6 +201,19 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        # the parametrization's initialisation (FixedHeadLayer marks the projections it changes)
+        factor = getattr(module, "init_std_factor", 1.0)
+        if factor != 1.0:
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * factor)
+        rows = getattr(module, "zero_init_rows", 0)
+        if rows and not getattr(module.weight, "_is_hf_initialized", False):
+            init.zeros_(module.weight[:rows])
+            if module.bias is not None:
+                init.zeros_(module.bias[:rows])
 
     def _use_sdpa(self, output_attentions: bool) -> bool:
         return not output_attentions and getattr(self.config, "_attn_implementation", "sdpa") != "eager"

@@ -115,6 +115,26 @@ def _fsync_tree(root: Path) -> None:
             follow_umask(p)
 
 
+def apply_learning_rate_multipliers(optimizer, model) -> None:
+    """Give the parameters that the model's parametrization lists
+    (:func:`fixedhead.model.parametrization.learning_rate_multipliers`, μP's output projections)
+    their own parameter groups at ``lr × factor``, before the first step; the scheduler then scales
+    every group alike. Does nothing under the standard parametrization."""
+    from ..model.parametrization import learning_rate_multipliers
+
+    multipliers = learning_rate_multipliers(model)
+    factors = {id(p): multipliers[n] for n, p in model.named_parameters() if n in multipliers}
+    if not factors:
+        return
+    groups = []
+    for group in optimizer.param_groups:
+        by_factor: dict[float, list] = {}
+        for p in group["params"]:
+            by_factor.setdefault(factors.get(id(p), 1.0), []).append(p)
+        groups += [{**group, "params": ps, "lr": group["lr"] * f} for f, ps in sorted(by_factor.items(), reverse=True)]
+    optimizer.param_groups = groups
+
+
 @functools.cache
 def atomic_checkpoint_trainer():
     """A ``transformers.Trainer`` subclass whose checkpoints appear atomically.
@@ -131,6 +151,11 @@ def atomic_checkpoint_trainer():
 
     class AtomicCheckpointTrainer(Trainer):
         _staging_dir: str | None = None
+
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model)
+            apply_learning_rate_multipliers(optimizer, self.model if model is None else model)
+            return optimizer
 
         def _get_output_dir(self, trial):
             if self._staging_dir is not None:

@@ -1,0 +1,103 @@
+"""How the attention's numbers scale with the head size d_p: the logit scale, the output
+projection's initialisation and its learning rate.
+
+``parametrization="standard"`` is BERT's (and the paper's): logits Q K^T / √d_p, every weight drawn
+from N(0, initializer_range), one learning rate. Comparing models of different d_p at one learning
+rate then compares models whose updates move their activations by different amounts.
+
+``parametrization="mup"`` applies the maximal-update parametrization (μP; Yang et al. 2022,
+"Tensor Programs V", Table 3 for Adam, and microsoft/mup) along the head-size axis only: with d and
+h fixed, the attention width is h·d_p, so
+
+* the query, key and value projections (fan-in d, fixed; fan-out h·d_p) are μP's input-like
+  weights: unchanged;
+* the output projection W_o (fan-in h·d_p, growing; fan-out d, fixed) is μP's output-like weight:
+  its initial standard deviation and its Adam learning rate are multiplied by
+  base_width / width, with width = h·d_p and base_width = base_h · base_d_p;
+* the logits are scaled by 1/d_p instead of 1/√d_p (μP's attention scale: q and k become
+  correlated in training, so q·k grows like d_p), written √base_d_p / d_p so that it equals
+  1/√d_p at the base head size.
+
+At the base (``mup_base_head_dim``, ``mup_base_num_attention_heads``) both parametrizations are the
+same model. ``attention_scale`` (a number) overrides the logit scale of either, and
+``query_init="zero"`` starts W_q at zero (μP's recommendation: uniform attention at step 0).
+``fixedhead coordcheck`` measures which of these keeps the activations' updates flat in d_p.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+#: the values of ``FixedHeadConfig.parametrization``
+PARAMETRIZATIONS = ("standard", "mup")
+#: the values of ``FixedHeadConfig.query_init``
+QUERY_INITS = ("normal", "zero")
+
+
+def check_parametrization(config) -> None:
+    """Validate a config's parametrization fields (called by ``FixedHeadConfig``).
+
+    Raises:
+        ValueError: an unknown ``parametrization`` or ``query_init``; "mup" without a positive
+            int ``mup_base_head_dim``; a ``mup_base_num_attention_heads`` that is not a positive
+            int; an ``attention_scale`` that is not a positive finite number.
+    """
+    if config.parametrization not in PARAMETRIZATIONS:
+        raise ValueError(f"parametrization must be one of {PARAMETRIZATIONS}, got {config.parametrization!r}")
+    if config.query_init not in QUERY_INITS:
+        raise ValueError(f"query_init must be one of {QUERY_INITS}, got {config.query_init!r}")
+    for name in ("mup_base_head_dim", "mup_base_num_attention_heads"):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if config.parametrization == "mup" and config.mup_base_head_dim is None:
+        raise ValueError(
+            "parametrization='mup' needs mup_base_head_dim: the head size d_p at which it equals the standard one"
+        )
+    scale = config.attention_scale
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0
+    ):
+        raise ValueError(f"attention_scale must be a positive number or None, got {scale!r}")
+
+
+def attention_scale(config, head_dim: int) -> float:
+    """The logit scale of a layer whose head size is ``head_dim`` (d_p): ``attention_scale`` if
+    set, else √base_d_p / d_p under μP, else 1/√d_p."""
+    if config.attention_scale is not None:
+        return float(config.attention_scale)
+    if config.parametrization == "mup":
+        base = config.mup_base_head_dim
+        return (1.0 / math.sqrt(base)) * (base / head_dim)  # = √base / d_p, exactly 1/√d_p at the base
+    return 1.0 / math.sqrt(head_dim)
+
+
+def output_projection_multiplier(config, head_dim: int) -> float:
+    """base_width / width for W_o under μP (width = h·d_p), 1.0 otherwise: the factor on its
+    initial standard deviation and on its learning rate."""
+    if config.parametrization != "mup":
+        return 1.0
+    base_heads = config.mup_base_num_attention_heads or config.num_attention_heads
+    return (base_heads * config.mup_base_head_dim) / (config.num_attention_heads * head_dim)
+
+
+def learning_rate_multipliers(model) -> dict[str, float]:
+    """``{parameter name: factor}`` for the parameters whose learning rate is not the base one
+    (μP's output projections); empty under the standard parametrization.
+
+    The training loop gives each listed parameter ``learning_rate × factor`` (biases keep the base
+    rate: their fan-in is 1).
+    """
+    from .attention import MultiHeadAttention
+
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "parametrization", "standard") == "standard":
+        return {}
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention):
+            factor = output_projection_multiplier(config, module.head_dim)
+            if factor != 1.0:
+                out[f"{name}.out_proj.weight" if name else "out_proj.weight"] = factor
+    return out

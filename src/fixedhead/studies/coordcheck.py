@@ -1,0 +1,386 @@
+"""Coordinate check: do a parametrization's activations move by the same amount at every head size?
+
+The test μP is built on (Yang et al. 2022, "Tensor Programs V", Section 7 and Fig. 5;
+microsoft/mup ``get_coord_data``): train models that differ only in width for a few Adam steps at
+one learning rate and follow the mean absolute value of each activation. Under a parametrization
+where one learning rate is fair to every width, the curves are flat in width; a slope says the
+same rate moves a wide model further (or less far) than a narrow one.
+
+Here the width is the head size d_p (d and h fixed) or the number of heads h (d and d_p fixed), and
+the activations are the attention's own: query and key [batch, h, n, d_p], the logits
+scale · q k^T [batch, h, n, n], the heads' concatenated output before the output projection
+("context", [batch, n, h·d_p]), the output projection's output (the attention sublayer,
+[batch, n, d]) and the block's output (after the residual and layer norm, [batch, n, d]). For each
+we record mean |x_t| and mean |x_t − x_0| on one fixed batch after t steps, averaged over layers;
+"flat" is judged by the slope of log mean |x_t − x_0| against log width (0 = flat) at the last step.
+
+Models are causal LMs without dropout trained on fixed seeded batches; the variants compared are
+``PARAMETRIZATIONS`` (config overrides, see :mod:`fixedhead.model.parametrization`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..validation import positive_float, positive_int
+
+QUANTITIES = ("query", "key", "logits", "context", "attention_output", "block_output")
+AXES = ("head_dim", "num_heads")
+RESULTS_FILE = "coordcheck.json"
+REPORT_FILE = "report.md"
+OWNED = (RESULTS_FILE, REPORT_FILE, "coordcheck_*.png", ".coordcheck*", ".report.md.*")
+
+
+def parametrization_overrides(name: str, base_head_dim: int, base_num_heads: int, head_dim: int) -> dict:
+    """Config fields of the variant ``name`` for a model of head size ``head_dim``.
+
+    * ``standard``: BERT's 1/√d_p, one learning rate, N(0, 0.02) everywhere;
+    * ``logits-1/d_p``: the standard model with μP's logit scale √base_d_p / d_p only;
+    * ``output-projection``: μP's W_o (initial std and learning rate × base width / width) only;
+    * ``mup``: both (``parametrization="mup"``);
+    * ``mup-zero-query``: μP with W_q initialised at zero.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    base = {"mup_base_head_dim": base_head_dim, "mup_base_num_attention_heads": base_num_heads}
+    variants = {
+        "standard": {},
+        "logits-1/d_p": {"attention_scale": (1.0 / math.sqrt(base_head_dim)) * (base_head_dim / head_dim)},
+        "output-projection": {**base, "parametrization": "mup", "attention_scale": 1.0 / math.sqrt(head_dim)},
+        "mup": {**base, "parametrization": "mup"},
+        "mup-zero-query": {**base, "parametrization": "mup", "query_init": "zero"},
+    }
+    if name not in variants:
+        raise ValueError(f"unknown parametrization variant {name!r}; known: {sorted(variants)}")
+    return variants[name]
+
+
+PARAMETRIZATIONS = ("standard", "logits-1/d_p", "output-projection", "mup", "mup-zero-query")
+
+
+@dataclass(frozen=True)
+class CoordCheckSettings:
+    """What ``fixedhead coordcheck`` trains (the defaults: a 2-layer d = 64 model, 10 Adam steps)."""
+
+    hidden_size: int = 64  # d
+    num_attention_heads: int = 4  # h on the head-size axis
+    head_dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)  # the head-size axis
+    fixed_head_dim: int = 16  # d_p on the head-count axis
+    num_heads: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # the head-count axis
+    base_head_dim: int = 16  # μP's base d_p (where every variant is the standard model)
+    base_num_attention_heads: int = 4  # μP's base h
+    num_hidden_layers: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 512
+    seq_len: int = 32  # n
+    batch_size: int = 16
+    steps: int = 10
+    learning_rate: float = 1e-3
+    seeds: tuple[int, ...] = (0, 1, 2)
+    parametrizations: tuple[str, ...] = PARAMETRIZATIONS
+    axes: tuple[str, ...] = AXES
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_attention_heads", "fixed_head_dim", "base_head_dim"):
+            positive_int(name, getattr(self, name))
+        for name in ("base_num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
+            positive_int(name, getattr(self, name))
+        positive_int("seq_len", self.seq_len, minimum=2)
+        positive_int("batch_size", self.batch_size)
+        positive_int("steps", self.steps)
+        positive_float("learning_rate", self.learning_rate)
+        for name in ("head_dims", "num_heads"):
+            values = getattr(self, name)
+            if len(values) < 2:
+                raise ValueError(f"{name} needs at least two widths to compare, got {values!r}")
+            for v in values:
+                positive_int(name, v)
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+        for name in self.parametrizations:
+            parametrization_overrides(name, 1, 1, 1)
+        for axis in self.axes:
+            if axis not in AXES:
+                raise ValueError(f"unknown axis {axis!r}; known: {AXES}")
+
+    def model_configs(self, axis: str, parametrization: str) -> dict[int, object]:
+        """``{width: FixedHeadConfig}`` along ``axis`` under ``parametrization``."""
+        from ..model.configuration import FixedHeadConfig
+
+        out = {}
+        widths = self.head_dims if axis == "head_dim" else self.num_heads
+        for width in widths:
+            h, dp = (self.num_attention_heads, width) if axis == "head_dim" else (width, self.fixed_head_dim)
+            out[width] = FixedHeadConfig(
+                vocab_size=self.vocab_size,
+                hidden_size=self.hidden_size,
+                num_hidden_layers=self.num_hidden_layers,
+                num_attention_heads=h,
+                head_dim=dp,
+                intermediate_size=self.intermediate_size,
+                max_position_embeddings=self.seq_len,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+                is_decoder=True,
+                pad_token_id=None,
+                **parametrization_overrides(parametrization, self.base_head_dim, self.base_num_attention_heads, dp),
+            )
+        return out
+
+
+def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every quantity of :data:`QUANTITIES` per layer, from one forward pass: ``{"query/0": tensor, ...}``."""
+    from ..model.attention import MultiHeadAttention
+
+    out: dict[str, torch.Tensor] = {}
+    hooks = []
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for i, attn in enumerate(attentions):
+
+        def on_qkv(_m, _inp, qkv, i=i, attn=attn):
+            b, s, _ = qkv.shape  # [batch, n, 3·h·d_p] -> 3 × [batch, h, n, d_p]
+            q, k, _v = qkv.view(b, s, 3, attn.num_attention_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            out[f"query/{i}"], out[f"key/{i}"] = q, k
+            out[f"logits/{i}"] = torch.matmul(q, k.transpose(-1, -2)) * attn.scale
+
+        def on_context(_m, inp, i=i):
+            out[f"context/{i}"] = inp[0]
+
+        def on_output(_m, _inp, o, i=i):
+            out[f"attention_output/{i}"] = o
+
+        hooks += [
+            attn.qkv.register_forward_hook(on_qkv),
+            attn.out_proj.register_forward_pre_hook(on_context),
+            attn.out_proj.register_forward_hook(on_output),
+        ]
+    layers = [m for m in model.modules() if type(m).__name__ == "FixedHeadLayer"]
+    for i, layer in enumerate(layers):
+
+        def on_block(_m, _inp, o, i=i):
+            out[f"block_output/{i}"] = o[0] if isinstance(o, tuple) else o
+
+        hooks.append(layer.register_forward_hook(on_block))
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: v.detach().double().clone() for k, v in out.items()}
+
+
+def measure(config, batches: torch.Tensor, eval_ids: torch.Tensor, learning_rate: float, seed: int) -> list[dict]:
+    """Train a causal LM of ``config`` on ``batches`` [steps, batch, n] with AdamW (the model's
+    per-parameter learning-rate factors applied) and record, before and after each step, mean |x|
+    and mean |x − x_0| of every quantity on ``eval_ids`` [batch, n], averaged over layers.
+
+    Returns:
+        one row per (step, quantity): ``{"step", "quantity", "mean_abs", "mean_abs_change"}``.
+    """
+    from ..model.modeling import FixedHeadForCausalLM
+    from ..training.checkpoints import apply_learning_rate_multipliers
+
+    torch.manual_seed(seed)
+    model = FixedHeadForCausalLM(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    apply_learning_rate_multipliers(optimizer, model)
+    first = _activations(model, eval_ids)
+    rows = []
+    for step in range(batches.shape[0] + 1):
+        if step:
+            ids = batches[step - 1]
+            loss = model(input_ids=ids, labels=ids).loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at step {step} (lr {learning_rate:g}); lower it")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        now = _activations(model, eval_ids) if step else first
+        for quantity in QUANTITIES:
+            keys = [k for k in now if k.split("/")[0] == quantity]
+            rows.append(
+                {
+                    "step": step,
+                    "quantity": quantity,
+                    "mean_abs": float(np.mean([now[k].abs().mean().item() for k in keys])),
+                    "mean_abs_change": float(np.mean([(now[k] - first[k]).abs().mean().item() for k in keys])),
+                }
+            )
+    return rows
+
+
+def random_batches(settings: CoordCheckSettings, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded uniform token ids: ``(batches [steps, batch, n], eval_ids [batch, n])``."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (settings.steps + 1, settings.batch_size, settings.seq_len)
+    ids = torch.randint(0, settings.vocab_size, shape, generator=g)
+    return ids[1:], ids[0]
+
+
+@dataclass
+class CoordCheckResult:
+    """All rows of a coordinate check and the slopes that summarise them."""
+
+    settings: dict
+    rows: list[dict] = field(default_factory=list)  # axis, parametrization, width, seed, step, quantity, ...
+    data: str = "uniform random tokens"
+
+    def curve(self, axis: str, parametrization: str, quantity: str, step: int, what: str = "mean_abs_change"):
+        """(widths, values averaged over seeds) for one line of the plot."""
+        widths = sorted(
+            {r["width"] for r in self.rows if r["axis"] == axis and r["parametrization"] == parametrization}
+        )
+        values = [
+            float(
+                np.mean(
+                    [
+                        r[what]
+                        for r in self.rows
+                        if (r["axis"], r["parametrization"], r["quantity"], r["step"], r["width"])
+                        == (axis, parametrization, quantity, step, w)
+                    ]
+                )
+            )
+            for w in widths
+        ]
+        return widths, values
+
+    def slope(self, axis: str, parametrization: str, quantity: str, step: int | None = None) -> float:
+        """Least-squares slope of log mean |x_t − x_0| against log width at ``step`` (default: the
+        last); 0 is flat, 1 means the change grows in proportion to the width."""
+        step = self.settings["steps"] if step is None else step
+        widths, values = self.curve(axis, parametrization, quantity, step)
+        return float(np.polyfit(np.log(widths), np.log(values), 1)[0])
+
+    def slopes(self) -> list[dict]:
+        """One row per (axis, parametrization): the slope of every quantity at the last step."""
+        out = []
+        for axis in self.settings["axes"]:
+            for name in self.settings["parametrizations"]:
+                out.append(
+                    {
+                        "axis": axis,
+                        "parametrization": name,
+                        **{q: self.slope(axis, name, q) for q in QUANTITIES},
+                    }
+                )
+        return out
+
+
+def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordCheckResult:
+    """Run every (axis, parametrization, width, seed) of ``settings`` on seeded random tokens."""
+    from tqdm.auto import tqdm
+
+    batches, eval_ids = random_batches(settings)
+    result = CoordCheckResult(settings=_jsonable(asdict(settings)))
+    plan = [
+        (axis, name, width, config, seed)
+        for axis in settings.axes
+        for name in settings.parametrizations
+        for width, config in settings.model_configs(axis, name).items()
+        for seed in settings.seeds
+    ]
+    for axis, name, width, config, seed in tqdm(plan, desc="coordcheck", disable=not progress):
+        for row in measure(config, batches, eval_ids, settings.learning_rate, seed):
+            result.rows.append({"axis": axis, "parametrization": name, "width": width, "seed": seed, **row})
+    return result
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+# ------------------------------------------------------------------------------- outputs
+def format_slopes(result: CoordCheckResult) -> str:
+    """A markdown table: for each axis and parametrization, the slope of every quantity."""
+    head = "| width axis | parametrization | " + " | ".join(QUANTITIES) + " |"
+    lines = [head, "|" + "---|" * (len(QUANTITIES) + 2)]
+    for row in result.slopes():
+        cells = " | ".join(f"{row[q]:+.2f}" for q in QUANTITIES)
+        lines.append(f"| {row['axis']} | {row['parametrization']} | {cells} |")
+    return "\n".join(lines)
+
+
+def plot(result: CoordCheckResult, axis: str, path) -> Path:
+    """Rows = quantities, columns = parametrizations; mean |x_t − x_0| against width, one line per step."""
+    from ..plotting import pyplot, save_figure
+
+    plt = pyplot()
+    names = result.settings["parametrizations"]
+    steps = result.settings["steps"]
+    fig, axes = plt.subplots(
+        len(QUANTITIES), len(names), figsize=(3 * len(names), 2.2 * len(QUANTITIES)), squeeze=False
+    )
+    colors = plt.get_cmap("viridis")
+    for i, quantity in enumerate(QUANTITIES):
+        for j, name in enumerate(names):
+            ax = axes[i][j]
+            for t in range(1, steps + 1):
+                widths, values = result.curve(axis, name, quantity, t)
+                ax.plot(
+                    widths, values, marker=".", color=colors(t / steps), label=f"t={t}" if t in (1, steps) else None
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{name}: {quantity} (slope {result.slope(axis, name, quantity):+.2f})", fontsize=8)
+            if i == len(QUANTITIES) - 1:
+                ax.set_xlabel("head size d_p" if axis == "head_dim" else "heads h")
+            if j == 0:
+                ax.set_ylabel("mean |x_t − x_0|", fontsize=8)
+    fig.suptitle(
+        f"coordinate check along {axis} (d = {result.settings['hidden_size']}, lr {result.settings['learning_rate']:g},"
+        f" {len(result.settings['seeds'])} seeds): flat lines = one learning rate fits every width",
+        fontsize=10,
+    )
+    return save_figure(fig, path, axes=[a for row in axes for a in row])
+
+
+def report_markdown(result: CoordCheckResult) -> str:
+    s = result.settings
+    return "\n".join(
+        [
+            "# Coordinate check",
+            "",
+            f"Causal LMs, d = {s['hidden_size']}, {s['num_hidden_layers']} layers, n = {s['seq_len']}, "
+            f"batch {s['batch_size']}, {s['steps']} AdamW steps at lr {s['learning_rate']:g}, no dropout, "
+            f"{result.data}, seeds {s['seeds']}. Head-size axis: h = {s['num_attention_heads']}, "
+            f"d_p ∈ {s['head_dims']}; head-count axis: d_p = {s['fixed_head_dim']}, h ∈ {s['num_heads']}; "
+            f"μP base d_p = {s['base_head_dim']}, h = {s['base_num_attention_heads']}.",
+            "",
+            "Slope of log mean |x_t − x_0| against log width at the last step (0 = flat: one learning rate "
+            "moves every width alike):",
+            "",
+            format_slopes(result),
+            "",
+        ]
+    )
+
+
+def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False) -> dict:
+    """Write ``coordcheck.json`` (settings and every row), ``report.md`` and one plot per axis,
+    all or none.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds files coordcheck did not write.
+    """
+    from ..runs import claim_output_dir, environment_info, staged_outputs
+
+    out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", overwrite=overwrite)
+    paths = {}
+    with staged_outputs(out) as stage:
+        payload = {**asdict(result), "slopes": result.slopes(), "environment": environment_info()}
+        stage(RESULTS_FILE).write_text(json.dumps(payload, indent=1))
+        stage(REPORT_FILE).write_text(report_markdown(result))
+        for axis in result.settings["axes"]:
+            name = f"coordcheck_{axis}.png"
+            plot(result, axis, stage(name))
+            paths[axis] = out / name
+    return {"json": out / RESULTS_FILE, "report": out / REPORT_FILE, **paths}

@@ -1,0 +1,67 @@
+"""The coordinate check: μP's output projection keeps the attention's update flat in width."""
+
+import json
+
+import pytest
+
+from fixedhead.studies.coordcheck import CoordCheckSettings, coord_check, write_outputs
+
+TINY = dict(
+    hidden_size=32,
+    num_attention_heads=2,
+    head_dims=(4, 16, 64),
+    fixed_head_dim=8,
+    num_heads=(1, 4, 16),
+    base_head_dim=8,
+    base_num_attention_heads=2,
+    num_hidden_layers=1,
+    intermediate_size=64,
+    vocab_size=128,
+    seq_len=16,
+    batch_size=8,
+    steps=5,
+    seeds=(0,),
+    parametrizations=("standard", "mup"),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    return coord_check(CoordCheckSettings(**TINY), progress=False)
+
+
+@pytest.mark.parametrize("axis", ["head_dim", "num_heads"])
+def test_mup_output_projection_is_flat_where_the_standard_one_grows(tiny_result, axis):
+    # Adam moves every weight by about lr, so a W_o with fan-in h·d_p moves its output in
+    # proportion to h·d_p (slope 1, Tensor Programs V); μP's W_o (lr and init × base/width)
+    # cancels it (slope 0). Tolerance ±0.15 on a 16× range of widths (a 1.5× spread).
+    assert tiny_result.slope(axis, "standard", "attention_output") > 0.6
+    assert abs(tiny_result.slope(axis, "mup", "attention_output")) < 0.15
+    assert abs(tiny_result.slope(axis, "mup", "block_output")) < 0.15
+
+
+def test_coordcheck_writes_its_outputs(tiny_result, tmp_path):
+    paths = write_outputs(tiny_result, tmp_path / "cc")
+    saved = json.loads(paths["json"].read_text())
+    assert {r["parametrization"] for r in saved["slopes"]} == {"standard", "mup"}
+    assert len(saved["rows"]) == 2 * 2 * 3 * 1 * 6 * 6  # axes × variants × widths × seeds × steps+1 × quantities
+    for axis in ("head_dim", "num_heads"):
+        assert paths[axis].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(FileExistsError):
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "mine.txt").write_text("x")
+        write_outputs(tiny_result, tmp_path / "other")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(head_dims=(8,)), "at least two widths"),
+        (dict(parametrizations=("standard", "muP")), "unknown parametrization variant"),
+        (dict(learning_rate=0.0), "learning_rate must be a positive"),
+        (dict(axes=("depth",)), "unknown axis"),
+    ],
+)
+def test_bad_settings_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CoordCheckSettings(**fields)
