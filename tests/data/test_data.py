@@ -204,3 +204,26 @@ def test_tokenizer_hash_names_what_maps_text_to_ids(tmp_path):
     assert tokenizer_sha256(tok) == tokenizer_sha256(causal_tokenizer(tok))  # other framing, same ids
     other = train_tokenizer([TEXT, "Another document about mice and dogs. " * 30], vocab_size=120, cache_dir=tmp_path)
     assert tokenizer_sha256(other) != tokenizer_sha256(tok)
+
+
+def test_a_validation_split_is_carved_from_training_documents_only(small_real_corpus, tiny_prepared, tmp_path):
+    from fixedhead.data import DataSettings, prepare_data
+    from fixedhead.data.tokenizer import tokenizer_sha256
+
+    settings = {**vars(tiny_prepared.settings), "validation_fraction": 0.2}
+    with_val = prepare_data(DataSettings(**settings), cache_dir=tmp_path, progress=False)
+    assert tiny_prepared.validation is None and "validation_sequences" not in tiny_prepared.info
+    # the tokenizer is learned from every training document: the same with or without the split
+    assert tokenizer_sha256(with_val.tokenizer) == tokenizer_sha256(tiny_prepared.tokenizer)
+    torch.testing.assert_close(with_val.heldout, tiny_prepared.heldout)  # the reported set is untouched
+    docs = tiny_prepared.info["train_documents"]
+    assert with_val.info["train_documents"] + with_val.info["validation_documents"] == docs
+    assert with_val.info["validation_documents"] == round(0.2 * docs)
+    assert with_val.info["validation_sequences"] == with_val.validation.shape[0] > 0
+    assert with_val.validation_chars.shape == with_val.validation.shape
+    # no validation row is trained on: the training rows shrink and share no row with it
+    assert with_val.train.shape[0] < tiny_prepared.train.shape[0]
+    train_rows = {tuple(r) for r in with_val.train.tolist()}
+    assert not any(tuple(r) in train_rows for r in with_val.validation.tolist())
+    with pytest.raises(ValueError, match=r"validation_fraction must be in \[0, 1\), got 1.0"):
+        DataSettings(**{**settings, "validation_fraction": 1.0})

@@ -2,6 +2,7 @@
 and which settings make a run the same run."""
 
 import pytest
+import torch
 
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
@@ -104,3 +105,30 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     assert settings_differences(now, masked40) == ["train.mlm_probability: 0.15 → 0.4"]
     # and the other way: a run saved at 0.4 is not resumed by a command at the default
     assert settings_differences(masked40, now) == ["train.mlm_probability: 0.4 → 0.15"]
+
+
+def test_a_validation_split_is_scored_apart_from_the_heldout_set(small_real_corpus, tmp_path):
+    from _tiny_run import tiny_config, tiny_settings
+    from fixedhead import FixedHeadForCausalLM
+    from fixedhead.data import DataSettings, prepare_data
+    from fixedhead.data.mlm import causal_labels
+    from fixedhead.training import pretrain
+
+    settings = DataSettings(
+        corpus=str(small_real_corpus),
+        vocab_size=400,
+        max_seq_length=32,
+        heldout_fraction=0.1,
+        tokenizer_max_chars=None,
+        max_eval_tokens=4000,
+        validation_fraction=0.2,
+    )
+    data = prepare_data(settings, cache_dir=tmp_path / "tok", progress=False)
+    result = pretrain(tiny_config(), data, tmp_path / "run", tiny_settings(objective="clm", max_steps=5))
+    # the model's own (transformers) loss over the validation rows: mean cross-entropy of every scored next token
+    model = FixedHeadForCausalLM.from_pretrained(str(tmp_path / "run")).eval()
+    with torch.no_grad():
+        expected = model(input_ids=data.validation, labels=causal_labels(data.validation)).loss.item()
+    assert result["validation_loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["validation_loss"] != pytest.approx(result["heldout_loss"], rel=1e-6)
+    assert result["validation_bits_per_character"] > 0

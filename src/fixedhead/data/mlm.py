@@ -41,6 +41,10 @@ class DataSettings:
 
     ``heldout_fraction`` of the *documents* (whole books) are held out, chosen by ``seed``;
     ``max_eval_tokens`` caps the held-out set used for scoring (its first sequences, in order).
+    ``validation_fraction`` of the remaining training documents form a validation split, trained on
+    by no model and scored to choose settings such as the learning rate, so that the held-out
+    set reports results only (capped by ``max_eval_tokens`` too). The tokenizer is learned from
+    every training document, validation split included, so it is the same whatever the fraction.
     """
 
     corpus: str = ""
@@ -53,6 +57,7 @@ class DataSettings:
     max_seq_length: int = 64
     max_train_tokens: int | None = None
     max_eval_tokens: int | None = 200_000
+    validation_fraction: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.corpus, (str, os.PathLike)) or not str(self.corpus).strip():
@@ -69,6 +74,7 @@ class DataSettings:
         optional_positive_int("tokenizer_max_chars", self.tokenizer_max_chars)
         optional_positive_int("max_train_tokens", self.max_train_tokens, minimum=self.max_seq_length)
         optional_positive_int("max_eval_tokens", self.max_eval_tokens, minimum=self.max_seq_length)
+        in_range("validation_fraction", self.validation_fraction, 0.0, 1.0)
 
 
 @dataclass
@@ -81,6 +87,10 @@ class PreparedData:
     #: [num_heldout_sequences, max_seq_length]: characters of original text each held-out token
     #: covers (0 at [CLS]/[SEP]; see :func:`fixedhead.data.tokenize_documents`), for bits per character
     heldout_chars: torch.Tensor | None = None
+    #: [num_validation_sequences, max_seq_length] and its characters: the validation split
+    #: (``DataSettings.validation_fraction``), None without one
+    validation: torch.Tensor | None = None
+    validation_chars: torch.Tensor | None = None
 
 
 def prepare_data(
@@ -120,6 +130,13 @@ def prepare_data(
         model_max_length=settings.max_seq_length,
     )
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    validation = validation_chars = None
+    if settings.validation_fraction > 0:
+        train_docs, val_docs = split_documents(train_docs, settings.validation_fraction, settings.split_seed)
+        val_ids, val_chars = tokenize_documents(
+            tokenizer, [d.text for d in val_docs], settings.max_eval_tokens, with_chars=True
+        )
+        validation, validation_chars = pack_sequences(val_ids, settings.max_seq_length, cls_id, sep_id, chars=val_chars)
     if heldout_only:
         train = torch.empty(0, settings.max_seq_length, dtype=torch.long)
     else:
@@ -138,6 +155,11 @@ def prepare_data(
         "heldout_documents": [d.title or d.source for d in held_docs],
         "train_sequences": int(train.shape[0]),
         "heldout_sequences": int(heldout.shape[0]),
+        **(
+            {"validation_documents": len(val_docs), "validation_sequences": int(validation.shape[0])}
+            if validation is not None
+            else {}
+        ),
         "vocab_size": len(tokenizer),
         # which id each piece of text gets: per-token results of two runs compare only when it is equal
         "tokenizer_sha256": tokenizer_sha256(tokenizer),
@@ -149,7 +171,16 @@ def prepare_data(
             f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
             flush=True,
         )
-    return PreparedData(tokenizer, train, heldout, info, settings, heldout_chars=heldout_chars)
+    return PreparedData(
+        tokenizer,
+        train,
+        heldout,
+        info,
+        settings,
+        heldout_chars=heldout_chars,
+        validation=validation,
+        validation_chars=validation_chars,
+    )
 
 
 class SequenceDataset(Dataset):

@@ -185,6 +185,8 @@ class TrainSettings:
 _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
+#: the same for DataSettings fields
+_DATA_ADDED_LATER = {"validation_fraction": 0.0}
 
 
 def with_later_defaults(train: dict) -> dict:
@@ -192,6 +194,10 @@ def with_later_defaults(train: dict) -> dict:
     the default those runs used (``_ADDED_LATER``): the one way saved and current settings are
     compared, so an omitted field and its default are the same setting."""
     return {**_ADDED_LATER, **train}
+
+
+def _without_later_defaults(record: dict, added_later: dict) -> dict:
+    return {k: v for k, v in record.items() if not (k in added_later and added_later[k] == v)}
 
 
 def run_fingerprint(
@@ -205,14 +211,14 @@ def run_fingerprint(
     weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
     :func:`init_from_record`) for a run continued from another run, None for one trained from
     scratch (runs saved before this was recorded count as from scratch)."""
-    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}
-    for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
-        if train.get(name) == default:
-            del train[name]
+    # fields added later are omitted at their default: older run directories still resume
+    train = _without_later_defaults(
+        {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}, _ADDED_LATER
+    )
     fingerprint = {
         "config": config.to_diff_dict(),
         "train": train,
-        "data": asdict(data_settings) if data_settings else {},
+        "data": _without_later_defaults(asdict(data_settings), _DATA_ADDED_LATER) if data_settings else {},
         # keyed on the starting weights' content, not on their folder: a moved source still matches
         "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
     }
@@ -243,6 +249,8 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
         if isinstance(value, dict) and isinstance(old, dict):
             if key == "train":
                 old, value = with_later_defaults(old), with_later_defaults(value)
+            if key == "data" and old:  # a data section at all: fields added later count at their default
+                old, value = {**_DATA_ADDED_LATER, **old}, {**_DATA_ADDED_LATER, **value}
             diffs += [
                 f"{key}.{k}: {old.get(k)!r} → {v!r}"
                 for k, v in value.items()
@@ -524,6 +532,11 @@ def pretrain(
         "train_curve": train_curve,
         "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
     }
+    if data.validation is not None:  # the split that chooses settings (a learning rate), never reported as held-out
+        val_ids, val_labels = heldout_batches(data.validation, data.tokenizer, settings.objective, settings.eval_seed)
+        val = evaluate_mlm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
+        result["validation_loss"] = val["loss"]
+        result["validation_bits_per_character"] = val.get("bits_per_character")
     if start is not None:
         result["init_from"] = start
     # what two runs of one command could differ in: the ids, the starting weights, the data order, the software
