@@ -1,0 +1,113 @@
+"""A learning rate per arm, chosen on a validation split: the grid, its extension, the choice.
+
+A comparison of models is fair only when each model trains at its own best learning rate (Kaplan
+et al. 2020, Section 3.2 and Fig. 5: shape effects shrink to a few percent once each shape is
+tuned). Each arm is trained at every rate of a grid of factor-2 steps on the training split minus
+the validation split (:attr:`fixedhead.data.DataSettings.validation_fraction`), scored on the
+validation split, and the rate with the lowest validation loss is chosen; when that rate sits at an
+edge of the grid, the grid grows by one factor-2 step past that edge and the new rate is trained,
+until the best rate has a neighbour on each side (a bracketed optimum) or ``max_extensions`` steps
+were added. A run that diverges counts as infinitely bad. The held-out set reports the chosen
+rate's runs only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from ..validation import positive_float, positive_int
+
+#: a diverged run's validation loss: worse than any finite one, and JSON-safe as None
+DIVERGED = math.inf
+
+
+def rate_grid(center: float, points: int = 4, factor: float = 2.0) -> list[float]:
+    """``points`` rates a ``factor`` apart around ``center``, ascending (for 4 points and factor 2:
+    center/2, center, 2·center, 4·center).
+
+    Raises:
+        ValueError: a non-positive center or factor ≤ 1, fewer than 2 points.
+    """
+    positive_float("center", center)
+    positive_int("points", points, minimum=2)
+    if not factor > 1:
+        raise ValueError(f"factor must be > 1, got {factor!r}")
+    low = -((points - 1) // 2)
+    return [_round(center * factor**i) for i in range(low, low + points)]
+
+
+def _round(lr: float) -> float:
+    return float(f"{lr:.6g}")  # 1e-3 · 2^-1 = 0.0005, not 0.00050000000000001
+
+
+def parse_rates(text: str | Iterable[float]) -> list[float]:
+    """Rates from ``"5e-4,1e-3,2e-3,4e-3"`` (or any iterable of numbers), distinct and ascending.
+
+    Raises:
+        ValueError: fewer than 2 rates, or one that is not a positive number (named).
+    """
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    rates = []
+    for p in parts:
+        try:
+            value = float(p)
+        except (TypeError, ValueError):
+            raise ValueError(f"learning rate {p!r} is not a number") from None
+        rates.append(positive_float("learning rate", value))
+    rates = sorted(set(rates))
+    if len(rates) < 2:
+        raise ValueError(f"a learning-rate grid needs at least 2 rates, got {rates}")
+    return rates
+
+
+def best_rate(losses: dict[float, float]) -> float:
+    """The rate with the lowest validation loss (ties: the smaller rate). Raises ValueError when
+    every run diverged."""
+    finite = {lr: loss for lr, loss in losses.items() if math.isfinite(loss)}
+    if not finite:
+        raise ValueError(f"every learning rate diverged: {sorted(losses)}; try smaller rates")
+    return min(sorted(finite), key=lambda lr: finite[lr])
+
+
+def next_rate(losses: dict[float, float], factor: float = 2.0) -> float | None:
+    """The rate to train next so that the best one is bracketed: one ``factor`` step below the
+    grid if the best is its smallest rate, above if it is its largest, None when the best has a
+    trained neighbour on each side."""
+    rates = sorted(losses)
+    best = best_rate(losses)
+    if best == rates[0]:
+        return _round(rates[0] / factor)
+    if best == rates[-1]:
+        return _round(rates[-1] * factor)
+    return None
+
+
+def choose_rate(
+    train: Callable[[float], float],
+    grid: Iterable[float],
+    max_extensions: int = 3,
+    factor: float = 2.0,
+    losses: dict[float, float] | None = None,
+) -> tuple[float, dict[float, float], bool]:
+    """Train at every rate of ``grid`` (``train(lr)`` returns the validation loss, or
+    :data:`DIVERGED`), extend past an edge while the best rate sits there, return the choice.
+
+    ``losses`` holds rates already trained (a resumed study), which are not trained again.
+
+    Returns:
+        ``(best rate, {rate: validation loss} of every rate trained, bracketed)``: ``bracketed``
+        is False when ``max_extensions`` ran out with the best rate still at an edge (say so
+        where the rate is reported).
+    """
+    losses = dict(losses or {})
+    for lr in grid:
+        if lr not in losses:
+            losses[lr] = train(lr)
+    extensions = 0
+    while (lr := next_rate(losses, factor)) is not None:
+        if extensions == max_extensions:
+            return best_rate(losses), losses, False
+        losses[lr] = train(lr)
+        extensions += 1
+    return best_rate(losses), losses, True

@@ -1,0 +1,60 @@
+"""Choosing a learning rate per arm: the grid, its extension past an edge, divergence."""
+
+import math
+
+import pytest
+
+from fixedhead.studies.learning_rate import DIVERGED, best_rate, choose_rate, parse_rates, rate_grid
+
+
+def test_grid_is_factor_two_around_the_center():
+    assert rate_grid(1e-3) == [5e-4, 1e-3, 2e-3, 4e-3]
+    assert rate_grid(1e-3, points=5) == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
+    assert parse_rates("2e-3, 5e-4,1e-3,1e-3") == [5e-4, 1e-3, 2e-3]
+    for bad, message in [("1e-3", "at least 2 rates"), ("1e-3,fast", "'fast' is not a number"), ("0,1e-3", "positive")]:
+        with pytest.raises(ValueError, match=message):
+            parse_rates(bad)
+
+
+def bowl(optimum):
+    """A validation loss with its minimum at ``optimum`` (quadratic in log2 of the rate); records calls."""
+    calls = []
+
+    def train(lr):
+        calls.append(lr)
+        return 3.0 + (math.log2(lr) - math.log2(optimum)) ** 2
+
+    return train, calls
+
+
+def test_an_interior_optimum_needs_no_extension():
+    train, calls = bowl(1e-3)
+    best, losses, bracketed = choose_rate(train, rate_grid(1e-3))
+    assert (best, bracketed) == (1e-3, True) and calls == [5e-4, 1e-3, 2e-3, 4e-3]
+
+
+@pytest.mark.parametrize(
+    ("optimum", "added"), [(1.6e-2, [8e-3, 1.6e-2, 3.2e-2]), (1.25e-4, [2.5e-4, 1.25e-4, 6.25e-5])]
+)
+def test_an_optimum_at_an_edge_extends_the_grid_until_bracketed(optimum, added):
+    train, calls = bowl(optimum)
+    best, losses, bracketed = choose_rate(train, rate_grid(1e-3))
+    assert (best, bracketed) == (optimum, True)
+    assert calls[4:] == added  # one factor-2 step at a time, past the edge the best sits on
+    assert sorted(losses) == sorted(calls)
+
+
+def test_extensions_are_capped_and_say_so():
+    train, calls = bowl(1.0)
+    best, losses, bracketed = choose_rate(train, rate_grid(1e-3), max_extensions=2)
+    assert (best, bracketed) == (1.6e-2, False) and len(calls) == 6
+
+
+def test_diverged_runs_count_as_worst_and_trained_rates_are_reused():
+    def train(lr):
+        return DIVERGED if lr >= 4e-3 else {5e-4: 4.0, 1e-3: 3.5, 2e-3: 3.2}.get(lr, 5.0)
+
+    best, losses, bracketed = choose_rate(train, [1e-3, 2e-3, 4e-3], losses={5e-4: 4.0})
+    assert (best, bracketed) == (2e-3, True) and losses[4e-3] == DIVERGED
+    with pytest.raises(ValueError, match="every learning rate diverged"):
+        best_rate({1e-3: DIVERGED, 2e-3: DIVERGED})
