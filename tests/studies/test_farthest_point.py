@@ -224,16 +224,11 @@ def test_model_refuses_bad_sizes(kwargs, match):
         S.SetAttentionModel(**kwargs)
 
 
-def test_recipe_and_verdict_rule():
+def test_recipe_refuses_bad_values():
     with pytest.raises(ValueError, match="learning_rate must be > 0"):
         S.SyntheticRecipe(learning_rate=0.0)
     with pytest.raises(ValueError, match="warmup_ratio must be in"):
         S.SyntheticRecipe(warmup_ratio=1.0)
-    assert S.cell_verdict([0.95, 0.91, 0.99]) == "succeeds"
-    assert S.cell_verdict([0.95, 0.89]) == "in between"  # one seed below the bar
-    assert S.cell_verdict([0.1, 0.49]) == "fails"
-    assert S.cell_verdict([0.1, 0.5]) == "in between"
-    assert S.cell_verdict([]) == "not run"
 
 
 def test_presets():

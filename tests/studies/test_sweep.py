@@ -4,7 +4,7 @@ import pytest
 
 import fixedhead.studies.compare as compare
 from fixedhead.cli import main
-from fixedhead.studies.report import claims, verdict, welch, write_report
+from fixedhead.studies.report import claims, write_report
 from fixedhead.studies.sweep import (
     SWEEP_FILE,
     SweepPoint,
@@ -73,16 +73,6 @@ def test_nats_range_wording():
     assert _nats_range(0.70, 0.78) == "0.70–0.78 nats below it"
     assert _nats_range(-0.39, -0.25) == "0.25–0.39 nats above it"
     assert _nats_range(-0.08, 0.17) == "from 0.08 nats above it to 0.17 below"
-
-
-def test_verdict_rule():
-    d, p = welch([10.0, 10.1], [12.0, 12.1])
-    assert d == pytest.approx(2.0) and p < 0.05
-    assert verdict(d, p, +1) == "agrees" and verdict(d, p, -1) == "does not agree"
-    d, p = welch([10.0, 12.0], [10.5, 11.9])  # overlapping seeds
-    assert verdict(d, p, +1) == "cannot tell at this scale"
-    d, p = welch([10.0], [20.0])  # one seed: no test, no verdict
-    assert verdict(d, p, +1) == "cannot tell at this scale"
 
 
 def _tiny_preset(corpus):

@@ -206,23 +206,6 @@ def test_arms_and_their_parameter_counts_for_make_runs_model():
         W.make_arms(config, 8)
 
 
-@pytest.mark.parametrize(
-    "a, b, verdict",
-    [
-        ([5.00, 5.01, 4.99], [4.90, 4.91, 4.89], "lower loss"),
-        ([4.90, 4.91, 4.89], [5.00, 5.01, 4.99], "higher loss"),
-        ([5.00, 5.01, 4.99], [4.99, 5.00, 4.98], "no measurable difference"),
-        ([5.0], [4.0], "undecided (one seed)"),
-    ],
-)
-def test_verdict_rule(a, b, verdict):
-    c = W.compare_arms(a, b)
-    assert c["verdict"] == verdict
-    assert c["difference"] == pytest.approx(sum(a) / len(a) - sum(b) / len(b))
-    if len(a) > 1:
-        assert c["threshold"] == pytest.approx(2 * 0.01)  # both stds are 0.01
-
-
 def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
     torch.manual_seed(0)
     config = tiny_config(head_dim=None, num_hidden_layers=2, vocab_size=50, is_decoder=True)

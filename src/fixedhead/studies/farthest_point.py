@@ -46,14 +46,10 @@ from torch import nn
 from ..data.synthetic import FarthestPointTask
 from ..model.attention import MultiHeadAttention
 from ..runs import invocation_commands, load_json_file, write_json_atomic
-from .report import mean_std
+from .stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
 
 RESULTS_FILE = "results.json"
 _OWN_FILES = {RESULTS_FILE, "results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "report.md"}
-
-#: verdict thresholds on the hit rate (fixed before the committed run; see :func:`cell_verdict`)
-SUCCEEDS_AT = 0.9
-FAILS_BELOW = 0.5
 
 
 def _positive_int(name: str, value) -> int:
@@ -381,26 +377,6 @@ def train_cell(
     }
 
 
-# ----------------------------------------------------------------------------------- verdict
-def cell_verdict(hit_rates: list[float]) -> str:
-    """``succeeds`` if every seed's hit rate is ≥ :data:`SUCCEEDS_AT`, ``fails`` if every seed's is
-    < :data:`FAILS_BELOW`, ``in between`` otherwise (seeds that disagree included)."""
-    if not hit_rates:
-        return "not run"
-    if min(hit_rates) >= SUCCEEDS_AT:
-        return "succeeds"
-    if max(hit_rates) < FAILS_BELOW:
-        return "fails"
-    return "in between"
-
-
-def _fmt(v: list[float], digits: int = 3) -> str:
-    m, s = mean_std(v)
-    if not math.isfinite(m):
-        return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
-
-
 # ------------------------------------------------------------------------------------ runner
 def _settings_fingerprint(p: SyntheticPreset) -> dict:
     """What must match for a stored run to be reused: the task sizes and the recipe."""
@@ -560,7 +536,7 @@ def format_grid(state: dict, what: str = "hit_rate") -> str:
     head = f"{what} (rows r, columns d_p; h = {g['heads']})"
     lines = [head, "r \\ d_p " + "".join(f"{dp:>18}" for dp in g["head_dims"])]
     for r in g["ranks"]:
-        lines.append(f"{r:>8} " + "".join(f"{_fmt([x[what] for x in runs[(r, dp)]]):>18}" for dp in g["head_dims"]))
+        lines.append(f"{r:>8} " + "".join(f"{pm_of([x[what] for x in runs[(r, dp)]], 3):>18}" for dp in g["head_dims"]))
     return "\n".join(lines)
 
 
@@ -792,14 +768,14 @@ def report_markdown(state: dict) -> str:
     for r in g["ranks"]:
         for dp in g["head_dims"]:
             rs = runs[(r, dp)]
-            v = cell_verdict([x["hit_rate"] for x in rs])
+            v = threshold_verdict([x["hit_rate"] for x in rs])
             predicted = "succeeds" if dp >= r else "fails"
             ok = "–" if v == "not run" else ("yes" if v == predicted else "no")
             agree += ok == "yes"
             total += ok != "–"
             L.append(
-                f"| {r} | {dp} | {'yes' if dp >= r else 'no'} | {_fmt([x['hit_rate'] for x in rs])} | "
-                f"{_fmt([x['mse'] for x in rs])} | **{v}** | {ok} |"
+                f"| {r} | {dp} | {'yes' if dp >= r else 'no'} | {pm_of([x['hit_rate'] for x in rs], 3)} | "
+                f"{pm_of([x['mse'] for x in rs], 3)} | **{v}** | {ok} |"
             )
     L += [
         "",
@@ -815,8 +791,8 @@ def report_markdown(state: dict) -> str:
     for h in mh["heads"]:
         rs = _runs_of(state, dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h))
         L.append(
-            f"| {h} | {h * mh['head_dim']} | {_fmt([x['hit_rate'] for x in rs])} | "
-            f"{_fmt([x['mse'] for x in rs])} | **{cell_verdict([x['hit_rate'] for x in rs])}** |"
+            f"| {h} | {h * mh['head_dim']} | {pm_of([x['hit_rate'] for x in rs], 3)} | "
+            f"{pm_of([x['mse'] for x in rs], 3)} | **{threshold_verdict([x['hit_rate'] for x in rs])}** |"
         )
     L += [
         "",

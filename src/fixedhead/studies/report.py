@@ -7,7 +7,7 @@ writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png`` and
 Every point is summarised as mean ± sample standard deviation over its seeds. A paper claim is
 judged with Welch's two-sample t-test on the seeds (p < 0.05): a significant difference in the
 paper's direction "agrees", a significant one in the other direction "does not agree", anything
-else "cannot tell at this scale". With a few seeds per point the test has little power, so small
+else CANNOT_TELL. With a few seeds per point the test has little power, so small
 real effects end up as "cannot tell" — that is the honest verdict, not a rounding toward either side.
 """
 
@@ -21,12 +21,11 @@ from pathlib import Path
 
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
+from .stats import CANNOT_TELL, mean_std, pm, welch, welch_verdict
 from .sweep import SWEEP_FILE
 
 REPORT_MARKERS = ("report.md",)
 REPORT_OWNED = ("report.md", ".report.md.*", "*.png")
-
-ALPHA = 0.05
 
 
 @dataclass
@@ -63,16 +62,6 @@ class PointStats:
         return self.runs[0]["head_dim"] if self.runs else 0
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof 1) of seeds' results; NaN where undefined (no value,
-    or one value for the deviation). Every report of the project uses it."""
-    if not values:
-        return float("nan"), float("nan")
-    m = sum(values) / len(values)
-    s = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
-    return m, s
-
-
 def load_sweep(sweep_dir: str | Path) -> dict:
     """Read ``sweep.json``. Raises FileNotFoundError naming the path when it is missing."""
     path = Path(sweep_dir) / SWEEP_FILE
@@ -101,50 +90,21 @@ def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:
     return series
 
 
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    """``(mean(b) - mean(a), two-sided p-value)`` of Welch's t-test; p = nan with fewer than 2 values a side."""
-    from scipy.stats import ttest_ind
-
-    delta = sum(b) / len(b) - sum(a) / len(a) if a and b else float("nan")
-    if len(a) < 2 or len(b) < 2:
-        return delta, float("nan")
-    if max(a) == min(a) and max(b) == min(b):
-        return delta, 0.0 if delta != 0 else 1.0
-    import warnings
-
-    with warnings.catch_warnings():  # near-identical seeds: SciPy warns about precision, the p-value stands
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
-
-
-def verdict(delta: float, p: float, paper_sign: int) -> str:
-    """``agrees`` / ``does not agree`` / ``cannot tell at this scale`` (see the module docstring)."""
-    if not math.isfinite(p) or p >= ALPHA or delta == 0:
-        return "cannot tell at this scale"
-    return "agrees" if (delta > 0) == (paper_sign > 0) else "does not agree"
-
-
-def _fmt(m, s, digits=2):
-    if not math.isfinite(m):
-        return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
-
-
 def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: int, label_a: str, label_b: str):
     """One measured comparison: text, verdict. ``paper_sign`` is the sign the paper implies for b − a."""
     if a is None or b is None:
-        return "not measured (points missing from this sweep)", "cannot tell at this scale"
+        return "not measured (points missing from this sweep)", CANNOT_TELL
     if not a.values(what) or not b.values(what):
-        return "not measured (no fine-tuning scores for these points)", "cannot tell at this scale"
+        return "not measured (no fine-tuning scores for these points)", CANNOT_TELL
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
     text = (
-        f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; "
-        f"{label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
+        f"{label_a}: {pm(a.mean(what), a.std(what), digits)}; "
+        f"{label_b}: {pm(b.mean(what), b.std(what), digits)} "
         f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
     )
-    return text, verdict(delta, p, paper_sign)
+    return text, welch_verdict(delta, p, paper_sign)
 
 
 def _point(series, experiment, kind, x=None, pick=None):
@@ -320,13 +280,13 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
         rho = float(rho) if math.isfinite(rho) else 0.0
         text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
-        v = verdict(-rho, p, +1) if math.isfinite(p) else "cannot tell at this scale"
+        v = welch_verdict(-rho, p, +1) if math.isfinite(p) else CANNOT_TELL
     else:
-        text, v = "fewer than 4 fine-tuned runs", "cannot tell at this scale"
+        text, v = "fewer than 4 fine-tuned runs", CANNOT_TELL
     rows.append(("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", text, v))
     if not has_finetune:  # e.g. the causal preset: one reason for every fine-tuning claim
         rows[first_finetune_row:] = [
-            (claim, "not measured (this sweep has no fine-tuning)", "cannot tell at this scale")
+            (claim, "not measured (this sweep has no fine-tuning)", CANNOT_TELL)
             for claim, _, _ in rows[first_finetune_row:]
         ]
     # 10. parameter counts of the paper's tables
@@ -350,7 +310,7 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             "Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
             "LM1B perplexities",
             f"not run here (this sweep trains {_sizes(state)}); the presets exist, see docs/experiments.md",
-            "cannot tell at this scale",
+            CANNOT_TELL,
         )
     )
     return rows
@@ -490,13 +450,13 @@ def _table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
     ]
     for q in pts:
         r = q.runs[0]
-        ft = f" {_fmt(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
-        bpc, have = _fmt(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
+        ft = f" {pm(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
+        bpc, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
         if 0 < have < len(q.runs):  # some seeds' results predate bits per character
             bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
         lines.append(
             f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | {bpc} |{ft} `{q.key}` |"
+            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {pm(q.mean(), q.std())} | {bpc} |{ft} `{q.key}` |"
         )
     return lines
 

@@ -26,7 +26,7 @@ Every run is scored on every next token of the same held-out books, next to the 
 reference (:func:`fixedhead.data.mlm.unigram_perplexity`); parameters are
 :func:`fixedhead.model.modeling.count_parameters` and training FLOPs :func:`fixedhead.model.flops.training_flops`.
 
-**Verdict rule** (fixed before the committed run, :func:`compare_arms`): arm B against arm A is
+**Verdict rule** (fixed before the committed run, :func:`~.stats.pooled_verdict`): arm B against arm A is
 *lower loss* if mean loss(A) − mean loss(B) > 2 × the pooled standard deviation
 √((s_A² + s_B²)/2) over seeds, *higher loss* if it is < −2 × that, and *no measurable difference*
 otherwise (one seed: *undecided*).
@@ -58,15 +58,12 @@ from ..runs import (
 )
 from ..theory import causal_threshold
 from ..validation import non_negative_int, positive_int
-from .report import mean_std
+from .stats import RULE_STDS, mean_std, pm, pooled_verdict
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "widening.png"
 _OWNED = (RESULTS_FILE, REPORT_FILE, PLOT_FILE, "base", "start", "continue", f".{RESULTS_FILE}.*")
-
-#: a difference of mean held-out losses counts when it exceeds this many pooled standard deviations
-RULE_STDS = 2.0
 
 
 # ----------------------------------------------------------------------------------- design
@@ -318,30 +315,6 @@ def _max_logit_change(base_model, start_dir: Path, ids: torch.Tensor) -> float:
 
     start = _load_model(open_run(start_dir)).eval()
     return float((start(input_ids=ids).logits - base_model(input_ids=ids).logits).abs().max())
-
-
-# ----------------------------------------------------------------------------------- verdict
-def compare_arms(losses_a: list[float], losses_b: list[float]) -> dict:
-    """The verdict rule: B against A on held-out loss (nats; lower is better).
-
-    Returns:
-        ``{"difference": mean(A) − mean(B) (> 0: B has the lower loss), "pooled_std":
-        √((s_A² + s_B²)/2), "threshold": RULE_STDS × pooled_std, "verdict": "lower loss",
-        "higher loss", "no measurable difference" or "undecided (one seed)"}``.
-    """
-    ma, sa = mean_std(losses_a)
-    mb, sb = mean_std(losses_b)
-    pooled = math.sqrt((sa**2 + sb**2) / 2)
-    diff = ma - mb
-    if not math.isfinite(pooled):
-        verdict = "undecided (one seed)"
-    elif diff > RULE_STDS * pooled:
-        verdict = "lower loss"
-    elif diff < -RULE_STDS * pooled:
-        verdict = "higher loss"
-    else:
-        verdict = "no measurable difference"
-    return {"difference": diff, "pooled_std": pooled, "threshold": RULE_STDS * pooled, "verdict": verdict}
 
 
 #: the questions of the report: (B, A, what B against A asks)
@@ -634,7 +607,7 @@ def summarize(state: dict) -> list[dict]:
 
 
 def comparisons(state: dict) -> list[dict]:
-    """:data:`COMPARISONS` with :func:`compare_arms` applied (only pairs whose arms both ran)."""
+    """:data:`COMPARISONS` with :func:`~.stats.pooled_verdict` applied (only pairs whose arms both ran)."""
     names = {a["name"] for a in state["meta"]["arms"]}
     out = []
     for b, a, question in COMPARISONS:
@@ -643,14 +616,8 @@ def comparisons(state: dict) -> list[dict]:
         la = [r["heldout_loss"] for r in _arm_runs(state, a)]
         lb = [r["heldout_loss"] for r in _arm_runs(state, b)]
         if la and lb:
-            out.append({"b": b, "a": a, "question": question, **compare_arms(la, lb)})
+            out.append({"b": b, "a": a, "question": question, **pooled_verdict(la, lb)})
     return out
-
-
-def _pm(m: float, s: float, digits: int = 4) -> str:
-    if not math.isfinite(m):
-        return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
 
 
 def format_table(state: dict) -> str:
@@ -674,8 +641,8 @@ def format_table(state: dict) -> str:
             continue
         lines.append(
             f"{r['arm']:<12} {str(r['layer_head_dims']):>14} {r['intermediate_size']:>5} {r['parameters']:>10,} "
-            f"{r['flops_ratio']:>8.3f} {_pm(r['loss_mean'], r['loss_std']):>17} "
-            f"{_pm(r['ppl_mean'], r['ppl_std'], 1):>15} {r['below_unigram']:>13.3f}"
+            f"{r['flops_ratio']:>8.3f} {pm(r['loss_mean'], r['loss_std'], 4):>17} "
+            f"{pm(r['ppl_mean'], r['ppl_std'], 1):>15} {r['below_unigram']:>13.3f}"
         )
     lines.append(
         f"unigram reference on the same held-out next tokens: ppl {unigram:.1f} (loss {math.log(unigram):.4f}); "
@@ -844,7 +811,7 @@ def report_markdown(state: dict) -> str:
         L.append(
             f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
             f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
-            f"{_pm(r['loss_mean'], r['loss_std'])} | {_pm(r['ppl_mean'], r['ppl_std'], 1)} | "
+            f"{pm(r['loss_mean'], r['loss_std'], 4)} | {pm(r['ppl_mean'], r['ppl_std'], 1)} | "
             f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
             f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
         )
