@@ -1,8 +1,9 @@
+import importlib
 import json
+from pathlib import Path
 
 import pytest
 
-import fixedhead.studies.compare as compare
 from fixedhead.cli import main
 from fixedhead.studies.report import claims, write_report
 from fixedhead.studies.sweep import (
@@ -17,6 +18,8 @@ from fixedhead.studies.sweep import (
 )
 from fixedhead.training import DataSettings, TrainSettings
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
+
+P = importlib.import_module("fixedhead.training.pretrain")  # the module, not the function
 
 
 def test_same_architecture_is_one_run():
@@ -163,12 +166,17 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
 
     # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
     calls = []
-    real = compare.pretrain
-    monkeypatch.setattr(
-        compare,
-        "pretrain",
-        lambda config, data, run_dir, *a, **k: calls.append(run_dir.name) or real(config, data, run_dir, *a, **k),
-    )
+    trainer = P.atomic_checkpoint_trainer
+
+    def recording():
+        class Recording(trainer()):
+            def train(self, *args, **kwargs):
+                calls.append(Path(self.args.output_dir).name)
+                return super().train(*args, **kwargs)
+
+        return Recording
+
+    monkeypatch.setattr(P, "atomic_checkpoint_trainer", recording)
     ft_file = out / "runs" / "d16-h2-dp8-s0" / "finetune-sst2" / FINETUNE_FILE
     mtime = ft_file.stat().st_mtime_ns
     (out / "runs" / "d16-h4-dp4-s1" / "metrics.json").unlink()

@@ -32,16 +32,9 @@ from ..data.mlm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure
-from ..runs import METRICS_FILE, PRETRAIN_FILE, environment_info, load_json_file, staged_outputs
+from ..runs import environment_info, staged_outputs
 from ..theory import causal_threshold
-from ..training.pretrain import (
-    TrainSettings,
-    data_differences,
-    lm_config,
-    pretrain,
-    run_fingerprint,
-    same_run_settings,
-)
+from ..training.pretrain import TrainSettings, train_or_reuse
 
 
 @dataclass
@@ -238,7 +231,7 @@ def run_compare(
                 f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
                 flush=True,
             )
-        results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
+        results.append(train_or_reuse(config, data, run_dir, train, overwrite))
     if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
         for r in results:
             r["samples"] = continuations(out / r["name"], seed=train.seed)
@@ -330,46 +323,6 @@ def check_compare_dir(out: Path, model_names: list[str]) -> None:
             f"{out} holds files that are not this compare's ({', '.join(foreign[:5])}"
             f"{' …' if len(foreign) > 5 else ''}); choose another --output-dir"
         )
-
-
-def train_or_reuse(
-    config,
-    data,
-    run_dir: Path,
-    train: TrainSettings,
-    data_settings: DataSettings,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> dict:
-    """Pretrain one model into ``run_dir``, or return its metrics if it already finished there.
-
-    A run counts as finished when ``metrics.json`` exists and ``pretrain_settings.json`` records
-    the same config, training and data settings; an unfinished run continues from its newest
-    checkpoint (if any). This is what makes compare runs and sweeps resumable.
-    """
-    lm_config(config, data.tokenizer, train.objective)  # as pretrain fills it in, so fingerprints compare equal
-    done = run_dir / METRICS_FILE
-    if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings, data.info):
-        if progress:
-            print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
-        return load_json_file(done)
-    resume = not overwrite and (run_dir / PRETRAIN_FILE).is_file()  # an interrupted run continues
-    return pretrain(config, data, run_dir, train, resume=resume, overwrite=overwrite)
-
-
-def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> bool:
-    """Same config, training and data settings, the same corpus text (not just its path) and the
-    same tokenizer (:func:`~fixedhead.training.pretrain.data_differences`)."""
-    settings_file = run_dir / PRETRAIN_FILE
-    if not settings_file.is_file():
-        return False
-    try:
-        saved = load_json_file(settings_file)
-    except ValueError:
-        return False  # unreadable: retrain rather than trust it
-    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and not data_differences(
-        run_dir, saved, data_info
-    )
 
 
 TABLE_COLUMNS = [

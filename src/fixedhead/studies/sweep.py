@@ -35,9 +35,8 @@ from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
-from ..training.pretrain import TrainSettings
+from ..training.pretrain import TrainSettings, train_or_reuse
 from ..validation import non_negative_int
-from .compare import train_or_reuse
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -528,7 +527,7 @@ def run_sweep(
                 print("  another worker is on this run; skipping it", flush=True)
             continue
         t0 = time.time()
-        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), data_settings, overwrite, progress)
+        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), overwrite)
         if not keep_checkpoints:
             for ckpt in run_dir.glob("checkpoint-*"):
                 shutil.rmtree(ckpt, ignore_errors=True)
