@@ -32,3 +32,15 @@ def test_widening_report_regenerates():
     from fixedhead.studies.widening import report_markdown
 
     assert report_markdown(_state("widening")) == (RESULTS / "widening" / "report.md").read_text()
+
+
+def test_committed_runs_are_reused_by_todays_presets():
+    """The settings record of each committed results file is today's preset's: rerunning the
+    committed command in that folder reuses its runs instead of refusing them."""
+    from fixedhead.studies import farthest_point, widening
+
+    saved = _state("synthetic")["meta"]["settings"]
+    assert saved == farthest_point.settings_record(farthest_point.get_synthetic_preset("default"))
+    meta = _state("widening")["meta"]
+    now = widening.settings_record(widening.get_widening_preset("cpu"), meta["wide_head_dim"])
+    assert widening.same_settings(meta["settings"], now)

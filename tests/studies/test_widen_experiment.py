@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import fixedhead.studies.widening as W
+import fixedhead.studies.widening_arms as A
 from _tiny_run import tiny_config, tiny_settings
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
@@ -182,14 +183,14 @@ def test_cli_bad_init_from_is_one_line_naming_the_path(source, tmp_path, capsys)
 def test_arms_and_their_parameter_counts_for_make_runs_model():
     config = FixedHeadConfig(**W.get_widening_preset("cpu").model, vocab_size=8192)
     assert config.layer_head_dims == [8, 8] and causal_threshold(32) == 16
-    arms = {a.name: a for a in W.make_arms(config, 16)}
+    arms = {a.name: a for a in A.make_arms(config, 16)}
     assert list(arms) == ["as-is", "wide-all", "wide-early", "wide-late", "ffn-matched"]
     assert arms["wide-early"].head_dim == (16, None) and arms["wide-late"].head_dim == (None, 16)
 
     def params(arm):
         a = arms[arm]
         return count_parameters(
-            W.replace_config(
+            A.replace_config(
                 config,
                 head_dim=list(a.head_dim) if a.head_dim else None,
                 intermediate_size=a.intermediate_size or config.intermediate_size,
@@ -203,14 +204,14 @@ def test_arms_and_their_parameter_counts_for_make_runs_model():
     assert arms["ffn-matched"].intermediate_size == 768  # 256 more units of 2·128 + 1 parameters per layer
     assert abs(params("ffn-matched") - params("wide-all")) <= 2 * 128 + 1
     with pytest.raises(ValueError, match="wide_head_dim=8 must be larger than the base's head size 8"):
-        W.make_arms(config, 8)
+        A.make_arms(config, 8)
 
 
 def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
     torch.manual_seed(0)
     config = tiny_config(head_dim=None, num_hidden_layers=2, vocab_size=50, is_decoder=True)
     model = FixedHeadForCausalLM(config).eval()
-    wide = W.widen_feed_forward(model, 80, seed=3)
+    wide = A.widen_feed_forward(model, 80, seed=3)
     ids = torch.randint(0, 50, (3, 12))
     with torch.no_grad():
         assert (wide(input_ids=ids).logits - model(input_ids=ids).logits).abs().max() <= 1e-5
@@ -235,12 +236,12 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
     after = step()
     assert all(not torch.equal(after[k][64:], start[k][64:]) for k in rows)
     with pytest.raises(ValueError, match="intermediate_size=32 is smaller than the model's 64"):
-        W.widen_feed_forward(model, 32)
+        A.widen_feed_forward(model, 32)
 
 
 # -------------------------------------------------------------------------------- end to end
 def _tiny_preset(corpus) -> W.WideningPreset:
-    base, cont = W._recipes(3, 2, 8, 3e-3, (1, 1))
+    base, cont = W.base_and_continuation(3, 2, 8, 3e-3, (1, 1))
     return W.WideningPreset(
         description="test",
         data=DataSettings(

@@ -122,7 +122,7 @@ def get_synthetic_preset(name: str) -> FarthestPointPreset:
 
 
 # ------------------------------------------------------------------------------------ runner
-def _settings(p: FarthestPointPreset) -> dict:
+def settings_record(p: FarthestPointPreset) -> dict:
     """The settings record stored runs are reused under: the task sizes and the recipe (through JSON,
     so that it compares equal to what results.json reads back: tuples become lists)."""
     return json.loads(json.dumps({"dim": p.dim, "num_points": p.num_points, "recipe": asdict(p.recipe)}))
@@ -172,7 +172,7 @@ def run_synthetic(
         )
     out = claim(Path(output_dir), RESULTS_FILE, OWNED, "farthest-point")
     state_file = out / RESULTS_FILE
-    settings = _settings(p)
+    settings = settings_record(p)
     previous = previous_state(state_file, settings, "task sizes or recipe", overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     meta = start_meta(
