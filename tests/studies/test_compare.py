@@ -78,7 +78,6 @@ def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_
 def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
     import fixedhead.studies.compare as compare
 
-    monkeypatch.setattr(compare, "DEFAULT_CORPUS", tmp_path / "nowhere.jsonl.gz")
     preset = compare.get_compare_preset("tiny")
     preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
     monkeypatch.setattr(compare, "get_compare_preset", lambda name: preset)
