@@ -195,17 +195,17 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
     import os
     import subprocess
 
-    from fixedhead.studies.sweep import _try_lock
+    from fixedhead.studies.sweep import try_lock
 
     run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
-    lock = _try_lock(run_dir)
+    lock = try_lock(run_dir)
     assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
     lock.write_text(str(os.getppid()))  # a live process that is not us
-    assert _try_lock(run_dir) is None
+    assert try_lock(run_dir) is None
     dead = subprocess.Popen(["true"])
     dead.wait()
     lock.write_text(str(dead.pid))  # a finished process: its lock is stale
-    assert _try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
+    assert try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
 
 
 def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):

@@ -78,16 +78,15 @@ def previous_state(
     return previous
 
 
-def start_meta(name: str, description: str, settings: dict, command: str | None, previous_meta: dict, **fields) -> dict:
-    """A results file's ``meta``: the preset, its description, the settings record, this invocation's
-    command and every earlier one, the study's own ``fields``, when the first invocation started, and
-    the software and machine (:func:`fixedhead.runs.environment_info`)."""
+def start_meta(name: str, description: str, command: str | None, previous_meta: dict, **fields) -> dict:
+    """A results file's ``meta``: the preset, its description, this invocation's command and every
+    earlier one, the study's own ``fields`` (its settings record first), when the first invocation
+    started, and the software and machine (:func:`fixedhead.runs.environment_info`)."""
     this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
     return {
         "preset": name,
         "description": description,
-        "settings": settings,
         "command": this_command,
         "commands": commands,
         **fields,

@@ -178,9 +178,9 @@ def run_synthetic(
     meta = start_meta(
         preset if isinstance(preset, str) else "custom",
         p.description,
-        settings,
         command,
         previous.get("meta", {}),
+        settings=settings,
         seeds=list(p.seeds),
         cells=[asdict(c) for c in cells],
         grid={"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},

@@ -254,9 +254,9 @@ def run_widening(
     meta = start_meta(
         preset if isinstance(preset, str) else "custom",
         p.description,
-        settings,
         command,
         previous.get("meta", {}),
+        settings=settings,
         seeds=list(p.seeds),
         n=n,
         wide_head_dim=wide,
