@@ -254,8 +254,6 @@ def test_quick_preset_end_to_end_and_resume(tmp_path, monkeypatch):
         assert r["curve"][0][0] == 0 and r["curve"][-1][0] == preset.recipe.steps
     for name in ("results.json", "results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "report.md"):
         assert (out / name).stat().st_size > 0
-    report = (out / "report.md").read_text()
-    assert "Verdict rule" in report and "| r | d_p | d_p ≥ r |" in report
     saved = json.loads((out / "results.json").read_text())
     assert set(saved["runs"]) == set(state["runs"])
 

@@ -291,10 +291,10 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
     assert rows["wide-early"]["parameters"] == rows["wide-late"]["parameters"]
     assert rows["as-is"]["flops_ratio"] == 1.0 and rows["wide-all"]["flops_ratio"] > 1.0
     assert rows["ffn-matched"]["intermediate_size"] > 32
+    verdicts = {"lower loss", "higher loss", "no measurable difference"}
     assert len(W.comparisons(state)) == len(W.COMPARISONS)
-    report = (out / "report.md").read_text()
-    assert "**Verdict rule**" in report and "| base (3 steps) |" in report and "**In one sentence:**" in report
-    assert (out / "widening.png").stat().st_size > 0
+    assert all(c["verdict"] in verdicts for c in W.comparisons(state))  # two seeds: every pair is decided
+    assert (out / "report.md").stat().st_size > 0 and (out / "widening.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text())["runs"].keys() == runs.keys()
 
     def no_training(*a, **k):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
+from . import render
 from .stats import CANNOT_TELL, mean_std, pm, welch, welch_verdict
 from .sweep import SWEEP_FILE
 
@@ -335,13 +336,6 @@ def _sizes(state: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ plots
-def _plain_ticks(ax, xs):
-    if xs:
-        ax.set_xticks(xs)
-        ax.set_xticklabels([str(x) for x in xs])
-        ax.minorticks_off()
-
-
 _STYLE = {"standard": dict(color="tab:blue", marker="o"), "fixed": dict(color="tab:red", marker="s")}
 
 
@@ -375,7 +369,7 @@ def plot_heads(series, path, ref=None, lm="MLM"):
             color=_STYLE["standard"]["color"],
         )
     ax.set_xscale("log", base=2)
-    _plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
+    render.plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
     ax.set_xlabel("number of heads h")
     ax.set_ylabel(f"held-out {lm} perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
@@ -409,7 +403,7 @@ def plot_head_size(series, path):
             _errorbar(axes[1], pts, [q.x for q in pts], "ft", "fine-tuning", "fixed")
     for ax, lab in zip(axes, ("held-out MLM perplexity", "fine-tuning dev score"), strict=True):
         ax.set_xscale("log", base=2)
-        _plain_ticks(ax, [q.x for q in pts])
+        render.plain_ticks(ax, [q.x for q in pts])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel(lab)
     fig.suptitle("head size at a fixed number of heads (paper Table 2B)", fontsize=10)
@@ -441,24 +435,28 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 
 # ----------------------------------------------------------------------------------- report
-def _table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
+def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
     """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column."""
-    ft_head, ft_rule = (f" {task} dev |", "---|") if task else ("", "")
-    lines = [
-        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | bits/char |{ft_head} run |",
-        f"|---|---|---|---|---|---|---|---|{ft_rule}---|",
-    ]
+    rows = []
     for q in pts:
         r = q.runs[0]
-        ft = f" {pm(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
         bpc, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
         if 0 < have < len(q.runs):  # some seeds' results predate bits per character
             bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
-        lines.append(
-            f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {pm(q.mean(), q.std())} | {bpc} |{ft} `{q.key}` |"
-        )
-    return lines
+        ft = [pm(q.mean("ft"), q.std("ft"), 4)] if task else []
+        params = f"{q.params / 1e6:.3f}M"
+        row = [
+            q.x,
+            r["hidden_size"],
+            r["num_attention_heads"],
+            r["head_dim"],
+            params,
+            len(q.runs),
+            pm(q.mean(), q.std()),
+        ]
+        rows.append([*row, bpc, *ft, f"`{q.key}`"])
+    header = [xname, "d", "h", "d_p", "params", "seeds", "held-out perplexity", "bits/char"]
+    return render.table([*header, *([f"{task} dev"] if task else []), "run"], rows)
 
 
 def _majority_rate(task: str) -> float | None:
@@ -519,25 +517,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             f"rerunning the same command resumes the rest.",
             "",
         ]
-    commands = meta.get("commands") or [meta["command"]]
-    L += ["## What was run", ""]
     L += [
-        f"- command{'s (workers sharing the plan, or resumed invocations)' if len(commands) > 1 else ''}: "
-        + ", ".join(f"`{c}`" for c in commands)
-    ]
-    L += [
-        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
-        + (
-            f"; the runs' own training{' + fine-tuning' if has_finetune else ''} time sums to "
-            f"{meta['compute_seconds'] / 60:.1f} min"
-            if "compute_seconds" in meta
-            else ""
-        )
-        + f"; on {meta['accelerator'] + ' and ' if meta.get('accelerator') else ''}"
-        f"{meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
-        f"{meta.get('torch_threads')} per process",
-        f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
-        + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
+        "## What was run",
+        "",
+        render.commands_line(meta, " (workers sharing the plan, or resumed invocations)"),
+        render.wall_time_line(meta, "training + fine-tuning" if has_finetune else "training", "on ", " per process"),
+        render.software_line(meta),
         f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
         f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
         f"available, held-out: {len(info.get('heldout_documents', []))} books "
@@ -610,17 +595,14 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
         "other direction = does not agree, otherwise cannot tell at this scale. " + _power_sentence(state),
         "",
-        "| paper claim | our measurement | verdict |",
-        "|---|---|---|",
+        *render.table(["paper claim", "our measurement", "verdict"], [[c, m, f"**{v}**"] for c, m, v in claims(state)]),
     ]
-    for claim, measured, v in claims(state):
-        L.append(f"| {claim} | {measured} | **{v}** |")
     table_task = task if has_finetune else None
     L += ["", "## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "h", table_task) + [""]
+            L += [f"**{kind}**", ""] + points_table(pts, "h", table_task) + [""]
     L += [
         "## Embedding size against parameter count (paper Fig. 1 and 2)",
         "",
@@ -630,10 +612,10 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "d", table_task) + [""]
+            L += [f"**{kind}**", ""] + points_table(pts, "d", table_task) + [""]
     if has_head_size:
         L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
-        L += _table(series[("head_size", "fixed")], "d_p", table_task) + [""]
+        L += points_table(series[("head_size", "fixed")], "d_p", table_task) + [""]
     if has_finetune:
         L += [
             "## Fine-tuning score against pretraining perplexity",
