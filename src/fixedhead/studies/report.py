@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from ..model.modeling import count_parameters
+from ..model.paper_presets import PAPER_PRESETS
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
 from . import render
@@ -140,160 +142,105 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     has_finetune = any("finetune" in r for r in state["runs"].values())
     task = state["meta"].get("finetune_task") or "sst2"
     ours = f"{task} dev" if has_finetune else "a fine-tuning score"
-    rows = []
     std_h, fix_h = s.get(("heads", "standard"), []), s.get(("heads", "fixed"), [])
+    std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
+    hs = s.get(("head_size", "fixed"), [])
+    rows = []
 
-    # 1. standard heads degrade beyond a threshold at fixed d
-    if len(std_h) >= 2:
-        best = min(std_h[:-1], key=lambda q: q.mean())
-        text, v = _compare(
-            best,
-            std_h[-1],
-            "ppl",
-            +1,
-            f"best standard h={best.x} (d_p={best.head_dim})",
-            f"standard h={std_h[-1].x} (d_p={std_h[-1].head_dim})",
-        )
-        text += "; the best is picked after the fact, which favours finding a difference"
-    else:
-        text, v = _compare(None, None, "ppl", +1, "", "")
-    rows.append(
-        (
-            "Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
-            "(LM1B, d=256: beyond 16 heads)",
-            text,
-            v,
-        )
+    def add(claim, a, b, what, sign, label_a, label_b, note=""):
+        """One row: b against a on ``what``; ``sign``: the sign the paper implies for b − a."""
+        text, v = _compare(a, b, what, sign, label_a(a) if a else "", label_b(b) if b else "")
+        rows.append((claim, text + (note if a and b else ""), v))
+
+    def ends(pts):
+        return (pts[0], pts[-1]) if len(pts) >= 2 else (None, None)
+
+    a, b = (min(std_h[:-1], key=lambda q: q.mean()), std_h[-1]) if len(std_h) >= 2 else (None, None)
+    add(
+        "Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
+        "(LM1B, d=256: beyond 16 heads)",
+        *(a, b, "ppl", +1),
+        lambda q: f"best standard h={q.x} (d_p={q.head_dim})",
+        lambda q: f"standard h={q.x} (d_p={q.head_dim})",
+        "; the best is picked after the fact, which favours finding a difference",
     )
-    # 2. fixed heads keep improving with more heads
-    a, b = (fix_h[0], fix_h[-1]) if len(fix_h) >= 2 else (None, None)
-    text, v = _compare(a, b, "ppl", -1, f"fixed h={a.x}" if a else "", f"fixed h={b.x}" if b else "")
-    if len(fix_h) >= 3:
-        means = [q.mean() for q in fix_h]
-        mono = all(y < x for x, y in pairwise(means))
-        text += f"; means {'fall at every step' if mono else 'do not fall at every step'}: " + ", ".join(
-            f"h={q.x}: {q.mean():.2f}" for q in fix_h
-        )
-    rows.append(("Fig. 3a: with a fixed head size the model keeps improving as heads are added", text, v))
-    # 3. same d and the largest h: fixed beats standard
+    mono = all(y < x for x, y in pairwise([q.mean() for q in fix_h]))
+    add(
+        "Fig. 3a: with a fixed head size the model keeps improving as heads are added",
+        *ends(fix_h),
+        *("ppl", -1, lambda q: f"fixed h={q.x}", lambda q: f"fixed h={q.x}"),
+        f"; means {'fall at every step' if mono else 'do not fall at every step'}: "
+        + ", ".join(f"h={q.x}: {q.mean():.2f}" for q in fix_h)
+        if len(fix_h) >= 3
+        else "",
+    )
     # the largest h measured in both series where the two differ (a fixed d_p = d/h is the standard layer)
     std_by_h = {q.x: q for q in std_h}
-    both = [q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key]
-    h_max = max(both, default=None)
+    h_max = max((q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key), default=None)
     a, b = _point(s, "heads", "standard", h_max), _point(s, "heads", "fixed", h_max)
-    text, v = _compare(
-        a,
-        b,
-        "ppl",
-        -1,
-        f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
-        f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
-    )
     rows.append(
-        ("Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h", text, v)
+        (
+            "Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h",
+            *_compare(
+                *(a, b, "ppl", -1),
+                f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
+                f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
+            ),
+        )
     )
-    # 4. Fig. 1: fixed at the smallest d vs standard of about equal parameter count
-    std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
+    # Fig. 1 and 2: fixed at the smallest d against the standard model of the nearest parameter count
     a = b = None
     if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(
-        a,
-        b,
-        "ppl",
-        -1,
-        f"standard d={a.x} ({a.params / 1e6:.2f}M)" if a else "",
-        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']} ({b.params / 1e6:.2f}M)" if b else "",
+    add(
+        "Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
+        "of equal parameter count (made wider instead)",
+        *(a, b, "ppl", -1),
+        lambda q: f"standard d={q.x} ({q.params / 1e6:.2f}M)",
+        lambda q: f"fixed d={q.x}, h={q.runs[0]['num_attention_heads']} ({q.params / 1e6:.2f}M)",
     )
-    rows.append(
-        (
-            "Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
-            "of equal parameter count (made wider instead)",
-            text,
-            v,
-        )
-    )
-    # 5. Table 2B: larger head size at fixed h
-    hs = s.get(("head_size", "fixed"), [])
-    a, b = (hs[0], hs[-1]) if len(hs) >= 2 else (None, None)
-    text, v = _compare(a, b, "ppl", -1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
-    rows.append(
-        (
-            "Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
-            "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)",
-            text,
-            v,
-        )
+    a_e, b_e = a, b
+    add(
+        "Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
+        "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)",
+        *ends(hs),
+        *("ppl", -1, lambda q: f"d_p={q.x}", lambda q: f"d_p={q.x}"),
     )
     first_finetune_row = len(rows)  # rows from here to the Spearman row are about fine-tuning
-    text, v = _compare(a, b, "ft", +1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
-    rows.append((f"Table 2B, fine-tuned: larger head size fine-tunes better (ours: {ours})", text, v))
-    # 6. Table 1: standard heads 8 -> 32 slightly worse downstream
-    a, b = _point(s, "heads", "standard", 8), _point(s, "heads", "standard", 32)
-    text, v = _compare(a, b, "ft", -1, "standard h=8", "standard h=32")
-    rows.append(
-        (
-            f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
-            f"SQuAD F1 90.89→90.45; ours: {ours})",
-            text,
-            v,
-        )
+    add(
+        f"Table 2B, fine-tuned: larger head size fine-tunes better (ours: {ours})",
+        *ends(hs),
+        *("ft", +1, lambda q: f"d_p={q.x}", lambda q: f"d_p={q.x}"),
     )
-    # 7. Table 2A: fixed heads 8 -> 32 better downstream
-    a, b = _point(s, "heads", "fixed", 8), _point(s, "heads", "fixed", 32)
-    text, v = _compare(a, b, "ft", +1, "fixed h=8", "fixed h=32")
-    rows.append(
-        (
-            f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
-            f"89.6→90.95; ours: {ours})",
-            text,
-            v,
-        )
+    add(
+        f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
+        f"SQuAD F1 90.89→90.45; ours: {ours})",
+        *(_point(s, "heads", "standard", 8), _point(s, "heads", "standard", 32), "ft", -1),
+        lambda q: "standard h=8",
+        lambda q: "standard h=32",
     )
-    # 8. Fig. 2: fixed vs standard of equal size, downstream
-    a = b = None
-    if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
-        b = fix_e[-1]
-        a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(
-        a,
-        b,
-        "ft",
-        +1,
-        f"standard d={a.x}" if a else "",
-        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "",
+    add(
+        f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
+        f"89.6→90.95; ours: {ours})",
+        *(_point(s, "heads", "fixed", 8), _point(s, "heads", "fixed", 32), "ft", +1),
+        lambda q: "fixed h=8",
+        lambda q: "fixed h=32",
+    )
+    add(
+        f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size (ours: {ours})",
+        *(a_e, b_e, "ft", +1),
+        lambda q: f"standard d={q.x}",
+        lambda q: f"fixed d={q.x}, h={q.runs[0]['num_attention_heads']}",
     )
     rows.append(
-        (
-            f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size (ours: {ours})",
-            text,
-            v,
-        )
+        ("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", *_rank_correlation(state))
     )
-    # 9. pretraining perplexity vs fine-tuning score across all runs
-    pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
-    if len(pairs) >= 4:
-        from scipy.stats import ConstantInputWarning, spearmanr
-
-        with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
-            warnings.simplefilter("ignore", ConstantInputWarning)
-            rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
-        rho = float(rho) if math.isfinite(rho) else 0.0
-        text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
-        v = welch_verdict(-rho, p, +1) if math.isfinite(p) else CANNOT_TELL
-    else:
-        text, v = "fewer than 4 fine-tuned runs", CANNOT_TELL
-    rows.append(("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", text, v))
     if not has_finetune:  # e.g. the causal preset: one reason for every fine-tuning claim
         rows[first_finetune_row:] = [
             (claim, "not measured (this sweep has no fine-tuning)", CANNOT_TELL)
             for claim, _, _ in rows[first_finetune_row:]
         ]
-    # 10. parameter counts of the paper's tables
-    from ..model.modeling import count_parameters
-    from ..model.paper_presets import PAPER_PRESETS
-
     errs = [
         abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
         for p in PAPER_PRESETS.values()
@@ -315,6 +262,22 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
         )
     )
     return rows
+
+
+def _rank_correlation(state: dict) -> tuple[str, str]:
+    """Spearman's ρ between pretraining perplexity and fine-tuning score over every run, and its verdict."""
+    task = state["meta"].get("finetune_task") or "sst2"
+    pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
+    if len(pairs) < 4:
+        return "fewer than 4 fine-tuned runs", CANNOT_TELL
+    from scipy.stats import ConstantInputWarning, spearmanr
+
+    with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
+    rho = float(rho) if math.isfinite(rho) else 0.0
+    text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
+    return text, welch_verdict(-rho, p, +1) if math.isfinite(p) else CANNOT_TELL
 
 
 def _nats_range(lo: float, hi: float) -> str:
