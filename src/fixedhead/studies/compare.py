@@ -33,8 +33,7 @@ from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, environment_info, staged_outputs
 from ..theory import causal_threshold
 from ..training.pretrain import TrainSettings, train_or_reuse
-from . import render
-from .core import pick
+from . import core, render
 from .recipes import get_recipe
 
 
@@ -79,7 +78,7 @@ COMPARE_PRESETS = {
 
 def get_compare_preset(name: str) -> ComparePreset:
     """Raises ValueError listing the known preset names."""
-    return pick(COMPARE_PRESETS, name, "compare")
+    return core.pick(COMPARE_PRESETS, name, "compare")
 
 
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:

@@ -32,18 +32,7 @@ from pathlib import Path
 from ..data.synthetic import FarthestPointTask
 from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
-from . import render
-from .core import (
-    claim,
-    pending,
-    pick,
-    previous_state,
-    save_state,
-    seed_major,
-    seeds_override,
-    start_meta,
-    steps_override,
-)
+from . import core, render
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 from .stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
 
@@ -118,7 +107,7 @@ SYNTHETIC_PRESETS = {"default": _default_preset, "quick": _quick_preset}
 
 def get_synthetic_preset(name: str) -> FarthestPointPreset:
     """Raises ValueError listing the known presets."""
-    return pick(SYNTHETIC_PRESETS, name, "farthest-point")
+    return core.pick(SYNTHETIC_PRESETS, name, "farthest-point")
 
 
 # ------------------------------------------------------------------------------------ runner
@@ -160,9 +149,9 @@ def run_synthetic(
             (without ``overwrite``).
     """
     p = get_synthetic_preset(preset) if isinstance(preset, str) else preset
-    p = replace(p, seeds=seeds_override(seeds, p.seeds))
+    p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     if steps is not None:
-        steps = steps_override("steps", steps, p.recipe.steps)
+        steps = core.steps_override("steps", steps, p.recipe.steps)
         p = replace(p, recipe=replace(p.recipe, steps=steps, curve_points=min(p.recipe.curve_points, steps)))
     cells = p.cells()
     for c in cells:  # refuse bad sizes before anything is written
@@ -170,12 +159,12 @@ def run_synthetic(
         SetAttentionModel(
             p.dim, c.num_heads, c.head_dim, p.recipe.intermediate_size, p.recipe.logit_scale, p.recipe.input_scale
         )
-    out = claim(Path(output_dir), RESULTS_FILE, OWNED, "farthest-point")
+    out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "farthest-point")
     state_file = out / RESULTS_FILE
     settings = settings_record(p)
-    previous = previous_state(state_file, settings, "task sizes or recipe", overwrite=overwrite)
+    previous = core.previous_state(state_file, settings, "task sizes or recipe", overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    meta = start_meta(
+    meta = core.start_meta(
         preset if isinstance(preset, str) else "custom",
         p.description,
         command,
@@ -196,10 +185,10 @@ def run_synthetic(
 
     def save():
         state["runs"] = dict(sorted(state["runs"].items()))
-        save_state(state_file, state, state["runs"].values())
+        core.save_state(state_file, state, state["runs"].values())
 
-    plan = seed_major(cells, p.seeds)
-    for i, cell, seed in pending(plan, lambda cell, seed: f"{cell.key}-s{seed}" in state["runs"]):
+    plan = core.seed_major(cells, p.seeds)
+    for i, cell, seed in core.pending(plan, lambda cell, seed: f"{cell.key}-s{seed}" in state["runs"]):
         result = train_cell(
             FarthestPointTask(p.dim, cell.rank, p.num_points, seed=seed), cell, p.recipe, seed, progress
         )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..data import DEFAULT_CORPUS, DataSettings
 from ..training.pretrain import TrainSettings
+from . import core
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,5 @@ RECIPES = {"cpu-clm": _cpu_clm, "cpu-mlm": _cpu_mlm, "tiny": _tiny}
 
 def get_recipe(name: str) -> Recipe:
     """A fresh :class:`Recipe` (its settings may be changed freely). Raises ValueError listing the names."""
-    from .core import pick
 
-    return pick(RECIPES, name, "recipe")
+    return core.pick(RECIPES, name, "recipe")

@@ -36,7 +36,7 @@ from ..model.modeling import count_parameters
 from ..runs import load_json_file, write_json_atomic
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings, settings_differences, train_or_reuse
-from .core import claim, pick, seed_major, seeds_override, start_meta, steps_override
+from . import core
 from .recipes import get_recipe
 
 SWEEP_FILE = "sweep.json"
@@ -235,7 +235,7 @@ SWEEP_PRESETS = {"cpu": _cpu_sweep, "cpu-clm": _cpu_clm_sweep, "cpu-mlm": _cpu_m
 
 def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
     """Raises ValueError listing the known sweep presets."""
-    return pick(SWEEP_PRESETS, name, "sweep", quick)
+    return core.pick(SWEEP_PRESETS, name, "sweep", quick)
 
 
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
@@ -255,7 +255,7 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
             continue
         fields = canonical_fields({**preset.common, **p.model})
         models.setdefault(run_key(fields), fields)
-    return [(key, fields, seed) for (key, fields), seed in seed_major(models.items(), preset.seeds)]
+    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]
 
 
 #: what a sweep (and its report) writes in its folder besides sweep.json
@@ -344,10 +344,10 @@ def run_sweep(
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
-    p = replace(p, seeds=seeds_override(seeds, p.seeds))
+    p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     train = replace(p.train, progress=progress)
     if max_steps is not None:
-        steps = steps_override("max_steps", max_steps, train.max_steps)
+        steps = core.steps_override("max_steps", max_steps, train.max_steps)
         train = replace(train, max_steps=steps, save_steps=steps, eval_steps=max(1, steps // 2))
     if finetune_task and p.finetune is None:
         raise ValueError(f"sweep preset {name!r} has no fine-tuning, so finetune_task={finetune_task!r} does not apply")
@@ -359,7 +359,7 @@ def run_sweep(
         get_glue_task(task)  # fail before hours of pretraining, not after
     runs_plan = plan_runs(p, experiments)
 
-    out = claim(Path(output_dir), SWEEP_FILE, OWNED, "sweep")  # a new or empty folder, or an earlier sweep's
+    out = core.claim(Path(output_dir), SWEEP_FILE, OWNED, "sweep")  # a new or empty folder, or an earlier sweep's
     state_file = out / SWEEP_FILE
     previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
     prev_meta = previous.get("meta", {})
@@ -373,8 +373,8 @@ def run_sweep(
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
     vocab = len(data.tokenizer)
-    claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
-    meta = start_meta(
+    core.claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
+    meta = core.start_meta(
         name,
         p.description,
         command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan

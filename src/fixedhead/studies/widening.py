@@ -54,18 +54,7 @@ from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, write_text_atomic
 from ..theory import causal_threshold
 from ..training.pretrain import TrainSettings, lm_config, load_run, pretrain, train_or_reuse, with_later_defaults
-from . import render
-from .core import (
-    claim,
-    pending,
-    pick,
-    previous_state,
-    save_state,
-    seed_major,
-    seeds_override,
-    start_meta,
-    steps_override,
-)
+from . import core, render
 from .recipes import get_recipe
 from .stats import RULE_STDS, mean_std, pm, pooled_verdict
 from .widening_arms import make_arms, max_logit_change, write_start
@@ -146,7 +135,7 @@ WIDENING_PRESETS = {
 
 def get_widening_preset(name: str) -> WideningPreset:
     """Raises ValueError listing the known presets."""
-    return pick(WIDENING_PRESETS, name, "widen-experiment")
+    return core.pick(WIDENING_PRESETS, name, "widen-experiment")
 
 
 #: the questions of the report: (B, A, what B against A asks)
@@ -222,12 +211,12 @@ def run_widening(
         FileExistsError: the folder holds other files, or runs of other settings (without ``overwrite``).
     """
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
-    p.seeds = seeds_override(seeds, p.seeds)
+    p.seeds = core.seeds_override(seeds, p.seeds)
     if base_steps is not None:
-        n_base = steps_override("base_steps", base_steps, p.base.max_steps)
+        n_base = core.steps_override("base_steps", base_steps, p.base.max_steps)
         p.base = replace(p.base, max_steps=n_base, eval_steps=n_base + 1, save_steps=n_base + 1)
     if steps is not None:
-        n_cont = steps_override("steps", steps, p.continuation.max_steps)
+        n_cont = core.steps_override("steps", steps, p.continuation.max_steps)
         p.continuation = replace(p.continuation, max_steps=n_cont, eval_steps=n_cont + 1, save_steps=n_cont + 1)
     if corpus is not None:
         p.data = replace(p.data, corpus=corpus)
@@ -241,17 +230,17 @@ def run_widening(
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
     make_arms(probe, wide)  # refuses a bad wide size before anything is written
 
-    out = claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
+    out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
     settings = settings_record(p, wide)
     what = "data, model, recipes or wide head size"
-    previous = previous_state(state_file, settings, what, same_settings, overwrite)
+    previous = core.previous_state(state_file, settings, what, same_settings, overwrite)
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
-    out = claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
+    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
 
     config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
     arms = make_arms(config, wide)
-    meta = start_meta(
+    meta = core.start_meta(
         preset if isinstance(preset, str) else "custom",
         p.description,
         command,
@@ -274,12 +263,12 @@ def run_widening(
     }
 
     def save():
-        save_state(state_file, state, ([state["base"]] if state["base"] else []) + list(state["runs"].values()))
+        core.save_state(state_file, state, ([state["base"]] if state["base"] else []) + list(state["runs"].values()))
 
     save()  # the marker first: an interrupted experiment's folder is recognised as its own
 
     base_dir = out / "base"
-    plan = seed_major(arms, p.seeds)
+    plan = core.seed_major(arms, p.seeds)
     if progress:
         print(
             f"\n[base] {base_dir}: d={config.hidden_size}, h={config.num_attention_heads}, "
@@ -304,7 +293,7 @@ def run_widening(
             and (out / "continue" / f"{arm.name}-s{seed}" / METRICS_FILE).is_file()
         )
 
-    for i, arm, seed in pending(plan, done):
+    for i, arm, seed in core.pending(plan, done):
         key = f"{arm.name}-s{seed}"
         run_dir = out / "continue" / key
         if arm.head_dim is None and arm.intermediate_size is None:
@@ -416,34 +405,39 @@ def comparisons(state: dict) -> list[dict]:
     return out
 
 
-def format_table(state: dict) -> str:
-    """A plain-text table of the arms (mean ± std over seeds) and the verdicts."""
-    rows = summarize(state)
-    base = state.get("base") or {}
-    unigram = state["unigram_perplexity"]
-    lines = [
-        f"{'arm':<12} {'d_p per layer':>14} {'FFN':>5} {'params':>10} {'FLOPs x':>8} "
-        f"{'held-out loss':>17} {'ppl':>15} {'below unigram':>13}",
+def _results_table(state: dict) -> list[str]:
+    """The markdown table of the base and the arms (mean ± std over seeds, per-seed losses)."""
+    meta, base, unigram = state["meta"], state.get("base") or {}, state["unigram_perplexity"]
+    model, base_steps = meta["settings"]["model"], meta["settings"]["base"]["max_steps"]
+    L = [
+        "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
+        "perplexity | below unigram | losses per seed | − as-is, same seed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     if base:
-        lines.append(
-            f"{'base':<12} {str(base.get('head_dim')):>14} {'':>5} {base['parameters']:>10,} {'':>8} "
-            f"{base['heldout_loss']:>17.4f} {base['heldout_perplexity']:>15.1f} "
-            f"{math.log(unigram) - base['heldout_loss']:>13.3f}"
+        L.append(
+            f"| base ({base_steps} steps) | {base['head_dim']} | {model['intermediate_size']} | "
+            f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
+            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
         )
-    for r in rows:
+    for r in summarize(state):
         if not r["runs"]:
-            lines.append(f"{r['arm']:<12} (not run)")
+            L.append(f"| {r['arm']} | not run | | | | | | | | | |")
             continue
-        lines.append(
-            f"{r['arm']:<12} {str(r['layer_head_dims']):>14} {r['intermediate_size']:>5} {r['parameters']:>10,} "
-            f"{r['flops_ratio']:>8.3f} {pm(r['loss_mean'], r['loss_std'], 4):>17} "
-            f"{pm(r['ppl_mean'], r['ppl_std'], 1):>15} {r['below_unigram']:>13.3f}"
+        L.append(
+            f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
+            f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
+            f"{pm(r['loss_mean'], r['loss_std'], 4)} | {pm(r['ppl_mean'], r['ppl_std'], 1)} | "
+            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
+            f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
         )
-    lines.append(
-        f"unigram reference on the same held-out next tokens: ppl {unigram:.1f} (loss {math.log(unigram):.4f}); "
-        f"mean ± std over seeds {state['meta']['seeds']}; FLOPs x = continuation training FLOPs / as-is"
-    )
+    return L
+
+
+def format_table(state: dict) -> str:
+    """The arms (mean ± std over seeds) and the verdicts, for the terminal: the report's results table
+    and one line per comparison."""
+    lines = _results_table(state)
     for c in comparisons(state):
         lines.append(
             f"{c['b']} vs {c['a']}: {c['a']} − {c['b']} = {c['difference']:+.4f} nats, "
@@ -580,27 +574,8 @@ def report_markdown(state: dict) -> str:
         f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
         f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.flops.training_flops`).",
         "",
-        "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
-        "perplexity | below unigram | losses per seed | − as-is, same seed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    if base:
-        L.append(
-            f"| base ({base_recipe['max_steps']} steps) | {base['head_dim']} | {model['intermediate_size']} | "
-            f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
-            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
-        )
-    for r in rows:
-        if not r["runs"]:
-            L.append(f"| {r['arm']} | not run | | | | | | | | | |")
-            continue
-        L.append(
-            f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
-            f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
-            f"{pm(r['loss_mean'], r['loss_std'], 4)} | {pm(r['ppl_mean'], r['ppl_std'], 1)} | "
-            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
-            f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
-        )
+    L += _results_table(state)
     L += [
         "",
         "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
