@@ -43,19 +43,31 @@ OWNED = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", 
 @dataclass(frozen=True)
 class FarthestPointPreset:
     """The grid over (rank, head_dim) at ``grid_heads`` heads, plus a row of more heads of size
-    ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds and recipe."""
+    ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds and recipe
+    (the defaults: the committed grid)."""
 
-    description: str
-    dim: int
-    num_points: int
-    ranks: tuple[int, ...]
-    head_dims: tuple[int, ...]
-    grid_heads: int
-    more_heads_rank: int
-    more_heads_head_dim: int
-    more_heads: tuple[int, ...]
-    seeds: tuple[int, ...]
+    dim: int = 32
+    num_points: int = 16
+    ranks: tuple[int, ...] = (4, 8, 16, 32)
+    head_dims: tuple[int, ...] = (4, 8, 16, 32)
+    grid_heads: int = 8
+    more_heads_rank: int = 16
+    more_heads_head_dim: int = 4
+    more_heads: tuple[int, ...] = (8, 16, 32, 64)
+    seeds: tuple[int, ...] = (0, 1, 2)
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
+    smoke: str = ""  # said first in the description of a preset whose numbers mean nothing
+
+    @property
+    def description(self) -> str:
+        """What the grid is, written from the fields."""
+        d, h = self.dim, self.grid_heads
+        return (
+            f"{self.smoke}d = {d}, N = {self.num_points} points per set; grid r ∈ {_set(self.ranks)} × d_p ∈ "
+            f"{_set(self.head_dims)} at h = {h} (d_p = {d // h} = d/h is the standard head); more heads: d_p = "
+            f"{self.more_heads_head_dim} with h = {', '.join(map(str, self.more_heads))} at r = "
+            f"{self.more_heads_rank}; {self.recipe.steps} steps"
+        )
 
     def grid_cells(self) -> list[Cell]:
         return [Cell(r, dp, self.grid_heads) for r in self.ranks for dp in self.head_dims]
@@ -68,27 +80,13 @@ class FarthestPointPreset:
         return list(dict.fromkeys(self.grid_cells() + self.more_heads_cells()))
 
 
-def _default_preset() -> FarthestPointPreset:
-    return FarthestPointPreset(
-        description="d = 32, N = 16 points per set; grid r ∈ {4, 8, 16, 32} × d_p ∈ {4, 8, 16, 32} at h = 8 "
-        "(d_p = 4 = d/h is the standard head); more heads: d_p = 4 with h = 8, 16, 32, 64 at r = 16",
-        dim=32,
-        num_points=16,
-        ranks=(4, 8, 16, 32),
-        head_dims=(4, 8, 16, 32),
-        grid_heads=8,
-        more_heads_rank=16,
-        more_heads_head_dim=4,
-        more_heads=(8, 16, 32, 64),
-        seeds=(0, 1, 2),
-        recipe=FarthestPointRecipe(),
-    )
+def _set(values) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"
 
 
-def _quick_preset() -> FarthestPointPreset:
-    return FarthestPointPreset(
-        description="--quick (seconds; numbers mean nothing): d = 8, N = 8, r ∈ {2, 4} × d_p ∈ {2, 4} at h = 4; "
-        "more heads: d_p = 2 with h = 4, 8 at r = 4; 40 steps",
+SYNTHETIC_PRESETS = {
+    "default": FarthestPointPreset,
+    "quick": lambda: FarthestPointPreset(
         dim=8,
         num_points=8,
         ranks=(2, 4),
@@ -99,10 +97,9 @@ def _quick_preset() -> FarthestPointPreset:
         more_heads=(4, 8),
         seeds=(0,),
         recipe=FarthestPointRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256),
-    )
-
-
-SYNTHETIC_PRESETS = {"default": _default_preset, "quick": _quick_preset}
+        smoke="--quick (seconds; numbers mean nothing): ",
+    ),
+}
 
 
 def get_synthetic_preset(name: str) -> FarthestPointPreset:

@@ -22,19 +22,11 @@ for every arm, so arms are compared on the same batches) and the new random weig
 widened models. The base is one run (its own seed), so the spread over seeds is the continuation's
 noise given that base, not the noise of training a base.
 
-Every run is scored on every next token of the same held-out books, next to the unigram
-reference (:func:`fixedhead.data.mlm.unigram_perplexity`); parameters are
-:func:`fixedhead.model.modeling.count_parameters` and training FLOPs :func:`fixedhead.model.flops.training_flops`.
-
-**Verdict rule** (fixed before the committed run, :func:`~.stats.pooled_verdict`): arm B against arm A is
-*lower loss* if mean loss(A) − mean loss(B) > 2 × the pooled standard deviation
-√((s_A² + s_B²)/2) over seeds, *higher loss* if it is < −2 × that, and *no measurable difference*
-otherwise (one seed: *undecided*).
-
-Outputs in the output folder: the runs (``base/``, ``start/ARM-sSEED/`` for the widened starting
-models, ``continue/ARM-sSEED/``: git-ignored run folders with weights), ``results.json`` (every
-run's metrics and training curve, rewritten atomically after each run, so an interrupted
-experiment resumes and reuses finished runs), ``report.md`` and ``widening.png``.
+Every run is scored on every next token of the same held-out books, beside the unigram reference.
+Arm B against arm A is judged by :func:`fixedhead.studies.stats.pooled_verdict` (fixed before the
+committed run). The runs (``base/``, ``start/ARM-sSEED/``, ``continue/ARM-sSEED/``) stay in the
+output folder with ``results.json`` (rewritten atomically after each run, so an interrupted
+experiment resumes), ``report.md`` and ``widening.png``.
 """
 
 from __future__ import annotations
