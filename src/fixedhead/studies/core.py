@@ -53,39 +53,47 @@ def claim(out: Path, results_file: str, owned: tuple[str, ...], command: str, cr
     )
 
 
-def previous_state(
+def resume(
     path: Path,
+    preset,
+    description: str,
+    command: str | None,
     settings: dict,
     what: str,
     same: Callable[[Any, dict], bool] | None = None,
     overwrite: bool = False,
-) -> dict:
-    """The results file a study left at ``path`` ({} for none, or with ``overwrite``).
+    **fields,
+) -> tuple[dict, dict]:
+    """The results a study left at ``path`` ({} for none, or with ``overwrite``) and this
+    invocation's :func:`start_meta`, with ``settings`` (the record stored runs are reused under)
+    first among the study's ``fields``.
 
     Raises:
-        FileExistsError: its ``meta.settings`` record differs from ``settings`` (``same``: the
+        FileExistsError: the stored ``meta.settings`` differ from ``settings`` (``same``: the
             comparison, default equality); ``what`` names the settings in the message.
-        ValueError: a damaged file (named).
+        ValueError: a damaged results file (named).
     """
-    if overwrite or not path.is_file():
-        return {}
-    previous = load_json_file(path, f"{path.parent.name} results")
-    if not (same or (lambda a, b: a == b))(previous.get("meta", {}).get("settings"), settings):
-        raise FileExistsError(
-            f"{path} holds runs of other settings ({what}); pass --overwrite to replace them or choose another "
-            f"--output-dir"
-        )
-    return previous
+    previous = {}
+    if path.is_file() and not overwrite:
+        previous = load_json_file(path, f"{path.parent.name} results")
+        if not (same or (lambda a, b: a == b))(previous.get("meta", {}).get("settings"), settings):
+            raise FileExistsError(
+                f"{path} holds runs of other settings ({what}); pass --overwrite to replace them or choose "
+                f"another --output-dir"
+            )
+    return previous, start_meta(preset, description, command, previous, settings=settings, **fields)
 
 
-def start_meta(name: str, description: str, command: str | None, previous_meta: dict, **fields) -> dict:
-    """A results file's ``meta``: the preset, its description, this invocation's command and every
-    earlier one, the study's own ``fields`` (its settings record first), when the first invocation
+def start_meta(preset, description: str, command: str | None, previous: dict, **fields) -> dict:
+    """A results file's ``meta``: the preset's name (``"custom"`` for a preset object), its
+    description, this invocation's command and every earlier one recorded in the ``previous``
+    results, the study's own ``fields`` (its settings record first), when the first invocation
     started, and the software and machine (:func:`fixedhead.runs.environment_info`)."""
+    previous_meta = previous.get("meta", {})
     this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
     return {
-        "preset": name,
+        "preset": preset if isinstance(preset, str) else "custom",
         "description": description,
         "command": this_command,
         "commands": commands,

@@ -158,21 +158,21 @@ def run_synthetic(
         )
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "farthest-point")
     state_file = out / RESULTS_FILE
-    settings = settings_record(p)
-    previous = core.previous_state(state_file, settings, "task sizes or recipe", overwrite=overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = core.start_meta(
-        preset if isinstance(preset, str) else "custom",
+    previous, meta = core.resume(
+        state_file,
+        preset,
         p.description,
         command,
-        previous.get("meta", {}),
-        settings=settings,
+        settings_record(p),
+        "task sizes or recipe",
+        overwrite=overwrite,
         seeds=list(p.seeds),
         cells=[asdict(c) for c in cells],
         grid={"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},
         more_heads={"rank": p.more_heads_rank, "head_dim": p.more_heads_head_dim, "heads": list(p.more_heads)},
         rule={"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
     )
+    out.mkdir(parents=True, exist_ok=True)
     meta["accelerator"] = None  # the grid trains on the CPU even where a GPU is present
     references = {
         str(r): attention_free_reference(FarthestPointTask(p.dim, r, p.num_points, seed=0))
@@ -383,21 +383,9 @@ def report_markdown(state: dict) -> str:
     runs = _grid_runs(state)
     n_done = sum(1 for c in meta["cells"] for _ in _runs_of(state, c))
     n_plan = len(meta["cells"]) * len(meta["seeds"])
-    L = [
-        "# Farthest point under a rank-r projection: does head size matter when a model learns?",
-        "",
-        f"{meta['description']}.",
-        "",
-    ]
-    L += render.incomplete(n_done, n_plan)
+    title = "Farthest point under a rank-r projection: does head size matter when a model learns?"
+    L = render.head(title, meta, render.incomplete(n_done, n_plan), "![hit rate and MSE over (r, d_p)](heatmap.png)")
     L += [
-        "![hit rate and MSE over (r, d_p)](heatmap.png)",
-        "",
-        "## What was run",
-        "",
-        render.commands_line(meta),
-        render.wall_time_line(meta),
-        render.software_line(meta),
         f"- task: N = {meta['settings']['num_points']} points uniform on the unit sphere in "
         f"R^{meta['settings']['dim']}; target of x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with "
         f"orthonormal rows (UᵀU projects onto a random r-dimensional subspace); fresh sets every step",

@@ -30,6 +30,25 @@ def incomplete(done: int, planned: int, what: str = "runs", finished: bool | Non
     return [f"**Incomplete: {done} of {planned} {what} finished.** Rerun the same command to finish.", ""]
 
 
+def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
+    """A report's opening: the title, the study's description, ``note`` (e.g. :func:`incomplete`),
+    the main ``figure`` line, and the first "What was run" lines (commands, wall time, software;
+    ``several`` and ``wall`` as in :func:`commands_line` and :func:`wall_time_line`)."""
+    return [
+        f"# {title}",
+        "",
+        f"{meta['description']}.",
+        "",
+        *note,
+        *([figure, ""] if figure else []),
+        "## What was run",
+        "",
+        commands_line(meta, several),
+        wall_time_line(meta, **wall),
+        software_line(meta),
+    ]
+
+
 def commands_line(meta: dict, several: str = "") -> str:
     """``- command(s): `...` `` from ``meta.commands`` (``several`` explains why there are several)."""
     commands = meta.get("commands") or [meta["command"]]

@@ -308,15 +308,16 @@ def _errorbar(ax, pts, xs, what, label, series):
     ax.errorbar(xs, ys, yerr=es, capsize=3, label=label, **_STYLE.get(series, {}))
 
 
-def _reference(ax, ref):
+def _figure(ref):
+    """One panel with the unigram reference line (where there is one)."""
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     if ref:
         ax.axhline(ref, color="gray", linestyle="--", linewidth=1, label=f"unigram guess ({ref:.0f})")
+    return fig, ax
 
 
 def plot_heads(series, path, ref=None, lm="MLM"):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _reference(ax, ref)
+    fig, ax = _figure(ref)
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
@@ -340,9 +341,7 @@ def plot_heads(series, path, ref=None, lm="MLM"):
 
 
 def plot_params(series, path, ref=None, lm="MLM"):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _reference(ax, ref)
+    fig, ax = _figure(ref)
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
@@ -472,20 +471,21 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     expected = len(planned) * len(meta["seeds"])
     d, tr, ft = meta["data"], meta["train"], meta.get("finetune") or {}
     info = meta.get("data_info", {})
-    L = [f"# Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}", ""]
-    L += [f"{meta['description']}.", ""]
-    if n_runs < expected:
-        L += [
-            f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
-            f"rerunning the same command resumes the rest.",
-            "",
-        ]
-    L += [
-        "## What was run",
+    note = [
+        f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
+        f"rerunning the same command resumes the rest.",
         "",
-        render.commands_line(meta, " (workers sharing the plan, or resumed invocations)"),
-        render.wall_time_line(meta, "training + fine-tuning" if has_finetune else "training", "on ", " per process"),
-        render.software_line(meta),
+    ]
+    L = render.head(
+        f"Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}",
+        meta,
+        note if n_runs < expected else [],
+        several=" (workers sharing the plan, or resumed invocations)",
+        work="training + fine-tuning" if has_finetune else "training",
+        on="on ",
+        per_process=" per process",
+    )
+    L += [
         f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
         f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
         f"available, held-out: {len(info.get('heldout_documents', []))} books "

@@ -375,10 +375,10 @@ def run_sweep(
     vocab = len(data.tokenizer)
     core.claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
     meta = core.start_meta(
-        name,
+        preset,
         p.description,
         command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan
-        prev_meta,
+        previous,
         quick=quick,
         data=asdict(data_settings),
         data_info=dict(data.info),

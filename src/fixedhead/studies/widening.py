@@ -224,29 +224,29 @@ def run_widening(
 
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
-    settings = settings_record(p, wide)
     what = "data, model, recipes or wide head size"
-    previous = core.previous_state(state_file, settings, what, same_settings, overwrite)
-    data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
-    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
-
-    config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
-    arms = make_arms(config, wide)
-    meta = core.start_meta(
-        preset if isinstance(preset, str) else "custom",
+    previous, meta = core.resume(
+        state_file,
+        preset,
         p.description,
         command,
-        previous.get("meta", {}),
-        settings=settings,
+        settings_record(p, wide),
+        what,
+        same_settings,
+        overwrite,
         seeds=list(p.seeds),
         n=n,
         wide_head_dim=wide,
         causal_threshold=causal_threshold(n),
-        arms=[asdict(a) for a in arms],
         rule={"stds": RULE_STDS},
         continuation_tokens=p.continuation.max_steps * p.continuation.batch_size * n,
-        data_info={k: v for k, v in data.info.items() if k != "prepare_seconds"},
     )
+    data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
+    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
+    config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
+    arms = make_arms(config, wide)
+    meta["arms"] = [asdict(a) for a in arms]
+    meta["data_info"] = {k: v for k, v in data.info.items() if k != "prepare_seconds"}
     state = {
         "meta": meta,
         "unigram_perplexity": unigram_perplexity(data, p.base.eval_seed, "clm"),
@@ -510,21 +510,10 @@ def report_markdown(state: dict) -> str:
     n_done = sum(r["runs"] for r in rows)
     n_plan = len(meta["arms"]) * len(meta["seeds"])
     model = settings["model"]
-    L = [
-        "# Does widening the heads of a trained standard-head model help?",
-        "",
-        f"{meta['description']}.",
-        "",
-    ]
-    L += render.incomplete(n_done, n_plan, "continuations", finished=n_done >= n_plan and bool(base))
+    title = "Does widening the heads of a trained standard-head model help?"
+    note = render.incomplete(n_done, n_plan, "continuations", finished=n_done >= n_plan and bool(base))
+    L = render.head(title, meta, note, f"![held-out loss per arm and training curves]({PLOT_FILE})")
     L += [
-        f"![held-out loss per arm and training curves]({PLOT_FILE})",
-        "",
-        "## What was run",
-        "",
-        render.commands_line(meta),
-        render.wall_time_line(meta),
-        render.software_line(meta),
         f"- data: {Path(settings['data']['corpus']).name}, {meta['data_info']['train_documents']} training "
         f"documents ({meta['data_info']['train_sequences']:,} sequences of n = {meta['n']}), held out: "
         f"{'; '.join(meta['data_info']['heldout_documents'])} ({meta['data_info']['heldout_sequences']:,} "
