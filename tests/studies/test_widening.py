@@ -92,7 +92,6 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
 def _tiny_preset(corpus) -> W.WideningPreset:
     base, cont = W.base_and_continuation(3, 2, 8, 3e-3, (1, 1))
     return W.WideningPreset(
-        description="test",
         data=DataSettings(
             corpus=str(corpus),
             vocab_size=400,

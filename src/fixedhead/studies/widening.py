@@ -67,61 +67,57 @@ class WideningPreset:
     recipe (its ``seed`` is replaced by each of ``seeds``). Both must use ``objective="clm"``.
     """
 
-    description: str
     data: DataSettings
     model: dict
     base: TrainSettings
     continuation: TrainSettings
     seeds: tuple[int, ...]
     wide_head_dim: int | None = None  # None: the generic causal threshold for n
+    smoke: str = ""  # said first in the description of a preset whose numbers mean nothing
+
+    @property
+    def description(self) -> str:
+        """The base model and the steps, written from the fields."""
+        m, d, h = self.model, self.model["hidden_size"], self.model["num_attention_heads"]
+        return (
+            f"{self.smoke}a standard-head causal LM (d = {d}, h = {h}, d_p = {d // h}, {m['num_hidden_layers']} "
+            f"layers, FFN {m['intermediate_size']}, n = {self.data.max_seq_length}, vocabulary "
+            f"{self.data.vocab_size:,}, no dropout; {Path(self.data.corpus).name}), {self.base.max_steps} steps, "
+            f"then {self.continuation.max_steps} more steps per arm"
+        )
 
 
 def base_and_continuation(base_steps: int, steps: int, batch: int, lr: float, logging: tuple[int, int]):
-    """The base's and every continuation's causal-LM training settings: no Trainer evaluation and no checkpoints."""
+    """The base's and every continuation's causal-LM training settings: no Trainer evaluation (the
+    held-out set is scored once, at the end) and no checkpoints (a run takes minutes)."""
 
-    def recipe(max_steps, logging_steps, seed):
+    def recipe(max_steps, logging_steps):
         return TrainSettings(
             batch_size=batch,
             max_steps=max_steps,
             learning_rate=lr,
             objective="clm",
-            seed=seed,
             logging_steps=logging_steps,
-            eval_steps=max_steps + 1,  # no Trainer evaluation: the held-out set is scored once, at the end
-            save_steps=max_steps + 1,  # no checkpoints: a run takes minutes, an interrupted one starts again
+            eval_steps=max_steps + 1,
+            save_steps=max_steps + 1,
             report_to=[],
         )
 
-    return recipe(base_steps, logging[0], 0), recipe(steps, logging[1], 0)
+    return recipe(base_steps, logging[0]), recipe(steps, logging[1])
 
 
-def _preset(
-    recipe: str, base_steps: int, steps: int, batch: int, lr: float, logging, seeds, smoke=""
-) -> WideningPreset:
-    """The recipe's data and standard-head model (d = 128 or 32, h = 16 or 8), trained as a causal LM."""
+def _preset(recipe: str, d: int, h: int, steps: tuple[int, int], batch: int, lr: float, logging, seeds, smoke=""):
+    """The recipe's data and a standard-head model of it with 2 layers, trained as a causal LM."""
     r = get_recipe(recipe)
-    d, h = (32, 8) if recipe == "tiny" else (128, 16)
     model = r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, num_hidden_layers=2)
-    base, cont = base_and_continuation(base_steps, steps, batch, lr, logging)
-    return WideningPreset(
-        description=f"{smoke}a standard-head causal LM (d = {d}, h = {h}, d_p = {d // h}, 2 layers, FFN "
-        f"{model['intermediate_size']}, n = {r.data.max_seq_length}, vocabulary {r.data.vocab_size:,}, no dropout; "
-        f"{Path(r.data.corpus).name}), {base_steps} steps, then {steps} more steps per arm",
-        data=r.data,
-        model=model,
-        base=base,
-        continuation=cont,
-        seeds=seeds,
-    )
+    base, cont = base_and_continuation(*steps, batch, lr, logging)
+    return WideningPreset(data=r.data, model=model, base=base, continuation=cont, seeds=seeds, smoke=smoke)
 
 
-SMOKE = "a seconds-long smoke test (numbers mean nothing): "
 WIDENING_PRESETS = {
     # the masked recipe's data and sizes at n = 32, as the committed run was made
-    "cpu": lambda: _preset("cpu-mlm", 400, 100, 128, 1e-3, (25, 10), (1, 2, 3)),
-    "tiny": lambda: _preset(
-        "tiny", 20, 10, 16, 2e-3, (5, 5), (1,), "a seconds-long smoke test (numbers mean nothing): "
-    ),
+    "cpu": lambda: _preset("cpu-mlm", 128, 16, (400, 100), 128, 1e-3, (25, 10), (1, 2, 3)),
+    "tiny": lambda: _preset("tiny", 32, 8, (20, 10), 16, 2e-3, (5, 5), (1,), "a smoke test (numbers mean nothing): "),
 }
 
 
@@ -300,7 +296,10 @@ def run_widening(
         state["runs"][key] = {
             **{k: v for k, v in result.items() if k not in ("eval_curve", "init_from")},
             # the start as a path inside the output folder (results.json stays true when the folder moves)
-            "init_from": {"path": start.relative_to(out).as_posix(), **without_path(result["init_from"])},
+            "init_from": {
+                "path": start.relative_to(out).as_posix(),
+                **{k: v for k, v in result["init_from"].items() if k != "path"},
+            },
             "arm": arm.name,
             "seed": seed,
             "layer_head_dims": run_config.layer_head_dims,
@@ -323,11 +322,6 @@ def run_widening(
         print()
         print(format_table(state))
     return state
-
-
-def without_path(record: dict) -> dict:
-    """A run's ``init_from`` record without its absolute ``path``."""
-    return {k: v for k, v in record.items() if k != "path"}
 
 
 # ----------------------------------------------------------------------------------- outputs
