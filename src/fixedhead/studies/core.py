@@ -106,10 +106,13 @@ def start_meta(preset, description: str, command: str | None, previous: dict, **
 
 def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
     """Write ``state`` atomically to ``path`` with its wall time since the first start and the
-    ``train_seconds`` of ``runs`` summed (``meta.total_seconds``, ``meta.compute_seconds``)."""
+    training seconds of ``runs`` summed, fine-tuning included (``meta.total_seconds``,
+    ``meta.compute_seconds``)."""
     meta = state["meta"]
     meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
-    meta["compute_seconds"] = round(sum(r["train_seconds"] for r in runs), 1)
+    meta["compute_seconds"] = round(
+        sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs), 1
+    )
     write_json_atomic(path, state)
 
 

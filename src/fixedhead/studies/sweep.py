@@ -33,7 +33,7 @@ from ..data import DEFAULT_CORPUS
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
-from ..runs import load_json_file, write_json_atomic
+from ..runs import load_json_file
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
 from ..training.pretrain import TrainSettings, settings_differences, train_or_reuse
 from . import core
@@ -416,15 +416,12 @@ def run_sweep(
         meta["seeds"] = sorted(seeds)
         experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
         meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
-        meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
-        meta["compute_seconds"] = round(
-            sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs.values()), 1
-        )
         seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
         points.extend(
             q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
         )
-        write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
+        state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
+        core.save_state(state_file, state, runs.values())
 
     save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
