@@ -192,7 +192,7 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
     assert try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
 
 
-def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
+def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
     rc = main(
