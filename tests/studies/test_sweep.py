@@ -1,9 +1,11 @@
 import importlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.studies.report import claims, collect_points, points_table, write_report
 from fixedhead.studies.sweep import (
@@ -16,7 +18,6 @@ from fixedhead.studies.sweep import (
     run_key,
     run_sweep,
 )
-from fixedhead.training import DataSettings, TrainSettings
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module, not the function
@@ -71,23 +72,14 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
 
 
 def _tiny_preset(corpus):
-    common = dict(
-        num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
+    short = replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000)
     return SweepPreset(
         description="test",
-        data=DataSettings(
-            corpus=str(corpus),
-            vocab_size=200,
-            max_seq_length=16,
-            heldout_fraction=0.1,
-            tokenizer_max_chars=None,
-            max_eval_tokens=2000,
+        data=short,
+        train=replace(TINY.train, batch_size=8, max_steps=3, logging_steps=1, eval_steps=3, save_steps=3),
+        common=dict(
+            num_hidden_layers=1, max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
         ),
-        train=TrainSettings(
-            batch_size=8, max_steps=3, learning_rate=2e-3, logging_steps=1, eval_steps=3, save_steps=3, report_to=[]
-        ),
-        common=common,
         points=[
             SweepPoint("heads", "standard", 2, dict(hidden_size=16, num_attention_heads=2)),
             SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),

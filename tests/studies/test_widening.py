@@ -6,16 +6,16 @@ from __future__ import annotations
 import importlib
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import fixedhead.studies.widening as W
 import fixedhead.studies.widening_arms as A
-from _tiny_run import tiny_config
+from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
-from fixedhead.data import DataSettings
 from fixedhead.theory import causal_threshold
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module (fixedhead.training.pretrain is the function)
@@ -92,23 +92,14 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
 def _tiny_preset(corpus) -> W.WideningPreset:
     base, cont = W.base_and_continuation(3, 2, 8, 3e-3, (1, 1))
     return W.WideningPreset(
-        data=DataSettings(
-            corpus=str(corpus),
-            vocab_size=400,
-            max_seq_length=16,
-            heldout_fraction=0.1,
-            tokenizer_max_chars=None,
-            max_eval_tokens=2000,
-        ),
-        model=dict(
+        data=replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000),
+        model=TINY.model_fields(
             hidden_size=16,
             num_attention_heads=4,
             head_dim=None,
             num_hidden_layers=2,
             intermediate_size=32,
             max_position_embeddings=16,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
         ),
         base=base,
         continuation=cont,
