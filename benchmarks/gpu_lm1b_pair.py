@@ -30,8 +30,7 @@ from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import unigram_perplexity
 from fixedhead.model.flops import training_flops
 from fixedhead.model.paper_presets import get_preset
-from fixedhead.studies.compare import train_or_reuse
-from fixedhead.training.pretrain import TrainSettings
+from fixedhead.training.pretrain import TrainSettings, train_or_reuse
 
 MODELS = {"standard (d_p=8)": "lm1b-standard-d256-h32", "fixed (d_p=32)": "lm1b-fixed-d256-h32-dp32"}
 SEQ = 128
@@ -83,9 +82,7 @@ def main(argv=None) -> int:
             config.vocab_size = len(data.tokenizer)
             run = Path(args.output_dir) / f"{preset}-s{seed}"
             t0 = time.time()
-            r = train_or_reuse(
-                config, data, run, replace(settings, seed=seed), data.settings, progress=False
-            )  # a rerun reuses
+            r = train_or_reuse(config, data, run, replace(settings, seed=seed))  # a rerun reuses
             rows.append((label, preset, seed, r, config))
             print(
                 f"{label:>17} seed {seed}: held-out ppl {r['heldout_perplexity']:.1f}, "

@@ -6,54 +6,31 @@ Plain functions to import; the shared fixtures (``tiny_prepared``, built on :fun
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training import DataSettings, TrainSettings, prepare_data
+from fixedhead.studies.recipes import get_recipe
+from fixedhead.training import TrainSettings, prepare_data
+
+#: the test suite's runs are the ``tiny`` recipe's (fixedhead.studies.recipes), on a slice of real text
+TINY = get_recipe("tiny")
 
 
-def tiny_data(corpus: Path, cache_dir: Path):
-    return prepare_data(
-        DataSettings(
-            corpus=str(corpus),
-            vocab_size=400,
-            max_seq_length=32,
-            heldout_fraction=0.1,
-            tokenizer_max_chars=None,
-            max_eval_tokens=4000,
-        ),
-        cache_dir=cache_dir,
-        progress=False,
-    )
+def tiny_data(corpus: Path, cache_dir: Path, **data):
+    """The ``tiny`` recipe's data settings on ``corpus`` (``data``: fields to change), prepared."""
+    settings = replace(TINY.data, corpus=str(corpus), **data)
+    return prepare_data(settings, cache_dir=cache_dir, progress=False)
 
 
 def tiny_config(**kw) -> FixedHeadConfig:
-    base = dict(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return FixedHeadConfig(**{**base, **kw})
+    """The tiny model: the recipe's shared fields, d = 32 with 4 heads of size 16 (``kw``: changes)."""
+    return FixedHeadConfig(**TINY.model_fields(**{**dict(hidden_size=32, num_attention_heads=4, head_dim=16), **kw}))
 
 
 def tiny_settings(**kw) -> TrainSettings:
-    base = dict(
-        batch_size=16,
-        max_steps=20,
-        learning_rate=3e-3,
-        logging_steps=5,
-        eval_steps=10,
-        save_steps=5,
-        save_total_limit=2,
-        report_to=[],
-        progress=False,
-    )
-    return TrainSettings(**{**base, **kw})
+    """The ``tiny`` recipe's training settings without progress bars (``kw``: changes)."""
+    return replace(TINY.train, progress=False, **kw)
 
 
 def snapshot(root: Path) -> dict:

@@ -55,35 +55,13 @@ def tiny_pretrained_run(small_real_corpus, tmp_path_factory):
     """A 30-step, 2-layer pretraining run on real text with the default tracking (TensorBoard):
     (run directory, its PreparedData, pretrain's result). Tests may add files to the run
     directory, never change or remove what is there."""
-    from fixedhead import FixedHeadConfig
-    from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
+    from _tiny_run import tiny_config, tiny_settings
+    from fixedhead.training import pretrain
 
     tmp = tmp_path_factory.mktemp("eco")
-    data = prepare_data(
-        DataSettings(
-            corpus=str(small_real_corpus),
-            vocab_size=400,
-            max_seq_length=32,
-            heldout_fraction=0.1,
-            tokenizer_max_chars=None,
-            max_eval_tokens=3000,
-        ),
-        cache_dir=tmp / "cache",
-        progress=False,
-    )
-    config = FixedHeadConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    settings = TrainSettings(
-        batch_size=16, max_steps=30, learning_rate=3e-3, logging_steps=10, eval_steps=15, save_steps=30, progress=False
-    )  # report_to: the default
+    data = tiny_data(small_real_corpus, tmp / "cache", max_eval_tokens=3000)
+    config = tiny_config(num_hidden_layers=2)
+    settings = tiny_settings(max_steps=30, logging_steps=10, eval_steps=15, save_steps=30, report_to=["tensorboard"])
     run = tmp / "run"
     result = pretrain(config, data, run, settings)
     return run, data, result

@@ -70,7 +70,7 @@ def test_tokenizer_is_in_the_run_and_every_checkpoint_from_the_first_step(tiny_p
 
 def test_resume_and_reuse_refuse_another_tokenizer(tiny_prepared, small_real_corpus, tmp_path):
     from _tiny_run import tiny_data
-    from fixedhead.studies.compare import train_or_reuse
+    from fixedhead.training import train_or_reuse
 
     run = tmp_path / "run"
     settings = tiny_settings(max_steps=4, save_steps=2)
@@ -83,9 +83,9 @@ def test_resume_and_reuse_refuse_another_tokenizer(tiny_prepared, small_real_cor
     with pytest.raises(FileExistsError, match="another tokenizer"):
         pretrain(tiny_config(), other, run, settings, resume=True)
     with pytest.raises(FileExistsError, match="another tokenizer"):  # reuse: not reused, and resume refuses
-        train_or_reuse(tiny_config(), other, run, settings, other.settings, progress=False)
+        train_or_reuse(tiny_config(), other, run, settings)
     # with its own tokenizer, the finished run is reused as it is
-    assert train_or_reuse(tiny_config(), tiny_prepared, run, settings, tiny_prepared.settings, progress=False)
+    assert train_or_reuse(tiny_config(), tiny_prepared, run, settings)
 
 
 def _with_extra_piece(tokenizer, folder):
@@ -99,16 +99,16 @@ def _with_extra_piece(tokenizer, folder):
 
 
 def test_sweep_refuses_to_merge_runs_of_another_tokenizer(tmp_path):
-    from fixedhead.studies.sweep import _check_same_tokenizer
+    from fixedhead.studies.sweep import check_same_tokenizer
 
     state = {"meta": {"data_info": {"tokenizer_sha256": "a" * 64}}, "runs": {}}
-    _check_same_tokenizer(state, "a" * 64, tmp_path / "sweep.json")
-    _check_same_tokenizer({}, "a" * 64, tmp_path / "sweep.json")  # a new sweep
+    check_same_tokenizer(state, "a" * 64, tmp_path / "sweep.json")
+    check_same_tokenizer({}, "a" * 64, tmp_path / "sweep.json")  # a new sweep
     with pytest.raises(FileExistsError, match="another tokenizer.*another --output-dir"):
-        _check_same_tokenizer(state, "b" * 64, tmp_path / "sweep.json")
+        check_same_tokenizer(state, "b" * 64, tmp_path / "sweep.json")
     runs_only = {"meta": {}, "runs": {"x-s0": {"reproducibility": {"tokenizer_sha256": "c" * 64}}}}
     with pytest.raises(FileExistsError, match="cccccccccccc"):
-        _check_same_tokenizer(runs_only, "a" * 64, tmp_path / "sweep.json")
+        check_same_tokenizer(runs_only, "a" * 64, tmp_path / "sweep.json")
 
 
 _TINY_RUN_IN_SUBPROCESS = """

@@ -1,5 +1,7 @@
-"""The paper's questions as resumable commands, one module per study: ``compare``, ``sweep`` and its
-claims ``report``, ``farthest_point`` (the synthetic task), ``widening`` (widen-experiment) and
-``bottleneck`` (the theory's bottleneck curve). Studies use the training, data and model layers and
-run folders; nothing below them imports a study (tests/test_layering.py).
+"""The paper's questions as resumable commands, on one skeleton (``core``: presets, overrides, the
+output folder, the results file, a seed-major plan; ``stats``: mean ± std and verdict rules;
+``render``: tables, "What was run", figures; ``recipes``: named training settings). One module per
+study holds its plan, its one run, its summary and its rendering: ``compare``, ``sweep`` with its
+claims ``report``, ``farthest_point`` (with ``set_attention``), ``widening`` (widen-experiment, with
+``widening_arms``) and ``bottleneck``. Nothing below the studies imports them (tests/test_layering.py).
 """

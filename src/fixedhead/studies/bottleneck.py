@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..plotting import pyplot
 from ..theory import (
     causal_logit_lower_bounds,
     causal_threshold,
@@ -24,7 +25,8 @@ from ..theory import (
     random_attention,
 )
 from ..theory.causal import _causal_log
-from ..theory.common import _check_int, _one_thread
+from ..theory.common import _one_thread
+from ..validation import non_negative_int, positive_int
 
 SWEEP_COLUMNS = [
     "mask",
@@ -42,6 +44,12 @@ SWEEP_COLUMNS = [
 ]
 
 
+def _row(mask, n, seed, temperature, k, r, error, lower, relative, kl_svd, kl_fit, max_abs_error) -> dict:
+    """One CSV row (:data:`SWEEP_COLUMNS`), the numbers as plain floats."""
+    numbers = (error, lower, relative, kl_svd, kl_fit, max_abs_error)
+    return dict(zip(SWEEP_COLUMNS, (mask, n, seed, float(temperature), k, r, *map(float, numbers)), strict=True))
+
+
 def _causal_sweep_rows(n: int, seed: int, temperature: float, max_iter: int, bar) -> list[dict]:
     """The causal rows of :func:`bottleneck_sweep` for one n and seed."""
     P = random_attention(n, temperature, seed, causal=True)
@@ -55,20 +63,10 @@ def _causal_sweep_rows(n: int, seed: int, temperature: float, max_iter: int, bar
         L = L - L.max(axis=1, keepdims=True)
         log_att = np.where(seen, L - np.log(np.exp(L).sum(axis=1, keepdims=True)), 0.0)  # masked log-softmax
         kl = float(np.sum(P * (logp - log_att)) / n)
+        achieved = float(np.max(np.abs(np.exp(log_att) * seen - P)))
         rows.append(
-            dict(
-                mask="causal",
-                n=n,
-                seed=seed,
-                temperature=float(temperature),
-                head_dim=k,
-                min_head_dim=r,
-                logit_error=fit.error,
-                logit_error_lower=float(lower[k]),
-                logit_error_rel=fit.error / lower[0],
-                kl_svd=math.nan,
-                kl_fit=kl,
-                max_abs_error=float(np.max(np.abs(np.exp(log_att) * seen - P))),
+            _row(
+                "causal", n, seed, temperature, k, r, fit.error, lower[k], fit.error / lower[0], math.nan, kl, achieved
             )
         )
         bar.update(1)
@@ -126,11 +124,11 @@ def bottleneck_sweep(
     import csv
     from pathlib import Path
 
-    ns = [_check_int("n", n, minimum=2) for n in ns]
-    seeds = [_check_int("seed", s, minimum=0) for s in seeds]
+    ns = [positive_int("n", n, minimum=2) for n in ns]
+    seeds = [non_negative_int("seed", s) for s in seeds]
     if not ns or not seeds:
         raise ValueError(f"need at least one n and one seed, got ns={ns} and seeds={seeds}")
-    max_iter = _check_int("max_iter", max_iter)
+    max_iter = positive_int("max_iter", max_iter)
     random_attention(2, temperature)  # validates temperature
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,20 +147,21 @@ def bottleneck_sweep(
             errs = logit_errors(P)
             for k in range(1, n + 1):
                 fit = fit_head(X, P, k, max_iter=max_iter)
+                e = float(errs[k])
                 rows.append(
-                    dict(
-                        mask="bidirectional",
-                        n=n,
-                        seed=seed,
-                        temperature=float(temperature),
-                        head_dim=k,
-                        min_head_dim=r,
-                        logit_error=float(errs[k]),
-                        logit_error_lower=float(errs[k]),
-                        logit_error_rel=float(errs[k] / errs[0]),
-                        kl_svd=fit.kl_svd_init,
-                        kl_fit=fit.kl,
-                        max_abs_error=fit.max_abs_error,
+                    _row(
+                        "bidirectional",
+                        n,
+                        seed,
+                        temperature,
+                        k,
+                        r,
+                        e,
+                        e,
+                        e / errs[0],
+                        fit.kl_svd_init,
+                        fit.kl,
+                        fit.max_abs_error,
                     )
                 )
                 bar.update(1)
@@ -178,11 +177,9 @@ def bottleneck_sweep(
 
 
 def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
 
     floor = 1e-17  # exact zeros (and float64 rounding noise, which can be negative) drawn here
     causal = any(r["mask"] == "causal" for r in rows)

@@ -21,27 +21,20 @@ used by default because on a CPU budget it is the objective that leaves the word
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
+from ..data import DataSettings, prepare_data
 from ..data.mlm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
-from ..plotting import pyplot, save_figure
-from ..runs import METRICS_FILE, PRETRAIN_FILE, environment_info, load_json_file, staged_outputs
+from ..runs import claim_output_dir, environment_info, staged_outputs
 from ..theory import causal_threshold
-from ..training.pretrain import (
-    TrainSettings,
-    data_differences,
-    lm_config,
-    pretrain,
-    run_fingerprint,
-    same_run_settings,
-)
+from ..training.pretrain import TrainSettings, train_or_reuse
+from . import core, render
+from .recipes import get_recipe
 
 
 @dataclass
@@ -57,111 +50,35 @@ class ComparePreset:
     match_to: str | None = None
 
 
-def _common(n: int) -> dict:
-    return dict(
-        num_hidden_layers=2,
-        intermediate_size=512,
-        max_position_embeddings=n,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-
-
-def _models(common: dict, fixed_head_dim: int) -> dict[str, dict]:
-    return {
-        "standard": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
-        "fixed": dict(common, hidden_size=128, num_attention_heads=16, head_dim=fixed_head_dim),
-        "standard-wide": dict(common, hidden_size=128, num_attention_heads=16, head_dim=None),
-    }
-
-
-def _cpu_preset(steps=700, batch=32) -> ComparePreset:
-    """``make run``: causal LMs at n = 64 (a causal LM learns from every token, so on a CPU budget
-    it leaves the word-frequency plateau where a masked LM does not; see docs/performance.md)."""
-    n = 64
+def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str) -> ComparePreset:
+    """Three models of one recipe: standard d_p = d/h, fixed d_p, and a standard model widened to
+    the fixed one's parameter count."""
+    r = get_recipe(recipe)
     return ComparePreset(
-        description=f"causal LMs, d=128, 16 heads, n={n}: standard d_p=8 vs fixed d_p=32 (the causal threshold "
-        f"ceil((n-1)/2)) vs a parameter-matched wider standard model; 2 layers, Gutenberg books",
-        # 100k held-out tokens: a causal model scores every one with the full output layer
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=100_000),
-        train=TrainSettings(
-            objective="clm",
-            batch_size=batch,
-            max_steps=steps,
-            # at 2e-3 the standard model learns faster but the fixed one falls behind it from the
-            # first evaluation (docs/experiments.md, causal section); at 1e-3 they track each other
-            learning_rate=1e-3,
-            eval_steps=max(1, steps // 4),
-            save_steps=steps // 2,  # an interrupted model resumes from its halfway checkpoint
-        ),
-        models=_models(_common(n), causal_threshold(n)),
-        widen="standard-wide",
-        match_to="fixed",
-    )
-
-
-def _cpu_mlm_preset(steps=2800, batch=32) -> ComparePreset:
-    """The masked comparison: the sizes of ``make run`` before it became causal (n = 32, fixed d_p =
-    n), trained with the masked-LM recipe of benchmarks/bench_tokens_to_quality.py: 40% of the
-    training tokens masked, batch 32, lr 2e-3 (held-out scoring masks 15%)."""
-    n = 32
-    return ComparePreset(
-        description=f"masked LMs, d=128, 16 heads, n={n}: standard d_p=8 vs fixed d_p=n=32 vs a parameter-matched "
-        f"wider standard model; 40% masking, batch 32; 2 layers, Gutenberg books",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=200_000),
-        train=TrainSettings(
-            batch_size=batch,
-            max_steps=steps,
-            learning_rate=2e-3,
-            mlm_probability=0.4,
-            eval_steps=max(1, steps // 7),
-            save_steps=steps // 2,  # an interrupted model resumes from its halfway checkpoint
-        ),
-        models=_models(_common(n), n),
-        widen="standard-wide",
-        match_to="fixed",
-    )
-
-
-def _tiny_preset() -> ComparePreset:
-    common = dict(
-        num_hidden_layers=1,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return ComparePreset(
-        description="a seconds-long smoke test: d=32, 8 heads (d_p=4) vs fixed d_p=16",
-        data=DataSettings(
-            corpus=str(DEFAULT_CORPUS),
-            vocab_size=500,
-            max_seq_length=32,
-            max_train_tokens=40_000,
-            max_eval_tokens=4_000,
-            tokenizer_max_chars=300_000,
-        ),
-        train=TrainSettings(
-            batch_size=16, max_steps=20, learning_rate=2e-3, logging_steps=5, eval_steps=10, save_steps=20
-        ),
+        description=f"{r.describe()}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
+        f"vs a parameter-matched wider standard model; {Path(r.data.corpus).name}",
+        data=r.data,
+        train=r.train,
         models={
-            "standard": dict(common, hidden_size=32, num_attention_heads=8, head_dim=None),
-            "fixed": dict(common, hidden_size=32, num_attention_heads=8, head_dim=16),
-            "standard-wide": dict(common, hidden_size=32, num_attention_heads=8, head_dim=None),
+            "standard": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None),
+            "fixed": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=fixed_head_dim),
+            "standard-wide": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None),
         },
         widen="standard-wide",
         match_to="fixed",
     )
 
 
-COMPARE_PRESETS = {"cpu": _cpu_preset, "cpu-mlm": _cpu_mlm_preset, "tiny": _tiny_preset}
+COMPARE_PRESETS = {
+    "cpu": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)"),
+    "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
+    "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
+}
 
 
 def get_compare_preset(name: str) -> ComparePreset:
     """Raises ValueError listing the known preset names."""
-    from ..model.paper_presets import lookup
-
-    return lookup(COMPARE_PRESETS, name, "compare")()
+    return core.pick(COMPARE_PRESETS, name, "compare")
 
 
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
@@ -215,7 +132,8 @@ def run_compare(
         train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
     out = Path(output_dir)
-    check_compare_dir(out, list(p.models))
+    owned = (*p.models, "results.json", "results.csv", "learning_curves.png", ".results.*", ".learning_curves.png.*")
+    claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False)
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
@@ -238,7 +156,7 @@ def run_compare(
                 f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
                 flush=True,
             )
-        results.append(train_or_reuse(config, data, run_dir, train, data_settings, overwrite, progress))
+        results.append(train_or_reuse(config, data, run_dir, train, overwrite))
     if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
         for r in results:
             r["samples"] = continuations(out / r["name"], seed=train.seed)
@@ -302,76 +220,6 @@ def continuations(run_dir, prompts=SAMPLE_PROMPTS, max_new_tokens: int = 24, see
     return samples
 
 
-_COMPARE_FILES = {"results.json", "results.csv", "learning_curves.png"}
-
-
-def check_compare_dir(out: Path, model_names: list[str]) -> None:
-    """Refuse an output directory that holds anything but this job's own files.
-
-    Allowed: a missing or empty directory, or one holding only ``results.*``,
-    ``learning_curves.png`` and one subdirectory per model (an earlier or interrupted compare,
-    which is then resumed). Raises FileExistsError naming what is in the way.
-    """
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output directory {str(out)!r} is an existing file, not a directory")
-    if not out.is_dir():
-        return
-    foreign = sorted(
-        e.name
-        for e in out.iterdir()
-        if not (
-            e.name in _COMPARE_FILES
-            or (e.is_dir() and e.name in model_names)
-            or any(e.name.startswith(f".{f}.") for f in _COMPARE_FILES)
-        )  # a staged write cut short
-    )
-    if foreign:
-        raise FileExistsError(
-            f"{out} holds files that are not this compare's ({', '.join(foreign[:5])}"
-            f"{' …' if len(foreign) > 5 else ''}); choose another --output-dir"
-        )
-
-
-def train_or_reuse(
-    config,
-    data,
-    run_dir: Path,
-    train: TrainSettings,
-    data_settings: DataSettings,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> dict:
-    """Pretrain one model into ``run_dir``, or return its metrics if it already finished there.
-
-    A run counts as finished when ``metrics.json`` exists and ``pretrain_settings.json`` records
-    the same config, training and data settings; an unfinished run continues from its newest
-    checkpoint (if any). This is what makes compare runs and sweeps resumable.
-    """
-    lm_config(config, data.tokenizer, train.objective)  # as pretrain fills it in, so fingerprints compare equal
-    done = run_dir / METRICS_FILE
-    if done.is_file() and not overwrite and _same_run(run_dir, config, train, data_settings, data.info):
-        if progress:
-            print(f"  already finished in {run_dir}; reusing its metrics", flush=True)
-        return load_json_file(done)
-    resume = not overwrite and (run_dir / PRETRAIN_FILE).is_file()  # an interrupted run continues
-    return pretrain(config, data, run_dir, train, resume=resume, overwrite=overwrite)
-
-
-def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> bool:
-    """Same config, training and data settings, the same corpus text (not just its path) and the
-    same tokenizer (:func:`~fixedhead.training.pretrain.data_differences`)."""
-    settings_file = run_dir / PRETRAIN_FILE
-    if not settings_file.is_file():
-        return False
-    try:
-        saved = load_json_file(settings_file)
-    except ValueError:
-        return False  # unreadable: retrain rather than trust it
-    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and not data_differences(
-        run_dir, saved, data_info
-    )
-
-
 TABLE_COLUMNS = [
     ("name", "model", "{}"),
     ("hidden_size", "d", "{}"),
@@ -430,44 +278,6 @@ def write_results(results: list[dict], out: Path, meta: dict) -> None:
     written together or not at all (see :func:`fixedhead.runs.staged_outputs`)."""
     with staged_outputs(out) as stage:
         stage("results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-        with open(stage("results.csv"), "w", newline="") as f:
-            w = csv.writer(f)
-            keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
-            w.writerow(keys)
-            for r in results:
-                w.writerow([r.get(k) if k in OPTIONAL_COLUMNS else r[k] for k in keys])
-        plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))
-
-
-def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> None:
-    """Training loss and held-out loss (fixed masking) against training tokens, one colour per model."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for r in results:
-        tokens_per_step = r["tokens_per_step"]
-        label = (
-            f"{r['name']} (d={r['hidden_size']}, h={r['num_attention_heads']}, d_p={r['head_dim']}, "
-            f"{r['parameters'] / 1e6:.2f}M)"
-        )
-        for ax, curve in ((axes[0], r["train_curve"]), (axes[1], r["eval_curve"])):
-            if curve:
-                steps, losses = zip(*curve, strict=True)
-                ax.plot(
-                    [s * tokens_per_step / 1e6 for s in steps],
-                    losses,
-                    marker="." if ax is axes[1] else None,
-                    label=label,
-                )
-    causal = any(r.get("objective") == "clm" for r in results)
-    what = "causal-LM loss per token" if causal else "MLM loss"
-    axes[0].set_title(f"training {what}")
-    axes[1].set_title(f"held-out {what}" + ("" if causal else " (fixed masking)"))
-    for ax in axes:
-        ax.set_xlabel("training tokens (millions)")
-    axes[0].set_ylabel("cross-entropy (nats)")
-    if title:
-        import textwrap
-
-        fig.suptitle("\n".join(textwrap.wrap(title, 140)), fontsize=9)
-    axes[0].grid(alpha=0.3)
-    save_figure(fig, path, [axes[1]])  # one legend, on the held-out panel
+        keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
+        render.write_csv(stage("results.csv"), keys, results)
+        render.plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))

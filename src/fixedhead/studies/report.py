@@ -7,7 +7,7 @@ writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png`` and
 Every point is summarised as mean ± sample standard deviation over its seeds. A paper claim is
 judged with Welch's two-sample t-test on the seeds (p < 0.05): a significant difference in the
 paper's direction "agrees", a significant one in the other direction "does not agree", anything
-else "cannot tell at this scale". With a few seeds per point the test has little power, so small
+else CANNOT_TELL. With a few seeds per point the test has little power, so small
 real effects end up as "cannot tell" — that is the honest verdict, not a rounding toward either side.
 """
 
@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from ..model.modeling import count_parameters
+from ..model.paper_presets import PAPER_PRESETS
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
+from . import render
+from .stats import CANNOT_TELL, mean_std, pm, welch, welch_verdict
 from .sweep import SWEEP_FILE
 
 REPORT_MARKERS = ("report.md",)
 REPORT_OWNED = ("report.md", ".report.md.*", "*.png")
-
-ALPHA = 0.05
 
 
 @dataclass
@@ -63,16 +65,6 @@ class PointStats:
         return self.runs[0]["head_dim"] if self.runs else 0
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof 1) of seeds' results; NaN where undefined (no value,
-    or one value for the deviation). Every report of the project uses it."""
-    if not values:
-        return float("nan"), float("nan")
-    m = sum(values) / len(values)
-    s = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
-    return m, s
-
-
 def load_sweep(sweep_dir: str | Path) -> dict:
     """Read ``sweep.json``. Raises FileNotFoundError naming the path when it is missing."""
     path = Path(sweep_dir) / SWEEP_FILE
@@ -101,50 +93,21 @@ def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:
     return series
 
 
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    """``(mean(b) - mean(a), two-sided p-value)`` of Welch's t-test; p = nan with fewer than 2 values a side."""
-    from scipy.stats import ttest_ind
-
-    delta = sum(b) / len(b) - sum(a) / len(a) if a and b else float("nan")
-    if len(a) < 2 or len(b) < 2:
-        return delta, float("nan")
-    if max(a) == min(a) and max(b) == min(b):
-        return delta, 0.0 if delta != 0 else 1.0
-    import warnings
-
-    with warnings.catch_warnings():  # near-identical seeds: SciPy warns about precision, the p-value stands
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
-
-
-def verdict(delta: float, p: float, paper_sign: int) -> str:
-    """``agrees`` / ``does not agree`` / ``cannot tell at this scale`` (see the module docstring)."""
-    if not math.isfinite(p) or p >= ALPHA or delta == 0:
-        return "cannot tell at this scale"
-    return "agrees" if (delta > 0) == (paper_sign > 0) else "does not agree"
-
-
-def _fmt(m, s, digits=2):
-    if not math.isfinite(m):
-        return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
-
-
 def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: int, label_a: str, label_b: str):
     """One measured comparison: text, verdict. ``paper_sign`` is the sign the paper implies for b − a."""
     if a is None or b is None:
-        return "not measured (points missing from this sweep)", "cannot tell at this scale"
+        return "not measured (points missing from this sweep)", CANNOT_TELL
     if not a.values(what) or not b.values(what):
-        return "not measured (no fine-tuning scores for these points)", "cannot tell at this scale"
+        return "not measured (no fine-tuning scores for these points)", CANNOT_TELL
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
     text = (
-        f"{label_a}: {_fmt(a.mean(what), a.std(what), digits)}; "
-        f"{label_b}: {_fmt(b.mean(what), b.std(what), digits)} "
+        f"{label_a}: {pm(a.mean(what), a.std(what), digits)}; "
+        f"{label_b}: {pm(b.mean(what), b.std(what), digits)} "
         f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
     )
-    return text, verdict(delta, p, paper_sign)
+    return text, welch_verdict(delta, p, paper_sign)
 
 
 def _point(series, experiment, kind, x=None, pick=None):
@@ -179,160 +142,105 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     has_finetune = any("finetune" in r for r in state["runs"].values())
     task = state["meta"].get("finetune_task") or "sst2"
     ours = f"{task} dev" if has_finetune else "a fine-tuning score"
-    rows = []
     std_h, fix_h = s.get(("heads", "standard"), []), s.get(("heads", "fixed"), [])
+    std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
+    hs = s.get(("head_size", "fixed"), [])
+    rows = []
 
-    # 1. standard heads degrade beyond a threshold at fixed d
-    if len(std_h) >= 2:
-        best = min(std_h[:-1], key=lambda q: q.mean())
-        text, v = _compare(
-            best,
-            std_h[-1],
-            "ppl",
-            +1,
-            f"best standard h={best.x} (d_p={best.head_dim})",
-            f"standard h={std_h[-1].x} (d_p={std_h[-1].head_dim})",
-        )
-        text += "; the best is picked after the fact, which favours finding a difference"
-    else:
-        text, v = _compare(None, None, "ppl", +1, "", "")
-    rows.append(
-        (
-            "Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
-            "(LM1B, d=256: beyond 16 heads)",
-            text,
-            v,
-        )
+    def add(claim, a, b, what, sign, label_a, label_b, note=""):
+        """One row: b against a on ``what``; ``sign``: the sign the paper implies for b − a."""
+        text, v = _compare(a, b, what, sign, label_a(a) if a else "", label_b(b) if b else "")
+        rows.append((claim, text + (note if a and b else ""), v))
+
+    def ends(pts):
+        return (pts[0], pts[-1]) if len(pts) >= 2 else (None, None)
+
+    a, b = (min(std_h[:-1], key=lambda q: q.mean()), std_h[-1]) if len(std_h) >= 2 else (None, None)
+    add(
+        "Fig. 3a: at fixed d the standard model gets *worse* once heads pass a threshold "
+        "(LM1B, d=256: beyond 16 heads)",
+        *(a, b, "ppl", +1),
+        lambda q: f"best standard h={q.x} (d_p={q.head_dim})",
+        lambda q: f"standard h={q.x} (d_p={q.head_dim})",
+        "; the best is picked after the fact, which favours finding a difference",
     )
-    # 2. fixed heads keep improving with more heads
-    a, b = (fix_h[0], fix_h[-1]) if len(fix_h) >= 2 else (None, None)
-    text, v = _compare(a, b, "ppl", -1, f"fixed h={a.x}" if a else "", f"fixed h={b.x}" if b else "")
-    if len(fix_h) >= 3:
-        means = [q.mean() for q in fix_h]
-        mono = all(y < x for x, y in pairwise(means))
-        text += f"; means {'fall at every step' if mono else 'do not fall at every step'}: " + ", ".join(
-            f"h={q.x}: {q.mean():.2f}" for q in fix_h
-        )
-    rows.append(("Fig. 3a: with a fixed head size the model keeps improving as heads are added", text, v))
-    # 3. same d and the largest h: fixed beats standard
+    mono = all(y < x for x, y in pairwise([q.mean() for q in fix_h]))
+    add(
+        "Fig. 3a: with a fixed head size the model keeps improving as heads are added",
+        *ends(fix_h),
+        *("ppl", -1, lambda q: f"fixed h={q.x}", lambda q: f"fixed h={q.x}"),
+        f"; means {'fall at every step' if mono else 'do not fall at every step'}: "
+        + ", ".join(f"h={q.x}: {q.mean():.2f}" for q in fix_h)
+        if len(fix_h) >= 3
+        else "",
+    )
     # the largest h measured in both series where the two differ (a fixed d_p = d/h is the standard layer)
     std_by_h = {q.x: q for q in std_h}
-    both = [q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key]
-    h_max = max(both, default=None)
+    h_max = max((q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key), default=None)
     a, b = _point(s, "heads", "standard", h_max), _point(s, "heads", "fixed", h_max)
-    text, v = _compare(
-        a,
-        b,
-        "ppl",
-        -1,
-        f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
-        f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
-    )
     rows.append(
-        ("Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h", text, v)
+        (
+            "Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h",
+            *_compare(
+                *(a, b, "ppl", -1),
+                f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
+                f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
+            ),
+        )
     )
-    # 4. Fig. 1: fixed at the smallest d vs standard of about equal parameter count
-    std_e, fix_e = s.get(("embedding", "standard"), []), s.get(("embedding", "fixed"), [])
+    # Fig. 1 and 2: fixed at the smallest d against the standard model of the nearest parameter count
     a = b = None
     if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
         b = fix_e[-1]
         a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(
-        a,
-        b,
-        "ppl",
-        -1,
-        f"standard d={a.x} ({a.params / 1e6:.2f}M)" if a else "",
-        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']} ({b.params / 1e6:.2f}M)" if b else "",
+    add(
+        "Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
+        "of equal parameter count (made wider instead)",
+        *(a, b, "ppl", -1),
+        lambda q: f"standard d={q.x} ({q.params / 1e6:.2f}M)",
+        lambda q: f"fixed d={q.x}, h={q.runs[0]['num_attention_heads']} ({q.params / 1e6:.2f}M)",
     )
-    rows.append(
-        (
-            "Fig. 1: fixed-head models at the smallest d reach lower perplexity than standard models "
-            "of equal parameter count (made wider instead)",
-            text,
-            v,
-        )
-    )
-    # 5. Table 2B: larger head size at fixed h
-    hs = s.get(("head_size", "fixed"), [])
-    a, b = (hs[0], hs[-1]) if len(hs) >= 2 else (None, None)
-    text, v = _compare(a, b, "ppl", -1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
-    rows.append(
-        (
-            "Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
-            "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)",
-            text,
-            v,
-        )
+    a_e, b_e = a, b
+    add(
+        "Table 2B: at fixed d and h, a larger head size is better (d_p 32→256: SQuAD F1 "
+        "88.53→90.33, MNLI 82.5→83.9; our proxy: perplexity)",
+        *ends(hs),
+        *("ppl", -1, lambda q: f"d_p={q.x}", lambda q: f"d_p={q.x}"),
     )
     first_finetune_row = len(rows)  # rows from here to the Spearman row are about fine-tuning
-    text, v = _compare(a, b, "ft", +1, f"d_p={a.x}" if a else "", f"d_p={b.x}" if b else "")
-    rows.append((f"Table 2B, fine-tuned: larger head size fine-tunes better (ours: {ours})", text, v))
-    # 6. Table 1: standard heads 8 -> 32 slightly worse downstream
-    a, b = _point(s, "heads", "standard", 8), _point(s, "heads", "standard", 32)
-    text, v = _compare(a, b, "ft", -1, "standard h=8", "standard h=32")
-    rows.append(
-        (
-            f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
-            f"SQuAD F1 90.89→90.45; ours: {ours})",
-            text,
-            v,
-        )
+    add(
+        f"Table 2B, fine-tuned: larger head size fine-tunes better (ours: {ours})",
+        *ends(hs),
+        *("ft", +1, lambda q: f"d_p={q.x}", lambda q: f"d_p={q.x}"),
     )
-    # 7. Table 2A: fixed heads 8 -> 32 better downstream
-    a, b = _point(s, "heads", "fixed", 8), _point(s, "heads", "fixed", 32)
-    text, v = _compare(a, b, "ft", +1, "fixed h=8", "fixed h=32")
-    rows.append(
-        (
-            f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
-            f"89.6→90.95; ours: {ours})",
-            text,
-            v,
-        )
+    add(
+        f"Table 1: standard BERT-large with 8→32 heads fine-tunes slightly worse (MNLI 85.0→84.4, "
+        f"SQuAD F1 90.89→90.45; ours: {ours})",
+        *(_point(s, "heads", "standard", 8), _point(s, "heads", "standard", 32), "ft", -1),
+        lambda q: "standard h=8",
+        lambda q: "standard h=32",
     )
-    # 8. Fig. 2: fixed vs standard of equal size, downstream
-    a = b = None
-    if std_e and fix_e and fix_e[-1].key not in {q.key for q in std_e}:
-        b = fix_e[-1]
-        a = min(std_e, key=lambda q: abs(q.params - b.params))
-    text, v = _compare(
-        a,
-        b,
-        "ft",
-        +1,
-        f"standard d={a.x}" if a else "",
-        f"fixed d={b.x}, h={b.runs[0]['num_attention_heads']}" if b else "",
+    add(
+        f"Table 2A: fixed head size with 8→32 heads fine-tunes better (MNLI 83.5→84.9, SQuAD F1 "
+        f"89.6→90.95; ours: {ours})",
+        *(_point(s, "heads", "fixed", 8), _point(s, "heads", "fixed", 32), "ft", +1),
+        lambda q: "fixed h=8",
+        lambda q: "fixed h=32",
+    )
+    add(
+        f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size (ours: {ours})",
+        *(a_e, b_e, "ft", +1),
+        lambda q: f"standard d={q.x}",
+        lambda q: f"fixed d={q.x}, h={q.runs[0]['num_attention_heads']}",
     )
     rows.append(
-        (
-            f"Fig. 2: fixed-head models fine-tune at least as well as standard models of equal size (ours: {ours})",
-            text,
-            v,
-        )
+        ("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", *_rank_correlation(state))
     )
-    # 9. pretraining perplexity vs fine-tuning score across all runs
-    pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
-    if len(pairs) >= 4:
-        from scipy.stats import ConstantInputWarning, spearmanr
-
-        with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
-            warnings.simplefilter("ignore", ConstantInputWarning)
-            rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
-        rho = float(rho) if math.isfinite(rho) else 0.0
-        text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
-        v = verdict(-rho, p, +1) if math.isfinite(p) else "cannot tell at this scale"
-    else:
-        text, v = "fewer than 4 fine-tuned runs", "cannot tell at this scale"
-    rows.append(("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", text, v))
     if not has_finetune:  # e.g. the causal preset: one reason for every fine-tuning claim
         rows[first_finetune_row:] = [
-            (claim, "not measured (this sweep has no fine-tuning)", "cannot tell at this scale")
+            (claim, "not measured (this sweep has no fine-tuning)", CANNOT_TELL)
             for claim, _, _ in rows[first_finetune_row:]
         ]
-    # 10. parameter counts of the paper's tables
-    from ..model.modeling import count_parameters
-    from ..model.paper_presets import PAPER_PRESETS
-
     errs = [
         abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
         for p in PAPER_PRESETS.values()
@@ -350,10 +258,26 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             "Tables 1–3 / Fig. 1–3 at the paper's scale: SQuAD and MNLI scores of 24-layer BERT models, "
             "LM1B perplexities",
             f"not run here (this sweep trains {_sizes(state)}); the presets exist, see docs/experiments.md",
-            "cannot tell at this scale",
+            CANNOT_TELL,
         )
     )
     return rows
+
+
+def _rank_correlation(state: dict) -> tuple[str, str]:
+    """Spearman's ρ between pretraining perplexity and fine-tuning score over every run, and its verdict."""
+    task = state["meta"].get("finetune_task") or "sst2"
+    pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
+    if len(pairs) < 4:
+        return "fewer than 4 fine-tuned runs", CANNOT_TELL
+    from scipy.stats import ConstantInputWarning, spearmanr
+
+    with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
+        warnings.simplefilter("ignore", ConstantInputWarning)
+        rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
+    rho = float(rho) if math.isfinite(rho) else 0.0
+    text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
+    return text, welch_verdict(-rho, p, +1) if math.isfinite(p) else CANNOT_TELL
 
 
 def _nats_range(lo: float, hi: float) -> str:
@@ -375,13 +299,6 @@ def _sizes(state: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ plots
-def _plain_ticks(ax, xs):
-    if xs:
-        ax.set_xticks(xs)
-        ax.set_xticklabels([str(x) for x in xs])
-        ax.minorticks_off()
-
-
 _STYLE = {"standard": dict(color="tab:blue", marker="o"), "fixed": dict(color="tab:red", marker="s")}
 
 
@@ -391,15 +308,16 @@ def _errorbar(ax, pts, xs, what, label, series):
     ax.errorbar(xs, ys, yerr=es, capsize=3, label=label, **_STYLE.get(series, {}))
 
 
-def _reference(ax, ref):
+def _figure(ref):
+    """One panel with the unigram reference line (where there is one)."""
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     if ref:
         ax.axhline(ref, color="gray", linestyle="--", linewidth=1, label=f"unigram guess ({ref:.0f})")
+    return fig, ax
 
 
 def plot_heads(series, path, ref=None, lm="MLM"):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _reference(ax, ref)
+    fig, ax = _figure(ref)
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
@@ -415,7 +333,7 @@ def plot_heads(series, path, ref=None, lm="MLM"):
             color=_STYLE["standard"]["color"],
         )
     ax.set_xscale("log", base=2)
-    _plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
+    render.plain_ticks(ax, sorted({q.x for k in ("standard", "fixed") for q in series.get(("heads", k), [])}))
     ax.set_xlabel("number of heads h")
     ax.set_ylabel(f"held-out {lm} perplexity (mean ± std over seeds)")
     ax.set_title("perplexity vs heads at fixed d (paper Fig. 3a)", fontsize=10)
@@ -423,9 +341,7 @@ def plot_heads(series, path, ref=None, lm="MLM"):
 
 
 def plot_params(series, path, ref=None, lm="MLM"):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    _reference(ax, ref)
+    fig, ax = _figure(ref)
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
@@ -449,7 +365,7 @@ def plot_head_size(series, path):
             _errorbar(axes[1], pts, [q.x for q in pts], "ft", "fine-tuning", "fixed")
     for ax, lab in zip(axes, ("held-out MLM perplexity", "fine-tuning dev score"), strict=True):
         ax.set_xscale("log", base=2)
-        _plain_ticks(ax, [q.x for q in pts])
+        render.plain_ticks(ax, [q.x for q in pts])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel(lab)
     fig.suptitle("head size at a fixed number of heads (paper Table 2B)", fontsize=10)
@@ -481,24 +397,28 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 
 # ----------------------------------------------------------------------------------- report
-def _table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
+def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
     """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column."""
-    ft_head, ft_rule = (f" {task} dev |", "---|") if task else ("", "")
-    lines = [
-        f"| {xname} | d | h | d_p | params | seeds | held-out perplexity | bits/char |{ft_head} run |",
-        f"|---|---|---|---|---|---|---|---|{ft_rule}---|",
-    ]
+    rows = []
     for q in pts:
         r = q.runs[0]
-        ft = f" {_fmt(q.mean('ft'), q.std('ft'), 4)} |" if task else ""
-        bpc, have = _fmt(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
+        bpc, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
         if 0 < have < len(q.runs):  # some seeds' results predate bits per character
             bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
-        lines.append(
-            f"| {q.x} | {r['hidden_size']} | {r['num_attention_heads']} | {r['head_dim']} | "
-            f"{q.params / 1e6:.3f}M | {len(q.runs)} | {_fmt(q.mean(), q.std())} | {bpc} |{ft} `{q.key}` |"
-        )
-    return lines
+        ft = [pm(q.mean("ft"), q.std("ft"), 4)] if task else []
+        params = f"{q.params / 1e6:.3f}M"
+        row = [
+            q.x,
+            r["hidden_size"],
+            r["num_attention_heads"],
+            r["head_dim"],
+            params,
+            len(q.runs),
+            pm(q.mean(), q.std()),
+        ]
+        rows.append([*row, bpc, *ft, f"`{q.key}`"])
+    header = [xname, "d", "h", "d_p", "params", "seeds", "held-out perplexity", "bits/char"]
+    return render.table([*header, *([f"{task} dev"] if task else []), "run"], rows)
 
 
 def _majority_rate(task: str) -> float | None:
@@ -551,33 +471,21 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     expected = len(planned) * len(meta["seeds"])
     d, tr, ft = meta["data"], meta["train"], meta.get("finetune") or {}
     info = meta.get("data_info", {})
-    L = [f"# Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}", ""]
-    L += [f"{meta['description']}.", ""]
-    if n_runs < expected:
-        L += [
-            f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
-            f"rerunning the same command resumes the rest.",
-            "",
-        ]
-    commands = meta.get("commands") or [meta["command"]]
-    L += ["## What was run", ""]
-    L += [
-        f"- command{'s (workers sharing the plan, or resumed invocations)' if len(commands) > 1 else ''}: "
-        + ", ".join(f"`{c}`" for c in commands)
+    note = [
+        f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
+        f"rerunning the same command resumes the rest.",
+        "",
     ]
+    L = render.head(
+        f"Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}",
+        meta,
+        note if n_runs < expected else [],
+        several=" (workers sharing the plan, or resumed invocations)",
+        work="training + fine-tuning" if has_finetune else "training",
+        on="on ",
+        per_process=" per process",
+    )
     L += [
-        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
-        + (
-            f"; the runs' own training{' + fine-tuning' if has_finetune else ''} time sums to "
-            f"{meta['compute_seconds'] / 60:.1f} min"
-            if "compute_seconds" in meta
-            else ""
-        )
-        + f"; on {meta['accelerator'] + ' and ' if meta.get('accelerator') else ''}"
-        f"{meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
-        f"{meta.get('torch_threads')} per process",
-        f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}"
-        + "".join(f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v),
         f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
         f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
         f"available, held-out: {len(info.get('heldout_documents', []))} books "
@@ -650,17 +558,14 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
         "other direction = does not agree, otherwise cannot tell at this scale. " + _power_sentence(state),
         "",
-        "| paper claim | our measurement | verdict |",
-        "|---|---|---|",
+        *render.table(["paper claim", "our measurement", "verdict"], [[c, m, f"**{v}**"] for c, m, v in claims(state)]),
     ]
-    for claim, measured, v in claims(state):
-        L.append(f"| {claim} | {measured} | **{v}** |")
     table_task = task if has_finetune else None
     L += ["", "## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "h", table_task) + [""]
+            L += [f"**{kind}**", ""] + points_table(pts, "h", table_task) + [""]
     L += [
         "## Embedding size against parameter count (paper Fig. 1 and 2)",
         "",
@@ -670,10 +575,10 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
-            L += [f"**{kind}**", ""] + _table(pts, "d", table_task) + [""]
+            L += [f"**{kind}**", ""] + points_table(pts, "d", table_task) + [""]
     if has_head_size:
         L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
-        L += _table(series[("head_size", "fixed")], "d_p", table_task) + [""]
+        L += points_table(series[("head_size", "fixed")], "d_p", table_task) + [""]
     if has_finetune:
         L += [
             "## Fine-tuning score against pretraining perplexity",

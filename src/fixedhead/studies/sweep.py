@@ -33,11 +33,11 @@ from ..data import DEFAULT_CORPUS
 from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
-from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
+from ..runs import load_json_file
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
-from ..training.pretrain import TrainSettings
-from ..validation import non_negative_int
-from .compare import train_or_reuse
+from ..training.pretrain import TrainSettings, settings_differences, train_or_reuse
+from . import core
+from .recipes import get_recipe
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -120,168 +120,113 @@ def _points_head_size(d, h, head_dims):
     ]
 
 
+def _common(layers: int, n: int) -> dict:
+    # no intermediate_size: canonical_fields gives each model BERT's 4·d
+    return dict(
+        num_hidden_layers=layers, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+
+
+#: SST-2 fine-tuning of every checkpoint; lr 1e-3: at 3e-4 and 150 steps these small encoders
+#: stayed at chance on SST-2 dev (measured)
+_FINETUNE = dict(batch_size=32, learning_rate=1e-3, max_steps=200, eval_steps=50, patience=2, validation_size=400)
+_FINETUNE_QUICK = dict(batch_size=16, learning_rate=3e-4, max_steps=8, eval_steps=4, patience=2, validation_size=100)
+
+
+def _quick(description: str, **train) -> SweepPreset:
+    """The tiny recipe (CI-sized, seconds per run; numbers mean nothing) on a few points of each experiment."""
+    r = get_recipe("tiny")
+    return SweepPreset(
+        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {r.describe()}",
+        data=r.data,
+        train=replace(r.train, **train),
+        common=_common(r.layers, r.data.max_seq_length),
+        points=_points_heads(32, [2, 8], [8], 16)
+        + _points_embedding([32, 48], 8, 32, [8], 16)
+        + _points_head_size(32, 4, [8, 16]),
+        seeds=(0, 1),
+        finetune=FinetuneSettings(
+            max_seq_length=r.data.max_seq_length,
+            max_train_examples=300,
+            max_dev_examples=200,
+            save_model=False,
+            **_FINETUNE_QUICK,
+        ),
+    )
+
+
 def _cpu_sweep(quick: bool = False) -> SweepPreset:
+    """The original 300-step masked sweep (its models stay near the unigram plateau). Sized for ~1 h
+    of 2 CPU cores; n = 64 tokens, so the standard layer at d = 128 is below the paper's d_p >= n
+    line for every h >= 2 (Theorem 1)."""
     if quick:
-        common = dict(
-            num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-        )
-        return SweepPreset(
-            description="--quick (CI-sized, seconds per run; numbers mean nothing): d=32, n=32, 1 layer",
-            data=DataSettings(
-                corpus=str(DEFAULT_CORPUS),
-                vocab_size=1000,
-                max_seq_length=32,
-                max_train_tokens=60_000,
-                max_eval_tokens=6_000,
-                tokenizer_max_chars=300_000,
-            ),
-            train=TrainSettings(
-                batch_size=16,
-                max_steps=16,
-                learning_rate=2e-3,
-                logging_steps=4,
-                eval_steps=8,
-                save_steps=16,
-                report_to=[],
-            ),
-            common=common,
-            points=_points_heads(32, [2, 8], [8], 16)
-            + _points_embedding([32, 48], 8, 32, [8], 16)
-            + _points_head_size(32, 4, [8, 16]),
-            seeds=(0, 1),
-            finetune=FinetuneSettings(
-                max_seq_length=32,
-                batch_size=16,
-                learning_rate=3e-4,
-                max_steps=8,
-                eval_steps=4,
-                patience=2,
-                validation_size=100,
-                max_train_examples=300,
-                max_dev_examples=200,
-                save_model=False,
-            ),
-        )
-    # Sized for ~1 h of 2 CPU cores (62.6 min measured with two workers). n = 64 tokens, so the
-    # standard layer at d = 128 is below the paper's d_p >= n line for every h >= 2 (Theorem 1).
-    common = dict(
-        num_hidden_layers=2, max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        return _quick("")
+    data = DataSettings(
+        corpus=str(DEFAULT_CORPUS),
+        vocab_size=8192,
+        max_seq_length=64,
+        max_train_tokens=3_000_000,
+        max_eval_tokens=100_000,
+    )
+    train = TrainSettings(
+        batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description="2 layers, n=64, vocab 8192, Gutenberg books; 300 steps of 32x64 tokens per run; "
-        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, "
-        "4-32 heads; head size 8-64 at d=128, 8 heads",
-        data=DataSettings(
-            corpus=str(DEFAULT_CORPUS),
-            vocab_size=8192,
-            max_seq_length=64,
-            max_train_tokens=3_000_000,
-            max_eval_tokens=100_000,
-        ),
-        train=TrainSettings(
-            batch_size=32,
-            max_steps=300,
-            learning_rate=2e-3,
-            logging_steps=25,
-            eval_steps=150,
-            save_steps=300,
-            report_to=[],
-        ),
-        common=common,
+        description=f"masked LMs, 2 layers, n=64, vocabulary 8192, {train.max_steps} steps of 32x64 tokens per run; "
+        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, 4-32 heads; "
+        "head size 8-64 at d=128, 8 heads",
+        data=data,
+        train=train,
+        common=_common(2, 64),
         points=_points_heads(128, [2, 4, 8, 16, 32], [4, 8, 16, 32], 32)
         + _points_embedding([128, 160, 192], 8, 128, [4, 8, 16, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
-        seeds=(0, 1),
-        # lr 1e-3: at 3e-4 and 150 steps these small encoders stayed at chance on SST-2 dev (measured)
-        finetune=FinetuneSettings(
-            max_seq_length=64,
-            batch_size=32,
-            learning_rate=1e-3,
-            max_steps=200,
-            eval_steps=50,
-            patience=2,
-            validation_size=400,
-            max_train_examples=4000,
-            save_model=False,
-        ),
+        finetune=FinetuneSettings(max_seq_length=64, max_train_examples=4000, save_model=False, **_FINETUNE),
     )
 
 
 def _cpu_clm_sweep(quick: bool = False) -> SweepPreset:
-    """The paper's LM1B claims (Fig. 1 and 3a) as causal LMs, with ``make run``'s causal recipe
-    (n = 64, batch 32, 700 steps, lr 1e-3), which ends about 1 nat below the unigram reference
-    on this CPU: heads at d = 128 (standard h = 2, 32; fixed d_p = 32 with h = 8, 32) and the
-    equal-parameter pair of Fig. 1 (standard d = 192 against fixed d = 128, h = 32). No
-    fine-tuning (the GLUE claims are the masked model's)."""
+    """The paper's LM1B claims (Fig. 1 and 3a) as causal LMs with the cpu-clm recipe (``make run``'s),
+    which ends about 1 nat below the unigram reference on this CPU: heads at d = 128 (standard
+    h = 2, 32; fixed d_p = 32 with h = 8, 32) and the equal-parameter pair of Fig. 1 (standard
+    d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     if quick:
-        p = _cpu_sweep(quick=True)
-        return replace(
-            p,
-            description="--quick causal (CI-sized, seconds per run; numbers mean nothing)",
-            train=replace(p.train, objective="clm"),
-            finetune=None,
-        )
-    n = 64
-    common = dict(
-        num_hidden_layers=2, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
+        return replace(_quick("causal ", objective="clm"), finetune=None)
+    r = get_recipe("cpu-clm")
     return SweepPreset(
-        description="causal LMs (the paper's LM1B claims), 2 layers, n=64, vocab 8192, Gutenberg books; 700 steps "
-        "of 32x64 tokens per run (make run's recipe); heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32); "
-        "standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
-        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=100_000),
-        train=TrainSettings(
-            objective="clm",
-            batch_size=32,
-            max_steps=700,
-            learning_rate=1e-3,
-            logging_steps=25,
-            eval_steps=175,
-            save_steps=350,
-            report_to=[],
-        ),
-        common=common,
+        description=f"{r.describe()} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
+        "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
+        data=r.data,
+        train=replace(r.train, logging_steps=25, report_to=[]),
+        common=_common(r.layers, r.data.max_seq_length),
         points=_points_heads(128, [2, 32], [8, 32], 32) + _points_embedding([192], 8, 128, [8, 32], 32),
-        seeds=(0, 1),
         finetune=None,
     )
 
 
 def _cpu_mlm_sweep(quick: bool = False) -> SweepPreset:
-    """The paper's BERT claims (Tables 1-3, Fig. 2) and its masked-LM versions of Fig. 1/3a, with the
-    masked-LM recipe of ``fixedhead compare --preset cpu-mlm`` (n = 32, 40% of training tokens
-    masked, batch 32, 2,800 steps, lr 2e-3; benchmarks/bench_tokens_to_quality.py), which ends about
-    0.7 nats below the unigram reference. At n = 32 the standard layer at d = 128 is below the d_p >= n
-    line of Theorem 1 for every h > 4. Points: standard h = 2, 8, 32 and fixed d_p = 32 with h = 8, 32
-    at d = 128; standard d = 192 (8 heads) against fixed d = 128, h = 32 (about equal parameters); head
-    size 8-64 at d = 128, 8 heads. Fine-tuned on SST-2 at the pretraining length (32 tokens)."""
+    """The paper's BERT claims (Tables 1-3, Fig. 2) and its masked-LM versions of Fig. 1/3a with the
+    cpu-mlm recipe, which ends about 0.7 nats below the unigram reference. At n = 32 the standard
+    layer at d = 128 is below the d_p >= n line of Theorem 1 for every h > 4. Points: standard
+    h = 2, 8, 32 and fixed d_p = 32 with h = 8, 32 at d = 128; standard d = 192 (8 heads) against
+    fixed d = 128, h = 32 (about equal parameters); head size 8-64 at d = 128, 8 heads. Fine-tuned
+    on SST-2 at the pretraining length."""
     if quick:
-        p = _cpu_sweep(quick=True)
-        return replace(
-            p,
-            description="--quick masked recipe (CI-sized, seconds per run; numbers mean nothing)",
-            train=replace(p.train, mlm_probability=0.4),
-        )
-    n = 32
-    common = dict(
-        num_hidden_layers=2, max_position_embeddings=n, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
-    )
-    from .compare import get_compare_preset
-
-    recipe = get_compare_preset("cpu-mlm")  # the masked-LM recipe has one home
+        return _quick("masked recipe ", mlm_probability=0.4)
+    r = get_recipe("cpu-mlm")
+    n = r.data.max_seq_length
     return SweepPreset(
-        description="masked LMs with the masked-LM recipe (40% masking, batch 32, lr 2e-3), 2 layers, n=32, "
-        "vocab 8192, Gutenberg books; 2800 steps of 32x32 tokens per run; heads at d=128 (standard h=2, 8, 32 "
-        "vs fixed d_p=32, h=8, 32); standard d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at "
-        "d=128, 8 heads; SST-2 fine-tuning at 32 tokens",
-        data=recipe.data,
-        train=replace(recipe.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
-        common=common,
+        description=f"{r.describe()} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
+        f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
+        f"{n} tokens",
+        data=r.data,
+        train=replace(r.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
+        common=_common(r.layers, n),
         points=_points_heads(128, [2, 8, 32], [8, 32], 32)
         + _points_embedding([128, 192], 8, 128, [8, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
         seeds=(0, 1, 2),
-        finetune=replace(_cpu_sweep().finetune, max_seq_length=n),
+        finetune=FinetuneSettings(max_seq_length=n, max_train_examples=4000, save_model=False, **_FINETUNE),
     )
 
 
@@ -290,9 +235,7 @@ SWEEP_PRESETS = {"cpu": _cpu_sweep, "cpu-clm": _cpu_clm_sweep, "cpu-mlm": _cpu_m
 
 def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
     """Raises ValueError listing the known sweep presets."""
-    from ..model.paper_presets import lookup
-
-    return lookup(SWEEP_PRESETS, name, "sweep")(quick)
+    return core.pick(SWEEP_PRESETS, name, "sweep", quick)
 
 
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
@@ -312,36 +255,18 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
             continue
         fields = canonical_fields({**preset.common, **p.model})
         models.setdefault(run_key(fields), fields)
-    return [(key, fields, seed) for seed in preset.seeds for key, fields in models.items()]
+    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]
 
 
-SWEEP_MARKERS = (SWEEP_FILE,)
-#: every entry a sweep (and its report) writes in its folder
-SWEEP_OWNED = (SWEEP_FILE, f".{SWEEP_FILE}.*", "runs", "report.md", ".report.md.*", "*.png")
+#: what a sweep (and its report) writes in its folder besides sweep.json
+OWNED = ("runs", "report.md", ".report.md.*", "*.png")
 
 
 def _read_state(path: Path) -> dict:
     return load_json_file(path) if path.is_file() else {}
 
 
-def _check_same_sweep(prev_meta: dict, data: dict, state_file: Path) -> None:
-    """Refuse to merge results computed on other data into an existing sweep folder."""
-    old = prev_meta.get("data")
-    if not old:
-        return
-    diffs = [
-        f"{k}: {old.get(k)!r} → {v!r}"
-        for k, v in data.items()
-        if old.get(k) != v and not (k == "corpus" and _same_path(old.get(k), v))
-    ]
-    if diffs:
-        raise FileExistsError(
-            f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); its results would not be "
-            f"comparable. Choose another --output-dir"
-        )
-
-
-def _check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: Path) -> None:
+def check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: Path) -> None:
     """Refuse to merge results of runs trained with another tokenizer (recorded in a sweep file's
     meta or its runs) with this invocation's: per-token perplexities of two vocabularies do not
     compare, and a seed fixes the embedding rows, not which token owns each row. Sweep files from
@@ -357,14 +282,7 @@ def _check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file:
         )
 
 
-def _same_path(a, b) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, TypeError):
-        return False
-
-
-def _try_lock(run_dir: Path) -> Path | None:
+def try_lock(run_dir: Path) -> Path | None:
     """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
 
     Lets several ``fixedhead sweep`` workers share one output directory (each skips runs another
@@ -426,11 +344,11 @@ def run_sweep(
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
-    if seeds:
-        p = replace(p, seeds=tuple(non_negative_int("seed", s) for s in seeds))
+    p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     train = replace(p.train, progress=progress)
-    if max_steps is not None:  # 0 or negative is refused by TrainSettings, not ignored
-        train = replace(train, max_steps=max_steps, save_steps=max_steps, eval_steps=max(1, max_steps // 2))
+    if max_steps is not None:
+        steps = core.steps_override("max_steps", max_steps, train.max_steps)
+        train = replace(train, max_steps=steps, save_steps=steps, eval_steps=max(1, steps // 2))
     if finetune_task and p.finetune is None:
         raise ValueError(f"sweep preset {name!r} has no fine-tuning, so finetune_task={finetune_task!r} does not apply")
     task = finetune_task or p.finetune_task
@@ -441,39 +359,37 @@ def run_sweep(
         get_glue_task(task)  # fail before hours of pretraining, not after
     runs_plan = plan_runs(p, experiments)
 
-    out = Path(output_dir)
-    # a new or empty folder, or an earlier sweep's (never a folder of other files)
-    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep", create=False)
+    out = core.claim(Path(output_dir), SWEEP_FILE, OWNED, "sweep")  # a new or empty folder, or an earlier sweep's
     state_file = out / SWEEP_FILE
     previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
     prev_meta = previous.get("meta", {})
-    _check_same_sweep(prev_meta, asdict(data_settings), state_file)
+    if prev_meta.get("data"):  # results computed on other data would not be comparable
+        diffs = settings_differences({"data": prev_meta["data"]}, {"data": asdict(data_settings)})
+        if diffs:
+            raise FileExistsError(
+                f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
+            )
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
-    _check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
+    check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
     vocab = len(data.tokenizer)
-    claim_output_dir(out, SWEEP_MARKERS, SWEEP_OWNED, "sweep")
-    this_command, commands = invocation_commands(command, prev_meta)
-    meta = {
-        "preset": name,
-        "quick": quick,
-        "description": p.description,
-        "command": this_command,
-        # every invocation that wrote here (a resumed sweep, or several workers sharing the plan)
-        "commands": commands,
-        "data": asdict(data_settings),
-        "data_info": {k: v for k, v in data.info.items()},
-        "train": asdict(train),
-        "finetune": asdict(ft) if ft else None,
-        "finetune_task": task if ft else None,
-        "seeds": list(p.seeds),
-        "experiments": list(experiments or EXPERIMENTS),
-        **environment_info(),
-        "objective": train.objective,
-        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-        # wall-clock span from the first invocation's start to the latest result (restarts included)
-        "first_started": min(prev_meta.get("first_started", time.time()), time.time()),
-    }
+    core.claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
+    meta = core.start_meta(
+        preset,
+        p.description,
+        command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan
+        previous,
+        quick=quick,
+        data=asdict(data_settings),
+        data_info=dict(data.info),
+        train=asdict(train),
+        finetune=asdict(ft) if ft else None,
+        finetune_task=task if ft else None,
+        seeds=list(p.seeds),
+        experiments=list(experiments or EXPERIMENTS),
+        objective=train.objective,
+        unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
+    )
     points = [
         asdict(pt) | {"key": run_key({**p.common, **pt.model})}
         for pt in p.points
@@ -491,7 +407,7 @@ def run_sweep(
         # the results file is a merge of everything finished in this folder: what other workers
         # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
         other = _read_state(state_file)
-        _check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
+        check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
         runs.update({k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()})
         other_meta = other.get("meta", {})
         meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
@@ -500,15 +416,12 @@ def run_sweep(
         meta["seeds"] = sorted(seeds)
         experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
         meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
-        meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
-        meta["compute_seconds"] = round(
-            sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs.values()), 1
-        )
         seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
         points.extend(
             q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
         )
-        write_json_atomic(state_file, {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))})
+        state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
+        core.save_state(state_file, state, runs.values())
 
     save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
@@ -522,13 +435,13 @@ def run_sweep(
                 f"({time.time() - t_start:.0f} s into this invocation)",
                 flush=True,
             )
-        lock = _try_lock(run_dir)
+        lock = try_lock(run_dir)
         if lock is None:
             if progress:
                 print("  another worker is on this run; skipping it", flush=True)
             continue
         t0 = time.time()
-        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), data_settings, overwrite, progress)
+        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), overwrite)
         if not keep_checkpoints:
             for ckpt in run_dir.glob("checkpoint-*"):
                 shutil.rmtree(ckpt, ignore_errors=True)

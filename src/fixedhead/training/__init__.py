@@ -12,6 +12,7 @@ from .pretrain import (
     prepare_data,
     pretrain,
     source_data,
+    train_or_reuse,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "prepare_data",
     "pretrain",
     "source_data",
+    "train_or_reuse",
 ]

@@ -335,6 +335,37 @@ def same_run_settings(previous: dict, fingerprint: dict) -> bool:
     return not settings_differences(previous, fingerprint)
 
 
+def finished_metrics(run_dir: str | os.PathLike, fingerprint: dict, data_info: dict) -> dict | None:
+    """The metrics of a run in ``run_dir`` that finished with these settings (``fingerprint``) on
+    the same corpus text and tokenizer (``data_info``, see :func:`data_differences`); None for an
+    unfinished run, a missing or unreadable record, or other settings. The one answer to "is this
+    run done?": :func:`pretrain` with ``resume`` and every study that reuses runs ask it."""
+    run_dir = Path(run_dir)
+    if not (run_dir / METRICS_FILE).is_file() or not (run_dir / PRETRAIN_FILE).is_file():
+        return None
+    try:
+        saved = load_json_file(run_dir / PRETRAIN_FILE)
+    except ValueError:
+        return None  # unreadable: retrain rather than trust it
+    if settings_differences(saved, fingerprint) or data_differences(run_dir, saved, data_info):
+        return None
+    return load_json_file(run_dir / METRICS_FILE)
+
+
+def train_or_reuse(
+    config: FixedHeadConfig, data: PreparedData, run_dir: str | os.PathLike, settings: TrainSettings, overwrite=False
+) -> dict:
+    """:func:`pretrain` into ``run_dir``: the metrics of a run that finished there with these
+    settings (:func:`finished_metrics`), an unfinished one continued from its newest checkpoint,
+    or a new run (``overwrite``: always a new run). What makes a study resumable.
+
+    Raises:
+        FileExistsError: ``run_dir`` holds a run with other settings (without ``overwrite``).
+    """
+    resume = not overwrite and (Path(run_dir) / PRETRAIN_FILE).is_file()
+    return pretrain(config, data, run_dir, settings, resume=resume, overwrite=overwrite)
+
+
 def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
     """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
     resumed with the same settings (``fingerprint``, and the same corpus text and tokenizer as
@@ -448,6 +479,11 @@ def pretrain(
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
         "init_from": start,
     }
+    done = finished_metrics(run_dir, fingerprint, data.info) if resume and not overwrite else None
+    if done is not None:  # finished with these settings: nothing to train, nothing to rewrite
+        if settings.progress:
+            print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
+        return done
     args = _training_args(run_dir, settings)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
@@ -464,11 +500,6 @@ def pretrain(
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
             # the tokenizer goes into the run before its first step: a resume never depends on a cache
             save_tokenizer_atomic(run_tokenizer, run_dir)
-    if resume and (run_dir / METRICS_FILE).is_file():  # finished with these settings: nothing to train
-        if settings.progress:
-            print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
-        return load_json_file(run_dir / METRICS_FILE)
-
     set_seed(settings.seed)
     if source is not None:
         model = _load_model(source)  # the source run's weights, exactly

@@ -1,0 +1,130 @@
+"""The skeleton every study stands on: a named preset, seed and step overrides with one policy, an
+output folder claimed once, a results file (meta, environment, commands, timing) written
+atomically after every run, and a seed-major plan that skips finished runs.
+
+A study is then its plan (what to train), its one run (train one item with one seed), its summary
+and its rendering. A new axis is a plan-level addition: a learning-rate grid per arm is
+``seed_major([(arm, lr) for arm in arms for lr in rates], seeds)``, each item trained by the same
+run function with its own rate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..model.paper_presets import lookup
+from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
+from ..validation import non_negative_int, positive_int
+
+
+def pick(table: dict[str, Callable], name: str, kind: str, *args):
+    """``table[name](*args)``: a fresh preset of a study's table. Raises ValueError naming ``kind``
+    and listing the known names."""
+    return lookup(table, name, kind)(*args)
+
+
+def seeds_override(seeds: Iterable[int] | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``seeds`` (None: ``default``) as a tuple of distinct ints >= 0, in the order given.
+
+    Raises:
+        ValueError: no seed, or a seed that is not an int >= 0 (named).
+    """
+    if seeds is None:
+        return tuple(default)
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    return tuple(dict.fromkeys(non_negative_int("seed", s) for s in seeds))
+
+
+def steps_override(name: str, steps: int | None, default: int) -> int:
+    """``steps`` (None: ``default``) as a positive int. Raises ValueError naming ``name`` and the value."""
+    return default if steps is None else positive_int(name, steps)
+
+
+def claim(out: Path, results_file: str, owned: tuple[str, ...], command: str, create: bool = False, **kw) -> Path:
+    """:func:`fixedhead.runs.claim_output_dir` for a study whose marker is its results file: a new or
+    empty folder, or one this study wrote (``create=False`` checks only, before the slow work)."""
+    return claim_output_dir(
+        out, (results_file,), (*owned, results_file, f".{results_file}.*"), command, create=create, **kw
+    )
+
+
+def resume(
+    path: Path,
+    preset,
+    description: str,
+    command: str | None,
+    settings: dict,
+    what: str,
+    same: Callable[[Any, dict], bool] | None = None,
+    overwrite: bool = False,
+    **fields,
+) -> tuple[dict, dict]:
+    """The results a study left at ``path`` ({} for none, or with ``overwrite``) and this
+    invocation's :func:`start_meta`, with ``settings`` (the record stored runs are reused under)
+    first among the study's ``fields``.
+
+    Raises:
+        FileExistsError: the stored ``meta.settings`` differ from ``settings`` (``same``: the
+            comparison, default equality); ``what`` names the settings in the message.
+        ValueError: a damaged results file (named).
+    """
+    previous = {}
+    if path.is_file() and not overwrite:
+        previous = load_json_file(path, f"{path.parent.name} results")
+        if not (same or (lambda a, b: a == b))(previous.get("meta", {}).get("settings"), settings):
+            raise FileExistsError(
+                f"{path} holds runs of other settings ({what}); pass --overwrite to replace them or choose "
+                f"another --output-dir"
+            )
+    return previous, start_meta(preset, description, command, previous, settings=settings, **fields)
+
+
+def start_meta(preset, description: str, command: str | None, previous: dict, **fields) -> dict:
+    """A results file's ``meta``: the preset's name (``"custom"`` for a preset object), its
+    description, this invocation's command and every earlier one recorded in the ``previous``
+    results, the study's own ``fields`` (its settings record first), when the first invocation
+    started, and the software and machine (:func:`fixedhead.runs.environment_info`)."""
+    previous_meta = previous.get("meta", {})
+    this_command, commands = invocation_commands(command, previous_meta)
+    now = time.time()
+    return {
+        "preset": preset if isinstance(preset, str) else "custom",
+        "description": description,
+        "command": this_command,
+        "commands": commands,
+        **fields,
+        "first_started": previous_meta.get("first_started", now),
+        "invocation_started": now,
+        **environment_info(),
+    }
+
+
+def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
+    """Write ``state`` atomically to ``path`` with its wall time since the first start and the
+    training seconds of ``runs`` summed, fine-tuning included (``meta.total_seconds``,
+    ``meta.compute_seconds``)."""
+    meta = state["meta"]
+    meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
+    meta["compute_seconds"] = round(
+        sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs), 1
+    )
+    write_json_atomic(path, state)
+
+
+def seed_major(items: Iterable, seeds: Iterable[int]) -> list[tuple[Any, int]]:
+    """``(item, seed)`` pairs, every item's first seed before any second seed: an interrupted study
+    has the widest picture first."""
+    items = list(items)
+    return [(item, seed) for seed in seeds for item in items]
+
+
+def pending(plan: list[tuple[Any, int]], done: Callable[[Any, int], bool]) -> Iterator[tuple[int, Any, int]]:
+    """``(position from 1, item, seed)`` of the plan's pairs that are not ``done`` yet."""
+    for i, (item, seed) in enumerate(plan, 1):
+        if not done(item, seed):
+            yield i, item, seed

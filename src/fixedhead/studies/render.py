@@ -1,0 +1,125 @@
+"""What the studies' reports share: markdown tables, the "What was run" lines, the incomplete-study
+note, the learning-curve plot of language-model runs and small figure helpers. Each study's own
+prose and plots stay in its module; everything here reads a results file's ``meta`` and runs only.
+"""
+
+from __future__ import annotations
+
+import csv
+import textwrap
+from pathlib import Path
+
+from ..plotting import pyplot, save_figure
+
+
+# ------------------------------------------------------------------------------ markdown
+def table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table: the header row, the rule, one line per row (cells as ``str``)."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+    ]
+
+
+def incomplete(done: int, planned: int, what: str = "runs", finished: bool | None = None) -> list[str]:
+    """The note at the top of a report whose study has not finished (empty when it has: ``finished``,
+    by default all ``planned`` runs ``done``)."""
+    if done >= planned if finished is None else finished:
+        return []
+    return [f"**Incomplete: {done} of {planned} {what} finished.** Rerun the same command to finish.", ""]
+
+
+def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
+    """A report's opening: the title, the study's description, ``note`` (e.g. :func:`incomplete`),
+    the main ``figure`` line, and the first "What was run" lines (commands, wall time, software;
+    ``several`` and ``wall`` as in :func:`commands_line` and :func:`wall_time_line`)."""
+    return [
+        f"# {title}",
+        "",
+        f"{meta['description']}.",
+        "",
+        *note,
+        *([figure, ""] if figure else []),
+        "## What was run",
+        "",
+        commands_line(meta, several),
+        wall_time_line(meta, **wall),
+        software_line(meta),
+    ]
+
+
+def commands_line(meta: dict, several: str = "") -> str:
+    """``- command(s): `...` `` from ``meta.commands`` (``several`` explains why there are several)."""
+    commands = meta.get("commands") or [meta["command"]]
+    return f"- command{'s' + several if len(commands) > 1 else ''}: " + ", ".join(f"`{c}`" for c in commands)
+
+
+def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
+    """``- wall time: ... min from the first start to the last result; the runs' own WORK time sums to
+    ... min; CORES (platform), torch threads T`` (the accelerator named where one trained, with ``on``)."""
+    compute = meta.get("compute_seconds")
+    accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
+    return (
+        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
+        + (f"; the runs' own {work} time sums to {compute / 60:.1f} min" if compute is not None else "")
+        + f"; {on}{accelerator}{meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
+        f"{meta.get('torch_threads')}{per_process}"
+    )
+
+
+def software_line(meta: dict) -> str:
+    """``- software: Python ..., torch ..., transformers ...`` and the other recorded versions."""
+    return f"- software: Python {meta['python']}, torch {meta['torch']}, transformers {meta['transformers']}" + "".join(
+        f", {k} {v}" for k, v in (meta.get("other_versions") or {}).items() if v
+    )
+
+
+def write_csv(path: Path, keys: list[str], rows: list[dict]) -> None:
+    """``keys`` as the header, then each row's values for them (a missing value: an empty cell)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(keys)
+        w.writerows([r.get(k) for k in keys] for r in rows)
+
+
+# ------------------------------------------------------------------------------- figures
+def plain_ticks(ax, xs) -> None:
+    """Ticks at exactly ``xs``, labelled as plain numbers (log axes otherwise print powers)."""
+    if xs:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
+        ax.minorticks_off()
+
+
+def plot_learning_curves(results: list[dict], path: Path, title: str = "") -> None:
+    """Training loss and held-out loss against training tokens, one colour per language-model run
+    (each a :func:`fixedhead.training.pretrain` result with its curves)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for r in results:
+        tokens_per_step = r["tokens_per_step"]
+        label = (
+            f"{r['name']} (d={r['hidden_size']}, h={r['num_attention_heads']}, d_p={r['head_dim']}, "
+            f"{r['parameters'] / 1e6:.2f}M)"
+        )
+        for ax, curve in ((axes[0], r["train_curve"]), (axes[1], r["eval_curve"])):
+            if curve:
+                steps, losses = zip(*curve, strict=True)
+                ax.plot(
+                    [s * tokens_per_step / 1e6 for s in steps],
+                    losses,
+                    marker="." if ax is axes[1] else None,
+                    label=label,
+                )
+    causal = any(r.get("objective") == "clm" for r in results)
+    what = "causal-LM loss per token" if causal else "MLM loss"
+    axes[0].set_title(f"training {what}")
+    axes[1].set_title(f"held-out {what}" + ("" if causal else " (fixed masking)"))
+    for ax in axes:
+        ax.set_xlabel("training tokens (millions)")
+    axes[0].set_ylabel("cross-entropy (nats)")
+    if title:
+        fig.suptitle("\n".join(textwrap.wrap(title, 140)), fontsize=9)
+    axes[0].grid(alpha=0.3)
+    save_figure(fig, path, [axes[1]])  # one legend, on the held-out panel

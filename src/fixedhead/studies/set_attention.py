@@ -1,0 +1,270 @@
+"""The one-layer set model of ``fixedhead farthest-point``, its metrics and its training loop: one
+run of the study (one cell, one seed). The task is :mod:`fixedhead.data.synthetic`; the plan, the
+results file and the report are :mod:`fixedhead.studies.farthest_point`.
+
+Metrics, on fresh held-out sets:
+
+* ``mse``: squared distance ‖output − x_{j*}‖² averaged over points (= MSE × d, Amsel et al.'s
+  scaling): predicting 0 scores exactly 1.
+* ``hit_rate``: the fraction of points whose output lies within half the gap around the right
+  point, ‖output − x_{j*}‖ < ½ min_{k≠j*} ‖x_k − x_{j*}‖ — so the output is nearer to x_{j*} than
+  to any other point, by a margin: it can be read as x_{j*} and as nothing else.
+* ``nearest_rate``: the fraction whose *nearest* point is x_{j*}, with no margin. Reported but not
+  used for verdicts: it is fooled by a layer that ignores attention — the linear map
+  x_i ↦ −UᵀU x_i has inner product −⟨Ux_i, Ux_j⟩ with every x_j, so its nearest point on the sphere
+  is exactly j*(i), on every point, without looking at the set.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from ..data.synthetic import FarthestPointTask
+from ..model.attention import MultiHeadAttention
+from ..validation import in_range, positive_float, positive_int
+
+
+# ------------------------------------------------------------------------------------ model
+class SetAttentionModel(nn.Module):
+    """One post-LN encoder block on a set of points, then a linear read-out; no positions.
+
+    points x ∈ R^{N×d} → h0 = s_in·x → z = LN(h0 + MultiHead(h0)) → y = LN(z + FFN(z))
+    → output = y W_rᵀ + b_r ∈ R^{N×d}.
+    The block is BERT's (paper Section 2, post-LN, GELU feed-forward of width ``intermediate_size``);
+    MultiHead is :class:`fixedhead.model.attention.MultiHeadAttention` with h heads of size d_p (any d_p:
+    the paper's fixed head size, Section 4), whose logits q·k/√d_p are multiplied by ``logit_scale``
+    (an inverse temperature, the same for every head size).
+
+    Args:
+        hidden_size: d, the dimension of the points.
+        num_attention_heads: h.
+        head_dim: d_p.
+        intermediate_size: feed-forward width (None: 4d).
+        logit_scale: multiplies the attention logits (> 0).
+        input_scale: s_in, multiplies the points before the block (> 0; 1 feeds the unit vectors
+            as they are, as Amsel et al. do).
+
+    Raises:
+        ValueError: a size that is not a positive int, h·d_p < d (the values could not carry a
+            d-dimensional point), or a logit_scale / input_scale that is not a positive finite number.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        head_dim: int,
+        intermediate_size: int | None = None,
+        logit_scale: float = 1.0,
+        input_scale: float = 1.0,
+    ):
+        super().__init__()
+        d = positive_int("hidden_size", hidden_size)
+        h = positive_int("num_attention_heads", num_attention_heads)
+        dp = positive_int("head_dim", head_dim)
+        if h * dp < d:
+            raise ValueError(
+                f"num_attention_heads × head_dim = {h} × {dp} = {h * dp} < hidden_size = {d}: "
+                f"the values cannot carry a {d}-dimensional point"
+            )
+        ffn = 4 * d if intermediate_size is None else positive_int("intermediate_size", intermediate_size)
+        positive_float("logit_scale", logit_scale)
+        positive_float("input_scale", input_scale)
+        self.hidden_size, self.logit_scale, self.input_scale = d, float(logit_scale), float(input_scale)
+        self.attention = MultiHeadAttention(d, h, head_dim=dp)
+        self.attention.scale = self.logit_scale / math.sqrt(dp)  # the layer's 1/√d_p, times the inverse temperature
+        self.norm1 = nn.LayerNorm(d)
+        self.ffn = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
+        self.norm2 = nn.LayerNorm(d)
+        self.readout = nn.Linear(d, d)
+
+    def forward(self, points: torch.Tensor, output_attentions: bool = False):
+        """points [batch, N, d] → outputs [batch, N, d] (and, with ``output_attentions``, the
+        probabilities [batch, h, query, key], rows summing to 1)."""
+        h0 = points * self.input_scale
+        a, probs = self.attention(h0, output_attentions=output_attentions)
+        z = self.norm1(h0 + a)
+        y = self.norm2(z + self.ffn(z))
+        out = self.readout(y)
+        return (out, probs) if output_attentions else out
+
+
+# ---------------------------------------------------------------------------------- metrics
+def prediction_metrics(
+    points: torch.Tensor, targets: torch.Tensor, index: torch.Tensor, outputs: torch.Tensor
+) -> dict[str, float]:
+    """``mse`` (‖o − x_{j*}‖² per point, i.e. MSE × d), ``hit_rate`` and ``nearest_rate`` (module docstring).
+
+    Args:
+        points: [batch, N, d]; targets: [batch, N, d] (= points[index]); index: [batch, N];
+            outputs: [batch, N, d].
+
+    Returns:
+        A dict of three floats, each a mean over batch × N points.
+    """
+    err = ((outputs - targets) ** 2).sum(-1)  # [batch, N]
+    gaps = torch.cdist(targets, points)  # [batch, N(query), N(point)]
+    gaps = gaps.masked_fill(nn.functional.one_hot(index, points.shape[1]).bool(), float("inf"))
+    hit = err.sqrt() < 0.5 * gaps.min(-1).values
+    nearest = torch.cdist(outputs, points).argmin(-1) == index
+    return {
+        "mse": err.mean().item(),
+        "hit_rate": hit.float().mean().item(),
+        "nearest_rate": nearest.float().mean().item(),
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, sets: tuple[torch.Tensor, torch.Tensor, torch.Tensor], chunk: int = 1024
+) -> dict[str, float]:
+    """:func:`prediction_metrics` of ``model`` on (points, targets, index), in chunks of sets."""
+    was_training = model.training
+    model.eval()
+    x, t, idx = sets
+    outs = torch.cat([model(x[i : i + chunk]) for i in range(0, x.shape[0], chunk)])
+    model.train(was_training)
+    return prediction_metrics(x, t, idx, outs)
+
+
+def attention_free_reference(task: FarthestPointTask, num_sets: int = 4096, seed: int = 0) -> dict[str, float]:
+    """What a layer that ignores the other points can reach: the least-squares affine map
+    x_i ↦ W x_i + b fitted to x_{j*(i)} on ``num_sets`` sets, scored on as many fresh ones.
+
+    It is the reference line of the report: below its ``mse`` a model must be using attention.
+    Its ``nearest_rate`` is 1 (see the module docstring), its ``hit_rate`` near 0.
+    """
+    u = task.projection
+    fit_x, fit_t, _ = task.sample(num_sets, torch.Generator().manual_seed(seed + 50_000), u)
+    a = torch.cat([fit_x.reshape(-1, task.dim), torch.ones(fit_x.numel() // task.dim, 1)], 1).double()
+    w = torch.linalg.lstsq(a, fit_t.reshape(-1, task.dim).double()).solution.float()  # [d + 1, d]
+    x, t, idx = task.sample(num_sets, torch.Generator().manual_seed(seed + 60_000), u)
+    return prediction_metrics(x, t, idx, x @ w[:-1] + w[-1])
+
+
+# ----------------------------------------------------------------------------------- recipe
+@dataclass(frozen=True)
+class FarthestPointRecipe:
+    """The one training recipe every cell gets.
+
+    AdamW (betas 0.9/0.95, as Amsel et al.), linear warm-up for ``warmup_ratio`` of the steps then
+    cosine decay to 0; loss = MSE × d on a fresh batch of sets every step; the learning curve is
+    measured on ``curve_sets`` fixed held-out sets every ``steps // curve_points`` steps and the
+    final metrics on ``eval_sets`` other held-out sets.
+    """
+
+    steps: int = 3000
+    batch_size: int = 64
+    learning_rate: float = 1e-2
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    logit_scale: float = 16.0
+    input_scale: float = 1.0
+    intermediate_size: int | None = None
+    curve_points: int = 20
+    curve_sets: int = 256
+    eval_sets: int = 4096
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "curve_points", "curve_sets", "eval_sets"):
+            positive_int(name, getattr(self, name))
+        positive_float("learning_rate", self.learning_rate)
+        in_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
+        in_range("weight_decay", self.weight_decay, 0.0, math.inf)
+        positive_float("logit_scale", self.logit_scale)
+        positive_float("input_scale", self.input_scale)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One model of the grid: the task's rank r, the head size d_p and the number of heads h."""
+
+    rank: int
+    head_dim: int
+    num_heads: int
+
+    @property
+    def key(self) -> str:
+        return f"r{self.rank}-dp{self.head_dim}-h{self.num_heads}"
+
+
+# --------------------------------------------------------------------------------- training
+def _lr_lambda(warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+    return f
+
+
+def train_cell(
+    task: FarthestPointTask, cell: Cell, recipe: FarthestPointRecipe, seed: int, progress: bool = True
+) -> dict:
+    """Train one :class:`SetAttentionModel` on ``task`` with ``recipe``; return its metrics and curve.
+
+    ``seed`` sets the initialisation (``torch.manual_seed``) and the stream of training sets; the
+    held-out sets come from their own fixed seeds, the same for every cell of a (task, seed).
+
+    Returns:
+        A dict: the cell's fields, ``seed``, ``parameters``, the final ``mse``/``hit_rate``/
+        ``nearest_rate`` on ``recipe.eval_sets`` held-out sets, ``train_seconds`` and ``curve``
+        (a list of [step, mse, hit_rate] on the curve sets, step 0 included).
+
+    Raises:
+        ValueError: a cell whose rank differs from the task's, or a model size that
+            :class:`SetAttentionModel` refuses.
+    """
+    from tqdm.auto import tqdm
+
+    if cell.rank != task.rank:
+        raise ValueError(f"cell rank {cell.rank} differs from the task's rank {task.rank}")
+    torch.manual_seed(seed)
+    model = SetAttentionModel(
+        task.dim, cell.num_heads, cell.head_dim, recipe.intermediate_size, recipe.logit_scale, recipe.input_scale
+    )
+    u = task.projection
+    curve_sets = task.sample(recipe.curve_sets, torch.Generator().manual_seed(seed + 20_000), u)
+    eval_sets = task.sample(recipe.eval_sets, torch.Generator().manual_seed(seed + 30_000), u)
+    data = torch.Generator().manual_seed(seed + 10_000)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe.learning_rate, betas=recipe.betas, weight_decay=recipe.weight_decay
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(int(recipe.warmup_ratio * recipe.steps), recipe.steps))
+    every = max(1, recipe.steps // recipe.curve_points)
+    m0 = evaluate(model, curve_sets)
+    curve = [[0, m0["mse"], m0["hit_rate"]]]
+    t0 = time.time()
+    bar = tqdm(
+        range(1, recipe.steps + 1), desc=cell.key + f" s{seed}", disable=not progress, leave=False, mininterval=1.0
+    )
+    for step in bar:
+        x, t, _ = task.sample(recipe.batch_size, data, u)
+        loss = ((model(x) - t) ** 2).sum(-1).mean()  # MSE × d
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % every == 0 or step == recipe.steps:
+            m = evaluate(model, curve_sets)
+            curve.append([step, m["mse"], m["hit_rate"]])
+            bar.set_postfix(mse=f"{m['mse']:.3f}", hit=f"{m['hit_rate']:.2f}")
+    seconds = time.time() - t0
+    final = evaluate(model, eval_sets)
+    return {
+        **asdict(cell),
+        "key": cell.key,
+        "seed": seed,
+        "dim": task.dim,
+        "num_points": task.num_points,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **final,
+        "train_seconds": round(seconds, 2),
+        "curve": curve,
+    }

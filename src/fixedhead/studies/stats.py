@@ -1,0 +1,107 @@
+"""Seeds to numbers and numbers to verdicts: mean ± std and its text, and the verdict rules of the
+studies side by side, each fixed before the run it judges.
+
+* :func:`welch_verdict` (``sweep``/``report``): Welch's two-sample t-test over seeds, p < ``ALPHA``
+  in the paper's direction agrees, in the other direction does not, otherwise cannot tell;
+* :func:`pooled_verdict` (``widen-experiment``): a difference of means beyond ``RULE_STDS`` pooled
+  standard deviations;
+* :func:`threshold_verdict` (``farthest-point``): every seed above a success bar, or every seed
+  below a failure bar.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+#: Welch's test: a difference counts at p below this
+ALPHA = 0.05
+#: the pooled-σ rule: a difference of means counts beyond this many pooled standard deviations
+RULE_STDS = 2.0
+#: the threshold rule on a rate in [0, 1]: every seed at or above succeeds, every seed below fails
+SUCCEEDS_AT = 0.9
+FAILS_BELOW = 0.5
+
+CANNOT_TELL = "cannot tell at this scale"
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1) of seeds' results; NaN where undefined (no value,
+    or one value for the deviation)."""
+    if not values:
+        return float("nan"), float("nan")
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
+    return m, s
+
+
+def pm(m: float, s: float, digits: int = 2) -> str:
+    """``"m ± s"`` with ``digits`` decimals; ``"m (1 seed)"`` without a deviation, ``"–"`` without a mean."""
+    if not math.isfinite(m):
+        return "–"
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if math.isfinite(s) else f"{m:.{digits}f} (1 seed)"
+
+
+def pm_of(values: list[float], digits: int = 2) -> str:
+    """:func:`pm` of the :func:`mean_std` of ``values``."""
+    return pm(*mean_std(values), digits)
+
+
+# ------------------------------------------------------------------------------ Welch's test
+def welch(a: list[float], b: list[float]) -> tuple[float, float]:
+    """``(mean(b) - mean(a), two-sided p-value)`` of Welch's t-test; p = nan with fewer than 2 values a side."""
+    from scipy.stats import ttest_ind
+
+    delta = sum(b) / len(b) - sum(a) / len(a) if a and b else float("nan")
+    if len(a) < 2 or len(b) < 2:
+        return delta, float("nan")
+    if max(a) == min(a) and max(b) == min(b):
+        return delta, 0.0 if delta != 0 else 1.0
+    with warnings.catch_warnings():  # near-identical seeds: SciPy warns about precision, the p-value stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
+
+
+def welch_verdict(delta: float, p: float, paper_sign: int) -> str:
+    """``agrees`` / ``does not agree`` / ``cannot tell at this scale``: a significant difference
+    (p < ``ALPHA``) whose sign is ``paper_sign`` agrees, one of the other sign does not."""
+    if not math.isfinite(p) or p >= ALPHA or delta == 0:
+        return CANNOT_TELL
+    return "agrees" if (delta > 0) == (paper_sign > 0) else "does not agree"
+
+
+# ------------------------------------------------------------------------------- pooled σ
+def pooled_verdict(losses_a: list[float], losses_b: list[float]) -> dict:
+    """B against A on a loss (lower is better), by ``RULE_STDS`` pooled standard deviations.
+
+    Returns:
+        ``{"difference": mean(A) − mean(B) (> 0: B has the lower loss), "pooled_std":
+        √((s_A² + s_B²)/2), "threshold": RULE_STDS × pooled_std, "verdict": "lower loss",
+        "higher loss", "no measurable difference" or "undecided (one seed)"}``.
+    """
+    ma, sa = mean_std(losses_a)
+    mb, sb = mean_std(losses_b)
+    pooled = math.sqrt((sa**2 + sb**2) / 2)
+    diff = ma - mb
+    if not math.isfinite(pooled):
+        verdict = "undecided (one seed)"
+    elif diff > RULE_STDS * pooled:
+        verdict = "lower loss"
+    elif diff < -RULE_STDS * pooled:
+        verdict = "higher loss"
+    else:
+        verdict = "no measurable difference"
+    return {"difference": diff, "pooled_std": pooled, "threshold": RULE_STDS * pooled, "verdict": verdict}
+
+
+# ------------------------------------------------------------------------------ thresholds
+def threshold_verdict(rates: list[float]) -> str:
+    """``succeeds`` if every seed's rate is ≥ ``SUCCEEDS_AT``, ``fails`` if every seed's is
+    < ``FAILS_BELOW``, ``in between`` otherwise (seeds that disagree included); ``not run`` without seeds."""
+    if not rates:
+        return "not run"
+    if min(rates) >= SUCCEEDS_AT:
+        return "succeeds"
+    if max(rates) < FAILS_BELOW:
+        return "fails"
+    return "in between"

@@ -1,0 +1,46 @@
+"""Every committed study report in docs/results/ is what the code renders from the committed
+results file next to it: the reports are outputs, never edited by hand."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _state(folder: str) -> dict:
+    return json.loads((RESULTS / folder / "results.json").read_text())
+
+
+@pytest.mark.parametrize("folder", ["make-run", "compare-clm"])
+def test_compare_table_regenerates(folder, tmp_path):
+    from fixedhead.studies.compare import write_results
+
+    saved = _state(folder)
+    write_results(saved["results"], tmp_path, saved["meta"])
+    assert (tmp_path / "results.csv").read_text() == (RESULTS / folder / "results.csv").read_text()
+
+
+def test_farthest_point_report_regenerates():
+    from fixedhead.studies.farthest_point import report_markdown
+
+    assert report_markdown(_state("synthetic")) == (RESULTS / "synthetic" / "report.md").read_text()
+
+
+def test_widening_report_regenerates():
+    from fixedhead.studies.widening import report_markdown
+
+    assert report_markdown(_state("widening")) == (RESULTS / "widening" / "report.md").read_text()
+
+
+def test_committed_runs_are_reused_by_todays_presets():
+    """The settings record of each committed results file is today's preset's: rerunning the
+    committed command in that folder reuses its runs instead of refusing them."""
+    from fixedhead.studies import farthest_point, widening
+
+    saved = _state("synthetic")["meta"]["settings"]
+    assert saved == farthest_point.settings_record(farthest_point.get_synthetic_preset("default"))
+    meta = _state("widening")["meta"]
+    now = widening.settings_record(widening.get_widening_preset("cpu"), meta["wide_head_dim"])
+    assert widening.same_settings(meta["settings"], now)
