@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.utils.data import Dataset
@@ -75,6 +75,14 @@ class DataSettings:
         optional_positive_int("max_train_tokens", self.max_train_tokens, minimum=self.max_seq_length)
         optional_positive_int("max_eval_tokens", self.max_eval_tokens, minimum=self.max_seq_length)
         in_range("validation_fraction", self.validation_fraction, 0.0, 1.0)
+
+    #: fields added after runs were first saved, with the value those runs used
+    ADDED_LATER = {"validation_fraction": 0.0}
+
+    def record(self) -> dict:
+        """The settings as a dict for a run's or a study's settings record: fields added later
+        (:attr:`ADDED_LATER`) are left out at the value older records imply, so those still match."""
+        return {k: v for k, v in asdict(self).items() if not (k in self.ADDED_LATER and self.ADDED_LATER[k] == v)}
 
 
 @dataclass

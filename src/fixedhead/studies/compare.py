@@ -167,7 +167,7 @@ def run_compare(
         # how much they learnt beyond word frequencies (see unigram_perplexity)
         "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
         "description": description,
-        "data": asdict(data_settings),
+        "data": data_settings.record(),
         "data_info": data.info,
         "train": asdict(train),
         "total_seconds": round(time.time() - t_start, 1),

@@ -364,7 +364,7 @@ def run_sweep(
     previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
     prev_meta = previous.get("meta", {})
     if prev_meta.get("data"):  # results computed on other data would not be comparable
-        diffs = settings_differences({"data": prev_meta["data"]}, {"data": asdict(data_settings)})
+        diffs = settings_differences({"data": prev_meta["data"]}, {"data": data_settings.record()})
         if diffs:
             raise FileExistsError(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
@@ -380,7 +380,7 @@ def run_sweep(
         command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan
         previous,
         quick=quick,
-        data=asdict(data_settings),
+        data=data_settings.record(),
         data_info=dict(data.info),
         train=asdict(train),
         finetune=asdict(ft) if ft else None,

@@ -146,7 +146,7 @@ def settings_record(p: WideningPreset, wide_head_dim: int) -> dict:
         return {k: v for k, v in asdict(t).items() if k not in ("seed", "progress")}
 
     record = {
-        "data": asdict(p.data),
+        "data": p.data.record(),
         "model": p.model,
         "base": {**recipe(p.base), "seed": p.base.seed},
         "continuation": recipe(p.continuation),

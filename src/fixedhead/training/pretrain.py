@@ -185,8 +185,6 @@ class TrainSettings:
 _NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
-#: the same for DataSettings fields
-_DATA_ADDED_LATER = {"validation_fraction": 0.0}
 
 
 def with_later_defaults(train: dict) -> dict:
@@ -218,7 +216,7 @@ def run_fingerprint(
     fingerprint = {
         "config": config.to_diff_dict(),
         "train": train,
-        "data": _without_later_defaults(asdict(data_settings), _DATA_ADDED_LATER) if data_settings else {},
+        "data": data_settings.record() if data_settings else {},
         # keyed on the starting weights' content, not on their folder: a moved source still matches
         "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
     }
@@ -250,7 +248,7 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
             if key == "train":
                 old, value = with_later_defaults(old), with_later_defaults(value)
             if key == "data" and old:  # a data section at all: fields added later count at their default
-                old, value = {**_DATA_ADDED_LATER, **old}, {**_DATA_ADDED_LATER, **value}
+                old, value = {**DataSettings.ADDED_LATER, **old}, {**DataSettings.ADDED_LATER, **value}
             diffs += [
                 f"{key}.{k}: {old.get(k)!r} → {v!r}"
                 for k, v in value.items()
