@@ -572,14 +572,16 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: FixedHeadConfig):
-        if not config.is_decoder:
-            # as BertLMHeadModel warns: a masked-LM run opened here (AutoModelForCausalLM, the
-            # text-generation pipeline) was trained with bidirectional attention
+        trained_as = [a for a in (config.architectures or []) if a != type(self).__name__]
+        if not config.is_decoder and trained_as:
+            # as BertLMHeadModel warns on an encoder config: a masked-LM run opened here
+            # (AutoModelForCausalLM, the text-generation pipeline) was trained attending both ways.
+            # A fresh config (no architectures yet) is simply made causal: that is this class.
             warnings.warn(
-                "FixedHeadForCausalLM built from an encoder config (is_decoder=False, e.g. a masked-LM run): "
-                "its attention is made causal here, which is not how such a model was trained, so what it "
-                "generates is not meaningful; pretrain with the causal objective for a language model that "
-                "generates",
+                f"FixedHeadForCausalLM built from an encoder checkpoint's config (is_decoder=False, "
+                f"architectures={config.architectures}): it was trained with bidirectional attention, which "
+                "is made causal here, so what it generates is not meaningful; pretrain with the causal "
+                "objective for a language model that generates",
                 stacklevel=2,
             )
         config.is_decoder = True  # this class is the decoder; an encoder config becomes a decoder one
