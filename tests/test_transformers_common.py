@@ -46,6 +46,7 @@ from transformers import (  # noqa: E402
     BertModel,
 )
 from transformers.models.auto import modeling_auto  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 from fixedhead import (  # noqa: E402
     FixedHeadConfig,
@@ -72,6 +73,16 @@ def _listed_in_transformers_tables():
     yield
     for table in _TABLES:
         getattr(modeling_auto, table).pop(FixedHeadConfig.model_type, None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _transformers_default_verbosity():
+    """Some tests read transformers' warnings (e.g. the load report); an earlier test in the same
+    process may have lowered the library's verbosity (fine-tuning without progress output does)."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    yield
+    hf_logging.set_verbosity(verbosity)
 
 
 # Head settings: BERT's tester has hidden_size 32 and 4 heads (d/h = 8), two layers.
