@@ -212,9 +212,12 @@ def test_text_generation_pipeline_continues_a_prompt(tiny_causal_run):
     )  # continued, not closed
     out = generate("it was the best of times", max_new_tokens=5, do_sample=False)[0]["generated_text"]
     assert out.startswith("it was the best of times") and len(out) > len("it was the best of times")
-    # with the pipeline's defaults generation stops where the learned positions end (n = 32 here)
-    tokens = generate("it was the best of times", return_tensors=True)[0]["generated_token_ids"]
-    assert len(tokens) == 32 or (len(tokens) < 32 and tokens[-1] == generate.tokenizer.eos_token_id)
+    # the pipeline's default of 256 new tokens runs past the 32 learned positions: refused before
+    # generating, naming the table and how many new tokens fit (a prompt of len(ids) embeds 32 + 1 - len(ids))
+    with pytest.raises(ValueError, match=f"max_position_embeddings=32 .*at most {33 - len(ids)} new tokens"):
+        generate("it was the best of times")
+    tokens = generate("it was the best of times", max_new_tokens=33 - len(ids), return_tensors=True)
+    assert len(tokens[0]["generated_token_ids"]) <= 33
 
 
 def test_causal_unigram_reference_counts_every_predicted_token(tiny_causal_run):

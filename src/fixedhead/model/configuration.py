@@ -8,6 +8,7 @@ layer, each None or an int; :attr:`FixedHeadConfig.layer_head_dims` resolves the
 
 from __future__ import annotations
 
+import copy
 import numbers
 from dataclasses import dataclass
 
@@ -19,6 +20,10 @@ from .parametrization import check_parametrization
 
 #: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def _is_token_id(value, vocab_size: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
 def _check_prob(name, value):
@@ -36,7 +41,8 @@ class FixedHeadConfig(PreTrainedConfig):
             one entry per layer (each None or an int) for per-layer head sizes,
         intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
-        initializer_range, layer_norm_eps, pad_token_id, classifier_dropout,
+        initializer_range, layer_norm_eps, pad_token_id, bos_token_id / eos_token_id (generation
+            starts / stops at them; a trained causal run records its tokenizer's), classifier_dropout,
         tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
         is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.model.modeling.FixedHeadForCausalLM`
         sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
@@ -49,9 +55,11 @@ class FixedHeadConfig(PreTrainedConfig):
         ValueError: at construction, naming the bad value: non-int or non-positive sizes
             (bools and floats included), standard mode with d not divisible by h, a per-layer
             ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, dropout
-            outside [0, 1), pad_token_id outside the vocabulary, a problem_type that is not one
-            of :data:`PROBLEM_TYPES` (BERT would silently compute no loss), parametrization fields
-            (:func:`~fixedhead.model.parametrization.check_parametrization`).
+            outside [0, 1), a pad / bos / eos token id outside the vocabulary, a problem_type that is
+            not one of :data:`PROBLEM_TYPES` (BERT would silently compute no loss), parametrization
+            fields (:func:`~fixedhead.model.parametrization.check_parametrization`). The same rules
+            are checked again after ``from_pretrained`` overrides and when a model is built
+            (:meth:`check`).
     """
 
     model_type = "fixedhead"
@@ -70,6 +78,8 @@ class FixedHeadConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     pad_token_id: int | None = 0
+    bos_token_id: int | None = None  # generation: the id a prompt starts with (the tokenizer's)
+    eos_token_id: int | list[int] | None = None  # generation stops at it (one id or several)
     classifier_dropout: float | None = None
     tie_word_embeddings: bool = True
     is_decoder: bool = False  # causal (left-to-right) attention; FixedHeadForCausalLM sets it
@@ -82,6 +92,16 @@ class FixedHeadConfig(PreTrainedConfig):
     query_init: str = "normal"  # "zero": W_q starts at 0
 
     def __post_init__(self, **kwargs):
+        self.check()
+        super().__post_init__(**kwargs)
+
+    def check(self) -> None:
+        """Check every field against the rules in the class docstring; raises ValueError naming the value.
+
+        Runs when the config is built, again after ``from_pretrained`` / ``from_dict`` apply their
+        keyword overrides (transformers sets those after construction), and when a model is built
+        from the config, so a field changed after construction is caught before any weight exists.
+        """
         positive_int("num_hidden_layers", self.num_hidden_layers)
         if isinstance(self.head_dim, (list, tuple)):
             self.head_dim = list(self.head_dim)  # saved as a JSON list, reloaded the same
@@ -104,20 +124,60 @@ class FixedHeadConfig(PreTrainedConfig):
             _check_prob(name, getattr(self, name))
         if self.classifier_dropout is not None:
             _check_prob("classifier_dropout", self.classifier_dropout)
-        if self.pad_token_id is not None and not (
-            isinstance(self.pad_token_id, numbers.Integral) and 0 <= self.pad_token_id < self.vocab_size
-        ):
-            raise ValueError(f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id!r}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            ids = value if isinstance(value, (list, tuple)) and name == "eos_token_id" else [value]
+            if value is not None and not all(_is_token_id(i, self.vocab_size) for i in ids):
+                raise ValueError(f"{name} must be in [0, vocab_size={self.vocab_size}), got {value!r}")
         if getattr(self, "problem_type", None) is not None and self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {self.problem_type!r}")
         if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         check_parametrization(self)
-        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' ``from_dict`` (``from_pretrained`` calls it), then :meth:`check` again: the
+        keyword overrides are set after construction, so e.g. ``num_hidden_layers=2`` on a run with a
+        four-entry ``head_dim`` list is refused here, naming both, instead of building a model that
+        cannot be saved and loaded back."""
+        overrides = {k: v for k, v in kwargs.items() if k in cls.__dataclass_fields__}
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        try:
+            config.check()
+        except ValueError as e:
+            raise ValueError(f"{e} (after the overrides {overrides})") from None
+        return loaded
+
+    @property
+    def per_layer_config(self) -> tuple[FixedHeadConfig, ...]:
+        """Each layer's configuration, where transformers reads per-layer fields (its
+        ``config.per_layer_config[i]``: cache shapes, ``StaticCache`` sizes): a shallow copy whose
+        ``head_dim`` is that layer's head size as an int (:attr:`layer_head_dims`), whichever of
+        None / int / list the config holds."""
+        layers = []
+        for dp in self.layer_head_dims:
+            layer = copy.copy(self)
+            layer.__dict__["head_dim"] = dp
+            layers.append(layer)
+        return tuple(layers)
+
+    @per_layer_config.setter
+    def per_layer_config(self, value) -> None:
+        raise ValueError(
+            f"FixedHeadConfig takes per-layer head sizes as head_dim=[...] (one entry per layer), not "
+            f"per_layer_config={value!r}"
+        )
 
     @property
     def layer_head_dims(self) -> list[int]:
         """The head size d_p of every layer, resolved (None entries = hidden_size // num_attention_heads)."""
+        if isinstance(self.head_dim, list) and len(self.head_dim) != self.num_hidden_layers:
+            raise ValueError(
+                f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
+                f"got {len(self.head_dim)}: {self.head_dim!r}"
+            )
         per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
         return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
 

@@ -75,7 +75,8 @@ class FixedHeadEmbeddings(nn.Module):
         """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
 
         ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
-        rows (as BERT). Without ``position_ids`` the tokens sit at positions ``cache_length`` ..
+        rows (as BERT); ``token_type_ids`` also [batch, 1] / [1, 1] / [1], one type for a whole row
+        (BERT's sum broadcasts it). Without ``position_ids`` the tokens sit at positions ``cache_length`` ..
         ``cache_length + seq - 1`` (after the tokens already in a key/value cache, as BERT).
         Raises ValueError naming the value: see :class:`FixedHeadModel`.
         """
@@ -127,7 +128,10 @@ class FixedHeadEmbeddings(nn.Module):
             type_embeds = self.token_type_embeddings.weight[0].view(1, 1, -1)
         else:
             check_integer("token_type_ids", token_type_ids)
-            check_broadcast_ids_shape("token_type_ids", token_type_ids, batch, seq)
+            # [batch, 1] / [1, 1] / [1]: one type for every token of a row, broadcast as BERT's sum does
+            # (transformers' export-style decode joins two steps' input_ids but keeps one step's types)
+            if tuple(token_type_ids.shape) not in ((batch, 1), (1, 1), (1,)):
+                check_broadcast_ids_shape("token_type_ids", token_type_ids, batch, seq)
             n_types = self.token_type_embeddings.weight.shape[0]
             bad = first_out_of_range(token_type_ids, 0, n_types)
             if bad is not None:
@@ -201,6 +205,10 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
+
+    def __init__(self, config: FixedHeadConfig, *inputs, **kwargs):
+        config.check()  # fields changed after the config was built (overrides, setattr) are refused here
+        super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -584,14 +592,38 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: FixedHeadConfig):
+        trained_as = [a for a in (config.architectures or []) if a != type(self).__name__]
+        if not config.is_decoder and trained_as:
+            # as BertLMHeadModel warns on an encoder config: a masked-LM run opened here
+            # (AutoModelForCausalLM, the text-generation pipeline) was trained attending both ways.
+            # A fresh config (no architectures yet) is simply made causal: that is this class.
+            warnings.warn(
+                f"FixedHeadForCausalLM built from an encoder checkpoint's config (is_decoder=False, "
+                f"architectures={config.architectures}): it was trained with bidirectional attention, which "
+                "is made causal here, so what it generates is not meaningful; pretrain with the causal "
+                "objective for a language model that generates",
+                stacklevel=2,
+            )
         config.is_decoder = True  # this class is the decoder; an encoder config becomes a decoder one
         super().__init__(config)
         self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
         self.cls = FixedHeadMLMHead(config)
         self.post_init()
-        # learned positions end at max_position_embeddings: generate (and pipeline("text-generation"),
-        # whose own default is 256 new tokens) stop there unless told otherwise
-        self.generation_config.max_length = config.max_position_embeddings
+
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        """transformers' length checks, then the learned position table's: a sequence of L tokens
+        embeds its first L - 1 (the last one is only predicted), so L may reach
+        max_position_embeddings + 1, as for GPT-2's table; longer is refused here, before the
+        first forward pass, instead of failing once generation reaches the end of the table."""
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        n_positions = self.fixedhead.embeddings.position_embeddings.weight.shape[0]
+        if generation_config.max_length - 1 > n_positions:
+            raise ValueError(
+                f"generating up to {generation_config.max_length} tokens (a prompt of {input_ids_length} and up to "
+                f"{generation_config.max_length - input_ids_length} new ones) needs {generation_config.max_length - 1} "
+                f"positions, more than max_position_embeddings={n_positions} (learned positions end there): "
+                f"ask for at most {n_positions + 1 - input_ids_length} new tokens"
+            )
 
     def get_output_embeddings(self):
         return self.cls.decoder

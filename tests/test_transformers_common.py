@@ -1,0 +1,270 @@
+"""transformers' own common model tests on fixedhead, with transformers' BERT as the control.
+
+``ModelTesterMixin``, ``ConfigTester`` and (causal LM) ``GenerationTesterMixin`` are the
+conformance suite every model inside transformers passes; the upstream files live beside a checkout
+in ``../shared/transformers-tests`` (its README says which commit; ``FIXEDHEAD_HF_TESTS`` points
+elsewhere). Each fixedhead class runs them at three head settings (``head_dim=None``, a fixed size,
+a per-layer list), and the BERT class of the same sizes (``BertModel``, ``BertForMaskedLM``,
+``BertForSequenceClassification``, ``BertLMHeadModel``) runs the same tests in the same process.
+
+The rule: every test the BERT control passes passes for fixedhead, or is skipped here with a
+reason about fixedhead. Tests that fail for BERT too are the installed transformers disagreeing with
+the test files (``BERT_FAILS_TOO``): expected failures for BERT (strict, so a fixed one is noticed),
+allowed failures for fixedhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import unittest
+from pathlib import Path
+
+import pytest
+
+HF_TESTS = Path(
+    os.environ.get("FIXEDHEAD_HF_TESTS", Path(__file__).resolve().parents[2] / "shared" / "transformers-tests")
+)
+if not (HF_TESTS / "tests" / "test_modeling_common.py").is_file():
+    pytest.skip(f"transformers' common tests not found at {HF_TESTS}", allow_module_level=True)
+pytest.importorskip("parameterized", reason="the transformers test files need `parameterized` (dev extras)")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(HF_TESTS))
+# the upstream files are the package `tests`; this project's tests/ has no __init__.py, so a regular
+# package of that name anywhere on the path is the one imported
+
+from tests.generation.test_utils import GenerationTesterMixin  # noqa: E402
+from tests.test_configuration_common import ConfigTester  # noqa: E402
+from tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask  # noqa: E402
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertLMHeadModel,
+    BertModel,
+)
+from transformers.models.auto import modeling_auto  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from fixedhead import (  # noqa: E402
+    FixedHeadConfig,
+    FixedHeadForCausalLM,
+    FixedHeadForMaskedLM,
+    FixedHeadForSequenceClassification,
+    FixedHeadModel,
+)
+
+# The mixins decide what a class is (base model, masked LM, classifier, causal LM) by its name in
+# transformers' static tables, where an in-tree model type would be listed.
+_TABLES = {
+    "MODEL_MAPPING_NAMES": FixedHeadModel,
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES": FixedHeadForMaskedLM,
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": FixedHeadForCausalLM,
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES": FixedHeadForSequenceClassification,
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _listed_in_transformers_tables():
+    for table, cls in _TABLES.items():
+        getattr(modeling_auto, table)[FixedHeadConfig.model_type] = cls.__name__
+    yield
+    for table in _TABLES:
+        getattr(modeling_auto, table).pop(FixedHeadConfig.model_type, None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _transformers_default_verbosity():
+    """Some tests read transformers' warnings (e.g. the load report); an earlier test in the same
+    process may have lowered the library's verbosity (fine-tuning without progress output does)."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    yield
+    hf_logging.set_verbosity(verbosity)
+
+
+# Head settings: BERT's tester has hidden_size 32 and 4 heads (d/h = 8), two layers.
+HEAD_SETTINGS = {"standard": None, "fixed16": 16, "per_layer": [None, 12]}
+
+#: tests that fail for transformers' BERT too with the installed transformers (the test files are from
+#: an older commit): test name -> (reason, the BERT classes that fail it). Expected failures for those
+#: BERT classes (strict: a test that starts passing is noticed), allowed for their fixedhead twins.
+_GRAD_CKPT = (
+    "transformers 5.24 counts checkpointed calls differently from these 5.16 test files (BERT fails it too)",
+    {"BertForMaskedLM", "BertForSequenceClassification", "BertLMHeadModel"},
+)
+BERT_FAILS_TOO: dict[str, tuple[str, set[str]]] = {
+    "test_training_gradient_checkpointing": _GRAD_CKPT,
+    "test_training_gradient_checkpointing_use_reentrant_false": _GRAD_CKPT,
+    "test_training_gradient_checkpointing_use_reentrant_true": _GRAD_CKPT,
+}
+#: ConfigTester checks BERT's config fails too
+CONFIG_FAILS_TOO = {
+    "check_config_can_be_init_without_params": "the 5.16 test reads `has_no_defaults_at_init`, gone from 5.24's "
+    "PreTrainedConfig (BertConfig fails it too)",
+}
+
+#: tests skipped for fixedhead: test name -> the fixedhead-specific reason
+FIXEDHEAD_SKIPS: dict[str, str] = {
+    "test_capture_outputs_decorator": "fixedhead's encoder collects hidden states and attention probabilities in "
+    "its own layer loop (FixedHeadModel.forward), not through transformers' @capture_outputs hooks that this "
+    "test inspects; the outputs themselves are checked by test_hidden_states_output and test_attention_outputs",
+}
+
+
+class ModelTester:
+    """The sizes, inputs and labels of transformers' ``BertModelTester`` (tests/models/bert), building
+    ``config_class`` (BertConfig for the control, FixedHeadConfig with ``config_kwargs``)."""
+
+    batch_size, seq_length, is_training = 13, 7, True
+    vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size = 99, 32, 2, 4, 37
+    hidden_act, hidden_dropout_prob, attention_probs_dropout_prob = "gelu", 0.1, 0.1
+    max_position_embeddings, type_vocab_size, type_sequence_label_size = 512, 16, 2
+    initializer_range, num_labels, num_choices = 0.02, 3, 4
+
+    def __init__(self, parent, config_class, **config_kwargs):
+        self.parent = parent
+        self.config_class = config_class
+        self.config_kwargs = config_kwargs
+
+    def get_config(self):
+        return self.config_class(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            hidden_act=self.hidden_act,
+            hidden_dropout_prob=self.hidden_dropout_prob,
+            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
+            max_position_embeddings=self.max_position_embeddings,
+            type_vocab_size=self.type_vocab_size,
+            is_decoder=False,
+            initializer_range=self.initializer_range,
+            **self.config_kwargs,
+        )
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
+        attention_mask = random_attention_mask([self.batch_size, self.seq_length])
+        token_type_ids = ids_tensor([self.batch_size, self.seq_length], self.type_vocab_size)
+        inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        return self.get_config(), inputs
+
+
+class _CommonTests(ModelTesterMixin):
+    """One model class under transformers' common tests; subclasses set ``all_model_classes`` and
+    ``config`` = (config class, its extra arguments)."""
+
+    model_split_percents = [0.5, 0.8, 0.9]  # BERT's
+
+    def setUp(self):
+        self.model_tester = ModelTester(self, self.config[0], **self.config[1])
+
+    def prepare_config_and_inputs_for_generate(self, batch_size=2):
+        config, inputs = super().prepare_config_and_inputs_for_generate(batch_size)
+        config.is_decoder = True  # as transformers' BertModelTest
+        return config, inputs
+
+
+def _with_marks(cls, marks: dict[str, list]):
+    """Return ``cls`` with the named test methods wrapped in pytest marks. The wrapped test runs its
+    ``subTest`` blocks inline: pytest reports a failing subtest on its own, past an ``xfail`` mark."""
+    for name, mark_list in marks.items():
+        method = getattr(cls, name, None)
+        if method is None:
+            continue
+
+        def wrapped(self, _method=method):
+            self.subTest = lambda *args, **kwargs: contextlib.nullcontext()
+            return _method(self)
+
+        wrapped.__name__ = name
+        for mark in mark_list:
+            wrapped = mark(wrapped)
+        setattr(cls, name, wrapped)
+    return cls
+
+
+def _make_class(name, model_class, config, bert_name, is_bert, slow):
+    bases = (_CommonTests,)
+    if model_class.can_generate():
+        bases += (GenerationTesterMixin,)
+    attrs = {"all_model_classes": (model_class,), "config": config}
+    if slow:
+        attrs["pytestmark"] = [pytest.mark.slow]
+    cls = type(name, (*bases, unittest.TestCase), attrs)
+    marks = {}
+    for test, (reason, bert_classes) in BERT_FAILS_TOO.items():
+        if bert_name in bert_classes:
+            marks[test] = [pytest.mark.xfail(reason=reason, strict=is_bert)]
+    if not is_bert:
+        for test, reason in FIXEDHEAD_SKIPS.items():
+            marks[test] = [pytest.mark.skip(reason=reason)]
+    return _with_marks(cls, marks)
+
+
+_PAIRS = [
+    (BertModel, FixedHeadModel),
+    (BertForMaskedLM, FixedHeadForMaskedLM),
+    (BertForSequenceClassification, FixedHeadForSequenceClassification),
+    (BertLMHeadModel, FixedHeadForCausalLM),
+]
+
+# `make test` runs the causal LM at every head setting with its BERT control, and the other classes
+# at the paper's fixed head size; the rest is marked slow (`make test-slow`; about two minutes more)
+for _bert_cls, _fh_cls in _PAIRS:
+    _causal = _fh_cls is FixedHeadForCausalLM
+    _name = f"Test{_bert_cls.__name__}Control"
+    globals()[_name] = _make_class(
+        _name, _bert_cls, (BertConfig, {}), _bert_cls.__name__, is_bert=True, slow=not _causal
+    )
+    for _setting, _head_dim in HEAD_SETTINGS.items():
+        _name = f"Test{_fh_cls.__name__}_{_setting}"
+        _config = (FixedHeadConfig, {"head_dim": _head_dim})
+        _slow = not _causal and _setting != "fixed16"
+        globals()[_name] = _make_class(_name, _fh_cls, _config, _bert_cls.__name__, is_bert=False, slow=_slow)
+del _bert_cls, _fh_cls, _name, _setting, _head_dim, _config, _causal, _slow
+
+
+# ConfigTester, one test per check so that a check BERT fails does not hide the others
+_CONFIG_CHECKS = [
+    "create_and_test_config_common_properties",
+    "create_and_test_config_to_json_string",
+    "create_and_test_config_to_json_file",
+    "create_and_test_config_from_and_save_pretrained",
+    "create_and_test_config_from_and_save_pretrained_subfolder",
+    "create_and_test_config_from_and_save_pretrained_composite",
+    "create_and_test_config_with_num_labels",
+    "check_config_can_be_init_without_params",
+    "check_config_arguments_init",
+    "create_and_test_config_from_pretrained_custom_kwargs",
+]
+_CONFIGS = {"bert": (BertConfig, {})} | {
+    f"fixedhead_{setting}": (FixedHeadConfig, {"head_dim": head_dim}) for setting, head_dim in HEAD_SETTINGS.items()
+}
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        pytest.param(check, marks=pytest.mark.xfail(reason=CONFIG_FAILS_TOO[check]))
+        if check in CONFIG_FAILS_TOO
+        else check
+        for check in _CONFIG_CHECKS
+    ],
+)
+@pytest.mark.parametrize("config", list(_CONFIGS))
+def test_config_tester(config, check):
+    """transformers' ConfigTester on the tester's sizes (BERT's ConfigTester passes only
+    hidden_size=32; fixedhead checks d, h and a per-layer list against each other when the config
+    is built, where BertConfig waits for the model, so all three sizes are given to both)."""
+    config_class, kwargs = _CONFIGS[config]
+    case = unittest.TestCase()
+    case.model_tester = None
+    tester = ConfigTester(
+        case, config_class=config_class, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, **kwargs
+    )
+    getattr(tester, check)()
