@@ -125,3 +125,33 @@ def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_pa
         tiny, tmp_path / "c", corpus=str(small_real_corpus), max_steps=2, objective="clm", progress=False
     )
     assert {r["objective"] for r in results} == {"clm"}
+
+
+def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real_corpus, tmp_path, monkeypatch):
+    import math
+
+    import fixedhead.studies.compare as compare
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    kw = dict(corpus=str(small_real_corpus), max_steps=3, progress=False, learning_rates=[1e-3, 4e-3], max_extensions=1)
+    results = compare.run_compare("tiny", tmp_path / "c", **kw)
+    saved = json.loads((tmp_path / "c" / "results.json").read_text())
+    selection = saved["meta"]["learning_rate_selection"]
+    assert saved["meta"]["data"]["validation_fraction"] == compare.VALIDATION_FRACTION
+    for r in results:
+        chosen = selection["models"][r["name"]]
+        losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}
+        assert {1e-3, 4e-3} <= set(losses) and len(losses) <= 3  # the grid, at most one extension
+        # the choice is the lowest validation loss; the result reported is that run's held-out score
+        assert chosen["chosen"] == r["learning_rate"] == min(losses, key=lambda lr: losses[lr])
+        assert r["heldout_loss"] == chosen["heldout_loss"][f"{r['learning_rate']:g}"]
+        assert math.isfinite(r["validation_loss"]) and r["validation_loss"] != r["heldout_loss"]
+        metrics = json.loads(
+            (tmp_path / "c" / "lr-grid" / f"{r['name']}-lr{r['learning_rate']:g}" / "metrics.json").read_text()
+        )
+        assert metrics["validation_loss"] == losses[r["learning_rate"]]
+    assert (tmp_path / "c" / "learning_rates.png").read_bytes()[:4] == b"\x89PNG"
+    assert "learning_rate" in (tmp_path / "c" / "results.csv").read_text().splitlines()[0].split(",")
+    # the same command again trains nothing: every run of the grid is reused
+    again = compare.run_compare("tiny", tmp_path / "c", **kw)
+    assert [r["train_seconds"] for r in again] == [r["train_seconds"] for r in results]

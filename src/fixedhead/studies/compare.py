@@ -22,6 +22,7 @@ used by default because on a CPU budget it is the objective that leaves the word
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,10 +31,12 @@ from ..data import DataSettings, prepare_data
 from ..data.mlm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
+from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, environment_info, staged_outputs
 from ..theory import causal_threshold
-from ..training.pretrain import TrainSettings, train_or_reuse
+from ..training.pretrain import DivergedError, TrainSettings, train_or_reuse
 from . import core, render
+from .learning_rate import DIVERGED, choose_rate, parse_rates
 from .recipes import get_recipe
 
 
@@ -48,6 +51,9 @@ class ComparePreset:
     #: name of a standard model to widen until it matches ``match_to``'s parameter count
     widen: str | None = None
     match_to: str | None = None
+    #: each model's own learning rate (chosen on a validation split by ``--learning-rates``); a
+    #: model not named trains at the recipe's
+    learning_rates: dict[str, float] = field(default_factory=dict)
 
 
 def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str) -> ComparePreset:
@@ -74,6 +80,11 @@ COMPARE_PRESETS = {
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
 }
+
+
+#: the fraction of training documents held back to choose learning rates on, when the data has none
+VALIDATION_FRACTION = 0.05
+OUTPUT_FILES = ("results.json", "results.csv", "learning_curves.png", "learning_rates.png")
 
 
 def get_compare_preset(name: str) -> ComparePreset:
@@ -106,11 +117,19 @@ def run_compare(
     cache_dir=None,
     progress: bool = True,
     objective: str | None = None,
+    learning_rates: list[float] | None = None,
+    max_extensions: int = 3,
 ) -> list[dict]:
     """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
 
     Models whose run directory already holds finished metrics with the same settings are not
     retrained (an interrupted compare resumes where it stopped).
+
+    ``learning_rates``: a grid (at least 2 rates, e.g. :func:`~fixedhead.studies.learning_rate.rate_grid`)
+    over which each model chooses its own rate on a validation split of the training documents
+    (:mod:`fixedhead.studies.learning_rate`: extended past an edge up to ``max_extensions`` times);
+    every run goes to ``OUTPUT_DIR/lr-grid/MODEL-lrRATE``, the chosen one is each model's result,
+    and ``learning_rates.png`` shows validation loss against rate per model.
 
     Returns:
         one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
@@ -121,6 +140,10 @@ def run_compare(
     """
     p = get_compare_preset(preset) if isinstance(preset, str) else preset
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
+    if learning_rates is not None:
+        learning_rates = parse_rates(learning_rates)
+        if data_settings.validation_fraction == 0:  # the rate is chosen on text no model trains on
+            data_settings = replace(data_settings, validation_fraction=VALIDATION_FRACTION)
     train = p.train
     train = replace(train, max_steps=max_steps) if max_steps is not None else train  # validated by TrainSettings
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
@@ -132,7 +155,7 @@ def run_compare(
         train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
     out = Path(output_dir)
-    owned = (*p.models, "results.json", "results.csv", "learning_curves.png", ".results.*", ".learning_curves.png.*")
+    owned = (*p.models, *OUTPUT_FILES, "lr-grid", ".results.*", ".learning_curves.png.*", ".learning_rates.png.*")
     claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False)
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
@@ -145,10 +168,9 @@ def run_compare(
         d = match_hidden_size(configs[p.widen], target, vocab)
         configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
 
-    results = []
+    results, run_dirs, selection = [], {}, {}
     for i, (name, fields) in enumerate(configs.items(), 1):
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
-        run_dir = out / name
         if progress:
             print(
                 f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
@@ -156,10 +178,42 @@ def run_compare(
                 f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
                 flush=True,
             )
-        results.append(train_or_reuse(config, data, run_dir, train, overwrite))
+        if learning_rates is None:
+            lr = p.learning_rates.get(name, train.learning_rate) if learning_rate is None else learning_rate
+            run_dirs[name] = out / name
+            result = train_or_reuse(config, data, run_dirs[name], replace(train, learning_rate=lr), overwrite)
+            results.append({**result, "learning_rate": lr} if p.learning_rates else result)
+            continue
+        runs = {}
+
+        def train_at(lr, name=name, config=config, runs=runs):
+            run_dir = out / "lr-grid" / f"{name}-lr{lr:g}"
+            if progress:
+                print(f"{name} at lr {lr:g} ({run_dir})", flush=True)
+            try:
+                runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
+            except DivergedError:
+                return DIVERGED
+            return runs[lr]["validation_loss"]
+
+        best, losses, bracketed = choose_rate(train_at, learning_rates, max_extensions)
+        run_dirs[name] = out / "lr-grid" / f"{name}-lr{best:g}"
+        results.append({**runs[best], "name": name, "learning_rate": best})
+        selection[name] = {
+            "chosen": best,
+            "bracketed": bracketed,
+            "validation_loss": {
+                f"{lr:g}": (loss if math.isfinite(loss) else None) for lr, loss in sorted(losses.items())
+            },
+            "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)},
+        }
+        if progress:
+            print(
+                f"{name}: lr {best:g} chosen on the validation split{'' if bracketed else ' (at an edge of the grid)'}"
+            )
     if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
         for r in results:
-            r["samples"] = continuations(out / r["name"], seed=train.seed)
+            r["samples"] = continuations(run_dirs[r["name"]], seed=train.seed)
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
         "objective": train.objective,
@@ -170,6 +224,21 @@ def run_compare(
         "data": data_settings.record(),
         "data_info": data.info,
         "train": asdict(train),
+        **(
+            {
+                "learning_rate_selection": {
+                    "grid": learning_rates,
+                    "max_extensions": max_extensions,
+                    "validation_fraction": data_settings.validation_fraction,
+                    "seed": train.seed,
+                    "rule": "each model's lowest validation loss; the grid grows by a factor 2 past an edge "
+                    "while the best rate sits there; a diverged run counts as the worst",
+                    "models": selection,
+                }
+            }
+            if selection
+            else {}
+        ),
         "total_seconds": round(time.time() - t_start, 1),
         **environment_info(),
     }
@@ -239,6 +308,14 @@ TABLE_COLUMNS = [
 OPTIONAL_COLUMNS = ("heldout_bits_per_character",)
 
 
+def _columns(results: list[dict]) -> list[tuple[str, str, str]]:
+    """The table's columns; a learning-rate column where models trained at their own rates."""
+    columns = list(TABLE_COLUMNS)
+    if any("learning_rate" in r for r in results):
+        columns.insert(columns.index(("training_tokens", "train tokens", "{:,}")), ("learning_rate", "lr", "{:g}"))
+    return columns
+
+
 def _cell(r: dict, key: str, fmt: str) -> str:
     value = r.get(key) if key in OPTIONAL_COLUMNS else r[key]
     return "-" if value is None else fmt.format(value)
@@ -249,7 +326,7 @@ def format_table(results: list[dict], unigram_perplexity: float | None = None) -
     of how far below it each model's held-out loss is (nats) and a closing line naming it."""
     import math
 
-    columns = list(TABLE_COLUMNS)
+    columns = _columns(results)
     results = [dict(r) for r in results]
     if unigram_perplexity:
         columns.insert(-1, ("below_unigram", "below unigram", "{:.2f}"))
@@ -278,6 +355,39 @@ def write_results(results: list[dict], out: Path, meta: dict) -> None:
     written together or not at all (see :func:`fixedhead.runs.staged_outputs`)."""
     with staged_outputs(out) as stage:
         stage("results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-        keys = [k for k, _, _ in TABLE_COLUMNS] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
+        keys = [k for k, _, _ in _columns(results)] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
         render.write_csv(stage("results.csv"), keys, results)
         render.plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))
+        if "learning_rate_selection" in meta:
+            plot_learning_rates(meta["learning_rate_selection"], stage("learning_rates.png"))
+
+
+def plot_learning_rates(selection: dict, path: Path) -> None:
+    """Validation loss against learning rate, one line per model, its chosen rate circled (a
+    diverged rate is drawn as a cross at the top)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
+    top = max(finite) + 0.05 * (max(finite) - min(finite) + 1e-9)
+    for name, m in selection["models"].items():
+        rates = [float(lr) for lr in m["validation_loss"]]
+        losses = list(m["validation_loss"].values())
+        line = ax.plot(
+            [r for r, v in zip(rates, losses, strict=True) if v is not None],
+            [v for v in losses if v is not None],
+            marker="o",
+            label=f"{name}: lr {m['chosen']:g}" + ("" if m["bracketed"] else " (edge)"),
+        )[0]
+        ax.plot(
+            [m["chosen"]], [m["validation_loss"][f"{m['chosen']:g}"]], "o", ms=12, mfc="none", color=line.get_color()
+        )
+        diverged = [r for r, v in zip(rates, losses, strict=True) if v is None]
+        ax.plot(diverged, [top] * len(diverged), "x", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title(
+        f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
+        fontsize=9,
+    )
+    save_figure(fig, path, [ax])

@@ -7,6 +7,7 @@ trains it on data prepared by :mod:`fixedhead.data.mlm` and scores it.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -60,6 +61,11 @@ from .checkpoints import (
     remove_staging,
     write_json_atomic,
 )
+
+
+class DivergedError(ValueError):
+    """Training or held-out loss became non-finite: the learning rate is too high for this model
+    (a study choosing a learning rate counts the run as the worst)."""
 
 
 @torch.no_grad()
@@ -117,7 +123,7 @@ def evaluate_mlm(
         raise ValueError("held-out set has no masked tokens to score")
     loss = total_loss / total
     if not math.isfinite(loss):
-        raise ValueError(f"held-out loss is not finite ({loss}); the model has diverged")
+        raise DivergedError(f"held-out loss is not finite ({loss}); the model has diverged")
     result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
     if characters is not None:
         result["scored_characters"] = characters
@@ -502,7 +508,9 @@ def pretrain(
     if source is not None:
         model = _load_model(source)  # the source run's weights, exactly
     else:
-        model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(config)
+        # a copy: the Trainer sets its model's config.use_cache, and the caller's config must not change
+        model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(copy.deepcopy(config))
+    use_cache = model.config.use_cache
     init_weights_sha256 = tensors_sha256(model.state_dict())
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
     checkpoint = find_resume_checkpoint(run_dir) if resume else None  # skips incomplete ones, with a warning
@@ -532,7 +540,8 @@ def pretrain(
     history = trainer.state.log_history
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if any(not math.isfinite(loss) for _, loss in train_curve):
-        raise ValueError(f"training loss became non-finite in {run_dir}; lower the learning rate")
+        raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
+    model.config.use_cache = use_cache  # the Trainer turned it off for training; generation wants it
     trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
     if args.should_save:
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
