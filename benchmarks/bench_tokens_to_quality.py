@@ -48,7 +48,7 @@ from transformers import TrainerCallback
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import SequenceDataset, heldout_batches, unigram_perplexity
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training.pretrain import TrainSettings, evaluate_mlm, pretrain
+from fixedhead.training.pretrain import TrainSettings, evaluate_lm, pretrain
 
 SEQ = 32
 MODEL = dict(
@@ -122,7 +122,7 @@ class HeldOutTimer(TrainerCallback):
             return
         t = time.perf_counter()
         train_seconds = t - self.t0 - self.scoring
-        loss = evaluate_mlm(model, self.ids, self.labels, objective=self.objective)["loss"]
+        loss = evaluate_lm(model, self.ids, self.labels, objective=self.objective)["loss"]
         self.scoring += time.perf_counter() - t
         self.points.append((step * self.tokens_per_step, round(train_seconds, 2), loss))
 

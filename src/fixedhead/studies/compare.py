@@ -39,7 +39,7 @@ from ..training.pretrain import (
     data_differences,
     lm_config,
     pretrain,
-    run_fingerprint,
+    run_settings_record,
     same_run_settings,
 )
 
@@ -367,7 +367,7 @@ def _same_run(run_dir: Path, config, train, data_settings, data_info: dict) -> b
         saved = load_json_file(settings_file)
     except ValueError:
         return False  # unreadable: retrain rather than trust it
-    return same_run_settings(saved, run_fingerprint(config, train, data_settings)) and not data_differences(
+    return same_run_settings(saved, run_settings_record(config, train, data_settings)) and not data_differences(
         run_dir, saved, data_info
     )
 

@@ -34,7 +34,7 @@ from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
-from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
+from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
 from ..training.pretrain import TrainSettings
 from ..validation import non_negative_int
 from .compare import train_or_reuse
@@ -538,7 +538,7 @@ def run_sweep(
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
             stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
                 "fingerprint"
-            ) != finetune_fingerprint(run_dir, task, ft_seeded)
+            ) != finetune_settings_record(run_dir, task, ft_seeded)
             ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
             entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
             if progress:

@@ -1,24 +1,15 @@
-"""Masked-LM pretraining and evaluation on top of transformers' Trainer."""
+"""Language-model pretraining, evaluation and fine-tuning on top of transformers' Trainer."""
 
-from .pretrain import (
-    DataSettings,
-    PreparedData,
-    TrainSettings,
-    evaluate_mlm,
-    evaluate_run,
-    evaluate_text,
-    fixed_masking,
-    load_run,
-    prepare_data,
-    pretrain,
-    source_data,
-)
+from ..data.mlm import DataSettings, PreparedData, fixed_masking, prepare_data
+from .pretrain import evaluate_lm, evaluate_run, evaluate_text, load_run, pretrain, source_data
+from .settings import ModelSettings, TrainSettings
 
 __all__ = [
     "DataSettings",
+    "ModelSettings",
     "PreparedData",
     "TrainSettings",
-    "evaluate_mlm",
+    "evaluate_lm",
     "evaluate_run",
     "evaluate_text",
     "fixed_masking",

@@ -1,4 +1,4 @@
-"""Masked-LM pretraining and held-out evaluation on top of transformers' ``Trainer``.
+"""Language-model pretraining (masked or causal) and held-out evaluation on top of transformers' ``Trainer``.
 
 The Trainer brings AdamW, warm-up + linear decay, seeding, checkpoints and resume, progress bars,
 TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module builds the model,
@@ -13,25 +13,22 @@ import os
 import resource
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in fixedhead.data.mlm)
-    OBJECTIVES,
+from ..data.mlm import (
     CausalCollator,
     DataSettings,
-    MaskedDataset,
+    LabelledDataset,
     PreparedData,
     SequenceDataset,
     TrainOrFixedCollator,
     bits_per_character,
     check_objective,
     documents_sha256,
-    fixed_masking,
     heldout_batches,
-    mlm_collator,
     prepare_data,
     scored_characters,
 )
@@ -48,8 +45,7 @@ from ..runs import (
     resolve_local_path,
     tensors_sha256,
 )
-from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
-from .arguments import LR_SCHEDULERS, shared_training_arguments
+from ..validation import non_negative_int, optional_positive_int
 from .card import write_model_card
 from .checkpoints import (
     STAGING_PREFIX,
@@ -60,10 +56,11 @@ from .checkpoints import (
     remove_staging,
     write_json_atomic,
 )
+from .settings import TrainSettings, shared_training_arguments
 
 
 @torch.no_grad()
-def evaluate_mlm(
+def evaluate_lm(
     model,
     input_ids: torch.Tensor,
     labels: torch.Tensor,
@@ -125,64 +122,8 @@ def evaluate_mlm(
     return result
 
 
-# -------------------------------------------------------------------------------- training
-@dataclass
-class TrainSettings:
-    """Optimisation settings (AdamW; linear warm-up then linear decay, as BERT)."""
-
-    batch_size: int = 64
-    max_steps: int = 600
-    learning_rate: float = 1e-3
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.98
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    logging_steps: int = 25
-    eval_steps: int = 100
-    save_steps: int = 200
-    save_total_limit: int = 2
-    eval_seed: int = 1234
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    progress: bool = True
-    torch_compile: bool = False
-    bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
-    # activation checkpointing: recompute each encoder block in the backward pass (less memory,
-    # about one more forward of time; same gradients, dropout masks are replayed)
-    gradient_checkpointing: bool = False
-    #: "mlm" (masked LM, BERT and the paper's Tables 1-3) or "clm" (causal LM: FixedHeadForCausalLM)
-    objective: str = "mlm"
-    #: masked LM: the fraction of training tokens masked (BERT's 0.15; Wettig et al., EACL 2023, find
-    #: 0.4 better). The held-out set is always masked at 0.15, so every model is scored alike.
-    mlm_probability: float = 0.15
-    #: transformers' ``lr_scheduler_type`` after the warm-up: "linear" decay to 0 (BERT), "cosine", ...
-    lr_scheduler_type: str = "linear"
-
-    def __post_init__(self):
-        check_objective(self.objective)
-        for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
-            positive_int(name, getattr(self, name))
-        non_negative_int("seed", self.seed)
-        non_negative_int("eval_seed", self.eval_seed)
-        positive_float("learning_rate", self.learning_rate)
-        in_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
-        in_range("weight_decay", self.weight_decay, 0.0, 1.0, high_open=False)
-        in_range("adam_beta2", self.adam_beta2, 0.0, 1.0)
-        positive_float("max_grad_norm", self.max_grad_norm)
-        in_range("mlm_probability", self.mlm_probability, 0.0, 1.0, low_open=True)
-        if self.objective == "clm" and self.mlm_probability != 0.15:
-            raise ValueError(
-                f"mlm_probability={self.mlm_probability} applies to the masked objective only; "
-                f"a causal LM predicts every token (drop the masking rate, or train a masked LM)"
-            )
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
-            raise ValueError(
-                f"lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}"
-            )
-
-
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
-_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
+_NOT_MATCHED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
 
@@ -194,29 +135,29 @@ def with_later_defaults(train: dict) -> dict:
     return {**_ADDED_LATER, **train}
 
 
-def run_fingerprint(
+def run_settings_record(
     config: FixedHeadConfig,
     settings: TrainSettings,
     data_settings: DataSettings | None,
     init_from: dict | None = None,
 ) -> dict:
-    """What must match for a run directory to be resumed or reused: model config, data settings,
-    the training settings that affect the result (not logging or progress options), and the
+    """A run's settings record: what must match for a run directory to be resumed or reused:
+    model config, data settings, the training settings that affect the result (not logging or progress options), and the
     weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
     :func:`init_from_record`) for a run continued from another run, None for one trained from
     scratch (runs saved before this was recorded count as from scratch)."""
-    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}
+    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED}
     for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
         if train.get(name) == default:
             del train[name]
-    fingerprint = {
+    record = {
         "config": config.to_diff_dict(),
         "train": train,
         "data": asdict(data_settings) if data_settings else {},
         # keyed on the starting weights' content, not on their folder: a moved source still matches
         "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
     }
-    return json.loads(json.dumps(fingerprint, default=str))
+    return json.loads(json.dumps(record, default=str))
 
 
 def init_from_record(run_dir: str | os.PathLike) -> dict:
@@ -231,14 +172,14 @@ def init_from_record(run_dir: str | os.PathLike) -> dict:
     return {"path": resolve_local_path(run_dir), "model_sha256": model_fingerprint(run_dir)}
 
 
-def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
-    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_fingerprint`,
-    as ``"section.field: saved → now"`` strings (fields outside the fingerprint, such as logging
+def settings_differences(previous: dict, record: dict) -> list[str]:
+    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_settings_record`,
+    as ``"section.field: saved → now"`` strings (fields outside the record, such as logging
     options, may differ freely). Training fields added later (``_ADDED_LATER``) count at their
     default where either side omits them, so a run at a non-default value never matches one at
     the default."""
     diffs = []
-    for key, value in fingerprint.items():
+    for key, value in record.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
             if key == "train":
@@ -304,7 +245,7 @@ def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> Fix
     vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
     from [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
     :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
-    fingerprint is compared with the config it was trained with."""
+    settings record is compared with the config it was trained with."""
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id
     if check_objective(objective) == "clm":
@@ -322,14 +263,14 @@ def _same_file(a, b) -> bool:
         return False
 
 
-def same_run_settings(previous: dict, fingerprint: dict) -> bool:
-    """Whether a saved settings file matches a :func:`run_fingerprint` (see :func:`settings_differences`)."""
-    return not settings_differences(previous, fingerprint)
+def same_run_settings(previous: dict, record: dict) -> bool:
+    """Whether a saved settings file matches a :func:`run_settings_record` (see :func:`settings_differences`)."""
+    return not settings_differences(previous, record)
 
 
-def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
+def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
     """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
-    resumed with the same settings (``fingerprint``, and the same corpus text and tokenizer as
+    resumed with the same settings (``record``, a :func:`run_settings_record`, and the same corpus text and tokenizer as
     ``data_info``, see :func:`data_differences`), or one being replaced (``overwrite``). Nothing
     is changed.
 
@@ -353,7 +294,7 @@ def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: boo
             return  # a fixedhead run: replacing it is what was asked
         previous = load_json_file(settings_file)
         if resume:
-            diffs = settings_differences(previous, fingerprint) + data_differences(run_dir, previous, data_info or {})
+            diffs = settings_differences(previous, record) + data_differences(run_dir, previous, data_info or {})
             if diffs:
                 raise FileExistsError(
                     f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
@@ -388,7 +329,7 @@ def pretrain(
     Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
     and ``data`` must be tokenised with its tokenizer (:func:`source_data` prepares the data the
     run recorded). Where it started (path and content hash, :func:`init_from_record`) is recorded
-    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's fingerprint, so a
+    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's settings record, so a
     run continued from other weights is never resumed or reused as this one.
 
     Writes to ``run_dir``: the model (safetensors) and tokenizer (loadable with
@@ -433,9 +374,9 @@ def pretrain(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
     start = init_from_record(init_from) if source is not None else None
-    fingerprint = run_fingerprint(config, settings, data.settings, init_from=start)
+    record = run_settings_record(config, settings, data.settings, init_from=start)
     recorded = {
-        **fingerprint,
+        **record,
         "train": json.loads(json.dumps(asdict(settings), default=str)),
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
         "init_from": start,
@@ -444,7 +385,7 @@ def pretrain(
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
-            check_run_dir(run_dir, fingerprint, resume, overwrite, data.info)
+            check_run_dir(run_dir, record, resume, overwrite, data.info)
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
@@ -484,7 +425,7 @@ def pretrain(
         model=model,
         args=args,
         train_dataset=SequenceDataset(data.train),
-        eval_dataset=MaskedDataset(eval_ids, eval_labels),
+        eval_dataset=LabelledDataset(eval_ids, eval_labels),
         data_collator=collator,
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
@@ -501,7 +442,7 @@ def pretrain(
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
     if args.should_save:
         save_tokenizer_atomic(run_tokenizer, run_dir)
-    metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
+    metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
@@ -744,7 +685,7 @@ def evaluate_run(
 
     ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
     apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
-    :func:`evaluate_mlm` metrics, bits per character of the held-out set included, and the objective.
+    :func:`evaluate_lm` metrics, bits per character of the held-out set included, and the objective.
     """
     if eval_seed is not None:
         non_negative_int("eval_seed", eval_seed)
@@ -761,7 +702,7 @@ def evaluate_run(
     )
     objective = "clm" if run.config.is_decoder else "mlm"
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
-    metrics = evaluate_mlm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
+    metrics = evaluate_lm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
     return {**metrics, "objective": objective}
 
 
@@ -785,7 +726,7 @@ def evaluate_text(
     the scored tokens: all of it for a causal run, the masked tokens' for a masked one.
 
     Returns:
-        the :func:`evaluate_mlm` metrics (loss, perplexity, accuracy, bits per character, scored
+        the :func:`evaluate_lm` metrics (loss, perplexity, accuracy, bits per character, scored
         tokens and characters) with ``objective``, ``text`` (the path), ``text_sha256`` (of the
         documents' text, as a run's ``corpus_sha256``), ``documents``, ``text_tokens`` (all tokens
         read), ``sequences`` and ``eval_seed`` (None for a causal run).
@@ -821,7 +762,7 @@ def evaluate_text(
     seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     input_ids, labels = heldout_batches(sequences, tokenizer, objective, seed)
     model = _load_model(run)
-    metrics = evaluate_mlm(model, input_ids, labels, batch_size, objective=objective, chars=seq_chars)
+    metrics = evaluate_lm(model, input_ids, labels, batch_size, objective=objective, chars=seq_chars)
     return {
         **metrics,
         "objective": objective,
