@@ -48,7 +48,7 @@ from transformers import TrainerCallback
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
 from fixedhead.data.mlm import SequenceDataset, heldout_batches, unigram_perplexity
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training.pretrain import TrainSettings, evaluate_lm, pretrain
+from fixedhead.training import TrainSettings, evaluate_lm, pretrain
 
 SEQ = 32
 MODEL = dict(

@@ -11,7 +11,7 @@ import torch
 
 from fixedhead.cli import main
 from fixedhead.data import pack_sequences, tokenize_documents, train_tokenizer
-from fixedhead.training.pretrain import evaluate_lm, evaluate_run, evaluate_text
+from fixedhead.training import evaluate_lm, evaluate_run, evaluate_text
 
 WORDS = "the quick brown fox jumps over the lazy dog . "
 

@@ -189,7 +189,7 @@ def test_bad_labels_and_positions_are_refused():
 
 # ------------------------------------------------------------------ training a causal LM
 def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(tiny_causal_run):
-    from fixedhead.training.pretrain import evaluate_run
+    from fixedhead.training import evaluate_run
 
     run, data, result = tiny_causal_run
     assert result["objective"] == "clm"

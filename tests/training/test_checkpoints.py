@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from _tiny_run import tiny_config, tiny_settings
-from fixedhead.training import pretrain
+from fixedhead.training import load_run, pretrain
 from fixedhead.training.checkpoints import (
     STAGING_PREFIX,
     CheckpointWarning,
@@ -34,7 +34,6 @@ from fixedhead.training.checkpoints import (
     find_resume_checkpoint,
     list_checkpoints,
 )
-from fixedhead.training.pretrain import load_run
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,8 +4,7 @@ and which settings make a run the same run."""
 import pytest
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
-from fixedhead.training.pretrain import evaluate_run
+from fixedhead.training import DataSettings, TrainSettings, evaluate_run, prepare_data, pretrain
 
 
 def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):

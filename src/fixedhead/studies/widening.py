@@ -280,14 +280,14 @@ def _write_start(base_dir: Path, arm: Arm, seed: int, out: Path) -> None:
     the same kind of folder with the feed-forward layers widened; rewritten every time (it is
     deterministic, so a finished continuation's record of its content still matches)."""
     from ..runs import follow_umask, open_run, resolve_local_path
-    from ..training.pretrain import _load_model
+    from ..training.evaluate import load_model
     from ..training.widen import WIDEN_FILE, widen_run
 
     if arm.head_dim is not None:
         widen_run(base_dir, list(arm.head_dim), out, seed=seed, overwrite=True)
         return
     run = open_run(base_dir)
-    model = _load_model(run)
+    model = load_model(run)
     wide = widen_feed_forward(model, arm.intermediate_size, seed=seed)
     owned = (WIDEN_FILE, "*.json", "*.safetensors", "vocab.txt", ".*.tmp*")
     out = claim_output_dir(out, (WIDEN_FILE,), owned, "widen-experiment", overwrite=True)
@@ -314,9 +314,9 @@ def _write_start(base_dir: Path, arm: Arm, seed: int, out: Path) -> None:
 def _max_logit_change(base_model, start_dir: Path, ids: torch.Tensor) -> float:
     """max |Δ logits| between the base and a starting model on ``ids`` (eval mode, float32)."""
     from ..runs import open_run
-    from ..training.pretrain import _load_model
+    from ..training.evaluate import load_model
 
-    start = _load_model(open_run(start_dir)).eval()
+    start = load_model(open_run(start_dir)).eval()
     return float((start(input_ids=ids).logits - base_model(input_ids=ids).logits).abs().max())
 
 
@@ -426,7 +426,8 @@ def run_widening(
     from ..model.flops import training_flops
     from ..model.modeling import count_parameters
     from ..runs import environment_info, open_run
-    from ..training.pretrain import _load_model, lm_config, pretrain
+    from ..training.evaluate import load_model
+    from ..training.pretrain import lm_config, pretrain
 
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
     if seeds is not None:
@@ -525,7 +526,7 @@ def run_widening(
     if progress:
         print(f"[base] held-out loss {base['heldout_loss']:.4f} (ppl {base['heldout_perplexity']:.1f})", flush=True)
 
-    base_model = _load_model(open_run(base_dir)).eval()
+    base_model = load_model(open_run(base_dir)).eval()
     probe_ids = data.heldout[:16]
     for i, (arm, seed) in enumerate(plan, 1):
         key = f"{arm.name}-s{seed}"

@@ -1,7 +1,8 @@
 """Language-model pretraining, evaluation and fine-tuning on top of transformers' Trainer."""
 
 from ..data.mlm import DataSettings, PreparedData, fixed_masking, prepare_data
-from .pretrain import evaluate_lm, evaluate_run, evaluate_text, load_run, pretrain, source_data
+from .evaluate import evaluate_lm, evaluate_run, evaluate_text, load_run
+from .pretrain import pretrain, source_data
 from .settings import ModelSettings, TrainSettings
 
 __all__ = [
