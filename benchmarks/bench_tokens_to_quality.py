@@ -46,7 +46,7 @@ import torch
 from transformers import TrainerCallback
 
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
-from fixedhead.data.mlm import SequenceDataset, heldout_batches, unigram_perplexity
+from fixedhead.data.lm import SequenceDataset, heldout_batches, unigram_perplexity
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.training import TrainSettings, evaluate_lm, pretrain
 
@@ -131,7 +131,7 @@ def train_bert(data, budget, timer, out: Path, seed: int) -> None:
     """transformers' own BERT and Trainer with run_mlm.py's defaults (see the module docstring)."""
     from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
-    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.data.lm import TrainOrFixedCollator
 
     config = BertConfig(
         vocab_size=len(data.tokenizer),

@@ -119,18 +119,22 @@ def add_study_options(
     CI-sized version of the preset), ``--no-progress``. ``steps_alias``: an older name of ``--steps``."""
     g = p.add_argument_group("study options")
     if presets is not None:
-        g.add_argument("--preset", default=default, choices=sorted(presets), help="the recipe (default: %(default)s)")
-    g.add_argument("--output-dir", default=None, help=f"where the study writes (default: {output_dir})")
+        g.add_argument(
+            "--preset", default=default, choices=sorted(presets), help="the study's recipe (default: %(default)s)"
+        )
+    g.add_argument("--output-dir", metavar="DIR", help=f"where the study writes (default: {output_dir})")
     g.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="seeds to run, in this order (default: the preset's)"
+        "--seeds", type=int, nargs="+", metavar="S", help="seeds to run, in this order (default: the preset's)"
     )
     if steps:
-        g.add_argument("--steps", *steps_alias, type=int, help="training steps of each run (default: the preset's)")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+        g.add_argument(
+            "--steps", *steps_alias, type=int, metavar="N", help="training steps of each run (default: the preset's)"
+        )
+    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     if overwrite:
         g.add_argument("--overwrite", action="store_true", help="train finished runs again instead of reusing them")
     if quick:
-        g.add_argument("--quick", action="store_true", help="the CI-sized version of the preset (about a minute)")
+        g.add_argument("--quick", action="store_true", help="the CI-sized version of the preset (seconds to a minute)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     return g
 
@@ -345,7 +349,7 @@ def _one_seed(args, command):
 
 
 def _compare_options(p):
-    from .data.mlm import OBJECTIVES
+    from .data.lm import OBJECTIVES
     from .studies.compare import COMPARE_PRESETS
 
     g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare", steps_alias=("--max-steps",))
@@ -382,7 +386,7 @@ def _sweep_options(p):
     add_study_options(
         p, SWEEP_PRESETS, "cpu-mlm", "runs/sweep-PRESET[-quick]", quick=True, steps_alias=("--max-steps",)
     )
-    p.add_argument("--corpus")
+    p.add_argument("--corpus", help="the preset's corpus at another path, or another corpus")
     p.add_argument("--experiments", nargs="*", choices=EXPERIMENTS)
     p.add_argument("--finetune-task", help="GLUE task for each checkpoint (default: the preset's, sst2; cpu-clm none)")
     p.add_argument("--skip-finetune", action="store_true")

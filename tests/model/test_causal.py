@@ -221,7 +221,7 @@ def test_causal_unigram_reference_counts_every_predicted_token(tiny_causal_run):
     import math
     from collections import Counter
 
-    from fixedhead.data.mlm import unigram_perplexity
+    from fixedhead.data.lm import unigram_perplexity
 
     _, data, _ = tiny_causal_run
     vocab = len(data.tokenizer)

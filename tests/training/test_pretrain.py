@@ -81,7 +81,7 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     cannot apply, and runs saved before they existed keep their fingerprint."""
     import torch
 
-    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.data.lm import TrainOrFixedCollator
     from fixedhead.data.tokenizer import train_tokenizer
     from fixedhead.training.pretrain import _training_args, run_settings_record, settings_differences
 

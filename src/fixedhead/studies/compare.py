@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
-from ..data.mlm import unigram_perplexity
+from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..data import DEFAULT_CORPUS
-from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
+from ..data.lm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic

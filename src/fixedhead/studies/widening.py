@@ -23,7 +23,7 @@ widened models. The base is one run (its own seed), so the spread over seeds is 
 noise given that base, not the noise of training a base.
 
 Every run is scored on every next token of the same held-out books, next to the unigram
-reference (:func:`fixedhead.data.mlm.unigram_perplexity`); parameters are
+reference (:func:`fixedhead.data.lm.unigram_perplexity`); parameters are
 :func:`fixedhead.model.modeling.count_parameters` and training FLOPs :func:`fixedhead.model.flops.training_flops`.
 
 **Verdict rule** (fixed before the committed run, :func:`compare_arms`): arm B against arm A is
@@ -422,7 +422,7 @@ def run_widening(
         FileExistsError: the folder holds other files, or runs of other settings (without ``overwrite``).
     """
     from ..data import prepare_data
-    from ..data.mlm import unigram_perplexity
+    from ..data.lm import unigram_perplexity
     from ..model.flops import training_flops
     from ..model.modeling import count_parameters
     from ..runs import environment_info, open_run

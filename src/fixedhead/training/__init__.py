@@ -1,6 +1,6 @@
 """Language-model pretraining, evaluation and fine-tuning on top of transformers' Trainer."""
 
-from ..data.mlm import DataSettings, PreparedData, fixed_masking, prepare_data
+from ..data.lm import DataSettings, PreparedData, fixed_masking, prepare_data
 from .evaluate import evaluate_lm, evaluate_run, evaluate_text, load_run
 from .pretrain import pretrain, source_data
 from .settings import ModelSettings, TrainSettings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.mlm import (
+from ..data.lm import (
     DataSettings,
     PreparedData,
     bits_per_character,
@@ -36,7 +36,7 @@ def evaluate_lm(
     objective: str = "mlm",
     chars: torch.Tensor | None = None,
 ) -> dict:
-    """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.mlm.heldout_batches`).
+    """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.lm.heldout_batches`).
 
     ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
     the tokens before it (logits at t score the label at t + 1, as the model's own loss).
@@ -44,7 +44,7 @@ def evaluate_lm(
     ``chars``: the characters of original text each token covers, aligned with ``labels``
     (:attr:`~fixedhead.data.PreparedData.heldout_chars`; 0 at special tokens). With it, bits per
     character = total cross-entropy of the scored tokens in bits / the characters they cover
-    (:func:`~fixedhead.data.mlm.scored_characters`; for ``"clm"`` those of the target tokens).
+    (:func:`~fixedhead.data.lm.scored_characters`; for ``"clm"`` those of the target tokens).
     For a causal model that is the bits per character of the text; for a masked model, of the
     masked tokens' text (under this fixed masking).
 

@@ -2,7 +2,7 @@
 
 The Trainer brings AdamW, warm-up + linear decay, seeding, checkpoints and resume, progress bars,
 TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module builds the model,
-trains it on data prepared by :mod:`fixedhead.data.mlm` and scores it.
+trains it on data prepared by :mod:`fixedhead.data.lm` and scores it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..data.mlm import (
+from ..data.lm import (
     CausalCollator,
     DataSettings,
     LabelledDataset,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.mlm import OBJECTIVES, check_objective
+from ..data.lm import OBJECTIVES, check_objective
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 
 #: learning-rate schedules after the warm-up (transformers' ``SchedulerType`` names that need no
