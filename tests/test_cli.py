@@ -39,10 +39,9 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
 
 
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
-    from fixedhead.training.pretrain import _training_args
 
-    assert _training_args(tmp_path, TrainSettings(report_to=["tensorboard"])).report_to == ["tensorboard"]
-    assert _training_args(tmp_path, TrainSettings(report_to=[])).report_to == []
+    assert TrainSettings(report_to=["tensorboard"]).training_arguments(tmp_path).report_to == ["tensorboard"]
+    assert TrainSettings(report_to=[]).training_arguments(tmp_path).report_to == []
     assert report_to_integrations(["none"]) == [] and report_to_integrations(["tensorboard"]) == ["tensorboard"]
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
     assert rc == 2 and "report_to nosuchtracker: unknown integration" in capsys.readouterr().err
@@ -115,12 +114,11 @@ def test_count_refuses_bad_sizes_with_one_line(argv, message, capsys):
 
 
 def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
-    from fixedhead.training.pretrain import _training_args
 
     # a repeated integration would be registered (and log every scalar) twice
     assert report_to_integrations(["tensorboard", "tensorboard"]) == ["tensorboard"]
     settings = TrainSettings(report_to=report_to_integrations(["tensorboard", "tensorboard"]))
-    assert _training_args(tmp_path, settings).report_to == ["tensorboard"]
+    assert settings.training_arguments(tmp_path).report_to == ["tensorboard"]
     # none is transformers' own word for no logging, also when repeated
     args = build_parser().parse_args(["pretrain", "--output-dir", "x", "--report-to", "none"])
     assert report_to_integrations(args.report_to) == [] and TrainSettings(report_to=args.report_to).report_to == []

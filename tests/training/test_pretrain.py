@@ -83,14 +83,14 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
 
     from fixedhead.data.lm import TrainOrFixedCollator
     from fixedhead.data.tokenizer import train_tokenizer
-    from fixedhead.training.pretrain import _training_args, run_settings_record, settings_differences
+    from fixedhead.training.pretrain import run_settings_record, settings_differences
 
     tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
     rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))
     for rate in (0.15, 0.4):
         batch = TrainOrFixedCollator(tok, rate, seed=0)([{"input_ids": r} for r in rows])
         assert (batch["labels"] != -100).float().mean().item() == pytest.approx(rate, abs=0.02)
-    args = _training_args(tmp_path, TrainSettings(lr_scheduler_type="cosine", report_to=[]))
+    args = TrainSettings(lr_scheduler_type="cosine", report_to=[]).training_arguments(tmp_path)
     assert args.lr_scheduler_type == "cosine"  # a str enum
     with pytest.raises(ValueError, match="mlm_probability must be in \\(0, 1\\), got 1.0"):
         TrainSettings(mlm_probability=1.0)

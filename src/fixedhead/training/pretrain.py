@@ -51,7 +51,7 @@ from .checkpoints import (
     write_json_atomic,
 )
 from .evaluate import check_same_text, evaluate_lm, load_model, recorded_data_settings, same_corpus_text
-from .settings import TrainSettings, shared_training_arguments
+from .settings import TrainSettings
 
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
 _NOT_MATCHED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
@@ -305,7 +305,7 @@ def pretrain(
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
         "init_from": start,
     }
-    args = _training_args(run_dir, settings)  # under torchrun/accelerate this joins the process group
+    args = settings.training_arguments(run_dir)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
@@ -515,24 +515,4 @@ def causal_tokenizer(tokenizer):
         unk_token=tokenizer.unk_token,
         mask_token=tokenizer.mask_token,
         model_max_length=tokenizer.model_max_length,
-    )
-
-
-def _training_args(run_dir: Path, settings: TrainSettings):
-    return shared_training_arguments(
-        run_dir,
-        settings,
-        eval_batch_size=max(settings.batch_size, 128),
-        adam_beta2=settings.adam_beta2,
-        lr_scheduler_type=settings.lr_scheduler_type,
-        max_grad_norm=settings.max_grad_norm,
-        logging_steps=settings.logging_steps,
-        save_steps=settings.save_steps,
-        save_total_limit=settings.save_total_limit,
-        prediction_loss_only=True,
-        report_to=settings.report_to,
-        remove_unused_columns=False,
-        ddp_find_unused_parameters=False,  # every parameter of the language model gets a gradient
-        torch_compile=settings.torch_compile,
-        bf16=settings.bf16,
     )

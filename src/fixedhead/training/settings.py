@@ -148,6 +148,26 @@ class TrainSettings:
     lr_scheduler_type: str = field(default="linear", metadata={"choices": LR_SCHEDULERS})
     """learning-rate schedule after the warm-up (linear decay to 0, as BERT)"""
 
+    def training_arguments(self, output_dir: str | os.PathLike):
+        """The ``transformers.TrainingArguments`` of a pretraining run in ``output_dir``."""
+        return shared_training_arguments(
+            output_dir,
+            self,
+            eval_batch_size=max(self.batch_size, 128),
+            adam_beta2=self.adam_beta2,
+            lr_scheduler_type=self.lr_scheduler_type,
+            max_grad_norm=self.max_grad_norm,
+            logging_steps=self.logging_steps,
+            save_steps=self.save_steps,
+            save_total_limit=self.save_total_limit,
+            prediction_loss_only=True,
+            report_to=self.report_to,
+            remove_unused_columns=False,
+            ddp_find_unused_parameters=False,  # every parameter of the language model gets a gradient
+            torch_compile=self.torch_compile,
+            bf16=self.bf16,
+        )
+
     def __post_init__(self):
         check_objective(self.objective)
         for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
