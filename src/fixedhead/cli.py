@@ -353,13 +353,15 @@ def _compare_options(p):
     from .studies.compare import COMPARE_PRESETS
 
     g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare", steps_alias=("--max-steps",))
-    g.add_argument("--seed", dest="seeds", type=int, nargs=1, help="one seed for every model (as --seeds S)")
+    g.add_argument(
+        "--seed", dest="seeds", type=int, nargs=1, metavar="S", help="one seed for every model (as --seeds S)"
+    )
     p.add_argument("--corpus", help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name")
     p.add_argument(
         "--objective", choices=OBJECTIVES, help="train every model as a masked or causal LM (default: the preset's)"
     )
-    p.add_argument("--batch-size", type=int, help="override the preset's batch size")
-    p.add_argument("--learning-rate", type=float, help="override the preset's peak learning rate")
+    p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
+    p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
 
 
 def _compare(args):
