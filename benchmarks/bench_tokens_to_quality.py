@@ -46,9 +46,9 @@ import torch
 from transformers import TrainerCallback
 
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
-from fixedhead.data.mlm import SequenceDataset, heldout_batches, unigram_perplexity
+from fixedhead.data.lm import SequenceDataset, heldout_batches, unigram_perplexity
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training.pretrain import TrainSettings, evaluate_mlm, pretrain
+from fixedhead.training import TrainSettings, evaluate_lm, pretrain
 
 SEQ = 32
 MODEL = dict(
@@ -122,7 +122,7 @@ class HeldOutTimer(TrainerCallback):
             return
         t = time.perf_counter()
         train_seconds = t - self.t0 - self.scoring
-        loss = evaluate_mlm(model, self.ids, self.labels, objective=self.objective)["loss"]
+        loss = evaluate_lm(model, self.ids, self.labels, objective=self.objective)["loss"]
         self.scoring += time.perf_counter() - t
         self.points.append((step * self.tokens_per_step, round(train_seconds, 2), loss))
 
@@ -131,7 +131,7 @@ def train_bert(data, budget, timer, out: Path, seed: int) -> None:
     """transformers' own BERT and Trainer with run_mlm.py's defaults (see the module docstring)."""
     from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
-    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.data.lm import TrainOrFixedCollator
 
     config = BertConfig(
         vocab_size=len(data.tokenizer),

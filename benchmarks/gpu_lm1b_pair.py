@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
-from fixedhead.data.mlm import unigram_perplexity
+from fixedhead.data.lm import unigram_perplexity
 from fixedhead.model.flops import training_flops
 from fixedhead.model.paper_presets import get_preset
 from fixedhead.training.pretrain import TrainSettings, train_or_reuse

@@ -30,7 +30,7 @@ from transformers import pipeline
 import fixedhead  # noqa: F401  (registers the Auto classes: no trust_remote_code)
 from fixedhead.data import read_corpus, split_documents
 from fixedhead.runs import open_run
-from fixedhead.training.pretrain import recorded_corpus
+from fixedhead.training.evaluate import recorded_corpus
 
 WORD = re.compile(r"(?<![A-Za-z'’])[A-Za-z]+(?![A-Za-z'’])")  # whole words, not pieces around apostrophes
 ABBREVIATION = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Mme|Mlle|Messrs|Capt|Col|Gen|Rev|Prof)\.$")

@@ -16,6 +16,7 @@ and ``--preset`` is accepted and passed on.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import shutil
 import sys
@@ -23,15 +24,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from fixedhead.cli import (
-    add_data_args,
-    add_model_args,
-    add_train_args,
-    data_settings_from_args,
-    model_config_from_args,
-    report_to_integrations,
-)
-from fixedhead.training import TrainSettings, prepare_data, pretrain
+from fixedhead.cli import add_options, given
+from fixedhead.data import DEFAULT_CORPUS, DataSettings
+from fixedhead.training import ModelSettings, TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import check_run_dir
 
 
@@ -47,13 +42,12 @@ def main(argv=None):
     )
     p.add_argument("--calibration-steps", type=int, default=200)
     p.add_argument("--evaluations", type=int, default=5, help="held-out evaluations during the run")
-    add_model_args(p)
-    add_data_args(p)
-    add_train_args(p)
-    p.set_defaults(max_steps=None, eval_steps=None, save_steps=None)
+    add_options(p, ModelSettings, title="model")
+    add_options(p, DataSettings, title="data")
+    add_options(p, TrainSettings, skip=("progress",), title="training")
     args = p.parse_args(argv)
     for option in ("max_steps", "eval_steps", "save_steps"):
-        if getattr(args, option) is not None:
+        if option in args:
             p.error(
                 f"--{option.replace('_', '-')} is set from --minutes and --evaluations here; "
                 "use `fixedhead pretrain` to choose it"
@@ -64,31 +58,23 @@ def main(argv=None):
         if getattr(args, option) < 1:
             p.error(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
     try:  # everything that can be refused is refused before the (slow) data preparation
-        report_to = report_to_integrations(args.report_to)
+        train = given(args, TrainSettings)
+        report_to = TrainSettings(**train).report_to
+        settings = TrainSettings(
+            **{**train, "max_steps": args.calibration_steps, "report_to": [], "progress": False},
+            eval_steps=10 * args.calibration_steps,
+            save_steps=10 * args.calibration_steps,
+        )
+        data_settings = DataSettings(**{"corpus": str(DEFAULT_CORPUS), **given(args, DataSettings)})
+        config = ModelSettings(**given(args, ModelSettings)).config(data_settings.max_seq_length)
         check_run_dir(Path(args.output_dir), {}, resume=False, overwrite=args.overwrite)
     except (ValueError, FileExistsError) as e:
         p.error(str(e).replace("pass --resume to continue it or --overwrite", "pass --overwrite"))
-
-    config = model_config_from_args(args)
-    settings = TrainSettings(
-        batch_size=args.batch_size,
-        max_steps=args.calibration_steps,
-        learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        eval_steps=10 * args.calibration_steps,
-        save_steps=10 * args.calibration_steps,
-        report_to=[],
-        progress=False,
-        torch_compile=args.torch_compile,
-        bf16=args.bf16,
-    )
-    data = prepare_data(data_settings_from_args(args))
+    data = prepare_data(data_settings)
 
     scratch = tempfile.mkdtemp(prefix="fixedhead-calibration-")
     try:
-        calib = pretrain(model_config_from_args(args), data, scratch, settings)  # pretrain fills in the vocabulary
+        calib = pretrain(copy.deepcopy(config), data, scratch, settings)  # pretrain fills in the vocabulary
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     per_step = calib["train_seconds"] / args.calibration_steps  # includes start-up: errs on the short side

@@ -25,8 +25,7 @@ from fixedhead.data.glue import glue_metrics, read_glue_tsv
 from fixedhead.model.attention import MultiHeadAttention, padding_mask_to_bias
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
-from fixedhead.training import TrainSettings, pretrain
-from fixedhead.training.pretrain import load_run
+from fixedhead.training import TrainSettings, load_run, pretrain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

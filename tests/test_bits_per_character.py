@@ -11,7 +11,7 @@ import torch
 
 from fixedhead.cli import main
 from fixedhead.data import pack_sequences, tokenize_documents, train_tokenizer
-from fixedhead.training.pretrain import evaluate_mlm, evaluate_run, evaluate_text
+from fixedhead.training import evaluate_lm, evaluate_run, evaluate_text
 
 WORDS = "the quick brown fox jumps over the lazy dog . "
 
@@ -70,23 +70,23 @@ def test_causal_bits_per_character_counts_the_target_tokens():
     ids = torch.tensor([[3, 0, 1, 2, 3]])
     labels = torch.tensor([[3, 0, 1, 2, -100]])
     chars = torch.tensor([[0, 2, 5, 1, 0]])
-    m = evaluate_mlm(FixedLogits(), ids, labels, objective="clm", chars=chars)
+    m = evaluate_lm(FixedLogits(), ids, labels, objective="clm", chars=chars)
     # targets 0, 1, 2 cost 1 + 2 + 3 = 6 bits and cover 2 + 5 + 1 = 8 characters
     assert m["masked_tokens"] == 3 and m["scored_characters"] == 8
     assert m["bits_per_character"] == pytest.approx(6 / 8, rel=1e-6)
     assert m["loss"] == pytest.approx(6 * math.log(2) / 3, rel=1e-6)
-    assert "bits_per_character" not in evaluate_mlm(FixedLogits(), ids, labels, objective="clm")
+    assert "bits_per_character" not in evaluate_lm(FixedLogits(), ids, labels, objective="clm")
 
 
 def test_masked_bits_per_character_counts_the_masked_tokens():
     ids = torch.tensor([[3, 4, 4, 4, 3], [3, 4, 0, 4, 3]])
     labels = torch.tensor([[-100, 1, -100, 0, -100], [-100, -100, -100, 3, -100]])
     chars = torch.tensor([[0, 4, 5, 2, 0], [0, 7, 1, 3, 0]])
-    m = evaluate_mlm(FixedLogits(), ids, labels, batch_size=1, objective="mlm", chars=chars)
+    m = evaluate_lm(FixedLogits(), ids, labels, batch_size=1, objective="mlm", chars=chars)
     # masked targets 1, 0, 3: 2 + 1 + 3 = 6 bits over 4 + 2 + 3 = 9 characters
     assert m["scored_characters"] == 9 and m["bits_per_character"] == pytest.approx(6 / 9, rel=1e-6)
     with pytest.raises(ValueError, match="aligned"):
-        evaluate_mlm(FixedLogits(), ids, labels, objective="mlm", chars=chars[:, :4])
+        evaluate_lm(FixedLogits(), ids, labels, objective="mlm", chars=chars[:, :4])
 
 
 class PerCharacterModel(torch.nn.Module):
@@ -126,7 +126,7 @@ def test_a_per_character_cost_gives_the_same_bits_per_character_under_any_tokeni
         labels = packed.clone()
         labels[:, -1] = -100  # the closing [SEP] of a row is not predicted
         model = PerCharacterModel(packed_chars, len(tok))
-        results.append(evaluate_mlm(model, packed, labels, batch_size=1, objective="clm", chars=packed_chars))
+        results.append(evaluate_lm(model, packed, labels, batch_size=1, objective="clm", chars=packed_chars))
     coarse, fine = results
     assert fine["masked_tokens"] < 0.8 * coarse["masked_tokens"]  # the bigger vocabulary needs fewer tokens
     assert fine["perplexity"] > 1.5 * coarse["perplexity"]

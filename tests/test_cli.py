@@ -4,13 +4,16 @@ front a module are tested with it (``analyze`` in test_analysis.py, ``bottleneck
 test_theory.py, ``sweep``/``report`` in test_sweep.py, ...); bad values on the command line are
 part of the table in test_bad_input.py."""
 
+import re
 import runpy
 import sys
+from pathlib import Path
 
 import pytest
 
-from fixedhead.cli import main
+from fixedhead.cli import build_parser, main
 from fixedhead.training import TrainSettings
+from fixedhead.training.settings import report_to_integrations
 
 
 @pytest.mark.parametrize("module", ["fixedhead", "fixedhead.cli"])
@@ -36,14 +39,12 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
 
 
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
-    from fixedhead.cli import report_to_integrations
-    from fixedhead.training.pretrain import _training_args
 
-    assert _training_args(tmp_path, TrainSettings(report_to=["tensorboard"])).report_to == ["tensorboard"]
-    assert _training_args(tmp_path, TrainSettings(report_to=[])).report_to == []
+    assert TrainSettings(report_to=["tensorboard"]).training_arguments(tmp_path).report_to == ["tensorboard"]
+    assert TrainSettings(report_to=[]).training_arguments(tmp_path).report_to == []
     assert report_to_integrations(["none"]) == [] and report_to_integrations(["tensorboard"]) == ["tensorboard"]
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
-    assert rc == 2 and "--report-to nosuchtracker: unknown integration" in capsys.readouterr().err
+    assert rc == 2 and "report_to nosuchtracker: unknown integration" in capsys.readouterr().err
     from transformers.integrations import is_wandb_available
 
     if not is_wandb_available():
@@ -113,16 +114,14 @@ def test_count_refuses_bad_sizes_with_one_line(argv, message, capsys):
 
 
 def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
-    from fixedhead.cli import build_parser, report_to_integrations
-    from fixedhead.training.pretrain import _training_args
 
     # a repeated integration would be registered (and log every scalar) twice
     assert report_to_integrations(["tensorboard", "tensorboard"]) == ["tensorboard"]
     settings = TrainSettings(report_to=report_to_integrations(["tensorboard", "tensorboard"]))
-    assert _training_args(tmp_path, settings).report_to == ["tensorboard"]
+    assert settings.training_arguments(tmp_path).report_to == ["tensorboard"]
     # none is transformers' own word for no logging, also when repeated
     args = build_parser().parse_args(["pretrain", "--output-dir", "x", "--report-to", "none"])
-    assert report_to_integrations(args.report_to) == []
+    assert report_to_integrations(args.report_to) == [] and TrainSettings(report_to=args.report_to).report_to == []
     assert report_to_integrations(["none", "none"]) == []
     for values, word, other in [
         (["tensorboard", "none"], "none", "tensorboard"),
@@ -135,5 +134,81 @@ def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
         assert f"{word} alone" in message and other in message and "unknown" not in message, message
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "tensorboard", "none"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "--report-to tensorboard none: none turns reporting off" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "report_to tensorboard none: none turns reporting off" in err, err
     assert not (tmp_path / "r").exists()  # refused before any work
+
+
+def test_pretrain_options_are_the_settings_fields_with_their_defaults():
+    """An option left out is the dataclass default (one default: `fixedhead pretrain` and
+    `pretrain()` train alike); each given option reaches its field."""
+    from fixedhead.cli import given
+    from fixedhead.data import DataSettings
+    from fixedhead.training import ModelSettings
+
+    args = build_parser().parse_args(["pretrain", "--output-dir", "x"])
+    assert given(args, TrainSettings) == given(args, DataSettings) == given(args, ModelSettings) == {}
+    argv = ["--learning-rate", "5e-4", "--no-lowercase", "--head-dim", "8,none", "--report-to", "none", "--bf16"]
+    args = build_parser().parse_args(["pretrain", "--output-dir", "x", *argv])
+    assert given(args, TrainSettings) == {"learning_rate": 5e-4, "report_to": ["none"], "bf16": True}
+    assert given(args, DataSettings) == {"lowercase": False} and given(args, ModelSettings) == {"head_dim": [8, None]}
+    assert TrainSettings().learning_rate == 2e-3  # the masked recipe's rate (docs/performance.md, row b)
+
+
+def test_study_commands_share_one_group_of_options():
+    parser = build_parser()
+    shared = ["--seeds", "3", "--steps", "5", "--threads", "1", "--overwrite", "--output-dir", "o"]
+    for command, preset in [
+        ("compare", "tiny"),
+        ("sweep", "cpu-clm"),
+        ("farthest-point", "quick"),
+        ("widen-experiment", "cpu"),
+    ]:
+        args = parser.parse_args([command, "--preset", preset, *shared])
+        assert (args.preset, args.seeds, args.steps, args.threads, args.overwrite, args.output_dir) == (
+            preset,
+            [3],
+            5,
+            1,
+            True,
+            "o",
+        )
+    args = parser.parse_args(["bottleneck", "--seeds", "3", "--threads", "1", "--output-dir", "o"])
+    assert (args.seeds, args.threads, args.output_dir) == ([3], 1, "o")
+    # the names these options had before, still accepted
+    args = parser.parse_args(["compare", "--max-steps", "7", "--seed", "2"])
+    assert (args.steps, args.seeds) == (7, [2])
+    assert parser.parse_args(["sweep", "--max-steps", "7"]).steps == 7
+
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = re.compile(
+    r"fixedhead(?:\.cli)? ((?:count|pretrain|evaluate|compare|bottleneck|analyze|finetune|sweep|report|"
+    r"farthest-point|widen|widen-experiment)\b[^`\n\"]*)"
+)
+
+
+def documented_commands() -> list[str]:
+    """Every `fixedhead ...` command line in the README, the Makefile, docs/ (prose, recorded
+    commands in results) and examples/, without synopses ([--option], {a,b}, ..., $VARS)."""
+    files = ["README.md", "Makefile", *(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.json")]
+    found = set()
+    for path in [ROOT / f for f in files] + sorted((ROOT / "examples").glob("*.py")):
+        text = Path(path).read_text(encoding="utf-8").replace("\\\n", " ")
+        for m in COMMAND.finditer(text):
+            command = re.split(r"\s#|\s&&|\s\||;|\s\(|\)", m.group(1))[0].strip()
+            if not re.search(r"[\[\]{}$<>…]|\.\.\.", command):
+                found.add(command)
+    return sorted(found)
+
+
+def test_every_documented_command_line_parses(capsys):
+    """Prose may name a command without its required arguments (`fixedhead analyze`); every option
+    and value written in the docs must still be accepted."""
+    commands = documented_commands()
+    assert len(commands) > 30 and any("--init-from" in c for c in commands)
+    for command in commands:
+        try:
+            build_parser().parse_args(command.split())
+        except SystemExit:
+            err = capsys.readouterr().err
+            assert re.search(r"arguments are required|expected one argument \(see", err), (command, err)

@@ -572,16 +572,16 @@ def test_gradient_checkpointing_option_of_pretrain_and_finetune(small_real_corpu
     from _tiny_run import tiny_config, tiny_data, tiny_settings
     from fixedhead.cli import build_parser
     from fixedhead.training import pretrain
-    from fixedhead.training.pretrain import _training_args, run_fingerprint
+    from fixedhead.training.pretrain import run_settings_record
 
     args = build_parser().parse_args(["pretrain", "--output-dir", "x", "--gradient-checkpointing"])
     assert args.gradient_checkpointing
     args = build_parser().parse_args(["finetune", "--task", "sst2", "--model", "m", "--activation-checkpointing"])
     assert args.gradient_checkpointing
     settings = tiny_settings(max_steps=6, eval_steps=6, save_steps=6)
-    assert _training_args(tmp_path, replace(settings, gradient_checkpointing=True)).activation_checkpointing
+    assert replace(settings, gradient_checkpointing=True).training_arguments(tmp_path).activation_checkpointing
     config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_hidden_layers=2)
-    assert run_fingerprint(config, settings, None) == run_fingerprint(
+    assert run_settings_record(config, settings, None) == run_settings_record(
         config, replace(settings, gradient_checkpointing=True), None
     )
     data = tiny_data(small_real_corpus, tmp_path / "tok")

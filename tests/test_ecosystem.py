@@ -192,7 +192,7 @@ def test_timed_pretraining_example_fits_steps_to_the_budget(small_real_corpus, t
     for extra, message in (
         (["--minutes", "1"], "already holds a run; pass --overwrite to replace it"),
         (["--evaluations", "0"], "--evaluations must be >= 1, got 0"),
-        (["--report-to", "nosuchtracker"], "--report-to nosuchtracker: unknown integration"),
+        (["--report-to", "nosuchtracker"], "report_to nosuchtracker: unknown integration"),
     ):
         before = sorted(p.name for p in (tmp_path / "run").iterdir())
         with pytest.raises(SystemExit):

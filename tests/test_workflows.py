@@ -566,8 +566,8 @@ def test_malformed_files_are_named(run, tmp_path, capsys):
 
 # ------------------------------------------------- found by a review that followed the README
 def test_review_findings_widen_finetune_resume_permissions(run, prepared, glue, tmp_path, capsys):
+    from fixedhead.training import load_run
     from fixedhead.training import pretrain as pretrain_fn
-    from fixedhead.training.pretrain import load_run
 
     # widening into the run itself, or over an earlier widen output without --overwrite, is refused
     assert main(["widen", str(run), "--head-dim", "32", "--output-dir", str(run)]) == 2

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fixedhead.data import pack_sequences, read_corpus, split_documents, tokenize_documents, train_tokenizer
-from fixedhead.data.mlm import fixed_masking, mlm_collator
+from fixedhead.data.lm import fixed_masking, mlm_collator
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40
 

@@ -189,7 +189,7 @@ def test_bad_labels_and_positions_are_refused():
 
 # ------------------------------------------------------------------ training a causal LM
 def test_pretrain_clm_writes_a_causal_run_that_evaluates_the_same(tiny_causal_run):
-    from fixedhead.training.pretrain import evaluate_run
+    from fixedhead.training import evaluate_run
 
     run, data, result = tiny_causal_run
     assert result["objective"] == "clm"
@@ -224,7 +224,7 @@ def test_causal_unigram_reference_counts_every_predicted_token(tiny_causal_run):
     import math
     from collections import Counter
 
-    from fixedhead.data.mlm import unigram_perplexity
+    from fixedhead.data.lm import unigram_perplexity
 
     _, data, _ = tiny_causal_run
     vocab = len(data.tokenizer)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from _tiny_run import tiny_config, tiny_settings
-from fixedhead.training import pretrain
+from fixedhead.training import load_run, pretrain
 from fixedhead.training.checkpoints import (
     STAGING_PREFIX,
     CheckpointWarning,
@@ -34,7 +34,6 @@ from fixedhead.training.checkpoints import (
     find_resume_checkpoint,
     list_checkpoints,
 )
-from fixedhead.training.pretrain import load_run
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -322,13 +321,13 @@ def test_runs_saved_before_a_setting_existed_still_resume():
     so a run directory written before it existed still matches; turning it on is a difference."""
     from dataclasses import replace
 
-    from fixedhead.training.pretrain import run_fingerprint, settings_differences
+    from fixedhead.training.pretrain import run_settings_record, settings_differences
 
     config, settings = tiny_config(), tiny_settings()
-    now = run_fingerprint(config, settings, None)
+    now = run_settings_record(config, settings, None)
     assert "bf16" not in now["train"]
     old = json.loads(json.dumps(now))  # what an older version saved: no bf16 key at all
     assert settings_differences(old, now) == []
-    assert settings_differences(old, run_fingerprint(config, replace(settings, bf16=True), None)) == [
+    assert settings_differences(old, run_settings_record(config, replace(settings, bf16=True), None)) == [
         "train.bf16: False → True"
     ]

@@ -92,7 +92,7 @@ def test_the_start_is_part_of_the_fingerprint(source, tiny_prepared, tmp_path):
     P.lm_config(scratch, tiny_prepared.tokenizer, "clm")
     with pytest.raises(FileExistsError, match="init_from"):  # from scratch is not a continued run either
         pretrain(scratch, tiny_prepared, out, settings, resume=True)
-    fingerprint = P.run_fingerprint(scratch, settings, tiny_prepared.settings)
+    fingerprint = P.run_settings_record(scratch, settings, tiny_prepared.settings)
     assert fingerprint["init_from"] is None
     assert P.same_run_settings({k: v for k, v in fingerprint.items() if k != "init_from"}, fingerprint)  # older runs
 

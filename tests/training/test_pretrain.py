@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.training import DataSettings, TrainSettings, prepare_data, pretrain
-from fixedhead.training.pretrain import evaluate_run
+from fixedhead.training import DataSettings, TrainSettings, evaluate_run, prepare_data, pretrain
 
 
 def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
@@ -61,18 +60,20 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
 
 
 def test_resume_ignores_logging_options_but_not_training_ones():
-    from fixedhead.training.pretrain import run_fingerprint, same_run_settings
+    from fixedhead.training.pretrain import run_settings_record, same_run_settings
 
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
-    saved = run_fingerprint(config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c"))
+    saved = run_settings_record(
+        config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c")
+    )
     saved["train"]["progress"] = True  # the settings file keeps every field
     assert same_run_settings(
-        saved, run_fingerprint(config, TrainSettings(progress=False, report_to=[]), DataSettings(corpus="c"))
+        saved, run_settings_record(config, TrainSettings(progress=False, report_to=[]), DataSettings(corpus="c"))
     )
     assert not same_run_settings(
-        saved, run_fingerprint(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
+        saved, run_settings_record(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
     )
-    assert not same_run_settings(saved, run_fingerprint(config, TrainSettings(), DataSettings(corpus="other")))
+    assert not same_run_settings(saved, run_settings_record(config, TrainSettings(), DataSettings(corpus="other")))
 
 
 def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(tmp_path):
@@ -81,16 +82,16 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     cannot apply, and runs saved before they existed keep their fingerprint."""
     import torch
 
-    from fixedhead.data.mlm import TrainOrFixedCollator
+    from fixedhead.data.lm import TrainOrFixedCollator
     from fixedhead.data.tokenizer import train_tokenizer
-    from fixedhead.training.pretrain import _training_args, run_fingerprint, settings_differences
+    from fixedhead.training.pretrain import run_settings_record, settings_differences
 
     tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
     rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))
     for rate in (0.15, 0.4):
         batch = TrainOrFixedCollator(tok, rate, seed=0)([{"input_ids": r} for r in rows])
         assert (batch["labels"] != -100).float().mean().item() == pytest.approx(rate, abs=0.02)
-    args = _training_args(tmp_path, TrainSettings(lr_scheduler_type="cosine", report_to=[]))
+    args = TrainSettings(lr_scheduler_type="cosine", report_to=[]).training_arguments(tmp_path)
     assert args.lr_scheduler_type == "cosine"  # a str enum
     with pytest.raises(ValueError, match="mlm_probability must be in \\(0, 1\\), got 1.0"):
         TrainSettings(mlm_probability=1.0)
@@ -99,9 +100,9 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
     with pytest.raises(ValueError, match="lr_scheduler_type must be one of linear, cosine"):
         TrainSettings(lr_scheduler_type="one_cycle")
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
-    now = run_fingerprint(config, TrainSettings(), None)
+    now = run_settings_record(config, TrainSettings(), None)
     assert "mlm_probability" not in now["train"] and "lr_scheduler_type" not in now["train"]
-    masked40 = run_fingerprint(config, TrainSettings(mlm_probability=0.4), None)
+    masked40 = run_settings_record(config, TrainSettings(mlm_probability=0.4), None)
     assert settings_differences(now, masked40) == ["train.mlm_probability: 0.15 → 0.4"]
     # and the other way: a run saved at 0.4 is not resumed by a command at the default
     assert settings_differences(masked40, now) == ["train.mlm_probability: 0.4 → 0.15"]
@@ -111,7 +112,7 @@ def test_a_validation_split_is_scored_apart_from_the_heldout_set(small_real_corp
     from _tiny_run import tiny_config, tiny_settings
     from fixedhead import FixedHeadForCausalLM
     from fixedhead.data import DataSettings, prepare_data
-    from fixedhead.data.mlm import causal_labels
+    from fixedhead.data.lm import causal_labels
     from fixedhead.training import pretrain
 
     settings = DataSettings(

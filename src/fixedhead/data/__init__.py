@@ -1,7 +1,7 @@
-"""Data: corpus readers, WordPiece tokenizer training, packing, and masked-LM batches."""
+"""Data: corpus readers, WordPiece tokenizer training, packing, and language-model batches (masked and causal)."""
 
 from .corpus import DEFAULT_CORPUS, DEFAULT_DATA_DIR, Document, read_corpus, read_text, split_documents
-from .mlm import DataSettings, PreparedData, fixed_masking, mlm_collator, prepare_data
+from .lm import DataSettings, PreparedData, fixed_masking, mlm_collator, prepare_data
 from .packing import pack_sequences, text_windows, tokenize_documents
 from .tokenizer import train_tokenizer
 

@@ -28,13 +28,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..data import DataSettings, prepare_data
-from ..data.mlm import unigram_perplexity
+from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, environment_info, staged_outputs
 from ..theory import causal_threshold
-from ..training.pretrain import DivergedError, TrainSettings, train_or_reuse
+from ..training.evaluate import DivergedError
+from ..training.pretrain import train_or_reuse
+from ..training.settings import TrainSettings
 from . import core, render
 from .learning_rate import DIVERGED, choose_rate, parse_rates
 from .recipes import get_recipe

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..data import DEFAULT_CORPUS, DataSettings
-from ..training.pretrain import TrainSettings
+from ..training.settings import TrainSettings
 from . import core
 
 

@@ -30,12 +30,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..data import DEFAULT_CORPUS
-from ..data.mlm import DataSettings, prepare_data, unigram_perplexity
+from ..data.lm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..runs import load_json_file
-from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_fingerprint
-from ..training.pretrain import TrainSettings, settings_differences, train_or_reuse
+from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
+from ..training.pretrain import settings_differences, train_or_reuse
+from ..training.settings import TrainSettings
 from . import core
 from .recipes import get_recipe
 
@@ -451,7 +452,7 @@ def run_sweep(
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
             stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
                 "fingerprint"
-            ) != finetune_fingerprint(run_dir, task, ft_seeded)
+            ) != finetune_settings_record(run_dir, task, ft_seeded)
             ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
             entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
             if progress:

@@ -38,14 +38,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..data import DataSettings, prepare_data
-from ..data.mlm import unigram_perplexity
+from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.flops import training_flops
 from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, write_text_atomic
 from ..theory import causal_threshold
-from ..training.pretrain import TrainSettings, lm_config, load_run, pretrain, train_or_reuse, with_later_defaults
+from ..training.evaluate import load_run
+from ..training.pretrain import lm_config, pretrain, train_or_reuse, with_later_defaults
+from ..training.settings import TrainSettings
 from . import core, render
 from .recipes import get_recipe
 from .stats import RULE_STDS, mean_std, pm, pooled_verdict

@@ -14,7 +14,7 @@ import torch
 
 from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
-from ..training.pretrain import load_run
+from ..training.evaluate import load_run
 from ..training.widen import WIDEN_FILE, widen_run
 from ..validation import positive_int
 

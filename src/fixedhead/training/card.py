@@ -36,21 +36,21 @@ def _table(rows: list[tuple[str, object]]) -> str:
     return "\n".join(["| field | value |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows])
 
 
-def model_card(result: dict, fingerprint: dict) -> str:
+def model_card(result: dict, recorded: dict) -> str:
     """Render the card of a finished run.
 
     Args:
         result: the metrics dict returned by :func:`fixedhead.training.pretrain` (``metrics.json``).
-        fingerprint: the run's recorded settings (``pretrain_settings.json``): ``config`` (the
+        recorded: the run's recorded settings (``pretrain_settings.json``): ``config`` (the
             config's non-default fields), ``train``, ``data`` and ``data_info``.
 
     Returns:
         Markdown text with YAML front matter.
     """
-    config = dict(fingerprint.get("config", {}))
-    train = fingerprint.get("train", {})
-    data = fingerprint.get("data", {})
-    info = fingerprint.get("data_info", {})
+    config = dict(recorded.get("config", {}))
+    train = recorded.get("train", {})
+    data = recorded.get("data", {})
+    info = recorded.get("data_info", {})
     d, h, dp = result["hidden_size"], result["num_attention_heads"], result["head_dim"]
     n = data.get("max_seq_length", config.get("max_position_embeddings"))
     kind = f"fixed head size d_p = {dp}" if result["fixed_head"] else f"standard head size d_p = d/h = {dp}"
@@ -158,7 +158,7 @@ def model_card(result: dict, fingerprint: dict) -> str:
                 ),
                 ("precision", "bf16 autocast (weights and optimizer in fp32)" if train.get("bf16") else "fp32"),
                 ("seed", train.get("seed")),
-                ("started from", (fingerprint.get("init_from") or {}).get("path", "a fresh initialisation")),
+                ("started from", (recorded.get("init_from") or {}).get("path", "a fresh initialisation")),
                 ("wall time (s)", result["train_seconds"]),
             ]
         ),
@@ -190,10 +190,10 @@ def model_card(result: dict, fingerprint: dict) -> str:
     return "\n".join(lines)
 
 
-def write_model_card(run_dir: str | os.PathLike, result: dict, fingerprint: dict) -> Path:
+def write_model_card(run_dir: str | os.PathLike, result: dict, recorded: dict) -> Path:
     """Write :func:`model_card` to ``run_dir/README.md``; returns its path."""
     from ..runs import write_text_atomic
 
     path = Path(run_dir) / CARD_FILE
-    write_text_atomic(path, model_card(result, fingerprint))
+    write_text_atomic(path, model_card(result, recorded))
     return path

@@ -37,7 +37,7 @@ from ..runs import (
     write_json_atomic,
 )
 from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
-from .arguments import shared_training_arguments
+from .settings import shared_training_arguments
 
 FINETUNE_FILE = "finetune_metrics.json"
 #: written first: marks a folder as a fine-tuning output and records what it is computed from
@@ -65,32 +65,44 @@ DEFAULT_VALIDATION_SIZE = 1000
 
 @dataclass
 class FinetuneSettings:
-    """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT).
-
-    ``validation_size`` examples are carved out of GLUE train for early stopping (None: 1,000 or
-    a fifth of GLUE train, whichever is smaller; an explicit value must leave at least one
-    training example). ``max_train_examples`` subsamples the rest (seeded; None = all); ``max_dev_examples`` caps the
-    test (dev) set (None = all, the honest default). Evaluation on the validation split every
-    ``eval_steps`` steps; training stops early after ``patience`` evaluations without
-    improvement of the task's headline metric, and the best checkpoint is the one scored on dev.
-    """
+    """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT): validation
+    on a split carved out of GLUE train every ``eval_steps``, early stopping after ``patience``
+    evaluations without improvement of the task's headline metric; the best checkpoint is the one
+    scored on GLUE dev."""
 
     max_seq_length: int = 128
+    """tokens per example (a pair is truncated to fit)"""
     batch_size: int = 32
+    """examples per step"""
     learning_rate: float = 1e-4
+    """peak learning rate"""
     max_steps: int = 1000
+    """optimizer steps"""
     warmup_ratio: float = 0.1
+    """fraction of the steps spent warming up linearly from 0"""
     weight_decay: float = 0.01
+    """AdamW weight decay"""
     eval_steps: int = 100
+    """validate (and checkpoint) every N steps"""
     patience: int = 3
+    """early stopping: evaluations without improvement"""
     validation_size: int | None = None
+    """examples carved out of GLUE train for early stopping (default: 1000 or a fifth of GLUE
+    train, whichever is smaller; must leave at least one training example)"""
     max_train_examples: int | None = None
+    """subsample the rest of GLUE train (seeded; default: all)"""
     max_dev_examples: int | None = None
+    """cap on the GLUE dev examples scored (default: all, the honest choice)"""
     seed: int = 0
+    """seed of the split, subsample, classifier initialisation and data order"""
     dropout: float = 0.1
+    """hidden and attention dropout while fine-tuning"""
     progress: bool = True
+    """progress bars and messages"""
     save_model: bool = True
-    gradient_checkpointing: bool = False  # recompute blocks in the backward: less memory, same result
+    """save the chosen model into the output folder"""
+    gradient_checkpointing: bool = False
+    """recompute each encoder block in the backward pass: less activation memory, same result"""
 
     def __post_init__(self):
         # a pair needs [CLS] a [SEP] b [SEP]: below 8 the tokenizer cannot truncate both texts
@@ -106,12 +118,13 @@ class FinetuneSettings:
         in_range("dropout", self.dropout, 0.0, 1.0)
 
 
-def finetune_fingerprint(run_dir, task: str, settings: FinetuneSettings, data_dir=None) -> dict:
-    """What a fine-tuning result is computed from: the pretrained model's *content* (a hash of its
-    weights, config and tokenizer, see :func:`fixedhead.runs.model_fingerprint`), the GLUE files'
+def finetune_settings_record(run_dir, task: str, settings: FinetuneSettings, data_dir=None) -> dict:
+    """A fine-tuning result's settings record (saved under the key ``"fingerprint"``): what it is
+    computed from: the pretrained model's *content* (a hash of its weights, config and tokenizer,
+    see :func:`fixedhead.runs.model_fingerprint`), the GLUE files'
     content, the task and the settings that matter. A result is reused only when all of them
     match, whatever the run's folder is called or where it moved; retraining a run in place
-    changes its fingerprint."""
+    changes its record."""
     files = [glue_path(task, split, data_dir) for split in ("train", "dev")]
     return json.loads(
         json.dumps(
@@ -230,11 +243,11 @@ def finetune(
     for p in (train_path, dev_path):
         if not p.is_file():
             raise FileNotFoundError(f"GLUE {task} file not found: {p} (pass --data-dir, the folder holding glue/)")
-    fingerprint = finetune_fingerprint(run_dir, task, settings, data_dir)
+    record = finetune_settings_record(run_dir, task, settings, data_dir)
     done = out / FINETUNE_FILE
     if done.is_file() and not overwrite:
         previous = load_json_file(done)
-        if previous.get("fingerprint") == fingerprint:
+        if previous.get("fingerprint") == record:
             return previous
         raise FileExistsError(
             f"{out} holds a fine-tuning result of another model, data or settings; "
@@ -242,7 +255,7 @@ def finetune(
         )
     started = out / FINETUNE_SETTINGS_FILE
     if started.is_file() and not done.is_file() and not overwrite:
-        if load_json_file(started).get("fingerprint") != fingerprint:
+        if load_json_file(started).get("fingerprint") != record:
             raise FileExistsError(
                 f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
                 f"pass --overwrite to replace it, or choose another --output-dir"
@@ -264,7 +277,7 @@ def finetune(
     claim_output_dir(out, (FINETUNE_SETTINGS_FILE, FINETUNE_FILE), FINETUNE_OWNED, "finetune", overwrite)
     for old in out.glob("checkpoint-*"):  # an interrupted earlier attempt: fine-tuning restarts from the run
         shutil.rmtree(old)
-    write_json_atomic(started, {"fingerprint": fingerprint, "run_dir": str(run_dir.resolve())})
+    write_json_atomic(started, {"fingerprint": record, "run_dir": str(run_dir.resolve())})
 
     tokenizer = run.tokenizer
     regression = spec.labels is None
@@ -349,7 +362,7 @@ def finetune(
         "train_seconds": round(wall, 1),
         "validation_size": validation_size,
         "run_dir": str(run_dir.resolve()),
-        "fingerprint": fingerprint,
+        "fingerprint": record,
     }
     for ckpt in out.glob("checkpoint-*"):
         shutil.rmtree(ckpt, ignore_errors=True)

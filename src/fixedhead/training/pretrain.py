@@ -1,8 +1,8 @@
-"""Masked-LM pretraining and held-out evaluation on top of transformers' ``Trainer``.
+"""Language-model pretraining (masked or causal) on top of transformers' ``Trainer``.
 
 The Trainer brings AdamW, warm-up + linear decay, seeding, checkpoints and resume, progress bars,
 TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module builds the model,
-trains it on data prepared by :mod:`fixedhead.data.mlm` and scores it.
+trains it on data prepared by :mod:`fixedhead.data.lm` and scores it.
 """
 
 from __future__ import annotations
@@ -14,27 +14,19 @@ import os
 import resource
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from ..data.mlm import (  # noqa: F401 (re-exported: the data pipeline lives in fixedhead.data.mlm)
-    OBJECTIVES,
+from ..data.lm import (
     CausalCollator,
     DataSettings,
-    MaskedDataset,
+    LabelledDataset,
     PreparedData,
     SequenceDataset,
     TrainOrFixedCollator,
-    bits_per_character,
     check_objective,
-    documents_sha256,
-    fixed_masking,
     heldout_batches,
-    mlm_collator,
     prepare_data,
-    scored_characters,
 )
 from ..data.tokenizer import tokenizer_sha256
 from ..model.configuration import FixedHeadConfig
@@ -49,8 +41,6 @@ from ..runs import (
     resolve_local_path,
     tensors_sha256,
 )
-from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
-from .arguments import LR_SCHEDULERS, shared_training_arguments
 from .card import write_model_card
 from .checkpoints import (
     STAGING_PREFIX,
@@ -61,134 +51,11 @@ from .checkpoints import (
     remove_staging,
     write_json_atomic,
 )
-
-
-class DivergedError(ValueError):
-    """Training or held-out loss became non-finite: the learning rate is too high for this model
-    (a study choosing a learning rate counts the run as the worst)."""
-
-
-@torch.no_grad()
-def evaluate_mlm(
-    model,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    batch_size: int = 128,
-    objective: str = "mlm",
-    chars: torch.Tensor | None = None,
-) -> dict:
-    """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.mlm.heldout_batches`).
-
-    ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
-    the tokens before it (logits at t score the label at t + 1, as the model's own loss).
-
-    ``chars``: the characters of original text each token covers, aligned with ``labels``
-    (:attr:`~fixedhead.data.PreparedData.heldout_chars`; 0 at special tokens). With it, bits per
-    character = total cross-entropy of the scored tokens in bits / the characters they cover
-    (:func:`~fixedhead.data.mlm.scored_characters`; for ``"clm"`` those of the target tokens).
-    For a causal model that is the bits per character of the text; for a masked model, of the
-    masked tokens' text (under this fixed masking).
-
-    Returns:
-        ``{"loss": mean cross-entropy per scored token (nats), "perplexity": exp(loss),
-        "accuracy": fraction of scored tokens predicted exactly (top-1), "masked_tokens": count
-        of scored tokens}`` (for a causal model, "masked" means scored: every predicted token);
-        with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
-
-    Raises:
-        ValueError: no scored token, a non-finite loss (a diverged model is reported, not hidden),
-            or ``chars`` not aligned with ``labels``.
-    """
-    characters = None if chars is None else scored_characters(labels, chars, objective)
-    was_training = model.training
-    model.eval()
-    total_loss, total_correct, total = 0.0, 0, 0
-    device = next(model.parameters()).device
-    for i in range(0, input_ids.shape[0], batch_size):
-        ids, lab = input_ids[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
-        out = model(input_ids=ids, labels=lab)
-        logits = out.logits  # [batch, seq, vocab], as BERT's
-        if objective == "clm":  # position t predicts token t + 1
-            logits, lab = logits[:, :-1], lab[:, 1:]
-        n = int((lab != -100).sum())
-        if n == 0:
-            continue
-        scored = lab != -100
-        targets, logits = lab[scored], logits[scored]
-        total_loss += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
-        total_correct += int((logits.argmax(-1) == targets).sum())
-        total += n
-    model.train(was_training)
-    if total == 0:
-        raise ValueError("held-out set has no masked tokens to score")
-    loss = total_loss / total
-    if not math.isfinite(loss):
-        raise DivergedError(f"held-out loss is not finite ({loss}); the model has diverged")
-    result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
-    if characters is not None:
-        result["scored_characters"] = characters
-        result["bits_per_character"] = bits_per_character(total_loss, characters)
-    return result
-
-
-# -------------------------------------------------------------------------------- training
-@dataclass
-class TrainSettings:
-    """Optimisation settings (AdamW; linear warm-up then linear decay, as BERT)."""
-
-    batch_size: int = 64
-    max_steps: int = 600
-    learning_rate: float = 1e-3
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.98
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    logging_steps: int = 25
-    eval_steps: int = 100
-    save_steps: int = 200
-    save_total_limit: int = 2
-    eval_seed: int = 1234
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    progress: bool = True
-    torch_compile: bool = False
-    bf16: bool = False  # bf16 autocast (Trainer's bf16=True): CUDA with bf16 support, or a CPU with it
-    # activation checkpointing: recompute each encoder block in the backward pass (less memory,
-    # about one more forward of time; same gradients, dropout masks are replayed)
-    gradient_checkpointing: bool = False
-    #: "mlm" (masked LM, BERT and the paper's Tables 1-3) or "clm" (causal LM: FixedHeadForCausalLM)
-    objective: str = "mlm"
-    #: masked LM: the fraction of training tokens masked (BERT's 0.15; Wettig et al., EACL 2023, find
-    #: 0.4 better). The held-out set is always masked at 0.15, so every model is scored alike.
-    mlm_probability: float = 0.15
-    #: transformers' ``lr_scheduler_type`` after the warm-up: "linear" decay to 0 (BERT), "cosine", ...
-    lr_scheduler_type: str = "linear"
-
-    def __post_init__(self):
-        check_objective(self.objective)
-        for name in ("batch_size", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit"):
-            positive_int(name, getattr(self, name))
-        non_negative_int("seed", self.seed)
-        non_negative_int("eval_seed", self.eval_seed)
-        positive_float("learning_rate", self.learning_rate)
-        in_range("warmup_ratio", self.warmup_ratio, 0.0, 1.0)
-        in_range("weight_decay", self.weight_decay, 0.0, 1.0, high_open=False)
-        in_range("adam_beta2", self.adam_beta2, 0.0, 1.0)
-        positive_float("max_grad_norm", self.max_grad_norm)
-        in_range("mlm_probability", self.mlm_probability, 0.0, 1.0, low_open=True)
-        if self.objective == "clm" and self.mlm_probability != 0.15:
-            raise ValueError(
-                f"mlm_probability={self.mlm_probability} applies to the masked objective only; "
-                f"a causal LM predicts every token (drop the masking rate, or train a masked LM)"
-            )
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
-            raise ValueError(
-                f"lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)}, got {self.lr_scheduler_type!r}"
-            )
-
+from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings, same_corpus_text
+from .settings import TrainSettings
 
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
-_NOT_FINGERPRINTED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
+_NOT_MATCHED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
 #: TrainSettings fields added after runs were first saved, with the default those runs used
 _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
 
@@ -200,33 +67,29 @@ def with_later_defaults(train: dict) -> dict:
     return {**_ADDED_LATER, **train}
 
 
-def _without_later_defaults(record: dict, added_later: dict) -> dict:
-    return {k: v for k, v in record.items() if not (k in added_later and added_later[k] == v)}
-
-
-def run_fingerprint(
+def run_settings_record(
     config: FixedHeadConfig,
     settings: TrainSettings,
     data_settings: DataSettings | None,
     init_from: dict | None = None,
 ) -> dict:
-    """What must match for a run directory to be resumed or reused: model config, data settings,
-    the training settings that affect the result (not logging or progress options), and the
+    """A run's settings record: what must match for a run directory to be resumed or reused:
+    model config, data settings, the training settings that affect the result (not logging or progress options), and the
     weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
     :func:`init_from_record`) for a run continued from another run, None for one trained from
     scratch (runs saved before this was recorded count as from scratch)."""
-    # fields added later are omitted at their default: older run directories still resume
-    train = _without_later_defaults(
-        {k: v for k, v in asdict(settings).items() if k not in _NOT_FINGERPRINTED}, _ADDED_LATER
-    )
-    fingerprint = {
+    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED}
+    for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
+        if train.get(name) == default:
+            del train[name]
+    record = {
         "config": config.to_diff_dict(),
         "train": train,
         "data": data_settings.record() if data_settings else {},
         # keyed on the starting weights' content, not on their folder: a moved source still matches
         "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
     }
-    return json.loads(json.dumps(fingerprint, default=str))
+    return json.loads(json.dumps(record, default=str))
 
 
 def init_from_record(run_dir: str | os.PathLike) -> dict:
@@ -241,14 +104,14 @@ def init_from_record(run_dir: str | os.PathLike) -> dict:
     return {"path": resolve_local_path(run_dir), "model_sha256": model_fingerprint(run_dir)}
 
 
-def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
-    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_fingerprint`,
-    as ``"section.field: saved → now"`` strings (fields outside the fingerprint, such as logging
+def settings_differences(previous: dict, record: dict) -> list[str]:
+    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_settings_record`,
+    as ``"section.field: saved → now"`` strings (fields outside the record, such as logging
     options, may differ freely). Training fields added later (``_ADDED_LATER``) count at their
     default where either side omits them, so a run at a non-default value never matches one at
     the default."""
     diffs = []
-    for key, value in fingerprint.items():
+    for key, value in record.items():
         old = previous.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
             if key == "train":
@@ -263,13 +126,6 @@ def settings_differences(previous: dict, fingerprint: dict) -> list[str]:
         elif old != value:
             diffs.append(f"{key}: {old!r} → {value!r}")
     return diffs
-
-
-def same_corpus_text(saved: dict, corpus_sha256: str | None) -> bool:
-    """Whether a saved ``pretrain_settings.json`` was computed on the corpus text whose digest is
-    ``corpus_sha256`` (``data_info.corpus_sha256``); runs saved before digests were recorded match."""
-    old = (saved.get("data_info") or {}).get("corpus_sha256")
-    return old is None or corpus_sha256 is None or old == corpus_sha256
 
 
 #: the first training batch's hash, written when a run takes it (a resumed run never sees it again)
@@ -316,7 +172,7 @@ def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> Fix
     vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
     from [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
     :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
-    fingerprint is compared with the config it was trained with."""
+    settings record is compared with the config it was trained with."""
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id
     if check_objective(objective) == "clm":
@@ -334,13 +190,13 @@ def _same_file(a, b) -> bool:
         return False
 
 
-def same_run_settings(previous: dict, fingerprint: dict) -> bool:
-    """Whether a saved settings file matches a :func:`run_fingerprint` (see :func:`settings_differences`)."""
-    return not settings_differences(previous, fingerprint)
+def same_run_settings(previous: dict, record: dict) -> bool:
+    """Whether a saved settings file matches a :func:`run_settings_record` (see :func:`settings_differences`)."""
+    return not settings_differences(previous, record)
 
 
-def finished_metrics(run_dir: str | os.PathLike, fingerprint: dict, data_info: dict) -> dict | None:
-    """The metrics of a run in ``run_dir`` that finished with these settings (``fingerprint``) on
+def finished_metrics(run_dir: str | os.PathLike, record: dict, data_info: dict) -> dict | None:
+    """The metrics of a run in ``run_dir`` that finished with these settings (``record``) on
     the same corpus text and tokenizer (``data_info``, see :func:`data_differences`); None for an
     unfinished run, a missing or unreadable record, or other settings. The one answer to "is this
     run done?": :func:`pretrain` with ``resume`` and every study that reuses runs ask it."""
@@ -351,7 +207,7 @@ def finished_metrics(run_dir: str | os.PathLike, fingerprint: dict, data_info: d
         saved = load_json_file(run_dir / PRETRAIN_FILE)
     except ValueError:
         return None  # unreadable: retrain rather than trust it
-    if settings_differences(saved, fingerprint) or data_differences(run_dir, saved, data_info):
+    if settings_differences(saved, record) or data_differences(run_dir, saved, data_info):
         return None
     return load_json_file(run_dir / METRICS_FILE)
 
@@ -370,9 +226,9 @@ def train_or_reuse(
     return pretrain(config, data, run_dir, settings, resume=resume, overwrite=overwrite)
 
 
-def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
+def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
     """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
-    resumed with the same settings (``fingerprint``, and the same corpus text and tokenizer as
+    resumed with the same settings (``record``, a :func:`run_settings_record`, and the same corpus text and tokenizer as
     ``data_info``, see :func:`data_differences`), or one being replaced (``overwrite``). Nothing
     is changed.
 
@@ -396,7 +252,7 @@ def check_run_dir(run_dir: Path, fingerprint: dict, resume: bool, overwrite: boo
             return  # a fixedhead run: replacing it is what was asked
         previous = load_json_file(settings_file)
         if resume:
-            diffs = settings_differences(previous, fingerprint) + data_differences(run_dir, previous, data_info or {})
+            diffs = settings_differences(previous, record) + data_differences(run_dir, previous, data_info or {})
             if diffs:
                 raise FileExistsError(
                     f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
@@ -431,7 +287,7 @@ def pretrain(
     Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
     and ``data`` must be tokenised with its tokenizer (:func:`source_data` prepares the data the
     run recorded). Where it started (path and content hash, :func:`init_from_record`) is recorded
-    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's fingerprint, so a
+    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's settings record, so a
     run continued from other weights is never resumed or reused as this one.
 
     Writes to ``run_dir``: the model (safetensors) and tokenizer (loadable with
@@ -476,23 +332,23 @@ def pretrain(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
     start = init_from_record(init_from) if source is not None else None
-    fingerprint = run_fingerprint(config, settings, data.settings, init_from=start)
+    record = run_settings_record(config, settings, data.settings, init_from=start)
     recorded = {
-        **fingerprint,
+        **record,
         "train": json.loads(json.dumps(asdict(settings), default=str)),
         "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
         "init_from": start,
     }
-    done = finished_metrics(run_dir, fingerprint, data.info) if resume and not overwrite else None
+    done = finished_metrics(run_dir, record, data.info) if resume and not overwrite else None
     if done is not None:  # finished with these settings: nothing to train, nothing to rewrite
         if settings.progress:
             print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
         return done
-    args = _training_args(run_dir, settings)  # under torchrun/accelerate this joins the process group
+    args = settings.training_arguments(run_dir)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
-            check_run_dir(run_dir, fingerprint, resume, overwrite, data.info)
+            check_run_dir(run_dir, record, resume, overwrite, data.info)
             run_dir.mkdir(parents=True, exist_ok=True)
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
@@ -506,7 +362,7 @@ def pretrain(
             save_tokenizer_atomic(run_tokenizer, run_dir)
     set_seed(settings.seed)
     if source is not None:
-        model = _load_model(source)  # the source run's weights, exactly
+        model = load_model(source)  # the source run's weights, exactly
     else:
         # a copy: the Trainer sets its model's config.use_cache, and the caller's config must not change
         model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(copy.deepcopy(config))
@@ -529,7 +385,7 @@ def pretrain(
         model=model,
         args=args,
         train_dataset=SequenceDataset(data.train),
-        eval_dataset=MaskedDataset(eval_ids, eval_labels),
+        eval_dataset=LabelledDataset(eval_ids, eval_labels),
         data_collator=collator,
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
@@ -547,7 +403,7 @@ def pretrain(
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
     if args.should_save:
         save_tokenizer_atomic(run_tokenizer, run_dir)
-    metrics = evaluate_mlm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
+    metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
@@ -572,7 +428,7 @@ def pretrain(
     }
     if data.validation is not None:  # the split that chooses settings (a learning rate), never reported as held-out
         val_ids, val_labels = heldout_batches(data.validation, data.tokenizer, settings.objective, settings.eval_seed)
-        val = evaluate_mlm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
+        val = evaluate_lm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
         result["validation_loss"] = val["loss"]
         result["validation_bits_per_character"] = val.get("bits_per_character")
     if start is not None:
@@ -668,28 +524,10 @@ def source_data(
     """
     run = open_run(init_from, allow_pickle=allow_pickle)
     data = prepare_data(
-        _recorded_data_settings(init_from, run, corpus), cache_dir=cache_dir, progress=progress, tokenizer=run.tokenizer
+        recorded_data_settings(init_from, run, corpus), cache_dir=cache_dir, progress=progress, tokenizer=run.tokenizer
     )
-    _check_same_text(init_from, run.settings, data)
+    check_same_text(init_from, run.settings, data)
     return data
-
-
-def _recorded_data_settings(run_dir, run, corpus: str | None = None, max_eval_tokens: int | None = None):
-    """The run's recorded DataSettings, with ``corpus`` / ``max_eval_tokens`` replaced when given."""
-    data_kwargs = dict(run.settings.get("data", {}))
-    data_kwargs["corpus"] = corpus if corpus is not None else recorded_corpus(run_dir, run.settings)
-    if max_eval_tokens is not None:
-        data_kwargs["max_eval_tokens"] = max_eval_tokens
-    data_kwargs["max_seq_length"] = data_kwargs.get("max_seq_length", run.config.max_position_embeddings)
-    return DataSettings(**data_kwargs)
-
-
-def _check_same_text(run_dir, saved: dict, data: PreparedData) -> None:
-    if not same_corpus_text(saved, data.info["corpus_sha256"]):
-        raise ValueError(
-            f"corpus {data.settings.corpus!r} does not hold the text {run_dir} was trained on "
-            f"(its content changed); pass --corpus with the original"
-        )
 
 
 def causal_tokenizer(tokenizer):
@@ -720,166 +558,3 @@ def causal_tokenizer(tokenizer):
         mask_token=tokenizer.mask_token,
         model_max_length=tokenizer.model_max_length,
     )
-
-
-def _training_args(run_dir: Path, settings: TrainSettings):
-    return shared_training_arguments(
-        run_dir,
-        settings,
-        eval_batch_size=max(settings.batch_size, 128),
-        adam_beta2=settings.adam_beta2,
-        lr_scheduler_type=settings.lr_scheduler_type,
-        max_grad_norm=settings.max_grad_norm,
-        logging_steps=settings.logging_steps,
-        save_steps=settings.save_steps,
-        save_total_limit=settings.save_total_limit,
-        prediction_loss_only=True,
-        report_to=settings.report_to,
-        remove_unused_columns=False,
-        ddp_find_unused_parameters=False,  # every parameter of the language model gets a gradient
-        torch_compile=settings.torch_compile,
-        bf16=settings.bf16,
-    )
-
-
-def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
-    """Load ``(model, tokenizer, settings)`` from a pretraining run directory (a masked or causal LM).
-
-    The directory is validated by :func:`fixedhead.runs.open_run` (the one way every command
-    opens a run) before anything is loaded; nothing in it is executed.
-
-    Raises:
-        FileNotFoundError: no such directory, or it holds no finished model.
-        ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
-            truncated weights, pickle weights without ``allow_pickle``.
-    """
-    run = open_run(run_dir, allow_pickle=allow_pickle)
-    return _load_model(run), run.tokenizer, run.settings
-
-
-def _load_model(run):
-    """The run's language model: ``FixedHeadForCausalLM`` for a decoder, else ``FixedHeadForMaskedLM``."""
-    cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
-    return cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
-
-
-def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
-    """The corpus a run was trained on, as recorded in its ``pretrain_settings.json``.
-
-    Raises:
-        ValueError: nothing recorded, or a relative path (runs saved before paths were recorded
-            resolved): which file it meant depends on the folder it was started from, so the user
-            must say it with ``--corpus``.
-    """
-    corpus = (saved.get("data") or {}).get("corpus")
-    if not corpus:
-        raise ValueError(f"{run_dir} records no corpus; pass --corpus")
-    looks_local = os.sep in corpus or corpus.endswith((".txt", ".jsonl", ".gz")) or corpus.startswith(".")
-    if looks_local and not os.path.isabs(os.path.expanduser(corpus)):
-        raise ValueError(
-            f"{run_dir} records its corpus as the relative path {corpus!r}, which means a different file from "
-            f"each folder; pass --corpus with the file it was trained on"
-        )
-    return corpus
-
-
-def evaluate_run(
-    run_dir: str | os.PathLike,
-    corpus: str | None = None,
-    eval_seed: int | None = None,
-    max_eval_tokens: int | None = None,
-    batch_size: int = 128,
-    allow_pickle: bool = False,
-) -> dict:
-    """Score a run directory's model on its held-out documents (same split, same fixed masking).
-
-    ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
-    apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
-    :func:`evaluate_mlm` metrics, bits per character of the held-out set included, and the objective.
-    """
-    if eval_seed is not None:
-        non_negative_int("eval_seed", eval_seed)
-    run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
-    saved, tokenizer = run.settings, run.tokenizer
-    data_settings = _recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
-    model = _load_model(run)
-    data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
-    _check_same_text(run_dir, saved, data)
-    seed = (
-        non_negative_int("eval_seed", eval_seed)
-        if eval_seed is not None
-        else saved.get("train", {}).get("eval_seed", 1234)
-    )
-    objective = "clm" if run.config.is_decoder else "mlm"
-    ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
-    metrics = evaluate_mlm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
-    return {**metrics, "objective": objective}
-
-
-def evaluate_text(
-    run_dir: str | os.PathLike,
-    text: str | os.PathLike,
-    eval_seed: int | None = None,
-    max_eval_tokens: int | None = None,
-    batch_size: int = 128,
-    allow_pickle: bool = False,
-    text_field: str = "text",
-) -> dict:
-    """Score a run directory's model on new text: a ``.txt``/``.jsonl(.gz)`` file or a folder of
-    them (anything :func:`fixedhead.data.read_corpus` reads from a path).
-
-    Every document is new text (no train/held-out split): all are tokenised with the run's own
-    tokenizer (the first ``max_eval_tokens`` tokens, when given), packed into rows of the run's
-    sequence length as the held-out set is (the incomplete last row is dropped), and scored as
-    the run's held-out set: every next token for a causal run, one fixed seeded masking
-    (``eval_seed``, default the run's) for a masked one. Bits per character are over the text of
-    the scored tokens: all of it for a causal run, the masked tokens' for a masked one.
-
-    Returns:
-        the :func:`evaluate_mlm` metrics (loss, perplexity, accuracy, bits per character, scored
-        tokens and characters) with ``objective``, ``text`` (the path), ``text_sha256`` (of the
-        documents' text, as a run's ``corpus_sha256``), ``documents``, ``text_tokens`` (all tokens
-        read), ``sequences`` and ``eval_seed`` (None for a causal run).
-
-    Raises:
-        FileNotFoundError: no such text path, or ``run_dir`` holds no finished model.
-        ValueError: text with no words, or too few tokens for one sequence; a bad run directory
-            or option (see :func:`evaluate_run`).
-    """
-    from ..data.corpus import read_corpus
-    from ..data.packing import pack_sequences, tokenize_documents
-
-    if eval_seed is not None:
-        non_negative_int("eval_seed", eval_seed)
-    path = Path(text).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"text {str(text)!r} does not exist; pass a .txt/.jsonl(.gz) file or a folder of them")
-    run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
-    saved, tokenizer = run.settings, run.tokenizer
-    n = int((saved.get("data") or {}).get("max_seq_length") or run.config.max_position_embeddings)
-    optional_positive_int("max_eval_tokens", max_eval_tokens, minimum=n)
-    docs = read_corpus(path, text_field)
-    ids, chars = tokenize_documents(tokenizer, [d.text for d in docs], max_eval_tokens, with_chars=True)
-    text_tokens = sum(map(len, ids))
-    try:
-        sequences, seq_chars = pack_sequences(ids, n, tokenizer.cls_token_id, tokenizer.sep_token_id, chars=chars)
-    except ValueError:
-        raise ValueError(
-            f"{path}: {text_tokens} tokens in {len(docs)} document{'s' * (len(docs) != 1)}, too few for one "
-            f"sequence of the run's n = {n} (n − 2 = {n - 2}, counting a [SEP] after each document); give more text"
-        ) from None
-    objective = "clm" if run.config.is_decoder else "mlm"
-    seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
-    input_ids, labels = heldout_batches(sequences, tokenizer, objective, seed)
-    model = _load_model(run)
-    metrics = evaluate_mlm(model, input_ids, labels, batch_size, objective=objective, chars=seq_chars)
-    return {
-        **metrics,
-        "objective": objective,
-        "text": str(path),
-        "text_sha256": documents_sha256(docs),
-        "documents": len(docs),
-        "text_tokens": text_tokens,
-        "sequences": int(sequences.shape[0]),
-        "eval_seed": seed if objective == "mlm" else None,
-    }

@@ -37,27 +37,37 @@ def documents_sha256(docs) -> str:
 
 @dataclass
 class DataSettings:
-    """Where the text comes from and how it becomes sequences.
-
-    ``heldout_fraction`` of the *documents* (whole books) are held out, chosen by ``seed``;
-    ``max_eval_tokens`` caps the held-out set used for scoring (its first sequences, in order).
-    ``validation_fraction`` of the remaining training documents form a validation split, trained on
-    by no model and scored to choose settings such as the learning rate, so that the held-out
-    set reports results only (capped by ``max_eval_tokens`` too). The tokenizer is learned from
-    every training document, validation split included, so it is the same whatever the fraction.
-    """
+    """Where the text comes from and how it becomes sequences: whole documents (books) are held
+    out, then the rest is tokenised and packed into rows of ``max_seq_length`` tokens."""
 
     corpus: str = ""
+    """a .txt/.jsonl(.gz) file, a directory of them, or a Hugging Face dataset name (the command's
+    default: the Gutenberg books in ../shared/data, fixedhead.data.DEFAULT_CORPUS)"""
     text_field: str = "text"
+    """the field of a .jsonl record that holds the text"""
     heldout_fraction: float = 0.05
+    """fraction of documents held out"""
     split_seed: int = 0
+    """seed of the choice of held-out documents"""
     vocab_size: int = 8192
+    """WordPiece vocabulary trained on the training documents"""
     lowercase: bool = True
+    """lowercase the text before tokenising"""
     tokenizer_max_chars: int | None = 20_000_000
+    """characters of training text the tokenizer is trained on"""
     max_seq_length: int = 64
+    """n, tokens per packed sequence"""
     max_train_tokens: int | None = None
+    """cap on training tokens (default: all)"""
     max_eval_tokens: int | None = 200_000
+    """cap on held-out tokens scored (the first sequences, in order)"""
     validation_fraction: float = 0.0
+    """fraction of the training documents held back as a validation split, on which settings such
+    as the learning rate are chosen (0: none); the tokenizer still learns from them, so it is the
+    same whatever the fraction"""
+
+    #: fields added after runs were first saved, with the value those runs used
+    ADDED_LATER = {"validation_fraction": 0.0}
 
     def __post_init__(self):
         if not isinstance(self.corpus, (str, os.PathLike)) or not str(self.corpus).strip():
@@ -75,9 +85,6 @@ class DataSettings:
         optional_positive_int("max_train_tokens", self.max_train_tokens, minimum=self.max_seq_length)
         optional_positive_int("max_eval_tokens", self.max_eval_tokens, minimum=self.max_seq_length)
         in_range("validation_fraction", self.validation_fraction, 0.0, 1.0)
-
-    #: fields added after runs were first saved, with the value those runs used
-    ADDED_LATER = {"validation_fraction": 0.0}
 
     def record(self) -> dict:
         """The settings as a dict for a run's or a study's settings record: fields added later
@@ -192,7 +199,7 @@ def prepare_data(
 
 
 class SequenceDataset(Dataset):
-    """Rows of a packed [N, n] tensor as ``{"input_ids": row}`` for the MLM data collator."""
+    """Rows of a packed [N, n] tensor as ``{"input_ids": row}``; the data collator makes the labels."""
 
     def __init__(self, sequences: torch.Tensor):
         self.sequences = sequences
@@ -204,8 +211,9 @@ class SequenceDataset(Dataset):
         return {"input_ids": self.sequences[i]}
 
 
-class MaskedDataset(Dataset):
-    """Pre-masked rows: ``{"input_ids", "labels"}`` (fixed positions, see :func:`fixed_masking`)."""
+class LabelledDataset(Dataset):
+    """Rows with their labels fixed: ``{"input_ids", "labels"}``, the held-out batches of either
+    objective (:func:`heldout_batches`: one fixed masking, or the causal labels)."""
 
     def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor):
         self.input_ids, self.labels = input_ids, labels
