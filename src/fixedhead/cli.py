@@ -362,13 +362,26 @@ def _compare_options(p):
     )
     p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
     p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
+    p.add_argument(
+        "--learning-rates",
+        metavar="X,X,...",
+        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model trains at every rate and keeps the one with the "
+        "lowest loss on a validation split of the training documents (the grid grows past an edge)",
+    )
+    p.add_argument(
+        "--max-extensions", type=int, default=3, metavar="N", help="rates added past an edge at most (default 3)"
+    )
 
 
 def _compare(args):
     """train standard vs fixed-head models on the same text and compare (make run)"""
     from .studies.compare import run_compare
 
-    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective")
+    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "max_extensions")
+    if args.learning_rates is not None:
+        from .studies.learning_rate import parse_rates
+
+        options["learning_rates"] = parse_rates(args.learning_rates)
     seed, progress = _one_seed(args, "compare"), not args.no_progress
     run_compare(
         args.preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
@@ -506,6 +519,29 @@ def _bottleneck(args):
     print(f"wrote {out}/bottleneck.csv and bottleneck.png")
 
 
+def _coordcheck_options(p):
+    from .studies.coordcheck import AXES, PARAMETRIZATIONS
+
+    add_study_options(p, output_dir="runs/coordcheck[-quick]", quick=True, overwrite=True)
+    p.add_argument("--learning-rate", type=float, metavar="X", help="AdamW's rate for every model (default 1e-3)")
+    p.add_argument("--parametrizations", nargs="+", choices=PARAMETRIZATIONS, help="(default: all)")
+    p.add_argument("--axes", nargs="+", choices=AXES, help="widths to vary: d_p at fixed h, h at fixed d_p")
+
+
+def _coordcheck(args):
+    """coordinate check: how far one learning rate moves the attention's activations at each head size"""
+    from .studies.coordcheck import coordcheck_settings, format_slopes, run_coordcheck
+
+    out = args.output_dir or f"runs/coordcheck{'-quick' if args.quick else ''}"
+    settings = coordcheck_settings(
+        quick=args.quick,
+        **{k: v for k, v in _pick(args, "seeds", "steps", "learning_rate", "parametrizations", "axes").items() if v is not None},
+    )
+    result, paths = run_coordcheck(settings, out, overwrite=args.overwrite, progress=not args.no_progress)
+    print(format_slopes(result))
+    print(f"wrote {paths['json']}, {paths['report']} and the plots")
+
+
 # ---------------------------------------------------------------------------------------- main
 #: command -> (its options, the function that calls one library function; its docstring is the help)
 COMMANDS = {
@@ -521,6 +557,7 @@ COMMANDS = {
     "farthest-point": (_farthest_point_options, _farthest_point),
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
+    "coordcheck": (_coordcheck_options, _coordcheck),
 }
 
 #: what to do after Ctrl-C, for the commands that keep their finished work

@@ -4,30 +4,13 @@ import json
 
 import pytest
 
-from fixedhead.studies.coordcheck import CoordCheckSettings, coord_check, write_outputs
-
-TINY = dict(
-    hidden_size=32,
-    num_attention_heads=2,
-    head_dims=(4, 16, 64),
-    fixed_head_dim=8,
-    num_heads=(1, 4, 16),
-    base_head_dim=8,
-    base_num_attention_heads=2,
-    num_hidden_layers=1,
-    intermediate_size=64,
-    vocab_size=128,
-    seq_len=16,
-    batch_size=8,
-    steps=5,
-    seeds=(0,),
-    parametrizations=("standard", "mup"),
-)
+from fixedhead.cli import main
+from fixedhead.studies.coordcheck import CoordCheckSettings, coord_check, coordcheck_settings, write_outputs
 
 
 @pytest.fixture(scope="module")
 def tiny_result():
-    return coord_check(CoordCheckSettings(**TINY), progress=False)
+    return coord_check(coordcheck_settings(quick=True), progress=False)
 
 
 @pytest.mark.parametrize("axis", ["head_dim", "num_heads"])
@@ -65,3 +48,13 @@ def test_coordcheck_writes_its_outputs(tiny_result, tmp_path):
 def test_bad_settings_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
         CoordCheckSettings(**fields)
+
+
+def test_coordcheck_command(tmp_path, capsys):
+    out = tmp_path / "cc"
+    assert main(["coordcheck", "--quick", "--axes", "head_dim", "--output-dir", str(out), "--no-progress"]) == 0
+    assert "| head_dim | mup |" in capsys.readouterr().out
+    saved = json.loads((out / "coordcheck.json").read_text())
+    assert saved["settings"]["axes"] == ["head_dim"] and saved["settings"]["steps"] == 5
+    assert main(["coordcheck", "--quick", "--steps", "0", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "steps must be" in capsys.readouterr().err

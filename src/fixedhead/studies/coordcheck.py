@@ -294,6 +294,47 @@ def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordChe
     return result
 
 
+#: ``--quick``: a one-layer d = 32 model, 5 steps, one seed, standard against μP (seconds; the tests' size)
+QUICK = dict(
+    hidden_size=32,
+    num_attention_heads=2,
+    head_dims=(4, 16, 64),
+    fixed_head_dim=8,
+    num_heads=(1, 4, 16),
+    base_head_dim=8,
+    base_num_attention_heads=2,
+    num_hidden_layers=1,
+    intermediate_size=64,
+    vocab_size=128,
+    seq_len=16,
+    batch_size=8,
+    steps=5,
+    seeds=(0,),
+    parametrizations=("standard", "mup"),
+)
+
+
+def coordcheck_settings(quick: bool = False, **overrides) -> CoordCheckSettings:
+    """The default settings (or :data:`QUICK`) with ``overrides`` (``seeds``, ``steps``, ... as
+    lists or tuples). Raises ValueError naming a bad value."""
+    base = {**(QUICK if quick else {}), **overrides}
+    return CoordCheckSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in base.items()})
+
+
+def run_coordcheck(settings: CoordCheckSettings, output_dir, overwrite: bool = False, progress: bool = True):
+    """:func:`coord_check` then :func:`write_outputs` (the folder is checked before the work):
+    ``(result, paths)``.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds files coordcheck did not write.
+    """
+    from ..runs import claim_output_dir
+
+    claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", create=False)
+    result = coord_check(settings, progress=progress)
+    return result, write_outputs(result, output_dir, overwrite=overwrite)
+
+
 def _jsonable(d: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 

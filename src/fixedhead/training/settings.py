@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.lm import OBJECTIVES, check_objective
+from ..model.parametrization import PARAMETRIZATIONS, QUERY_INITS
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 
 #: learning-rate schedules after the warm-up (transformers' ``SchedulerType`` names that need no
@@ -70,6 +71,15 @@ class ModelSettings:
     """feed-forward width (default 4d)"""
     dropout: float = 0.0
     """hidden and attention dropout (with a preset: default the preset's, 0.1)"""
+    parametrization: str = field(default="standard", metadata={"choices": PARAMETRIZATIONS})
+    """how the logit scale and the output projection's init and learning rate follow d_p: standard
+    (BERT, 1/sqrt(d_p)) or mup (1/d_p; needs --mup-base-head-dim)"""
+    mup_base_head_dim: int | None = None
+    """the d_p at which mup equals standard"""
+    attention_scale: float | None = None
+    """a logit scale overriding the parametrization's"""
+    query_init: str = field(default="normal", metadata={"choices": QUERY_INITS})
+    """normal, or zero: W_q starts at 0 (uniform attention at step 0)"""
 
     def config(self, max_position_embeddings: int):
         """The ``FixedHeadConfig`` of this size for sequences of ``max_position_embeddings`` tokens
@@ -89,6 +99,10 @@ class ModelSettings:
             max_position_embeddings=max_position_embeddings,
             hidden_dropout_prob=self.dropout,
             attention_probs_dropout_prob=self.dropout,
+            parametrization=self.parametrization,
+            mup_base_head_dim=self.mup_base_head_dim,
+            attention_scale=self.attention_scale,
+            query_init=self.query_init,
         )
 
 
