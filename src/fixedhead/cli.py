@@ -533,10 +533,8 @@ def _coordcheck(args):
     from .studies.coordcheck import coordcheck_settings, format_slopes, run_coordcheck
 
     out = args.output_dir or f"runs/coordcheck{'-quick' if args.quick else ''}"
-    settings = coordcheck_settings(
-        quick=args.quick,
-        **{k: v for k, v in _pick(args, "seeds", "steps", "learning_rate", "parametrizations", "axes").items() if v is not None},
-    )
+    given = _pick(args, "seeds", "steps", "learning_rate", "parametrizations", "axes")
+    settings = coordcheck_settings(quick=args.quick, **{k: v for k, v in given.items() if v is not None})
     result, paths = run_coordcheck(settings, out, overwrite=args.overwrite, progress=not args.no_progress)
     print(format_slopes(result))
     print(f"wrote {paths['json']}, {paths['report']} and the plots")
