@@ -342,6 +342,29 @@ def _widen(args):
 
 
 # ------------------------------------------------------------------------------------ studies
+def _rates(text):
+    from .studies.learning_rate import parse_rates
+
+    try:
+        return parse_rates(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _learning_rate_options(p):
+    g = p.add_argument_group("a learning rate per model")
+    g.add_argument(
+        "--learning-rates",
+        type=_rates,
+        metavar="X,X,...",
+        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model trains at every rate and keeps the one with the "
+        "lowest loss on a validation split of the training documents (the grid grows past an edge)",
+    )
+    g.add_argument(
+        "--max-extensions", type=int, default=3, metavar="N", help="rates added past an edge at most (default 3)"
+    )
+
+
 def _one_seed(args, command):
     if args.seeds is not None and len(args.seeds) != 1:
         raise ValueError(f"{command} trains every model with one seed; pass one (--seeds {args.seeds[0]})")
@@ -362,26 +385,15 @@ def _compare_options(p):
     )
     p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
     p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
-    p.add_argument(
-        "--learning-rates",
-        metavar="X,X,...",
-        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model trains at every rate and keeps the one with the "
-        "lowest loss on a validation split of the training documents (the grid grows past an edge)",
-    )
-    p.add_argument(
-        "--max-extensions", type=int, default=3, metavar="N", help="rates added past an edge at most (default 3)"
-    )
+    _learning_rate_options(p)
 
 
 def _compare(args):
     """train standard vs fixed-head models on the same text and compare (make run)"""
     from .studies.compare import run_compare
 
-    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "max_extensions")
-    if args.learning_rates is not None:
-        from .studies.learning_rate import parse_rates
-
-        options["learning_rates"] = parse_rates(args.learning_rates)
+    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective")
+    options |= _pick(args, "learning_rates", "max_extensions")
     seed, progress = _one_seed(args, "compare"), not args.no_progress
     run_compare(
         args.preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
@@ -406,6 +418,7 @@ def _sweep_options(p):
     p.add_argument("--finetune-task", help="GLUE task for each checkpoint (default: the preset's, sst2; cpu-clm none)")
     p.add_argument("--skip-finetune", action="store_true")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    _learning_rate_options(p)
 
 
 def _sweep(args):
@@ -415,6 +428,7 @@ def _sweep(args):
 
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
+    options |= _pick(args, "learning_rates", "max_extensions")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
     if not args.no_report:
         print(f"report: {write_report(out)}")

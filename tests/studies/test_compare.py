@@ -131,13 +131,14 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     import math
 
     import fixedhead.studies.compare as compare
+    from fixedhead.studies.learning_rate import VALIDATION_FRACTION
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     kw = dict(corpus=str(small_real_corpus), max_steps=3, progress=False, learning_rates=[1e-3, 4e-3], max_extensions=1)
     results = compare.run_compare("tiny", tmp_path / "c", **kw)
     saved = json.loads((tmp_path / "c" / "results.json").read_text())
     selection = saved["meta"]["learning_rate_selection"]
-    assert saved["meta"]["data"]["validation_fraction"] == compare.VALIDATION_FRACTION
+    assert saved["meta"]["data"]["validation_fraction"] == VALIDATION_FRACTION
     for r in results:
         chosen = selection["models"][r["name"]]
         losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}

@@ -233,3 +233,29 @@ def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
     assert "| 100.00 ± 0.00 | 1.100 ± 0.141 | `k1` |" in lines[2]
     assert "| 100.00 ± 0.00 | – | `k2` |" in lines[3]
     assert "| 1.500 (1 of 2 seeds) | `k3` |" in lines[4]
+
+
+def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate(small_real_corpus, tmp_path):
+    preset = replace(_tiny_preset(small_real_corpus), finetune=None)
+    preset = replace(preset, points=preset.points[:3])  # two models: h=2, h=4 standard and h=4 fixed
+    out = tmp_path / "sweep"
+    kw = dict(progress=False, cache_dir=tmp_path / "cache", learning_rates=[1e-3, 4e-3], max_extensions=1)
+    state = run_sweep(preset, out, **kw)
+    saved = json.loads((out / SWEEP_FILE).read_text())
+    assert saved["meta"]["learning_rate_selection"]["grid"] == [1e-3, 4e-3]
+    assert saved["meta"]["data"]["validation_fraction"] > 0
+    for key, chosen in saved["tuning"].items():
+        losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}
+        assert chosen["chosen"] == min(losses, key=lambda lr: losses[lr])
+        # each seed trained at the chosen rate; only those runs count in the results
+        at_rate = {k: r for k, r in state["runs"].items() if r["key"] == key}
+        assert sorted(r["seed"] for r in at_rate.values()) == [0, 1]
+        assert {r["learning_rate"] for r in at_rate.values()} == {chosen["chosen"]}
+        assert set(at_rate) == {f"{key}-lr{chosen['chosen']:g}-s{s}" for s in (0, 1)}
+    again = run_sweep(preset, out, **kw)  # everything reused
+    assert {k: r["heldout_loss"] for k, r in again["runs"].items()} == {
+        k: r["heldout_loss"] for k, r in state["runs"].items()
+    }
+    assert {k: r["train_seconds"] for k, r in again["runs"].items()} == {
+        k: r["train_seconds"] for k, r in state["runs"].items()
+    }

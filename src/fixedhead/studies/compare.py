@@ -38,7 +38,7 @@ from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
 from ..training.settings import TrainSettings
 from . import core, render
-from .learning_rate import DIVERGED, choose_rate, parse_rates
+from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
 
 
@@ -84,8 +84,6 @@ COMPARE_PRESETS = {
 }
 
 
-#: the fraction of training documents held back to choose learning rates on, when the data has none
-VALIDATION_FRACTION = 0.05
 OUTPUT_FILES = ("results.json", "results.csv", "learning_curves.png", "learning_rates.png")
 
 
@@ -144,8 +142,7 @@ def run_compare(
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
     if learning_rates is not None:
         learning_rates = parse_rates(learning_rates)
-        if data_settings.validation_fraction == 0:  # the rate is chosen on text no model trains on
-            data_settings = replace(data_settings, validation_fraction=VALIDATION_FRACTION)
+        data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     train = p.train
     train = replace(train, max_steps=max_steps) if max_steps is not None else train  # validated by TrainSettings
     train = replace(train, batch_size=batch_size) if batch_size is not None else train
@@ -204,9 +201,7 @@ def run_compare(
         selection[name] = {
             "chosen": best,
             "bracketed": bracketed,
-            "validation_loss": {
-                f"{lr:g}": (loss if math.isfinite(loss) else None) for lr, loss in sorted(losses.items())
-            },
+            "validation_loss": losses_record(losses),
             "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)},
         }
         if progress:
@@ -233,8 +228,7 @@ def run_compare(
                     "max_extensions": max_extensions,
                     "validation_fraction": data_settings.validation_fraction,
                     "seed": train.seed,
-                    "rule": "each model's lowest validation loss; the grid grows by a factor 2 past an edge "
-                    "while the best rate sits there; a diverged run counts as the worst",
+                    "rule": RULE,
                     "models": selection,
                 }
             }
@@ -326,7 +320,6 @@ def _cell(r: dict, key: str, fmt: str) -> str:
 def format_table(results: list[dict], unigram_perplexity: float | None = None) -> str:
     """A plain-text table of the comparison (one row per model); with the unigram reference, a column
     of how far below it each model's held-out loss is (nats) and a closing line naming it."""
-    import math
 
     columns = _columns(results)
     results = [dict(r) for r in results]

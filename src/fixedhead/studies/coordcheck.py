@@ -67,7 +67,7 @@ PARAMETRIZATIONS = ("standard", "logits-1/d_p", "output-projection", "mup", "mup
 
 @dataclass(frozen=True)
 class CoordCheckSettings:
-    """What ``fixedhead coordcheck`` trains (the defaults: a 2-layer d = 64 model, 10 Adam steps)."""
+    """What ``fixedhead coordcheck`` trains (the defaults: a 2-layer d = 64 model, 30 Adam steps)."""
 
     hidden_size: int = 64  # d
     num_attention_heads: int = 4  # h on the head-size axis
@@ -81,7 +81,7 @@ class CoordCheckSettings:
     vocab_size: int = 512
     seq_len: int = 32  # n
     batch_size: int = 16
-    steps: int = 10
+    steps: int = 30
     learning_rate: float = 1e-3
     seeds: tuple[int, ...] = (0, 1, 2)
     parametrizations: tuple[str, ...] = PARAMETRIZATIONS

@@ -20,6 +20,27 @@ from ..validation import positive_float, positive_int
 
 #: a diverged run's validation loss: worse than any finite one, and JSON-safe as None
 DIVERGED = math.inf
+#: the fraction of training documents held back to choose rates on, when the data has no validation split
+VALIDATION_FRACTION = 0.05
+RULE = (
+    "each model's lowest validation loss; the grid grows by a factor 2 past an edge while the best rate "
+    "sits there; a diverged run counts as the worst"
+)
+
+
+def with_validation_split(data_settings):
+    """``data_settings`` with a validation split (:data:`VALIDATION_FRACTION` of the training
+    documents) unless it has one."""
+    from dataclasses import replace
+
+    if data_settings.validation_fraction > 0:
+        return data_settings
+    return replace(data_settings, validation_fraction=VALIDATION_FRACTION)
+
+
+def losses_record(losses: dict[float, float]) -> dict[str, float | None]:
+    """``{rate as text: loss, None for a diverged run}``, ascending: a results file's record."""
+    return {f"{lr:g}": (v if math.isfinite(v) else None) for lr, v in sorted(losses.items())}
 
 
 def rate_grid(center: float, points: int = 4, factor: float = 2.0) -> list[float]:

@@ -34,10 +34,12 @@ from ..data.lm import DataSettings, prepare_data, unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..runs import load_json_file
+from ..training.evaluate import DivergedError
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
 from ..training.pretrain import settings_differences, train_or_reuse
 from ..training.settings import TrainSettings
 from . import core
+from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
 
 SWEEP_FILE = "sweep.json"
@@ -330,12 +332,19 @@ def run_sweep(
     progress: bool = True,
     cache_dir=None,
     command: str | None = None,
+    learning_rates: list[float] | None = None,
+    max_extensions: int = 3,
 ) -> dict:
     """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
 
     Each run: pretraining with the preset's objective (:func:`fixedhead.training.pretrain.pretrain`) and, unless
     ``skip_finetune``, fine-tuning on ``finetune_task`` (default the preset's, SST-2) with its
     dev score recorded next to the held-out perplexity.
+
+    ``learning_rates``: a grid over which each model (point) chooses its own rate with the first
+    seed on a validation split of the training documents (:mod:`fixedhead.studies.learning_rate`);
+    every seed then trains at that rate. The tuning runs go to ``OUT/runs/KEY-lrRATE-sSEED`` and
+    their validation losses to ``sweep.json``'s ``tuning``; ``runs`` holds the chosen rate's runs.
 
     Raises:
         FileNotFoundError: the corpus or GLUE data is missing.
@@ -345,6 +354,9 @@ def run_sweep(
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
+    if learning_rates is not None:
+        learning_rates = parse_rates(learning_rates)
+        data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     train = replace(p.train, progress=progress)
     if max_steps is not None:
@@ -390,6 +402,19 @@ def run_sweep(
         experiments=list(experiments or EXPERIMENTS),
         objective=train.objective,
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
+        **(
+            {
+                "learning_rate_selection": {
+                    "grid": learning_rates,
+                    "max_extensions": max_extensions,
+                    "validation_fraction": data_settings.validation_fraction,
+                    "seed": p.seeds[0],
+                    "rule": RULE,
+                }
+            }
+            if learning_rates
+            else {}
+        ),
     )
     points = [
         asdict(pt) | {"key": run_key({**p.common, **pt.model})}
@@ -397,6 +422,7 @@ def run_sweep(
         if not experiments or pt.experiment in experiments
     ]
     runs: dict[str, dict] = {}
+    tuning: dict[str, dict] = dict(previous.get("tuning", {}))
 
     def save():
         # one worker at a time: two workers merging at once would each drop the other's newest run
@@ -421,13 +447,38 @@ def run_sweep(
         points.extend(
             q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
         )
+        tuning.update({k: v for k, v in other.get("tuning", {}).items() if k not in tuning})
         state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
+        if tuning:
+            state["tuning"] = dict(sorted(tuning.items()))
         core.save_state(state_file, state, runs.values())
+
+    def tune(key, config) -> float:
+        """The point's rate: each rate of the grid with the first seed, scored on the validation split."""
+        seed = p.seeds[0]
+
+        def train_at(lr):
+            if progress:
+                print(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)", flush=True)
+            settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / f"{key}-lr{lr:g}-s{seed}"
+            try:
+                return train_or_reuse(config, data, run_dir, settings, overwrite)["validation_loss"]
+            except DivergedError:
+                return DIVERGED
+
+        best, losses, bracketed = choose_rate(train_at, learning_rates, max_extensions)
+        tuning[key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
+        save()
+        return best
 
     save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
-        run_dir = out / "runs" / f"{key}-s{seed}"
+        lr = train.learning_rate
+        if learning_rates:
+            lr = tuning[key]["chosen"] if key in tuning else tune(key, config)
+        name = f"{key}-lr{lr:g}-s{seed}" if learning_rates else f"{key}-s{seed}"
+        run_dir = out / "runs" / name
         if progress:
             print(
                 f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
@@ -442,11 +493,13 @@ def run_sweep(
                 print("  another worker is on this run; skipping it", flush=True)
             continue
         t0 = time.time()
-        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed), overwrite)
+        result = train_or_reuse(config, data, run_dir, replace(train, seed=seed, learning_rate=lr), overwrite)
         if not keep_checkpoints:
             for ckpt in run_dir.glob("checkpoint-*"):
                 shutil.rmtree(ckpt, ignore_errors=True)
         entry = {k: v for k, v in result.items() if k != "train_curve"} | {"key": key, "seed": seed}
+        if learning_rates:
+            entry["learning_rate"] = lr
         if ft is not None:
             ft_dir, ft_seeded = run_dir / f"finetune-{task}", replace(ft, seed=seed)
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
@@ -461,7 +514,7 @@ def run_sweep(
                     f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)",
                     flush=True,
                 )
-        runs[f"{key}-s{seed}"] = entry
+        runs[name] = entry
         lock.unlink(missing_ok=True)
         save()
     save()
