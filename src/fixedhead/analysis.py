@@ -474,3 +474,22 @@ def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> 
         stage(ANALYSIS_FILE).write_text(json.dumps({**asdict(result), "table": result.rows()}, indent=2))
         plot_heatmap(result, stage(HEATMAP_FILE))
     return {"json": out / ANALYSIS_FILE, "heatmap": out / HEATMAP_FILE}
+
+
+def analyze_to_folder(model_path, text_path, output_dir=None, max_sequences: int = 8, max_seq_length=None, **kw):
+    """``fixedhead analyze``: check the numbers and refuse an occupied ``output_dir`` (default
+    ``runs/analysis/<model folder name>``) before the work, then :func:`analyze` and
+    :func:`write_analysis`. Returns ``(result, paths)``.
+
+    Raises:
+        ValueError / FileNotFoundError / FileExistsError: see :func:`analyze`, :func:`write_analysis`.
+    """
+    from .runs import claim_output_dir
+    from .validation import optional_positive_int, positive_int
+
+    positive_int("max_sequences", max_sequences)
+    optional_positive_int("max_seq_length", max_seq_length, minimum=3)
+    out = output_dir or Path("runs") / "analysis" / Path(model_path).resolve().name
+    claim_output_dir(out, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze", create=False)
+    result = analyze(model_path, text_path, max_sequences=max_sequences, max_seq_length=max_seq_length, **kw)
+    return result, write_analysis(result, out)

@@ -270,7 +270,7 @@ def _finetune(args):
 
 # ------------------------------------------------------------------------------------ analyze
 def _analyze_options(p):
-    p.add_argument("model", help="a fixedhead run directory or a local transformers BERT checkpoint directory")
+    p.add_argument("model", help="a fixedhead run or a local transformers checkpoint (BERT, GPT-2, Llama, ...)")
     p.add_argument("--text", required=True, help="a .txt or .jsonl (text field) file, optionally .gz")
     p.add_argument("--tokenizer", help="tokenizer directory (default: MODEL)")
     p.add_argument("--max-sequences", type=int, default=8, help="windows of the text to analyse (default 8)")
@@ -286,30 +286,12 @@ def _analyze_options(p):
 
 def _analyze(args):
     """per-head rank of attention logits, min_head_dim and entropy on a text"""
-    from pathlib import Path
+    from .analysis import DEFAULT_RTOL, analyze_to_folder, format_table
 
-    from .analysis import (
-        ANALYSIS_FILE,
-        ANALYSIS_OWNED,
-        DEFAULT_RTOL,
-        HEATMAP_FILE,
-        analyze,
-        format_table,
-        write_analysis,
-    )
-    from .runs import claim_output_dir
-    from .validation import optional_positive_int, positive_int
-
-    positive_int("max_sequences", args.max_sequences)
-    optional_positive_int("max_seq_length", args.max_seq_length, minimum=3)
-    out = args.output_dir or Path("runs") / "analysis" / Path(args.model).resolve().name
-    # refuse an occupied folder before the work, not after it
-    claim_output_dir(out, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze", create=False)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    options = _pick(args, "max_sequences", "max_seq_length", "allow_pickle")
-    result = analyze(args.model, args.text, tokenizer_path=args.tokenizer, rtol=rtol, **options)
+    options = _pick(args, "output_dir", "max_sequences", "max_seq_length", "allow_pickle")
+    result, paths = analyze_to_folder(args.model, args.text, tokenizer_path=args.tokenizer, rtol=rtol, **options)
     print(format_table(result))
-    paths = write_analysis(result, out)
     print(f"wrote {paths['json']} and {paths['heatmap']}")
 
 
@@ -508,28 +490,14 @@ def _bottleneck_options(p):
 
 def _bottleneck(args):
     """one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG"""
-    from .runs import claim_output_dir
-    from .studies.bottleneck import bottleneck_sweep
+    from .studies.bottleneck import bottleneck_sweep, format_summary
 
     out = args.output_dir or "runs/bottleneck"
-    files = ("bottleneck.csv", "bottleneck.png")
-    claim_output_dir(out, files, files, "bottleneck", create=False)
     ns, seeds = sorted(set(args.n)), sorted(set(args.seeds or (0, 1, 2)))  # repeats add nothing
     rows = bottleneck_sweep(
         ns, seeds, args.temperature, out, args.max_iter, progress=not args.no_progress, causal=args.causal
     )
-    print(
-        f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   "
-        f"(mean over {len(seeds)} seeds, nats)"
-    )
-    for mask in ("bidirectional", "causal") if args.causal else ("bidirectional",):
-        for n in ns:
-            sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
-            t = max(r["min_head_dim"] for r in sel_n)
-            for k in sorted({1, n // 2, t - 1, t, n} - {0}):
-                sel = [r for r in sel_n if r["head_dim"] == k]
-                le, kl = (sum(r[key] for r in sel) / len(sel) for key in ("logit_error", "kl_fit"))
-                print(f"{mask:>13} {n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
+    print(format_summary(rows))
     print(f"wrote {out}/bottleneck.csv and bottleneck.png")
 
 

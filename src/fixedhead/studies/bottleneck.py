@@ -73,6 +73,27 @@ def _causal_sweep_rows(n: int, seed: int, temperature: float, max_iter: int, bar
     return rows
 
 
+OUTPUT_FILES = ("bottleneck.csv", "bottleneck.png")
+
+
+def format_summary(rows: list[dict]) -> str:
+    """The printed table: per mask and n, the mean logit and KL errors at head sizes 1, n/2, the
+    threshold − 1, the threshold and n (nats, mean over seeds)."""
+    seeds = len({r["seed"] for r in rows})
+    lines = [
+        f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   (mean over {seeds} seeds, nats)"
+    ]
+    for mask in dict.fromkeys(r["mask"] for r in rows):
+        for n in sorted({r["n"] for r in rows}):
+            sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
+            t = max(r["min_head_dim"] for r in sel_n)
+            for k in sorted({1, n // 2, t - 1, t, n} - {0}):
+                sel = [r for r in sel_n if r["head_dim"] == k]
+                le, kl = (sum(r[key] for r in sel) / len(sel) for key in ("logit_error", "kl_fit"))
+                lines.append(f"{mask:>13} {n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
+    return "\n".join(lines)
+
+
 @_one_thread
 def bottleneck_sweep(
     ns=(16, 32, 64),
@@ -122,7 +143,6 @@ def bottleneck_sweep(
         ValueError: an n < 2, no seeds, a bad temperature or max_iter.
     """
     import csv
-    from pathlib import Path
 
     ns = [positive_int("n", n, minimum=2) for n in ns]
     seeds = [non_negative_int("seed", s) for s in seeds]
@@ -130,8 +150,9 @@ def bottleneck_sweep(
         raise ValueError(f"need at least one n and one seed, got ns={ns} and seeds={seeds}")
     max_iter = positive_int("max_iter", max_iter)
     random_attention(2, temperature)  # validates temperature
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..runs import claim_output_dir
+
+    out = claim_output_dir(output_dir, OUTPUT_FILES, OUTPUT_FILES, "bottleneck")  # before the work
 
     from tqdm.auto import tqdm
 
