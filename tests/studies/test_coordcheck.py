@@ -27,7 +27,16 @@ def test_coordcheck_writes_its_outputs(tiny_result, tmp_path):
     paths = write_outputs(tiny_result, tmp_path / "cc")
     saved = json.loads(paths["json"].read_text())
     assert {r["parametrization"] for r in saved["slopes"]} == {"standard", "mup"}
-    assert len(saved["rows"]) == 2 * 2 * 3 * 1 * 6 * 6  # axes × variants × widths × seeds × steps+1 × quantities
+    # every run's curve: axes × variants × quantities × widths × seeds, one value per step 0..5
+    leaves = [
+        seeds[s]
+        for by_variant in saved["curves"].values()
+        for by_quantity in by_variant.values()
+        for by_width in by_quantity.values()
+        for seeds in by_width.values()
+        for s in seeds
+    ]
+    assert len(leaves) == 2 * 2 * 6 * 3 * 1 and all(len(leaf["mean_abs_change"]) == 6 for leaf in leaves)
     for axis in ("head_dim", "num_heads"):
         assert paths[axis].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(FileExistsError):

@@ -351,7 +351,8 @@ def format_slopes(result: CoordCheckResult) -> str:
 
 
 def plot(result: CoordCheckResult, axis: str, path) -> Path:
-    """Rows = quantities, columns = parametrizations; mean |x_t − x_0| against width, one line per step."""
+    """Rows = quantities, columns = parametrizations; mean |x_t − x_0| against width, one line per
+    step t (1, 2, 5, 10, 20, ... and the last)."""
     from ..plotting import pyplot, save_figure
 
     plt = pyplot()
@@ -364,11 +365,9 @@ def plot(result: CoordCheckResult, axis: str, path) -> Path:
     for i, quantity in enumerate(QUANTITIES):
         for j, name in enumerate(names):
             ax = axes[i][j]
-            for t in range(1, steps + 1):
+            for t in sorted({1, 2, 5, 10, 20, 50, 100, steps} & set(range(1, steps + 1))):
                 widths, values = result.curve(axis, name, quantity, t)
-                ax.plot(
-                    widths, values, marker=".", color=colors(t / steps), label=f"t={t}" if t in (1, steps) else None
-                )
+                ax.plot(widths, values, marker=".", color=colors(t / steps), label=f"t={t}" if j == 0 else None)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{name}: {quantity} (slope {result.slope(axis, name, quantity):+.2f})", fontsize=8)
@@ -381,7 +380,7 @@ def plot(result: CoordCheckResult, axis: str, path) -> Path:
         f" {len(result.settings['seeds'])} seeds): flat lines = one learning rate fits every width",
         fontsize=10,
     )
-    return save_figure(fig, path, axes=[a for row in axes for a in row])
+    return save_figure(fig, path, axes=[a for row in axes for a in row], dpi=70)
 
 
 def report_markdown(result: CoordCheckResult) -> str:
@@ -405,6 +404,24 @@ def report_markdown(result: CoordCheckResult) -> str:
     )
 
 
+def curves(result: CoordCheckResult) -> dict:
+    """Every run's measurements, compactly: ``{axis: {parametrization: {quantity: {width: {seed:
+    {"mean_abs_change": [one per step 0..T], "mean_abs": [...]}}}}}}`` (5 significant digits),
+    from which every slope and plot can be recomputed."""
+    out: dict = {}
+    for r in result.rows:
+        leaf = (
+            out.setdefault(r["axis"], {})
+            .setdefault(r["parametrization"], {})
+            .setdefault(r["quantity"], {})
+            .setdefault(str(r["width"]), {})
+            .setdefault(str(r["seed"]), {"mean_abs_change": [], "mean_abs": []})
+        )
+        leaf["mean_abs_change"].append(float(f"{r['mean_abs_change']:.5g}"))
+        leaf["mean_abs"].append(float(f"{r['mean_abs']:.5g}"))
+    return out
+
+
 def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False) -> dict:
     """Write ``coordcheck.json`` (settings and every row), ``report.md`` and one plot per axis,
     all or none.
@@ -417,8 +434,14 @@ def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False)
     out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", overwrite=overwrite)
     paths = {}
     with staged_outputs(out) as stage:
-        payload = {**asdict(result), "slopes": result.slopes(), "environment": environment_info()}
-        stage(RESULTS_FILE).write_text(json.dumps(payload, indent=1))
+        payload = {
+            "settings": result.settings,
+            "data": result.data,
+            "slopes": result.slopes(),
+            "environment": environment_info(),
+            "curves": curves(result),
+        }
+        stage(RESULTS_FILE).write_text(json.dumps(payload, separators=(",", ":")))
         stage(REPORT_FILE).write_text(report_markdown(result))
         for axis in result.settings["axes"]:
             name = f"coordcheck_{axis}.png"
