@@ -372,8 +372,10 @@ class MultiHeadAttention(nn.Module):
         if (
             attention_bias is None
             and not _is_prepared_mask(attention_mask)
-            and (attention_mask is not None or cache is not None)
-            and not impl.startswith("flash_attention")  # FlashAttention takes the padding mask itself
+            # the kernel needs a mask made here: from a padding mask, sized by a cache, or flex's causal
+            # one (flex has no causal flag); FlashAttention and engines' own kernels take none
+            and (attention_mask is not None or cache is not None or (is_causal and impl == "flex_attention"))
+            and impl in ("eager", "sdpa", "flex_attention")
         ):
             attention_mask = self._mask_from_padding(attention_mask, hidden_states, is_causal, cache, impl)
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
@@ -409,8 +411,8 @@ class MultiHeadAttention(nn.Module):
     def _mask_from_padding(self, padding_mask, hidden_states, is_causal, cache, impl):
         """The kernel's mask from a [batch, cached + seq] padding mask (or None): without a cache
         and causality, the [batch, 1, 1, keys] bias of :func:`padding_mask_to_bias` (None when
-        nothing is masked); otherwise transformers' mask for the "eager" or "sdpa" kernel, sized by
-        the cache as transformers' ``create_causal_mask`` sizes it (so a pre-allocated cache's
+        nothing is masked); otherwise transformers' mask for the kernel (eager, sdpa or flex), sized
+        by the cache as transformers' ``create_causal_mask`` sizes it (so a pre-allocated cache's
         empty slots are hidden)."""
         batch, seq = hidden_states.shape[:2]
         q_offset, kv_length, kv_offset = 0, seq, 0
@@ -426,7 +428,7 @@ class MultiHeadAttention(nn.Module):
             padding_mask = check_padding_mask(padding_mask, batch, keys, what)
             if cache is None and not is_causal:
                 return padding_mask_to_bias(padding_mask, hidden_states.dtype)
-        make_mask = ALL_MASK_ATTENTION_FUNCTIONS["eager" if impl == "eager" else "sdpa"]
+        make_mask = ALL_MASK_ATTENTION_FUNCTIONS[impl]
         # a compiled decoding step keeps its mask (transformers' rule: no data-dependent skip there)
         allow_skip = is_causal and not (getattr(cache, "is_compileable", False) and seq == 1)
         return make_mask(

@@ -588,6 +588,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
     ) -> MaskedLMOutput | tuple:
         """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
         and the mean masked-LM loss; see the class docstring."""
@@ -601,6 +602,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,  # attention kwargs, e.g. packed sequences' seq_idx / cu_seq_lens_q
         )
         sequence_output = outputs.last_hidden_state
         loss = None
@@ -750,6 +752,7 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
             return_dict=True,
             cache=cache,
             use_cache=use_cache,
+            **kwargs,  # attention kwargs (e.g. FlashAttention's cu_seq_lens_q for packed sequences)
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
