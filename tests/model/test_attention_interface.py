@@ -382,3 +382,17 @@ def test_packed_position_ids_alone_stay_positions_in_the_masked_model():
         got = model(input_ids=ids, position_ids=pos).logits
         split = model(input_ids=ids, position_ids=pos, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])).logits
     assert not torch.allclose(got, split)  # one sequence attending across the restart
+
+
+def test_widened_layers_follow_the_models_attention_implementation():
+    from fixedhead import widen_heads
+
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    wide = widen_heads(model, 12)
+    assert all(m.config is wide.config and m.is_causal for m in wide.modules() if isinstance(m, MultiHeadAttention))
+    ids = torch.randint(3, 61, (2, 6))
+    with torch.no_grad():
+        want = wide(input_ids=ids, use_cache=False).logits
+        wide.set_attn_implementation("eager")
+        torch.testing.assert_close(wide(input_ids=ids, use_cache=False).logits, want, atol=1e-5, rtol=1e-5)
