@@ -166,6 +166,7 @@ def test_a_kernel_registered_from_outside_is_used(monkeypatch):
         got = model(input_ids=ids).logits
     torch.testing.assert_close(got, want)
     assert seen == [(0, True, (2, 2, 6, 7)), (1, True, (2, 2, 6, 7))]
+    assert FixedHeadForCausalLM.is_backend_compatible()  # what serving engines check first
 
 
 # ----------------------------------------------------------------------------- FlashAttention's limit

@@ -426,7 +426,7 @@ class MultiHeadAttention(nn.Module):
         if padding_mask is not None:
             what = "[batch, seq]" if cache is None else "[batch, cached + new tokens]"
             padding_mask = check_padding_mask(padding_mask, batch, keys, what)
-            if cache is None and not is_causal:
+            if cache is None and not is_causal and impl != "flex_attention":  # flex indexes a full mask
                 return padding_mask_to_bias(padding_mask, hidden_states.dtype)
         make_mask = ALL_MASK_ATTENTION_FUNCTIONS[impl]
         # a compiled decoding step keeps its mask (transformers' rule: no data-dependent skip there)
