@@ -27,13 +27,18 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
+    from transformers.configuration_utils import PreTrainedConfig
+
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
+from transformers.modeling_utils import AttentionInterface
 
 from ..validation import positive_int
 from .checks import host_reads_allowed, require_tensor
-from .kernels import needs_explicit_bias, scaled_dot_product
+from .kernels import FLASH_MAX_HEAD_DIM, additive_mask, causal_mask_when_skipped, sdpa_attention_forward
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=None):
@@ -84,6 +89,46 @@ def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int |
     return positive_int("head_dim", head_dim)
 
 
+def check_padding_mask(
+    attention_mask, batch: int | None = None, keys: int | None = None, what: str = "[batch, seq]"
+) -> torch.Tensor:
+    """Check a transformers padding mask and return it as bool (True = token).
+
+    Args:
+        attention_mask: [batch, keys] with 1 = real token, 0 = padding (any int, bool or float
+            dtype holding only 0/1).
+        batch, keys: the expected shape (None = not checked), named ``what`` in the message.
+
+    Raises:
+        ValueError: a mask that is not 2-D, has another shape than [batch, keys], is complex, or
+            holds values other than 0 and 1 (an additive 0/-inf mask, say); the message names the
+            first bad value (the value check runs where host reads are free, see
+            :mod:`fixedhead.model.checks`).
+        TypeError: a mask that is not a tensor.
+    """
+    require_tensor("attention_mask", attention_mask)
+    shape = tuple(attention_mask.shape)
+    if batch is not None and keys is not None and shape != (batch, keys):
+        raise ValueError(f"attention_mask must have shape {what} = {(batch, keys)}, got {shape}")
+    if attention_mask.dim() != 2 or (batch is not None and shape[0] != batch):
+        raise ValueError(f"attention_mask must be {what} with 1 = token and 0 = padding, got shape {shape}")
+    if attention_mask.dtype.is_complex:
+        raise ValueError(
+            f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}"
+        )
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    if host_reads_allowed(attention_mask):
+        bad = ~((attention_mask == 0) | (attention_mask == 1))
+        if bool(bad.any()):
+            # e.g. an additive mask (0 / -inf or -10000) passed where a padding mask belongs
+            raise ValueError(
+                f"attention_mask must hold only 0 (padding) and 1 (token), got {attention_mask[bad][0].item()!r} "
+                f"(dtype {attention_mask.dtype})"
+            )
+    return attention_mask != 0
+
+
 def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Turn a transformers padding mask into an additive attention bias.
 
@@ -104,37 +149,12 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
         in float32, bfloat16 and under bf16 autocast.
 
     Raises:
-        ValueError: a mask that is not 2-D, is complex, or holds values other than 0 and 1
-            (an additive 0/-inf mask, say); the message names the first bad value (the value
-            check runs where host reads are free, see :mod:`fixedhead.model.checks`).
-        TypeError: a mask that is not a tensor.
+        ValueError, TypeError: see :func:`check_padding_mask`.
     """
     if attention_mask is None:
         return None
-    require_tensor("attention_mask", attention_mask)
-    if attention_mask.dim() != 2:
-        raise ValueError(
-            "attention_mask must be [batch, seq] with 1 = token and 0 = padding, "
-            f"got shape {tuple(attention_mask.shape)}"
-        )
-    if attention_mask.dtype.is_complex:
-        raise ValueError(
-            f"attention_mask must be an int, bool or float tensor of 0/1, got dtype {attention_mask.dtype}"
-        )
-    host = host_reads_allowed(attention_mask)
-    if attention_mask.dtype == torch.bool:
-        keep = attention_mask
-    else:
-        if host:
-            bad = ~((attention_mask == 0) | (attention_mask == 1))
-            if bool(bad.any()):
-                # e.g. an additive mask (0 / -inf or -10000) passed where a padding mask belongs
-                raise ValueError(
-                    f"attention_mask must hold only 0 (padding) and 1 (token), got {attention_mask[bad][0].item()!r} "
-                    f"(dtype {attention_mask.dtype})"
-                )
-        keep = attention_mask != 0
-    if host and bool(keep.all()):
+    keep = check_padding_mask(attention_mask)
+    if host_reads_allowed(attention_mask) and bool(keep.all()):
         return None
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
@@ -178,12 +198,73 @@ def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -
     ]
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scaling·q kᵀ + mask) with dropout, times v, step by step (BERT's
+    ``eager_attention_forward``, the attention interface's ``"eager"``); returns
+    (output [batch, q, heads, d_p], probabilities [batch, heads, q, kv], rows summing to 1).
+
+    The mask may be additive float (transformers' ``eager_mask``), boolean (True = attend, the
+    ``"sdpa"`` format, as when ``output_attentions`` asks a model set to ``"sdpa"`` for the
+    probabilities) or None with ``is_causal`` (read as transformers' SDPA integration reads it).
+    """
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    if attention_mask is None:
+        key, value, attention_mask = causal_mask_when_skipped(query, key, value, is_causal)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # [batch, h, query, key]
+    if attention_mask is not None:
+        scores = scores + additive_mask(attention_mask, scores.dtype)
+    probs = torch.softmax(scores, dim=-1)
+    context = torch.matmul(F.dropout(probs, p=dropout, training=module.training), value)
+    return context.transpose(1, 2).contiguous(), probs
+
+
+#: fixedhead's view of transformers' attention interface: every registered implementation
+#: (``"eager"``, ``"sdpa"``, ``"flex_attention"``, ``"flash_attention_2/3"``, and any a serving
+#: engine registers), with ``"sdpa"`` replaced, for these layers only, by
+#: :func:`fixedhead.model.kernels.sdpa_attention_forward` (the head-size kernel policy on CUDA, the
+#: CPU dropout-attention kernel in training). A local instance, as transformers recommends for a
+#: model that overrides one implementation: the library-wide registry is untouched.
+ATTENTION_FUNCTIONS = AttentionInterface()
+ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
+
+
+def check_flash_head_dim(attn_implementation: str | None, head_dim: int) -> None:
+    """Refuse a FlashAttention implementation for a head size it cannot take.
+
+    FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
+    makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
+    something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
+    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p.
+
+    Raises:
+        ValueError: a ``flash_attention_*`` implementation with ``head_dim`` > 256.
+    """
+    if attn_implementation is not None and "flash_attention" in attn_implementation and head_dim > FLASH_MAX_HEAD_DIM:
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} takes head sizes up to {FLASH_MAX_HEAD_DIM} "
+            f"(FlashAttention's limit), got head_dim={head_dim}; use attn_implementation='sdpa' (fused "
+            f"memory-efficient kernel on CUDA) or 'flex_attention' for this head size"
+        )
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p).
 
     Implements head_i(X) = W_v^i X · Softmax[(W_k^i X)^T (W_q^i X) / √d_p] and
     MultiHead(X) = W_o · Concat_i head_i(X) (paper Eq. 1–2 for d_p = d/h; Section 4 for a fixed
-    d_p). q, k and v come from one fused projection hidden_size → 3·h·d_p.
+    d_p). q, k and v come from one fused projection hidden_size → 3·h·d_p; the product itself runs
+    through transformers' attention interface (:data:`ATTENTION_FUNCTIONS`), chosen by
+    ``config._attn_implementation`` as in transformers' own models.
 
     Args:
         hidden_size: embedding size d.
@@ -193,6 +274,11 @@ class MultiHeadAttention(nn.Module):
         bias: whether the projections have biases (BERT: yes).
         layer_idx: this layer's index in a key/value cache (decoders that generate).
         scale: the logit scale; None for 1/√d_p (:mod:`fixedhead.model.parametrization` gives others).
+        config: the model's configuration, when the layer is part of a model: its
+            ``_attn_implementation`` ("eager", "sdpa", "flex_attention", "flash_attention_2", ...,
+            read at every call, so ``model.set_attn_implementation`` applies) and ``is_decoder``
+            (causal by default). Without one the layer is bidirectional and uses "sdpa" (or
+            "eager" with ``use_sdpa=False``).
 
     Raises:
         ValueError: see :func:`resolve_head_dim`; dropout outside [0, 1).
@@ -207,9 +293,11 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         layer_idx: int | None = None,
         scale: float | None = None,
+        config: PreTrainedConfig | None = None,
     ):
         super().__init__()
         self.layer_idx = layer_idx
+        self.config = config
         self.head_dim = resolve_head_dim(hidden_size, num_attention_heads, head_dim)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
@@ -218,6 +306,8 @@ class MultiHeadAttention(nn.Module):
         self.inner_size = num_attention_heads * self.head_dim  # h·d_p, not necessarily d
         self.dropout = float(dropout)
         self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        # read by transformers' attention functions (and serving engines) when a call does not say
+        self.is_causal = bool(getattr(config, "is_decoder", False))
         self.qkv = nn.Linear(hidden_size, 3 * self.inner_size, bias=bias)
         self.out_proj = nn.Linear(self.inner_size, hidden_size, bias=bias)
 
@@ -228,36 +318,43 @@ class MultiHeadAttention(nn.Module):
         output_attentions: bool = False,
         use_sdpa: bool = True,
         attention_bias: torch.Tensor | None = None,
-        is_causal: bool = False,
+        is_causal: bool | None = None,
         cache: Cache | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend.
 
         Args:
             hidden_states: [batch, seq, hidden_size].
-            attention_mask: [batch, seq], 1 = token, 0 = padding; or None.
-            output_attentions: also return the probabilities (forces the eager path).
-            use_sdpa: use ``torch.nn.functional.scaled_dot_product_attention`` (on CPU in
-                training with dropout, where SDPA has only its math kernel,
-                :class:`~fixedhead.model.kernels.DropoutAttention`, the same computation); False for the
-                eager reference path. They agree to float rounding (with dropout: in distribution).
-            attention_bias: a precomputed additive bias [batch, 1, 1, seq] from
-                :func:`padding_mask_to_bias` (models compute it once for all layers), or any
-                float bias broadcastable to [batch, heads, query, key]; overrides ``attention_mask``.
-            is_causal: left-to-right attention: a query sees only keys at or before its position
-                (:func:`causal_bias`; with no other bias and no cache, SDPA's own causal kernel).
-            cache: a transformers key/value ``Cache`` (e.g. ``DynamicCache``): this call's keys and
-                values are appended to it under ``layer_idx`` and the queries attend to all of them
-                (the queries are then the last tokens; masks and biases cover past + new keys).
+            attention_mask: either a padding mask [batch, seq] (with a cache: [batch, cached + new
+                tokens]), 1 = token, 0 = padding, which the layer turns into the mask its kernel
+                needs; or a mask a model prepared with transformers' masking utilities
+                (``create_causal_mask`` / ``create_bidirectional_mask``: [batch, 1, query, key], bool
+                or additive float, a flex ``BlockMask``, or for FlashAttention the padding mask),
+                used as it is.
+            output_attentions: also return the probabilities (computed by the "eager" kernel).
+            use_sdpa: False runs the "eager" kernel whatever the configuration says (the reference
+                path; the kernels agree to float rounding, with dropout in distribution).
+            attention_bias: an additive float bias broadcastable to [batch, heads, query, key]
+                (e.g. [batch, 1, 1, keys] from :func:`padding_mask_to_bias`); overrides
+                ``attention_mask``.
+            is_causal: left-to-right attention (a query sees keys at or before its position); None
+                = the layer's default (``config.is_decoder``).
+            cache: a transformers key/value ``Cache``: this call's keys and values are appended to
+                it under ``layer_idx`` and the queries (the last tokens) attend to all of them.
+            kwargs: passed to the attention function (e.g. ``position_ids`` or ``cu_seq_lens_q``
+                for FlashAttention on packed sequences).
 
         Returns:
             (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows
             summing to 1, or None unless ``output_attentions``).
 
         Raises:
-            ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; an
-                attention_mask that is not [batch, seq] (see :func:`padding_mask_to_bias`); an
-                attention_bias that is not a float tensor broadcastable to [batch, heads, seq, seq].
+            ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; a padding mask
+                of the wrong shape (see :func:`padding_mask_to_bias`); an attention_bias that is not
+                a float tensor broadcastable to [batch, heads, seq, keys]; a cache without the
+                layer's index; a FlashAttention implementation with head_dim > 256
+                (:func:`check_flash_head_dim`).
         """
         require_tensor("hidden_states", hidden_states)
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
@@ -266,61 +363,102 @@ class MultiHeadAttention(nn.Module):
             )
         if not hidden_states.is_floating_point():
             raise ValueError(f"hidden_states must be a floating-point tensor, got dtype {hidden_states.dtype}")
+        if cache is not None and self.layer_idx is None:
+            raise ValueError("a key/value cache needs the layer's index: build MultiHeadAttention(layer_idx=...)")
         batch, seq, _ = hidden_states.shape
-        past = cache.get_seq_length(self.layer_idx or 0) if cache is not None else 0
+        is_causal = self.is_causal if is_causal is None else bool(is_causal)
+        impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
+        if output_attentions or not use_sdpa:
+            impl = "eager"
+        check_flash_head_dim(impl, self.head_dim)
         if (
             attention_bias is None
-            and attention_mask is not None
-            and (tuple(require_tensor("attention_mask", attention_mask).shape) != (batch, past + seq))
+            and not _is_prepared_mask(attention_mask)
+            # the kernel needs a mask made here: from a padding mask, sized by a cache, or flex's causal
+            # one (flex has no causal flag); FlashAttention and engines' own kernels take none
+            and (attention_mask is not None or cache is not None or (is_causal and impl == "flex_attention"))
+            and impl in ("eager", "sdpa", "flex_attention")
         ):
-            what = "[batch, seq]" if cache is None else "[batch, cached + new tokens]"
-            raise ValueError(
-                f"attention_mask must have shape {what} = {(batch, past + seq)}, got {tuple(attention_mask.shape)}"
-            )
+            attention_mask = self._mask_from_padding(attention_mask, hidden_states, is_causal, cache, impl)
         # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
         qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         if cache is not None:
-            if self.layer_idx is None:
-                raise ValueError("a key/value cache needs the layer's index: build MultiHeadAttention(layer_idx=...)")
-            k, v = cache.update(k, v, self.layer_idx)  # [batch, h, past + seq, d_p]
-        keys = k.shape[2]
-        if attention_bias is None:
-            attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
-        else:
-            _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq, keys)
-        # SDPA's causal kernel applies when nothing else is masked and queries and keys coincide
-        sdpa_causal = is_causal and attention_bias is None and keys == seq
-        if is_causal and not sdpa_causal:
-            causal = causal_bias(seq, keys, hidden_states.dtype, hidden_states.device)
-            # either mask hides a key: the minimum of two 0 / finfo.min biases (a sum could overflow)
-            attention_bias = causal if attention_bias is None else torch.minimum(attention_bias, causal)
-        if attention_bias is not None and attention_bias.dtype != q.dtype:
-            # under autocast q is bf16/fp16 while the bias was built in the hidden states' fp32:
-            # SDPA wants one dtype, and the fp32 minimum would overflow to -inf in fp16 (NaN rows)
-            attention_bias = attention_bias.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
-        dropout_p = self.dropout if self.training else 0.0
-        probs = None
-        if use_sdpa and not output_attentions:
-            if sdpa_causal and needs_explicit_bias(q, dropout_p, self.training, attention_bias):
-                attention_bias, sdpa_causal = causal_bias(seq, keys, q.dtype, q.device), False
-            context = scaled_dot_product(
-                q, k, v, attention_bias, dropout_p, self.scale, sdpa_causal, self.training, self.head_dim
-            )
-        else:
-            if sdpa_causal:  # the eager path applies the causal bias itself
-                attention_bias = causal_bias(seq, keys, q.dtype, q.device)
-            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [batch, h, query, key]
-            if attention_bias is not None:
-                scores = scores + attention_bias
-            probs = torch.softmax(scores, dim=-1)
-            context = torch.matmul(F.dropout(probs, p=dropout_p, training=self.training), v)
-        # [batch, h, seq, d_p] -> [batch, seq, h·d_p]
-        context = context.transpose(1, 2).reshape(batch, seq, self.inner_size)
+            k, v = cache.update(k, v, self.layer_idx)  # [batch, h, cached + seq (or the cache size), d_p]
+        if attention_bias is not None:
+            _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq, k.shape[2])
+            attention_mask = attention_bias
+            if is_causal:
+                # either mask hides a key: the minimum of two 0 / finfo.min biases (a sum could overflow)
+                causal = causal_bias(seq, k.shape[2], attention_bias.dtype, attention_bias.device)
+                attention_mask = torch.minimum(attention_bias, causal)
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
+            attention_mask = additive_mask(attention_mask, q.dtype)  # SDPA wants q's dtype (autocast)
+        attend = ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+        context, probs = attend(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scale,
+            is_causal=is_causal,
+            **kwargs,
+        )
+        # [batch, seq, h, d_p] -> [batch, seq, h·d_p]
+        context = context.reshape(batch, seq, self.inner_size)
         return self.out_proj(context), (probs if output_attentions else None)
+
+    def _mask_from_padding(self, padding_mask, hidden_states, is_causal, cache, impl):
+        """The kernel's mask from a [batch, cached + seq] padding mask (or None): without a cache
+        and causality, the [batch, 1, 1, keys] bias of :func:`padding_mask_to_bias` (None when
+        nothing is masked); otherwise transformers' mask for the kernel (eager, sdpa or flex), sized
+        by the cache as transformers' ``create_causal_mask`` sizes it (so a pre-allocated cache's
+        empty slots are hidden)."""
+        batch, seq = hidden_states.shape[:2]
+        q_offset, kv_length, kv_offset = 0, seq, 0
+        if cache is not None:
+            past = cache.get_seq_length(self.layer_idx)
+            q_offset = cache.get_query_offset(self.layer_idx)
+            kv_length, kv_offset = cache.get_mask_sizes(seq, self.layer_idx)
+            keys = past + seq if isinstance(past, int) else None  # a static cache counts in a tensor
+        else:
+            keys = seq
+        if padding_mask is not None:
+            what = "[batch, seq]" if cache is None else "[batch, cached + new tokens]"
+            padding_mask = check_padding_mask(padding_mask, batch, keys, what)
+            if cache is None and not is_causal and impl != "flex_attention":  # flex indexes a full mask
+                return padding_mask_to_bias(padding_mask, hidden_states.dtype)
+        make_mask = ALL_MASK_ATTENTION_FUNCTIONS[impl]
+        # a compiled decoding step keeps its mask (transformers' rule: no data-dependent skip there)
+        allow_skip = is_causal and not (getattr(cache, "is_compileable", False) and seq == 1)
+        return make_mask(
+            batch_size=batch,
+            q_length=seq,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=causal_mask_function if is_causal else _everything,
+            attention_mask=padding_mask,
+            allow_is_causal_skip=allow_skip,
+            allow_is_bidirectional_skip=not is_causal,
+            dtype=hidden_states.dtype,
+            device=hidden_states.device,
+        )
 
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}, "
             f"head_dim={self.head_dim}, dropout={self.dropout}"
         )
+
+
+def _everything(batch_idx, head_idx, q_idx, kv_idx):
+    """Bidirectional attention: every key (transformers' ``bidirectional_mask_function``)."""
+    return q_idx >= 0
+
+
+def _is_prepared_mask(mask) -> bool:
+    """A mask already prepared for a kernel (4-D, or a flex ``BlockMask``), not a padding mask."""
+    return isinstance(mask, BlockMask) or (isinstance(mask, torch.Tensor) and mask.dim() == 4)

@@ -9,7 +9,8 @@ Nothing here changes what attention computes beyond float rounding (the equation
   d_p leave FlashAttention;
 * on CPU in training with attention dropout, where PyTorch's SDPA has only its math kernel, a
   dropout-attention autograd function with the same products (:class:`DropoutAttention`);
-* :func:`scaled_dot_product`, the one call :class:`~fixedhead.model.attention.MultiHeadAttention` makes.
+* :func:`sdpa_attention_forward`, what ``attn_implementation="sdpa"`` runs in fixedhead's layers
+  (transformers' SDPA integration with the two points above around it).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa
 
 from .checks import tracing
 
@@ -161,32 +162,75 @@ class DropoutAttention(torch.autograd.Function):
         )
 
 
-def needs_explicit_bias(q: torch.Tensor, dropout_p: float, training: bool, bias: torch.Tensor | None) -> bool:
-    """Whether :func:`scaled_dot_product` will run :class:`DropoutAttention`, which has no causal
-    flag: the caller then passes causality as an additive bias."""
-    return not q.is_cuda and use_cpu_fast_path(q, dropout_p, training) and not (bias is not None and bias.requires_grad)
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A mask as an additive bias in ``dtype``: a boolean mask (True = attend, transformers' SDPA
+    format) becomes 0 / ``finfo(dtype).min``; a float bias is clamped to ``finfo(dtype).min`` and cast
+    (a float32 minimum would overflow to -inf in fp16/bf16 and give NaN rows)."""
+    if mask.dtype == torch.bool:
+        return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
+    if mask.dtype != dtype:
+        mask = mask.clamp(min=torch.finfo(dtype).min).to(dtype)
+    return mask
 
 
-def scaled_dot_product(
-    q, k, v, bias, dropout_p: float, scale: float, is_causal: bool, training: bool, head_dim: int
-) -> torch.Tensor:
-    """softmax(scale·q kᵀ + bias [+ causal mask]) with dropout, times v, by the fastest kernel that applies.
+def causal_mask_when_skipped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool):
+    """What transformers' SDPA integration does with ``attention_mask=None`` and ``is_causal``, as
+    explicit tensors for kernels without a causal flag.
 
-    q [batch, heads, query, d_p], k and v [batch, heads, key, d_p] (v's last size may differ),
-    bias broadcastable to [batch, heads, query, key] or None; returns [batch, heads, query, d_v].
-    CUDA: SDPA restricted to :func:`sdpa_backend_plan`'s backends. CPU, training with dropout:
-    :class:`DropoutAttention` (a learnable bias keeps SDPA, which gives it a gradient; ``is_causal``
-    must then be folded into ``bias``, see :func:`needs_explicit_bias`). Otherwise PyTorch's SDPA.
+    transformers' masking utilities return no mask for causal attention only when SDPA's own
+    (top-left aligned) causal flag is exact: one query (it sees every key), as many queries as keys,
+    or a prefill into an empty pre-allocated cache, whose unused key slots are then cut off.
+    Returns (key, value, bias): the bias [1, 1, query, query] (0 / finfo.min) or None.
     """
-    if q.is_cuda:
-        with sdpa_kernel(warn_if_unfused(head_dim, "cuda"), set_priority=True):
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
-            )
-    if needs_explicit_bias(q, dropout_p, training, bias):
-        if is_causal:
-            raise ValueError("DropoutAttention has no causal flag: pass the causal mask as the bias")
-        return DropoutAttention.apply(q, k, v, bias, dropout_p, scale)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+    q_len = query.shape[2]
+    if not is_causal or q_len == 1:
+        return key, value, None
+    key, value = key[:, :, :q_len], value[:, :, :q_len]
+    hidden = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).triu(diagonal=1)
+    bias = torch.zeros(q_len, q_len, dtype=query.dtype, device=query.device).masked_fill(
+        hidden, torch.finfo(query.dtype).min
     )
+    return key, value, bias[None, None]
+
+
+def sdpa_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """fixedhead's ``attn_implementation="sdpa"``: transformers' SDPA integration
+    (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, same arguments and
+    result) with this module's kernel policy around it.
+
+    query [batch, heads, q, d_p], key and value [batch, heads, kv, d_p]; attention_mask as
+    transformers' ``sdpa_mask`` makes it (bool [batch, 1, q, kv], True = attend), an additive float
+    mask, or None (then ``is_causal``, default ``module.is_causal``, decides). Returns
+    ([batch, q, heads, d_p], None).
+
+    * CPU, training with attention dropout, float32/64, no autocast (:func:`use_cpu_fast_path`):
+      :class:`DropoutAttention`, the same computation as SDPA's math kernel, faster (a learnable
+      float mask keeps SDPA, which gives it a gradient).
+    * CUDA: SDPA restricted to :func:`sdpa_backend_plan`'s kernels for the head size, with one
+      warning when FlashAttention drops out (:func:`warn_if_unfused`).
+    * Otherwise transformers' function as is.
+    """
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    learnable = attention_mask is not None and attention_mask.is_floating_point() and attention_mask.requires_grad
+    if use_cpu_fast_path(query, dropout, module.training) and not learnable:
+        if attention_mask is None:
+            key, value, bias = causal_mask_when_skipped(query, key, value, is_causal)
+        else:
+            bias = additive_mask(attention_mask, query.dtype)
+        out = DropoutAttention.apply(query, key, value, bias, dropout, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    call = dict(dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    if query.is_cuda:
+        with sdpa_kernel(warn_if_unfused(query.shape[-1], "cuda"), set_priority=True):
+            return transformers_sdpa(module, query, key, value, attention_mask, **call)
+    return transformers_sdpa(module, query, key, value, attention_mask, **call)

@@ -20,11 +20,17 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    packed_sequence_mask_function,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPoolingAndCrossAttentions,
@@ -34,7 +40,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import MultiHeadAttention, padding_mask_to_bias
+from .attention import MultiHeadAttention, check_flash_head_dim, check_padding_mask
 from .checks import (
     check_broadcast_ids_shape,
     check_finite,
@@ -46,6 +52,63 @@ from .checks import (
 )
 from .configuration import PROBLEM_TYPES, FixedHeadConfig
 from .parametrization import attention_scale, output_projection_multiplier
+
+
+def refuse_unsuitable_cache(cache: Cache, device: torch.device) -> None:
+    """Refuse, by name, a key/value cache that cannot hold what fixedhead's attention reads.
+
+    Every layer attends to all earlier tokens, so a cache that forgets keys (sliding-window
+    layers) would silently change the model; an offloading cache moves layers between a GPU and
+    the CPU with CUDA streams, which a model on the CPU does not have. Dynamic, static and
+    quantized caches (and offloading on a GPU) hold every key and are accepted.
+
+    Raises:
+        ValueError: a cache with sliding-window layers, or an offloading cache on a CPU model.
+    """
+    if not isinstance(cache, Cache):
+        raise ValueError(
+            f"cache must be a transformers Cache (e.g. DynamicCache, StaticCache), got {type(cache).__name__}"
+        )
+    sliding = [i for i, is_sliding in enumerate(cache.is_sliding) if is_sliding]
+    if sliding:
+        raise ValueError(
+            f"{type(cache).__name__} has sliding-window layers ({sliding}), which keep only the last keys; fixedhead "
+            f"attends to every earlier token: use a DynamicCache or StaticCache"
+        )
+    if getattr(cache, "offloading", False) and torch.device(device).type != "cuda":
+        raise ValueError(
+            f"{type(cache).__name__} with offloading=True moves cache layers from a GPU to the CPU (CUDA streams); "
+            f"this model runs on {torch.device(device).type}: use a cache without offloading"
+        )
+
+
+def packed_sequence_ids(kwargs: dict, batch: int, seq: int, device) -> torch.Tensor | None:
+    """Which packed sequence each token belongs to, [batch, seq], from the keys transformers'
+    ``DataCollatorWithFlattening`` adds: ``seq_idx`` ([batch or 1, seq], ``return_seq_idx=True``) or
+    ``cu_seq_lens_q`` (cumulative lengths [0, n_1, n_1 + n_2, ...] of one flattened row,
+    ``return_flash_attn_kwargs=True``); None when neither is given.
+
+    Raises:
+        ValueError: ``seq_idx`` of another shape, or ``cu_seq_lens_q`` with a batch of several rows
+            or not ending at the row's length.
+    """
+    seq_idx, cu = kwargs.get("seq_idx"), kwargs.get("cu_seq_lens_q")
+    if seq_idx is not None:
+        seq_idx = torch.as_tensor(seq_idx, device=device)
+        if seq_idx.dim() == 1:
+            seq_idx = seq_idx.unsqueeze(0)
+        if seq_idx.dim() != 2 or seq_idx.shape[0] not in (1, batch) or seq_idx.shape[1] != seq:
+            raise ValueError(f"seq_idx must be [batch, seq] = {(batch, seq)}, got {tuple(seq_idx.shape)}")
+        return seq_idx.expand(batch, seq)
+    if cu is not None:
+        cu = torch.as_tensor(cu, device=device)
+        if batch != 1 or cu.dim() != 1 or (not tracing() and int(cu[-1]) != seq):
+            raise ValueError(
+                f"cu_seq_lens_q describes one flattened row of {seq} tokens ([1, seq] inputs, cumulative lengths "
+                f"ending at {seq}), got batch {batch} and {cu.tolist() if not tracing() else tuple(cu.shape)}"
+            )
+        return torch.bucketize(torch.arange(seq, device=device), cu[1:], right=True).unsqueeze(0)
+    return None
 
 
 class FixedHeadEmbeddings(nn.Module):
@@ -147,7 +210,9 @@ class FixedHeadLayer(GradientCheckpointingLayer):
 
     A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable()`` (or the
     older ``gradient_checkpointing_enable()``), training recomputes the block in the backward
-    pass instead of keeping its activations (same gradients; dropout masks are replayed).
+    pass instead of keeping its activations (same gradients; dropout masks are replayed). The
+    cache arrives as a keyword, so checkpointing drops it as in transformers' own layers (a
+    recomputed block must not append its keys to the cache a second time).
     """
 
     def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
@@ -160,6 +225,7 @@ class FixedHeadLayer(GradientCheckpointingLayer):
             dropout=config.attention_probs_dropout_prob,
             layer_idx=layer_idx,
             scale=attention_scale(config, head_dim),
+            config=config,
         )
         # marks read by _init_weights: μP's W_o std, and W_q (the first h·d_p rows of the fused projection) at 0
         self.attention.out_proj.init_std_factor = output_projection_multiplier(config, head_dim)
@@ -174,21 +240,22 @@ class FixedHeadLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        attention_bias: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        use_sdpa: bool = True,
-        is_causal: bool = False,
+        attention_mask: torch.Tensor | BlockMask | None = None,
         cache: Cache | None = None,
+        output_attentions: bool = False,
+        is_causal: bool | None = None,
+        **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
-        [batch, heads, seq, keys] or None); ``is_causal`` and ``cache`` as in :class:`MultiHeadAttention`."""
+        [batch, heads, seq, keys] or None); the mask (prepared by the model with transformers'
+        masking utilities), ``cache``, ``is_causal`` and ``kwargs`` as in :class:`MultiHeadAttention`."""
         attn_out, probs = self.attention(
             hidden_states,
-            attention_bias=attention_bias,
+            attention_mask=attention_mask,
             output_attentions=output_attentions,
-            use_sdpa=use_sdpa,
             is_causal=is_causal,
             cache=cache,
+            **kwargs,
         )
         hidden_states = self.attention_norm(hidden_states + self.dropout(attn_out))
         ffn_out = self.output(self.act(self.intermediate(hidden_states)))
@@ -203,8 +270,15 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
     config: FixedHeadConfig
     base_model_prefix = "fixedhead"
     supports_gradient_checkpointing = True
-    _supports_sdpa = True
     _no_split_modules = ["FixedHeadEmbeddings", "FixedHeadLayer"]
+    # attention runs through transformers' attention interface (fixedhead.model.attention), so every
+    # implementation it registers applies: eager, sdpa, flex_attention, flash_attention_2/3 and the
+    # serving engines' own
+    _supports_attention_backend = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
 
     def __init__(self, config: FixedHeadConfig, *inputs, **kwargs):
         config.check()  # fields changed after the config was built (overrides, setattr) are refused here
@@ -223,8 +297,12 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias[:rows])
 
-    def _use_sdpa(self, output_attentions: bool) -> bool:
-        return not output_attentions and getattr(self.config, "_attn_implementation", "sdpa") != "eager"
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' choice, after refusing FlashAttention for a head size above its limit (at
+        load time, before any weights are read; see :func:`~fixedhead.model.attention.check_flash_head_dim`)."""
+        for head_dim in self.config.layer_head_dims:
+            check_flash_head_dim(requested_attention, head_dim)
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
 
 class FixedHeadModel(FixedHeadPreTrainedModel):
@@ -271,6 +349,55 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
+    def _attention_mask(self, attention_mask, embeds, cache, position_ids, is_causal, output_attentions, kwargs):
+        """The mask every layer's attention gets, made once by transformers' masking utilities for
+        ``config._attn_implementation``. None when the kernel needs none (no padding: SDPA's fastest
+        path); a 4-D mask is taken as prepared.
+
+        * Decoder: ``create_causal_mask``, sized by the cache (so a pre-allocated cache's empty slots
+          are hidden); with neither mask nor cache, sequences packed into one row are found from
+          ``position_ids`` restarting (transformers' rule for decoders, e.g. Llama).
+        * Encoder: ``create_bidirectional_mask``. ``position_ids`` stay positions (as in BERT: any
+          values are allowed); packed sequences are kept apart when the batch says where they are,
+          as ``DataCollatorWithFlattening`` does with ``return_seq_idx=True`` (``seq_idx``
+          [1, tokens]) or ``return_flash_attn_kwargs=True`` (``cu_seq_lens_q``).
+
+        Raises:
+            ValueError: a padding mask of the wrong shape or with values other than 0/1;
+                ``output_attentions`` with an implementation that computes no probabilities.
+        """
+        batch, seq = embeds.shape[:2]
+        impl = self.config._attn_implementation
+        if output_attentions and impl not in ("eager", "sdpa"):
+            raise ValueError(
+                f"output_attentions=True computes the attention probabilities with the eager kernel, from the mask "
+                f"of 'eager' or 'sdpa'; this model is set to attn_implementation={impl!r}: "
+                f"call model.set_attn_implementation('eager') first"
+            )
+        if attention_mask is not None and not (
+            isinstance(attention_mask, BlockMask)
+            or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4)
+        ):
+            past = cache.get_seq_length() if cache is not None else 0
+            keys = past + seq if isinstance(past, int) else None  # a static cache counts in a tensor
+            what = "[batch, seq]" if cache is None or not past else "[batch, cached + new tokens]"
+            attention_mask = check_padding_mask(attention_mask, batch, keys, what)
+        if is_causal:
+            return create_causal_mask(
+                config=self.config,
+                inputs_embeds=embeds,
+                attention_mask=attention_mask,
+                cache=cache,
+                position_ids=position_ids,
+            )
+        packed = packed_sequence_ids(kwargs, batch, seq, embeds.device) if attention_mask is None else None
+        return create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
+        )
+
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
@@ -301,23 +428,35 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
             cache = DynamicCache(config=self.config)
         if cache is not None and not is_causal:
             raise ValueError("a key/value cache is for decoders (config.is_decoder=True, e.g. FixedHeadForCausalLM)")
-        cache_length = cache.get_seq_length() if cache is not None else 0
+        cache_length = 0
+        if cache is not None:
+            refuse_unsuitable_cache(cache, self.embeddings.word_embeddings.weight.device)
+            cache_length = cache.get_seq_length()
+            if isinstance(cache_length, torch.Tensor):
+                # a static cache counts its tokens in a tensor (no host read under compile): the new
+                # tokens' positions are computed from it, as transformers' models do
+                source = input_ids if input_ids is not None else inputs_embeds
+                if position_ids is None and isinstance(source, torch.Tensor) and source.dim() >= 2:
+                    position_ids = (torch.arange(source.shape[1], device=source.device) + cache_length).unsqueeze(0)
+                cache_length = 0
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, cache_length)
-        batch, seq = hidden_states.shape[:2]
-        if attention_mask is not None:
-            require_tensor("attention_mask", attention_mask)
-            if tuple(attention_mask.shape) != (batch, cache_length + seq):
-                what = "[batch, seq]" if not cache_length else "[batch, cached + new tokens]"
-                raise ValueError(
-                    f"attention_mask must have shape {what} = {(batch, cache_length + seq)}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-        attention_bias = padding_mask_to_bias(attention_mask, hidden_states.dtype)
-        use_sdpa = self._use_sdpa(output_attentions)
+        if position_ids is not None and position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)  # [seq] shared by all rows (as BERT) -> [1, seq]
+        mask = self._attention_mask(
+            attention_mask, hidden_states, cache, position_ids, is_causal, output_attentions, kwargs
+        )
         all_hidden = [hidden_states] if output_hidden_states else None
         all_attn = [] if output_attentions else None
         for layer in self.encoder["layer"]:
-            hidden_states, probs = layer(hidden_states, attention_bias, output_attentions, use_sdpa, is_causal, cache)
+            hidden_states, probs = layer(
+                hidden_states,
+                attention_mask=mask,
+                cache=cache,
+                output_attentions=output_attentions,
+                is_causal=is_causal,
+                position_ids=position_ids,
+                **kwargs,
+            )
             if output_hidden_states:
                 all_hidden.append(hidden_states)
             if output_attentions:
@@ -477,6 +616,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
     ) -> MaskedLMOutput | tuple:
         """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
         and the mean masked-LM loss; see the class docstring."""
@@ -490,6 +630,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,  # attention kwargs, e.g. packed sequences' seq_idx / cu_seq_lens_q
         )
         sequence_output = outputs.last_hidden_state
         loss = None
@@ -663,6 +804,7 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
             return_dict=True,
             cache=cache,
             use_cache=use_cache,
+            **kwargs,  # attention kwargs (e.g. FlashAttention's cu_seq_lens_q for packed sequences)
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -90,6 +90,7 @@ def widen_attention(
         dropout=attention.dropout,
         bias=attention.qkv.bias is not None,
         layer_idx=attention.layer_idx,
+        config=attention.config,  # the model's attention implementation and causality
     )
     w = attention.qkv.weight
     wide = wide.to(device=w.device, dtype=w.dtype)

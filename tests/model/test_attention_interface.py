@@ -1,0 +1,399 @@
+"""Attention through transformers' attention interface: every implementation this CPU has
+("eager", "sdpa", "flex_attention") against a float64 reference of the equation and against each
+other, at odd and large head sizes, with padding and causal masks; the caches transformers offers,
+fullgraph compile at changing lengths, gradient checkpointing with a cache, padding-free (packed)
+batches for both objectives, FlashAttention's head-size limit, and a kernel registered from outside
+(how a serving engine plugs in).
+
+Expected values come from a float64 softmax(q kᵀ/√d_p + mask) v written here, from the same model
+without a cache / without packing / without checkpointing, and from greedy decoding by full
+forwards. FlexAttention has no backward on CPU (PyTorch), so flex is checked forward only here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AttentionInterface, DataCollatorWithFlattening, DynamicCache, StaticCache
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa
+
+from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
+from fixedhead.model import kernels
+from fixedhead.model.attention import MultiHeadAttention
+
+HEAD_DIMS = [7, 33, 160, 300]  # odd, and above FlashAttention's 256
+
+
+def config(head_dim=33, heads=2, **kw) -> FixedHeadConfig:
+    base = dict(
+        vocab_size=61,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        head_dim=head_dim,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return FixedHeadConfig(**{**base, **kw})
+
+
+def reference_attention(layer: MultiHeadAttention, x, keep, causal):
+    """softmax(q kᵀ/√d_p + mask) v in float64, from the layer's weights; keep [batch, keys] 1 = token."""
+    w, b = layer.qkv.weight.double(), layer.qkv.bias.double()
+    batch, n, _ = x.shape
+    h, dp = layer.num_attention_heads, layer.head_dim
+    q, k, v = (x.double() @ w.T + b).view(batch, n, 3, h, dp).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(dp)
+    allowed = keep.bool()[:, None, None, :].expand(batch, 1, n, n)
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+    probs = scores.masked_fill(~allowed, -math.inf).softmax(-1)
+    context = (probs @ v).transpose(1, 2).reshape(batch, n, h * dp)
+    return context @ layer.out_proj.weight.double().T + layer.out_proj.bias.double()
+
+
+def padding(batch, n, left: bool):
+    keep = torch.ones(batch, n, dtype=torch.long)
+    if left:
+        keep[1, :3] = 0
+    else:
+        keep[1, n - 3 :] = 0
+    return keep
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("impl", ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)])
+def test_each_implementation_computes_the_equation(impl, head_dim, causal):
+    torch.manual_seed(0)
+    cfg = config(head_dim, is_decoder=causal)
+    cfg._attn_implementation = impl
+    layer = MultiHeadAttention(32, 2, head_dim, config=cfg).eval()
+    x = torch.randn(2, 9, 32)
+    keep = padding(2, 9, left=causal)
+    with torch.no_grad():
+        got, _ = layer(x, attention_mask=keep)
+    want = reference_attention(layer, x, keep, causal)
+    real = keep.bool() if not causal else keep.bool()  # rows of padded queries are meaningless
+    torch.testing.assert_close(got[real].double(), want[real], atol=1e-5, rtol=1e-4)
+
+
+def _step(model, batch, impl, train):
+    model.set_attn_implementation(impl)
+    model.zero_grad()
+    if not train:
+        with torch.no_grad():
+            return model(**batch).logits, None
+    out = model(**batch)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("model_class", [FixedHeadForMaskedLM, FixedHeadForCausalLM])
+def test_sdpa_matches_eager_forward_and_backward(model_class, head_dim):
+    torch.manual_seed(0)
+    model = model_class(config(head_dim)).train()  # dropout 0: deterministic
+    ids = torch.randint(3, 61, (2, 11))
+    keep = padding(2, 11, left=model_class is FixedHeadForCausalLM)
+    labels = ids.masked_fill(keep == 0, -100)
+    if model_class is FixedHeadForCausalLM:
+        # the first real token would be predicted from a padding position, whose (meaningless) output
+        # differs between kernels: a query with no key to see is uniform in eager, zero in SDPA
+        labels[1, 3] = -100
+    batch = dict(input_ids=ids, attention_mask=keep, labels=labels)
+    ref_logits, ref_grads = _step(model, batch, "eager", train=True)
+    logits, grads = _step(model, batch, "sdpa", train=True)
+    real = keep.bool()
+    torch.testing.assert_close(logits[real], ref_logits[real], atol=2e-5, rtol=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(
+    "head_dim", [33, pytest.param(7, marks=pytest.mark.slow), pytest.param(300, marks=pytest.mark.slow)]
+)
+@pytest.mark.parametrize("model_class", [FixedHeadForMaskedLM, FixedHeadForCausalLM])
+def test_flex_attention_matches_eager(model_class, head_dim):
+    torch.manual_seed(0)
+    model = model_class(config(head_dim)).eval()
+    ids = torch.randint(3, 61, (2, 11))
+    keep = padding(2, 11, left=model_class is FixedHeadForCausalLM)
+    batch = dict(input_ids=ids, attention_mask=keep)
+    ref, _ = _step(model, batch, "eager", train=False)
+    got, _ = _step(model, batch, "flex_attention", train=False)
+    torch.testing.assert_close(got[keep.bool()], ref[keep.bool()], atol=2e-5, rtol=1e-4)
+
+
+def test_sdpa_in_cpu_training_with_dropout_runs_the_dropout_attention_kernel(monkeypatch):
+    calls = []
+    apply = kernels.DropoutAttention.apply
+    monkeypatch.setattr(kernels.DropoutAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    model = FixedHeadForCausalLM(config(attention_probs_dropout_prob=0.1)).train()
+    ids = torch.randint(3, 61, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()  # causal, no padding: the causal mask built for it
+    model(input_ids=ids, attention_mask=padding(2, 8, left=True), labels=ids).loss.backward()
+    assert len(calls) == 4  # 2 layers × 2 steps
+    model.set_attn_implementation("eager")
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert len(calls) == 4
+
+
+def test_a_kernel_registered_from_outside_is_used(monkeypatch):
+    """How a serving engine plugs in: a function registered in transformers' AttentionInterface."""
+    seen = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        seen.append((module.layer_idx, module.is_causal, tuple(query.shape)))
+        return transformers_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "recording", recording)
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    ids = torch.randint(3, 61, (2, 6))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        model.set_attn_implementation("recording")
+        got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want)
+    assert seen == [(0, True, (2, 2, 6, 7)), (1, True, (2, 2, 6, 7))]
+    assert FixedHeadForCausalLM.is_backend_compatible()  # what serving engines check first
+
+
+# ----------------------------------------------------------------------------- FlashAttention's limit
+
+
+def test_flash_attention_is_refused_by_name_above_head_dim_256(tmp_path):
+    model = FixedHeadForCausalLM(config(head_dim=300))
+    with pytest.raises(ValueError, match=r"flash_attention_2.*up to 256.*head_dim=300.*sdpa"):
+        model.set_attn_implementation("flash_attention_2")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"flash_attention_3.*up to 256.*head_dim=300"):
+        FixedHeadForCausalLM.from_pretrained(tmp_path, attn_implementation="flash_attention_3")
+    # set behind the model's back: refused at the call, not run by another kernel
+    model.config._attn_implementation_internal = "flash_attention_2"
+    with pytest.raises(ValueError, match="head_dim=300"):
+        model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+def test_output_attentions_needs_a_kernel_that_computes_probabilities():
+    model = FixedHeadForMaskedLM(config()).eval()
+    ids = torch.randint(3, 61, (1, 5))
+    model.set_attn_implementation("sdpa")  # answered by the eager kernel, as before
+    probs = model(input_ids=ids, output_attentions=True).attentions
+    assert len(probs) == 2 and torch.allclose(probs[0].sum(-1), torch.ones(1, 2, 5))
+    model.set_attn_implementation("flex_attention")
+    with pytest.raises(ValueError, match="output_attentions.*flex_attention.*set_attn_implementation"):
+        model(input_ids=ids, output_attentions=True)
+
+
+# ----------------------------------------------------------------------------- caches
+
+
+def greedy_without_cache(model, ids, steps):
+    for _ in range(steps):
+        with torch.no_grad():
+            nxt = model(input_ids=ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], 1)
+    return ids
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_a_static_cache_gives_the_logits_of_the_whole_sequence(impl):
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    model.set_attn_implementation(impl)
+    ids = torch.randint(3, 61, (2, 9))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        for cache in (StaticCache(config=model.config, max_cache_len=32), DynamicCache(config=model.config)):
+            parts = [model(input_ids=ids[:, :5], cache=cache).logits]
+            parts += [model(input_ids=ids[:, t : t + 1], cache=cache).logits for t in range(5, 9)]
+            torch.testing.assert_close(torch.cat(parts, 1), want, atol=1e-5, rtol=1e-5, msg=type(cache).__name__)
+
+
+def test_left_padded_static_cache_matches_each_prompt_alone():
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=33)).eval()
+    ids = torch.randint(3, 61, (2, 7))
+    keep = padding(2, 7, left=True)
+    ids[1, :3] = 0
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    pos = (keep.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=keep, position_ids=pos, cache=cache).logits
+        alone = model(input_ids=ids[1:, 3:], use_cache=False).logits
+    torch.testing.assert_close(got[1, 3:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_implementation", ["static", "quantized"])
+def test_generate_with_transformers_caches_decodes_what_full_forwards_do(cache_implementation):
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    ids = torch.randint(3, 61, (2, 5))
+    extra = {"cache_config": {"backend": "fp8"}} if cache_implementation == "quantized" else {}
+    with torch.no_grad():
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation=cache_implementation, **extra)
+    assert torch.equal(got, greedy_without_cache(model, ids, 6))
+
+
+def test_caches_that_cannot_hold_every_key_are_refused_by_name():
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    ids = torch.randint(3, 61, (1, 4))
+    sliding = Cache(layers=[DynamicSlidingWindowLayer(sliding_window=2) for _ in range(2)])
+    with pytest.raises(ValueError, match=r"Cache has sliding-window layers \(\[0, 1\]\)"):
+        model(input_ids=ids, cache=sliding)
+    with pytest.raises(ValueError, match="DynamicCache with offloading=True.*runs on cpu"):
+        model(input_ids=ids, cache=DynamicCache(config=model.config, offloading=True))
+    with pytest.raises(ValueError, match="StaticCache with offloading=True"):
+        model.generate(ids, max_new_tokens=2, cache_implementation="offloaded_static")
+
+
+# ----------------------------------------------------------------------------- compile and checkpointing
+
+
+def test_fullgraph_compile_at_changing_lengths():
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=33)).eval()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    ids = torch.randint(3, 61, (2, 12))
+    keep = padding(2, 12, left=True)
+    with torch.no_grad():
+        for n in (5, 8, 12):  # the length changes: dynamic shapes, where is_causal once became a SymBool
+            got = compiled(input_ids=ids[:, :n], attention_mask=keep[:, :n], use_cache=False).logits
+            want = model(input_ids=ids[:, :n], attention_mask=keep[:, :n], use_cache=False).logits
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            got = compiled(input_ids=ids[:, :n], use_cache=False).logits
+            torch.testing.assert_close(got, model(input_ids=ids[:, :n], use_cache=False).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_fullgraph_compiled_decoding_with_a_static_cache():
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    ids = torch.randint(3, 61, (1, 8))
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    step = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        got = [model(input_ids=ids[:, :4], cache=cache).logits]
+        got += [step(input_ids=ids[:, t : t + 1], cache=cache).logits for t in range(4, 8)]
+    torch.testing.assert_close(torch.cat(got, 1), want, atol=1e-5, rtol=1e-5)
+
+
+def test_gradient_checkpointing_with_use_cache_trains_as_without():
+    torch.manual_seed(0)
+    plain = FixedHeadForCausalLM(config(head_dim=7, attention_probs_dropout_prob=0.1)).train()
+    ckpt = FixedHeadForCausalLM(plain.config).train()
+    ckpt.load_state_dict(plain.state_dict())
+    ckpt.activation_checkpointing_enable()
+    assert ckpt.config.use_cache
+    ids = torch.randint(3, 61, (2, 8))
+    grads = []
+    for model in (plain, ckpt):
+        torch.manual_seed(1)  # the same dropout masks
+        logits = model(input_ids=ids).logits  # use_cache=True from the config, loss from the logits
+        torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 61), ids[:, 1:].reshape(-1)).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------- padding-free batches
+
+
+def sequences():
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(3, 61, (n,), generator=g).tolist() for n in (5, 9, 3)]
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)])
+def test_padding_free_causal_batch_scores_each_sequence_alone(impl):
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=33)).eval()
+    model.set_attn_implementation(impl)
+    seqs = sequences()
+    batch = DataCollatorWithFlattening()([{"input_ids": s} for s in seqs])
+    assert set(batch) == {"input_ids", "labels", "position_ids"} and batch["input_ids"].shape[0] == 1
+    with torch.no_grad():
+        packed = model(**batch)
+        alone = [model(input_ids=torch.tensor([s]), labels=torch.tensor([s])) for s in seqs]
+    torch.testing.assert_close(packed.logits[0], torch.cat([a.logits[0] for a in alone]), atol=1e-5, rtol=1e-5)
+    predicted = [len(s) - 1 for s in seqs]  # each sequence's loss is a mean over its predicted tokens
+    want = sum(a.loss * n for a, n in zip(alone, predicted, strict=True)) / sum(predicted)
+    torch.testing.assert_close(packed.loss, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("collator_option", ["return_seq_idx", "return_flash_attn_kwargs"])
+def test_padding_free_masked_batch_encodes_each_sequence_alone(impl, collator_option):
+    torch.manual_seed(0)
+    model = FixedHeadForMaskedLM(config(head_dim=33)).eval()
+    model.set_attn_implementation(impl)
+    seqs = sequences()
+    batch = DataCollatorWithFlattening(**{collator_option: True})([{"input_ids": s} for s in seqs])
+    batch.pop("labels")
+    with torch.no_grad():
+        packed = model(**batch).logits[0]
+        alone = torch.cat([model(input_ids=torch.tensor([s])).logits[0] for s in seqs])
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_free_masked_training_step_matches_the_padded_batch():
+    torch.manual_seed(0)
+    model = FixedHeadForMaskedLM(config(head_dim=7)).train()
+    seqs = sequences()
+    labels = [[t if i % 3 == 0 else -100 for i, t in enumerate(s)] for s in seqs]
+    flat = DataCollatorWithFlattening(return_seq_idx=True)(
+        [{"input_ids": s, "labels": lab} for s, lab in zip(seqs, labels, strict=True)]
+    )
+    flat["labels"] = torch.tensor([sum(labels, [])])  # the collator marks sequence starts; MLM labels are ours
+    n = max(map(len, seqs))
+    padded = dict(
+        input_ids=torch.tensor([s + [0] * (n - len(s)) for s in seqs]),
+        attention_mask=torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in seqs]),
+        labels=torch.tensor([lab + [-100] * (n - len(lab)) for lab in labels]),
+    )
+    losses, grads = [], []
+    for batch in (padded, flat):
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(model.fixedhead.encoder["layer"][0].attention.qkv.weight.grad.clone())
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+
+
+def test_packed_position_ids_alone_stay_positions_in_the_masked_model():
+    """As BERT: position_ids are positions (any values), not sequence boundaries, in an encoder."""
+    torch.manual_seed(0)
+    model = FixedHeadForMaskedLM(config(head_dim=7)).eval()
+    ids = torch.randint(3, 61, (1, 8))
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    with torch.no_grad():
+        got = model(input_ids=ids, position_ids=pos).logits
+        split = model(input_ids=ids, position_ids=pos, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])).logits
+    assert not torch.allclose(got, split)  # one sequence attending across the restart
+
+
+def test_widened_layers_follow_the_models_attention_implementation():
+    from fixedhead import widen_heads
+
+    torch.manual_seed(0)
+    model = FixedHeadForCausalLM(config(head_dim=7)).eval()
+    wide = widen_heads(model, 12)
+    assert all(m.config is wide.config and m.is_causal for m in wide.modules() if isinstance(m, MultiHeadAttention))
+    ids = torch.randint(3, 61, (2, 6))
+    with torch.no_grad():
+        want = wide(input_ids=ids, use_cache=False).logits
+        wide.set_attn_implementation("eager")
+        torch.testing.assert_close(wide(input_ids=ids, use_cache=False).logits, want, atol=1e-5, rtol=1e-5)
