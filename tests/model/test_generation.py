@@ -5,11 +5,6 @@ Special token ids live in the config, head sizes are read where transformers rea
 cache implementation does what it does for GPT-2, generation lengths are checked before the first
 forward pass, a masked checkpoint opened as a causal LM warns as BERT's does, config rules hold
 after ``from_pretrained`` overrides, and export-style decoding takes the token types BERT takes.
-
-Tests marked ``NEEDS_ATTENTION_BRANCH`` fail until masks and caches reach attention through
-transformers' machinery (static-cache masking, checkpointed layers that drop the cache, the
-``is_causal`` flag under ``torch.compile``); the mark is strict, so the first run after that work
-lands says to remove it.
 """
 
 from __future__ import annotations
@@ -41,11 +36,6 @@ from fixedhead import (
     FixedHeadModel,
     count_parameters,
     from_bert,
-)
-
-NEEDS_ATTENTION_BRANCH = pytest.mark.xfail(
-    strict=True,
-    reason="needs masks and caches to reach attention through transformers' machinery (the attention work)",
 )
 
 V, D, H, L, P = 60, 32, 4, 2, 16  # vocabulary, hidden size, heads, layers, learned positions
@@ -151,12 +141,11 @@ def test_head_dim_is_resolved_where_transformers_reads_it(head_dim, want):
 
 
 # ----------------------------------------------------------------- every cache implementation
-_ATTENTION_CACHES = {"static", "sliding_window", "hybrid_chunked"}  # a mask over pre-allocated slots
 
 
 @pytest.mark.parametrize(
     "impl",
-    [pytest.param(i, marks=NEEDS_ATTENTION_BRANCH) if i in _ATTENTION_CACHES else i for i in ALL_CACHE_IMPLEMENTATIONS],
+    ALL_CACHE_IMPLEMENTATIONS,
 )
 def test_every_cache_implementation_does_what_it_does_for_gpt2(impl):
     """Same tokens as without it where GPT-2 gives the same tokens; the same exception where GPT-2
@@ -173,10 +162,13 @@ def test_every_cache_implementation_does_what_it_does_for_gpt2(impl):
                 )
             )
             results.append((kind, torch.equal(value, plain) if kind == "ok" else value))
-    assert results[1] == results[0]
+    if results[0][0] == "raised" and results[1][0] == "raised":
+        # where GPT-2 fails deep inside (offloading needs CUDA streams), fixedhead refuses by name first
+        assert results[1][1] in (results[0][1], ValueError)
+    else:
+        assert results[1] == results[0]
 
 
-@NEEDS_ATTENTION_BRANCH
 @pytest.mark.parametrize("head_dim", [16, [None, 12]])
 def test_a_static_cache_passed_to_forward_gives_the_uncached_logits(head_dim):
     for model in (gpt2(), fixedhead(head_dim)):
@@ -190,7 +182,6 @@ def test_a_static_cache_passed_to_forward_gives_the_uncached_logits(head_dim):
 
 
 # ----------------------------------------------------------------- training with a cache-using config
-@NEEDS_ATTENTION_BRANCH
 def test_gradient_checkpointing_with_use_cache_in_the_config_trains_as_gpt2():
     ids = prompt(length=8)
     for model in (gpt2(use_cache=True), fixedhead(use_cache=True)):
@@ -203,7 +194,6 @@ def test_gradient_checkpointing_with_use_cache_in_the_config_trains_as_gpt2():
 
 
 @pytest.mark.slow
-@NEEDS_ATTENTION_BRANCH
 def test_fullgraph_compile_at_changing_lengths():
     torch._dynamo.reset()
     for model in (gpt2(), fixedhead()):
