@@ -44,3 +44,10 @@ def test_committed_runs_are_reused_by_todays_presets():
     meta = _state("widening")["meta"]
     now = widening.settings_record(widening.get_widening_preset("cpu"), meta["wide_head_dim"])
     assert widening.same_settings(meta["settings"], now)
+
+
+def test_coordcheck_report_regenerates():
+    from fixedhead.studies.coordcheck import load_result, report_markdown
+
+    result = load_result(RESULTS / "coordcheck" / "coordcheck.json")
+    assert report_markdown(result) == (RESULTS / "coordcheck" / "report.md").read_text()

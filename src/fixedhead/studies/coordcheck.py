@@ -232,6 +232,7 @@ class CoordCheckResult:
     settings: dict
     rows: list[dict] = field(default_factory=list)  # axis, parametrization, width, seed, step, quantity, ...
     data: str = "uniform random tokens"
+    meta: dict = field(default_factory=dict)  # the command and the software that made it
 
     def curve(self, axis: str, parametrization: str, quantity: str, step: int, what: str = "mean_abs_change"):
         """(widths, values averaged over seeds) for one line of the plot."""
@@ -279,8 +280,11 @@ def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordChe
     """Run every (axis, parametrization, width, seed) of ``settings`` on seeded random tokens."""
     from tqdm.auto import tqdm
 
+    from ..runs import environment_info, invocation_commands
+
     batches, eval_ids = random_batches(settings)
-    result = CoordCheckResult(settings=_jsonable(asdict(settings)))
+    meta = {"command": invocation_commands(None, {})[0], **environment_info()}
+    result = CoordCheckResult(settings=_jsonable(asdict(settings)), meta=meta)
     plan = [
         (axis, name, width, config, seed)
         for axis in settings.axes
@@ -384,7 +388,10 @@ def plot(result: CoordCheckResult, axis: str, path) -> Path:
 
 
 def report_markdown(result: CoordCheckResult) -> str:
-    s = result.settings
+    from . import render
+
+    s, meta = result.settings, result.meta
+    what_was_run = [render.commands_line(meta), render.software_line(meta)] if meta else []
     return "\n".join(
         [
             "# Coordinate check",
@@ -400,6 +407,7 @@ def report_markdown(result: CoordCheckResult) -> str:
             "",
             format_slopes(result),
             "",
+            *(["## What was run", "", *what_was_run, ""] if what_was_run else []),
         ]
     )
 
@@ -422,6 +430,35 @@ def curves(result: CoordCheckResult) -> dict:
     return out
 
 
+def load_result(path) -> CoordCheckResult:
+    """A :class:`CoordCheckResult` read back from a ``coordcheck.json`` (its rows rebuilt from the curves)."""
+    from ..runs import load_json_file
+
+    saved = load_json_file(path, "coordcheck results")
+    rows = []
+    for axis, by_variant in saved["curves"].items():
+        for name, by_quantity in by_variant.items():
+            for quantity, by_width in by_quantity.items():
+                for width, by_seed in by_width.items():
+                    for seed, leaf in by_seed.items():
+                        for step, (change, size) in enumerate(
+                            zip(leaf["mean_abs_change"], leaf["mean_abs"], strict=True)
+                        ):
+                            rows.append(
+                                {
+                                    "axis": axis,
+                                    "parametrization": name,
+                                    "width": int(width),
+                                    "seed": int(seed),
+                                    "step": step,
+                                    "quantity": quantity,
+                                    "mean_abs_change": change,
+                                    "mean_abs": size,
+                                }
+                            )
+    return CoordCheckResult(settings=saved["settings"], rows=rows, data=saved["data"], meta=saved.get("meta", {}))
+
+
 def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False) -> dict:
     """Write ``coordcheck.json`` (settings and every row), ``report.md`` and one plot per axis,
     all or none.
@@ -437,8 +474,8 @@ def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False)
         payload = {
             "settings": result.settings,
             "data": result.data,
+            "meta": result.meta or environment_info(),
             "slopes": result.slopes(),
-            "environment": environment_info(),
             "curves": curves(result),
         }
         stage(RESULTS_FILE).write_text(json.dumps(payload, separators=(",", ":")))
