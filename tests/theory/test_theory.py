@@ -15,7 +15,7 @@ import torch
 from fixedhead import theory as th
 from fixedhead.cli import main
 from fixedhead.studies import bottleneck
-from fixedhead.theory.theorem2 import _random_layer  # a random layer of the shape a fit starts from
+from fixedhead.theory.theorem2 import random_layer
 
 
 def softmax_rows(L):
@@ -276,7 +276,7 @@ def test_theorem2_witness_shares_one_rank_dp_form_and_full_rank_values():
 def test_theorem2_first_part_standard_layer_is_a_fixed_head_layer():
     d, h = 6, 3
     gen = torch.Generator().manual_seed(0)
-    std = _random_layer(h, d, d // h, gen)
+    std = random_layer(h, d, d // h, gen)
     X = torch.randn(5, 4, d, generator=gen, dtype=torch.float64)
     for e in (d // h, 3, 7):
         fixed = th.embed_standard(std, e)
@@ -306,7 +306,7 @@ def test_theorem2_optimiser_controls():
     d, h, e, n = 4, 4, 2, 4
     gen = torch.Generator().manual_seed(5)
     X = torch.randn(64, n, d, generator=gen, dtype=torch.float64)
-    target = _random_layer(h, d, d // h, gen)
+    target = random_layer(h, d, d // h, gen)
     target.W_q *= 3
     with torch.no_grad():
         Y = th.multihead(X, target)

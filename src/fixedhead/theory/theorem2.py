@@ -114,7 +114,8 @@ def embed_standard(w: MultiHeadWeights, head_dim: int) -> MultiHeadWeights:
     )
 
 
-def _random_layer(num_attention_heads: int, hidden_size: int, head_dim: int, gen: torch.Generator) -> MultiHeadWeights:
+def random_layer(num_attention_heads: int, hidden_size: int, head_dim: int, gen: torch.Generator) -> MultiHeadWeights:
+    """A multi-head layer of h heads of size d_p on d with N(0, 1/fan-in) weights (float64): where a fit starts."""
     h, d, e = num_attention_heads, hidden_size, head_dim
     r = lambda *shape, fan: torch.randn(*shape, generator=gen, dtype=torch.float64) / math.sqrt(fan)  # noqa: E731
     return MultiHeadWeights(r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, d, e, fan=d), r(h, e, d, fan=h * e))
@@ -220,7 +221,7 @@ def fit_multihead(
         raise ValueError("need restarts >= 1 or an init")
     d = X.shape[-1]
     gen = torch.Generator().manual_seed(seed)
-    starts = ([init.flat()] if init is not None else []) + [_random_layer(h, d, e, gen).flat() for _ in range(restarts)]
+    starts = ([init.flat()] if init is not None else []) + [random_layer(h, d, e, gen).flat() for _ in range(restarts)]
     errors, best = [], None
     for z0 in starts:
         z = z0.clone().requires_grad_(True)
