@@ -32,7 +32,7 @@ def test_head_statistics_on_known_heads():
         numerical_rank(torch.eye(3), rtol=0.0)
 
 
-def test_hooked_logits_reproduce_fixedhead_attentions(tiny_pretrained_run):
+def test_captured_logits_reproduce_fixedhead_attentions(tiny_pretrained_run):
     run, data, _ = tiny_pretrained_run
     model = FixedHeadForMaskedLM.from_pretrained(str(run)).eval()
     ids = data.heldout[:2]
@@ -81,7 +81,7 @@ def test_analyze_a_transformers_bert_checkpoint(tiny_pretrained_run, heldout_tex
         assert row["logit_rank_max"] == 4 and row["rank_cap"] == 4
         assert row["logit_rank"] - 1 <= row["min_head_dim"] <= row["logit_rank"]
         assert 0.0 <= row["entropy"] <= math.log(32) + 1e-9
-    # the hooks read BERT's real logits: their softmax is BERT's own (eager) attention
+    # the capture reads BERT's real logits: their softmax is BERT's own (eager) attention
     model = BertModel.from_pretrained(str(bert_dir), attn_implementation="eager").eval()
     ids = torch.randint(5, 400, (2, 16))
     with torch.no_grad():

@@ -3,7 +3,7 @@
 For every layer and head, on real text, this measures what the paper's Section 3 argument is about:
 
 * ``logit_rank`` — the numerical rank of the head's logit matrix S = Q K^T / √d_p ([query, key],
-  float64, computed from the model's own q and k, captured with forward hooks). Structurally
+  float64, computed from the model's own q and k, captured through transformers' attention interface). Structurally
   rank(S) <= d_p: a standard head of size d/h below the sequence length n can never reach rank n
   (the low-rank bottleneck); a fixed head size d_p >= n removes the cap.
   Numerical rank = the number of singular values above ``rtol · σ_max(S)``; ``rtol`` defaults to
@@ -44,7 +44,6 @@ import numpy as np
 import torch
 
 from .data import read_text, text_windows
-from .model.attention import MultiHeadAttention
 from .theory import min_head_dim
 
 DEFAULT_RTOL = 1e-5
@@ -73,57 +72,39 @@ def capture_queries_keys(model):
 
     Any transformers model whose attention goes through transformers' attention interface
     (``_supports_attention_backend``: BERT, GPT-2, Llama and most models since transformers 4.48)
-    is captured by switching it, for the duration, to an implementation that records q and k and
-    then runs SDPA; fixedhead's own :class:`~fixedhead.model.attention.MultiHeadAttention` by a
-    hook on its fused projection. The model's implementation is restored on exit.
+    (fixedhead's models included) is captured by switching it, for the duration, to an
+    implementation that records q and k and then runs SDPA; the model's implementation is restored
+    on exit.
 
     Raises:
         ValueError: the model has no attention this can capture.
     """
-    captured: list = []
-    if _uses_attention_interface(model):
-        from transformers import AttentionInterface
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        def capture(module, query, key, value, attention_mask, **kwargs):
-            heads, kv_heads = query.shape[1], key.shape[1]
-            keys = key if kv_heads == heads else key.repeat_interleave(heads // kv_heads, dim=1)
-            scale = kwargs.get("scaling")
-            scale = float(scale) if scale is not None else query.shape[-1] ** -0.5
-            causal = bool(getattr(module, "is_causal", False))
-            captured.append((query.detach(), keys.detach(), scale, causal))
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-        AttentionInterface.register(_CAPTURE, capture)
-        previous = model.config._attn_implementation
-        model.set_attn_implementation(_CAPTURE)
-        try:
-            yield captured
-        finally:
-            model.set_attn_implementation(previous)
-        return
-    modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    if not modules:
+    if not _uses_attention_interface(model):
         raise ValueError(
             f"{type(model).__name__} has no attention this analysis can capture (a fixedhead model, or a "
             "transformers model whose attention uses transformers' attention interface)"
         )
-    causal = bool(getattr(getattr(model, "config", None), "is_decoder", False))
-    handles = []
-    for module in modules:
-        h, dp = module.num_attention_heads, module.head_dim
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        def hook(_m, _inp, out, h=h, dp=dp, scale=module.scale):
-            b, s, _ = out.shape  # [batch, seq, 3·h·d_p] -> q, k: [batch, h, seq, d_p]
-            qkv = out.detach().view(b, s, 3, h, dp).permute(2, 0, 3, 1, 4)
-            captured.append((qkv[0], qkv[1], scale, causal))
+    captured: list = []
 
-        handles.append(module.qkv.register_forward_hook(hook))
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        heads, kv_heads = query.shape[1], key.shape[1]
+        keys = key if kv_heads == heads else key.repeat_interleave(heads // kv_heads, dim=1)
+        scale = kwargs.get("scaling")
+        scale = float(scale) if scale is not None else query.shape[-1] ** -0.5
+        causal = bool(getattr(module, "is_causal", False))
+        captured.append((query.detach(), keys.detach(), scale, causal))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(_CAPTURE, capture)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(_CAPTURE)
     try:
         yield captured
     finally:
-        for handle in handles:
-            handle.remove()
+        model.set_attn_implementation(previous)
 
 
 @torch.no_grad()

@@ -138,6 +138,7 @@ class CoordCheckSettings:
 def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every quantity of :data:`QUANTITIES` per layer, from one forward pass: ``{"query/0": tensor, ...}``."""
     from ..model.attention import MultiHeadAttention
+    from ..model.modeling import FixedHeadLayer
 
     out: dict[str, torch.Tensor] = {}
     hooks = []
@@ -161,7 +162,7 @@ def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
             attn.out_proj.register_forward_pre_hook(on_context),
             attn.out_proj.register_forward_hook(on_output),
         ]
-    layers = [m for m in model.modules() if type(m).__name__ == "FixedHeadLayer"]
+    layers = [m for m in model.modules() if isinstance(m, FixedHeadLayer)]
     for i, layer in enumerate(layers):
 
         def on_block(_m, _inp, o, i=i):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from ..validation import positive_float, positive_int
 
@@ -31,8 +32,6 @@ RULE = (
 def with_validation_split(data_settings):
     """``data_settings`` with a validation split (:data:`VALIDATION_FRACTION` of the training
     documents) unless it has one."""
-    from dataclasses import replace
-
     if data_settings.validation_fraction > 0:
         return data_settings
     return replace(data_settings, validation_fraction=VALIDATION_FRACTION)
