@@ -1,6 +1,8 @@
 """fixedhead.training.pretrain: a seconds-long masked-LM run on real text, scored again from disk,
 and which settings make a run the same run."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -133,3 +135,29 @@ def test_a_validation_split_is_scored_apart_from_the_heldout_set(small_real_corp
     assert result["validation_loss"] == pytest.approx(expected, rel=1e-5)
     assert result["validation_loss"] != pytest.approx(result["heldout_loss"], rel=1e-6)
     assert result["validation_bits_per_character"] > 0
+
+
+def test_a_corpus_in_another_folder_is_compared_by_its_text_not_its_path(tmp_path):
+    """A checkout moved to another folder or machine records its corpus at another absolute path:
+    the settings still match (the text is compared by digest on reuse, see the workflow tests);
+    a corpus of another name does not."""
+    from fixedhead.studies import widening
+    from fixedhead.training.pretrain import run_settings_record, settings_differences
+
+    config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
+
+    def record(corpus):
+        r = run_settings_record(config, TrainSettings(), None)
+        return {**r, "data": {"corpus": corpus, "vocab_size": 100}}
+
+    here, moved = record("/work/shared/data/books.jsonl.gz"), record("/check/shared/data/books.jsonl.gz")
+    assert settings_differences(here, moved) == []
+    other = record("/work/shared/data/wiki.jsonl.gz")
+    assert settings_differences(here, other) == [
+        "data.corpus: '/work/shared/data/books.jsonl.gz' → '/work/shared/data/wiki.jsonl.gz'"
+    ]
+    study = widening.settings_record(widening.get_widening_preset("cpu"), 32)
+    elsewhere = {**study, "data": {**study["data"], "corpus": "/elsewhere/" + Path(study["data"]["corpus"]).name}}
+    assert widening.same_settings(elsewhere, study)
+    renamed = {**study, "data": {**study["data"], "corpus": study["data"]["corpus"] + ".old"}}
+    assert not widening.same_settings(renamed, study)

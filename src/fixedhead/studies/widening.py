@@ -46,7 +46,7 @@ from ..plotting import pyplot, save_figure
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, write_text_atomic
 from ..theory import causal_threshold
 from ..training.evaluate import load_run
-from ..training.pretrain import lm_config, pretrain, train_or_reuse, with_later_defaults
+from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
 from . import core, render
 from .recipes import get_recipe
@@ -159,12 +159,19 @@ def settings_record(p: WideningPreset, wide_head_dim: int) -> dict:
 
 def same_settings(saved: dict | None, settings: dict) -> bool:
     """A saved settings record against the current one, training fields added since compared at
-    their old default (:func:`fixedhead.training.pretrain.with_later_defaults`)."""
+    their old default (:func:`fixedhead.training.pretrain.with_later_defaults`) and the corpus by
+    :func:`~fixedhead.training.pretrain.same_corpus_path` (a moved checkout still matches)."""
 
     def normal(f):
         return {k: with_later_defaults(v) if k in ("base", "continuation") else v for k, v in f.items()}
 
-    return isinstance(saved, dict) and normal(saved) == normal(settings)
+    if not isinstance(saved, dict):
+        return False
+    old, now = normal(saved), normal(settings)
+    old_corpus, now_corpus = (old.get("data") or {}).get("corpus"), (now.get("data") or {}).get("corpus")
+    if same_corpus_path(old_corpus, now_corpus):  # each run's corpus text is compared by digest on reuse
+        old = {**old, "data": {**old["data"], "corpus": now_corpus}}
+    return old == now
 
 
 def run_widening(

@@ -121,7 +121,7 @@ def settings_differences(previous: dict, record: dict) -> list[str]:
             diffs += [
                 f"{key}.{k}: {old.get(k)!r} → {v!r}"
                 for k, v in value.items()
-                if old.get(k) != v and not (key == "data" and k == "corpus" and _same_file(old.get(k), v))
+                if old.get(k) != v and not (key == "data" and k == "corpus" and same_corpus_path(old.get(k), v))
             ]
         elif old != value:
             diffs.append(f"{key}: {old!r} → {value!r}")
@@ -181,13 +181,19 @@ def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> Fix
     return config
 
 
-def _same_file(a, b) -> bool:
-    """Two recorded corpus paths that name the same file or folder (compared by identity, so a
-    relative path recorded by an older run still matches the absolute path recorded now)."""
-    try:
-        return isinstance(a, str) and isinstance(b, str) and os.path.samefile(a, b)
-    except OSError:
+def same_corpus_path(a, b) -> bool:
+    """Two recorded corpus paths that name the same file or folder, or files of the same name in
+    other folders (a checkout moved, another machine). Only the path is compared here: whenever
+    a run is reused or resumed its corpus *text* is compared by digest (:func:`data_differences`),
+    so a moved corpus matches and an edited one does not."""
+    if not (isinstance(a, str) and isinstance(b, str)):
         return False
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    return Path(a).name == Path(b).name
 
 
 def same_run_settings(previous: dict, record: dict) -> bool:
