@@ -58,19 +58,23 @@ class ComparePreset:
     learning_rates: dict[str, float] = field(default_factory=dict)
 
 
-def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str) -> ComparePreset:
+def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str, mup: bool = False) -> ComparePreset:
     """Three models of one recipe: standard d_p = d/h, fixed d_p, and a standard model widened to
-    the fixed one's parameter count."""
+    the fixed one's parameter count; with ``mup``, all three under the μP-style parametrization
+    (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where
+    it is the standard parametrization."""
     r = get_recipe(recipe)
+    extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
     return ComparePreset(
         description=f"{r.describe()}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
-        f"vs a parameter-matched wider standard model; {Path(r.data.corpus).name}",
+        f"vs a parameter-matched wider standard model"
+        f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}; {Path(r.data.corpus).name}",
         data=r.data,
         train=r.train,
         models={
-            "standard": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None),
-            "fixed": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=fixed_head_dim),
-            "standard-wide": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None),
+            "standard": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, **extra),
+            "fixed": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=fixed_head_dim, **extra),
+            "standard-wide": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, **extra),
         },
         widen="standard-wide",
         match_to="fixed",
@@ -79,6 +83,7 @@ def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str) -> Compa
 
 COMPARE_PRESETS = {
     "cpu": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)"),
+    "cpu-mup": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold", mup=True),
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
 }
