@@ -480,6 +480,31 @@ def _widen_experiment(args):
     )
 
 
+def _scaling_options(p):
+    from .studies.scaling import SCALING_PRESETS
+
+    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False)
+    p.add_argument(
+        "--learning-rates",
+        type=_rates,
+        metavar="X,X,...",
+        help="each point's grid, chosen on a validation split with the first seed (default: the preset's)",
+    )
+    p.add_argument("--corpus", help="another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)")
+
+
+def _scaling(args):
+    """does head size matter as models grow? each head-size family at several sizes, each point at its own
+    learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers"""
+    from .studies.scaling import run_scaling
+
+    out = args.output_dir or f"runs/scaling-{args.preset}"
+    run_scaling(
+        args.preset, out, progress=not args.no_progress, **_pick(args, "seeds", "overwrite", "learning_rates", "corpus")
+    )
+    print(f"wrote {out}/report.md, results.json and scaling.png")
+
+
 def _bottleneck_options(p):
     add_study_options(p, output_dir="runs/bottleneck", steps=False, overwrite=False)
     p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64], help="sequence lengths (default: 16 32 64)")
@@ -538,6 +563,7 @@ COMMANDS = {
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
     "coordcheck": (_coordcheck_options, _coordcheck),
+    "scaling": (_scaling_options, _scaling),
 }
 
 #: what to do after Ctrl-C, for the commands that keep their finished work
@@ -547,6 +573,7 @@ _RESUME_HINTS = {
     "sweep": "rerun the same command to continue (finished points are reused)",
     "farthest-point": "rerun the same command to continue (finished runs are reused)",
     "widen-experiment": "rerun the same command to continue (finished runs are reused)",
+    "scaling": "rerun the same command to continue (finished runs are reused)",
 }
 
 

@@ -62,6 +62,18 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float]:
         return delta, float(ttest_ind(b, a, equal_var=False).pvalue)
 
 
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``pvalues`` (in their order): the k-th smallest is multiplied
+    by (m − k + 1), made non-decreasing, capped at 1; NaN stays NaN and does not count in m.
+    A family of tests is then significant at level α where its adjusted p < α (Holm 1979)."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
+    m, adjusted, running = len(order), [float("nan")] * len(pvalues), 0.0
+    for k, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - k) * p))
+        adjusted[i] = running
+    return adjusted
+
+
 def welch_verdict(delta: float, p: float, paper_sign: int) -> str:
     """``agrees`` / ``does not agree`` / ``cannot tell at this scale``: a significant difference
     (p < ``ALPHA``) whose sign is ``paper_sign`` agrees, one of the other sign does not."""

@@ -1,0 +1,85 @@
+"""fixedhead.studies.scaling (``fixedhead scaling``): the families' head sizes, the parameter and
+FLOP counts against independent references, the fits, and the tiny preset end to end."""
+
+import json
+import math
+
+import pytest
+
+from fixedhead.cli import main
+from fixedhead.studies import scaling
+
+
+def test_each_family_takes_the_papers_head_size():
+    assert scaling.family_head_dim("standard", "clm", 64) is None
+    assert scaling.family_head_dim("threshold", "mlm", 32) == 32  # Theorem 2: d_p = n
+    assert scaling.family_head_dim("threshold", "clm", 64) == math.ceil(63 / 2)  # the causal threshold
+    assert scaling.family_head_dim("d_p=64", "clm", 64) == 64
+    with pytest.raises(ValueError, match="unknown head-size family 'd_p=0'"):
+        scaling.family_head_dim("d_p=0", "clm", 64)
+    with pytest.raises(ValueError, match="hidden_size 100 is not a multiple of num_attention_heads 16"):
+        scaling.ScalingPreset(recipe="tiny", sizes=((100, 16), (128, 16)))
+    with pytest.raises(ValueError, match="at least 2 sizes"):
+        scaling.ScalingPreset(recipe="tiny", sizes=((128, 16),))
+
+
+def test_non_embedding_parameters_are_berts_without_its_embeddings():
+    """A standard-head masked LM is BERT's: the count equals transformers' BertForMaskedLM's
+    parameters minus its word, position and type embeddings."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from fixedhead.model.configuration import FixedHeadConfig
+
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=500)
+    bert = BertForMaskedLM(BertConfig(**sizes, max_position_embeddings=32))
+    emb = bert.bert.embeddings
+    expected = sum(p.numel() for p in bert.parameters()) - sum(
+        m.weight.numel() for m in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings)
+    )
+    assert scaling.non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32)) == expected
+    # a fixed head of 32 (4 heads): q, k, v grow to 4*32 outputs, W_o to 4*32 inputs
+    fixed = scaling.non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32, head_dim=32))
+    assert fixed - expected == 2 * (3 * 64 * (128 - 64) + 3 * (128 - 64) + 64 * (128 - 64))
+
+
+def test_flops_power_law_and_holm_against_hand_computed_values():
+    from fixedhead.studies.stats import holm
+
+    assert scaling.training_flops(1000, 10, 2, 8, 16) == 6 * 10 * (1000 + 2 * 8 * 16)
+    a, b = scaling.power_law([10, 100, 1000], [3 * 10**-0.1, 3 * 100**-0.1, 3 * 1000**-0.1])
+    assert a == pytest.approx(3) and b == pytest.approx(0.1)
+    # Holm: sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04 -> monotone 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(holm([0.2, float("nan")])[1]) and holm([0.2, float("nan")])[0] == pytest.approx(0.2)
+
+
+def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "s"
+    argv = ["scaling", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    plan = state["meta"]["plan"]
+    assert [pt["key"] for pt in plan["points"]] == ["standard-d16", "standard-d32", "threshold-d16", "threshold-d32"]
+    assert plan["seeds"] == [0, 1] and plan["learning_rates"] == [0.002, 0.004]
+    # seed 0 at both rates per point, seed 1 at the chosen one
+    assert len(state["runs"]) == 4 * 3
+    for key, tuning in state["tuning"].items():
+        chosen = tuning["chosen"]
+        losses = {float(lr): v for lr, v in tuning["validation_loss"].items()}
+        assert chosen == min(losses, key=losses.get)
+        seeds = sorted(r["seed"] for r in state["runs"].values() if r["point"] == key and r["learning_rate"] == chosen)
+        assert seeds == [0, 1]
+    # each run trains (tokens per parameter x N, at least min_steps steps) and is a model of its family
+    runs = {r["point"]: r for r in state["runs"].values()}
+    assert runs["threshold-d32"]["head_dim"] == 32 and runs["standard-d32"]["head_dim"] == 8
+    assert runs["standard-d16"]["training_tokens"] == 4 * 16 * 32  # min_steps x batch x n
+    assert (out / "scaling.png").stat().st_size > 1000
+    assert (out / "report.md").read_text() == scaling.report_markdown(state)
+    summary = scaling.summarize(state)
+    assert set(summary) == {"standard", "threshold"} and "fit_flops" in summary["threshold"]
+    # the same command reuses every run
+    before = {k: r["train_seconds"] for k, r in state["runs"].items()}
+    assert main([*argv, "--no-progress"]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert {k: r["train_seconds"] for k, r in again["runs"].items()} == before
