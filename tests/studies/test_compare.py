@@ -156,3 +156,24 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     # the same command again trains nothing: every run of the grid is reused
     again = compare.run_compare("tiny", tmp_path / "c", **kw)
     assert [r["train_seconds"] for r in again] == [r["train_seconds"] for r in results]
+
+
+def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, monkeypatch):
+    """The models, each one's rate and the seed are in results.json before the first step: an
+    interrupted comparison shows what it was going to do, and nothing can be decided after seeing results."""
+    from fixedhead.studies import compare
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(compare, "train_or_reuse", interrupted)
+    out = tmp_path / "c"
+    argv = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
+    assert main(argv) == 130
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["results"] == []
+    plan = saved["meta"]["plan"]
+    assert list(plan["models"]) == ["standard", "fixed", "standard-wide"]
+    assert plan["models"]["fixed"]["head_dim"] == 16
+    assert plan["learning_rates"] == {name: 3e-3 for name in plan["models"]}  # the tiny recipe's rate

@@ -32,7 +32,7 @@ from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.modeling import count_parameters
 from ..plotting import pyplot, save_figure
-from ..runs import claim_output_dir, environment_info, staged_outputs
+from ..runs import claim_output_dir, environment_info, staged_outputs, write_json_atomic
 from ..theory import causal_threshold
 from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
@@ -172,6 +172,29 @@ def run_compare(
         d = match_hidden_size(configs[p.widen], target, vocab)
         configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
 
+    meta = {
+        "preset": preset if isinstance(preset, str) else "custom",
+        "objective": train.objective,
+        # the context-free reference on the same held-out tokens: how far below it the models are is
+        # how much they learnt beyond word frequencies (see unigram_perplexity)
+        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
+        "description": description,
+        "data": data_settings.record(),
+        "data_info": data.info,
+        "train": asdict(train),
+        # decided before any training: the models, each one's rate or the grid it chooses from, the rule
+        "plan": {
+            "models": configs,
+            "seed": train.seed,
+            **(
+                {"grid": learning_rates, "max_extensions": max_extensions, "rule": RULE}
+                if learning_rates is not None
+                else {"learning_rates": {name: _rate_of(p, name, train, learning_rate) for name in configs}}
+            ),
+        },
+    }
+    if not (out / "results.json").is_file():  # a finished comparison's results stay until replaced
+        write_json_atomic(out / "results.json", {"meta": meta, "results": []})
     results, run_dirs, selection = [], {}, {}
     for i, (name, fields) in enumerate(configs.items(), 1):
         config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
@@ -183,7 +206,7 @@ def run_compare(
                 flush=True,
             )
         if learning_rates is None:
-            lr = p.learning_rates.get(name, train.learning_rate) if learning_rate is None else learning_rate
+            lr = _rate_of(p, name, train, learning_rate)
             run_dirs[name] = out / name
             result = train_or_reuse(config, data, run_dirs[name], replace(train, learning_rate=lr), overwrite)
             results.append({**result, "learning_rate": lr} if p.learning_rates else result)
@@ -216,16 +239,7 @@ def run_compare(
     if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
         for r in results:
             r["samples"] = continuations(run_dirs[r["name"]], seed=train.seed)
-    meta = {
-        "preset": preset if isinstance(preset, str) else "custom",
-        "objective": train.objective,
-        # the context-free reference on the same held-out tokens: how far below it the models are is
-        # how much they learnt beyond word frequencies (see unigram_perplexity)
-        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-        "description": description,
-        "data": data_settings.record(),
-        "data_info": data.info,
-        "train": asdict(train),
+    meta.update(
         **(
             {
                 "learning_rate_selection": {
@@ -240,9 +254,9 @@ def run_compare(
             if selection
             else {}
         ),
-        "total_seconds": round(time.time() - t_start, 1),
+        total_seconds=round(time.time() - t_start, 1),
         **environment_info(),
-    }
+    )
     write_results(results, out, meta)
     if progress:
         print()
@@ -252,6 +266,11 @@ def run_compare(
                 print(f"{r['name']:>14}: {prompt} | {text}")
         print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
+
+
+def _rate_of(p: ComparePreset, name: str, train: TrainSettings, learning_rate: float | None) -> float:
+    """A model's rate without a grid: ``learning_rate`` if given, else its own in the preset, else the recipe's."""
+    return p.learning_rates.get(name, train.learning_rate) if learning_rate is None else learning_rate
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)
