@@ -41,6 +41,7 @@ from ..training.settings import TrainSettings
 from . import core
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
+from .stats import ALPHA
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -401,6 +402,8 @@ def run_sweep(
         seeds=list(p.seeds),
         experiments=list(experiments or EXPERIMENTS),
         objective=train.objective,
+        # the rule the report judges every paper claim by, recorded before any training
+        verdict_rule=f"Welch's t-test on the seeds of each side, two-sided, p < {ALPHA}",
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
         **(
             {
