@@ -367,6 +367,7 @@ def _compare_options(p):
     )
     p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
     p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
+    p.add_argument("--models", nargs="+", metavar="NAME", help="train only these of the preset's models")
     _learning_rate_options(p)
 
 
@@ -375,7 +376,7 @@ def _compare(args):
     from .studies.compare import run_compare
 
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective")
-    options |= _pick(args, "learning_rates", "max_extensions")
+    options |= _pick(args, "learning_rates", "max_extensions", "models")
     seed, progress = _one_seed(args, "compare"), not args.no_progress
     run_compare(
         args.preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
@@ -410,7 +411,7 @@ def _sweep(args):
 
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
-    options |= _pick(args, "learning_rates", "max_extensions")
+    options |= _pick(args, "learning_rates", "max_extensions", "models")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
     if not args.no_report:
         print(f"report: {write_report(out)}")

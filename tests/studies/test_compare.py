@@ -177,3 +177,10 @@ def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, mo
     assert list(plan["models"]) == ["standard", "fixed", "standard-wide"]
     assert plan["models"]["fixed"]["head_dim"] == 16
     assert plan["learning_rates"] == {name: 3e-3 for name in plan["models"]}  # the tiny recipe's rate
+    # --models trains a subset; the widened model is still sized against the fixed one
+    wide = tmp_path / "w"
+    argv = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(wide)]
+    assert main([*argv, "--models", "standard-wide"]) == 130
+    only = json.loads((wide / "results.json").read_text())["meta"]["plan"]["models"]
+    assert list(only) == ["standard-wide"] and only["standard-wide"] == plan["models"]["standard-wide"]
+    assert main([*argv, "--models", "fixd"]) == 2

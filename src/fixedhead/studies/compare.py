@@ -124,6 +124,7 @@ def run_compare(
     objective: str | None = None,
     learning_rates: list[float] | None = None,
     max_extensions: int = 3,
+    models: list[str] | None = None,
 ) -> list[dict]:
     """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
 
@@ -134,7 +135,8 @@ def run_compare(
     over which each model chooses its own rate on a validation split of the training documents
     (:mod:`fixedhead.studies.learning_rate`: extended past an edge up to ``max_extensions`` times);
     every run goes to ``OUTPUT_DIR/lr-grid/MODEL-lrRATE``, the chosen one is each model's result,
-    and ``learning_rates.png`` shows validation loss against rate per model.
+    and ``learning_rates.png`` shows validation loss against rate per model. ``models``: train only
+    these of the preset's models (the widened one is still sized against its reference).
 
     Returns:
         one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
@@ -144,6 +146,9 @@ def run_compare(
         FileExistsError: ``output_dir`` holds runs with other settings (without ``overwrite``).
     """
     p = get_compare_preset(preset) if isinstance(preset, str) else preset
+    unknown = sorted(set(models or ()) - set(p.models))
+    if unknown:
+        raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
     if learning_rates is not None:
         learning_rates = parse_rates(learning_rates)
@@ -171,6 +176,8 @@ def run_compare(
         target = count_parameters(FixedHeadConfig(**configs[p.match_to], vocab_size=vocab), pooler=False)
         d = match_hidden_size(configs[p.widen], target, vocab)
         configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
+    if models:
+        configs = {name: fields for name, fields in configs.items() if name in models}
 
     meta = {
         "preset": preset if isinstance(preset, str) else "custom",
