@@ -88,13 +88,15 @@ class ScalingPreset:
 
 
 SCALING_PRESETS = {
-    # causal LMs at n = 64, make run's recipe; 4 sizes spanning ~12x in non-embedding parameters.
-    # Budget on a 2-core CPU: see docs/experiments.md (the largest sizes hit the token cap)
+    # causal LMs at n = 64 with make run's recipe, standard d_p = 8; 4 sizes spanning ~9x in
+    # non-embedding parameters; 20 tokens per parameter up to 1M tokens (the three larger sizes hit
+    # the cap); 60 runs, about 2 hours on a 2-core CPU
     "cpu": lambda: ScalingPreset(
         recipe="cpu-clm",
-        sizes=((64, 8), (96, 12), (128, 16), (224, 28)),
-        max_tokens=1_433_600,
-        min_steps=300,
+        sizes=((32, 4), (48, 6), (64, 8), (112, 14)),
+        max_tokens=1_000_000,
+        min_steps=200,
+        max_extensions=1,
     ),
     "tiny": lambda: ScalingPreset(
         recipe="tiny",
