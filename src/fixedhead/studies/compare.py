@@ -58,19 +58,29 @@ class ComparePreset:
     learning_rates: dict[str, float] = field(default_factory=dict)
 
 
-def _preset(recipe: str, d: int, h: int, fixed_head_dim: int, why: str, mup: bool = False) -> ComparePreset:
+def _preset(
+    recipe: str, d: int, h: int, fixed_head_dim: int, why: str, mup: bool = False, rates: dict | None = None
+) -> ComparePreset:
     """Three models of one recipe: standard d_p = d/h, fixed d_p, and a standard model widened to
     the fixed one's parameter count; with ``mup``, all three under the μP-style parametrization
     (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where
-    it is the standard parametrization."""
+    it is the standard parametrization. ``rates``: each model's own learning rate, chosen by
+    ``--learning-rates`` on the validation split, which the models then train without too (so each
+    trains exactly as when its rate was chosen)."""
     r = get_recipe(recipe)
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
+    recipe_text = r.describe()
+    if rates:
+        own = ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
+        recipe_text = recipe_text.rsplit(" at lr ", 1)[0]
+        recipe_text += f", each model at its own learning rate ({own}) chosen on a validation split"
     return ComparePreset(
-        description=f"{r.describe()}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
+        description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"
         f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}; {Path(r.data.corpus).name}",
-        data=r.data,
+        data=with_validation_split(r.data) if rates else r.data,
         train=r.train,
+        learning_rates=dict(rates or {}),
         models={
             "standard": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, **extra),
             "fixed": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=fixed_head_dim, **extra),
