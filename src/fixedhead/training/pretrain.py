@@ -29,8 +29,15 @@ from ..data.lm import (
     prepare_data,
 )
 from ..data.tokenizer import tokenizer_sha256
+from ..model.architectures import (
+    check_objective_for,
+    head_size_label,
+    is_fixed_head,
+    new_model,
+    objective_of,
+    parameter_count,
+)
 from ..model.configuration import FixedHeadConfig
-from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,
@@ -167,16 +174,23 @@ def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -
     return diffs
 
 
-def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> FixedHeadConfig:
-    """Fill in what a run's config takes from its tokenizer and objective (in place; returned):
-    vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
-    from [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
+def lm_config(config, tokenizer, objective: str = "mlm"):
+    """Fill in what a run's config (a ``FixedHeadConfig`` or ``LlamaConfig``) takes from its
+    tokenizer and objective (in place; returned): vocabulary size and padding id; for a causal LM
+    ``is_decoder`` (fixedhead's; a Llama model is always one) and, since generation starts from
+    [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
     :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
-    settings record is compared with the config it was trained with."""
+    settings record is compared with the config it was trained with.
+
+    Raises:
+        ValueError: an unknown objective, or one the architecture cannot train (a masked Llama).
+    """
+    check_objective_for(config, check_objective(objective))
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id
-    if check_objective(objective) == "clm":
-        config.is_decoder = True
+    if objective == "clm":
+        if isinstance(config, FixedHeadConfig):
+            config.is_decoder = True
         config.bos_token_id, config.eos_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     return config
 
@@ -371,7 +385,7 @@ def pretrain(
         model = load_model(source)  # the source run's weights, exactly
     else:
         # a copy: the Trainer sets its model's config.use_cache, and the caller's config must not change
-        model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(copy.deepcopy(config))
+        model = new_model(copy.deepcopy(config), settings.objective)
     use_cache = model.config.use_cache
     init_weights_sha256 = tensors_sha256(model.state_dict())
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
@@ -413,11 +427,12 @@ def pretrain(
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
-        "parameters": count_parameters(config, pooler=False),
+        "architecture": config.model_type,
+        "parameters": parameter_count(config),
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
-        "head_dim": config.head_size_label,  # a list for per-layer head sizes
-        "fixed_head": config.is_fixed_head,
+        "head_dim": head_size_label(config),  # a list for per-layer head sizes
+        "fixed_head": is_fixed_head(config),
         "num_hidden_layers": config.num_hidden_layers,
         "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
         "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],
@@ -497,7 +512,7 @@ def _open_source(init_from, config, data: PreparedData, settings: TrainSettings,
     if Path(init_from).exists() and Path(init_from).resolve() == run_dir.resolve():
         raise FileExistsError(f"--output-dir {str(run_dir)!r} is the run being continued; choose another folder")
     source = open_run(init_from)
-    objective = "clm" if source.config.is_decoder else "mlm"
+    objective = objective_of(source.config)
     if settings.objective != objective:
         raise ValueError(
             f"{init_from} holds a {'causal' if objective == 'clm' else 'masked'} LM; continue it with "
