@@ -214,7 +214,8 @@ def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) ->
 class OpenedRun:
     """A validated fixedhead run directory (nothing loaded into a model yet).
 
-    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig`, ``tokenizer`` the
+    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig` (a ``LlamaConfig`` for
+    a Llama run, :mod:`fixedhead.model.architectures`), ``tokenizer`` the
     run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its
     ``pretrain_settings.json`` ({} if absent), ``weights`` ``"safetensors"`` or ``"pickle"``.
     """

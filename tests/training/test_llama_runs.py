@@ -45,6 +45,8 @@ def test_a_llama_run_is_saved_as_transformers_llama_and_scores_as_transformers_d
     assert (saved["bos_token_id"], saved["eos_token_id"]) == (data.tokenizer.cls_token_id, data.tokenizer.sep_token_id)
     assert result["architecture"] == "llama" and result["objective"] == "clm"
     assert result["head_dim"] == 16 and result["fixed_head"] is True
+    front_matter = (run / "README.md").read_text().split("---")[1].split()  # the model card's metadata
+    assert "llama" in front_matter and "bert" not in front_matter and "text-generation" in front_matter
     model = AutoModelForCausalLM.from_pretrained(str(run))  # transformers alone, no fixedhead class
     assert isinstance(model, LlamaForCausalLM)
     assert result["parameters"] == sum(p.numel() for p in model.parameters())

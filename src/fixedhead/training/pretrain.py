@@ -290,7 +290,7 @@ def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, da
 
 
 def pretrain(
-    config: FixedHeadConfig | None,
+    config,
     data: PreparedData,
     run_dir: str | os.PathLike,
     settings: TrainSettings | None = None,
@@ -301,7 +301,8 @@ def pretrain(
 ) -> dict:
     """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
 
-    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead. ``init_from``
+    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead, or, for a ``LlamaConfig``
+    (:mod:`fixedhead.model.architectures`), transformers' ``LlamaForCausalLM`` (causal only). ``init_from``
     continues training from another run's weights instead of a fresh initialisation: a
     pretraining run or a ``fixedhead widen`` output, opened with :func:`fixedhead.runs.open_run`.
     Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
@@ -331,8 +332,9 @@ def pretrain(
         FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
             settings (with ``resume``), or is a file, or is ``init_from`` itself.
         FileNotFoundError: ``init_from`` is not a finished run.
-        ValueError: non-finite training loss; with ``init_from``: a ``config`` passed, another
-            objective than the run's, or data tokenised with another vocabulary.
+        ValueError: non-finite training loss; the masked objective for a Llama config; with
+            ``init_from``: a ``config`` passed, another objective than the run's, or data tokenised
+            with another vocabulary.
     """
     from transformers import set_seed
 
