@@ -291,3 +291,5 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
         saved = json.loads((out / "runs" / name / "config.json").read_text())
         assert (saved["model_type"], saved["head_dim"]) == ("llama", head_dim)
         assert state["runs"][name]["architecture"] == "llama" and state["runs"][name]["head_dim"] == head_dim
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "head_size.png").stat().st_size > 5000

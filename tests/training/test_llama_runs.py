@@ -129,6 +129,10 @@ def test_analyze_reads_a_llama_run(llama_run, tmp_path, capsys):
     )
     saved = json.loads((tmp_path / "a" / "analysis.json").read_text())
     assert saved["model_type"] == "llama" and saved["num_layers"] == 1 and saved["num_heads"] == 4
+    # the run's head size, and its heads read as causal ones (Llama's attention says it is)
+    assert saved["head_dims"] == [16] and saved["causal"] is True
+    # a head of size 16 over n = 32 positions: its logits' numerical rank cannot exceed 16
+    assert max(max(layer) for layer in saved["logit_rank_max"]) <= 16
 
 
 @pytest.mark.parametrize(
