@@ -67,7 +67,7 @@ def test_llama_models_get_no_mup_learning_rate_groups():
         (dict(attention_scale=0.5), "attention_scale=0.5 is an option of fixedhead's attention only"),
         (dict(hidden_dropout_prob=0.1), "attention dropout only .*hidden_dropout_prob=0.1"),
         (dict(head_dim=5), "LlamaConfig refuses .*'head_dim': 5.*even"),
-        (dict(hidden_size=30), "hidden_size divisible by num_attention_heads; got 30 and 4"),
+        (dict(hidden_size=30), r"hidden size \(30\) is not a multiple of the number of attention heads \(4\)"),
         (dict(position_embedding_type="absolute"), "no field 'position_embedding_type'"),
         (dict(architecture="gpt"), "architecture must be one of fixedhead, llama, got 'gpt'"),
     ],

@@ -101,11 +101,8 @@ def llama_config(**fields):
     unknown = sorted(k for k in kwargs if k not in _SHARED and k not in _RENAMED.values())
     if unknown:
         raise ValueError(f"architecture 'llama' has no field {unknown[0]!r} (of {', '.join(unknown)})")
-    d, h = kwargs.get("hidden_size"), kwargs.get("num_attention_heads")
-    if head_dim is None and isinstance(d, int) and isinstance(h, int) and h > 0 and d % h:
-        raise ValueError(f"standard heads need hidden_size divisible by num_attention_heads; got {d} and {h}")
-    if "intermediate_size" not in kwargs or kwargs["intermediate_size"] is None:
-        kwargs["intermediate_size"] = 4 * d
+    if kwargs.get("intermediate_size") is None and isinstance(kwargs.get("hidden_size"), int):
+        kwargs["intermediate_size"] = 4 * kwargs["hidden_size"]
     kwargs.setdefault("tie_word_embeddings", True)
     try:
         return LlamaConfig(head_dim=head_dim, **kwargs)
