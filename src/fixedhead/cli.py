@@ -347,6 +347,17 @@ def _learning_rate_options(p):
     )
 
 
+def _architecture_option(p):
+    from .model.architectures import ARCHITECTURES
+
+    p.add_argument(
+        "--architecture",
+        choices=ARCHITECTURES,
+        help="train every model as this family: fixedhead (post-LN BERT-style) or llama (transformers' "
+        "LlamaForCausalLM: pre-norm, rotary, SwiGLU; causal only) with the same d, h, d_p (default: the preset's)",
+    )
+
+
 def _one_seed(args, command):
     if args.seeds is not None and len(args.seeds) != 1:
         raise ValueError(f"{command} trains every model with one seed; pass one (--seeds {args.seeds[0]})")
@@ -365,6 +376,7 @@ def _compare_options(p):
     p.add_argument(
         "--objective", choices=OBJECTIVES, help="train every model as a masked or causal LM (default: the preset's)"
     )
+    _architecture_option(p)
     p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
     p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
     p.add_argument("--models", nargs="+", metavar="NAME", help="train only these of the preset's models")
@@ -375,7 +387,7 @@ def _compare(args):
     """train standard vs fixed-head models on the same text and compare (make run)"""
     from .studies.compare import run_compare
 
-    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective")
+    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     seed, progress = _one_seed(args, "compare"), not args.no_progress
     run_compare(
@@ -401,6 +413,7 @@ def _sweep_options(p):
     p.add_argument("--finetune-task", help="GLUE task for each checkpoint (default: the preset's, sst2; cpu-clm none)")
     p.add_argument("--skip-finetune", action="store_true")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    _architecture_option(p)
     _learning_rate_options(p)
 
 
@@ -411,7 +424,7 @@ def _sweep(args):
 
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
-    options |= _pick(args, "learning_rates", "max_extensions", "models")
+    options |= _pick(args, "learning_rates", "max_extensions", "architecture")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
     if not args.no_report:
         print(f"report: {write_report(out)}")

@@ -214,7 +214,8 @@ def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) ->
 class OpenedRun:
     """A validated fixedhead run directory (nothing loaded into a model yet).
 
-    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig`, ``tokenizer`` the
+    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig` (a ``LlamaConfig`` for
+    a Llama run, :mod:`fixedhead.model.architectures`), ``tokenizer`` the
     run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its
     ``pretrain_settings.json`` ({} if absent), ``weights`` ``"safetensors"`` or ``"pickle"``.
     """
@@ -234,7 +235,8 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
     """Validate a fixedhead run directory and load its config, tokenizer and settings.
 
     The one way every command opens a trained model: the config and tokenizer JSON must parse and
-    describe a ``fixedhead`` model whose vocabulary covers the tokenizer; weights must be a whole
+    describe a model of one of fixedhead's architectures (``fixedhead``, or transformers' ``llama``
+    as ``pretrain --architecture llama`` trains it) whose vocabulary covers the tokenizer; weights must be a whole
     ``model.safetensors`` (pickle weights only with ``allow_pickle``). ``trust_remote_code`` is
     never used. A transformers BERT checkpoint is refused with the way to convert it.
 
@@ -243,16 +245,18 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
             truncated weights, pickle weights without ``allow_pickle``.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, LlamaConfig
 
     from .model.configuration import FixedHeadConfig
 
     run_dir = Path(run_dir)
     weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
     config_dict = load_json_file(run_dir / "config.json")
-    if config_dict.get("model_type") != FixedHeadConfig.model_type:
+    config_class = {"fixedhead": FixedHeadConfig, "llama": LlamaConfig}.get(config_dict.get("model_type"))
+    if config_class is None:
         raise ValueError(
-            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead'"
+            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead' "
+            f"(or 'llama')"
             + (
                 "; convert a transformers BERT first with fixedhead.from_bert(model) and save_pretrained"
                 if config_dict.get("model_type") == "bert"
@@ -260,7 +264,7 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
             )
         )
     try:
-        config = FixedHeadConfig.from_dict(config_dict)
+        config = config_class.from_dict(config_dict)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{run_dir / 'config.json'}: {e}") from None
     tok_file = run_dir / "tokenizer.json"

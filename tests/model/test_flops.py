@@ -112,3 +112,36 @@ def test_rejects_bad_arguments(bad):
     args.update(bad)
     with pytest.raises(ValueError):
         estimate_flops(tiny(), **args)
+
+
+@pytest.mark.parametrize("head_dim, kv_heads", [(None, None), (16, None), (16, 2)])
+def test_llama_flops_match_torch_flop_counter(head_dim, kv_heads):
+    """The same independent reference for transformers' LlamaForCausalLM (eager attention, as above):
+    a causal LM's output layer runs at every position."""
+    from transformers import LlamaForCausalLM
+
+    from fixedhead.model.architectures import build_config
+
+    extra = {} if kv_heads is None else dict(num_key_value_heads=kv_heads)
+    cfg = build_config(
+        dict(
+            architecture="llama",
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            head_dim=head_dim,
+            intermediate_size=96,
+            vocab_size=400,
+            max_position_embeddings=32,
+            **extra,
+        )
+    )
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(1, 400, (2, 24))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert counter.get_total_flops() == estimate_flops(cfg, 2, 24, masked_fraction=1.0, training=True)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    assert counter.get_total_flops() == estimate_flops(cfg, 2, 24, masked_fraction=1.0, training=False)

@@ -3,6 +3,8 @@ refuses before any work."""
 
 import json
 
+import pytest
+
 from fixedhead.cli import main
 
 
@@ -184,3 +186,50 @@ def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, mo
     only = json.loads((wide / "results.json").read_text())["meta"]["plan"]["models"]
     assert list(only) == ["standard-wide"] and only["standard-wide"] == plan["models"]["standard-wide"]
     assert main([*argv, "--models", "fixd"]) == 2
+
+
+def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpus, tmp_path, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    common = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--architecture", "llama"]
+    out = tmp_path / "c"
+    # the tiny preset is masked: a Llama model is causal only, refused before any work
+    assert main([*common, "--output-dir", str(out)]) == 2
+    assert "architecture 'llama' trains causal LMs only; got objective 'mlm'" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*common, "--objective", "clm", "--output-dir", str(out), "--max-steps", "4", "--no-progress"]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    results = {r["name"]: r for r in saved["results"]}
+    assert "LlamaForCausalLM" in saved["meta"]["description"]
+    for name, head_dim in (("standard", 4), ("fixed", 16), ("standard-wide", None)):
+        config = json.loads((out / name / "config.json").read_text())
+        assert config["model_type"] == "llama" and results[name]["architecture"] == "llama"
+        # standard heads: d/h, an even number for every width tried (rotary heads need pairs)
+        assert config["head_dim"] == (head_dim or config["hidden_size"] // config["num_attention_heads"])
+        assert config["head_dim"] % 2 == 0 and results[name]["head_dim"] == config["head_dim"]
+        model = AutoModelForCausalLM.from_pretrained(str(out / name))
+        assert results[name]["parameters"] == sum(p.numel() for p in model.parameters())
+        assert results[name]["samples"]
+    assert results["standard-wide"]["parameters"] >= results["fixed"]["parameters"]
+
+
+def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
+    from fixedhead.studies.compare import get_compare_preset, match_hidden_size, run_compare
+
+    cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
+    assert {name: {**fields, "architecture": "llama"} for name, fields in cpu.models.items()} == llama.models
+    assert (llama.train, llama.data) == (cpu.train, cpu.data)
+    # the wider standard Llama model: the smallest d (a multiple of 2h = 32) with at least the fixed
+    # model's parameters, counted with the formula of tests/model/test_architectures.py
+    v, layers, h = 8192, 2, 16
+
+    def params(d, i, f):
+        return v * d + layers * (4 * d * i + 3 * d * f + 2 * d) + d
+
+    target = params(128, 16 * 32, 512)
+    d = match_hidden_size(llama.models["standard-wide"], target, v)
+    assert d % (2 * h) == 0 and params(d, d, 4 * d) >= target > params(d - 2 * h, d - 2 * h, 4 * (d - 2 * h))
+    with pytest.raises(ValueError, match="parametrization='mup' is an option of fixedhead's attention only"):
+        run_compare("cpu-mup", tmp_path / "m", architecture="llama", progress=False)
+    assert not (tmp_path / "m").exists()

@@ -259,3 +259,37 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     assert {k: r["train_seconds"] for k, r in again["runs"].items()} == {
         k: r["train_seconds"] for k, r in state["runs"].items()
     }
+
+
+def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
+    from fixedhead.studies.sweep import as_architecture
+
+    clm = get_sweep_preset("cpu-clm")
+    llama = as_architecture(clm, "llama")
+    assert llama.points == clm.points and "LlamaForCausalLM" in llama.description
+    keys = [key for key, _, _ in plan_runs(llama)]
+    assert keys == [f"{key}-llama" for key, _, _ in plan_runs(clm)]
+    assert all(fields["architecture"] == "llama" for _, fields, _ in plan_runs(llama))
+    assert as_architecture(clm, "fixedhead") is clm
+    with pytest.raises(ValueError, match="architecture must be one of fixedhead, llama, got 'bert'"):
+        as_architecture(clm, "bert")
+
+
+def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "q"
+    common = ["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--threads", "1"]
+    # the masked preset cannot be trained as Llama: refused before any work
+    assert main([*common, "--architecture", "llama"]) == 2
+    assert "architecture 'llama' trains causal LMs only; got objective 'mlm'" in capsys.readouterr().err
+    assert not out.exists()
+    args = ["--preset", "cpu-clm", "--architecture", "llama", "--experiments", "head_size", "--seeds", "0"]
+    assert main([*common, *args, "--max-steps", "2", "--no-report"]) == 0
+    state = json.loads((out / SWEEP_FILE).read_text())
+    assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-llama-s0", "d32-h4-dp8-llama-s0"]
+    for name, head_dim in (("d32-h4-dp16-fixed-llama-s0", 16), ("d32-h4-dp8-llama-s0", 8)):
+        saved = json.loads((out / "runs" / name / "config.json").read_text())
+        assert (saved["model_type"], saved["head_dim"]) == ("llama", head_dim)
+        assert state["runs"][name]["architecture"] == "llama" and state["runs"][name]["head_dim"] == head_dim
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "head_size.png").stat().st_size > 5000

@@ -1,4 +1,5 @@
-"""Model FLOPs of a BERT-style encoder with standard or fixed head size: every formula in one place.
+"""Model FLOPs of a BERT-style encoder (or a Llama-style decoder) with standard or fixed head size:
+every formula in one place.
 
 Used by the benchmarks for achieved GFLOP/s and model-FLOP utilisation (MFU), to predict the
 compute cost of the paper's fixed head size (Section 4) relative to the standard d_p = d/h, and
@@ -12,7 +13,7 @@ from .configuration import FixedHeadConfig
 
 
 def estimate_flops(
-    config: FixedHeadConfig,
+    config,
     batch_size: int,
     seq_len: int,
     masked_fraction: float = 0.15,
@@ -36,6 +37,12 @@ def estimate_flops(
       forward = T·l·(8·d·i + 4·n·i + 4·d·f) + M·(2·d² + 2·d·v)
 
     With per-layer head sizes (``head_dim`` a list) each layer counts its own i and the l·(…) is a sum.
+
+    A Llama config (``LlamaConfig``, :mod:`fixedhead.model.architectures`) counts its own layer and
+    head: separate q, k, v projections (the same 2·d·3i for plain multi-head attention, 2·d·(i +
+    2·i_kv) with fewer key/value heads), a SwiGLU feed-forward of three matrices (2·3·d·f) and
+    no transform before the output layer (2·d·v), which runs wherever the loss or the logits need
+    it (``masked_fraction``: 1.0 for a causal LM).
 
     Training (``training=True``) is 3× forward: the backward of every product ``Y = X·W``
     costs two more of the same size (``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``); this includes the first
@@ -70,11 +77,15 @@ def estimate_flops(
     d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
     tokens = batch_size * seq_len
     masked = round(masked_fraction * tokens)
+    llama = config.model_type == "llama"
     per_token = 0
-    for dp in config.layer_head_dims:  # per-layer head sizes: each layer its own i
+    head_dims = [config.head_dim] * config.num_hidden_layers if llama else config.layer_head_dims
+    for dp in head_dims:  # per-layer head sizes: each layer its own i
         i = config.num_attention_heads * dp
-        per_token += 2 * d * 3 * i + 2 * i * d + 2 * n * i + 2 * n * i + 2 * 2 * d * f
-    forward = tokens * per_token + masked * (2 * d * d + 2 * d * v)
+        i_kv = config.num_key_value_heads * dp if llama else i  # keys and values: fewer heads under GQA
+        ffn = 3 if llama else 2  # SwiGLU: gate, up and down; GELU: in and out
+        per_token += 2 * d * (i + 2 * i_kv) + 2 * i * d + 2 * n * i + 2 * n * i + ffn * 2 * d * f
+    forward = tokens * per_token + masked * ((0 if llama else 2 * d * d) + 2 * d * v)
     return 3 * forward if training else forward
 
 

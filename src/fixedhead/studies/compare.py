@@ -14,7 +14,9 @@ language models on the same tokenizer, data and step budget, at n = 64 tokens �
   the standard one bigger?).
 
 ``cpu-mlm`` is the same question for masked LMs (n = 32, fixed d_p = n, the masked-LM recipe of
-``benchmarks/bench_tokens_to_quality.py``); ``tiny`` a seconds-long smoke test. A causal LM is
+``benchmarks/bench_tokens_to_quality.py``); ``cpu-llama`` the ``cpu`` question for Llama-style
+decoders (transformers' ``LlamaForCausalLM``: pre-norm, rotary, SwiGLU), and ``architecture="llama"``
+(``--architecture llama``) asks it of any preset's models; ``tiny`` a seconds-long smoke test. A causal LM is
 used by default because on a CPU budget it is the objective that leaves the word-frequency plateau
 (docs/performance.md, "Tokens to quality").
 """
@@ -29,8 +31,14 @@ from pathlib import Path
 
 from ..data import DataSettings, prepare_data
 from ..data.lm import unigram_perplexity
-from ..model.configuration import FixedHeadConfig
-from ..model.modeling import count_parameters
+from ..model.architectures import (
+    build_config,
+    check_architecture,
+    check_objective_for,
+    head_size_label,
+    is_fixed_head,
+    parameter_count,
+)
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, environment_info, staged_outputs, write_json_atomic
 from ..theory import causal_threshold
@@ -59,16 +67,25 @@ class ComparePreset:
 
 
 def _preset(
-    recipe: str, d: int, h: int, fixed_head_dim: int, why: str, mup: bool = False, rates: dict | None = None
+    recipe: str,
+    d: int,
+    h: int,
+    fixed_head_dim: int,
+    why: str,
+    mup: bool = False,
+    architecture: str = "fixedhead",
+    rates: dict | None = None,
 ) -> ComparePreset:
     """Three models of one recipe: standard d_p = d/h, fixed d_p, and a standard model widened to
     the fixed one's parameter count; with ``mup``, all three under the μP-style parametrization
     (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where
-    it is the standard parametrization. ``rates``: each model's own learning rate, chosen by
-    ``--learning-rates`` on the validation split, which the models then train without too (so each
-    trains exactly as when its rate was chosen)."""
+    it is the standard parametrization; ``architecture``: see :mod:`fixedhead.model.architectures`.
+    ``rates``: each model's own learning rate, chosen by ``--learning-rates`` on the validation
+    split, which the models then train without too (so each trains exactly as when its rate was chosen)."""
     r = get_recipe(recipe)
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
+    if architecture != "fixedhead":
+        extra["architecture"] = architecture
     recipe_text = r.describe()
     if rates:
         own = ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
@@ -77,7 +94,8 @@ def _preset(
     return ComparePreset(
         description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"
-        f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}; {Path(r.data.corpus).name}",
+        f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}{_as(architecture)}; "
+        f"{Path(r.data.corpus).name}",
         data=with_validation_split(r.data) if rates else r.data,
         train=r.train,
         learning_rates=dict(rates or {}),
@@ -91,8 +109,15 @@ def _preset(
     )
 
 
+def _as(architecture: str) -> str:
+    return "" if architecture == "fixedhead" else ", as Llama-style decoders (transformers' LlamaForCausalLM)"
+
+
 COMPARE_PRESETS = {
     "cpu": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)"),
+    "cpu-llama": lambda: _preset(
+        "cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)", architecture="llama"
+    ),
     "cpu-mup": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold", mup=True),
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
@@ -109,13 +134,15 @@ def get_compare_preset(name: str) -> ComparePreset:
 
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
     """Smallest standard hidden size (a multiple of the head count, FFN kept at 4·d) whose parameter
-    count reaches ``target_params`` (counted without pooler, as the MLM model has none)."""
+    count reaches ``target_params`` (:func:`~fixedhead.model.architectures.parameter_count` of the
+    fields' architecture: fixedhead's without pooler, as the MLM model has none). A Llama model's
+    d/h stays even (a multiple of 2h): rotary positions rotate pairs of coordinates."""
     heads = base["num_attention_heads"]
-    step = step or heads
+    step = step or heads * (2 if base.get("architecture") == "llama" else 1)
     d = base["hidden_size"]
     while True:
-        cfg = FixedHeadConfig(**{**base, "hidden_size": d, "intermediate_size": 4 * d, "vocab_size": vocab_size})
-        if count_parameters(cfg, pooler=False) >= target_params or d > 64 * base["hidden_size"]:
+        cfg = build_config({**base, "hidden_size": d, "intermediate_size": 4 * d, "vocab_size": vocab_size})
+        if parameter_count(cfg) >= target_params or d > 64 * base["hidden_size"]:
             return d
         d += step
 
@@ -134,6 +161,7 @@ def run_compare(
     objective: str | None = None,
     learning_rates: list[float] | None = None,
     max_extensions: int = 3,
+    architecture: str | None = None,
     models: list[str] | None = None,
 ) -> list[dict]:
     """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
@@ -148,12 +176,17 @@ def run_compare(
     and ``learning_rates.png`` shows validation loss against rate per model. ``models``: train only
     these of the preset's models (the widened one is still sized against its reference).
 
+    ``architecture``: train every model of the preset as this family
+    (:mod:`fixedhead.model.architectures`: ``"llama"`` for transformers' ``LlamaForCausalLM`` with the
+    same d, h, d_p, feed-forward width and depth; causal only); default: each model's own.
+
     Returns:
         one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
 
     Raises:
         FileNotFoundError: the corpus is missing (the message says how to pass another).
         FileExistsError: ``output_dir`` holds runs with other settings (without ``overwrite``).
+        ValueError: a model the architecture cannot build or train (a μP-style or masked Llama model).
     """
     p = get_compare_preset(preset) if isinstance(preset, str) else preset
     unknown = sorted(set(models or ()) - set(p.models))
@@ -173,6 +206,13 @@ def run_compare(
         description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
         train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
+    configs = {name: dict(fields) for name, fields in p.models.items()}
+    if architecture is not None and any(f.get("architecture", "fixedhead") != architecture for f in configs.values()):
+        description += _as(check_architecture(architecture))
+        for fields in configs.values():
+            fields["architecture"] = architecture
+    for fields in configs.values():  # every model buildable and trainable before any slow work
+        check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
     out = Path(output_dir)
     owned = (*p.models, *OUTPUT_FILES, "lr-grid", ".results.*", ".learning_curves.png.*", ".learning_rates.png.*")
     claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False)
@@ -181,9 +221,8 @@ def run_compare(
     out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
     vocab = len(data.tokenizer)
 
-    configs = {name: dict(fields) for name, fields in p.models.items()}
     if p.widen and p.match_to:
-        target = count_parameters(FixedHeadConfig(**configs[p.match_to], vocab_size=vocab), pooler=False)
+        target = parameter_count(build_config({**configs[p.match_to], "vocab_size": vocab}))
         d = match_hidden_size(configs[p.widen], target, vocab)
         configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
     if models:
@@ -214,12 +253,13 @@ def run_compare(
         write_json_atomic(out / "results.json", {"meta": meta, "results": []})
     results, run_dirs, selection = [], {}, {}
     for i, (name, fields) in enumerate(configs.items(), 1):
-        config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
+        config = build_config({**fields, "vocab_size": vocab, "pad_token_id": data.tokenizer.pad_token_id})
         if progress:
             print(
-                f"\n[{i}/{len(configs)}] {name}: d={config.hidden_size}, h={config.num_attention_heads}, "
-                f"d_p={config.head_size_label} ({'fixed' if config.is_fixed_head else 'standard'}), "
-                f"{count_parameters(config, pooler=False):,} parameters, {train.max_steps} steps",
+                f"\n[{i}/{len(configs)}] {name} ({config.model_type}): d={config.hidden_size}, "
+                f"h={config.num_attention_heads}, d_p={head_size_label(config)} "
+                f"({'fixed' if is_fixed_head(config) else 'standard'}), "
+                f"{parameter_count(config):,} parameters, {train.max_steps} steps",
                 flush=True,
             )
         if learning_rates is None:

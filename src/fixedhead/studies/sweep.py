@@ -31,8 +31,13 @@ from pathlib import Path
 
 from ..data import DEFAULT_CORPUS
 from ..data.lm import DataSettings, prepare_data, unigram_perplexity
-from ..model.configuration import FixedHeadConfig
-from ..model.modeling import count_parameters
+from ..model.architectures import (
+    build_config,
+    check_architecture,
+    check_objective_for,
+    head_size_label,
+    parameter_count,
+)
 from ..runs import load_json_file
 from ..training.evaluate import DivergedError
 from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
@@ -91,12 +96,15 @@ def canonical_fields(fields: dict) -> dict:
 
 
 def run_key(fields: dict) -> str:
-    """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``."""
+    """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``,
+    with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`)."""
     f = canonical_fields(fields)
     d, h, dp = f["hidden_size"], f["num_attention_heads"], f.get("head_dim")
     key = f"d{d}-h{h}-dp{dp if dp is not None else d // h}" + ("-fixed" if dp is not None else "")
     if f["intermediate_size"] != 4 * d:
         key += f"-ffn{f['intermediate_size']}"
+    if f.get("architecture", "fixedhead") != "fixedhead":
+        key += f"-{f['architecture']}"
     return key
 
 
@@ -242,6 +250,23 @@ def get_sweep_preset(name: str, quick: bool = False) -> SweepPreset:
     return core.pick(SWEEP_PRESETS, name, "sweep", quick)
 
 
+def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
+    """The preset with every point a model of ``architecture`` (:mod:`fixedhead.model.architectures`;
+    the same d, h, d_p, feed-forward width and depth), said in its description.
+
+    Raises:
+        ValueError: an unknown architecture.
+    """
+    if preset.common.get("architecture", "fixedhead") == check_architecture(architecture):
+        return preset
+    return replace(
+        preset,
+        common={**preset.common, "architecture": architecture},
+        description=f"{preset.description}; every model as {architecture}"
+        + (" (transformers' LlamaForCausalLM)" if architecture == "llama" else ""),
+    )
+
+
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
     """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
     seed before any second seed, so an interrupted sweep has the widest picture).
@@ -335,6 +360,7 @@ def run_sweep(
     command: str | None = None,
     learning_rates: list[float] | None = None,
     max_extensions: int = 3,
+    architecture: str | None = None,
 ) -> dict:
     """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
 
@@ -347,9 +373,14 @@ def run_sweep(
     every seed then trains at that rate. The tuning runs go to ``OUT/runs/KEY-lrRATE-sSEED`` and
     their validation losses to ``sweep.json``'s ``tuning``; ``runs`` holds the chosen rate's runs.
 
+    ``architecture``: train every point as this model family (:mod:`fixedhead.model.architectures`;
+    ``"llama"``: transformers' ``LlamaForCausalLM``, causal presets only, run folders ``KEY-llama``);
+    default: the preset's.
+
     Raises:
         FileNotFoundError: the corpus or GLUE data is missing.
-        ValueError: an unknown preset / experiment / task.
+        ValueError: an unknown preset / experiment / task / architecture, or a model the architecture
+            cannot build or train (a masked Llama model).
         FileExistsError: a run directory holds a run with other settings (without ``overwrite``).
     """
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
@@ -359,6 +390,8 @@ def run_sweep(
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
+    if architecture is not None:
+        p = as_architecture(p, architecture)
     train = replace(p.train, progress=progress)
     if max_steps is not None:
         steps = core.steps_override("max_steps", max_steps, train.max_steps)
@@ -372,6 +405,8 @@ def run_sweep(
 
         get_glue_task(task)  # fail before hours of pretraining, not after
     runs_plan = plan_runs(p, experiments)
+    for _, fields, _ in runs_plan:  # every model buildable and trainable before any slow work
+        check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
 
     out = core.claim(Path(output_dir), SWEEP_FILE, OWNED, "sweep")  # a new or empty folder, or an earlier sweep's
     state_file = out / SWEEP_FILE
@@ -476,7 +511,7 @@ def run_sweep(
 
     save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
-        config = FixedHeadConfig(**fields, vocab_size=vocab, pad_token_id=data.tokenizer.pad_token_id)
+        config = build_config({**fields, "vocab_size": vocab, "pad_token_id": data.tokenizer.pad_token_id})
         lr = train.learning_rate
         if learning_rates:
             lr = tuning[key]["chosen"] if key in tuning else tune(key, config)
@@ -486,7 +521,7 @@ def run_sweep(
             print(
                 f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
                 f"h={config.num_attention_heads}, "
-                f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters "
+                f"d_p={head_size_label(config)}, {parameter_count(config):,} parameters "
                 f"({time.time() - t_start:.0f} s into this invocation)",
                 flush=True,
             )

@@ -62,6 +62,12 @@ def model_card(result: dict, recorded: dict) -> str:
     )
     heldout = info.get("heldout_documents", [])
     causal = result.get("objective", train.get("objective", "mlm")) == "clm"
+    llama = result.get("architecture") == "llama"  # absent in runs of fixedhead's model only
+    family = (
+        "pre-norm Llama-style (transformers' LlamaForCausalLM: RMSNorm, rotary positions, SwiGLU)"
+        if llama
+        else "post-LN BERT-style"
+    )
     train_curve = result.get("train_curve") or []
     eval_curve = result.get("eval_curve") or []
     lines = [
@@ -71,12 +77,12 @@ def model_card(result: dict, recorded: dict) -> str:
         "tags:",
         "- fixedhead",
         f"- {'causal-lm' if causal else 'masked-lm'}",
-        "- bert",
+        f"- {'llama' if llama else 'bert'}",
         "---",
         "",
         f"# {result['name']}",
         "",
-        f"A {result['num_hidden_layers']}-layer post-LN BERT-style "
+        f"A {result['num_hidden_layers']}-layer {family} "
         f"{'causal (left-to-right)' if causal else 'masked'} language model with hidden size "
         f"d = {d}, h = {h} heads and {kind} ({result['parameters']:,} parameters), pretrained with "
         "[fixedhead](https://arxiv.org/abs/2002.07028), an implementation of Bhojanapalli et al., "
@@ -86,7 +92,7 @@ def model_card(result: dict, recorded: dict) -> str:
         "## Usage",
         "",
         "```python",
-        "import fixedhead  # registers the model with transformers' Auto classes",
+        *([] if llama else ["import fixedhead  # registers the model with transformers' Auto classes"]),
         *(
             [
                 "from transformers import AutoModelForCausalLM, pipeline",

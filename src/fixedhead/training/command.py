@@ -22,6 +22,7 @@ def _options(fields) -> str:
 
 def _open_source(init_from, output_dir, model: dict, data: dict, train: dict, preset: str | None):
     """``--init-from``: refuse the options that would contradict the run, then open it."""
+    from ..model.architectures import objective_of
     from ..runs import open_run
 
     refused = [*model, *(k for k in data if k != "corpus")] + ["preset"] * (preset is not None)
@@ -38,7 +39,7 @@ def _open_source(init_from, output_dir, model: dict, data: dict, train: dict, pr
         source = open_run(init_from)
     except (OSError, ValueError) as e:
         raise type(e)(f"--init-from {str(init_from)!r}: {e}") from None
-    objective = "clm" if source.config.is_decoder else "mlm"
+    objective = objective_of(source.config)
     if train.get("objective", objective) != objective:
         raise ValueError(
             f"--init-from {init_from} holds a {'causal' if objective == 'clm' else 'masked'} LM; "

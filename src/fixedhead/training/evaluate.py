@@ -22,6 +22,7 @@ from ..data.lm import (
     prepare_data,
     scored_characters,
 )
+from ..model.architectures import objective_of
 from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from ..runs import open_run
 from ..validation import non_negative_int, optional_positive_int
@@ -136,8 +137,14 @@ def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
 
 
 def load_model(run):
-    """The run's language model: ``FixedHeadForCausalLM`` for a decoder, else ``FixedHeadForMaskedLM``."""
-    cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
+    """The run's language model: ``FixedHeadForCausalLM`` for a decoder, else ``FixedHeadForMaskedLM``;
+    transformers' ``LlamaForCausalLM`` for a Llama run."""
+    if run.config.model_type == "llama":
+        from transformers import LlamaForCausalLM
+
+        cls = LlamaForCausalLM
+    else:
+        cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
     return cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
 
 
@@ -188,7 +195,7 @@ def evaluate_run(
         if eval_seed is not None
         else saved.get("train", {}).get("eval_seed", 1234)
     )
-    objective = "clm" if run.config.is_decoder else "mlm"
+    objective = objective_of(run.config)
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
     metrics = evaluate_lm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
     return {**metrics, "objective": objective}
@@ -246,7 +253,7 @@ def evaluate_text(
             f"{path}: {text_tokens} tokens in {len(docs)} document{'s' * (len(docs) != 1)}, too few for one "
             f"sequence of the run's n = {n} (n − 2 = {n - 2}, counting a [SEP] after each document); give more text"
         ) from None
-    objective = "clm" if run.config.is_decoder else "mlm"
+    objective = objective_of(run.config)
     seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     input_ids, labels = heldout_batches(sequences, tokenizer, objective, seed)
     model = load_model(run)

@@ -222,13 +222,14 @@ def finetune(
         set_seed,
     )
 
+    from ..model.architectures import objective_of
     from ..model.modeling import FixedHeadForSequenceClassification
 
     settings = settings or FinetuneSettings()
     spec = get_glue_task(task)
     run_dir, out = Path(run_dir), Path(output_dir)
     run = open_run(run_dir)  # the one way to open a run: refuses damaged, pickle or non-fixedhead models
-    if run.config.is_decoder:
+    if objective_of(run.config) == "clm":
         raise ValueError(
             f"{run_dir} is a causal LM (left-to-right); GLUE fine-tuning here classifies from the first "
             f"token's state, which in a causal model has seen nothing else. Fine-tune a masked-LM run"

@@ -29,8 +29,15 @@ from ..data.lm import (
     prepare_data,
 )
 from ..data.tokenizer import tokenizer_sha256
+from ..model.architectures import (
+    check_objective_for,
+    head_size_label,
+    is_fixed_head,
+    new_model,
+    objective_of,
+    parameter_count,
+)
 from ..model.configuration import FixedHeadConfig
-from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM, count_parameters
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,
@@ -167,16 +174,23 @@ def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -
     return diffs
 
 
-def lm_config(config: FixedHeadConfig, tokenizer, objective: str = "mlm") -> FixedHeadConfig:
-    """Fill in what a run's config takes from its tokenizer and objective (in place; returned):
-    vocabulary size and padding id; for a causal LM ``is_decoder`` and, since generation starts
-    from [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
+def lm_config(config, tokenizer, objective: str = "mlm"):
+    """Fill in what a run's config (a ``FixedHeadConfig`` or ``LlamaConfig``) takes from its
+    tokenizer and objective (in place; returned): vocabulary size and padding id; for a causal LM
+    ``is_decoder`` (fixedhead's; a Llama model is always one) and, since generation starts from
+    [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
     :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
-    settings record is compared with the config it was trained with."""
+    settings record is compared with the config it was trained with.
+
+    Raises:
+        ValueError: an unknown objective, or one the architecture cannot train (a masked Llama).
+    """
+    check_objective_for(config, check_objective(objective))
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id
-    if check_objective(objective) == "clm":
-        config.is_decoder = True
+    if objective == "clm":
+        if isinstance(config, FixedHeadConfig):
+            config.is_decoder = True
         config.bos_token_id, config.eos_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     return config
 
@@ -276,7 +290,7 @@ def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, da
 
 
 def pretrain(
-    config: FixedHeadConfig | None,
+    config,
     data: PreparedData,
     run_dir: str | os.PathLike,
     settings: TrainSettings | None = None,
@@ -287,7 +301,8 @@ def pretrain(
 ) -> dict:
     """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
 
-    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead. ``init_from``
+    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead, or, for a ``LlamaConfig``
+    (:mod:`fixedhead.model.architectures`), transformers' ``LlamaForCausalLM`` (causal only). ``init_from``
     continues training from another run's weights instead of a fresh initialisation: a
     pretraining run or a ``fixedhead widen`` output, opened with :func:`fixedhead.runs.open_run`.
     Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
@@ -317,8 +332,9 @@ def pretrain(
         FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
             settings (with ``resume``), or is a file, or is ``init_from`` itself.
         FileNotFoundError: ``init_from`` is not a finished run.
-        ValueError: non-finite training loss; with ``init_from``: a ``config`` passed, another
-            objective than the run's, or data tokenised with another vocabulary.
+        ValueError: non-finite training loss; the masked objective for a Llama config; with
+            ``init_from``: a ``config`` passed, another objective than the run's, or data tokenised
+            with another vocabulary.
     """
     from transformers import set_seed
 
@@ -371,7 +387,7 @@ def pretrain(
         model = load_model(source)  # the source run's weights, exactly
     else:
         # a copy: the Trainer sets its model's config.use_cache, and the caller's config must not change
-        model = (FixedHeadForCausalLM if causal else FixedHeadForMaskedLM)(copy.deepcopy(config))
+        model = new_model(copy.deepcopy(config), settings.objective)
     use_cache = model.config.use_cache
     init_weights_sha256 = tensors_sha256(model.state_dict())
     eval_ids, eval_labels = heldout_batches(data.heldout, data.tokenizer, settings.objective, settings.eval_seed)
@@ -413,11 +429,12 @@ def pretrain(
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
-        "parameters": count_parameters(config, pooler=False),
+        "architecture": config.model_type,
+        "parameters": parameter_count(config),
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
-        "head_dim": config.head_size_label,  # a list for per-layer head sizes
-        "fixed_head": config.is_fixed_head,
+        "head_dim": head_size_label(config),  # a list for per-layer head sizes
+        "fixed_head": is_fixed_head(config),
         "num_hidden_layers": config.num_hidden_layers,
         "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
         "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],
@@ -497,7 +514,7 @@ def _open_source(init_from, config, data: PreparedData, settings: TrainSettings,
     if Path(init_from).exists() and Path(init_from).resolve() == run_dir.resolve():
         raise FileExistsError(f"--output-dir {str(run_dir)!r} is the run being continued; choose another folder")
     source = open_run(init_from)
-    objective = "clm" if source.config.is_decoder else "mlm"
+    objective = objective_of(source.config)
     if settings.objective != objective:
         raise ValueError(
             f"{init_from} holds a {'causal' if objective == 'clm' else 'masked'} LM; continue it with "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.lm import OBJECTIVES, check_objective
+from ..model.architectures import ARCHITECTURES
 from ..model.parametrization import PARAMETRIZATIONS, QUERY_INITS
 from ..validation import in_range, non_negative_int, positive_float, positive_int
 
@@ -57,8 +58,11 @@ def report_to_integrations(names: list[str]) -> list[str]:
 @dataclass
 class ModelSettings:
     """The size of a model trained from scratch: the paper's d, h and d_p (a paper preset or a run
-    to continue brings its own)."""
+    to continue brings its own), and its family."""
 
+    architecture: str = field(default="fixedhead", metadata={"choices": ARCHITECTURES})
+    """fixedhead: post-LN BERT-style (masked or causal); llama: transformers' LlamaForCausalLM
+    (pre-norm, rotary, SwiGLU; causal only, one head size for every layer, no mup)"""
     hidden_size: int = 128
     """d, the embedding size"""
     num_hidden_layers: int = 2
@@ -82,27 +86,37 @@ class ModelSettings:
     """normal, or zero: W_q starts at 0 (uniform attention at step 0)"""
 
     def config(self, max_position_embeddings: int):
-        """The ``FixedHeadConfig`` of this size for sequences of ``max_position_embeddings`` tokens
-        (vocabulary and special tokens come from the tokenizer, :func:`~fixedhead.training.pretrain.lm_config`).
+        """The ``FixedHeadConfig`` (or, for ``architecture="llama"``, ``LlamaConfig``:
+        :func:`~fixedhead.model.architectures.llama_config`) of this size for sequences of
+        ``max_position_embeddings`` tokens (vocabulary and special tokens come from the tokenizer,
+        :func:`~fixedhead.training.pretrain.lm_config`).
 
         Raises:
-            ValueError: a size the config refuses (naming it).
+            ValueError: a size the config refuses, or an option the architecture lacks (naming it).
         """
-        from ..model.configuration import FixedHeadConfig
+        from ..model.architectures import build_config
 
-        return FixedHeadConfig(
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            head_dim=self.head_dim,
-            intermediate_size=4 * self.hidden_size if self.intermediate_size is None else self.intermediate_size,
-            max_position_embeddings=max_position_embeddings,
-            hidden_dropout_prob=self.dropout,
-            attention_probs_dropout_prob=self.dropout,
-            parametrization=self.parametrization,
-            mup_base_head_dim=self.mup_base_head_dim,
-            attention_scale=self.attention_scale,
-            query_init=self.query_init,
+        if self.architecture == "llama" and self.dropout:
+            raise ValueError(
+                f"architecture 'llama' has attention dropout only, and --dropout sets hidden dropout too; "
+                f"got dropout={self.dropout}"
+            )
+        return build_config(
+            dict(
+                architecture=self.architecture,
+                hidden_size=self.hidden_size,
+                num_hidden_layers=self.num_hidden_layers,
+                num_attention_heads=self.num_attention_heads,
+                head_dim=self.head_dim,
+                intermediate_size=4 * self.hidden_size if self.intermediate_size is None else self.intermediate_size,
+                max_position_embeddings=max_position_embeddings,
+                hidden_dropout_prob=self.dropout,
+                attention_probs_dropout_prob=self.dropout,
+                parametrization=self.parametrization,
+                mup_base_head_dim=self.mup_base_head_dim,
+                attention_scale=self.attention_scale,
+                query_init=self.query_init,
+            )
         )
 
 

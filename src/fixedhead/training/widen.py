@@ -61,6 +61,11 @@ def widen_run(
     if (Path(output_dir) / WIDEN_FILE).is_file() and not overwrite:
         raise FileExistsError(f"{output_dir} holds an earlier `fixedhead widen` output; pass --overwrite to replace it")
     run = open_run(run_dir, allow_pickle=allow_pickle)
+    if run.config.model_type != "fixedhead":
+        raise ValueError(
+            f"{run_dir} holds a {run.config.model_type} model; `fixedhead widen` grows fixedhead's attention layers "
+            f"only (for a Llama model, choose its head_dim when pretraining)"
+        )
     kinds = set(run.config.architectures or []) - {"FixedHeadForMaskedLM", "FixedHeadForCausalLM"}
     if kinds:
         raise ValueError(
