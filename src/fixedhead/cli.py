@@ -505,6 +505,7 @@ def _scaling_options(p):
         help="each point's grid, chosen on a validation split with the first seed (default: the preset's)",
     )
     p.add_argument("--corpus", help="another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)")
+    _architecture_option(p)
 
 
 def _scaling(args):

@@ -83,3 +83,28 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     assert main([*argv, "--no-progress"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert {k: r["train_seconds"] for k, r in again["runs"].items()} == before
+
+
+def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
+    """Llama-style points count N from transformers' LlamaForCausalLM (q, k, v, o, SwiGLU's three
+    matrices and two RMSNorms per layer, a final norm; tied embeddings), and the masked recipe is refused."""
+    from fixedhead.model.architectures import build_config
+
+    d, h, dp, f, layers = 32, 4, 16, 128, 2
+    config = build_config(
+        dict(
+            architecture="llama",
+            hidden_size=d,
+            num_attention_heads=h,
+            head_dim=dp,
+            intermediate_size=f,
+            num_hidden_layers=layers,
+            max_position_embeddings=32,
+            vocab_size=100,
+        )
+    )
+    i = h * dp
+    assert scaling.non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
+    with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
+        scaling.run_scaling("tiny", tmp_path / "s", architecture="llama", progress=False)
+    assert not (tmp_path / "s").exists()

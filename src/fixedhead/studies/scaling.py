@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..data import prepare_data
 from ..data.lm import unigram_perplexity
+from ..model.architectures import build_config, check_objective_for
 from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
 from ..theory import causal_threshold
@@ -141,7 +142,9 @@ def non_embedding_parameters(config) -> int:
     from torch import nn
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    auto = AutoModelForCausalLM if getattr(config, "is_decoder", False) else AutoModelForMaskedLM
+    from ..model.architectures import objective_of
+
+    auto = AutoModelForCausalLM if objective_of(config) == "clm" else AutoModelForMaskedLM
     with torch.device("meta"):
         model = auto.from_config(config)
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
@@ -158,8 +161,6 @@ def training_flops(n_params: int, tokens: int, layers: int, n: int, attention_wi
 
 def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch_size: int, layers: int) -> list[dict]:
     """Every (family, size) point: its model fields, N, training steps and tokens, and FLOPs."""
-    from ..model.configuration import FixedHeadConfig
-
     recipe = get_recipe(p.recipe)
     points = []
     for family in p.families:
@@ -168,7 +169,9 @@ def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch
             fields = recipe.model_fields(
                 hidden_size=d, num_attention_heads=h, head_dim=head_dim, intermediate_size=4 * d, **p.model
             )
-            config = FixedHeadConfig(**fields, vocab_size=vocab_size, is_decoder=objective == "clm")
+            config = build_config({**fields, "vocab_size": vocab_size})
+            if objective == "clm" and config.model_type != "llama":
+                config.is_decoder = True
             n_params = non_embedding_parameters(config)
             tokens_per_step = batch_size * n
             wanted = p.tokens_per_parameter * n_params
@@ -203,11 +206,13 @@ def run_scaling(
     command: str | None = None,
     learning_rates: str | list[float] | None = None,
     corpus: str | None = None,
+    architecture: str | None = None,
 ) -> dict:
     """Train every point of the preset for every seed (finished runs are reused), choosing each
     point's learning rate on the validation split first (every run trains without that split);
     write ``results.json``, ``report.md`` and ``scaling.png``. ``corpus``: another corpus than the
-    recipe's. Returns the results state.
+    recipe's; ``architecture``: every model as this family (:mod:`fixedhead.model.architectures`,
+    ``"llama"``: transformers' ``LlamaForCausalLM``, causal only). Returns the results state.
 
     Raises:
         ValueError: bad seeds or rates; FileExistsError: the folder holds something else or runs of
@@ -217,10 +222,14 @@ def run_scaling(
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     if learning_rates is not None:
         p = replace(p, learning_rates=tuple(parse_rates(learning_rates)))
+    if architecture is not None and architecture != "fixedhead":
+        p = replace(p, model={**p.model, "architecture": architecture})
     recipe = get_recipe(p.recipe)
     data_settings = with_validation_split(replace(recipe.data, corpus=corpus) if corpus else recipe.data)
     train = replace(recipe.train, progress=progress)
     n = data_settings.max_seq_length
+    probe = build_config(recipe.model_fields(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1], **p.model))
+    check_objective_for(probe, train.objective)  # a Llama model is causal: refused before any work
     settings = {
         "data": data_settings.record(),
         "train": {k: v for k, v in asdict(train).items() if k not in ("seed", "progress", "max_steps")},
@@ -261,7 +270,7 @@ def run_scaling(
     from ..training.pretrain import lm_config
 
     def train_point(pt, lr, seed):
-        config = lm_config(_config(pt["fields"]), data.tokenizer, train.objective)
+        config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
         steps = pt["steps"]
         settings = replace(
             train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
@@ -307,12 +316,6 @@ def run_scaling(
             train_point(pt, best, seed)
     write_outputs(state, out)
     return state
-
-
-def _config(fields: dict):
-    from ..model.configuration import FixedHeadConfig
-
-    return FixedHeadConfig(**fields)
 
 
 def describe(p: ScalingPreset) -> str:
