@@ -4,7 +4,7 @@ Every module's imports are read with ``ast`` (function-level and ``TYPE_CHECKING
 included), so the test needs no import to succeed and sees the imports a run may never reach. The
 order, top to bottom:
 
-    validation   checks of numbers a user passes
+    checks       checks of numbers a user passes
     theory       the paper's mathematics (imports nothing of fixedhead at all)
     model        the transformers model: no files, no Trainer
     fixedhead    the package itself (its __init__: the public API, names from model)
@@ -30,7 +30,7 @@ import fixedhead
 SRC = Path(fixedhead.__file__).resolve().parent  # src/fixedhead
 
 LAYERS = [
-    "validation",
+    "checks",
     "theory",
     "model",
     "fixedhead",
@@ -117,13 +117,13 @@ def test_theory_imports_nothing_of_fixedhead():
     assert not outside, "\n".join(outside)
 
 
-def test_model_imports_only_validation():
+def test_model_imports_only_checks():
     outside = sorted(
         f"{m} imports {t}"
         for m, targets in GRAPH.items()
         if layer(m) == "model"
         for t in targets
-        if layer(t) not in ("model", "validation")
+        if layer(t) not in ("model", "checks")
     )
     assert not outside, "\n".join(outside)
 

@@ -465,8 +465,8 @@ def analyze_to_folder(model_path, text_path, output_dir=None, max_sequences: int
     Raises:
         ValueError / FileNotFoundError / FileExistsError: see :func:`analyze`, :func:`write_analysis`.
     """
+    from .checks import optional_positive_int, positive_int
     from .runs import claim_output_dir
-    from .validation import optional_positive_int, positive_int
 
     positive_int("max_sequences", max_sequences)
     optional_positive_int("max_seq_length", max_seq_length, minimum=3)

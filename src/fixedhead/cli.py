@@ -632,7 +632,7 @@ def main(argv=None) -> int:
         if getattr(args, "threads", None) is not None:
             import torch
 
-            from .validation import positive_int
+            from .checks import positive_int
 
             torch.set_num_threads(positive_int("threads", args.threads))
         return args.func(args) or 0

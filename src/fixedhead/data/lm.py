@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.utils.data import Dataset
 
+from ..checks import in_range, non_negative_int, optional_positive_int, positive_int
 from ..runs import resolve_local_path
-from ..validation import in_range, non_negative_int, optional_positive_int, positive_int
 from .corpus import read_corpus, split_documents
 from .packing import pack_sequences, tokenize_documents
 from .tokenizer import tokenizer_sha256, train_tokenizer

@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
 from transformers.modeling_utils import AttentionInterface
 
-from ..validation import positive_int
-from .checks import host_reads_allowed, require_tensor
+from ..checks import positive_int
 from .kernels import FLASH_MAX_HEAD_DIM, additive_mask, causal_mask_when_skipped, sdpa_attention_forward
+from .tensor_checks import host_reads_allowed, require_tensor
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=None):
@@ -103,7 +103,7 @@ def check_padding_mask(
         ValueError: a mask that is not 2-D, has another shape than [batch, keys], is complex, or
             holds values other than 0 and 1 (an additive 0/-inf mask, say); the message names the
             first bad value (the value check runs where host reads are free, see
-            :mod:`fixedhead.model.checks`).
+            :mod:`fixedhead.model.tensor_checks`).
         TypeError: a mask that is not a tensor.
     """
     require_tensor("attention_mask", attention_mask)
@@ -139,7 +139,7 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
 
     Returns:
         None when there is no mask, or when nothing is masked and reading the mask on the host is
-        free (eager mode, CPU: see :mod:`fixedhead.model.checks`), so SDPA can take its fastest path;
+        free (eager mode, CPU: see :mod:`fixedhead.model.tensor_checks`), so SDPA can take its fastest path;
         otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
         (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
         cast cannot make it -inf). Under ``torch.compile``/``torch.export`` and on GPUs a mask is

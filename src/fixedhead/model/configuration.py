@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
-from ..validation import non_negative_int, positive_int
+from ..checks import non_negative_int, positive_int
 from .attention import resolve_head_dim
 from .parametrization import check_parametrization
 

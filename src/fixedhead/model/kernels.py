@@ -21,7 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa
 
-from .checks import tracing
+from .tensor_checks import tracing
 
 # PyTorch's FlashAttention-2 kernel (CUDA) takes head sizes up to 256; its fused kernels want the
 # head size a multiple of 8 (16 bytes in half precision) and otherwise pad or refuse it.

@@ -10,7 +10,7 @@ transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
 ``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
 ``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
 and ``torch.export``. Bad input is refused with a message naming the value; which checks run
-where (eager, compiled, GPU) is :mod:`fixedhead.model.checks`.
+where (eager, compiled, GPU) is :mod:`fixedhead.model.tensor_checks`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from transformers.modeling_outputs import (
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import MultiHeadAttention, check_flash_head_dim, check_padding_mask
-from .checks import (
+from .configuration import PROBLEM_TYPES, FixedHeadConfig
+from .parametrization import attention_scale, output_projection_multiplier
+from .tensor_checks import (
     check_broadcast_ids_shape,
     check_finite,
     check_integer,
@@ -50,8 +52,6 @@ from .checks import (
     require_tensor,
     tracing,
 )
-from .configuration import PROBLEM_TYPES, FixedHeadConfig
-from .parametrization import attention_scale, output_projection_multiplier
 
 
 def refuse_unsuitable_cache(cache: Cache, device: torch.device) -> None:
@@ -330,7 +330,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
 
     Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
     ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
-    syncs), shape and dtype checks always run: see :mod:`fixedhead.model.checks`.
+    syncs), shape and dtype checks always run: see :mod:`fixedhead.model.tensor_checks`.
     A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
@@ -670,7 +670,7 @@ def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels
     Raises:
         ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
             [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
-            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.model.checks`.
+            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.model.tensor_checks`.
     """
     batch, num_labels = logits.shape
     shape = tuple(labels.shape)

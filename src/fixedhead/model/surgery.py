@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from ..validation import positive_float
+from ..checks import positive_float
 from .attention import MultiHeadAttention
 
 

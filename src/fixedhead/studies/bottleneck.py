@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..checks import non_negative_int, positive_int
 from ..plotting import pyplot
 from ..theory import (
     causal_logit_lower_bounds,
@@ -26,7 +27,6 @@ from ..theory import (
 )
 from ..theory.causal import _causal_log
 from ..theory.common import _one_thread
-from ..validation import non_negative_int, positive_int
 
 SWEEP_COLUMNS = [
     "mask",

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..validation import positive_float, positive_int
+from ..checks import positive_float, positive_int
 
 QUANTITIES = ("query", "key", "logits", "context", "attention_output", "block_output")
 AXES = ("head_dim", "num_heads")

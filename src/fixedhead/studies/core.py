@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..checks import non_negative_int, positive_int
 from ..model.paper_presets import lookup
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
-from ..validation import non_negative_int, positive_int
 
 
 def pick(table: dict[str, Callable], name: str, kind: str, *args):

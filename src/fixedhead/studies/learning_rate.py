@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from ..validation import positive_float, positive_int
+from ..checks import positive_float, positive_int
 
 #: a diverged run's validation loss: worse than any finite one, and JSON-safe as None
 DIVERGED = math.inf

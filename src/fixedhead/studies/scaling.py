@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ..checks import positive_float, positive_int
 from ..data import prepare_data
 from ..data.lm import unigram_perplexity
 from ..model.architectures import build_config, check_objective_for
@@ -42,7 +43,6 @@ from ..runs import write_text_atomic
 from ..theory import causal_threshold
 from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
-from ..validation import positive_float, positive_int
 from . import core, render
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
+from ..checks import positive_int
 from ..model.modeling import count_parameters
 from ..runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
 from ..training.evaluate import load_run
 from ..training.widen import WIDEN_FILE, widen_run
-from ..validation import positive_int
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import non_negative_int, optional_positive_int
 from ..data.lm import (
     DataSettings,
     PreparedData,
@@ -25,7 +26,6 @@ from ..data.lm import (
 from ..model.architectures import objective_of
 from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from ..runs import open_run
-from ..validation import non_negative_int, optional_positive_int
 
 
 class DivergedError(ValueError):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from ..checks import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
 from ..runs import (
     claim_output_dir,
@@ -36,7 +37,6 @@ from ..runs import (
     open_run,
     write_json_atomic,
 )
-from ..validation import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from .settings import shared_training_arguments
 
 FINETUNE_FILE = "finetune_metrics.json"

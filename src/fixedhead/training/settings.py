@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import in_range, non_negative_int, positive_float, positive_int
 from ..data.lm import OBJECTIVES, check_objective
 from ..model.architectures import ARCHITECTURES
 from ..model.parametrization import PARAMETRIZATIONS, QUERY_INITS
-from ..validation import in_range, non_negative_int, positive_float, positive_int
 
 #: learning-rate schedules after the warm-up (transformers' ``SchedulerType`` names that need no
 #: extra arguments): linear decay to 0 (BERT), cosine decay to 0, constant

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checks import non_negative_int
 from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from ..model.surgery import new_head_dims, widen_heads
 from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
-from ..validation import non_negative_int
 
 WIDEN_FILE = "widen.json"
 #: every entry `fixedhead widen` writes into its output folder (its temporary files included)
