@@ -451,11 +451,11 @@ def _farthest_point_options(p):
 def _farthest_point(args):
     """the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r,
     d_p) and heads, with seeds (minutes on a CPU)"""
-    from .studies.farthest_point import format_grid, run_synthetic
+    from .studies.farthest_point import format_grid, run_farthest_point
 
     preset = "quick" if args.quick else args.preset
     out = args.output_dir or f"runs/farthest-point-{preset}"
-    state = run_synthetic(preset, out, progress=not args.no_progress, **_pick(args, "seeds", "steps", "overwrite"))
+    state = run_farthest_point(preset, out, progress=not args.no_progress, **_pick(args, "seeds", "steps", "overwrite"))
     print(format_grid(state))
     meta = state["meta"]
     print(

@@ -246,7 +246,7 @@ def test_presets():
 # ------------------------------------------------------------------------------ end to end
 def test_quick_preset_end_to_end_and_resume(tmp_path, monkeypatch):
     out = tmp_path / "fp"
-    state = S.run_synthetic("quick", out, progress=False, command="test")
+    state = S.run_farthest_point("quick", out, progress=False, command="test")
     preset = S.get_synthetic_preset("quick")
     assert len(state["runs"]) == len(preset.cells()) * len(preset.seeds)
     for r in state["runs"].values():
@@ -261,10 +261,10 @@ def test_quick_preset_end_to_end_and_resume(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_synthetic("quick", out, progress=False, command="test")  # resumes: everything reused
+    again = S.run_farthest_point("quick", out, progress=False, command="test")  # resumes: everything reused
     assert again["runs"] == state["runs"]
     with pytest.raises(FileExistsError, match="other settings"):
-        S.run_synthetic("quick", out, steps=3, progress=False)
+        S.run_farthest_point("quick", out, steps=3, progress=False)
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):

@@ -16,6 +16,7 @@ import fixedhead.studies.widening_arms as A
 from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
+from fixedhead.model.surgery import widen_feed_forward
 from fixedhead.theory import causal_threshold
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module (fixedhead.training.pretrain is the function)
@@ -60,7 +61,7 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
     torch.manual_seed(0)
     config = tiny_config(head_dim=None, num_hidden_layers=2, vocab_size=50, is_decoder=True)
     model = FixedHeadForCausalLM(config).eval()
-    wide = A.widen_feed_forward(model, 80, seed=3)
+    wide = widen_feed_forward(model, 80, seed=3)
     ids = torch.randint(0, 50, (3, 12))
     with torch.no_grad():
         assert (wide(input_ids=ids).logits - model(input_ids=ids).logits).abs().max() <= 1e-5
@@ -85,7 +86,7 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
     after = step()
     assert all(not torch.equal(after[k][64:], start[k][64:]) for k in rows)
     with pytest.raises(ValueError, match="intermediate_size=32 is smaller than the model's 64"):
-        A.widen_feed_forward(model, 32)
+        widen_feed_forward(model, 32)
 
 
 # -------------------------------------------------------------------------------- end to end

@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from ..checks import positive_float
+from ..checks import positive_float, positive_int
 from .attention import MultiHeadAttention
 
 
@@ -167,4 +167,45 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
         wide.config.head_dim = list(new)
     elif head_dim is not None and new != old:
         wide.config.head_dim = new[0]
+    return wide
+
+
+@torch.no_grad()
+def widen_feed_forward(model, intermediate_size: int, *, init_std: float | None = None, seed: int = 0):
+    """A copy of a fixedhead language model whose feed-forward layers are ``intermediate_size``
+    wide and which computes the same function (the parameter-matched control of
+    ``fixedhead widen-experiment``).
+
+    Per layer, the new units' input rows are N(0, init_std²) (default: ``initializer_range``) with
+    zero bias, and their output columns are zero, so they add nothing until trained; as in
+    :func:`fixedhead.widen_heads`, one side of each product is random, so every new weight learns.
+
+    Raises:
+        ValueError: ``intermediate_size`` smaller than the model's.
+    """
+    old = model.config.intermediate_size
+    if positive_int("intermediate_size", intermediate_size) < old:
+        raise ValueError(f"intermediate_size={intermediate_size} is smaller than the model's {old}")
+    std = init_std if init_std is not None else model.config.initializer_range
+    generator = torch.Generator().manual_seed(seed)
+    config = copy.deepcopy(model.config)
+    config.intermediate_size = intermediate_size
+    wide = type(model)(config)
+    source = model.state_dict()
+    state = {}
+    for name, target in wide.state_dict().items():
+        w = source[name]
+        if w.shape == target.shape:
+            state[name] = w.clone()
+        elif name.endswith("intermediate.weight"):  # [f, d]: new rows random
+            new = torch.randn(target.shape[0] - w.shape[0], w.shape[1], generator=generator) * std
+            state[name] = torch.cat([w, new.to(w.dtype)])
+        elif name.endswith("intermediate.bias"):  # [f]: new entries 0
+            state[name] = torch.cat([w, w.new_zeros(target.shape[0] - w.shape[0])])
+        elif name.endswith("output.weight"):  # [d, f]: new columns 0
+            state[name] = torch.cat([w, w.new_zeros(w.shape[0], target.shape[1] - w.shape[1])], 1)
+        else:
+            raise ValueError(f"unexpected parameter {name} of shape {tuple(w.shape)} → {tuple(target.shape)}")
+    wide.load_state_dict(state)
+    wide.train(model.training)
     return wide

@@ -114,7 +114,7 @@ def settings_record(p: FarthestPointPreset) -> dict:
     return json.loads(json.dumps({"dim": p.dim, "num_points": p.num_points, "recipe": asdict(p.recipe)}))
 
 
-def run_synthetic(
+def run_farthest_point(
     preset: str | FarthestPointPreset = "default",
     output_dir: str | Path = "runs/farthest-point",
     seeds: list[int] | None = None,

@@ -14,6 +14,7 @@ import torch
 
 from ..checks import positive_int
 from ..model.modeling import count_parameters
+from ..model.surgery import widen_feed_forward
 from ..runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
 from ..training.evaluate import load_run
 from ..training.widen import WIDEN_FILE, widen_run
@@ -98,44 +99,6 @@ def make_arms(config, wide_head_dim: int) -> list[Arm]:
 
 
 # --------------------------------------------------------------------------- starting models
-@torch.no_grad()
-def widen_feed_forward(model, intermediate_size: int, *, init_std: float | None = None, seed: int = 0):
-    """A copy of a fixedhead language model whose feed-forward layers are ``intermediate_size``
-    wide and which computes the same function (the parameter-matched control of this experiment).
-
-    Per layer, the new units' input rows are N(0, init_std²) (default: ``initializer_range``) with
-    zero bias, and their output columns are zero, so they add nothing until trained; as in
-    :func:`fixedhead.widen_heads`, one side of each product is random, so every new weight learns.
-
-    Raises:
-        ValueError: ``intermediate_size`` smaller than the model's.
-    """
-    old = model.config.intermediate_size
-    if positive_int("intermediate_size", intermediate_size) < old:
-        raise ValueError(f"intermediate_size={intermediate_size} is smaller than the model's {old}")
-    std = init_std if init_std is not None else model.config.initializer_range
-    generator = torch.Generator().manual_seed(seed)
-    wide = type(model)(replace_config(model.config, intermediate_size=intermediate_size))
-    source = model.state_dict()
-    state = {}
-    for name, target in wide.state_dict().items():
-        w = source[name]
-        if w.shape == target.shape:
-            state[name] = w.clone()
-        elif name.endswith("intermediate.weight"):  # [f, d]: new rows random
-            new = torch.randn(target.shape[0] - w.shape[0], w.shape[1], generator=generator) * std
-            state[name] = torch.cat([w, new.to(w.dtype)])
-        elif name.endswith("intermediate.bias"):  # [f]: new entries 0
-            state[name] = torch.cat([w, w.new_zeros(target.shape[0] - w.shape[0])])
-        elif name.endswith("output.weight"):  # [d, f]: new columns 0
-            state[name] = torch.cat([w, w.new_zeros(w.shape[0], target.shape[1] - w.shape[1])], 1)
-        else:
-            raise ValueError(f"unexpected parameter {name} of shape {tuple(w.shape)} → {tuple(target.shape)}")
-    wide.load_state_dict(state)
-    wide.train(model.training)
-    return wide
-
-
 def write_start(base_dir: Path, arm: Arm, seed: int, out: Path) -> None:
     """The starting model of ``arm`` for ``seed`` in ``out``: a ``fixedhead widen`` output (heads), or
     the same kind of folder with the feed-forward layers widened; rewritten every time (it is
