@@ -24,8 +24,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from fixedhead.cli import add_options, given
 from fixedhead.data import DEFAULT_CORPUS, DataSettings
+from fixedhead.options import add_options, given
 from fixedhead.training import ModelSettings, TrainSettings, prepare_data, pretrain
 from fixedhead.training.pretrain import check_run_dir
 

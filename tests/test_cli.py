@@ -141,8 +141,8 @@ def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
 def test_pretrain_options_are_the_settings_fields_with_their_defaults():
     """An option left out is the dataclass default (one default: `fixedhead pretrain` and
     `pretrain()` train alike); each given option reaches its field."""
-    from fixedhead.cli import given
     from fixedhead.data import DataSettings
+    from fixedhead.options import given
     from fixedhead.training import ModelSettings
 
     args = build_parser().parse_args(["pretrain", "--output-dir", "x"])

@@ -15,6 +15,7 @@ order, top to bottom:
                  neither a study nor part of analysis)
     studies      the paper's questions as resumable commands
     analysis     head-rank diagnostics of a checkpoint
+    options      command-line options derived from the settings dataclasses
     cli          the ``fixedhead`` command (and ``python -m fixedhead``)
 
 A module may import its own layer (within a folder) and the layers above it, never one below.
@@ -40,6 +41,7 @@ LAYERS = [
     "plotting",
     "studies",
     "analysis",
+    "options",
     "cli",
 ]
 RANK = {layer: i for i, layer in enumerate(LAYERS)}

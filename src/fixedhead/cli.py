@@ -2,141 +2,19 @@
 to its options and the one library function it calls.
 
 Options of a settings dataclass (``ModelSettings``, ``DataSettings``, ``TrainSettings``,
-``FinetuneSettings``) are derived from its fields (:func:`add_options`): name, type, default and
-help (the field's attribute docstring) are defined once, on the field. The study commands share one
-group of options (:func:`add_study_options`) with one meaning each. User errors (ValueError) and
-file-system errors (OSError: a missing or occupied path, a full disk, a read-only folder) become a
-one-line message and exit status 2.
+``FinetuneSettings``) are derived from its fields (:func:`fixedhead.options.add_options`): name,
+type, default and help (the field's attribute docstring) are defined once, on the field. The study
+commands share one group of options (:func:`fixedhead.options.add_study_options`) with one
+meaning each. User errors (ValueError) and file-system errors (OSError: a missing or occupied path,
+a full disk, a read-only folder) become a one-line message and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
-import functools
-import inspect
 import sys
-import textwrap
-import typing
 
-
-def parse_head_dim(text):
-    """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
-    (``64,64,128,128``; ``none`` = the standard d/h for that layer). The options' argparse ``type``.
-
-    Raises:
-        argparse.ArgumentTypeError: an entry that is neither an int nor ``none`` (argparse turns
-            it into its usage error, exit status 2).
-    """
-    if text is None or isinstance(text, (int, list)):
-        return text
-    values = []
-    for t in str(text).split(","):
-        t = t.strip()
-        if t.lower() == "none":
-            values.append(None)
-            continue
-        try:
-            values.append(int(t))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid int value: {t!r} (--head-dim takes an int, or one per layer: 64,64,128,128; none = d/h)"
-            ) from None
-    return values if "," in str(text) else values[0]
-
-
-# ---------------------------------------------------------------------- options from dataclasses
-@functools.cache
-def field_docs(cls) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal under each field), as litgpt's
-    jsonargparse reads them: ``{field: text on one line}``."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {
-        a.target.id: " ".join(b.value.value.split())
-        for a, b in zip(body, body[1:], strict=False)
-        if isinstance(a, ast.AnnAssign)
-        and isinstance(b, ast.Expr)
-        and isinstance(b.value, ast.Constant)
-        and isinstance(b.value.value, str)
-    }
-
-
-#: argparse types the annotation does not say, and second names kept for options
-_TYPES = {"head_dim": parse_head_dim}
-_ALIASES = {"gradient_checkpointing": ("--activation-checkpointing",)}
-
-
-def add_options(parser, cls, skip=(), title: str | None = None):
-    """One option per field of the dataclass ``cls`` (``--max-steps`` for ``max_steps``): its type
-    from the annotation (``X | None`` takes an X, ``list[str]`` any number of words, a bool is a
-    flag: ``--name``, or ``--no-name`` when it defaults to True), choices from
-    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default.
-
-    An option left out is absent from the parsed namespace (``argparse.SUPPRESS``), so the
-    dataclass's own default applies (:func:`given`) and a command can tell what was given.
-    """
-    group = parser.add_argument_group(title or cls.__name__)
-    hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        shown = " ".join(map(str, default)) if isinstance(default, list) else default
-        text = docs.get(f.name, "")
-        if not (shown is None or shown == "" or isinstance(shown, bool)):
-            text += f" (default: {shown})"
-        flag = f"--{f.name.replace('_', '-')}"
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
-        hint = hints[f.name]
-        if hint is bool:
-            kw["action"] = "store_false" if default else "store_true"
-            if default:
-                flag, kw["help"] = f"--no-{flag[2:]}", f"turn off (on by default): {kw['help']}"
-        else:
-            inner = [a for a in typing.get_args(hint) if a is not type(None)]  # X of X | None, str of list[str]
-            if typing.get_origin(hint) is list:
-                kw["nargs"] = "*"
-            kw["type"] = _TYPES.get(f.name) or (inner[0] if inner else hint)
-            kw["metavar"] = {int: "N", float: "X"}.get(kw["type"])
-            if "choices" in f.metadata:
-                kw["choices"], kw["metavar"] = f.metadata["choices"], None
-        group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})
-    return group
-
-
-def given(args, cls) -> dict:
-    """``{field: value}`` of the options of ``cls`` given on the command line (see :func:`add_options`)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-
-
-def add_study_options(
-    p, presets=None, default=None, output_dir="", quick=False, steps=True, overwrite=True, steps_alias=()
-):
-    """The options every study command shares, each with one meaning: ``--preset`` (the study's
-    recipe), ``--output-dir``, ``--seeds`` (which seeds, in that order), ``--steps`` (training steps
-    of each run), ``--threads``, ``--overwrite`` (train finished runs again), ``--quick`` (the
-    CI-sized version of the preset), ``--no-progress``. ``steps_alias``: an older name of ``--steps``."""
-    g = p.add_argument_group("study options")
-    if presets is not None:
-        g.add_argument(
-            "--preset", default=default, choices=sorted(presets), help="the study's recipe (default: %(default)s)"
-        )
-    g.add_argument("--output-dir", metavar="DIR", help=f"where the study writes (default: {output_dir})")
-    g.add_argument(
-        "--seeds", type=int, nargs="+", metavar="S", help="seeds to run, in this order (default: the preset's)"
-    )
-    if steps:
-        g.add_argument(
-            "--steps", *steps_alias, type=int, metavar="N", help="training steps of each run (default: the preset's)"
-        )
-    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
-    if overwrite:
-        g.add_argument("--overwrite", action="store_true", help="train finished runs again instead of reusing them")
-    if quick:
-        g.add_argument("--quick", action="store_true", help="the CI-sized version of the preset (seconds to a minute)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return g
+from .options import add_options, add_study_options, given, parse_head_dim
 
 
 def _allow_pickle(p):

@@ -3,7 +3,7 @@
 ``transformers.TrainingArguments`` that pretraining and fine-tuning share.
 
 Each field's default and its attribute docstring are the only copy: ``fixedhead pretrain``'s
-options and their ``--help`` are derived from them (:func:`fixedhead.cli.add_options`).
+options and their ``--help`` are derived from them (:func:`fixedhead.options.add_options`).
 """
 
 from __future__ import annotations
