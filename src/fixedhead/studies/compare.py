@@ -86,11 +86,7 @@ def _preset(
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
     if architecture != "fixedhead":
         extra["architecture"] = architecture
-    recipe_text = r.describe()
-    if rates:
-        own = ", ".join(f"{name} {lr:g}" for name, lr in rates.items())
-        recipe_text = recipe_text.rsplit(" at lr ", 1)[0]
-        recipe_text += f", each model at its own learning rate ({own}) chosen on a validation split"
+    recipe_text = r.describe().rsplit(" at lr ", 1)[0]  # the rate is named by run_compare (shared, own, grid)
     return ComparePreset(
         description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"
@@ -206,6 +202,14 @@ def run_compare(
         description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
         train = replace(train, objective=objective, mlm_probability=0.15)
     train = replace(train, progress=progress)
+    if learning_rates is not None:
+        grid = ", ".join(f"{x:g}" for x in learning_rates)
+        description += f"; each model at the best rate of the grid {grid} on a validation split"
+    elif learning_rate is None and p.learning_rates:
+        own = ", ".join(f"{name} {lr:g}" for name, lr in p.learning_rates.items())
+        description += f"; each model at its own learning rate ({own}), chosen on a validation split"
+    else:
+        description += f"; learning rate {train.learning_rate:g}"
     configs = {name: dict(fields) for name, fields in p.models.items()}
     if architecture is not None and any(f.get("architecture", "fixedhead") != architecture for f in configs.values()):
         description += _as(check_architecture(architecture))
