@@ -178,6 +178,9 @@ def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, mo
     plan = saved["meta"]["plan"]
     assert list(plan["models"]) == ["standard", "fixed", "standard-wide"]
     assert plan["models"]["fixed"]["head_dim"] == 16
+    # the widened model keeps the preset's feed-forward ratio (tiny: 64 for d = 32)
+    wide_fields = plan["models"]["standard-wide"]
+    assert wide_fields["hidden_size"] > 32 and wide_fields["intermediate_size"] == 2 * wide_fields["hidden_size"]
     assert plan["learning_rates"] == {name: 3e-3 for name in plan["models"]}  # the tiny recipe's rate
     # --models trains a subset; the widened model is still sized against the fixed one
     wide = tmp_path / "w"

@@ -128,8 +128,14 @@ def get_compare_preset(name: str) -> ComparePreset:
     return core.pick(COMPARE_PRESETS, name, "compare")
 
 
+def widened_ffn(base: dict, d: int) -> int:
+    """The feed-forward width of ``base`` widened to hidden size ``d``: the base's ratio f/d kept (4 when unset)."""
+    ratio = (base.get("intermediate_size") or 4 * base["hidden_size"]) / base["hidden_size"]
+    return round(ratio * d)
+
+
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
-    """Smallest standard hidden size (a multiple of the head count, FFN kept at 4·d) whose parameter
+    """Smallest standard hidden size (a multiple of the head count, FFN at the base's ratio f/d) whose parameter
     count reaches ``target_params`` (:func:`~fixedhead.model.architectures.parameter_count` of the
     fields' architecture: fixedhead's without pooler, as the MLM model has none). A Llama model's
     d/h stays even (a multiple of 2h): rotary positions rotate pairs of coordinates."""
@@ -137,7 +143,9 @@ def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int
     step = step or heads * (2 if base.get("architecture") == "llama" else 1)
     d = base["hidden_size"]
     while True:
-        cfg = build_config({**base, "hidden_size": d, "intermediate_size": 4 * d, "vocab_size": vocab_size})
+        cfg = build_config(
+            {**base, "hidden_size": d, "intermediate_size": widened_ffn(base, d), "vocab_size": vocab_size}
+        )
         if parameter_count(cfg) >= target_params or d > 64 * base["hidden_size"]:
             return d
         d += step
@@ -228,7 +236,7 @@ def run_compare(
     if p.widen and p.match_to:
         target = parameter_count(build_config({**configs[p.match_to], "vocab_size": vocab}))
         d = match_hidden_size(configs[p.widen], target, vocab)
-        configs[p.widen].update(hidden_size=d, intermediate_size=4 * d)
+        configs[p.widen].update(hidden_size=d, intermediate_size=widened_ffn(configs[p.widen], d))
     if models:
         configs = {name: fields for name, fields in configs.items() if name in models}
 
