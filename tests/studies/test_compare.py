@@ -218,11 +218,16 @@ def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpu
 
 
 def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
+    from dataclasses import replace
+
     from fixedhead.studies.compare import get_compare_preset, match_hidden_size, run_compare
+    from fixedhead.studies.recipes import get_recipe
 
     cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
     assert {name: {**fields, "architecture": "llama"} for name, fields in cpu.models.items()} == llama.models
-    assert (llama.train, llama.data) == (cpu.train, cpu.data)
+    # the same recipe; the rates chosen for fixedhead's models (and their validation split) are not Llama's
+    assert llama.train == cpu.train and llama.data == get_recipe("cpu-clm").data and not llama.learning_rates
+    assert cpu.data == replace(get_recipe("cpu-clm").data, validation_fraction=0.05)
     # the wider standard Llama model: the smallest d (a multiple of 2h = 32) with at least the fixed
     # model's parameters, counted with the formula of tests/model/test_architectures.py
     v, layers, h = 8192, 2, 16
@@ -236,3 +241,27 @@ def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     with pytest.raises(ValueError, match="parametrization='mup' is an option of fixedhead's attention only"):
         run_compare("cpu-mup", tmp_path / "m", architecture="llama", progress=False)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation_split(
+    small_real_corpus, tmp_path, monkeypatch
+):
+    """Rates chosen on the validation split stay valid only if the models train as they did when
+    the rates were chosen: without that split."""
+    from fixedhead.studies import compare
+
+    seen = {}
+
+    def record(config, data, run_dir, settings, overwrite=False):
+        seen[run_dir.name] = (settings.learning_rate, data.validation is not None)
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(compare, "train_or_reuse", record)
+    rates = {"standard": 1e-3, "fixed": 4e-3, "standard-wide": 2e-3}
+    preset = compare._preset("tiny", 32, 8, 16, "a smoke test", rates=rates)
+    with pytest.raises(KeyboardInterrupt):
+        compare.run_compare(preset, tmp_path / "c", corpus=str(small_real_corpus), progress=False)
+    assert seen == {"standard": (1e-3, True)}
+    meta = json.loads((tmp_path / "c" / "results.json").read_text())["meta"]
+    assert meta["plan"]["learning_rates"] == rates and meta["data"]["validation_fraction"] == 0.05

@@ -110,7 +110,15 @@ def _as(architecture: str) -> str:
 
 
 COMPARE_PRESETS = {
-    "cpu": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)"),
+    # each model's rate: `fixedhead compare --learning-rates 5e-4,1e-3,2e-3,4e-3` (docs/results/make-run-lr)
+    "cpu": lambda: _preset(
+        "cpu-clm",
+        128,
+        16,
+        causal_threshold(64),
+        "the causal threshold ceil((n-1)/2)",
+        rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 2e-3},
+    ),
     "cpu-llama": lambda: _preset(
         "cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)", architecture="llama"
     ),
