@@ -286,7 +286,7 @@ def run_compare(
             lr = _rate_of(p, name, train, learning_rate)
             run_dirs[name] = out / name
             result = train_or_reuse(config, data, run_dirs[name], replace(train, learning_rate=lr), overwrite)
-            results.append({**result, "learning_rate": lr} if p.learning_rates else result)
+            results.append({**result, "name": name, **({"learning_rate": lr} if p.learning_rates else {})})
             continue
         runs = {}
 
