@@ -480,6 +480,7 @@ def plot_learning_rates(selection: dict, path: Path) -> None:
         diverged = [r for r, v in zip(rates, losses, strict=True) if v is None]
         ax.plot(diverged, [top] * len(diverged), "x", color=line.get_color())
     ax.set_xscale("log", base=2)
+    render.plain_ticks(ax, sorted({float(lr) for m in selection["models"].values() for lr in m["validation_loss"]}))
     ax.set_xlabel("learning rate")
     ax.set_ylabel("validation loss (nats)")
     ax.set_title(
