@@ -27,7 +27,7 @@ from transformers import (
 )
 
 import fixedhead.model.from_bert as convert
-from fixedhead.model import checks
+from fixedhead.model import tensor_checks as checks
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.model.from_bert import from_bert
 from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadForSequenceClassification, FixedHeadModel
