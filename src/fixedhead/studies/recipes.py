@@ -1,7 +1,7 @@
 """Training recipes: named data and training settings, the one home of every number a language-model
 study trains with (``compare``, ``sweep``, ``widen-experiment``) and of the tests' tiny runs.
 
-* ``cpu-clm`` (``make run``): causal LMs at n = 64 for 700 steps at lr 1e-3; on a CPU budget a
+* ``cpu-clm`` (``make run``, the causal sweep): causal LMs at n = 64 for 700 steps at lr 1e-3; on a CPU budget a
   causal LM leaves the word-frequency plateau where a masked LM does not (docs/performance.md);
 * ``cpu-mlm``: masked LMs at n = 32 with 40% of the training tokens masked, batch 32, lr 2e-3,
   2,800 steps (the masked-LM recipe of ``benchmarks/bench_tokens_to_quality.py``);
@@ -69,9 +69,9 @@ def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, 
 
 
 def _cpu_clm() -> Recipe:
-    # 100k held-out tokens: a causal model scores every one with the full output layer. At lr 2e-3
-    # the standard model learns faster but the fixed one falls behind it from the first evaluation
-    # (docs/experiments.md, causal section); at 1e-3 they track each other
+    # 100k held-out tokens: a causal model scores every one with the full output layer. The shared
+    # rate 1e-3 suits the fixed model (flat from 1e-3 to 2e-3) more than the standard ones, which
+    # do best at 2e-3 (docs/results/make-run-lr): make run's preset sets each model's own rate
     return _cpu("cpu-clm", 64, 700, 4, 100_000, objective="clm", learning_rate=1e-3)
 
 
