@@ -7,6 +7,7 @@ import math
 import pytest
 
 from fixedhead.cli import main
+from fixedhead.model.architectures import non_embedding_parameters
 from fixedhead.studies import scaling
 
 
@@ -36,9 +37,9 @@ def test_non_embedding_parameters_are_berts_without_its_embeddings():
     expected = sum(p.numel() for p in bert.parameters()) - sum(
         m.weight.numel() for m in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings)
     )
-    assert scaling.non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32)) == expected
+    assert non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32)) == expected
     # a fixed head of 32 (4 heads): q, k, v grow to 4*32 outputs, W_o to 4*32 inputs
-    fixed = scaling.non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32, head_dim=32))
+    fixed = non_embedding_parameters(FixedHeadConfig(**sizes, max_position_embeddings=32, head_dim=32))
     assert fixed - expected == 2 * (3 * 64 * (128 - 64) + 3 * (128 - 64) + 64 * (128 - 64))
 
 
@@ -104,7 +105,7 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
         )
     )
     i = h * dp
-    assert scaling.non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
+    assert non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
     with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
         scaling.run_scaling("tiny", tmp_path / "s", architecture="llama", progress=False)
     assert not (tmp_path / "s").exists()

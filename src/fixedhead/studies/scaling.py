@@ -37,7 +37,7 @@ from pathlib import Path
 from ..checks import positive_float, positive_int
 from ..data import prepare_data
 from ..data.lm import unigram_perplexity
-from ..model.architectures import build_config, check_objective_for
+from ..model.architectures import build_config, check_objective_for, non_embedding_parameters
 from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
 from ..theory import causal_threshold
@@ -132,26 +132,6 @@ def family_head_dim(family: str, objective: str, n: int) -> int | None:
     if family.startswith("d_p=") and family[4:].isdigit() and int(family[4:]) > 0:
         return int(family[4:])
     raise ValueError(f"unknown head-size family {family!r}: use standard, threshold or d_p=K (e.g. d_p=64)")
-
-
-def non_embedding_parameters(config) -> int:
-    """N, the parameters outside embedding tables (token, position, type) and outside an output
-    layer tied to them — Kaplan et al.'s count — of any transformers config's causal or masked LM,
-    built on the meta device (no memory, no initialisation)."""
-    import torch
-    from torch import nn
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from ..model.architectures import objective_of
-
-    auto = AutoModelForCausalLM if objective_of(config) == "clm" else AutoModelForMaskedLM
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    output = model.get_output_embeddings()
-    untied = output is not None and id(output.weight) not in embedding
-    out_params = output.weight.numel() if untied else 0
-    return sum(p.numel() for p in model.parameters() if id(p) not in embedding) - out_params
 
 
 def training_flops(n_params: int, tokens: int, layers: int, n: int, attention_width: int) -> float:
