@@ -11,10 +11,11 @@ order, top to bottom:
     runs         run folders: claim an output folder, open a saved run, atomic writes
     data         text to batches (uses run-folder helpers: cache files, the recorded tokenizer)
     training     transformers' Trainer on run folders
-    plotting     matplotlib set-up shared by every figure (used by studies and analysis, so it is
-                 neither a study nor part of analysis)
-    studies      the paper's questions as resumable commands
+    plotting     matplotlib set-up shared by every figure (used by analysis and studies, so it is
+                 part of neither)
     analysis     head-rank diagnostics of a checkpoint
+    studies      the paper's questions as resumable commands (the scaling study reads its trained
+                 runs' ranks with analysis)
     options      command-line options derived from the settings dataclasses
     cli          the ``fixedhead`` command (and ``python -m fixedhead``)
 
@@ -39,8 +40,8 @@ LAYERS = [
     "data",
     "training",
     "plotting",
-    "studies",
     "analysis",
+    "studies",
     "options",
     "cli",
 ]

@@ -9,6 +9,7 @@ import pytest
 from fixedhead.cli import main
 from fixedhead.model.architectures import non_embedding_parameters
 from fixedhead.studies import scaling
+from fixedhead.studies.recipes import get_recipe
 
 
 def test_each_family_takes_the_papers_head_size():
@@ -76,6 +77,16 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     assert runs["threshold-d32"]["head_dim"] == 32 and runs["standard-d32"]["head_dim"] == 8
     assert runs["standard-d16"]["training_tokens"] == 4 * 16 * 32  # min_steps x batch x n
     assert (out / "scaling.png").stat().st_size > 1000
+    # every point's first-seed run at its chosen rate has its heads' ranks, below their ceiling
+    n = state["meta"]["n"]
+    assert set(state["ranks"]) == {pt["key"] for pt in plan["points"]}
+    for pt in plan["points"]:
+        r = state["ranks"][pt["key"]]
+        assert r["run"] == f"{pt['key']}-lr{state['tuning'][pt['key']]['chosen']:g}-s0"
+        assert r["heads"] == get_recipe("tiny").layers * pt["num_attention_heads"] and r["windows"] >= 1
+        assert 1 <= r["logit_rank"] <= r["logit_rank_max"] <= min(pt["head_dim"], n)
+        assert 0 <= r["at_ceiling"] <= 1
+    assert (out / "ranks.png").stat().st_size > 1000
     assert (out / "report.md").read_text() == scaling.report_markdown(state)
     summary = scaling.summarize(state)
     assert set(summary) == {"standard", "threshold"} and "fit_flops" in summary["threshold"]

@@ -34,6 +34,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import torch
+
+from ..analysis import analyze_model, load_encoder
 from ..checks import positive_float, positive_int
 from ..data import prepare_data
 from ..data.lm import unigram_perplexity
@@ -51,9 +54,15 @@ from .stats import holm, mean_std, pm, welch
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "scaling.png"
-OWNED = (REPORT_FILE, PLOT_FILE, "runs")
+RANK_PLOT_FILE = "ranks.png"
+OWNED = (REPORT_FILE, PLOT_FILE, RANK_PLOT_FILE, "runs")
 #: a per-size difference counts at this Holm-corrected level (corrected over the sizes of a family)
 ALPHA = 0.01
+#: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
+#: (float32 resolution, 1e-5, fills every head's structural rank and says nothing), on this many
+#: evenly spaced held-out windows
+RANK_RTOL = 1e-2
+RANK_WINDOWS = 16
 
 
 @dataclass
@@ -90,13 +99,16 @@ class ScalingPreset:
 
 SCALING_PRESETS = {
     # causal LMs at n = 64 with make run's recipe, standard d_p = 8; 4 sizes spanning ~9x in
-    # non-embedding parameters; 20 tokens per parameter up to 1M tokens (the three larger sizes hit
-    # the cap); 60 runs, about 2 hours on a 2-core CPU
+    # non-embedding parameters; every run capped at 500k tokens (245 steps, fewer than 20 per
+    # parameter at every size: L(N) at a fixed token budget). Short runs do best at higher rates
+    # than make run's 2e-3 at 700 steps, so the grid is centred higher. 60 runs, about 80 minutes
+    # on a 2-core CPU (step time is dominated by the 8,192-way output layer at these widths)
     "cpu": lambda: ScalingPreset(
         recipe="cpu-clm",
         sizes=((32, 4), (48, 6), (64, 8), (112, 14)),
-        max_tokens=1_000_000,
+        max_tokens=500_000,
         min_steps=200,
+        learning_rates=(1e-3, 2e-3, 4e-3, 8e-3),
         max_extensions=1,
     ),
     "tiny": lambda: ScalingPreset(
@@ -241,6 +253,7 @@ def run_scaling(
         "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
         "tuning": previous.get("tuning", {}),
         "runs": previous.get("runs", {}),
+        "ranks": previous.get("ranks", {}),
     }
 
     def save():
@@ -273,6 +286,7 @@ def run_scaling(
         return result
 
     first, rest = p.seeds[0], p.seeds[1:]
+    windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
     for pt in points:
         if p.learning_rates:
 
@@ -294,8 +308,40 @@ def run_scaling(
             train_point(pt, best, first)
         for seed in rest:
             train_point(pt, best, seed)
+        name = f"{pt['key']}-lr{best:g}-s{first}"
+        if overwrite or state["ranks"].get(pt["key"], {}).get("run") != name:
+            state["ranks"][pt["key"]] = {"run": name, **trained_ranks(out / "runs" / name, windows)}
+            save()
     write_outputs(state, out)
     return state
+
+
+def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
+    """Does the low-rank bottleneck bind in a trained model? Every head's numerical logit rank
+    on ``windows`` [num_windows, n] (:func:`fixedhead.analysis.analyze_model`), summarised over heads.
+
+    Returns:
+        ``{"heads", "windows", "rtol", "logit_rank": mean over heads of each head's mean over
+        windows, "logit_rank_max": the largest head mean, "at_ceiling": fraction of heads whose
+        mean rank is within 0.5 of their ceiling min(d_p, n) (so at the ceiling on at least half
+        the windows), "pattern_rank"/"pattern_rank_max": the same for the rank of the per-query
+        centred log-attention, the head size its patterns need (paper Theorem 1; causal heads:
+        the lower triangle, :func:`fixedhead.theory.min_head_dim`)}``.
+    """
+    model, _ = load_encoder(run_dir)
+    rows = analyze_model(model, windows, rtol=rtol).rows()
+    ranks = [r["logit_rank"] for r in rows]
+    patterns = [r["min_head_dim"] for r in rows if r["min_head_dim"] is not None]
+    return {
+        "heads": len(rows),
+        "windows": int(windows.shape[0]),
+        "rtol": rtol,
+        "logit_rank": sum(ranks) / len(ranks),
+        "logit_rank_max": max(ranks),
+        "at_ceiling": sum(r["logit_rank"] >= r["rank_cap"] - 0.5 for r in rows) / len(rows),
+        "pattern_rank": sum(patterns) / len(patterns) if patterns else None,
+        "pattern_rank_max": max(patterns) if patterns else None,
+    }
 
 
 def describe(p: ScalingPreset) -> str:
@@ -466,12 +512,88 @@ def report_markdown(state: dict) -> str:
                     ]
                 )
     lines += [*render.table(["family", "X", "a", "b (all seeds)", "b per seed"], fit_rows), ""]
+    lines += rank_section(state)
     return "\n".join(lines) + "\n"
+
+
+def rank_section(state: dict) -> list[str]:
+    """The trained-rank table: per point, its logit rank against its ceiling and its patterns' rank."""
+    ranks = state.get("ranks") or {}
+    if not ranks:
+        return []
+    meta, points = state["meta"], state["meta"]["plan"]["points"]
+    n, causal = meta["n"], meta["objective"] == "clm"
+    need = causal_threshold(n) if causal else n
+    first = next(iter(ranks.values()))
+    rows = []
+    for pt in points:
+        r = ranks.get(pt["key"])
+        if r is None:
+            continue
+        pattern = f"{r['pattern_rank']:.1f} ({r['pattern_rank_max']:.1f})" if r["pattern_rank"] is not None else ""
+        rows.append(
+            [
+                pt["family"],
+                pt["hidden_size"],
+                pt["head_dim"],
+                r["heads"],
+                f"{r['logit_rank']:.1f} ({r['logit_rank_max']:.1f})",
+                f"{100 * r['at_ceiling']:.0f}%",
+                pattern,
+            ]
+        )
+    header = ["family", "d", "d_p", "heads", "logit rank: mean (max)", "heads at ceiling", "pattern rank: mean (max)"]
+    return [
+        "## Do the heads sit at their rank ceiling?",
+        "",
+        f"![mean logit rank and heads at their ceiling against N]({RANK_PLOT_FILE})",
+        "",
+        f"Each point's seed-{meta['plan']['seeds'][0]} run at its chosen rate, on {first['windows']} evenly spaced "
+        f"held-out windows of n = {n} tokens (`fixedhead.analysis`). Rank counts singular values above "
+        f"{first['rtol']:g} of the largest (at float32 resolution every head fills its structural rank). "
+        "\"logit rank\": of each head's n × n logits, a mean over heads of each head's mean over windows, "
+        'and the largest head mean; "at ceiling": heads whose mean is within 0.5 of min(d_p, n); "pattern '
+        'rank": the rank of the per-query centred log-attention'
+        + (" (lower triangle)" if causal else "")
+        + ", the head size its patterns need. The paper's argument: an arbitrary "
+        + ("causal " if causal else "")
+        + f"pattern over n = {n} tokens needs d_p ≥ {need}.",
+        "",
+        *render.table(header, rows),
+        "",
+    ]
 
 
 def write_outputs(state: dict, out: Path) -> None:
     write_text_atomic(out / REPORT_FILE, report_markdown(state))
     plot(state, out / PLOT_FILE)
+    if state.get("ranks"):
+        plot_ranks(state, out / RANK_PLOT_FILE)
+
+
+def plot_ranks(state: dict, path: Path) -> None:
+    """Per family against N: the mean logit rank with each point's d_p (dashed), and the fraction
+    of heads at their ceiling."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    by_family: dict[str, list] = {}
+    for pt in state["meta"]["plan"]["points"]:
+        if pt["key"] in state["ranks"]:
+            by_family.setdefault(pt["family"], []).append((pt, state["ranks"][pt["key"]]))
+    for name, pts in by_family.items():
+        xs = [pt["non_embedding_parameters"] for pt, _ in pts]
+        (line,) = axes[0].plot(xs, [r["logit_rank"] for _, r in pts], "o-", label=f"{name}: mean logit rank")
+        axes[0].plot(xs, [pt["head_dim"] for pt, _ in pts], "--", color=line.get_color(), alpha=0.6)
+        axes[1].plot(xs, [100 * r["at_ceiling"] for _, r in pts], "o-", color=line.get_color(), label=name)
+    axes[0].set_ylabel("numerical logit rank (dashed: d_p)")
+    axes[1].set_ylabel("heads at their rank ceiling (%)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    fig.suptitle(state["meta"].get("description", "")[:120], fontsize=8)
+    save_figure(fig, path)
 
 
 def plot(state: dict, path: Path) -> None:
