@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fixedhead import FixedHeadForMaskedLM
-from fixedhead.analysis import analyze, attention_logits, head_statistics, numerical_rank
+from fixedhead.analysis import AttentionAnalysis, analyze, attention_logits, head_statistics, numerical_rank
 from fixedhead.cli import main
 
 
@@ -30,6 +30,22 @@ def test_head_statistics_on_known_heads():
     assert sharp["entropy"] < 1e-15
     with pytest.raises(ValueError, match="rtol must be in"):
         numerical_rank(torch.eye(3), rtol=0.0)
+
+
+def test_the_summary_over_heads_counts_heads_at_their_ceiling():
+    # 2 layers x 2 heads; layer 0 has d_p = 4, layer 1 d_p = 16 > n = 8 (its ceiling is n)
+    a = AttentionAnalysis(
+        model="m", model_type="fixedhead", num_layers=2, num_heads=2, head_dims=[4, 16], seq_len=8,
+        num_sequences=3, rtol=1e-2,
+        logit_rank=[[4.0, 3.4], [7.6, 2.0]], logit_rank_max=[[4, 4], [8, 3]],
+        min_head_dim=[[3.0, None], [5.0, 1.0]], min_head_dim_max=[[3, None], [6, 1]],
+        entropy=[[1.0, 1.0], [1.0, 1.0]],
+    )  # fmt: skip
+    s = a.summary()
+    # at the ceiling: 4.0 of 4 and 7.6 of 8 (within 0.5); not 3.4 of 4 or 2.0 of 8
+    assert s["at_ceiling"] == 0.5 and s["heads"] == 4 and s["windows"] == 3 and s["rtol"] == 1e-2
+    assert s["logit_rank"] == pytest.approx((4.0 + 3.4 + 7.6 + 2.0) / 4) and s["logit_rank_max"] == 7.6
+    assert s["pattern_rank"] == pytest.approx(3.0) and s["pattern_rank_max"] == 5.0  # the head without one skipped
 
 
 def test_captured_logits_reproduce_fixedhead_attentions(tiny_pretrained_run):

@@ -216,6 +216,31 @@ class AttentionAnalysis:
                 )
         return out
 
+    def summary(self) -> dict:
+        """Over all heads: does the low-rank bottleneck bind?
+
+        Returns:
+            ``{"heads", "windows", "rtol", "logit_rank": the mean over heads of each head's mean
+            over sequences, "logit_rank_max": the largest head mean, "at_ceiling": the fraction of
+            heads whose mean rank is within 0.5 of their ceiling min(d_p, n) (so at the ceiling on
+            at least half the sequences), "pattern_rank" / "pattern_rank_max": the same two for
+            ``min_head_dim``, the head size the attention patterns need (None when no head has
+            one)}``.
+        """
+        rows = self.rows()
+        ranks = [r["logit_rank"] for r in rows]
+        patterns = [r["min_head_dim"] for r in rows if r["min_head_dim"] is not None]
+        return {
+            "heads": len(rows),
+            "windows": self.num_sequences,
+            "rtol": self.rtol,
+            "logit_rank": sum(ranks) / len(ranks),
+            "logit_rank_max": max(ranks),
+            "at_ceiling": sum(r["logit_rank"] >= r["rank_cap"] - 0.5 for r in rows) / len(rows),
+            "pattern_rank": sum(patterns) / len(patterns) if patterns else None,
+            "pattern_rank_max": max(patterns) if patterns else None,
+        }
+
 
 @torch.no_grad()
 def analyze_model(

@@ -317,31 +317,10 @@ def run_scaling(
 
 
 def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
-    """Does the low-rank bottleneck bind in a trained model? Every head's numerical logit rank
-    on ``windows`` [num_windows, n] (:func:`fixedhead.analysis.analyze_model`), summarised over heads.
-
-    Returns:
-        ``{"heads", "windows", "rtol", "logit_rank": mean over heads of each head's mean over
-        windows, "logit_rank_max": the largest head mean, "at_ceiling": fraction of heads whose
-        mean rank is within 0.5 of their ceiling min(d_p, n) (so at the ceiling on at least half
-        the windows), "pattern_rank"/"pattern_rank_max": the same for the rank of the per-query
-        centred log-attention, the head size its patterns need (paper Theorem 1; causal heads:
-        the lower triangle, :func:`fixedhead.theory.min_head_dim`)}``.
-    """
+    """Does the low-rank bottleneck bind in a trained run? Its heads' ranks on ``windows``
+    [num_windows, n]: :meth:`fixedhead.analysis.AttentionAnalysis.summary`."""
     model, _ = load_encoder(run_dir)
-    rows = analyze_model(model, windows, rtol=rtol).rows()
-    ranks = [r["logit_rank"] for r in rows]
-    patterns = [r["min_head_dim"] for r in rows if r["min_head_dim"] is not None]
-    return {
-        "heads": len(rows),
-        "windows": int(windows.shape[0]),
-        "rtol": rtol,
-        "logit_rank": sum(ranks) / len(ranks),
-        "logit_rank_max": max(ranks),
-        "at_ceiling": sum(r["logit_rank"] >= r["rank_cap"] - 0.5 for r in rows) / len(rows),
-        "pattern_rank": sum(patterns) / len(patterns) if patterns else None,
-        "pattern_rank_max": max(patterns) if patterns else None,
-    }
+    return analyze_model(model, windows, rtol=rtol).summary()
 
 
 def describe(p: ScalingPreset) -> str:
