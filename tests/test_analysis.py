@@ -118,6 +118,8 @@ def test_analyze_cli_on_a_run_writes_table_json_and_heatmap(tiny_pretrained_run,
     saved = json.loads((out / "analysis.json").read_text())
     assert saved["num_heads"] == 4 and len(saved["table"]) == 8 and saved["rtol"] == 1e-5
     assert all(r["logit_rank_max"] <= 16 for r in saved["table"])
+    ranks = [r["logit_rank"] for r in saved["table"]]
+    assert saved["summary"]["logit_rank"] == pytest.approx(sum(ranks) / 8) and saved["summary"]["heads"] == 8
     png = (out / "attention_heatmap.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 

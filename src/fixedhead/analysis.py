@@ -411,9 +411,12 @@ def format_table(result: AttentionAnalysis) -> str:
             f"{r['entropy']:>8.3f} {r['entropy'] / math.log(n):>6.2f}"
         )
     at_cap = sum(r["logit_rank_max"] >= r["rank_cap"] for r in result.rows())
+    s = result.summary()
     lines.append(
-        f"heads whose logits reach the rank cap min(d_p, n) on some sequence: {at_cap}/{len(result.rows())}; "
-        f"cap = d_p < n means the head is rank-limited (paper Section 3); ln n = {math.log(n):.3f} nats"
+        f"heads whose logits reach the rank cap min(d_p, n) on some sequence: {at_cap}/{len(result.rows())}, "
+        f"on at least half the sequences: {round(s['at_ceiling'] * s['heads'])}/{s['heads']}; mean rank(S) over "
+        f"heads {s['logit_rank']:.1f}; cap = d_p < n means the head is rank-limited (paper Section 3); "
+        f"ln n = {math.log(n):.3f} nats"
     )
     return "\n".join(lines)
 
@@ -477,7 +480,9 @@ def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> 
 
     out = claim_output_dir(output_dir, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze")
     with staged_outputs(out) as stage:
-        stage(ANALYSIS_FILE).write_text(json.dumps({**asdict(result), "table": result.rows()}, indent=2))
+        stage(ANALYSIS_FILE).write_text(
+            json.dumps({**asdict(result), "table": result.rows(), "summary": result.summary()}, indent=2)
+        )
         plot_heatmap(result, stage(HEATMAP_FILE))
     return {"json": out / ANALYSIS_FILE, "heatmap": out / HEATMAP_FILE}
 
