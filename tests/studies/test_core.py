@@ -86,3 +86,18 @@ def test_overrides_have_one_policy():
         core.steps_override("steps", 0, 40)
     with pytest.raises(ValueError, match="unknown toy preset 'big'; known: small"):
         core.pick({"small": dict}, "big", "toy")
+
+
+def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
+    import os
+    import subprocess
+
+    run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
+    lock = core.try_lock(run_dir)
+    assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
+    lock.write_text(str(os.getppid()))  # a live process that is not us
+    assert core.try_lock(run_dir) is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # a finished process: its lock is stale
+    assert core.try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())

@@ -167,23 +167,6 @@ def test_cli_report_errors(tmp_path, capsys):
     assert "sweep.json" in capsys.readouterr().err
 
 
-def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
-    import os
-    import subprocess
-
-    from fixedhead.studies.sweep import try_lock
-
-    run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
-    lock = try_lock(run_dir)
-    assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
-    lock.write_text(str(os.getppid()))  # a live process that is not us
-    assert try_lock(run_dir) is None
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    lock.write_text(str(dead.pid))  # a finished process: its lock is stale
-    assert try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
-
-
 def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
@@ -259,6 +242,27 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     assert {k: r["train_seconds"] for k, r in again["runs"].items()} == {
         k: r["train_seconds"] for k, r in state["runs"].items()
     }
+
+
+def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpus, tmp_path):
+    """Workers sharing a folder: one that finds a model's rate being chosen by another live process
+    trains none of that model's runs; once the lock is gone the model is tuned and trained."""
+    import os
+
+    preset = replace(_tiny_preset(small_real_corpus), finetune=None)
+    preset = replace(preset, points=preset.points[:2], seeds=(0,))
+    out = tmp_path / "sweep"
+    kw = dict(progress=False, cache_dir=tmp_path / "cache", learning_rates=[1e-3, 4e-3], max_extensions=0)
+    keys = [run_key({**preset.common, **pt.model}) for pt in preset.points]
+    run_sweep(replace(preset, points=preset.points[1:]), out, **kw)  # the second model alone
+    busy = out / "runs" / f"{keys[0]}-rate.lock"
+    busy.write_text(str(os.getppid()))  # a live process that is not this one
+    state = run_sweep(preset, out, **kw)
+    assert {r["key"] for r in state["runs"].values()} == {keys[1]}
+    assert not any(p.name.startswith(keys[0]) for p in (out / "runs").iterdir() if p != busy)
+    busy.unlink()
+    state = run_sweep(preset, out, **kw)
+    assert {r["key"] for r in state["runs"].values()} == set(keys)
 
 
 def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():

@@ -10,6 +10,7 @@ run function with its own rate.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -128,3 +129,35 @@ def pending(plan: list[tuple[Any, int]], done: Callable[[Any, int], bool]) -> It
     for i, (item, seed) in enumerate(plan, 1):
         if not done(item, seed):
             yield i, item, seed
+
+
+def try_lock(run_dir: Path) -> Path | None:
+    """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
+
+    Lets several workers of a study share one output directory (each skips what another is
+    training); a lock left by a dead process is taken over.
+    """
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    return None  # alive
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    return None
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return lock
+    return None

@@ -23,7 +23,6 @@ turns it into markdown and plots.
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -44,6 +43,7 @@ from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finet
 from ..training.pretrain import settings_differences, train_or_reuse
 from ..training.settings import TrainSettings
 from . import core
+from .core import try_lock
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
 from .stats import ALPHA
@@ -311,38 +311,6 @@ def check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: 
         )
 
 
-def try_lock(run_dir: Path) -> Path | None:
-    """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
-
-    Lets several ``fixedhead sweep`` workers share one output directory (each skips runs another
-    is training); a lock left by a dead process is taken over.
-    """
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid():
-                try:
-                    os.kill(pid, 0)
-                    return None  # alive
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    return None
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return lock
-    return None
-
-
 def run_sweep(
     preset: str | SweepPreset = "cpu-mlm",
     output_dir: str | Path = "runs/sweep",
@@ -513,8 +481,18 @@ def run_sweep(
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
         config = build_config({**fields, "vocab_size": vocab, "pad_token_id": data.tokenizer.pad_token_id})
         lr = train.learning_rate
-        if learning_rates:
-            lr = tuning[key]["chosen"] if key in tuning else tune(key, config)
+        if learning_rates and key in tuning:
+            lr = tuning[key]["chosen"]
+        elif learning_rates:
+            choosing = try_lock(out / "runs" / f"{key}-rate")  # one worker trains a model's grid
+            if choosing is None:
+                if progress:
+                    print(f"  another worker is choosing {key}'s rate; skipping its runs for now", flush=True)
+                continue
+            try:
+                lr = tune(key, config)
+            finally:
+                choosing.unlink(missing_ok=True)
         name = f"{key}-lr{lr:g}-s{seed}" if learning_rates else f"{key}-s{seed}"
         run_dir = out / "runs" / name
         if progress:
