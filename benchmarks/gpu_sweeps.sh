@@ -12,8 +12,11 @@
 #   sweep-mlm.json, sweep-clm.json and workers.log (the end of every worker's log). The run folders
 #   stay in $RUNS; afterwards: fixedhead report $RUNS/sweep-mlm --output-dir docs/results/sweep-mlm
 # Environment: PYTHON (default python3), MLM_WORKERS (8), CLM_WORKERS (5), RUNS (runs/gpu, or
-#   runs/gpu-quick with QUICK=1), QUICK=1 (CI-sized presets and a 3-step pair: checks the script on
-#   a CPU in a few minutes; its runs never mix with real ones).
+#   runs/gpu-quick with QUICK=1, runs/gpu-lr with LEARNING_RATES), QUICK=1 (CI-sized presets and a
+#   3-step pair: checks the script on a CPU in a few minutes; its runs never mix with real ones),
+#   LEARNING_RATES=5e-4,1e-3,2e-3,4e-3 (each model of both sweeps chooses its own rate from this grid
+#   on a validation split with the first seed, then every seed trains at it: the fair comparison;
+#   one worker trains a model's grid while the others take other models).
 # Exit status: 0 when both sweep files were written, 1 otherwise (a job that hit the deadline
 #   shows status 124 in gpu.txt; its finished runs are still in the sweep file).
 set -u
@@ -26,10 +29,14 @@ py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 quick=()
 pair_steps=()
+rates=()
+[ -n "${LEARNING_RATES:-}" ] && rates=(--learning-rates "$LEARNING_RATES")
 if [ "${QUICK:-0}" = 1 ]; then
   quick=(--quick)
   pair_steps=(--max-steps 3 --max-eval-tokens 5000)
   runs=${RUNS:-runs/gpu-quick}
+elif [ -n "${LEARNING_RATES:-}" ]; then
+  runs=${RUNS:-runs/gpu-lr}
 else
   runs=${RUNS:-runs/gpu}
 fi
@@ -48,13 +55,13 @@ timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --output-dir "$runs/lm1b-pai
   > "$out/pair.log" 2>&1 &
 names+=(pair) pids+=($!)
 for i in $(seq 1 "${MLM_WORKERS:-8}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} --threads 1 --no-report \
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} --threads 1 --no-report \
     --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
   names+=("mlm-$i") pids+=($!)
   sleep 1  # stagger the starts (data preparation, then the folder claim)
 done
 for i in $(seq 1 "${CLM_WORKERS:-5}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} --threads 1 --no-report \
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} --threads 1 --no-report \
     --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
   names+=("clm-$i") pids+=($!)
   sleep 1

@@ -395,7 +395,7 @@ def _scaling(args):
     run_scaling(
         args.preset, out, progress=not args.no_progress, **_pick(args, "seeds", "overwrite", "learning_rates", "corpus")
     )
-    print(f"wrote {out}/report.md, results.json and scaling.png")
+    print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
 
 
 def _bottleneck_options(p):

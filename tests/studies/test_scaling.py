@@ -8,7 +8,7 @@ import pytest
 
 from fixedhead.cli import main
 from fixedhead.model.architectures import non_embedding_parameters
-from fixedhead.studies import scaling
+from fixedhead.studies import core, scaling
 from fixedhead.studies.recipes import get_recipe
 
 
@@ -59,6 +59,14 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "s"
     argv = ["scaling", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
+    # workers share a folder point by point: a point another live worker holds is left to it
+    real_lock = core.try_lock
+    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == "threshold-d32" else real_lock(path))
+    assert main([*argv, "--no-progress"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    assert {r["point"] for r in state["runs"].values()} == {"standard-d16", "standard-d32", "threshold-d16"}
+    assert "threshold-d32" not in state["ranks"] and "threshold-d32" not in state["tuning"]
+    monkeypatch.setattr(core, "try_lock", real_lock)
     assert main([*argv, "--no-progress"]) == 0
     state = json.loads((out / "results.json").read_text())
     plan = state["meta"]["plan"]

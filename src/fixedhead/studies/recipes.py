@@ -105,7 +105,26 @@ def _tiny() -> Recipe:
     )
 
 
-RECIPES = {"cpu-clm": _cpu_clm, "cpu-mlm": _cpu_mlm, "tiny": _tiny}
+def _gpu_clm() -> Recipe:
+    # one GPU's causal recipe: n = 128, batch 64, bf16, 4 layers (the scaling study's gpu preset)
+    return Recipe(
+        name="gpu-clm",
+        data=DataSettings(corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=128, max_eval_tokens=200_000),
+        train=TrainSettings(
+            batch_size=64,
+            max_steps=1000,
+            eval_steps=250,
+            save_steps=500,
+            objective="clm",
+            learning_rate=1e-3,
+            bf16=True,
+        ),
+        layers=4,
+        shared_model=dict(intermediate_size=512),
+    )
+
+
+RECIPES = {"cpu-clm": _cpu_clm, "cpu-mlm": _cpu_mlm, "gpu-clm": _gpu_clm, "tiny": _tiny}
 
 
 def get_recipe(name: str) -> Recipe:

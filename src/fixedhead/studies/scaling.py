@@ -29,6 +29,7 @@ architecture.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -42,7 +43,7 @@ from ..data import prepare_data
 from ..data.lm import unigram_perplexity
 from ..model.architectures import build_config, check_objective_for, non_embedding_parameters
 from ..plotting import pyplot, save_figure
-from ..runs import write_text_atomic
+from ..runs import load_json_file, write_text_atomic
 from ..theory import causal_threshold
 from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
@@ -109,6 +110,18 @@ SCALING_PRESETS = {
         max_tokens=500_000,
         min_steps=200,
         learning_rates=(1e-3, 2e-3, 4e-3, 8e-3),
+        max_extensions=1,
+    ),
+    # one GPU: n = 128 (the causal threshold is 64, so the threshold family is also modern practice's
+    # d_p = 64), 4 layers, d = 128...512 with standard d_p = 16 (~14x in N), 20 tokens per parameter
+    # up to 4M tokens; bf16. benchmarks/gpu_scaling.sh runs it as several workers sharing the GPU
+    "gpu": lambda: ScalingPreset(
+        recipe="gpu-clm",
+        sizes=((128, 8), (256, 16), (384, 24), (512, 32)),
+        families=("standard", "threshold"),
+        max_tokens=4_000_000,
+        min_steps=200,
+        learning_rates=(5e-4, 1e-3, 2e-3, 4e-3),
         max_extensions=1,
     ),
     "tiny": lambda: ScalingPreset(
@@ -257,7 +270,13 @@ def run_scaling(
     }
 
     def save():
-        core.save_state(out / RESULTS_FILE, state, state["runs"].values())
+        # workers sharing the folder: merge what the others recorded, one writer at a time
+        with open(out / f".{RESULTS_FILE}.lock", "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            other = load_json_file(out / RESULTS_FILE) if (out / RESULTS_FILE).is_file() else {}
+            for part in ("runs", "tuning", "ranks"):
+                state[part].update({k: v for k, v in other.get(part, {}).items() if k not in state[part]})
+            core.save_state(out / RESULTS_FILE, state, state["runs"].values())
 
     save()  # the plan before any training
     from ..training.pretrain import lm_config
@@ -288,6 +307,11 @@ def run_scaling(
     first, rest = p.seeds[0], p.seeds[1:]
     windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
     for pt in points:
+        lock = core.try_lock(out / "runs" / pt["key"])  # a point (its grid and seeds) is one worker's
+        if lock is None:
+            if progress:
+                print(f"{pt['key']}: another worker is on this point; skipping it", flush=True)
+            continue
         if p.learning_rates:
 
             def at(lr, pt=pt):
@@ -311,7 +335,9 @@ def run_scaling(
         name = f"{pt['key']}-lr{best:g}-s{first}"
         if overwrite or state["ranks"].get(pt["key"], {}).get("run") != name:
             state["ranks"][pt["key"]] = {"run": name, **trained_ranks(out / "runs" / name, windows)}
-            save()
+        lock.unlink(missing_ok=True)
+        save()
+    save()
     write_outputs(state, out)
     return state
 

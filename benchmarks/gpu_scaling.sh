@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The scaling study's larger points on one GPU: fixedhead scaling --preset gpu (causal LMs, n = 128,
+# 4 layers, d = 128...512, standard d_p = 16 against the threshold d_p = 64, each point's learning
+# rate chosen on a validation split, 2 seeds, bf16). Several workers share one output folder point
+# by point (a worker skips a point another holds; results.json merges every worker's runs after
+# each), so whatever finishes before the deadline is kept, smallest points first.
+#
+# Usage: benchmarks/gpu_scaling.sh OUT_DIR [DEADLINE_SECONDS]
+#   OUT_DIR gets gpu.txt (machine, versions, each worker's exit status), results.json, report.md,
+#   scaling.png, ranks.png and workers.log (the end of every worker's log); the run folders stay
+#   in $RUNS/scaling-PRESET.
+# Environment: PYTHON (default python3), WORKERS (8: one per point), RUNS (runs/gpu, or
+#   runs/gpu-quick with QUICK=1), QUICK=1 (the tiny preset: checks the script on a CPU in a
+#   minute; its runs never mix with real ones).
+# Exit status: 0 when results.json was written, 1 otherwise.
+set -u
+out=${1:?usage: benchmarks/gpu_scaling.sh OUT_DIR [DEADLINE_SECONDS]}
+deadline=${2:-480}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.." || exit 1 # the repository root: benchmarks/ and src/ are found from here
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${QUICK:-0}" = 1 ]; then
+  preset=tiny runs=${RUNS:-runs/gpu-quick}
+else
+  preset=gpu runs=${RUNS:-runs/gpu}
+fi
+study="$runs/scaling-$preset"
+$py -c "import fixedhead" || { echo "cannot import fixedhead with $py" >&2; exit 1; }
+mkdir -p "$runs/logs"
+rm -f "$out"/{gpu.txt,results.json,report.md,scaling.png,ranks.png,workers.log} "$runs"/logs/scaling-*.log
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+  $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+  echo "cpu cores: $(nproc)"; date -u; } > "$out/gpu.txt" 2>&1
+
+start=$(date +%s)
+pids=()
+for i in $(seq 1 "${WORKERS:-8}"); do
+  timeout "$deadline" $py -m fixedhead.cli scaling --preset "$preset" --threads 1 --no-progress --output-dir "$study" \
+    > "$runs/logs/scaling-$i.log" 2>&1 &
+  pids+=($!)
+  sleep 2  # stagger the starts (data preparation, then the folder claim)
+done
+for k in "${!pids[@]}"; do
+  wait "${pids[$k]}"
+  echo "worker $((k + 1)): exit status $?" >> "$out/gpu.txt"
+done
+echo "all workers ended after $(($(date +%s) - start)) s (deadline $deadline s)" >> "$out/gpu.txt"
+
+status=0
+if [ -f "$study/results.json" ]; then
+  # the report from everything recorded (a worker stopped by the deadline leaves no report of its own)
+  $py -c "import json, sys; from pathlib import Path; from fixedhead.studies.scaling import write_outputs
+write_outputs(json.load(open(sys.argv[1])), Path(sys.argv[2]))" "$study/results.json" "$out"
+  cp "$study/results.json" "$out/"
+  $py -c "import json, sys; s = json.load(open(sys.argv[1])); print(len(s['runs']), 'runs finished')" "$out/results.json"
+else
+  echo "missing: $study/results.json" | tee -a "$out/gpu.txt"
+  status=1
+fi
+for f in "$runs"/logs/scaling-*.log; do
+  [ -f "$f" ] || continue
+  echo "=== $f"
+  tr -d '\033' < "$f" | tail -n 25
+done > "$out/workers.log"
+cat "$out/gpu.txt"
+exit $status
