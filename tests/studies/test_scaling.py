@@ -128,3 +128,18 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
     with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
         scaling.run_scaling("tiny", tmp_path / "s", architecture="llama", progress=False)
     assert not (tmp_path / "s").exists()
+
+
+def test_the_gpu_preset_spans_the_issue_sizes_at_n_128():
+    """The GPU preset's plan (built on the CPU, nothing trained): d up to 512 at n = 128, standard
+    d_p = 16 against the causal threshold ⌈127/2⌉ = 64, ≥ 8x in non-embedding parameters per family."""
+    p = scaling.get_scaling_preset("gpu")
+    recipe = get_recipe(p.recipe)
+    assert recipe.data.max_seq_length == 128 and recipe.train.bf16 and recipe.train.objective == "clm"
+    points = scaling.plan_points(p, "clm", 128, recipe.data.vocab_size, recipe.train.batch_size, recipe.layers)
+    assert {pt["head_dim"] for pt in points if pt["family"] == "standard"} == {16}
+    assert {pt["head_dim"] for pt in points if pt["family"] == "threshold"} == {64}
+    assert max(pt["hidden_size"] for pt in points) == 512
+    for family in p.families:
+        n_params = [pt["non_embedding_parameters"] for pt in points if pt["family"] == family]
+        assert max(n_params) / min(n_params) >= 8
