@@ -8,7 +8,7 @@ import pytest
 
 from fixedhead.cli import main
 from fixedhead.model.architectures import non_embedding_parameters
-from fixedhead.studies import core, scaling
+from fixedhead.studies import core, scaling, scaling_report
 from fixedhead.studies.recipes import get_recipe
 
 
@@ -48,7 +48,7 @@ def test_flops_power_law_and_holm_against_hand_computed_values():
     from fixedhead.studies.stats import holm
 
     assert scaling.training_flops(1000, 10, 2, 8, 16) == 6 * 10 * (1000 + 2 * 8 * 16)
-    a, b = scaling.power_law([10, 100, 1000], [3 * 10**-0.1, 3 * 100**-0.1, 3 * 1000**-0.1])
+    a, b = scaling_report.power_law([10, 100, 1000], [3 * 10**-0.1, 3 * 100**-0.1, 3 * 1000**-0.1])
     assert a == pytest.approx(3) and b == pytest.approx(0.1)
     # Holm: sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04 -> monotone 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
@@ -95,8 +95,8 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         assert 1 <= r["logit_rank"] <= r["logit_rank_max"] <= min(pt["head_dim"], n)
         assert 0 <= r["at_ceiling"] <= 1
     assert (out / "ranks.png").stat().st_size > 1000
-    assert (out / "report.md").read_text() == scaling.report_markdown(state)
-    summary = scaling.summarize(state)
+    assert (out / "report.md").read_text() == scaling_report.report_markdown(state)
+    summary = scaling_report.summarize(state)
     assert set(summary) == {"standard", "threshold"} and "fit_flops" in summary["threshold"]
     # the same command reuses every run
     before = {k: r["train_seconds"] for k, r in state["runs"].items()}

@@ -1,0 +1,296 @@
+"""The scaling study's summary and rendering (:mod:`fixedhead.studies.scaling` plans and runs it):
+per family, mean ± std held-out loss per size, power laws L = a·X^(−b) against non-embedding
+parameters N and training FLOPs C, each family against ``standard`` (Welch's p, Holm-corrected over
+a family's sizes; the compute multiplier), the trained heads' ranks; ``report.md``,
+``scaling.png`` and ``ranks.png``, all from the results state alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..plotting import pyplot, save_figure
+from ..runs import write_text_atomic
+from ..theory import causal_threshold
+from . import render
+from .stats import holm, mean_std, pm, welch
+
+REPORT_FILE = "report.md"
+PLOT_FILE = "scaling.png"
+RANK_PLOT_FILE = "ranks.png"
+#: a per-size difference counts at this Holm-corrected level (corrected over the sizes of a family)
+ALPHA = 0.01
+
+
+# ------------------------------------------------------------------------------- summary
+def chosen_rows(state: dict) -> dict[str, list[dict]]:
+    """{point key: its runs at the chosen rate (the recipe's rate without a grid)}, seeds ascending."""
+    rows = {}
+    for r in state["runs"].values():
+        chosen = state["tuning"].get(r["point"], {}).get("chosen", r["learning_rate"])
+        if r["learning_rate"] == chosen:
+            rows.setdefault(r["point"], []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in rows.items()}
+
+
+def power_law(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(a, b) of the least-squares fit log y = log a − b·log x (L = a·X^(−b)). Raises ValueError
+    with fewer than 2 distinct x."""
+    import numpy as np
+
+    if len(set(xs)) < 2:
+        raise ValueError(f"a power law needs at least 2 distinct sizes, got {sorted(set(xs))}")
+    slope, intercept = np.polyfit(np.log(xs), np.log(ys), 1)
+    return float(math.exp(intercept)), float(-slope)
+
+
+def summarize(state: dict) -> dict:
+    """Per family: its points (mean ± std loss over seeds, bits per character), power-law fits
+    against N and C (all seeds pooled, and the exponent per seed), and against ``standard``:
+    the per-size loss difference with Welch's p and the compute multiplier (the FLOPs the
+    standard fit needs to reach the family's loss, over the family's FLOPs; > 1: the family is
+    cheaper)."""
+    rows = chosen_rows(state)
+    points = {pt["key"]: pt for pt in state["meta"]["plan"]["points"]}
+    families: dict[str, dict] = {}
+    for key, pt in points.items():
+        runs = rows.get(key, [])
+        if not runs:
+            continue
+        losses = [r["heldout_loss"] for r in runs]
+        bpc = [r["heldout_bits_per_character"] for r in runs if r.get("heldout_bits_per_character") is not None]
+        f = families.setdefault(pt["family"], {"points": []})
+        f["points"].append(
+            {
+                **{k: pt[k] for k in ("key", "hidden_size", "num_attention_heads", "head_dim")},
+                **{k: pt[k] for k in ("non_embedding_parameters", "tokens", "flops")},
+                "learning_rate": runs[0]["learning_rate"],
+                "losses": losses,
+                "seeds": [r["seed"] for r in runs],
+                "loss": mean_std(losses),
+                "bits_per_character": mean_std(bpc) if bpc else None,
+            }
+        )
+    for f in families.values():
+        pts = f["points"]
+        if len({pt["non_embedding_parameters"] for pt in pts}) < 2:
+            continue
+        for axis, key in (("parameters", "non_embedding_parameters"), ("flops", "flops")):
+            xs = [pt[key] for pt in pts for _ in pt["losses"]]
+            ys = [loss for pt in pts for loss in pt["losses"]]
+            a, b = power_law(xs, ys)
+            per_seed = []
+            for seed in sorted({s for pt in pts for s in pt["seeds"]}):
+                sx = [pt[key] for pt in pts if seed in pt["seeds"]]
+                sy = [pt["losses"][pt["seeds"].index(seed)] for pt in pts if seed in pt["seeds"]]
+                if len(set(sx)) >= 2:
+                    per_seed.append(power_law(sx, sy))
+            f[f"fit_{axis}"] = {"a": a, "b": b, "per_seed": [{"a": sa, "b": sb} for sa, sb in per_seed]}
+    base = families.get("standard")
+    for name, f in families.items():
+        if name == "standard" or base is None:
+            continue
+        by_size = {pt["hidden_size"]: pt for pt in base["points"]}
+        fit = base.get("fit_flops")
+        for pt in f["points"]:
+            ref = by_size.get(pt["hidden_size"])
+            if ref is None:
+                continue
+            delta, p = welch(ref["losses"], pt["losses"])
+            pt["versus_standard"] = {"delta_loss": delta, "fraction": delta / ref["loss"][0], "p": p}
+            if fit and fit["b"] > 0:
+                needed = (fit["a"] / pt["loss"][0]) ** (1 / fit["b"])
+                pt["versus_standard"]["compute_multiplier"] = needed / pt["flops"]
+        compared = [pt["versus_standard"] for pt in f["points"] if "versus_standard" in pt]
+        for vs, adjusted in zip(compared, holm([vs["p"] for vs in compared]), strict=True):
+            vs["p_holm"] = adjusted
+            vs["significant"] = adjusted < ALPHA
+    return families
+
+
+# ------------------------------------------------------------------------------- rendering
+def report_markdown(state: dict) -> str:
+    meta = state["meta"]
+    families = summarize(state)
+    planned = len(meta["plan"]["points"]) * len(meta["plan"]["seeds"])
+    done = sum(len(v) for v in chosen_rows(state).values())
+    lines = render.head(
+        "Scaling: loss against size and compute, per head-size family",
+        meta,
+        [
+            f"Each point chose its learning rate on a validation split with seed {meta['plan']['seeds'][0]} "
+            f"(grid {', '.join(f'{x:g}' for x in meta['plan']['learning_rates']) or 'none: the recipe rate'}; "
+            f"{meta['plan']['rate_rule']}); the other seeds train at that rate. Losses are held-out nats per "
+            f"token (unigram reference {math.log(state['unigram_perplexity']):.3f}).",
+            *render.incomplete(done, planned),
+        ],
+        f"![held-out loss against non-embedding parameters and training FLOPs]({PLOT_FILE})",
+    )
+    header = ["family", "d", "h", "d_p", "N (non-emb.)", "tokens", "FLOPs", "lr", "loss", "bits/char", "vs standard"]
+    rows = []
+    for name, f in families.items():
+        for pt in f["points"]:
+            vs = pt.get("versus_standard")
+            vs_text = ""
+            if vs:
+                vs_text = f"{vs['delta_loss']:+.4f} ({100 * vs['fraction']:+.2f}%), Holm p = {vs['p_holm']:.2g}"
+                if "compute_multiplier" in vs:
+                    vs_text += f", ×{vs['compute_multiplier']:.2f} compute"
+            bpc = pt["bits_per_character"]
+            rows.append(
+                [
+                    name,
+                    pt["hidden_size"],
+                    pt["num_attention_heads"],
+                    pt["head_dim"],
+                    f"{pt['non_embedding_parameters']:,}",
+                    f"{pt['tokens']:,}",
+                    f"{pt['flops']:.2e}",
+                    f"{pt['learning_rate']:g}",
+                    pm(*pt["loss"], 4),
+                    pm(*bpc, 3) if bpc else "",
+                    vs_text,
+                ]
+            )
+    lines += ["", "## Points", "", *render.table(header, rows), ""]
+    lines += [
+        "\"vs standard\": the family's mean loss minus the standard family's at the same d (negative: lower), as a",
+        "fraction of the standard loss, Welch's p Holm-corrected over the family's sizes (a difference counts at",
+        f"p < {ALPHA}; Kaplan et al. 2020 find shape effects within ~2% of loss), and the compute multiplier:",
+        "the training FLOPs the standard family's fitted curve needs to reach this loss, over this point's FLOPs",
+        "(> 1: this family reaches the loss more cheaply).",
+        "",
+        "## Power laws L = a·X^(−b)",
+        "",
+    ]
+    fit_rows = []
+    for name, f in families.items():
+        for axis in ("parameters", "flops"):
+            fit = f.get(f"fit_{axis}")
+            if fit:
+                bs = [s["b"] for s in fit["per_seed"]]
+                fit_rows.append(
+                    [
+                        name,
+                        "N" if axis == "parameters" else "C",
+                        f"{fit['a']:.3g}",
+                        f"{fit['b']:.4f}",
+                        pm(*mean_std(bs), 4) if bs else "",
+                    ]
+                )
+    lines += [*render.table(["family", "X", "a", "b (all seeds)", "b per seed"], fit_rows), ""]
+    lines += rank_section(state)
+    return "\n".join(lines) + "\n"
+
+
+def rank_section(state: dict) -> list[str]:
+    """The trained-rank table: per point, its logit rank against its ceiling and its patterns' rank."""
+    ranks = state.get("ranks") or {}
+    if not ranks:
+        return []
+    meta, points = state["meta"], state["meta"]["plan"]["points"]
+    n, causal = meta["n"], meta["objective"] == "clm"
+    need = causal_threshold(n) if causal else n
+    first = next(iter(ranks.values()))
+    rows = []
+    for pt in points:
+        r = ranks.get(pt["key"])
+        if r is None:
+            continue
+        pattern = f"{r['pattern_rank']:.1f} ({r['pattern_rank_max']:.1f})" if r["pattern_rank"] is not None else ""
+        rows.append(
+            [
+                pt["family"],
+                pt["hidden_size"],
+                pt["head_dim"],
+                r["heads"],
+                f"{r['logit_rank']:.1f} ({r['logit_rank_max']:.1f})",
+                f"{100 * r['at_ceiling']:.0f}%",
+                pattern,
+            ]
+        )
+    header = ["family", "d", "d_p", "heads", "logit rank: mean (max)", "heads at ceiling", "pattern rank: mean (max)"]
+    return [
+        "## Do the heads sit at their rank ceiling?",
+        "",
+        f"![mean logit rank and heads at their ceiling against N]({RANK_PLOT_FILE})",
+        "",
+        f"Each point's seed-{meta['plan']['seeds'][0]} run at its chosen rate, on {first['windows']} evenly spaced "
+        f"held-out windows of n = {n} tokens (`fixedhead.analysis`). Rank counts singular values above "
+        f"{first['rtol']:g} of the largest (at float32 resolution every head fills its structural rank). "
+        "\"logit rank\": of each head's n × n logits, a mean over heads of each head's mean over windows, "
+        'and the largest head mean; "at ceiling": heads whose mean is within 0.5 of min(d_p, n); "pattern '
+        'rank": the rank of the per-query centred log-attention'
+        + (" (lower triangle)" if causal else "")
+        + ", the head size its patterns need. The paper's argument: an arbitrary "
+        + ("causal " if causal else "")
+        + f"pattern over n = {n} tokens needs d_p ≥ {need}.",
+        "",
+        *render.table(header, rows),
+        "",
+    ]
+
+
+def write_outputs(state: dict, out: Path) -> None:
+    write_text_atomic(out / REPORT_FILE, report_markdown(state))
+    plot(state, out / PLOT_FILE)
+    if state.get("ranks"):
+        plot_ranks(state, out / RANK_PLOT_FILE)
+
+
+def plot_ranks(state: dict, path: Path) -> None:
+    """Per family against N: the mean logit rank with each point's d_p (dashed), and the fraction
+    of heads at their ceiling."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    by_family: dict[str, list] = {}
+    for pt in state["meta"]["plan"]["points"]:
+        if pt["key"] in state["ranks"]:
+            by_family.setdefault(pt["family"], []).append((pt, state["ranks"][pt["key"]]))
+    for name, pts in by_family.items():
+        xs = [pt["non_embedding_parameters"] for pt, _ in pts]
+        (line,) = axes[0].plot(xs, [r["logit_rank"] for _, r in pts], "o-", label=f"{name}: mean logit rank")
+        axes[0].plot(xs, [pt["head_dim"] for pt, _ in pts], "--", color=line.get_color(), alpha=0.6)
+        axes[1].plot(xs, [100 * r["at_ceiling"] for _, r in pts], "o-", color=line.get_color(), label=name)
+    axes[0].set_ylabel("numerical logit rank (dashed: d_p)")
+    axes[1].set_ylabel("heads at their rank ceiling (%)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.legend(fontsize=8)
+    axes[0].set_yscale("log")
+    fig.suptitle(state["meta"].get("description", "")[:120], fontsize=8)
+    save_figure(fig, path)
+
+
+def plot(state: dict, path: Path) -> None:
+    """Held-out loss against non-embedding parameters and against training FLOPs (log-log), each
+    family's seeds as points with its mean, fitted power law and the band of its per-seed fits."""
+    import numpy as np
+
+    plt = pyplot()
+    families = summarize(state)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, axis, key, label in (
+        (axes[0], "parameters", "non_embedding_parameters", "non-embedding parameters N"),
+        (axes[1], "flops", "flops", "training FLOPs C"),
+    ):
+        for name, f in families.items():
+            xs = [pt[key] for pt in f["points"]]
+            (line,) = ax.plot(xs, [pt["loss"][0] for pt in f["points"]], "o", label=name)
+            for pt in f["points"]:
+                ax.plot([pt[key]] * len(pt["losses"]), pt["losses"], ".", color=line.get_color(), alpha=0.4)
+            fit = f.get(f"fit_{axis}")
+            if fit:
+                grid = np.geomspace(min(xs), max(xs), 50)
+                ax.plot(grid, fit["a"] * grid ** (-fit["b"]), "-", color=line.get_color())
+                if len(fit["per_seed"]) >= 2:
+                    curves = np.array([s["a"] * grid ** (-s["b"]) for s in fit["per_seed"]])
+                    ax.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out loss (nats/token)")
+        ax.legend()
+    fig.suptitle(state["meta"].get("description", "")[:120], fontsize=8)
+    save_figure(fig, path)
