@@ -16,24 +16,17 @@
 set -u
 out=${1:?usage: benchmarks/gpu_scaling.sh OUT_DIR [DEADLINE_SECONDS]}
 deadline=${2:-480}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/.." || exit 1 # the repository root: benchmarks/ and src/ are found from here
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_common.sh" "$out"
 if [ "${QUICK:-0}" = 1 ]; then
   preset=tiny runs=${RUNS:-runs/gpu-quick}
 else
   preset=gpu runs=${RUNS:-runs/gpu}
 fi
 study="$runs/scaling-$preset"
-$py -c "import fixedhead" || { echo "cannot import fixedhead with $py" >&2; exit 1; }
 mkdir -p "$runs/logs"
 rm -f "$out"/{gpu.txt,results.json,report.md,scaling.png,ranks.png,workers.log} "$runs"/logs/scaling-*.log
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-  $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-  echo "cpu cores: $(nproc)"; date -u; } > "$out/gpu.txt" 2>&1
+gpu_header "$out/gpu.txt"
 
 start=$(date +%s)
 pids=()

@@ -22,11 +22,7 @@
 set -u
 out=${1:?usage: benchmarks/gpu_sweeps.sh OUT_DIR [DEADLINE_SECONDS]}
 deadline=${2:-420}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/.." || exit 1 # the repository root: benchmarks/ and src/ are found from here
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_common.sh" "$out"
 quick=()
 pair_steps=()
 rates=()
@@ -40,13 +36,10 @@ elif [ -n "${LEARNING_RATES:-}" ]; then
 else
   runs=${RUNS:-runs/gpu}
 fi
-$py -c "import fixedhead" || { echo "cannot import fixedhead with $py" >&2; exit 1; }
 mkdir -p "$runs/logs"
 rm -f "$out"/{gpu.txt,pair.log,pair.json,sweep-mlm.json,sweep-clm.json,workers.log} "$runs"/logs/*.log
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-  $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-  echo "cpu cores: $(nproc)"; date -u; } > "$out/gpu.txt" 2>&1
+gpu_header "$out/gpu.txt"
 
 start=$(date +%s)
 names=()
