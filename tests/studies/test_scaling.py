@@ -55,6 +55,21 @@ def test_flops_power_law_and_holm_against_hand_computed_values():
     assert math.isnan(holm([0.2, float("nan")])[1]) and holm([0.2, float("nan")])[0] == pytest.approx(0.2)
 
 
+def test_only_runs_at_a_chosen_rate_are_results():
+    run = lambda point, lr, seed: {"point": point, "learning_rate": lr, "seed": seed}  # noqa: E731
+    state = {
+        "meta": {"plan": {"learning_rates": [1e-3, 2e-3]}},
+        "tuning": {"a": {"chosen": 2e-3}},
+        "runs": {
+            "a1": run("a", 1e-3, 0),
+            "a2": run("a", 2e-3, 1),
+            "a3": run("a", 2e-3, 0),
+            "b1": run("b", 1e-3, 0),  # b is still choosing its rate: its grid runs are no result yet
+        },
+    }
+    assert scaling_report.chosen_rows(state) == {"a": [run("a", 2e-3, 0), run("a", 2e-3, 1)]}
+
+
 def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "s"

@@ -24,11 +24,15 @@ ALPHA = 0.01
 
 # ------------------------------------------------------------------------------- summary
 def chosen_rows(state: dict) -> dict[str, list[dict]]:
-    """{point key: its runs at the chosen rate (the recipe's rate without a grid)}, seeds ascending."""
+    """{point key: its runs at the chosen rate (the recipe's rate without a grid)}, seeds ascending.
+    A point still choosing its rate has none: its grid runs are not results."""
     rows = {}
+    grid = state["meta"]["plan"]["learning_rates"]
     for r in state["runs"].values():
-        chosen = state["tuning"].get(r["point"], {}).get("chosen", r["learning_rate"])
-        if r["learning_rate"] == chosen:
+        tuning = state["tuning"].get(r["point"])
+        if grid and tuning is None:
+            continue
+        if r["learning_rate"] == (tuning["chosen"] if tuning else r["learning_rate"]):
             rows.setdefault(r["point"], []).append(r)
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in rows.items()}
 
