@@ -51,3 +51,9 @@ def test_coordcheck_report_regenerates():
 
     result = load_result(RESULTS / "coordcheck" / "coordcheck.json")
     assert report_markdown(result) == (RESULTS / "coordcheck" / "report.md").read_text()
+
+
+def test_scaling_report_regenerates():
+    from fixedhead.studies.scaling_report import report_markdown
+
+    assert report_markdown(_state("scaling-cpu")) == (RESULTS / "scaling-cpu" / "report.md").read_text()

@@ -262,13 +262,12 @@ def plot_ranks(state: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("non-embedding parameters N")
         ax.legend(fontsize=8)
-    axes[0].set_yscale("log")
     fig.suptitle(state["meta"].get("description", "")[:120], fontsize=8)
     save_figure(fig, path)
 
 
 def plot(state: dict, path: Path) -> None:
-    """Held-out loss against non-embedding parameters and against training FLOPs (log-log), each
+    """Held-out loss against non-embedding parameters and against training FLOPs (log x), each
     family's seeds as points with its mean, fitted power law and the band of its per-seed fits."""
     import numpy as np
 
@@ -292,7 +291,6 @@ def plot(state: dict, path: Path) -> None:
                     curves = np.array([s["a"] * grid ** (-s["b"]) for s in fit["per_seed"]])
                     ax.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.15)
         ax.set_xscale("log")
-        ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("held-out loss (nats/token)")
         ax.legend()
