@@ -96,7 +96,7 @@ SCALING_PRESETS = {
     # causal LMs at n = 64 with make run's recipe, standard d_p = 8; 4 sizes spanning ~9x in
     # non-embedding parameters; every run capped at 500k tokens (245 steps, fewer than 20 per
     # parameter at every size: L(N) at a fixed token budget). Short runs do best at higher rates
-    # than make run's 2e-3 at 700 steps, so the grid is centred higher. 60 runs, about 80 minutes
+    # than make run's 2e-3 at 700 steps, so the grid is centred higher. 60 runs, about 2.5 hours
     # on a 2-core CPU (step time is dominated by the 8,192-way output layer at these widths)
     "cpu": lambda: ScalingPreset(
         recipe="cpu-clm",
