@@ -1,5 +1,6 @@
 import importlib
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,6 +227,7 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     state = run_sweep(preset, out, **kw)
     saved = json.loads((out / SWEEP_FILE).read_text())
     assert saved["meta"]["learning_rate_selection"]["grid"] == [1e-3, 4e-3]
+    assert saved["meta"]["verdict"] == {"test": "welch", "alpha": 0.01, "correction": "holm"}  # fixed before training
     assert saved["meta"]["data"]["validation_fraction"] > 0
     for key, chosen in saved["tuning"].items():
         losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}
@@ -235,6 +237,14 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
         assert sorted(r["seed"] for r in at_rate.values()) == [0, 1]
         assert {r["learning_rate"] for r in at_rate.values()} == {chosen["chosen"]}
         assert set(at_rate) == {f"{key}-lr{chosen['chosen']:g}-s{s}" for s in (0, 1)}
+    # the report names each model's rate in its table and plots the validation curves
+    write_report(out)
+    assert (out / "learning_rates.png").is_file()
+    for pts in collect_points(saved).values():
+        lines = points_table(pts, "h", None)
+        lr_col = lines[0].split(" | ").index("lr")
+        for q, line in zip(pts, lines[2:], strict=True):
+            assert line.split(" | ")[lr_col] == f"{saved['tuning'][q.key]['chosen']:g}"
     again = run_sweep(preset, out, **kw)  # everything reused
     assert {k: r["heldout_loss"] for k, r in again["runs"].items()} == {
         k: r["heldout_loss"] for k, r in state["runs"].items()
@@ -297,3 +307,62 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
         assert state["runs"][name]["architecture"] == "llama" and state["runs"][name]["head_dim"] == head_dim
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "head_size.png").stat().st_size > 5000
+
+
+def _claims_state(std_ppl: list[float], fix_ppl: list[float], verdict: dict | None) -> dict:
+    """A causal sweep's state with one comparison measured: standard h=8 against fixed h=8 (the
+    Sect. 4 row); the other claims lack points and are not tested."""
+    run = dict(hidden_size=32, num_attention_heads=8, parameters=10_000)
+    runs = {f"s-{i}": dict(run, key="s", seed=i, head_dim=4, heldout_perplexity=v) for i, v in enumerate(std_ppl)}
+    runs |= {f"f-{i}": dict(run, key="f", seed=i, head_dim=16, heldout_perplexity=v) for i, v in enumerate(fix_ppl)}
+    points = [
+        dict(experiment="heads", series="standard", x=8, key="s"),
+        dict(experiment="heads", series="fixed", x=8, key="f"),
+    ]
+    meta = {"seeds": [0, 1, 2], "objective": "clm"} | ({"verdict": verdict} if verdict else {})
+    return {"meta": meta, "points": points, "runs": runs}
+
+
+def _sect4(state):
+    return next(row for row in claims(state) if row[0].startswith("Sect. 4"))
+
+
+def test_the_recorded_rule_decides_a_claim_and_older_sweeps_keep_theirs():
+    from scipy.stats import ttest_ind
+
+    from fixedhead.studies.stats import CLAIMS_RULE
+
+    std, fix = [100.0, 101.0, 102.0], [97.5, 98.5, 99.0]  # fixed lower, Welch p between 0.01 and 0.05
+    p = ttest_ind(fix, std, equal_var=False).pvalue
+    assert 0.01 < p < 0.05
+    assert _sect4(_claims_state(std, fix, None))[2] == "agrees"  # p < 0.05, each claim on its own
+    assert _sect4(_claims_state(std, fix, CLAIMS_RULE))[2] == "cannot tell at this scale"
+    # a clear difference agrees under the recorded rule too; with one claim tested Holm changes nothing
+    far = [90.0, 90.5, 91.0]
+    p_far = ttest_ind(far, std, equal_var=False).pvalue
+    assert p_far < 0.01
+    claim, text, verdict = _sect4(_claims_state(std, far, CLAIMS_RULE))
+    assert verdict == "agrees" and f"Holm-adjusted p = {p_far:.2g}" in text
+    # the effect in nats and as a fraction of the standard model's loss
+    nats = sum(map(math.log, far)) / 3 - sum(map(math.log, std)) / 3
+    assert f"{nats:+.3f} nats = {100 * nats / (sum(map(math.log, std)) / 3):+.1f}% of loss" in text
+    # a higher fixed perplexity at p < 0.01 does not agree
+    assert _sect4(_claims_state(far, std, CLAIMS_RULE))[2] == "does not agree"
+
+
+def test_holm_counts_every_claim_tested():
+    from fixedhead.studies.stats import CLAIMS_RULE, holm
+
+    std, fix = [100.0, 101.0, 102.0], [97.0, 97.4, 98.1]
+    state = _claims_state(std, fix, CLAIMS_RULE)
+    # a second tested claim (Fig. 3a, fixed heads improve from h=2 to h=8) with a large p
+    run = dict(hidden_size=32, num_attention_heads=2, parameters=10_000, head_dim=16)
+    state["runs"] |= {f"f2-{i}": dict(run, key="f2", seed=i, heldout_perplexity=v) for i, v in enumerate(fix[::-1])}
+    state["points"].insert(1, dict(experiment="heads", series="fixed", x=2, key="f2"))
+    rows = [r for r in claims(state) if "Welch p = " in r[1]]
+    assert len(rows) == 2
+    raw = [float(r[1].split("Welch p = ")[1].split(",")[0]) for r in rows]
+    adjusted = holm(raw)
+    for (_, text, _), q in zip(rows, adjusted, strict=True):
+        assert f"Holm-adjusted p = {q:.2g}" in text
+    assert adjusted[1] == pytest.approx(2 * min(raw), rel=0.05)  # the smaller p, doubled

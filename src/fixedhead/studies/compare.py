@@ -39,14 +39,21 @@ from ..model.architectures import (
     is_fixed_head,
     parameter_count,
 )
-from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, environment_info, staged_outputs, write_json_atomic
 from ..theory import causal_threshold
 from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
 from ..training.settings import TrainSettings
 from . import core, render
-from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
+from .learning_rate import (
+    DIVERGED,
+    RULE,
+    choose_rate,
+    losses_record,
+    parse_rates,
+    plot_learning_rates,
+    with_validation_split,
+)
 from .recipes import get_recipe
 
 
@@ -456,35 +463,3 @@ def write_results(results: list[dict], out: Path, meta: dict) -> None:
         render.plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))
         if "learning_rate_selection" in meta:
             plot_learning_rates(meta["learning_rate_selection"], stage("learning_rates.png"))
-
-
-def plot_learning_rates(selection: dict, path: Path) -> None:
-    """Validation loss against learning rate, one line per model, its chosen rate circled (a
-    diverged rate is drawn as a cross at the top)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
-    top = max(finite) + 0.05 * (max(finite) - min(finite) + 1e-9)
-    for name, m in selection["models"].items():
-        rates = [float(lr) for lr in m["validation_loss"]]
-        losses = list(m["validation_loss"].values())
-        line = ax.plot(
-            [r for r, v in zip(rates, losses, strict=True) if v is not None],
-            [v for v in losses if v is not None],
-            marker="o",
-            label=f"{name}: lr {m['chosen']:g}" + ("" if m["bracketed"] else " (edge)"),
-        )[0]
-        ax.plot(
-            [m["chosen"]], [m["validation_loss"][f"{m['chosen']:g}"]], "o", ms=12, mfc="none", color=line.get_color()
-        )
-        diverged = [r for r, v in zip(rates, losses, strict=True) if v is None]
-        ax.plot(diverged, [top] * len(diverged), "x", color=line.get_color())
-    ax.set_xscale("log", base=2)
-    render.plain_ticks(ax, sorted({float(lr) for m in selection["models"].values() for lr in m["validation_loss"]}))
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("validation loss (nats)")
-    ax.set_title(
-        f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
-        fontsize=9,
-    )
-    save_figure(fig, path, [ax])

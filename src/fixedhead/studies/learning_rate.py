@@ -16,8 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 
 from ..checks import positive_float, positive_int
+from ..plotting import pyplot, save_figure
+from . import render
 
 #: a diverged run's validation loss: worse than any finite one, and JSON-safe as None
 DIVERGED = math.inf
@@ -131,3 +134,36 @@ def choose_rate(
         losses[lr] = train(lr)
         extensions += 1
     return best_rate(losses), losses, True
+
+
+def plot_learning_rates(selection: dict, path: Path) -> None:
+    """Validation loss against learning rate, one line per model, its chosen rate circled (a
+    diverged rate is drawn as a cross at the top). ``selection``: ``{"models": {label: {"chosen",
+    "bracketed", "validation_loss": losses_record(...)}}, "validation_fraction": float}``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
+    top = max(finite) + 0.05 * (max(finite) - min(finite) + 1e-9)
+    for name, m in selection["models"].items():
+        rates = [float(lr) for lr in m["validation_loss"]]
+        losses = list(m["validation_loss"].values())
+        line = ax.plot(
+            [r for r, v in zip(rates, losses, strict=True) if v is not None],
+            [v for v in losses if v is not None],
+            marker="o",
+            label=f"{name}: lr {m['chosen']:g}" + ("" if m["bracketed"] else " (edge)"),
+        )[0]
+        ax.plot(
+            [m["chosen"]], [m["validation_loss"][f"{m['chosen']:g}"]], "o", ms=12, mfc="none", color=line.get_color()
+        )
+        diverged = [r for r, v in zip(rates, losses, strict=True) if v is None]
+        ax.plot(diverged, [top] * len(diverged), "x", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    render.plain_ticks(ax, sorted({float(lr) for m in selection["models"].values() for lr in m["validation_loss"]}))
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title(
+        f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
+        fontsize=9,
+    )
+    save_figure(fig, path, [ax])

@@ -5,10 +5,12 @@ writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png`` and
 ``finetune_vs_perplexity.png`` into the output folder (default: the sweep folder).
 
 Every point is summarised as mean ± sample standard deviation over its seeds. A paper claim is
-judged with Welch's two-sample t-test on the seeds (p < 0.05): a significant difference in the
-paper's direction "agrees", a significant one in the other direction "does not agree", anything
-else CANNOT_TELL. With a few seeds per point the test has little power, so small
-real effects end up as "cannot tell" — that is the honest verdict, not a rounding toward either side.
+judged with Welch's two-sample t-test on the seeds by the rule the sweep recorded before training
+(``meta.verdict``: p < 0.01 after Holm's correction over the claims tested; sweeps that recorded
+none, p < 0.05 per claim): a significant difference in the paper's direction "agrees", a
+significant one in the other direction "does not agree", anything else CANNOT_TELL. With a few
+seeds per point the test has little power, so small real effects end up as "cannot tell" — that
+is the honest verdict, not a rounding toward either side.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from ..model.paper_presets import PAPER_PRESETS
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, load_json_file, write_text_atomic
 from . import render
-from .stats import CANNOT_TELL, mean_std, pm, welch, welch_verdict
+from .learning_rate import plot_learning_rates
+from .stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, rule_text, welch, welch_verdict
 from .sweep import SWEEP_FILE
 
 REPORT_MARKERS = ("report.md",)
@@ -93,21 +96,25 @@ def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:
     return series
 
 
-def _compare(a: PointStats | None, b: PointStats | None, what: str, paper_sign: int, label_a: str, label_b: str):
-    """One measured comparison: text, verdict. ``paper_sign`` is the sign the paper implies for b − a."""
+def _compare(a: PointStats | None, b: PointStats | None, what: str, label_a: str, label_b: str):
+    """One measured comparison: ``(text, b − a, Welch's p)``; p is NaN where it is not measured."""
     if a is None or b is None:
-        return "not measured (points missing from this sweep)", CANNOT_TELL
+        return "not measured (points missing from this sweep)", math.nan, math.nan
     if not a.values(what) or not b.values(what):
-        return "not measured (no fine-tuning scores for these points)", CANNOT_TELL
+        return "not measured (no fine-tuning scores for these points)", math.nan, math.nan
     delta, p = welch(a.values(what), b.values(what))
     unit = "perplexity" if what == "ppl" else "dev score"
     digits = 2 if what == "ppl" else 4
+    effect = ""
+    if what == "ppl":  # the same difference as mean held-out loss, in nats and as a fraction of loss
+        loss_a, loss_b = (sum(math.log(v) for v in q.values(what)) / len(q.values(what)) for q in (a, b))
+        effect = f", {loss_b - loss_a:+.3f} nats = {100 * (loss_b - loss_a) / loss_a:+.1f}% of loss"
     text = (
         f"{label_a}: {pm(a.mean(what), a.std(what), digits)}; "
         f"{label_b}: {pm(b.mean(what), b.std(what), digits)} "
-        f"({unit}; Δ = {delta:+.{digits}f}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
+        f"({unit}; Δ = {delta:+.{digits}f}{effect}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
     )
-    return text, welch_verdict(delta, p, paper_sign)
+    return text, delta, p
 
 
 def _point(series, experiment, kind, x=None, pick=None):
@@ -132,7 +139,12 @@ def _power_sentence(state: dict) -> str:
     n = str(lo) if lo == hi else f"{lo}-{hi}"
     return (
         f"With {n} seeds per point the test finds only differences of a few standard deviations; smaller "
-        "real effects read as cannot tell. Each claim is tested on its own (no correction for testing several)."
+        "real effects read as cannot tell."
+        + (
+            ""
+            if verdict_rule(state)["correction"] == "holm"
+            else " Each claim is tested on its own (no correction for testing several)."
+        )
     )
 
 
@@ -149,8 +161,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
 
     def add(claim, a, b, what, sign, label_a, label_b, note=""):
         """One row: b against a on ``what``; ``sign``: the sign the paper implies for b − a."""
-        text, v = _compare(a, b, what, sign, label_a(a) if a else "", label_b(b) if b else "")
-        rows.append((claim, text + (note if a and b else ""), v))
+        text, delta, p = _compare(a, b, what, label_a(a) if a else "", label_b(b) if b else "")
+        rows.append([claim, text + (note if a and b else ""), delta, p, sign])
 
     def ends(pts):
         return (pts[0], pts[-1]) if len(pts) >= 2 else (None, None)
@@ -178,15 +190,11 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     std_by_h = {q.x: q for q in std_h}
     h_max = max((q.x for q in fix_h if q.x in std_by_h and std_by_h[q.x].key != q.key), default=None)
     a, b = _point(s, "heads", "standard", h_max), _point(s, "heads", "fixed", h_max)
-    rows.append(
-        (
-            "Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h",
-            *_compare(
-                *(a, b, "ppl", -1),
-                f"standard h={h_max}" + (f" (d_p={a.head_dim})" if a else ""),
-                f"fixed h={h_max}" + (f" (d_p={b.head_dim})" if b else ""),
-            ),
-        )
+    add(
+        "Sect. 4 / Fig. 3a: at the same d and many heads, a fixed head size beats the standard d_p = d/h",
+        *(a, b, "ppl", -1),
+        lambda q: f"standard h={h_max} (d_p={q.head_dim})",
+        lambda q: f"fixed h={h_max} (d_p={q.head_dim})",
     )
     # Fig. 1 and 2: fixed at the smallest d against the standard model of the nearest parameter count
     a = b = None
@@ -234,13 +242,28 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
         lambda q: f"fixed d={q.x}, h={q.runs[0]['num_attention_heads']}",
     )
     rows.append(
-        ("Implicit throughout: lower pretraining perplexity goes with better fine-tuning", *_rank_correlation(state))
+        [
+            "Implicit throughout: lower pretraining perplexity goes with better fine-tuning",
+            *_rank_correlation(state),
+            +1,
+        ]
     )
     if not has_finetune:  # e.g. the causal preset: one reason for every fine-tuning claim
         rows[first_finetune_row:] = [
-            (claim, "not measured (this sweep has no fine-tuning)", CANNOT_TELL)
-            for claim, _, _ in rows[first_finetune_row:]
+            [row[0], "not measured (this sweep has no fine-tuning)", math.nan, math.nan, row[4]]
+            for row in rows[first_finetune_row:]
         ]
+    # the verdicts, by the rule the sweep recorded before training: Holm's correction counts every
+    # claim that was tested
+    rule = verdict_rule(state)
+    ps = [row[3] for row in rows]
+    adjusted = holm(ps) if rule["correction"] == "holm" else ps
+    decided = []
+    for (claim, text, delta, _, sign), q in zip(rows, adjusted, strict=True):
+        if rule["correction"] == "holm" and math.isfinite(q):
+            text += f" (Holm-adjusted p = {q:.2g})"
+        decided.append((claim, text, welch_verdict(delta, q, sign, rule["alpha"])))
+    rows = decided
     errs = [
         abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
         for p in PAPER_PRESETS.values()
@@ -264,12 +287,19 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _rank_correlation(state: dict) -> tuple[str, str]:
-    """Spearman's ρ between pretraining perplexity and fine-tuning score over every run, and its verdict."""
+def verdict_rule(state: dict) -> dict:
+    """The verdict rule a sweep recorded before training (:data:`~fixedhead.studies.stats.CLAIMS_RULE`);
+    a sweep that recorded none was judged at p < 0.05, each claim on its own."""
+    return state["meta"].get("verdict") or LEGACY_RULE
+
+
+def _rank_correlation(state: dict) -> tuple[str, float, float]:
+    """Spearman's ρ between pretraining perplexity and fine-tuning score over every run:
+    ``(text, −ρ, p)`` (−ρ: the paper's direction is a negative correlation)."""
     task = state["meta"].get("finetune_task") or "sst2"
     pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
     if len(pairs) < 4:
-        return "fewer than 4 fine-tuned runs", CANNOT_TELL
+        return "fewer than 4 fine-tuned runs", math.nan, math.nan
     from scipy.stats import ConstantInputWarning, spearmanr
 
     with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
@@ -277,7 +307,7 @@ def _rank_correlation(state: dict) -> tuple[str, str]:
         rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
     rho = float(rho) if math.isfinite(rho) else 0.0
     text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
-    return text, welch_verdict(-rho, p, +1) if math.isfinite(p) else CANNOT_TELL
+    return text, -rho, float(p)
 
 
 def _nats_range(lo: float, hi: float) -> str:
@@ -398,8 +428,10 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 # ----------------------------------------------------------------------------------- report
 def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
-    """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column."""
+    """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column;
+    the learning rate is a column where each model chose its own."""
     rows = []
+    tuned = all("learning_rate" in q.runs[0] for q in pts)
     for q in pts:
         r = q.runs[0]
         bpc, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
@@ -416,9 +448,49 @@ def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[st
             len(q.runs),
             pm(q.mean(), q.std()),
         ]
-        rows.append([*row, bpc, *ft, f"`{q.key}`"])
-    header = [xname, "d", "h", "d_p", "params", "seeds", "held-out perplexity", "bits/char"]
+        lr = [f"{r['learning_rate']:g}"] if tuned else []  # each model's own rate, where it chose one
+        rows.append([*row[:5], *lr, *row[5:], bpc, *ft, f"`{q.key}`"])
+    header = [xname, "d", "h", "d_p", "params", *(["lr"] if tuned else []), "seeds", "held-out perplexity", "bits/char"]
     return render.table([*header, *([f"{task} dev"] if task else []), "run"], rows)
+
+
+def learning_rate_section(state: dict, out: Path) -> list[str]:
+    """The rate each model chose (its validation loss at every rate of the grid) as a table and
+    ``learning_rates.png``."""
+    selection = state["meta"]["learning_rate_selection"]
+    tuning = state["tuning"]
+    plot_learning_rates(
+        {"models": tuning, "validation_fraction": selection["validation_fraction"]}, out / "learning_rates.png"
+    )
+    rates = sorted({float(lr) for t in tuning.values() for lr in t["validation_loss"]})
+
+    def cell(losses: dict, lr: float) -> str:
+        if f"{lr:g}" not in losses:
+            return "–"
+        v = losses[f"{lr:g}"]
+        return "diverged" if v is None else f"{v:.4f}"
+
+    rows = [
+        [
+            f"`{key}`",
+            *(cell(t["validation_loss"], lr) for lr in rates),
+            f"**{t['chosen']:g}**" + ("" if t["bracketed"] else " (at an edge)"),
+        ]
+        for key, t in tuning.items()
+    ]
+    return [
+        "## A learning rate per model",
+        "",
+        f"Each model trained at every rate of the grid {', '.join(f'{lr:g}' for lr in selection['grid'])} "
+        f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split "
+        f"({selection['validation_fraction']:g} of the training documents, not the held-out books); rule: "
+        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results.",
+        "",
+        "![validation loss against learning rate](learning_rates.png)",
+        "",
+        *render.table(["model", *(f"lr {lr:g}" for lr in rates), "chosen"], rows),
+        "",
+    ]
 
 
 def _majority_rate(task: str) -> float | None:
@@ -552,11 +624,14 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             + f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
             "",
         ]
+    if state.get("tuning"):
+        L += learning_rate_section(state, out)
     L += [
         "## Paper claim → our measurement",
         "",
-        "Verdict rule: Welch's t-test over seeds, p < 0.05 in the paper's direction = agrees, in the "
-        "other direction = does not agree, otherwise cannot tell at this scale. " + _power_sentence(state),
+        f"Verdict rule, recorded before training: {rule_text(verdict_rule(state))}; a significant difference in "
+        "the paper's direction = agrees, in the other direction = does not agree, otherwise cannot tell at "
+        "this scale. " + _power_sentence(state),
         "",
         *render.table(["paper claim", "our measurement", "verdict"], [[c, m, f"**{v}**"] for c, m, v in claims(state)]),
     ]

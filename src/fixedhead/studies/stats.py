@@ -1,8 +1,10 @@
 """Seeds to numbers and numbers to verdicts: mean ± std and its text, and the verdict rules of the
 studies side by side, each fixed before the run it judges.
 
-* :func:`welch_verdict` (``sweep``/``report``): Welch's two-sample t-test over seeds, p < ``ALPHA``
-  in the paper's direction agrees, in the other direction does not, otherwise cannot tell;
+* :func:`welch_verdict` (``sweep``/``report``, ``scaling``): Welch's two-sample t-test over seeds,
+  p < α in the paper's direction agrees, in the other direction does not, otherwise cannot tell;
+  a study that tests several claims at once adjusts their p-values with :func:`holm` first
+  (:data:`CLAIMS_RULE`, recorded in its results file before training);
 * :func:`pooled_verdict` (``widen-experiment``): a difference of means beyond ``RULE_STDS`` pooled
   standard deviations;
 * :func:`threshold_verdict` (``farthest-point``): every seed above a success bar, or every seed
@@ -14,8 +16,13 @@ from __future__ import annotations
 import math
 import warnings
 
-#: Welch's test: a difference counts at p below this
+#: Welch's test: a difference counts at p below this (sweeps recorded before :data:`CLAIMS_RULE`)
 ALPHA = 0.05
+#: the rule a sweep records before training: Welch's test per claim, Holm's correction over the
+#: claims tested, α = 0.01 (the fair-comparison standard: a claim is decided only when it is clear)
+CLAIMS_RULE = {"test": "welch", "alpha": 0.01, "correction": "holm"}
+#: the rule of a results file that records none (sweeps run before the rule was recorded)
+LEGACY_RULE = {"test": "welch", "alpha": ALPHA, "correction": "none"}
 #: the pooled-σ rule: a difference of means counts beyond this many pooled standard deviations
 RULE_STDS = 2.0
 #: the threshold rule on a rate in [0, 1]: every seed at or above succeeds, every seed below fails
@@ -74,12 +81,19 @@ def holm(pvalues: list[float]) -> list[float]:
     return adjusted
 
 
-def welch_verdict(delta: float, p: float, paper_sign: int) -> str:
+def welch_verdict(delta: float, p: float, paper_sign: int, alpha: float = ALPHA) -> str:
     """``agrees`` / ``does not agree`` / ``cannot tell at this scale``: a significant difference
-    (p < ``ALPHA``) whose sign is ``paper_sign`` agrees, one of the other sign does not."""
-    if not math.isfinite(p) or p >= ALPHA or delta == 0:
+    (p < ``alpha``; pass a Holm-adjusted p where several claims are tested) whose sign is
+    ``paper_sign`` agrees, one of the other sign does not."""
+    if not math.isfinite(p) or p >= alpha or delta == 0:
         return CANNOT_TELL
     return "agrees" if (delta > 0) == (paper_sign > 0) else "does not agree"
+
+
+def rule_text(rule: dict) -> str:
+    """A recorded verdict rule (:data:`CLAIMS_RULE`, :data:`LEGACY_RULE`) in words."""
+    corrected = "Holm-adjusted over the claims tested" if rule.get("correction") == "holm" else "each claim on its own"
+    return f"Welch's t-test on the seeds of each side, two-sided, p < {rule['alpha']:g} ({corrected})"
 
 
 # ------------------------------------------------------------------------------- pooled σ

@@ -46,7 +46,7 @@ from . import core
 from .core import try_lock
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
-from .stats import ALPHA
+from .stats import CLAIMS_RULE, LEGACY_RULE, rule_text
 
 SWEEP_FILE = "sweep.json"
 EXPERIMENTS = ("heads", "embedding", "head_size")
@@ -391,6 +391,8 @@ def run_sweep(
     check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
     vocab = len(data.tokenizer)
     core.claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
+    # the rule fixed when the sweep began: a resumed sweep keeps it (one that predates the record, its p < 0.05)
+    rule = prev_meta.get("verdict") or (LEGACY_RULE if previous.get("runs") else CLAIMS_RULE)
     meta = core.start_meta(
         preset,
         p.description,
@@ -406,7 +408,8 @@ def run_sweep(
         experiments=list(experiments or EXPERIMENTS),
         objective=train.objective,
         # the rule the report judges every paper claim by, recorded before any training
-        verdict_rule=f"Welch's t-test on the seeds of each side, two-sided, p < {ALPHA}",
+        verdict_rule=rule_text(rule),
+        verdict=dict(rule),
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
         **(
             {
