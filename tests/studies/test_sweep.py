@@ -245,6 +245,11 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
         lr_col = lines[0].split(" | ").index("lr")
         for q, line in zip(pts, lines[2:], strict=True):
             assert line.split(" | ")[lr_col] == f"{saved['tuning'][q.key]['chosen']:g}"
+    # rates chosen with seed 0 stay chosen: another first seed (or grid) in this folder is refused
+    with pytest.raises(FileExistsError, match="first of --seeds"):
+        run_sweep(preset, out, **kw | {"seeds": [1, 0]})
+    with pytest.raises(FileExistsError, match="choose another --output-dir"):  # a shared-rate call
+        run_sweep(preset, out, **{k: v for k, v in kw.items() if k not in ("learning_rates", "max_extensions")})
     again = run_sweep(preset, out, **kw)  # everything reused
     assert {k: r["heldout_loss"] for k, r in again["runs"].items()} == {
         k: r["heldout_loss"] for k, r in state["runs"].items()

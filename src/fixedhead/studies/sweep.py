@@ -386,6 +386,18 @@ def run_sweep(
             raise FileExistsError(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
             )
+    # every model's rate is chosen once, with one seed on one grid: an invocation with another
+    # grid or first seed would mix choices made differently (or re-choose after results are in)
+    keys = ("grid", "max_extensions", "seed")
+    selection = dict(zip(keys, (learning_rates, max_extensions, p.seeds[0]), strict=True)) if learning_rates else None
+    old_selection = prev_meta.get("learning_rate_selection")
+    old_selection = {k: old_selection.get(k) for k in keys} if old_selection else None
+    if (previous.get("runs") or previous.get("tuning")) and old_selection != selection:
+        raise FileExistsError(
+            f"{state_file} chose learning rates as {old_selection or 'one shared rate'}, this call as "
+            f"{selection or 'one shared rate'} (grid, extensions, first seed); pass the same --learning-rates, "
+            "--max-extensions and first of --seeds, or choose another --output-dir"
+        )
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     check_same_tokenizer(previous, data.info["tokenizer_sha256"], state_file)
