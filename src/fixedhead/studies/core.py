@@ -10,9 +10,11 @@ run function with its own rate.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,15 @@ def pending(plan: list[tuple[Any, int]], done: Callable[[Any, int], bool]) -> It
     for i, (item, seed) in enumerate(plan, 1):
         if not done(item, seed):
             yield i, item, seed
+
+
+@contextmanager
+def one_writer(results_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock beside ``results_file`` (``.NAME.lock``) for the block: workers sharing
+    a folder read, merge and write the results file one at a time, so none drops another's newest run."""
+    with open(results_file.with_name(f".{results_file.name}.lock"), "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def try_lock(run_dir: Path) -> Path | None:

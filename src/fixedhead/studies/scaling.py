@@ -29,7 +29,6 @@ architecture.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -265,8 +264,7 @@ def run_scaling(
 
     def save():
         # workers sharing the folder: merge what the others recorded, one writer at a time
-        with open(out / f".{RESULTS_FILE}.lock", "a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        with core.one_writer(out / RESULTS_FILE):
             other = load_json_file(out / RESULTS_FILE) if (out / RESULTS_FILE).is_file() else {}
             for part in ("runs", "tuning", "ranks"):
                 state[part].update({k: v for k, v in other.get(part, {}).items() if k not in state[part]})

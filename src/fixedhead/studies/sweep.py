@@ -22,7 +22,6 @@ turns it into markdown and plots.
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -447,32 +446,30 @@ def run_sweep(
 
     def save():
         # one worker at a time: two workers merging at once would each drop the other's newest run
-        with open(out / f".{SWEEP_FILE}.lock", "a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-            _merge_and_write()
-
-    def _merge_and_write():
-        # the results file is a merge of everything finished in this folder: what other workers
-        # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
-        other = _read_state(state_file)
-        check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
-        runs.update({k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()})
-        other_meta = other.get("meta", {})
-        meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
-        meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
-        seeds = set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()}
-        meta["seeds"] = sorted(seeds)
-        experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
-        meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
-        seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
-        points.extend(
-            q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
-        )
-        tuning.update({k: v for k, v in other.get("tuning", {}).items() if k not in tuning})
-        state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
-        if tuning:
-            state["tuning"] = dict(sorted(tuning.items()))
-        core.save_state(state_file, state, runs.values())
+        with core.one_writer(state_file):
+            # the results file is a merge of everything finished in this folder: what other workers
+            # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
+            other = _read_state(state_file)
+            check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
+            runs.update(
+                {k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()}
+            )
+            other_meta = other.get("meta", {})
+            meta["commands"] = list(dict.fromkeys(other_meta.get("commands", []) + meta["commands"]))
+            meta["first_started"] = min(other_meta.get("first_started", meta["first_started"]), meta["first_started"])
+            seeds = set(other_meta.get("seeds", [])) | set(meta["seeds"]) | {r["seed"] for r in runs.values()}
+            meta["seeds"] = sorted(seeds)
+            experiments = set(other_meta.get("experiments", [])) | set(meta["experiments"])
+            meta["experiments"] = [e for e in EXPERIMENTS if e in experiments]
+            seen = {(q["experiment"], q["series"], q["x"], q["key"]) for q in points}
+            points.extend(
+                q for q in other.get("points", []) if (q["experiment"], q["series"], q["x"], q["key"]) not in seen
+            )
+            tuning.update({k: v for k, v in other.get("tuning", {}).items() if k not in tuning})
+            state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
+            if tuning:
+                state["tuning"] = dict(sorted(tuning.items()))
+            core.save_state(state_file, state, runs.values())
 
     def tune(key, config) -> float:
         """The point's rate: each rate of the grid with the first seed, scored on the validation split."""
