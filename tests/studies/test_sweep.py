@@ -8,7 +8,8 @@ import pytest
 
 from _tiny_run import TINY
 from fixedhead.cli import main
-from fixedhead.studies.report import claims, collect_points, points_table, write_report
+from fixedhead.studies.claims import PointStats, claims, collect_points
+from fixedhead.studies.report import points_table, write_report
 from fixedhead.studies.sweep import (
     SWEEP_FILE,
     SweepPoint,
@@ -204,7 +205,6 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
 
 
 def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
-    from fixedhead.studies.report import PointStats
 
     run = dict(hidden_size=32, num_attention_heads=4, head_dim=8, parameters=10_000, heldout_perplexity=100.0)
     both = PointStats("heads", "fixed", 4, "k1", [dict(run, heldout_bits_per_character=1.0), dict(run)])
