@@ -320,6 +320,38 @@ def _report(args):
     print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
 
 
+def _finetune_sweep_options(p):
+    p.description = (
+        "Fine-tune every checkpoint of a masked sweep on one GLUE task with several seeds, each checkpoint at its own "
+        "fine-tuning rate (chosen with the first seed on the split carved out of GLUE train), and write "
+        "OUT/report.md: the fine-tuning claims over pretraining seeds and Spearman's rho with a bootstrap interval."
+    )
+    p.add_argument("sweep_dir", help="a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)")
+    p.add_argument("--task", default="sst2", help="GLUE task (default: %(default)s)")
+    add_study_options(p, output_dir="SWEEP_DIR/finetune-TASK", overwrite=False)
+    g = p.add_argument_group("a fine-tuning rate per checkpoint")
+    g.add_argument("--learning-rates", type=_rates, metavar="X,X,...", help="the grid (default: 3e-4,1e-3,3e-3)")
+    g.add_argument("--max-extensions", type=int, default=1, metavar="N", help="rates added past an edge (default 1)")
+
+
+def _finetune_sweep(args):
+    """fine-tuning claims with several fine-tuning seeds per checkpoint of a sweep"""
+    from .studies.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
+
+    out = args.output_dir or f"{args.sweep_dir.rstrip('/')}/finetune-{args.task}"
+    run_finetune_seeds(
+        args.sweep_dir,
+        args.task,
+        out,
+        seeds=args.seeds or (0, 1, 2),
+        learning_rates=args.learning_rates or DEFAULT_RATES,
+        max_extensions=args.max_extensions,
+        max_steps=args.steps,
+        progress=not args.no_progress,
+    )
+    print(f"report: {write_report(args.sweep_dir, out)}")
+
+
 def _farthest_point_options(p):
     from .studies.farthest_point import SYNTHETIC_PRESETS
 
@@ -452,6 +484,7 @@ COMMANDS = {
     "finetune": (_finetune_options, _finetune),
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),
+    "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),
     "farthest-point": (_farthest_point_options, _farthest_point),
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
@@ -464,6 +497,7 @@ _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
     "compare": "rerun the same command to continue (finished models are reused)",
     "sweep": "rerun the same command to continue (finished points are reused)",
+    "finetune-sweep": "rerun the same command to continue (finished fine-tuning runs are reused)",
     "farthest-point": "rerun the same command to continue (finished runs are reused)",
     "widen-experiment": "rerun the same command to continue (finished runs are reused)",
     "scaling": "rerun the same command to continue (finished runs are reused)",

@@ -48,6 +48,9 @@ def test_extensions_are_capped_and_say_so():
     train, calls = bowl(1.0)
     best, losses, bracketed = choose_rate(train, rate_grid(1e-3), max_extensions=2)
     assert (best, bracketed) == (1.6e-2, False) and len(calls) == 6
+    with pytest.raises(ValueError, match="max_extensions must be an int >= 0, got -1"):
+        choose_rate(train, rate_grid(1e-3), max_extensions=-1)  # would never stop
+    assert len(calls) == 6  # refused before training anything
 
 
 def test_diverged_runs_count_as_worst_and_trained_rates_are_reused():

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from ..checks import positive_float, positive_int
+from ..checks import non_negative_int, positive_float, positive_int
 from ..plotting import pyplot, save_figure
 from . import render
 
@@ -122,7 +122,11 @@ def choose_rate(
         ``(best rate, {rate: validation loss} of every rate trained, bracketed)``: ``bracketed``
         is False when ``max_extensions`` ran out with the best rate still at an edge (say so
         where the rate is reported).
+
+    Raises:
+        ValueError: a negative ``max_extensions``; every rate diverged.
     """
+    non_negative_int("max_extensions", max_extensions)  # before any training: a negative one never stops
     losses = dict(losses or {})
     for lr in grid:
         if lr not in losses:
@@ -136,10 +140,13 @@ def choose_rate(
     return best_rate(losses), losses, True
 
 
-def plot_learning_rates(selection: dict, path: Path) -> None:
-    """Validation loss against learning rate, one line per model, its chosen rate circled (a
-    diverged rate is drawn as a cross at the top). ``selection``: ``{"models": {label: {"chosen",
-    "bracketed", "validation_loss": losses_record(...)}}, "validation_fraction": float}``."""
+def plot_learning_rates(
+    selection: dict, path: Path, ylabel: str = "validation loss (nats)", title: str | None = None
+) -> None:
+    """Validation loss (or another score: ``ylabel``) against learning rate, one line per model,
+    its chosen rate circled (a diverged rate is drawn as a cross at the top). ``selection``:
+    ``{"models": {label: {"chosen", "bracketed", "validation_loss": losses_record(...)}},
+    "validation_fraction": float}`` (the fraction only for the default ``title``)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
@@ -161,9 +168,10 @@ def plot_learning_rates(selection: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     render.plain_ticks(ax, sorted({float(lr) for m in selection["models"].values() for lr in m["validation_loss"]}))
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("validation loss (nats)")
+    ax.set_ylabel(ylabel)
     ax.set_title(
-        f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
+        title
+        or f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
         fontsize=9,
     )
     save_figure(fig, path, [ax])
