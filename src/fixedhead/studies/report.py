@@ -270,7 +270,8 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         f"- tokenizer: WordPiece, vocabulary {info.get('vocab_size')}",
         f"- pretraining per run: {tr['max_steps']} steps × batch {tr['batch_size']} × {d['max_seq_length']} "
         f"tokens = {tr['max_steps'] * tr['batch_size'] * d['max_seq_length']:,} tokens, AdamW lr "
-        f"{tr['learning_rate']}, warm-up {tr['warmup_ratio']}, {tr.get('lr_scheduler_type', 'linear')} decay, "
+        + ("each model's own (below)" if state.get("tuning") else f"{tr['learning_rate']}")
+        + f", warm-up {tr['warmup_ratio']}, {tr.get('lr_scheduler_type', 'linear')} decay, "
         "no dropout" + ("" if causal else f", {100 * tr.get('mlm_probability', 0.15):g}% of training tokens masked"),
         f"- objective: {'causal LM (FixedHeadForCausalLM, every next token predicted)' if causal else 'masked LM'}",
         f"- seeds: {meta['seeds']} (seed changes initialisation and data order; data split and held-out "
