@@ -404,9 +404,12 @@ def run_sweep(
     core.claim(out, SWEEP_FILE, OWNED, "sweep", create=True)
     # the rule fixed when the sweep began: a resumed sweep keeps it (one that predates the record, its p < 0.05)
     rule = prev_meta.get("verdict") or (LEGACY_RULE if previous.get("runs") else CLAIMS_RULE)
+    description = p.description
+    if learning_rates:  # the recipe's one rate is not what the models train at
+        description = description.replace(f" at lr {train.learning_rate:g}", " at each model's own rate")
     meta = core.start_meta(
         preset,
-        p.description,
+        description,
         command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan
         previous,
         quick=quick,
