@@ -57,3 +57,12 @@ def test_scaling_report_regenerates():
     from fixedhead.studies.scaling_report import report_markdown
 
     assert report_markdown(_state("scaling-cpu")) == (RESULTS / "scaling-cpu" / "report.md").read_text()
+
+
+def test_sweep_report_regenerates(tmp_path):
+    import shutil
+
+    from fixedhead.studies.report import write_report
+
+    shutil.copy(RESULTS / "sweep-clm-lr" / "sweep.json", tmp_path / "sweep.json")
+    assert write_report(tmp_path).read_text() == (RESULTS / "sweep-clm-lr" / "report.md").read_text()
