@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ..data.glue import MAIN_METRIC
 from ..runs import load_json_file, write_text_atomic
 from ..training.finetune import FinetuneSettings, finetune
 from . import core, render
@@ -87,7 +88,6 @@ def run_finetune_seeds(
         "max_extensions": max_extensions,
         "finetune": {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")},
     }
-    rule = previous_rule(out)  # fixed when the study began
     previous, meta = core.resume(
         out / RESULTS_FILE,
         "custom",
@@ -97,9 +97,9 @@ def run_finetune_seeds(
         plan,
         "fine-tuning plan",
         sweep=str(sweep_dir),
-        verdict=rule,
-        verdict_rule=rule_text(rule),
     )
+    rule = previous.get("meta", {}).get("verdict") or dict(CLAIMS_RULE)  # fixed when the study began
+    meta |= {"verdict": rule, "verdict_rule": rule_text(rule)}
     state = {"meta": meta, "tuning": dict(previous.get("tuning", {})), "runs": dict(previous.get("runs", {}))}
     core.claim(out, RESULTS_FILE, OWNED, "finetune-sweep", create=True)
     core.save_state(out / RESULTS_FILE, state, [])
@@ -125,7 +125,7 @@ def run_finetune_seeds(
     for name in checkpoints:
         # the best validation score is the lowest loss choose_rate looks for
         best, scores, bracketed = choose_rate(
-            lambda lr, name=name: -run(name, lr, seeds[0])["validation"][run_metric(task)], rates, max_extensions
+            lambda lr, name=name: -run(name, lr, seeds[0])["validation"][MAIN_METRIC[task]], rates, max_extensions
         )
         state["tuning"][name] = {
             "chosen": best,
@@ -136,19 +136,6 @@ def run_finetune_seeds(
             run(name, best, seed)
     core.save_state(out / RESULTS_FILE, state, state["runs"].values())
     return state
-
-
-def previous_rule(out: Path) -> dict:
-    """The verdict rule recorded when the study in ``out`` began, or :data:`CLAIMS_RULE` for a new one."""
-    path = out / RESULTS_FILE
-    return (load_json_file(path)["meta"].get("verdict") if path.is_file() else None) or dict(CLAIMS_RULE)
-
-
-def run_metric(task: str) -> str:
-    """The headline metric of ``task`` (accuracy, Matthews correlation, F1, Pearson)."""
-    from ..data.glue import MAIN_METRIC
-
-    return MAIN_METRIC[task]
 
 
 # ------------------------------------------------------------------------------------- summary
@@ -221,7 +208,7 @@ def report_markdown(sweep: dict, state: dict) -> str:
         f"- checkpoints: the {len(sweep['runs'])} pretraining runs of `{meta['sweep']}`; GLUE {task}, "
         f"{ft['max_train_examples'] or 'all'} training examples, "
         f"{ft['validation_size']} carved out of GLUE train to stop early and choose the rate, ≤ {ft['max_steps']} "
-        f"steps × batch {ft['batch_size']}; score = GLUE dev {run_metric(task)} (the test set here)",
+        f"steps × batch {ft['batch_size']}; score = GLUE dev {MAIN_METRIC[task]} (the test set here)",
         f"- rate per checkpoint from {', '.join(f'{lr:g}' for lr in plan['grid'])} (up to {plan['max_extensions']} "
         f"more past an edge) with seed {plan['seeds'][0]}, highest validation score; then seeds {plan['seeds']} "
         "at that rate; a checkpoint's score is the mean over its fine-tuning seeds",
@@ -274,7 +261,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path) -> Path:
     plot_learning_rates(
         {"models": {n: {**t, "validation_loss": t["validation_score"]} for n, t in state["tuning"].items()}},
         out / "learning_rates.png",
-        ylabel=f"validation {run_metric(state['meta']['settings']['task'])} (higher is better)",
+        ylabel=f"validation {MAIN_METRIC[state['meta']['settings']['task']]} (higher is better)",
         title="each checkpoint's fine-tuning rate, chosen on the split carved out of GLUE train",
     )
     write_text_atomic(out / "report.md", report_markdown(sweep, state))
