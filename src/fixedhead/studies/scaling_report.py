@@ -13,13 +13,13 @@ from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
 from ..theory import causal_threshold
 from . import render
-from .stats import holm, mean_std, pm, welch
+from .stats import CLAIMS_RULE, holm, mean_std, pm, welch
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "scaling.png"
 RANK_PLOT_FILE = "ranks.png"
-#: a per-size difference counts at this Holm-corrected level (corrected over the sizes of a family)
-ALPHA = 0.01
+#: a per-size difference counts at the claims' Holm-corrected level (corrected over the sizes of a family)
+ALPHA = CLAIMS_RULE["alpha"]
 
 
 # ------------------------------------------------------------------------------- summary
