@@ -146,7 +146,10 @@ def test_analyze_reads_a_llama_run(llama_run, tmp_path, capsys):
     ],
 )
 def test_pretrain_refuses_fixedhead_only_options_for_llama_before_any_work(options, message, tmp_path, capsys):
-    out = tmp_path / "run"
-    rc = main(["pretrain", "--architecture", "llama", "--num-hidden-layers", "2", "--output-dir", str(out), *options])
+    out, nowhere = tmp_path / "run", tmp_path / "no-corpus"  # refused before the corpus is looked for
+    rc = main(
+        ["pretrain", "--architecture", "llama", "--num-hidden-layers", "2", "--corpus", str(nowhere)]
+        + ["--output-dir", str(out), *options]
+    )
     assert rc == 2 and message in capsys.readouterr().err
     assert not out.exists()

@@ -106,6 +106,10 @@ def pretrain_command(
         else:
             config = ModelSettings(**model).config(max_position_embeddings=n)
     settings = TrainSettings(**train)
+    if config is not None:  # a Llama masked LM is refused before the corpus is looked at
+        from ..model.architectures import check_objective_for
+
+        check_objective_for(config, settings.objective)
     data_settings = None if init_from is not None else DataSettings(**data)
     if not resume:
         check_run_dir(Path(output_dir), {}, resume=False, overwrite=overwrite)
