@@ -237,6 +237,7 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
         assert sorted(r["seed"] for r in at_rate.values()) == [0, 1]
         assert {r["learning_rate"] for r in at_rate.values()} == {chosen["chosen"]}
         assert set(at_rate) == {f"{key}-lr{chosen['chosen']:g}-s{s}" for s in (0, 1)}
+    assert not list(out.glob("runs/*/checkpoint-*")), "the grid's runs keep no Trainer checkpoints either"
     # the report names each model's rate in its table and plots the validation curves
     write_report(out)
     assert (out / "learning_rates.png").is_file()

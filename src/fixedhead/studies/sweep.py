@@ -447,6 +447,11 @@ def run_sweep(
     runs: dict[str, dict] = {}
     tuning: dict[str, dict] = dict(previous.get("tuning", {}))
 
+    def drop_checkpoints(run_dir: Path):
+        # a finished run is reused from its metrics; its Trainer checkpoints only take disk
+        for ckpt in () if keep_checkpoints else run_dir.glob("checkpoint-*"):
+            shutil.rmtree(ckpt, ignore_errors=True)
+
     def save():
         # one worker at a time: two workers merging at once would each drop the other's newest run
         with core.one_writer(state_file):
@@ -483,9 +488,11 @@ def run_sweep(
                 print(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)", flush=True)
             settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / f"{key}-lr{lr:g}-s{seed}"
             try:
-                return train_or_reuse(config, data, run_dir, settings, overwrite)["validation_loss"]
+                loss = train_or_reuse(config, data, run_dir, settings, overwrite)["validation_loss"]
             except DivergedError:
                 return DIVERGED
+            drop_checkpoints(run_dir)
+            return loss
 
         best, losses, bracketed = choose_rate(train_at, learning_rates, max_extensions)
         tuning[key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
@@ -525,9 +532,7 @@ def run_sweep(
             continue
         t0 = time.time()
         result = train_or_reuse(config, data, run_dir, replace(train, seed=seed, learning_rate=lr), overwrite)
-        if not keep_checkpoints:
-            for ckpt in run_dir.glob("checkpoint-*"):
-                shutil.rmtree(ckpt, ignore_errors=True)
+        drop_checkpoints(run_dir)
         entry = {k: v for k, v in result.items() if k != "train_curve"} | {"key": key, "seed": seed}
         if learning_rates:
             entry["learning_rate"] = lr
