@@ -328,7 +328,7 @@ def _finetune_sweep_options(p):
     )
     p.add_argument("sweep_dir", help="a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)")
     p.add_argument("--task", default="sst2", help="GLUE task (default: %(default)s)")
-    add_study_options(p, output_dir="SWEEP_DIR/finetune-TASK", overwrite=False)
+    add_study_options(p, output_dir="SWEEP_DIR/finetune-TASK")
     g = p.add_argument_group("a fine-tuning rate per checkpoint")
     g.add_argument("--learning-rates", type=_rates, metavar="X,X,...", help="the grid (default: 3e-4,1e-3,3e-3)")
     g.add_argument("--max-extensions", type=int, default=1, metavar="N", help="rates added past an edge (default 1)")
@@ -347,6 +347,7 @@ def _finetune_sweep(args):
         learning_rates=args.learning_rates or DEFAULT_RATES,
         max_extensions=args.max_extensions,
         max_steps=args.steps,
+        overwrite=args.overwrite,
         progress=not args.no_progress,
     )
     print(f"report: {write_report(args.sweep_dir, out)}")

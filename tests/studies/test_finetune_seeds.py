@@ -1,4 +1,5 @@
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -104,3 +105,96 @@ def test_bad_input_fails_before_any_work(masked_sweep, tmp_path, capsys):
     assert not any((tmp_path / d).exists() for d in "abc")
     assert main(["finetune-sweep", str(tmp_path), "--task", "sst2"]) == 2
     assert "sweep.json" in capsys.readouterr().err
+
+
+def _fake_sweep(root, qualities):
+    """A sweep folder whose checkpoints are only names: held-out perplexity falls as ``quality`` rises."""
+    runs, points = {}, []
+    for i, (key, q) in enumerate(qualities.items()):
+        points.append({"experiment": "heads", "series": "standard", "x": 2 ** (i + 1), "key": key})
+        for seed in (0, 1, 2):
+            name = f"{key}-s{seed}"
+            (root / "runs" / name).mkdir(parents=True)
+            (root / "runs" / name / "model.safetensors").touch()
+            runs[name] = {"key": key, "seed": seed, "heldout_perplexity": 300.0 - 100 * q - seed}
+            runs[name] |= {"head_dim": 16 // 2 ** (i + 1), "parameters": 1000}
+    meta = {"objective": "mlm", "first_started": 1.0, "finetune": {"max_steps": 2, "validation_size": 16}}
+    (root / SWEEP_FILE).write_text(json.dumps({"meta": meta, "points": points, "runs": runs}))
+    return root
+
+
+@pytest.fixture
+def fake_finetune(monkeypatch, tmp_path):
+    """``finetune`` replaced by a table: validation best at 1e-3, GLUE dev best at 1e-4 (a choice made
+    on dev would pick it), 3e-3 diverges; the dev score at 1e-3 falls with the checkpoint's perplexity."""
+    from fixedhead.studies import finetune_seeds as FS
+    from fixedhead.training.evaluate import DivergedError
+
+    tsv = tmp_path / "glue.tsv"
+    tsv.write_text("sentence\tlabel\n")
+    monkeypatch.setattr(FS, "glue_path", lambda task, split: tsv)
+    quality = {"d16-h2-dp8": 0.1, "d16-h4-dp4": 0.2, "d16-h8-dp2": 0.3}
+    calls = []
+
+    def fake(run_dir, task, out, settings, overwrite=False):
+        lr, seed = settings.learning_rate, settings.seed
+        calls.append((run_dir.name, lr, seed))
+        if lr >= 3e-3:
+            raise DivergedError("fine-tuning loss became non-finite")
+        key, pretraining_seed = run_dir.name.rsplit("-s", 1)
+        q = quality[key] + 0.01 * int(pretraining_seed) + 0.001 * seed  # _fake_sweep's perplexity order
+        val, dev = (0.8, 0.5 + q) if lr == 1e-3 else (0.6, 0.99)
+        if lr < 1e-4:  # the extension test: validation rises with the rate up to 1e-2
+            val, dev = 0.9 - abs(math.log(lr / 1e-2)), 0.5
+        return {"metric": "accuracy", "score": dev, "validation": {"accuracy": val}, "train_seconds": 1.0}
+
+    monkeypatch.setattr(FS, "finetune", fake)
+    return quality, calls
+
+
+def test_the_rate_is_chosen_on_validation_not_dev_and_a_diverged_rate_is_the_worst(fake_finetune, tmp_path):
+    quality, calls = fake_finetune
+    sweep_dir = _fake_sweep(tmp_path / "sweep", quality)
+    kw = dict(seeds=[0, 1, 2], learning_rates=[1e-4, 1e-3, 3e-3], max_extensions=1, progress=False)
+    state = run_finetune_seeds(sweep_dir, "sst2", tmp_path / "ft", **kw)
+    assert len(state["tuning"]) == 9
+    for t in state["tuning"].values():
+        # 1e-3 has the best validation score, 1e-4 the best dev score; 3e-3 diverged: recorded as None
+        assert t["chosen"] == 1e-3 and t["bracketed"]
+        assert t["validation_score"] == {"0.0001": 0.6, "0.001": 0.8, "0.003": None}
+    # 3 rates with seed 0, then seeds 1 and 2 at the chosen rate only
+    assert len(calls) == 9 * (3 + 2)
+    assert all(lr == 1e-3 for _, lr, seed in calls if seed != 0)
+    # each checkpoint's fine-tuning score rises exactly as its perplexity falls: rho = -1, and the
+    # claim "lower perplexity goes with better fine-tuning" agrees
+    sweep = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    rho = rank_correlation(sweep, state, resamples=200)
+    assert rho["checkpoints"] == 9 and rho["rho"] == pytest.approx(-1.0)
+    assert rho["low"] == pytest.approx(-1.0) and rho["high"] == pytest.approx(-1.0)
+    rows = {c: v for c, _, v in claims(as_sweep_state(sweep, state))}
+    assert rows["Implicit throughout: lower pretraining perplexity goes with better fine-tuning"] == "agrees"
+
+
+def test_the_grid_grows_one_of_its_own_steps_past_an_edge(fake_finetune, tmp_path):
+    quality, calls = fake_finetune
+    sweep_dir = _fake_sweep(tmp_path / "sweep", {"d16-h2-dp8": quality["d16-h2-dp8"]})
+    state = run_finetune_seeds(
+        sweep_dir, "sst2", tmp_path / "ft", seeds=[0], learning_rates=[3e-5, 9e-5], max_extensions=1, progress=False
+    )
+    # best at the top edge (9e-5); the grid's step is x3: 2.7e-4 is trained, and is still the edge
+    for t in state["tuning"].values():
+        assert list(t["validation_score"]) == ["3e-05", "9e-05", "0.00027"]
+        assert t["chosen"] == pytest.approx(2.7e-4) and not t["bracketed"]
+
+
+def test_a_bad_extension_count_or_a_causal_sweep_is_refused_before_the_folder_exists(fake_finetune, tmp_path):
+    quality, _ = fake_finetune
+    sweep_dir = _fake_sweep(tmp_path / "sweep", quality)
+    with pytest.raises(ValueError, match="max_extensions"):
+        run_finetune_seeds(sweep_dir, "sst2", tmp_path / "a", max_extensions=-1)
+    state = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    state["meta"]["objective"] = "clm"
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="'clm' sweep"):
+        run_finetune_seeds(sweep_dir, "sst2", tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

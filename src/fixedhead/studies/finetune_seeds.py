@@ -18,14 +18,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
-from ..data.glue import MAIN_METRIC
+from ..checks import non_negative_int
+from ..data.glue import MAIN_METRIC, glue_path
 from ..runs import load_json_file, write_text_atomic
+from ..training.evaluate import DivergedError
 from ..training.finetune import FinetuneSettings, finetune
 from . import core, render
 from .claims import claims, load_sweep, verdict_rule
-from .learning_rate import choose_rate, losses_record, parse_rates, plot_learning_rates
+from .learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from .stats import CLAIMS_RULE, mean_std, pm, rule_text
 from .sweep import get_sweep_preset
 
@@ -44,6 +47,7 @@ def run_finetune_seeds(
     max_extensions: int = 1,
     settings: FinetuneSettings | None = None,
     max_steps: int | None = None,
+    overwrite: bool = False,
     progress: bool = True,
     command: str | None = None,
 ) -> dict:
@@ -54,14 +58,17 @@ def run_finetune_seeds(
     ``settings``: the fine-tuning budget (default: the sweep's recorded fine-tuning settings, else
     the masked sweep's (``cpu-mlm``); ``max_steps`` replaces its steps); its rate and seed are this
     study's. Finished fine-tuning runs are reused (:func:`fixedhead.training.finetune.finetune`),
-    so a rerun resumes.
+    so a rerun resumes; ``overwrite`` starts the study afresh and trains every run again. Past an
+    edge of the grid the next rate is one grid step further (the smallest ratio between
+    neighbouring rates: ×3 for the default grid). A run whose loss becomes non-finite counts as the
+    worst rate.
 
     Raises:
         FileNotFoundError: ``sweep_dir`` has no ``sweep.json``, or the GLUE files are missing.
-        ValueError: an unknown task, no seeds, a grid of fewer than 2 rates, a sweep without a
-            finished checkpoint.
+        ValueError: an unknown task, no seeds, a grid of fewer than 2 rates, a negative
+            ``max_extensions``, a causal sweep, a sweep without a finished checkpoint.
         FileExistsError: the output folder holds another study's files, or this study's with
-            other seeds, grid or settings.
+            other seeds, grid, settings or sweep (without ``overwrite``).
     """
     from ..data.glue import get_glue_task
 
@@ -69,6 +76,13 @@ def run_finetune_seeds(
     sweep = load_sweep(sweep_dir)
     seeds = core.seeds_override(seeds, (0,))
     rates = parse_rates(learning_rates)
+    non_negative_int("max_extensions", max_extensions)
+    if sweep["meta"].get("objective", "mlm") != "mlm":
+        objective = sweep["meta"]["objective"]
+        raise ValueError(f"{sweep_dir} is a {objective!r} sweep; only masked LMs are fine-tuned on GLUE")
+    for split in ("train", "dev"):
+        if not glue_path(task, split).is_file():
+            raise FileNotFoundError(f"GLUE {task} {split} data not found at {glue_path(task, split)}")
     checkpoints = {name: Path(sweep_dir) / "runs" / name for name in sorted(sweep["runs"])}
     checkpoints = {n: d for n, d in checkpoints.items() if (d / "model.safetensors").is_file()}
     if not checkpoints:
@@ -86,6 +100,8 @@ def run_finetune_seeds(
         "seeds": list(seeds),
         "grid": rates,
         "max_extensions": max_extensions,
+        # which sweep (its start time names it wherever the folder moves): its checkpoints' results only
+        "sweep_started": sweep["meta"].get("first_started"),
         "finetune": {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")},
     }
     previous, meta = core.resume(
@@ -95,12 +111,17 @@ def run_finetune_seeds(
         "checkpoint at its own rate",
         command,
         plan,
-        "fine-tuning plan",
+        "fine-tuning plan or sweep",
+        overwrite=overwrite,
         sweep=str(sweep_dir),
+        checkpoints=list(checkpoints),
     )
     rule = previous.get("meta", {}).get("verdict") or dict(CLAIMS_RULE)  # fixed when the study began
     meta |= {"verdict": rule, "verdict_rule": rule_text(rule)}
-    state = {"meta": meta, "tuning": dict(previous.get("tuning", {})), "runs": dict(previous.get("runs", {}))}
+    # a checkpoint the sweep no longer has (a run deleted there) leaves the study
+    tuning = {n: t for n, t in previous.get("tuning", {}).items() if n in checkpoints}
+    runs = {k: r for k, r in previous.get("runs", {}).items() if r["checkpoint"] in checkpoints}
+    state = {"meta": meta, "tuning": tuning, "runs": runs}
     core.claim(out, RESULTS_FILE, OWNED, "finetune-sweep", create=True)
     core.save_state(out / RESULTS_FILE, state, [])
     t0 = time.time()
@@ -109,7 +130,8 @@ def run_finetune_seeds(
         key = f"{name}-lr{lr:g}-s{seed}"
         if progress:
             print(f"{key} ({time.time() - t0:.0f} s)", flush=True)
-        result = finetune(checkpoints[name], task, out / "runs" / key, replace(base, learning_rate=lr, seed=seed))
+        ft = replace(base, learning_rate=lr, seed=seed)
+        result = finetune(checkpoints[name], task, out / "runs" / key, ft, overwrite=overwrite)
         state["runs"][key] = {
             "checkpoint": name,
             "learning_rate": lr,
@@ -122,11 +144,16 @@ def run_finetune_seeds(
         core.save_state(out / RESULTS_FILE, state, state["runs"].values())
         return result
 
-    for name in checkpoints:
+    def validation_cost(name: str, lr: float) -> float:
         # the best validation score is the lowest loss choose_rate looks for
-        best, scores, bracketed = choose_rate(
-            lambda lr, name=name: -run(name, lr, seeds[0])["validation"][MAIN_METRIC[task]], rates, max_extensions
-        )
+        try:
+            return -run(name, lr, seeds[0])["validation"][MAIN_METRIC[task]]
+        except DivergedError:
+            return DIVERGED
+
+    step = min(b / a for a, b in zip(rates, rates[1:], strict=False))
+    for name in checkpoints:
+        best, scores, bracketed = choose_rate(partial(validation_cost, name), rates, max_extensions, step)
         state["tuning"][name] = {
             "chosen": best,
             "bracketed": bracketed,
@@ -198,19 +225,20 @@ def report_markdown(sweep: dict, state: dict) -> str:
     task, scores = plan["task"], checkpoint_scores(state)
     ft = plan["finetune"]
     done = sum(len(v) for v in scores.values())
+    n_checkpoints = len(meta["checkpoints"])  # the sweep's runs that had saved weights
     L = render.head(
         f"Fine-tuning with seeds: {task} on the checkpoints of {Path(meta['sweep']).name}",
         meta,
-        render.incomplete(done, len(sweep["runs"]) * len(plan["seeds"]), "fine-tuning runs at the chosen rates"),
+        render.incomplete(done, n_checkpoints * len(plan["seeds"]), "fine-tuning runs at the chosen rates"),
         work="fine-tuning",
     )
     L += [
-        f"- checkpoints: the {len(sweep['runs'])} pretraining runs of `{meta['sweep']}`; GLUE {task}, "
+        f"- checkpoints: the {n_checkpoints} saved pretraining runs of `{meta['sweep']}`; GLUE {task}, "
         f"{ft['max_train_examples'] or 'all'} training examples, "
         f"{ft['validation_size']} carved out of GLUE train to stop early and choose the rate, ≤ {ft['max_steps']} "
         f"steps × batch {ft['batch_size']}; score = GLUE dev {MAIN_METRIC[task]} (the test set here)",
         f"- rate per checkpoint from {', '.join(f'{lr:g}' for lr in plan['grid'])} (up to {plan['max_extensions']} "
-        f"more past an edge) with seed {plan['seeds'][0]}, highest validation score; then seeds {plan['seeds']} "
+        f"grid steps past an edge) with seed {plan['seeds'][0]}, highest validation score; then seeds {plan['seeds']} "
         "at that rate; a checkpoint's score is the mean over its fine-tuning seeds",
         "",
         "![validation score against fine-tuning rate](learning_rates.png)",
@@ -249,6 +277,8 @@ def report_markdown(sweep: dict, state: dict) -> str:
             "(the paper's direction is negative: lower perplexity, better fine-tuning)."
             if math.isfinite(rho["rho"])
             else "fewer than 4 checkpoints with scores."
+            if rho["checkpoints"] < 4
+            else f"undefined: every checkpoint has the same mean {task} dev score (e.g. all at the majority class)."
         ),
     ]
     return "\n".join(L) + "\n"

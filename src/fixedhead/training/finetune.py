@@ -37,6 +37,7 @@ from ..runs import (
     open_run,
     write_json_atomic,
 )
+from .evaluate import DivergedError
 from .settings import shared_training_arguments
 
 FINETUNE_FILE = "finetune_metrics.json"
@@ -209,7 +210,9 @@ def finetune(
     Raises:
         ValueError: unknown task; malformed GLUE files (see :func:`read_glue_tsv`); a run that is
             not a fixedhead model, is damaged, or holds pickle weights (see
-            :func:`fixedhead.runs.open_run`); a validation size that leaves no training example.
+            :func:`fixedhead.runs.open_run`); a validation size that leaves no training example;
+            :class:`~fixedhead.training.evaluate.DivergedError` (a ValueError) when the training loss
+            became non-finite.
         FileNotFoundError: no finished model in ``run_dir``, or the GLUE files are missing.
         FileExistsError: ``output_dir`` is the run itself, holds anything fine-tuning did not
             write, or holds a fine-tuning result of another model, data or settings (without
@@ -338,7 +341,7 @@ def finetune(
     wall = time.time() - t0
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if any(not math.isfinite(x) for x in losses):
-        raise ValueError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
+        raise DivergedError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
     # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
     best_val = trainer.evaluate(datasets["validation"])
     dev_metrics = trainer.evaluate(datasets["dev"])
