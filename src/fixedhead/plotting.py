@@ -7,6 +7,7 @@ fixed resolution, figure closed so long sweeps do not leak memory.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def pyplot():
 
 def save_figure(fig, path: str | os.PathLike, axes=(), legend: bool = True, grid: bool = True, dpi: int = 120) -> Path:
     """Grid (and a legend where something is labelled) on each of ``axes``, tight layout, write the
-    PNG to ``path`` (its folder is created), close the figure; returns the path."""
+    PNG to ``path`` atomically (its folder is created; an interrupted write leaves the old file),
+    close the figure; returns the path."""
     for ax in axes:
         if grid:
             ax.grid(alpha=0.3)
@@ -32,6 +34,10 @@ def save_figure(fig, path: str | os.PathLike, axes=(), legend: bool = True, grid
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    from .runs import write_bytes_atomic
+
+    image = io.BytesIO()
+    fig.savefig(image, format=path.suffix.lstrip(".") or "png", dpi=dpi)
+    write_bytes_atomic(path, image.getvalue())
     pyplot().close(fig)
     return path
