@@ -129,7 +129,16 @@ COMPARE_PRESETS = {
     "cpu-llama": lambda: _preset(
         "cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)", architecture="llama"
     ),
-    "cpu-mup": lambda: _preset("cpu-clm", 128, 16, causal_threshold(64), "the causal threshold", mup=True),
+    # standard: μP based at it is the standard parametrization (make-run-lr's 2e-3); fixed: docs/results/mup
+    "cpu-mup": lambda: _preset(
+        "cpu-clm",
+        128,
+        16,
+        causal_threshold(64),
+        "the causal threshold",
+        mup=True,
+        rates={"standard": 2e-3, "fixed": 2e-3},
+    ),
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
 }
