@@ -137,7 +137,7 @@ COMPARE_PRESETS = {
         causal_threshold(64),
         "the causal threshold",
         mup=True,
-        rates={"standard": 2e-3, "fixed": 2e-3},
+        rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 1e-3},
     ),
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
