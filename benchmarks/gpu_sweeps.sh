@@ -16,7 +16,9 @@
 #   3-step pair: checks the script on a CPU in a few minutes; its runs never mix with real ones),
 #   LEARNING_RATES=5e-4,1e-3,2e-3,4e-3 (each model of both sweeps chooses its own rate from this grid
 #   on a validation split with the first seed, then every seed trains at it: the fair comparison;
-#   one worker trains a model's grid while the others take other models).
+#   one worker trains a model's grid while the others take other models),
+#   MUP_BASE_HEAD_DIM=K (every model of both sweeps under the μP-style parametrization based at d_p = K,
+#   runs in $RUNS-mupK; with LEARNING_RATES: the fair comparison under μP).
 # Exit status: 0 when both sweep files were written, 1 otherwise (a job that hit the deadline
 #   shows status 124 in gpu.txt; its finished runs are still in the sweep file).
 set -u
@@ -27,6 +29,8 @@ quick=()
 pair_steps=()
 rates=()
 [ -n "${LEARNING_RATES:-}" ] && rates=(--learning-rates "$LEARNING_RATES")
+mup=()
+[ -n "${MUP_BASE_HEAD_DIM:-}" ] && mup=(--mup-base-head-dim "$MUP_BASE_HEAD_DIM")
 if [ "${QUICK:-0}" = 1 ]; then
   quick=(--quick)
   pair_steps=(--max-steps 3 --max-eval-tokens 5000)
@@ -36,6 +40,7 @@ elif [ -n "${LEARNING_RATES:-}" ]; then
 else
   runs=${RUNS:-runs/gpu}
 fi
+[ -n "${MUP_BASE_HEAD_DIM:-}" ] && [ -z "${RUNS:-}" ] && runs=$runs-mup$MUP_BASE_HEAD_DIM
 mkdir -p "$runs/logs"
 rm -f "$out"/{gpu.txt,pair.log,pair.json,sweep-mlm.json,sweep-clm.json,workers.log} "$runs"/logs/*.log
 
@@ -48,14 +53,14 @@ timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --output-dir "$runs/lm1b-pai
   > "$out/pair.log" 2>&1 &
 names+=(pair) pids+=($!)
 for i in $(seq 1 "${MLM_WORKERS:-8}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} --threads 1 --no-report \
-    --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} ${mup[@]+"${mup[@]}"} --threads 1 \
+    --no-report --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
   names+=("mlm-$i") pids+=($!)
   sleep 1  # stagger the starts (data preparation, then the folder claim)
 done
 for i in $(seq 1 "${CLM_WORKERS:-5}"); do
-  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} --threads 1 --no-report \
-    --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
+  timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} ${mup[@]+"${mup[@]}"} --threads 1 \
+    --no-report --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
   names+=("clm-$i") pids+=($!)
   sleep 1
 done

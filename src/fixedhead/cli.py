@@ -292,6 +292,13 @@ def _sweep_options(p):
     p.add_argument("--skip-finetune", action="store_true")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     _architecture_option(p)
+    p.add_argument(
+        "--mup-base-head-dim",
+        type=int,
+        metavar="K",
+        help="train every model under the μP-style parametrization based at head size K (logits √K/d_p, the "
+        "output projection's initialisation and rate × K/d_p; fixedhead models only; runs KEY-mupK)",
+    )
     _learning_rate_options(p)
 
 
@@ -302,7 +309,7 @@ def _sweep(args):
 
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
-    options |= _pick(args, "learning_rates", "max_extensions", "architecture")
+    options |= _pick(args, "learning_rates", "max_extensions", "architecture", "mup_base_head_dim")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
     if not args.no_report:
         print(f"report: {write_report(out)}")

@@ -8,6 +8,7 @@ import pytest
 
 from _tiny_run import TINY
 from fixedhead.cli import main
+from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies.claims import PointStats, claims, collect_points
 from fixedhead.studies.report import points_table, write_report
 from fixedhead.studies.sweep import (
@@ -20,6 +21,7 @@ from fixedhead.studies.sweep import (
     run_key,
     run_sweep,
 )
+from fixedhead.training.evaluate import load_run
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module, not the function
@@ -313,6 +315,44 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
         assert state["runs"][name]["architecture"] == "llama" and state["runs"][name]["head_dim"] == head_dim
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "head_size.png").stat().st_size > 5000
+
+
+def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
+    from fixedhead.studies.sweep import as_mup
+
+    mlm = get_sweep_preset("cpu-mlm")
+    mup = as_mup(mlm, 16)
+    assert mup.points == mlm.points and "μP-style, based at d_p = 16" in mup.description
+    plan, base_plan = plan_runs(mup), plan_runs(mlm)
+    assert [key for key, _, _ in plan] == [f"{key}-mup16" for key, _, _ in base_plan]
+    assert all((f["parametrization"], f["mup_base_head_dim"]) == ("mup", 16) for _, f, _ in plan)
+    for bad in (0, -8, 2.5, True):
+        with pytest.raises(ValueError, match=f"mup_base_head_dim must be a positive int, got {bad!r}"):
+            as_mup(mlm, bad)
+
+
+def test_cli_quick_sweep_under_mup_and_no_mixing_in_one_folder(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "q"
+    common = ["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--threads", "1"]
+    common += ["--preset", "cpu-clm", "--experiments", "head_size", "--seeds", "0", "--max-steps", "2", "--no-report"]
+    # Llama has no μP option here: refused before any folder is written
+    assert main([*common, "--architecture", "llama", "--mup-base-head-dim", "8"]) == 2
+    assert "parametrization" in capsys.readouterr().err and not out.exists()
+    assert main([*common, "--mup-base-head-dim", "8"]) == 0
+    state = json.loads((out / SWEEP_FILE).read_text())
+    assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-mup8-s0", "d32-h4-dp8-mup8-s0"]
+    for name, head_dim in (("d32-h4-dp16-fixed-mup8-s0", 16), ("d32-h4-dp8-mup8-s0", 8)):
+        model = load_run(out / "runs" / name)[0]
+        assert (model.config.parametrization, model.config.mup_base_head_dim) == ("mup", 8)
+        attention = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
+        # μP based at 8: logits √8/d_p (1/√8 at the base itself, where μP is the standard model)
+        assert attention.scale == pytest.approx(math.sqrt(8) / head_dim)
+    # the same points without μP in that folder would put two models at each point of one report
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "holds a sweep of other models (d32-h4-dp8-mup8 where this call trains d32-h4-dp8:" in err
+    assert sorted(json.loads((out / SWEEP_FILE).read_text())["runs"]) == sorted(state["runs"])
 
 
 def _claims_state(std_ppl: list[float], fix_ppl: list[float], verdict: dict | None) -> dict:

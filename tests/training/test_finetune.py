@@ -75,6 +75,44 @@ def test_finetune_sst2_scores_dev_and_resumes(tiny_run, tmp_path):
         finetune(tiny_run, "sst2", out, FinetuneSettings(**{**SMALL, "learning_rate": 5e-4}))
 
 
+def test_finetune_keeps_a_mup_models_output_projection_rates(tmp_path, monkeypatch):
+    """A μP checkpoint (d_p = 16 based at 8) fine-tunes its W_o at lr × 8/16, as it pretrained."""
+    from fixedhead.training import checkpoints
+
+    if not glue_path("sst2", "train").is_file():
+        pytest.skip("shared GLUE data not found")
+    texts = [e["text_a"] for e in read_glue_tsv(glue_path("sst2", "train"), "sst2")[:3000]]
+    tok = train_tokenizer([" ".join(texts)], vocab_size=300, cache_dir=tmp_path / "cache", model_max_length=32)
+    cfg = FixedHeadConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        parametrization="mup",
+        mup_base_head_dim=8,
+    )
+    run = tmp_path / "run"
+    FixedHeadForMaskedLM(cfg).save_pretrained(run)
+    tok.save_pretrained(run)
+    seen = []
+    real = checkpoints.apply_learning_rate_multipliers
+
+    def recording(optimizer, model):
+        real(optimizer, model)
+        params = dict(model.named_parameters())
+        w_o = [params[n] for n in params if n.endswith("attention.out_proj.weight")]
+        seen.append(sorted((g["lr"], any(p is w for w in w_o for p in g["params"])) for g in optimizer.param_groups))
+
+    monkeypatch.setattr(checkpoints, "apply_learning_rate_multipliers", recording)
+    finetune(run, "sst2", tmp_path / "ft", FinetuneSettings(**SMALL))
+    # W_o alone in its group at 5e-4 (with and without weight decay the other groups stay at 1e-3)
+    assert len(seen) == 1 and (SMALL["learning_rate"] / 2, True) in seen[0]
+    assert all(lr == SMALL["learning_rate"] for lr, has_w_o in seen[0] if not has_w_o)
+
+
 def test_finetune_stsb_is_regression(tiny_run, tmp_path):
     r = finetune(tiny_run, "stsb", tmp_path / "stsb", FinetuneSettings(**SMALL))
     assert r["metric"] == "pearson" and set(r["dev"]) >= {"pearson", "spearman"}

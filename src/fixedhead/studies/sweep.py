@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..checks import positive_int
 from ..data import DEFAULT_CORPUS
 from ..data.lm import DataSettings, prepare_data, unigram_perplexity
 from ..model.architectures import (
@@ -96,7 +97,8 @@ def canonical_fields(fields: dict) -> dict:
 
 def run_key(fields: dict) -> str:
     """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``,
-    with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`)."""
+    with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`) and ``-mupK`` under
+    the μP-style parametrization based at d_p = K (:mod:`fixedhead.model.parametrization`)."""
     f = canonical_fields(fields)
     d, h, dp = f["hidden_size"], f["num_attention_heads"], f.get("head_dim")
     key = f"d{d}-h{h}-dp{dp if dp is not None else d // h}" + ("-fixed" if dp is not None else "")
@@ -104,6 +106,8 @@ def run_key(fields: dict) -> str:
         key += f"-ffn{f['intermediate_size']}"
     if f.get("architecture", "fixedhead") != "fixedhead":
         key += f"-{f['architecture']}"
+    if f.get("parametrization", "standard") != "standard":
+        key += f"-{f['parametrization']}{f['mup_base_head_dim']}"
     return key
 
 
@@ -266,6 +270,23 @@ def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
     )
 
 
+def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
+    """The preset with every point under the μP-style parametrization based at head size
+    ``base_head_dim`` (:mod:`fixedhead.model.parametrization`: logits scaled by √K/d_p, W_o's
+    initialisation and Adam rate by K/d_p, each model at its own h), said in its description.
+    A model whose d_p is K is the same model as under the standard parametrization.
+
+    Raises:
+        ValueError: a ``base_head_dim`` that is not a positive int (named).
+    """
+    positive_int("mup_base_head_dim", base_head_dim)
+    return replace(
+        preset,
+        common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim},
+        description=f"{preset.description}; every model μP-style, based at d_p = {base_head_dim}",
+    )
+
+
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
     """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
     seed before any second seed, so an interrupted sweep has the widest picture).
@@ -328,6 +349,7 @@ def run_sweep(
     learning_rates: list[float] | None = None,
     max_extensions: int = 3,
     architecture: str | None = None,
+    mup_base_head_dim: int | None = None,
 ) -> dict:
     """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
 
@@ -342,13 +364,17 @@ def run_sweep(
 
     ``architecture``: train every point as this model family (:mod:`fixedhead.model.architectures`;
     ``"llama"``: transformers' ``LlamaForCausalLM``, causal presets only, run folders ``KEY-llama``);
-    default: the preset's.
+    default: the preset's. ``mup_base_head_dim``: train every point under the μP-style
+    parametrization based at this head size (:func:`as_mup`; fixedhead models only), run folders
+    ``KEY-mupK``.
 
     Raises:
         FileNotFoundError: the corpus or GLUE data is missing.
         ValueError: an unknown preset / experiment / task / architecture, or a model the architecture
-            cannot build or train (a masked Llama model).
-        FileExistsError: a run directory holds a run with other settings (without ``overwrite``).
+            cannot build or train (a masked Llama model, a Llama model under μP).
+        FileExistsError: a run directory holds a run with other settings (without ``overwrite``), or
+            the folder holds a sweep of other models at the same points (another architecture or
+            parametrization), whose report would mix the two.
     """
     p = get_sweep_preset(preset, quick) if isinstance(preset, str) else preset
     name = preset if isinstance(preset, str) else "custom"
@@ -359,6 +385,8 @@ def run_sweep(
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     if architecture is not None:
         p = as_architecture(p, architecture)
+    if mup_base_head_dim is not None:
+        p = as_mup(p, mup_base_head_dim)
     train = replace(p.train, progress=progress)
     if max_steps is not None:
         steps = core.steps_override("max_steps", max_steps, train.max_steps)
@@ -385,6 +413,18 @@ def run_sweep(
             raise FileExistsError(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
             )
+    # one model per point: runs of another architecture or parametrization would meet these in one report
+    now = {(pt.experiment, pt.series, pt.x): run_key({**p.common, **pt.model}) for pt in p.points}
+    clash = [
+        (q["key"], now[xy])
+        for q in previous.get("points", [])
+        if (xy := (q["experiment"], q["series"], q["x"])) in now and now[xy] != q["key"]
+    ]
+    if clash:
+        raise FileExistsError(
+            f"{state_file} holds a sweep of other models ({clash[0][0]} where this call trains {clash[0][1]}: "
+            "another architecture or parametrization); choose another --output-dir"
+        )
     # every model's rate is chosen once, with one seed on one grid: an invocation with another
     # grid or first seed would mix choices made differently (or re-choose after results are in)
     keys = ("grid", "max_extensions", "seed")

@@ -136,6 +136,22 @@ def apply_learning_rate_multipliers(optimizer, model) -> None:
 
 
 @functools.cache
+def parametrized_trainer():
+    """A ``transformers.Trainer`` subclass whose optimizer gives the parameters the model's
+    parametrization lists (μP's output projections) their own learning rates
+    (:func:`apply_learning_rate_multipliers`); Trainer itself under the standard parametrization."""
+    from transformers import Trainer
+
+    class ParametrizedTrainer(Trainer):
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model)
+            apply_learning_rate_multipliers(optimizer, self.model if model is None else model)
+            return optimizer
+
+    return ParametrizedTrainer
+
+
+@functools.cache
 def atomic_checkpoint_trainer():
     """A ``transformers.Trainer`` subclass whose checkpoints appear atomically.
 
@@ -146,16 +162,10 @@ def atomic_checkpoint_trainer():
     directory that :func:`remove_staging` deletes. With several processes (``world_size > 1``)
     Trainer's own in-place save is kept, and only the check at resume protects.
     """
-    from transformers import Trainer
     from transformers.trainer_utils import rotate_checkpoints
 
-    class AtomicCheckpointTrainer(Trainer):
+    class AtomicCheckpointTrainer(parametrized_trainer()):
         _staging_dir: str | None = None
-
-        def create_optimizer(self, model=None):
-            optimizer = super().create_optimizer(model)
-            apply_learning_rate_multipliers(optimizer, self.model if model is None else model)
-            return optimizer
 
         def _get_output_dir(self, trial):
             if self._staging_dir is not None:

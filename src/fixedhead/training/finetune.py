@@ -37,6 +37,7 @@ from ..runs import (
     open_run,
     write_json_atomic,
 )
+from .checkpoints import parametrized_trainer
 from .evaluate import DivergedError
 from .settings import shared_training_arguments
 
@@ -218,12 +219,7 @@ def finetune(
             write, or holds a fine-tuning result of another model, data or settings (without
             ``overwrite``; ``overwrite`` removes only what fine-tuning wrote).
     """
-    from transformers import (
-        DataCollatorWithPadding,
-        EarlyStoppingCallback,
-        Trainer,
-        set_seed,
-    )
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, set_seed
 
     from ..model.architectures import objective_of
     from ..model.modeling import FixedHeadForSequenceClassification
@@ -323,7 +319,7 @@ def finetune(
         report_to=[],
         save_only_model=True,
     )
-    trainer = Trainer(
+    trainer = parametrized_trainer()(  # a μP checkpoint keeps its output projections' rates
         model=model,
         args=args,
         train_dataset=datasets["train"],
