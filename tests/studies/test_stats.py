@@ -51,3 +51,28 @@ def test_threshold_rule():
     assert threshold_verdict([0.1, 0.49]) == "fails"
     assert threshold_verdict([0.1, 0.5]) == "in between"
     assert threshold_verdict([]) == "not run"
+
+
+def test_spearman_p_is_exact_for_few_pairs_and_scipys_beyond():
+    import itertools
+
+    from scipy.stats import spearmanr
+
+    from fixedhead.studies.stats import spearman
+
+    # a perfect ρ on 5 runs: only the identity and the reversal of 5! pairings reach |ρ| = 1
+    rho, p = spearman([397.7, 388.4, 385.5, 380.7, 390.1], [0.667, 0.692, 0.720, 0.722, 0.680])
+    assert rho == pytest.approx(-1.0) and p == pytest.approx(2 / 120)
+    # an independent count: ρ = 1 − 6 Σd² / (n(n² − 1)) over every pairing of 6 distinct ranks
+    x, y = [1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5]
+    observed = 1 - 6 * sum((a - b) ** 2 for a, b in zip(x, y, strict=True)) / (6 * 35)
+    count = sum(
+        abs(1 - 6 * sum((a - b) ** 2 for a, b in zip(x, perm, strict=True)) / (6 * 35)) >= abs(observed) - 1e-12
+        for perm in itertools.permutations(y)
+    )
+    assert spearman(x, y) == pytest.approx((observed, count / 720))
+    # beyond 8 pairs: SciPy's value
+    x9, y9 = list(range(10)), [0, 2, 1, 3, 5, 4, 9, 6, 8, 7]
+    assert spearman(x9, y9) == pytest.approx(tuple(float(v) for v in spearmanr(x9, y9)))
+    rho, p = spearman([1, 2, 3, 4], [0.5, 0.5, 0.5, 0.5])  # a constant side: undefined
+    assert math.isnan(rho) and math.isnan(p)

@@ -13,7 +13,6 @@ is the honest verdict, not a rounding toward either side.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 from ..model.modeling import count_parameters
 from ..model.paper_presets import PAPER_PRESETS
 from ..runs import load_json_file
-from .stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, welch, welch_verdict
+from .stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, spearman, welch, welch_verdict
 from .sweep import SWEEP_FILE
 
 
@@ -291,12 +290,8 @@ def _rank_correlation(state: dict) -> tuple[str, float, float]:
     pairs = [(r["heldout_perplexity"], r["finetune"]["score"]) for r in state["runs"].values() if "finetune" in r]
     if len(pairs) < 4:
         return "fewer than 4 fine-tuned runs", math.nan, math.nan
-    from scipy.stats import ConstantInputWarning, spearmanr
-
-    with warnings.catch_warnings():  # all scores equal (every run at the majority class): rho is nan, handled
-        warnings.simplefilter("ignore", ConstantInputWarning)
-        rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
-    rho = float(rho) if math.isfinite(rho) else 0.0
+    rho, p = spearman([x for x, _ in pairs], [y for _, y in pairs])
+    rho = rho if math.isfinite(rho) else 0.0  # all scores equal (every run at the majority class)
     text = f"Spearman ρ(perplexity, {task} dev) = {rho:+.2f} over {len(pairs)} runs (p = {p:.2g})"
     return text, -rho, float(p)
 

@@ -29,7 +29,7 @@ from ..training.finetune import FinetuneSettings, finetune
 from . import core, render
 from .claims import claims, load_sweep, verdict_rule
 from .learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
-from .stats import CLAIMS_RULE, mean_std, pm, rule_text
+from .stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
 from .sweep import get_sweep_preset
 
 RESULTS_FILE = "finetune.json"
@@ -209,7 +209,7 @@ def rank_correlation(sweep: dict, state: dict, resamples: int = 2000) -> dict:
         return result
     with warnings.catch_warnings():  # constant resamples: their ρ is NaN and dropped
         warnings.simplefilter("ignore", ConstantInputWarning)
-        rho, p = spearmanr(pairs[:, 0], pairs[:, 1])
+        rho, p = spearman(list(pairs[:, 0]), list(pairs[:, 1]))
         draws = np.random.default_rng(0).integers(0, len(pairs), size=(resamples, len(pairs)))
         boot = np.array([spearmanr(pairs[i, 0], pairs[i, 1])[0] for i in draws])
     boot = boot[np.isfinite(boot)]
