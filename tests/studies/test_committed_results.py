@@ -59,10 +59,11 @@ def test_scaling_report_regenerates():
     assert report_markdown(_state("scaling-cpu")) == (RESULTS / "scaling-cpu" / "report.md").read_text()
 
 
-def test_sweep_report_regenerates(tmp_path):
+@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr"])
+def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 
     from fixedhead.studies.report import write_report
 
-    shutil.copy(RESULTS / "sweep-clm-lr" / "sweep.json", tmp_path / "sweep.json")
-    assert write_report(tmp_path).read_text() == (RESULTS / "sweep-clm-lr" / "report.md").read_text()
+    shutil.copy(RESULTS / folder / "sweep.json", tmp_path / "sweep.json")
+    assert write_report(tmp_path).read_text() == (RESULTS / folder / "report.md").read_text()
