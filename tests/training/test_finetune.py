@@ -23,27 +23,36 @@ SMALL = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """A pretraining-run directory (untrained weights + a WordPiece tokenizer learnt on SST-2 text)."""
+def _save_tiny_run(root, **config):
+    """A pretraining-run directory under ``root``: untrained weights (``config`` overrides) and a
+    WordPiece tokenizer learnt on SST-2 text."""
     if not glue_path("sst2", "train").is_file():
         pytest.skip("shared GLUE data not found")
-    root = tmp_path_factory.mktemp("tiny")
     texts = [e["text_a"] for e in read_glue_tsv(glue_path("sst2", "train"), "sst2")[:3000]]
     tok = train_tokenizer([" ".join(texts)], vocab_size=300, cache_dir=root / "cache", model_max_length=32)
     cfg = FixedHeadConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=32,
+        **{
+            **dict(
+                vocab_size=len(tok),
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                head_dim=16,
+                intermediate_size=64,
+                max_position_embeddings=32,
+            ),
+            **config,
+        }
     )
     run = root / "run"
     FixedHeadForMaskedLM(cfg).save_pretrained(run)
     tok.save_pretrained(run)
     return run
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return _save_tiny_run(tmp_path_factory.mktemp("tiny"))
 
 
 def test_split_is_seeded_and_disjoint():
@@ -79,24 +88,7 @@ def test_finetune_keeps_a_mup_models_output_projection_rates(tmp_path, monkeypat
     """A μP checkpoint (d_p = 16 based at 8) fine-tunes its W_o at lr × 8/16, as it pretrained."""
     from fixedhead.training import checkpoints
 
-    if not glue_path("sst2", "train").is_file():
-        pytest.skip("shared GLUE data not found")
-    texts = [e["text_a"] for e in read_glue_tsv(glue_path("sst2", "train"), "sst2")[:3000]]
-    tok = train_tokenizer([" ".join(texts)], vocab_size=300, cache_dir=tmp_path / "cache", model_max_length=32)
-    cfg = FixedHeadConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        parametrization="mup",
-        mup_base_head_dim=8,
-    )
-    run = tmp_path / "run"
-    FixedHeadForMaskedLM(cfg).save_pretrained(run)
-    tok.save_pretrained(run)
+    run = _save_tiny_run(tmp_path, parametrization="mup", mup_base_head_dim=8)
     seen = []
     real = checkpoints.apply_learning_rate_multipliers
 
