@@ -414,16 +414,19 @@ def run_sweep(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
             )
     # one model per point: runs of another architecture or parametrization would meet these in one report
-    now = {(pt.experiment, pt.series, pt.x): run_key({**p.common, **pt.model}) for pt in p.points}
+    # (a point's x need not be unique: the embedding experiment's fixed models share d, one per h)
+    now: dict[tuple, set[str]] = {}
+    for pt in p.points:
+        now.setdefault((pt.experiment, pt.series, pt.x), set()).add(run_key({**p.common, **pt.model}))
     clash = [
-        (q["key"], now[xy])
+        (q["key"], sorted(now[xy]))
         for q in previous.get("points", [])
-        if (xy := (q["experiment"], q["series"], q["x"])) in now and now[xy] != q["key"]
+        if (xy := (q["experiment"], q["series"], q["x"])) in now and q["key"] not in now[xy]
     ]
     if clash:
         raise FileExistsError(
-            f"{state_file} holds a sweep of other models ({clash[0][0]} where this call trains {clash[0][1]}: "
-            "another architecture or parametrization); choose another --output-dir"
+            f"{state_file} holds a sweep of other models ({clash[0][0]} where this call trains "
+            f"{' or '.join(clash[0][1])}: another architecture or parametrization); choose another --output-dir"
         )
     # every model's rate is chosen once, with one seed on one grid: an invocation with another
     # grid or first seed would mix choices made differently (or re-choose after results are in)
