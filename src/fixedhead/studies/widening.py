@@ -92,20 +92,19 @@ class WideningPreset:
 def base_and_continuation(base_steps: int, steps: int, batch: int, lr: float, logging: tuple[int, int]):
     """The base's and every continuation's causal-LM training settings: no Trainer evaluation (the
     held-out set is scored once, at the end) and no checkpoints (a run takes minutes)."""
-
-    def recipe(max_steps, logging_steps):
-        return TrainSettings(
+    return tuple(
+        TrainSettings(
             batch_size=batch,
-            max_steps=max_steps,
+            max_steps=n,
             learning_rate=lr,
             objective="clm",
-            logging_steps=logging_steps,
-            eval_steps=max_steps + 1,
-            save_steps=max_steps + 1,
+            logging_steps=every,
+            eval_steps=n + 1,
+            save_steps=n + 1,
             report_to=[],
         )
-
-    return recipe(base_steps, logging[0]), recipe(steps, logging[1])
+        for n, every in zip((base_steps, steps), logging, strict=True)
+    )
 
 
 def _preset(recipe: str, d: int, h: int, steps: tuple[int, int], batch: int, lr: float, logging, seeds, smoke=""):
@@ -209,17 +208,15 @@ def run_widening(
     """
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
     p.seeds = core.seeds_override(seeds, p.seeds)
-    if base_steps is not None:
-        n_base = core.steps_override("base_steps", base_steps, p.base.max_steps)
-        p.base = replace(p.base, max_steps=n_base, eval_steps=n_base + 1, save_steps=n_base + 1)
-    if steps is not None:
-        n_cont = core.steps_override("steps", steps, p.continuation.max_steps)
-        p.continuation = replace(p.continuation, max_steps=n_cont, eval_steps=n_cont + 1, save_steps=n_cont + 1)
     if corpus is not None:
         p.data = replace(p.data, corpus=corpus)
-    for name, t in (("base", p.base), ("continuation", p.continuation)):
+    for name, option, override in (("base", "base_steps", base_steps), ("continuation", "steps", steps)):
+        t = getattr(p, name)
         if t.objective != "clm":
             raise ValueError(f"the {name} recipe must use objective='clm', got {t.objective!r}")
+        if override is not None:  # no evaluation or checkpoint inside the run, as in the presets
+            n_steps = core.steps_override(option, override, t.max_steps)
+            setattr(p, name, replace(t, max_steps=n_steps, eval_steps=n_steps + 1, save_steps=n_steps + 1))
     n = p.data.max_seq_length
     wide = wide_head_dim if wide_head_dim is not None else (p.wide_head_dim or causal_threshold(n))
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
@@ -432,13 +429,12 @@ def _results_table(state: dict) -> list[str]:
 def format_table(state: dict) -> str:
     """The arms (mean ± std over seeds) and the verdicts, for the terminal: the report's results table
     and one line per comparison."""
-    lines = _results_table(state)
-    for c in comparisons(state):
-        lines.append(
-            f"{c['b']} vs {c['a']}: {c['a']} − {c['b']} = {c['difference']:+.4f} nats, "
-            f"{RULE_STDS:g} x pooled std = {c['threshold']:.4f}: {c['verdict']}"
-        )
-    return "\n".join(lines)
+    verdicts = [
+        f"{c['b']} vs {c['a']}: {c['a']} − {c['b']} = {c['difference']:+.4f} nats, "
+        f"{RULE_STDS:g} x pooled std = {c['threshold']:.4f}: {c['verdict']}"
+        for c in comparisons(state)
+    ]
+    return "\n".join(_results_table(state) + verdicts)
 
 
 def write_outputs(state: dict, out: Path) -> None:
