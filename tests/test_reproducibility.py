@@ -125,15 +125,19 @@ print(json.dumps(result["reproducibility"]))
 
 
 def test_one_and_two_threads_learn_the_same_tokenizer_weights_and_data_order(small_real_corpus, tmp_path):
-    """Two fresh processes with fresh tokenizer caches, one on one torch thread and one on two:
-    the same tokenizer, initial weights and first batch (the loss may differ by float rounding)."""
+    """Fresh processes with fresh tokenizer caches, on one torch thread and on two: the same tokenizer,
+    initial weights and first batch (the loss may differ by float rounding). A third with torch's
+    portable kernels (ATEN_CPU_CAPABILITY=default, as on a CPU of another instruction set) learns the
+    same tokenizer and first batch, and its record names the kernels (its initial weights may differ:
+    torch draws normal samples with vectorised code where the CPU allows it)."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     records = []
-    for threads in (1, 2):
-        folder = tmp_path / f"t{threads}"
+    for threads, env in ((1, {}), (2, {}), (1, {"ATEN_CPU_CAPABILITY": "default"})):
+        folder = tmp_path / f"t{len(records)}"
         out = subprocess.run(
             [
                 sys.executable,
@@ -147,9 +151,13 @@ def test_one_and_two_threads_learn_the_same_tokenizer_weights_and_data_order(sma
             check=True,
             capture_output=True,
             text=True,
+            env={k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"} | env,
         ).stdout
         records.append(json.loads(out.strip().splitlines()[-1]))
-    one, two = records
+    one, two, portable = records
     assert one["torch_threads"] == 1 and two["torch_threads"] == 2
     for key in ("corpus_sha256", "tokenizer_sha256", "init_weights_sha256", "first_batch_sha256"):
         assert one[key] and one[key] == two[key], key
+    assert portable["cpu_capability"] == "DEFAULT" and one["cpu_capability"] and one["cpu"] == portable["cpu"]
+    for key in ("corpus_sha256", "tokenizer_sha256", "first_batch_sha256"):
+        assert portable[key] == one[key], key

@@ -328,6 +328,23 @@ def tensors_sha256(tensors: dict) -> str:
     return h.hexdigest()
 
 
+def cpu_name() -> str | None:
+    """The CPU's vendor, family and model as Linux's ``/proc/cpuinfo`` names them (e.g. ``"AMD EPYC
+    (AuthenticAMD family 23 model 49)"``), else :func:`platform.processor`, else None."""
+    import platform
+
+    try:
+        fields = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+        return f"{fields['model name']} ({fields['vendor_id']} family {fields['cpu family']} model {fields['model']})"
+    except (OSError, KeyError):
+        return platform.processor() or None
+
+
 def environment_info() -> dict:
     """Software versions and the machine, recorded with every results file: two runs of one
     command that differ can be told apart by what differed."""
@@ -350,6 +367,10 @@ def environment_info() -> dict:
             n: version(n) for n in ("tokenizers", "accelerate", "numpy", "scipy", "sklearn", "matplotlib")
         },
         "platform": platform.platform(),
+        "cpu": cpu_name(),
+        # the instruction set torch's own CPU kernels dispatch to (ATEN_CPU_CAPABILITY overrides it): runs
+        # of one command on CPUs of different capability round differently and drift apart over training
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         # the GPU the runs trained on (the Trainer uses one when present), None on a CPU-only machine

@@ -53,6 +53,12 @@ def test_a_new_study_is_a_plan_a_run_and_a_rendering(tmp_path):
     assert saved["runs"] == state["runs"] and saved["meta"]["compute_seconds"] == 8.0
     assert saved["meta"]["settings"] == {"arm_scale": {"standard": 1.0, "fixed": 2.0}}
     assert saved["meta"]["torch"] and saved["meta"]["commands"] == ["toy"]
+    # the report names the machine, down to the kernels torch used (runs of other CPUs round differently)
+    import torch
+
+    report = (tmp_path / "grid" / "report.md").read_text()
+    assert f"torch kernels {torch.backends.cpu.get_cpu_capability()};" in report
+    assert saved["meta"]["cpu"] and saved["meta"]["cpu"] in report
 
     # a rate added to the plan: only its runs are trained; both invocations' commands are recorded
     trained.clear()

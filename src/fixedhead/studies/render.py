@@ -63,9 +63,16 @@ def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process
     return (
         f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
         + (f"; the runs' own {work} time sums to {compute / 60:.1f} min" if compute is not None else "")
-        + f"; {on}{accelerator}{meta.get('cpu_count')} CPU cores ({meta.get('platform', '')}), torch threads "
+        + f"; {on}{accelerator}{meta.get('cpu_count')} CPU cores "
+        f"({cpu_text(meta)}{meta.get('platform', '')}), torch threads "
         f"{meta.get('torch_threads')}{per_process}"
     )
+
+
+def cpu_text(meta: dict) -> str:
+    """``"CPU, torch kernels CAPABILITY; "`` where ``meta`` records them (results files from before carry neither)."""
+    kernels = f", torch kernels {meta['cpu_capability']}" if meta.get("cpu_capability") else ""
+    return f"{meta['cpu']}{kernels}; " if meta.get("cpu") else ""
 
 
 def software_line(meta: dict) -> str:
