@@ -67,3 +67,12 @@ def test_sweep_report_regenerates(folder, tmp_path):
 
     shutil.copy(RESULTS / folder / "sweep.json", tmp_path / "sweep.json")
     assert write_report(tmp_path).read_text() == (RESULTS / folder / "report.md").read_text()
+
+
+def test_finetune_sweep_report_regenerates():
+    from fixedhead.studies.finetune_seeds import report_markdown
+
+    folder = RESULTS / "sweep-mlm-lr"
+    sweep = json.loads((folder / "sweep.json").read_text())
+    state = json.loads((folder / "finetune-sst2" / "finetune.json").read_text())
+    assert report_markdown(sweep, state) == (folder / "finetune-sst2" / "report.md").read_text()
