@@ -69,10 +69,11 @@ def test_sweep_report_regenerates(folder, tmp_path):
     assert write_report(tmp_path).read_text() == (RESULTS / folder / "report.md").read_text()
 
 
-def test_finetune_sweep_report_regenerates():
+@pytest.mark.parametrize("task", ["sst2", "cola"])
+def test_finetune_sweep_report_regenerates(task):
     from fixedhead.studies.finetune_seeds import report_markdown
 
     folder = RESULTS / "sweep-mlm-lr"
     sweep = json.loads((folder / "sweep.json").read_text())
-    state = json.loads((folder / "finetune-sst2" / "finetune.json").read_text())
-    assert report_markdown(sweep, state) == (folder / "finetune-sst2" / "report.md").read_text()
+    state = json.loads((folder / f"finetune-{task}" / "finetune.json").read_text())
+    assert report_markdown(sweep, state) == (folder / f"finetune-{task}" / "report.md").read_text()
