@@ -57,7 +57,8 @@ def commands_line(meta: dict, several: str = "") -> str:
 
 def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
     """``- wall time: ... min from the first start to the last result; the runs' own WORK time sums to
-    ... min; CORES (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one trained, with ``on``)."""
+    ... min; CORES (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one
+    trained, with ``on``)."""
     compute = meta.get("compute_seconds")
     accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
     return (
