@@ -299,6 +299,9 @@ def _sweep_options(p):
         help="train every model under the μP-style parametrization based at head size K (logits √K/d_p, the "
         "output projection's initialisation and rate × K/d_p; fixedhead models only; runs KEY-mupK)",
     )
+    p.add_argument(
+        "--models", nargs="+", metavar="KEY", help="train only these of the preset's models (keys such as d128-h32-dp4)"
+    )
     _learning_rate_options(p)
 
 
@@ -309,7 +312,7 @@ def _sweep(args):
 
     out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
-    options |= _pick(args, "learning_rates", "max_extensions", "architecture", "mup_base_head_dim")
+    options |= _pick(args, "learning_rates", "max_extensions", "architecture", "mup_base_head_dim", "models")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
     if not args.no_report:
         print(f"report: {write_report(out)}")

@@ -331,6 +331,26 @@ def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
             as_mup(mlm, bad)
 
 
+def test_a_sweep_restricted_to_some_models_keeps_their_points_only(tmp_path, capsys):
+    from fixedhead.studies.sweep import only_models
+
+    clm = get_sweep_preset("cpu-clm")
+    pair = only_models(clm, ["d128-h32-dp4", "d128-h32-dp32-fixed"], "cpu-clm")
+    # the fixed h = 32 model is a point of two experiments (heads and embedding): both kept, one run
+    assert [(p.experiment, p.series, p.x) for p in pair.points] == [
+        ("heads", "standard", 32),
+        ("heads", "fixed", 32),
+        ("embedding", "fixed", 128),
+    ]
+    assert [key for key, _, seed in plan_runs(pair) if seed == 0] == ["d128-h32-dp4", "d128-h32-dp32-fixed"]
+    for bad in (["d128-h32-dp8"], []):
+        with pytest.raises(ValueError, match=r"model '(d128-h32-dp8|\(none\))' is not in sweep preset 'cpu-clm' \(its"):
+            only_models(clm, bad, "cpu-clm")
+    out = tmp_path / "never"
+    assert main(["sweep", "--preset", "cpu-clm", "--models", "d64-h1", "--output-dir", str(out)]) == 2
+    assert "model 'd64-h1' is not in sweep preset 'cpu-clm'" in capsys.readouterr().err and not out.exists()
+
+
 def test_cli_quick_sweep_under_mup_and_no_mixing_in_one_folder(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"

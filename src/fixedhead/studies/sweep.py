@@ -287,6 +287,20 @@ def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
     )
 
 
+def only_models(preset: SweepPreset, models: list[str], name: str = "custom") -> SweepPreset:
+    """The preset restricted to the points whose model key (:func:`run_key`) is one of ``models``.
+
+    Raises:
+        ValueError: an empty ``models`` or a key that is none of the preset's (named, with the known keys).
+    """
+    known = {run_key({**preset.common, **pt.model}) for pt in preset.points}
+    bad = [m for m in models if m not in known] or ([] if models else ["(none)"])
+    if bad:
+        raise ValueError(f"model {bad[0]!r} is not in sweep preset {name!r} (its models: {', '.join(sorted(known))})")
+    points = [pt for pt in preset.points if run_key({**preset.common, **pt.model}) in models]
+    return replace(preset, points=points, description=f"{preset.description}; only {', '.join(models)}")
+
+
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
     """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
     seed before any second seed, so an interrupted sweep has the widest picture).
@@ -350,6 +364,7 @@ def run_sweep(
     max_extensions: int = 3,
     architecture: str | None = None,
     mup_base_head_dim: int | None = None,
+    models: list[str] | None = None,
 ) -> dict:
     """Run (or resume) a sweep; write ``OUT/sweep.json`` after every run; return its content.
 
@@ -366,11 +381,12 @@ def run_sweep(
     ``"llama"``: transformers' ``LlamaForCausalLM``, causal presets only, run folders ``KEY-llama``);
     default: the preset's. ``mup_base_head_dim``: train every point under the μP-style
     parametrization based at this head size (:func:`as_mup`; fixedhead models only), run folders
-    ``KEY-mupK``.
+    ``KEY-mupK``. ``models``: train only the preset's points of these models, named by their keys
+    under the preset's own architecture and parametrization (``d128-h32-dp4``, ``d128-h32-dp32-fixed``).
 
     Raises:
         FileNotFoundError: the corpus or GLUE data is missing.
-        ValueError: an unknown preset / experiment / task / architecture, or a model the architecture
+        ValueError: an unknown preset / experiment / task / architecture / model key, or a model the architecture
             cannot build or train (a masked Llama model, a Llama model under μP).
         FileExistsError: a run directory holds a run with other settings (without ``overwrite``), or
             the folder holds a sweep of other models at the same points (another architecture or
@@ -383,6 +399,8 @@ def run_sweep(
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
+    if models is not None:
+        p = only_models(p, models, name)
     if architecture is not None:
         p = as_architecture(p, architecture)
     if mup_base_head_dim is not None:
