@@ -126,20 +126,6 @@ def build_config(fields: dict):
     return llama_config(**fields) if architecture == "llama" else FixedHeadConfig(**fields)
 
 
-def architecture_of(config) -> str:
-    """``"fixedhead"`` or ``"llama"`` for a config (its ``model_type``).
-
-    Raises:
-        ValueError: another model type.
-    """
-    model_type = getattr(config, "model_type", None)
-    if model_type not in ARCHITECTURES:
-        raise ValueError(
-            f"model_type {model_type!r} is not one of fixedhead's architectures ({', '.join(ARCHITECTURES)})"
-        )
-    return model_type
-
-
 def objective_of(config) -> str:
     """``"clm"`` for a causal language model's config (a fixedhead decoder, any Llama), else ``"mlm"``."""
     return "clm" if config.model_type == "llama" or getattr(config, "is_decoder", False) else "mlm"

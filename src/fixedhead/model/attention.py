@@ -33,7 +33,11 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
     from transformers.configuration_utils import PreTrainedConfig
 
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    bidirectional_mask_function,
+    causal_mask_function,
+)
 from transformers.modeling_utils import AttentionInterface
 
 from ..checks import positive_int
@@ -439,7 +443,7 @@ class MultiHeadAttention(nn.Module):
             kv_length=kv_length,
             q_offset=q_offset,
             kv_offset=kv_offset,
-            mask_function=causal_mask_function if is_causal else _everything,
+            mask_function=causal_mask_function if is_causal else bidirectional_mask_function,
             attention_mask=padding_mask,
             allow_is_causal_skip=allow_skip,
             allow_is_bidirectional_skip=not is_causal,
@@ -452,11 +456,6 @@ class MultiHeadAttention(nn.Module):
             f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}, "
             f"head_dim={self.head_dim}, dropout={self.dropout}"
         )
-
-
-def _everything(batch_idx, head_idx, q_idx, kv_idx):
-    """Bidirectional attention: every key (transformers' ``bidirectional_mask_function``)."""
-    return q_idx >= 0
 
 
 def _is_prepared_mask(mask) -> bool:
