@@ -37,7 +37,7 @@ import json
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -193,7 +193,6 @@ class AttentionAnalysis:
     min_head_dim_max: list[list[int | None]]
     entropy: list[list[float]]
     text: str = ""
-    notes: dict = field(default_factory=dict)
     causal: bool = False  # a decoder: min_head_dim is the causal threshold (lower-triangular P)
 
     def rows(self) -> list[dict]:
