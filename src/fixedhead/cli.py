@@ -426,6 +426,13 @@ def _scaling_options(p):
         help="each point's grid, chosen on a validation split with the first seed (default: the preset's)",
     )
     p.add_argument("--corpus", help="another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)")
+    p.add_argument(
+        "--families",
+        nargs="+",
+        metavar="FAMILY",
+        help="train only these of the preset's head-size families (standard, threshold, d_p=K); the report "
+        "covers the whole preset, so workers or sessions may split a study by family",
+    )
     _architecture_option(p)
 
 
@@ -435,9 +442,8 @@ def _scaling(args):
     from .studies.scaling import run_scaling
 
     out = args.output_dir or f"runs/scaling-{args.preset}"
-    run_scaling(
-        args.preset, out, progress=not args.no_progress, **_pick(args, "seeds", "overwrite", "learning_rates", "corpus")
-    )
+    options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
+    run_scaling(args.preset, out, progress=not args.no_progress, **options)
     print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
 
 

@@ -120,6 +120,39 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     assert {k: r["train_seconds"] for k, r in again["runs"].items()} == before
 
 
+def test_a_scaling_study_split_by_family_plans_the_whole_preset(small_real_corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "s"
+    argv = [
+        "scaling",
+        "--preset",
+        "tiny",
+        "--corpus",
+        str(small_real_corpus),
+        "--output-dir",
+        str(out),
+        "--no-progress",
+    ]
+    # the command's options reach the study: a masked recipe as Llama is refused, not trained as fixedhead
+    assert main([*argv, "--architecture", "llama"]) == 2
+    assert "architecture 'llama' trains causal LMs only" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--families", "d_p=64"]) == 2
+    assert "family 'd_p=64' is not one of the scaling preset's: standard, threshold" in capsys.readouterr().err
+    assert main([*argv, "--families", "threshold", "--seeds", "0"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    assert [pt["key"] for pt in state["meta"]["plan"]["points"]] == [
+        "standard-d16",
+        "standard-d32",
+        "threshold-d16",
+        "threshold-d32",
+    ]
+    assert {r["family"] for r in state["runs"].values()} == {"threshold"} and set(state["ranks"]) == {
+        "threshold-d16",
+        "threshold-d32",
+    }
+    assert "Incomplete: 2 of 4 runs finished" in (out / "report.md").read_text()
+
+
 def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
     """Llama-style points count N from transformers' LlamaForCausalLM (q, k, v, o, SwiGLU's three
     matrices and two RMSNorms per layer, a final norm; tied embeddings), and the masked recipe is refused."""

@@ -205,16 +205,20 @@ def run_scaling(
     learning_rates: str | list[float] | None = None,
     corpus: str | None = None,
     architecture: str | None = None,
+    families: list[str] | None = None,
 ) -> dict:
     """Train every point of the preset for every seed (finished runs are reused), choosing each
     point's learning rate on the validation split first (every run trains without that split);
     write ``results.json``, ``report.md`` and ``scaling.png``. ``corpus``: another corpus than the
     recipe's; ``architecture``: every model as this family (:mod:`fixedhead.model.architectures`,
-    ``"llama"``: transformers' ``LlamaForCausalLM``, causal only). Returns the results state.
+    ``"llama"``: transformers' ``LlamaForCausalLM``, causal only); ``families``: train only these of
+    the preset's families (the plan and report stay the whole preset's, so workers or sessions may
+    split a study by family). Returns the results state.
 
     Raises:
-        ValueError: bad seeds or rates; FileExistsError: the folder holds something else or runs of
-        other settings (without ``overwrite``); FileNotFoundError: a missing corpus.
+        ValueError: bad seeds or rates, a family that is not the preset's.
+        FileExistsError: the folder holds something else or runs of other settings (without ``overwrite``).
+        FileNotFoundError: a missing corpus.
     """
     p = get_scaling_preset(preset) if isinstance(preset, str) else preset
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
@@ -222,6 +226,9 @@ def run_scaling(
         p = replace(p, learning_rates=tuple(parse_rates(learning_rates)))
     if architecture is not None and architecture != "fixedhead":
         p = replace(p, model={**p.model, "architecture": architecture})
+    bad = [f for f in families or () if f not in p.families] or ([] if families is None or families else ["(none)"])
+    if bad:
+        raise ValueError(f"family {bad[0]!r} is not one of the scaling preset's: {', '.join(p.families)}")
     recipe = get_recipe(p.recipe)
     data_settings = with_validation_split(replace(recipe.data, corpus=corpus) if corpus else recipe.data)
     train = replace(recipe.train, progress=progress)
@@ -299,6 +306,8 @@ def run_scaling(
     first, rest = p.seeds[0], p.seeds[1:]
     windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
     for pt in points:
+        if families is not None and pt["family"] not in families:
+            continue
         lock = core.try_lock(out / "runs" / pt["key"])  # a point (its grid and seeds) is one worker's
         if lock is None:
             if progress:
