@@ -59,7 +59,7 @@ def test_scaling_report_regenerates():
     assert report_markdown(_state("scaling-cpu")) == (RESULTS / "scaling-cpu" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr"])
+@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup"])
 def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 
