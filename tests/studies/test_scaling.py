@@ -150,7 +150,17 @@ def test_a_scaling_study_split_by_family_plans_the_whole_preset(small_real_corpu
         "threshold-d16",
         "threshold-d32",
     }
-    assert "Incomplete: 2 of 4 runs finished" in (out / "report.md").read_text()
+    assert (
+        "Incomplete: 2 of 4 runs finished.** Rerun the command with every family and seed"
+        in (out / "report.md").read_text()
+    )
+    # the plan keeps every invocation's seeds; the rate-choosing seed stays the first
+    assert main([*argv, "--families", "standard", "--seeds", "0", "1"]) == 0
+    state = json.loads((out / "results.json").read_text())
+    assert state["meta"]["plan"]["seeds"] == [0, 1] and len(state["runs"]) == 2 * 2 + 2 * 3
+    assert "Incomplete: 6 of 8 runs finished" in (out / "report.md").read_text()  # threshold lacks seed 1
+    assert main([*argv, "--seeds", "1"]) == 2
+    assert "chose each point's rate with seed 0, this call with seed 1" in capsys.readouterr().err
 
 
 def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):

@@ -346,6 +346,8 @@ def test_a_sweep_restricted_to_some_models_keeps_their_points_only(tmp_path, cap
     for bad in (["d128-h32-dp8"], []):
         with pytest.raises(ValueError, match=r"model '(d128-h32-dp8|\(none\))' is not in sweep preset 'cpu-clm' \(its"):
             only_models(clm, bad, "cpu-clm")
+    with pytest.raises(ValueError, match="model 'd128-h32-dp4' is not in experiments embedding of sweep preset"):
+        only_models(clm, ["d128-h32-dp4"], "cpu-clm", ["embedding"])  # a model of the heads experiment only
     out = tmp_path / "never"
     assert main(["sweep", "--preset", "cpu-clm", "--models", "d64-h1", "--output-dir", str(out)]) == 2
     assert "model 'd64-h1' is not in sweep preset 'cpu-clm'" in capsys.readouterr().err and not out.exists()

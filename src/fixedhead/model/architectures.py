@@ -140,7 +140,8 @@ def check_objective_for(config, objective: str) -> None:
     """
     if config.model_type == "llama" and objective != "clm":
         raise ValueError(
-            f"architecture 'llama' trains causal LMs only; got objective {objective!r} (pass --objective clm)"
+            f"architecture 'llama' trains causal LMs only; got objective {objective!r}: "
+            "choose a causal preset or objective"
         )
 
 

@@ -22,12 +22,14 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     ]
 
 
-def incomplete(done: int, planned: int, what: str = "runs", finished: bool | None = None) -> list[str]:
+def incomplete(
+    done: int, planned: int, what: str = "runs", finished: bool | None = None, rerun: str = "the same command"
+) -> list[str]:
     """The note at the top of a report whose study has not finished (empty when it has: ``finished``,
-    by default all ``planned`` runs ``done``)."""
+    by default all ``planned`` runs ``done``); ``rerun``: what finishes it."""
     if done >= planned if finished is None else finished:
         return []
-    return [f"**Incomplete: {done} of {planned} {what} finished.** Rerun the same command to finish.", ""]
+    return [f"**Incomplete: {done} of {planned} {what} finished.** Rerun {rerun} to finish.", ""]
 
 
 def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:

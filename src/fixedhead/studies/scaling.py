@@ -248,10 +248,17 @@ def run_scaling(
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     out = core.claim(out, RESULTS_FILE, OWNED, "scaling", create=True, overwrite=overwrite)
     points = plan_points(p, train.objective, n, len(data.tokenizer), train.batch_size, recipe.layers)
+    # the plan is the whole study's: the seeds of every invocation, every family of the preset
+    seeds = list(dict.fromkeys([*previous.get("meta", {}).get("plan", {}).get("seeds", []), *p.seeds]))
+    if seeds[0] != p.seeds[0]:
+        raise FileExistsError(
+            f"{out / RESULTS_FILE} chose each point's rate with seed {seeds[0]}, this call with seed {p.seeds[0]}; "
+            f"pass {seeds[0]} first in --seeds, or choose another --output-dir"
+        )
     meta.update(
         plan={
             "points": [{k: v for k, v in pt.items() if k != "fields"} for pt in points],
-            "seeds": list(p.seeds),
+            "seeds": seeds,
             "learning_rates": list(p.learning_rates),
             "rate_rule": RULE,
             "verdict_rule": f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over "

@@ -126,7 +126,7 @@ def report_markdown(state: dict) -> str:
             f"(grid {', '.join(f'{x:g}' for x in meta['plan']['learning_rates']) or 'none: the recipe rate'}; "
             f"{meta['plan']['rate_rule']}); the other seeds train at that rate. Losses are held-out nats per "
             f"token (unigram reference {math.log(state['unigram_perplexity']):.3f}).",
-            *render.incomplete(done, planned),
+            *render.incomplete(done, planned, rerun="the command with every family and seed of the plan"),
         ],
         f"![held-out loss against non-embedding parameters and training FLOPs]({PLOT_FILE})",
     )

@@ -287,18 +287,22 @@ def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
     )
 
 
-def only_models(preset: SweepPreset, models: list[str], name: str = "custom") -> SweepPreset:
+def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
     """The preset restricted to the points whose model key (:func:`run_key`) is one of ``models``.
 
     Raises:
-        ValueError: an empty ``models`` or a key that is none of the preset's (named, with the known keys).
+        ValueError: an empty ``models`` or a key that is none of the preset's points (of ``experiments``
+            where given), named with the known keys.
     """
-    known = {run_key({**preset.common, **pt.model}) for pt in preset.points}
+    key = lambda pt: run_key({**preset.common, **pt.model})  # noqa: E731
+    known = {key(pt) for pt in preset.points if not experiments or pt.experiment in experiments}
     bad = [m for m in models if m not in known] or ([] if models else ["(none)"])
     if bad:
-        raise ValueError(f"model {bad[0]!r} is not in sweep preset {name!r} (its models: {', '.join(sorted(known))})")
-    points = [pt for pt in preset.points if run_key({**preset.common, **pt.model}) in models]
-    return replace(preset, points=points, description=f"{preset.description}; only {', '.join(models)}")
+        where = f"experiments {', '.join(experiments)} of " if experiments else ""
+        raise ValueError(
+            f"model {bad[0]!r} is not in {where}sweep preset {name!r} (its models: {', '.join(sorted(known))})"
+        )
+    return replace(preset, points=[pt for pt in preset.points if key(pt) in models])
 
 
 def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
@@ -400,7 +404,7 @@ def run_sweep(
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     if models is not None:
-        p = only_models(p, models, name)
+        p = only_models(p, models, name, experiments)
     if architecture is not None:
         p = as_architecture(p, architecture)
     if mup_base_head_dim is not None:
