@@ -362,7 +362,8 @@ def describe(p: ScalingPreset) -> str:
     sizes = ", ".join(f"d={d}/h={h}" for d, h in p.sizes)
     cap = f", at most {p.max_tokens:,}" if p.max_tokens else ""
     return (
-        f"{recipe.describe().split(', ')[0]}, {recipe.layers} layers, n={recipe.data.max_seq_length}; families "
+        f"{recipe.describe().split(', ')[0]}, {recipe.layers} layer{'s' if recipe.layers != 1 else ''}, "
+        f"n={recipe.data.max_seq_length}; families "
         f"{', '.join(p.families)}; sizes {sizes}; {p.tokens_per_parameter:g} tokens per non-embedding parameter "
         f"(at least {p.min_steps} steps{cap}); seeds {', '.join(map(str, p.seeds))}"
     )

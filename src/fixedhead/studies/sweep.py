@@ -151,10 +151,11 @@ _FINETUNE_QUICK = dict(batch_size=16, learning_rate=3e-4, max_steps=8, eval_step
 def _quick(description: str, **train) -> SweepPreset:
     """The tiny recipe (CI-sized, seconds per run; numbers mean nothing) on a few points of each experiment."""
     r = get_recipe("tiny")
+    r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
         description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {r.describe()}",
         data=r.data,
-        train=replace(r.train, **train),
+        train=r.train,
         common=_common(r.layers, r.data.max_seq_length),
         points=_points_heads(32, [2, 8], [8], 16)
         + _points_embedding([32, 48], 8, 32, [8], 16)
