@@ -430,6 +430,9 @@ def test_the_recorded_rule_decides_a_claim_and_older_sweeps_keep_theirs():
     assert f"{nats:+.3f} nats = {100 * nats / (sum(map(math.log, std)) / 3):+.1f}% of loss" in text
     # a higher fixed perplexity at p < 0.01 does not agree
     assert _sect4(_claims_state(far, std, CLAIMS_RULE))[2] == "does not agree"
+    # one seed a side: no test is run, and the text says so instead of printing p = nan
+    claim, text, verdict = _sect4(_claims_state(std[:1], far[:1], CLAIMS_RULE))
+    assert verdict == "cannot tell at this scale" and "no test with one seed a side" in text and "nan" not in text
 
 
 def test_holm_counts_every_claim_tested():

@@ -99,10 +99,11 @@ def _compare(a: PointStats | None, b: PointStats | None, what: str, label_a: str
     if what == "ppl":  # the same difference as mean held-out loss, in nats and as a fraction of loss
         loss_a, loss_b = (sum(math.log(v) for v in q.values(what)) / len(q.values(what)) for q in (a, b))
         effect = f", {loss_b - loss_a:+.3f} nats = {100 * (loss_b - loss_a) / loss_a:+.1f}% of loss"
+    test = f"Welch p = {p:.2g}" if math.isfinite(p) else "no test with one seed a side"
     text = (
         f"{label_a}: {pm(a.mean(what), a.std(what), digits)}; "
         f"{label_b}: {pm(b.mean(what), b.std(what), digits)} "
-        f"({unit}; Δ = {delta:+.{digits}f}{effect}, Welch p = {p:.2g}, n = {len(a.values(what))}/{len(b.values(what))})"
+        f"({unit}; Δ = {delta:+.{digits}f}{effect}, {test}, n = {len(a.values(what))}/{len(b.values(what))})"
     )
     return text, delta, p
 
