@@ -123,16 +123,8 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
 def test_a_scaling_study_split_by_family_plans_the_whole_preset(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "s"
-    argv = [
-        "scaling",
-        "--preset",
-        "tiny",
-        "--corpus",
-        str(small_real_corpus),
-        "--output-dir",
-        str(out),
-        "--no-progress",
-    ]
+    argv = ["scaling", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
+    argv.append("--no-progress")
     # the command's options reach the study: a masked recipe as Llama is refused, not trained as fixedhead
     assert main([*argv, "--architecture", "llama"]) == 2
     assert "architecture 'llama' trains causal LMs only" in capsys.readouterr().err and not out.exists()

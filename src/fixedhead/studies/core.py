@@ -43,6 +43,13 @@ def seeds_override(seeds: Iterable[int] | None, default: tuple[int, ...]) -> tup
     return tuple(dict.fromkeys(non_negative_int("seed", s) for s in seeds))
 
 
+def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
+    """The first of ``chosen`` that is not in ``known`` (``"(none)"`` for an empty choice), else None:
+    what a study's subset option (models, families, experiments) names in its error."""
+    chosen, known = list(chosen), set(known)
+    return next((c for c in chosen if c not in known), None) if chosen else "(none)"
+
+
 def steps_override(name: str, steps: int | None, default: int) -> int:
     """``steps`` (None: ``default``) as a positive int. Raises ValueError naming ``name`` and the value."""
     return default if steps is None else positive_int(name, steps)

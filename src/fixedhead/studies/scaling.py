@@ -226,9 +226,8 @@ def run_scaling(
         p = replace(p, learning_rates=tuple(parse_rates(learning_rates)))
     if architecture is not None and architecture != "fixedhead":
         p = replace(p, model={**p.model, "architecture": architecture})
-    bad = [f for f in families or () if f not in p.families] or ([] if families is None or families else ["(none)"])
-    if bad:
-        raise ValueError(f"family {bad[0]!r} is not one of the scaling preset's: {', '.join(p.families)}")
+    if families is not None and (bad := core.first_unknown(families, p.families)) is not None:
+        raise ValueError(f"family {bad!r} is not one of the scaling preset's: {', '.join(p.families)}")
     recipe = get_recipe(p.recipe)
     data_settings = with_validation_split(replace(recipe.data, corpus=corpus) if corpus else recipe.data)
     train = replace(recipe.train, progress=progress)
@@ -245,9 +244,6 @@ def run_scaling(
     previous, meta = core.resume(
         out / RESULTS_FILE, preset, describe(p), command, settings, "recipe, sizes, families or grid", None, overwrite
     )
-    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
-    out = core.claim(out, RESULTS_FILE, OWNED, "scaling", create=True, overwrite=overwrite)
-    points = plan_points(p, train.objective, n, len(data.tokenizer), train.batch_size, recipe.layers)
     # the plan is the whole study's: the seeds of every invocation, every family of the preset
     seeds = list(dict.fromkeys([*previous.get("meta", {}).get("plan", {}).get("seeds", []), *p.seeds]))
     if seeds[0] != p.seeds[0]:
@@ -255,6 +251,9 @@ def run_scaling(
             f"{out / RESULTS_FILE} chose each point's rate with seed {seeds[0]}, this call with seed {p.seeds[0]}; "
             f"pass {seeds[0]} first in --seeds, or choose another --output-dir"
         )
+    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
+    out = core.claim(out, RESULTS_FILE, OWNED, "scaling", create=True, overwrite=overwrite)
+    points = plan_points(p, train.objective, n, len(data.tokenizer), train.batch_size, recipe.layers)
     meta.update(
         plan={
             "points": [{k: v for k, v in pt.items() if k != "fields"} for pt in points],

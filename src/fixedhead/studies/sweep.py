@@ -297,11 +297,10 @@ def only_models(preset: SweepPreset, models: list[str], name: str = "custom", ex
     """
     key = lambda pt: run_key({**preset.common, **pt.model})  # noqa: E731
     known = {key(pt) for pt in preset.points if not experiments or pt.experiment in experiments}
-    bad = [m for m in models if m not in known] or ([] if models else ["(none)"])
-    if bad:
+    if (bad := core.first_unknown(models, known)) is not None:
         where = f"experiments {', '.join(experiments)} of " if experiments else ""
         raise ValueError(
-            f"model {bad[0]!r} is not in {where}sweep preset {name!r} (its models: {', '.join(sorted(known))})"
+            f"model {bad!r} is not in {where}sweep preset {name!r} (its models: {', '.join(sorted(known))})"
         )
     return replace(preset, points=[pt for pt in preset.points if key(pt) in models])
 
@@ -314,9 +313,8 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
         ValueError: an unknown experiment name.
     """
     if experiments:
-        bad = [e for e in experiments if e not in EXPERIMENTS]
-        if bad:
-            raise ValueError(f"unknown experiment {bad[0]!r}; known: {', '.join(EXPERIMENTS)}")
+        if (bad := core.first_unknown(experiments, EXPERIMENTS)) is not None:
+            raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
     models: dict[str, dict] = {}
     for p in preset.points:
         if experiments and p.experiment not in experiments:
