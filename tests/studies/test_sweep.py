@@ -379,14 +379,16 @@ def test_cli_quick_sweep_under_mup_and_no_mixing_in_one_folder(small_real_corpus
 
 def test_a_resumed_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_path):
     """The embedding experiment's fixed models share x = d (one per h): resuming such a sweep in
-    its own folder is not "another architecture" (the full cpu-mlm preset has two such points)."""
+    its own folder is not "another architecture" (the full cpu-mlm preset has two such points), nor is
+    adding the second model to a folder that holds the first (``--models`` one call at a time)."""
     quick = get_sweep_preset("cpu-mlm", quick=True)
     points = [
         SweepPoint("embedding", "fixed", 32, dict(hidden_size=32, num_attention_heads=h, head_dim=16)) for h in (2, 4)
     ]
     preset = replace(quick, points=points, seeds=(0,), finetune=None)
     kw = dict(corpus=str(small_real_corpus), max_steps=2, progress=False, cache_dir=tmp_path / "cache")
-    run_sweep(preset, tmp_path / "s", **kw)
+    run_sweep(replace(preset, points=points[:1]), tmp_path / "s", **kw)
+    run_sweep(replace(preset, points=points[1:]), tmp_path / "s", **kw)  # the other model at the same x
     state = run_sweep(preset, tmp_path / "s", **kw)  # resumes: both runs reused, nothing refused
     assert sorted(state["runs"]) == ["d32-h2-dp16-s0", "d32-h4-dp16-fixed-s0"]
 

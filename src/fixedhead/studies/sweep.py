@@ -22,6 +22,7 @@ turns it into markdown and plots.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -434,15 +435,22 @@ def run_sweep(
             raise FileExistsError(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
             )
-    # one model per point: runs of another architecture or parametrization would meet these in one report
-    # (a point's x need not be unique: the embedding experiment's fixed models share d, one per h)
+
+    # one model per point: runs of another architecture or parametrization would meet these in one report.
+    # A point is its experiment, series, x and model fields (x need not be unique: the embedding
+    # experiment's fixed models share d, one per h, and `--models` may add them one call at a time)
+    def where(experiment, series, x, model=None) -> tuple:
+        return (experiment, series, x) if model is None else (experiment, series, x, json.dumps(model, sort_keys=True))
+
     now: dict[tuple, set[str]] = {}
     for pt in p.points:
-        now.setdefault((pt.experiment, pt.series, pt.x), set()).add(run_key({**p.common, **pt.model}))
+        key = run_key({**p.common, **pt.model})
+        for at in (where(pt.experiment, pt.series, pt.x), where(pt.experiment, pt.series, pt.x, pt.model)):
+            now.setdefault(at, set()).add(key)
     clash = [
-        (q["key"], sorted(now[xy]))
+        (q["key"], sorted(now[at]))
         for q in previous.get("points", [])
-        if (xy := (q["experiment"], q["series"], q["x"])) in now and q["key"] not in now[xy]
+        if (at := where(q["experiment"], q["series"], q["x"], q.get("model"))) in now and q["key"] not in now[at]
     ]
     if clash:
         raise FileExistsError(
