@@ -380,8 +380,8 @@ def _farthest_point(args):
     print(format_grid(state))
     meta = state["meta"]
     print(
-        f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s since "
-        f"the first start, {meta['compute_seconds']:.0f} s of training)"
+        f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s of wall "
+        f"time, {meta['compute_seconds']:.0f} s of training)"
     )
 
 
@@ -410,8 +410,8 @@ def _widen_experiment(args):
         print(format_table(state))
     meta = state["meta"]
     print(
-        f"wrote {out}/report.md, results.json and widening.png ({meta['total_seconds']:.0f} s since the first "
-        f"start, {meta['compute_seconds']:.0f} s of training)"
+        f"wrote {out}/report.md, results.json and widening.png ({meta['total_seconds']:.0f} s of wall time, "
+        f"{meta['compute_seconds']:.0f} s of training)"
     )
 
 

@@ -107,3 +107,30 @@ def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
     dead.wait()
     lock.write_text(str(dead.pid))  # a finished process: its lock is stale
     assert core.try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
+
+
+def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp_path, monkeypatch):
+    clock = iter([130.0, 160.0, 1000.0, 1030.0])  # each save_state reads the clock once
+    monkeypatch.setattr(core.time, "time", lambda: next(clock))
+    path = tmp_path / "results.json"
+    # an older results file: first start at 0, 50 s of wall time, no spans recorded
+    path.write_text(json.dumps({"meta": {"first_started": 0.0, "total_seconds": 50.0}}))
+    old = json.loads(path.read_text())["meta"]
+    a = {"meta": {**old, "invocation_started": 100.0}}  # two workers, 100-130 and 120-160: 60 s together
+    b = {"meta": {**old, "invocation_started": 120.0}}
+    core.save_state(path, a, [])
+    core.save_state(path, b, [dict(train_seconds=30.0), dict(train_seconds=20.0, finetune=dict(train_seconds=5))])
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["active"] == [[0.0, 50.0], [100.0, 160.0]]
+    assert (meta["total_seconds"], meta["compute_seconds"]) == (110.0, 55.0)
+    c = {"meta": {**meta, "invocation_started": 990.0}}  # a later session: 990-1000, then its next save to 1030
+    core.save_state(path, c, [])
+    core.save_state(path, c, [])
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["active"] == [[0.0, 50.0], [100.0, 160.0], [990.0, 1030.0]]
+    assert meta["total_seconds"] == 150.0
+    assert "- wall time: 2.5 min while an invocation ran (3 spans, " in render.wall_time_line(meta)
+    # a results file from before the spans keeps its wording, so committed reports regenerate as they were
+    assert "- wall time: 1.0 min from the first start to the last result;" in render.wall_time_line(
+        {"total_seconds": 60}
+    )

@@ -110,16 +110,40 @@ def start_meta(preset, description: str, command: str | None, previous: dict, **
         **fields,
         "first_started": previous_meta.get("first_started", now),
         "invocation_started": now,
+        **({"active": previous_meta["active"]} if "active" in previous_meta else {}),
+        **({"total_seconds": previous_meta["total_seconds"]} if "total_seconds" in previous_meta else {}),
         **environment_info(),
     }
 
 
+def active_spans(spans: Iterable[Iterable[float]]) -> list[list[float]]:
+    """The union of ``[start, end]`` spans (seconds since the epoch), sorted, overlaps merged."""
+    merged: list[list[float]] = []
+    for start, end in sorted((float(a), float(b)) for a, b in spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
 def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
-    """Write ``state`` atomically to ``path`` with its wall time since the first start and the
-    training seconds of ``runs`` summed, fine-tuning included (``meta.total_seconds``,
-    ``meta.compute_seconds``)."""
+    """Write ``state`` atomically to ``path`` with its wall time and the training seconds of
+    ``runs`` summed, fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``).
+
+    The wall time is the length of the union of every invocation's span, from its start to its
+    latest save (``meta.active``, merged with those already in ``path``, which other workers
+    sharing the folder wrote): workers running side by side count once, and the days between a
+    study's sessions do not count. A results file from before the spans were recorded contributes
+    its first start plus its recorded wall time as one span."""
     meta = state["meta"]
-    meta["total_seconds"] = round(time.time() - meta["first_started"], 1)
+    spans = [[meta["invocation_started"], time.time()]]
+    for old in (meta, load_json_file(path).get("meta", {}) if path.is_file() else {}):
+        spans += old.get("active") or (
+            [[old["first_started"], old["first_started"] + old["total_seconds"]]] if "total_seconds" in old else []
+        )
+    meta["active"] = [[round(a, 1), round(b, 1)] for a, b in active_spans(spans)]
+    meta["total_seconds"] = round(sum(b - a for a, b in meta["active"]), 1)
     meta["compute_seconds"] = round(
         sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs), 1
     )

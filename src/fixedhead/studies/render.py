@@ -58,13 +58,20 @@ def commands_line(meta: dict, several: str = "") -> str:
 
 
 def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
-    """``- wall time: ... min from the first start to the last result; the runs' own WORK time sums to
-    ... min; CORES (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one
-    trained, with ``on``)."""
+    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES
+    (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one trained, with
+    ``on``). Results files from before the invocations' spans were recorded (no ``meta.active``) read
+    "from the first start to the last result", as their wall time was measured."""
     compute = meta.get("compute_seconds")
     accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
+    span = (
+        f" while an invocation ran ({len(meta['active'])} span{'s' if len(meta['active']) > 1 else ''}, "
+        "workers side by side counted once)"
+        if meta.get("active")
+        else " from the first start to the last result"
+    )
     return (
-        f"- wall time: {meta['total_seconds'] / 60:.1f} min from the first start to the last result"
+        f"- wall time: {meta['total_seconds'] / 60:.1f} min{span}"
         + (f"; the runs' own {work} time sums to {compute / 60:.1f} min" if compute is not None else "")
         + f"; {on}{accelerator}{meta.get('cpu_count')} CPU cores "
         f"({cpu_text(meta)}{meta.get('platform', '')}), torch threads "

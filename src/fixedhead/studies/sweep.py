@@ -629,6 +629,6 @@ def run_sweep(
     if progress:
         print(
             f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
-            f"({meta['total_seconds']:.0f} s in all invocations)"
+            f"({meta['total_seconds']:.0f} s of wall time in all invocations)"
         )
     return {"meta": meta, "points": points, "runs": runs}
