@@ -3,7 +3,14 @@ import math
 import numpy as np
 import pytest
 
-from fixedhead.data.glue import GLUE_TASKS, MAIN_METRIC, glue_metrics, glue_path, read_glue_tsv
+from fixedhead.data.glue import (
+    GLUE_TASKS,
+    MAIN_METRIC,
+    glue_metrics,
+    glue_path,
+    majority_class_accuracy,
+    read_glue_tsv,
+)
 
 # (task, split) -> examples, from ../shared/data/README.md
 COUNTS = {
@@ -74,6 +81,20 @@ def test_errors_name_task_and_column(tmp_path):
         read_glue_tsv(bad, "sst2")
     with pytest.raises(ValueError, match="'test'"):
         glue_path("sst2", "test")
+
+
+def test_majority_class_accuracy(tmp_path):
+    folder = tmp_path / "glue" / "SST-2"
+    folder.mkdir(parents=True)
+    (folder / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\nfine\t1\n")
+    assert majority_class_accuracy("sst2", tmp_path) == pytest.approx(2 / 3)
+    assert majority_class_accuracy("stsb", tmp_path) is None  # a regression has no majority class
+    with pytest.raises(FileNotFoundError, match="CoLA"):
+        majority_class_accuracy("cola", tmp_path)
+    # the published dev label counts: SST-2 444 positive of 872, CoLA 721 acceptable of 1,043
+    _need("sst2", "dev"), _need("cola", "dev")
+    assert majority_class_accuracy("sst2") == pytest.approx(444 / 872)
+    assert majority_class_accuracy("cola") == pytest.approx(721 / 1043)
 
 
 def test_classification_metrics_against_hand_computed_values():

@@ -63,13 +63,9 @@ def test_scaling_report_regenerates():
 def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 
-    from fixedhead.data.glue import glue_path
     from fixedhead.studies.report import write_report
 
-    task = json.loads((RESULTS / folder / "sweep.json").read_text())["meta"].get("finetune_task")
-    if task and not glue_path(task, "dev").is_file():  # the report's majority-class line reads the dev labels
-        pytest.skip(f"GLUE {task} dev data not found at {glue_path(task, 'dev')}")
-
+    # no data read: a sweep that fine-tunes records its majority-class rate, which the report shows
     shutil.copy(RESULTS / folder / "sweep.json", tmp_path / "sweep.json")
     assert write_report(tmp_path).read_text() == (RESULTS / folder / "report.md").read_text()
 

@@ -157,6 +157,22 @@ def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) 
     return gz if gz.is_file() or not (folder / f"{split}.tsv").is_file() else folder / f"{split}.tsv"
 
 
+def majority_class_accuracy(task: str, data_dir: str | os.PathLike | None = None) -> float | None:
+    """Dev accuracy of always answering the most frequent dev label, in [0, 1]: the score a
+    classifier that never leaves the majority class reaches (None for STS-B, a regression).
+
+    Raises:
+        ValueError: an unknown task, or a malformed dev file (named).
+        FileNotFoundError: no dev file at :func:`glue_path`.
+    """
+    from collections import Counter
+
+    if get_glue_task(task).labels is None:
+        return None
+    labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev", data_dir), task)]
+    return Counter(labels).most_common(1)[0][1] / len(labels)
+
+
 def glue_metrics(task: str, predictions, labels) -> dict:
     """GLUE's metrics for ``task``, computed with scikit-learn / SciPy.
 

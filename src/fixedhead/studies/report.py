@@ -197,19 +197,17 @@ def learning_rate_section(state: dict, out: Path) -> list[str]:
     ]
 
 
-def _majority_rate(task: str) -> float | None:
-    """Accuracy of always predicting the most frequent dev label (None for regression or without data)."""
-    from collections import Counter
-
-    from ..data.glue import get_glue_task, glue_path, read_glue_tsv
+def _majority_rate(meta: dict, task: str) -> float | None:
+    """The majority-class dev accuracy the sweep recorded; sweeps from before the record read the dev
+    labels now (None where they are absent: the report then omits the line and the plot's rule)."""
+    if "majority_class_accuracy" in meta:
+        return meta["majority_class_accuracy"]
+    from ..data.glue import majority_class_accuracy
 
     try:
-        if get_glue_task(task).labels is None:
-            return None
-        labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev"), task)]
-    except (ValueError, FileNotFoundError):
+        return majority_class_accuracy(task)
+    except FileNotFoundError:
         return None
-    return Counter(labels).most_common(1)[0][1] / len(labels)
 
 
 def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) -> Path:
@@ -239,7 +237,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         plot_head_size(series, out / "head_size.png")
     if has_finetune:
         plot_finetune(
-            state, out / "finetune_vs_perplexity.png", task, _majority_rate(task), meta.get("unigram_perplexity")
+            state, out / "finetune_vs_perplexity.png", task, _majority_rate(meta, task), meta.get("unigram_perplexity")
         )
 
     planned = {(p["key"]) for p in state["points"]}
@@ -317,7 +315,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             ),
             "",
         ]
-    majority = _majority_rate(task)
+    majority = _majority_rate(meta, task)
     ft_runs = [r for r in state["runs"].values() if "finetune" in r]
     if majority is not None and ft_runs and (meta.get("finetune") or {}).get("max_dev_examples") is None:
         stuck = [r for r in ft_runs if abs(r["finetune"]["dev"].get("accuracy", -1) - majority) < 1e-9]

@@ -417,10 +417,11 @@ def run_sweep(
         raise ValueError(f"sweep preset {name!r} has no fine-tuning, so finetune_task={finetune_task!r} does not apply")
     task = finetune_task or p.finetune_task
     ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
+    majority = None
     if ft is not None:
-        from ..data.glue import get_glue_task
+        from ..data.glue import majority_class_accuracy
 
-        get_glue_task(task)  # fail before hours of pretraining, not after
+        majority = majority_class_accuracy(task)  # an unknown task or no dev file fails before hours of pretraining
     runs_plan = plan_runs(p, experiments)
     for _, fields, _ in runs_plan:  # every model buildable and trainable before any slow work
         check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
@@ -497,6 +498,7 @@ def run_sweep(
         verdict_rule=rule_text(rule),
         verdict=dict(rule),
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
+        **({"majority_class_accuracy": majority} if ft else {}),
         **(
             {
                 "learning_rate_selection": {
