@@ -274,7 +274,7 @@ def _compare(args):
 
 
 def _sweep_options(p):
-    from .studies.sweep import EXPERIMENTS, SWEEP_PRESETS
+    from .studies.sweep_presets import EXPERIMENTS, SWEEP_PRESETS
 
     p.description = (
         "Train every model of a sweep preset with several seeds (several workers may share one --output-dir: each "

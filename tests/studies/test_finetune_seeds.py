@@ -15,7 +15,8 @@ from fixedhead.studies.finetune_seeds import (
     run_finetune_seeds,
     write_report,
 )
-from fixedhead.studies.sweep import SWEEP_FILE, SweepPoint, SweepPreset, run_sweep
+from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
+from fixedhead.studies.sweep_presets import SweepPoint, SweepPreset
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
 FT = FinetuneSettings(

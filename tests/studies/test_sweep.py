@@ -11,15 +11,14 @@ from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies.claims import PointStats, claims, collect_points
 from fixedhead.studies.report import points_table, write_report
-from fixedhead.studies.sweep import (
-    SWEEP_FILE,
+from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
+from fixedhead.studies.sweep_presets import (
     SweepPoint,
     SweepPreset,
     canonical_fields,
     get_sweep_preset,
     plan_runs,
     run_key,
-    run_sweep,
 )
 from fixedhead.training.evaluate import load_run
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
@@ -286,7 +285,7 @@ def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpu
 
 
 def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
-    from fixedhead.studies.sweep import as_architecture
+    from fixedhead.studies.sweep_presets import as_architecture
 
     clm = get_sweep_preset("cpu-clm")
     llama = as_architecture(clm, "llama")
@@ -320,7 +319,7 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
 
 
 def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
-    from fixedhead.studies.sweep import as_mup
+    from fixedhead.studies.sweep_presets import as_mup
 
     mlm = get_sweep_preset("cpu-mlm")
     mup = as_mup(mlm, 16)
@@ -334,7 +333,7 @@ def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
 
 
 def test_a_sweep_restricted_to_some_models_keeps_their_points_only(tmp_path, capsys):
-    from fixedhead.studies.sweep import only_models
+    from fixedhead.studies.sweep_presets import only_models
 
     clm = get_sweep_preset("cpu-clm")
     pair = only_models(clm, ["d128-h32-dp4", "d128-h32-dp32-fixed"], "cpu-clm")

@@ -30,7 +30,7 @@ from . import core, render
 from .claims import claims, load_sweep, verdict_rule
 from .learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from .stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
-from .sweep import get_sweep_preset
+from .sweep_presets import get_sweep_preset
 
 RESULTS_FILE = "finetune.json"
 OWNED = ("runs", "report.md", ".report.md.*", "*.png")
