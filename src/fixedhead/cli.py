@@ -401,7 +401,8 @@ def _widen_experiment_options(p):
 def _widen_experiment(args):
     """does widening help? a trained standard-head causal LM continued as is, widened (all, early, late
     layers) and with a parameter-matched wider FFN, with seeds; report and plot"""
-    from .studies.widening import format_table, run_widening
+    from .studies.widening import run_widening
+    from .studies.widening_report import format_table
 
     out = args.output_dir or f"runs/widen-experiment-{args.preset}"
     options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite")

@@ -29,7 +29,7 @@ def test_farthest_point_report_regenerates():
 
 
 def test_widening_report_regenerates():
-    from fixedhead.studies.widening import report_markdown
+    from fixedhead.studies.widening_report import report_markdown
 
     assert report_markdown(_state("widening")) == (RESULTS / "widening" / "report.md").read_text()
 

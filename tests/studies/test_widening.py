@@ -1,4 +1,4 @@
-"""``fixedhead widen-experiment`` (fixedhead.studies.widening and widening_arms): the arms, the
+"""``fixedhead widen-experiment`` (fixedhead.studies.widening, widening_arms and widening_report): the arms, the
 widened feed-forward control, and the tiny preset end to end."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 import fixedhead.studies.widening as W
 import fixedhead.studies.widening_arms as A
+import fixedhead.studies.widening_report as WR
 from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
@@ -127,13 +128,13 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
     for r in runs.values():
         assert r["start_max_logit_change"] <= 1e-5 and math.isfinite(r["heldout_loss"])
         assert r["init_from"]["model_sha256"] and r["training_tokens"] == 2 * 8 * 16
-    rows = {r["arm"]: r for r in W.summarize(state)}
+    rows = {r["arm"]: r for r in WR.summarize(state)}
     assert rows["wide-early"]["parameters"] == rows["wide-late"]["parameters"]
     assert rows["as-is"]["flops_ratio"] == 1.0 and rows["wide-all"]["flops_ratio"] > 1.0
     assert rows["ffn-matched"]["intermediate_size"] > 32
     verdicts = {"lower loss", "higher loss", "no measurable difference"}
-    assert len(W.comparisons(state)) == len(W.COMPARISONS)
-    assert all(c["verdict"] in verdicts for c in W.comparisons(state))  # two seeds: every pair is decided
+    assert len(WR.comparisons(state)) == len(WR.COMPARISONS)
+    assert all(c["verdict"] in verdicts for c in WR.comparisons(state))  # two seeds: every pair is decided
     assert (out / "report.md").stat().st_size > 0 and (out / "widening.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text())["runs"].keys() == runs.keys()
 

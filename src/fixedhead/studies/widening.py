@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -42,20 +41,18 @@ from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
 from ..model.flops import training_flops
 from ..model.modeling import count_parameters
-from ..plotting import pyplot, save_figure
-from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run, write_text_atomic
+from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ..theory import causal_threshold
 from ..training.evaluate import load_run
 from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
-from . import core, render
+from . import core
 from .recipes import get_recipe
-from .stats import RULE_STDS, mean_std, pm, pooled_verdict
+from .stats import RULE_STDS
 from .widening_arms import make_arms, max_logit_change, write_start
+from .widening_report import PLOT_FILE, REPORT_FILE, format_table, write_outputs
 
 RESULTS_FILE = "results.json"
-REPORT_FILE = "report.md"
-PLOT_FILE = "widening.png"
 OWNED = (REPORT_FILE, PLOT_FILE, "base", "start", "continue")
 
 
@@ -125,17 +122,6 @@ WIDENING_PRESETS = {
 def get_widening_preset(name: str) -> WideningPreset:
     """Raises ValueError listing the known presets."""
     return core.pick(WIDENING_PRESETS, name, "widen-experiment")
-
-
-#: the questions of the report: (B, A, what B against A asks)
-COMPARISONS = [
-    ("wide-all", "as-is", "does widening every layer's heads help?"),
-    ("wide-early", "as-is", "does widening only the early layers help?"),
-    ("wide-late", "as-is", "does widening only the late layers help?"),
-    ("wide-early", "wide-late", "early or late layers (equal parameters)?"),
-    ("ffn-matched", "as-is", "do the same extra parameters in the feed-forward layers help?"),
-    ("wide-all", "ffn-matched", "heads or feed-forward, at (nearly) equal parameters?"),
-]
 
 
 # ------------------------------------------------------------------------------------ runner
@@ -328,282 +314,3 @@ def run_widening(
         print()
         print(format_table(state))
     return state
-
-
-# ----------------------------------------------------------------------------------- outputs
-def _arm_runs(state: dict, arm: str) -> list[dict]:
-    seeds = state["meta"]["seeds"]
-    return sorted(
-        (r for r in state["runs"].values() if r["arm"] == arm and r["seed"] in seeds), key=lambda r: r["seed"]
-    )
-
-
-def summarize(state: dict) -> list[dict]:
-    """One row per arm: sizes, parameters, FLOPs, held-out loss and perplexity (mean ± std over
-    seeds), nats below the unigram reference, per-seed losses."""
-    unigram = math.log(state["unigram_perplexity"])
-    rows = []
-    as_is = _arm_runs(state, "as-is")
-    as_is_by_seed = {r["seed"]: r["heldout_loss"] for r in as_is}
-    for arm in state["meta"]["arms"]:
-        rs = _arm_runs(state, arm["name"])
-        if not rs:
-            rows.append({"arm": arm["name"], "runs": 0, "description": arm["description"]})
-            continue
-        losses = [r["heldout_loss"] for r in rs]
-        m, s = mean_std(losses)
-        ppl_m, ppl_s = mean_std([r["heldout_perplexity"] for r in rs])
-        rows.append(
-            {
-                "arm": arm["name"],
-                "description": arm["description"],
-                "runs": len(rs),
-                "seeds": [r["seed"] for r in rs],
-                "layer_head_dims": rs[0]["layer_head_dims"],
-                "intermediate_size": rs[0]["intermediate_size"],
-                "parameters": rs[0]["parameters"],
-                "extra_parameters": rs[0]["parameters"] - as_is[0]["parameters"] if as_is else None,
-                "flops": rs[0]["flops"],
-                "flops_ratio": rs[0]["flops"] / as_is[0]["flops"] if as_is else None,
-                "loss_mean": m,
-                "loss_std": s,
-                "ppl_mean": ppl_m,
-                "ppl_std": ppl_s,
-                "below_unigram": unigram - m,
-                "losses": losses,
-                # descriptive, not the verdict rule: the same seed means the same batches in every arm
-                "paired_differences": [
-                    r["heldout_loss"] - as_is_by_seed[r["seed"]] for r in rs if r["seed"] in as_is_by_seed
-                ],
-                "accuracy_mean": mean_std([r["heldout_accuracy"] for r in rs])[0],
-                "start_max_logit_change": max(r["start_max_logit_change"] for r in rs),
-                "train_seconds_mean": mean_std([r["train_seconds"] for r in rs])[0],
-            }
-        )
-    return rows
-
-
-def comparisons(state: dict) -> list[dict]:
-    """:data:`COMPARISONS` with :func:`~.stats.pooled_verdict` applied (only pairs whose arms both ran)."""
-    names = {a["name"] for a in state["meta"]["arms"]}
-    out = []
-    for b, a, question in COMPARISONS:
-        if a not in names or b not in names:
-            continue
-        la = [r["heldout_loss"] for r in _arm_runs(state, a)]
-        lb = [r["heldout_loss"] for r in _arm_runs(state, b)]
-        if la and lb:
-            out.append({"b": b, "a": a, "question": question, **pooled_verdict(la, lb)})
-    return out
-
-
-def _results_table(state: dict) -> list[str]:
-    """The markdown table of the base and the arms (mean ± std over seeds, per-seed losses)."""
-    meta, base, unigram = state["meta"], state.get("base") or {}, state["unigram_perplexity"]
-    model, base_steps = meta["settings"]["model"], meta["settings"]["base"]["max_steps"]
-    L = [
-        "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
-        "perplexity | below unigram | losses per seed | − as-is, same seed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    if base:
-        L.append(
-            f"| base ({base_steps} steps) | {base['head_dim']} | {model['intermediate_size']} | "
-            f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
-            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
-        )
-    for r in summarize(state):
-        if not r["runs"]:
-            L.append(f"| {r['arm']} | not run | | | | | | | | | |")
-            continue
-        L.append(
-            f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
-            f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
-            f"{pm(r['loss_mean'], r['loss_std'], 4)} | {pm(r['ppl_mean'], r['ppl_std'], 1)} | "
-            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
-            f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
-        )
-    return L
-
-
-def format_table(state: dict) -> str:
-    """The arms (mean ± std over seeds) and the verdicts, for the terminal: the report's results table
-    and one line per comparison."""
-    verdicts = [
-        f"{c['b']} vs {c['a']}: {c['a']} − {c['b']} = {c['difference']:+.4f} nats, "
-        f"{RULE_STDS:g} x pooled std = {c['threshold']:.4f}: {c['verdict']}"
-        for c in comparisons(state)
-    ]
-    return "\n".join(_results_table(state) + verdicts)
-
-
-def write_outputs(state: dict, out: Path) -> None:
-    """``report.md`` and ``widening.png`` in ``out`` (``results.json`` is written as runs finish)."""
-    plot(state, out / PLOT_FILE)
-    write_text_atomic(out / REPORT_FILE, report_markdown(state))
-
-
-def plot(state: dict, path: Path) -> None:
-    """Left: each arm's held-out loss minus the mean of *as-is* (each seed a dot, mean ± std a bar).
-    Right: each arm's training loss minus *as-is*'s on the same batches (same seed), mean over seeds."""
-    plt = pyplot()
-    rows = [r for r in summarize(state) if r["runs"]]
-    as_is = next((r for r in rows if r["arm"] == "as-is"), None)
-    if as_is is None:
-        return
-    ref = as_is["loss_mean"]
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    ax = axes[0]
-    for i, r in enumerate(rows):
-        c = colours[i % len(colours)]
-        ax.scatter([i - 0.08] * len(r["losses"]), [x - ref for x in r["losses"]], color=c, s=16, alpha=0.7)
-        std = r["loss_std"] if math.isfinite(r["loss_std"]) else 0.0
-        ax.errorbar([i + 0.08], [r["loss_mean"] - ref], yerr=[std], color=c, marker="o", capsize=4)
-    ax.axhline(0.0, color="gray", linewidth=1)
-    ax.set_xticks(range(len(rows)), [f"{r['arm']}\n{r['parameters'] / 1e6:.3f}M" for r in rows], fontsize=8)
-    ax.set_ylabel("held-out loss − as-is mean (nats; < 0 is better)")
-    base = state.get("base") or {}
-    ax.set_title(
-        f"after the continuation (dots: seeds; bar: mean ± std)\nas-is {ref:.4f} nats"
-        + (f"; the base before it {base['heldout_loss']:.4f}" if base else ""),
-        fontsize=9,
-    )
-    ax = axes[1]
-    reference = {r["seed"]: dict(map(tuple, r["train_curve"])) for r in _arm_runs(state, "as-is")}
-    for i, r in enumerate(rows):
-        if r["arm"] == "as-is":
-            continue
-        diffs = []
-        for run in _arm_runs(state, r["arm"]):
-            if run["seed"] in reference:
-                curve = dict(map(tuple, run["train_curve"]))
-                diffs.append(
-                    {s: v - reference[run["seed"]][s] for s, v in curve.items() if s in reference[run["seed"]]}
-                )
-        steps = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
-        if steps:
-            ax.plot(
-                steps,
-                [sum(d[s] for d in diffs) / len(diffs) for s in steps],
-                color=colours[i % len(colours)],
-                marker=".",
-                label=r["arm"],
-            )
-    ax.axhline(0.0, color="gray", linewidth=1)
-    ax.set_xlabel("continuation step")
-    ax.set_ylabel("training loss − as-is's, same batches (nats)")
-    ax.set_title("training loss against as-is during the continuation (mean over seeds)", fontsize=9)
-    fig.suptitle(state["meta"]["description"], fontsize=8)
-    save_figure(fig, path, [axes[1]])
-
-
-def report_markdown(state: dict) -> str:
-    """The markdown report: what was run, the rule, the table, the comparisons and the verdict."""
-    meta, base = state["meta"], state.get("base") or {}
-    settings = meta["settings"]
-    cont, base_recipe = settings["continuation"], settings["base"]
-    rows = summarize(state)
-    comps = comparisons(state)
-    unigram = state["unigram_perplexity"]
-    n_done = sum(r["runs"] for r in rows)
-    n_plan = len(meta["arms"]) * len(meta["seeds"])
-    model = settings["model"]
-    title = "Does widening the heads of a trained standard-head model help?"
-    note = render.incomplete(n_done, n_plan, "continuations", finished=n_done >= n_plan and bool(base))
-    L = render.head(title, meta, note, f"![held-out loss per arm and training curves]({PLOT_FILE})")
-    L += [
-        f"- data: {Path(settings['data']['corpus']).name}, {meta['data_info']['train_documents']} training "
-        f"documents ({meta['data_info']['train_sequences']:,} sequences of n = {meta['n']}), held out: "
-        f"{'; '.join(meta['data_info']['heldout_documents'])} ({meta['data_info']['heldout_sequences']:,} "
-        f"sequences, every next token scored); WordPiece vocabulary {meta['data_info']['vocab_size']:,}",
-        f"- base: a causal LM with standard heads, d = {model['hidden_size']}, h = {model['num_attention_heads']}, "
-        f"d_p = d/h = {model['hidden_size'] // model['num_attention_heads']}, {model['num_hidden_layers']} layers, "
-        f"FFN {model['intermediate_size']}, dropout {model.get('hidden_dropout_prob', 0.1)}; "
-        f"{base_recipe['max_steps']} steps × {base_recipe['batch_size']} sequences, AdamW lr "
-        f"{base_recipe['learning_rate']}, warm-up {base_recipe['warmup_ratio']:.0%} then linear decay, seed "
-        f"{base_recipe['seed']}",
-        f"- every continuation: {cont['max_steps']} more steps × {cont['batch_size']} sequences "
-        f"({meta['continuation_tokens']:,} tokens) from the base's weights with a fresh optimizer and the same "
-        f"recipe (lr {cont['learning_rate']}, warm-up {cont['warmup_ratio']:.0%} then linear decay)",
-        f"- seeds {meta['seeds']}: seed s is the continuation's data order (the same batches in every arm) and "
-        f"the new random weights of a widened model; the base is one run, so the spread over seeds is the "
-        f"continuation's noise given this base",
-        f"- wide head size d_p = {meta['wide_head_dim']}"
-        + (
-            f" = ⌈(n − 1)/2⌉, the generic causal threshold for n = {meta['n']} (docs/theory.md): a causal head "
-            f"of this size can represent a generic causal attention pattern on {meta['n']} tokens exactly"
-            if meta["wide_head_dim"] == meta["causal_threshold"]
-            else f" (the generic causal threshold for n = {meta['n']} is {meta['causal_threshold']})"
-        ),
-        "",
-        *render.table(["arm", "what changes at the start"], [[a["name"], a["description"]] for a in meta["arms"]]),
-        "",
-        "Every widened starting model computes the base's function: the largest change of any logit on 16 held-out "
-        "sequences was "
-        + f"{max((r.get('start_max_logit_change', 0.0) for r in rows if r['runs']), default=0.0):.1e}.",
-        "",
-        f"**Verdict rule** (fixed before the run): arm B against arm A is *lower loss* if mean loss(A) − mean "
-        f"loss(B) > {RULE_STDS:g} × the pooled standard deviation √((s_A² + s_B²)/2) over seeds, *higher loss* if it "
-        f"is < −{RULE_STDS:g} × that, and *no measurable difference* otherwise.",
-        "",
-        "## Results",
-        "",
-        f"Held-out loss per next token (nats) and perplexity, mean ± std over seeds; the unigram reference "
-        f"(training-set word frequencies, no context) on the same tokens is ppl {unigram:.1f} (loss "
-        f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
-        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.flops.training_flops`).",
-        "",
-    ]
-    L += _results_table(state)
-    L += [
-        "",
-        "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
-        "description of the pairs, not part of the verdict rule, which compares the arms' means and spreads.",
-        "",
-        "## Verdicts",
-        "",
-        *render.table(
-            ["question", "B vs A", "mean(A) − mean(B), nats", "threshold", "verdict for B"],
-            [
-                [
-                    c["question"],
-                    f"{c['b']} vs {c['a']}",
-                    f"{c['difference']:+.4f}",
-                    f"{c['threshold']:.4f}",
-                    f"**{c['verdict']}**",
-                ]
-                for c in comps
-            ],
-        ),
-        "",
-    ]
-    main = next((c for c in comps if c["b"] == "wide-all" and c["a"] == "as-is"), None)
-    as_is = next((r for r in rows if r["arm"] == "as-is" and r["runs"]), None)
-    if main and as_is and base:
-        gain = base["heldout_loss"] - as_is["loss_mean"]
-        L += [
-            f"**In one sentence:** widening every layer's heads from d_p = "
-            f"{model['hidden_size'] // model['num_attention_heads']} to {meta['wide_head_dim']} before "
-            f"{cont['max_steps']} more steps gives "
-            + {
-                "lower loss": "a measurably lower held-out loss than continuing as is",
-                "higher loss": "a measurably higher held-out loss than continuing as is",
-                "no measurable difference": "no measurable difference in held-out loss from continuing as is",
-            }.get(main["verdict"], "an undecided result against continuing as is (one seed)")
-            + f" (as-is − wide-all = {main['difference']:+.4f} nats; threshold "
-            f"{main['threshold']:.4f}); the continuation itself lowered the loss by {gain:.4f} nats from the base.",
-            "",
-        ]
-    L += [
-        "## What is and is not matched",
-        "",
-        "- Tokens and steps: every arm trains on the same number of tokens, in the same order for a given seed.",
-        "- Parameters: *wide-early* and *wide-late* have exactly the same count; *ffn-matched* differs from "
-        "*wide-all* by the few parameters a whole feed-forward unit cannot split (see the table); *as-is* has "
-        "the fewest. There is no parameter-matched control for the one-layer arms.",
-        "- FLOPs: the widened and ffn-matched arms cost more per token than *as-is*; the ratios are in the "
-        "table. They count matrix products only, the output layer over the whole vocabulary included.",
-        "",
-    ]
-    return "\n".join(L)

@@ -1,7 +1,7 @@
 """The arms of ``fixedhead widen-experiment``: how each continuation's starting model is made from
 the trained base (heads widened in some layers, or the feed-forward layers widened to the same
-parameter count), each computing the base's function exactly. The plan, the results file and the
-report are :mod:`fixedhead.studies.widening`.
+parameter count), each computing the base's function exactly. The plan and the results file
+are :mod:`fixedhead.studies.widening`, the report :mod:`fixedhead.studies.widening_report`.
 """
 
 from __future__ import annotations
