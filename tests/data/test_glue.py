@@ -88,6 +88,7 @@ def test_majority_class_accuracy(tmp_path):
     folder.mkdir(parents=True)
     (folder / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\nfine\t1\n")
     assert majority_class_accuracy("sst2", tmp_path) == pytest.approx(2 / 3)
+    assert majority_class_accuracy("sst2", tmp_path, max_examples=2) == pytest.approx(1 / 2)  # good, bad
     assert majority_class_accuracy("stsb", tmp_path) is None  # a regression has no majority class
     with pytest.raises(FileNotFoundError, match="CoLA"):
         majority_class_accuracy("cola", tmp_path)

@@ -119,7 +119,8 @@ def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp
     a = {"meta": {**old, "invocation_started": 100.0}}  # two workers, 100-130 and 120-160: 60 s together
     b = {"meta": {**old, "invocation_started": 120.0}}
     core.save_state(path, a, [])
-    core.save_state(path, b, [dict(train_seconds=30.0), dict(train_seconds=20.0, finetune=dict(train_seconds=5))])
+    runs = [dict(train_seconds=30.0), dict(train_seconds=20.0, finetune=dict(train_seconds=5))]
+    core.save_state(path, b, runs, others=json.loads(path.read_text())["meta"])  # b merges what a wrote
     meta = json.loads(path.read_text())["meta"]
     assert meta["active"] == [[0.0, 50.0], [100.0, 160.0]]
     assert (meta["total_seconds"], meta["compute_seconds"]) == (110.0, 55.0)
@@ -130,6 +131,10 @@ def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp
     assert meta["active"] == [[0.0, 50.0], [100.0, 160.0], [990.0, 1030.0]]
     assert meta["total_seconds"] == 150.0
     assert "- wall time: 2.5 min while an invocation ran (3 spans, " in render.wall_time_line(meta)
+    # a study started afresh (--overwrite: nothing resumed) counts only its own time, whatever the file held
+    clock = iter([1100.0])
+    core.save_state(path, {"meta": {"first_started": 1090.0, "invocation_started": 1090.0}}, [])
+    assert json.loads(path.read_text())["meta"]["total_seconds"] == 10.0
     # a results file from before the spans keeps its wording, so committed reports regenerate as they were
     assert "- wall time: 1.0 min from the first start to the last result;" in render.wall_time_line(
         {"total_seconds": 60}

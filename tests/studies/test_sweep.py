@@ -388,10 +388,16 @@ def test_a_resumed_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_
     ]
     preset = replace(quick, points=points, seeds=(0,), finetune=None)
     kw = dict(corpus=str(small_real_corpus), max_steps=2, progress=False, cache_dir=tmp_path / "cache")
-    run_sweep(replace(preset, points=points[:1]), tmp_path / "s", **kw)
-    run_sweep(replace(preset, points=points[1:]), tmp_path / "s", **kw)  # the other model at the same x
+    run_sweep(preset, tmp_path / "s", models=["d32-h2-dp16"], **kw)
+    run_sweep(preset, tmp_path / "s", models=["d32-h4-dp16-fixed"], **kw)  # the other model at the same x
     state = run_sweep(preset, tmp_path / "s", **kw)  # resumes: both runs reused, nothing refused
     assert sorted(state["runs"]) == ["d32-h2-dp16-s0", "d32-h4-dp16-fixed-s0"]
+    # a preset whose point at that x is another model would put two models at one point: refused
+    other = replace(
+        preset, points=[SweepPoint("embedding", "fixed", 32, dict(hidden_size=32, num_attention_heads=8, head_dim=16))]
+    )
+    with pytest.raises(FileExistsError, match="holds a sweep of other models"):
+        run_sweep(other, tmp_path / "s", **kw)
 
 
 def _claims_state(std_ppl: list[float], fix_ppl: list[float], verdict: dict | None) -> dict:

@@ -157,9 +157,13 @@ def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) 
     return gz if gz.is_file() or not (folder / f"{split}.tsv").is_file() else folder / f"{split}.tsv"
 
 
-def majority_class_accuracy(task: str, data_dir: str | os.PathLike | None = None) -> float | None:
+def majority_class_accuracy(
+    task: str, data_dir: str | os.PathLike | None = None, max_examples: int | None = None
+) -> float | None:
     """Dev accuracy of always answering the most frequent dev label, in [0, 1]: the score a
-    classifier that never leaves the majority class reaches (None for STS-B, a regression).
+    classifier that never leaves the majority class reaches (None for STS-B, a regression). With
+    ``max_examples``, on the dev set's first ``max_examples`` (what fine-tuning with
+    ``max_dev_examples`` scores).
 
     Raises:
         ValueError: an unknown task, or a malformed dev file (named).
@@ -169,7 +173,7 @@ def majority_class_accuracy(task: str, data_dir: str | os.PathLike | None = None
 
     if get_glue_task(task).labels is None:
         return None
-    labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev", data_dir), task)]
+    labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev", data_dir), task)][:max_examples]
     return Counter(labels).most_common(1)[0][1] / len(labels)
 
 

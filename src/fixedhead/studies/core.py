@@ -127,18 +127,19 @@ def active_spans(spans: Iterable[Iterable[float]]) -> list[list[float]]:
     return merged
 
 
-def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
+def save_state(path: Path, state: dict, runs: Iterable[dict], others: dict | None = None) -> None:
     """Write ``state`` atomically to ``path`` with its wall time and the training seconds of
     ``runs`` summed, fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``).
 
     The wall time is the length of the union of every invocation's span, from its start to its
-    latest save (``meta.active``, merged with those already in ``path``, which other workers
-    sharing the folder wrote): workers running side by side count once, and the days between a
-    study's sessions do not count. A results file from before the spans were recorded contributes
-    its first start plus its recorded wall time as one span."""
+    latest save (``meta.active``, which :func:`start_meta` carries over from the results it
+    resumes, merged with ``others``: the ``meta`` another worker sharing the folder wrote): workers
+    running side by side count once, and the days between a study's sessions do not count. Results
+    from before the spans were recorded contribute their first start plus their recorded wall time
+    as one span."""
     meta = state["meta"]
     spans = [[meta["invocation_started"], time.time()]]
-    for old in (meta, load_json_file(path).get("meta", {}) if path.is_file() else {}):
+    for old in (meta, others or {}):
         spans += old.get("active") or (
             [[old["first_started"], old["first_started"] + old["total_seconds"]]] if "total_seconds" in old else []
         )

@@ -281,7 +281,7 @@ def run_scaling(
             other = load_json_file(out / RESULTS_FILE) if (out / RESULTS_FILE).is_file() else {}
             for part in ("runs", "tuning", "ranks"):
                 state[part].update({k: v for k, v in other.get(part, {}).items() if k not in state[part]})
-            core.save_state(out / RESULTS_FILE, state, state["runs"].values())
+            core.save_state(out / RESULTS_FILE, state, state["runs"].values(), other.get("meta"))
 
     save()  # the plan before any training
     from ..training.pretrain import lm_config

@@ -22,7 +22,6 @@ turns it into markdown and plots.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -128,12 +127,12 @@ def run_sweep(
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
-    if models is not None:
-        p = only_models(p, models, name, experiments)
+    chosen = only_models(p, models, name, experiments) if models is not None else p
     if architecture is not None:
-        p = as_architecture(p, architecture)
+        p, chosen = as_architecture(p, architecture), as_architecture(chosen, architecture)
     if mup_base_head_dim is not None:
-        p = as_mup(p, mup_base_head_dim)
+        p, chosen = as_mup(p, mup_base_head_dim), as_mup(chosen, mup_base_head_dim)
+    whole, p = p, chosen  # the whole preset's points: what may already stand in the folder
     train = replace(p.train, progress=progress)
     if max_steps is not None:
         steps = core.steps_override("max_steps", max_steps, train.max_steps)
@@ -146,7 +145,8 @@ def run_sweep(
     if ft is not None:
         from ..data.glue import majority_class_accuracy
 
-        majority = majority_class_accuracy(task)  # an unknown task or no dev file fails before hours of pretraining
+        # an unknown task or no dev file fails here, before hours of pretraining
+        majority = majority_class_accuracy(task, max_examples=ft.max_dev_examples)
     runs_plan = plan_runs(p, experiments)
     for _, fields, _ in runs_plan:  # every model buildable and trainable before any slow work
         check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
@@ -162,21 +162,15 @@ def run_sweep(
                 f"{state_file} holds a sweep on other data ({'; '.join(diffs[:4])}); choose another --output-dir"
             )
 
-    # one model per point: runs of another architecture or parametrization would meet these in one report.
-    # A point is its experiment, series, x and model fields (x need not be unique: the embedding
-    # experiment's fixed models share d, one per h, and `--models` may add them one call at a time)
-    def where(experiment, series, x, model=None) -> tuple:
-        return (experiment, series, x) if model is None else (experiment, series, x, json.dumps(model, sort_keys=True))
-
+    # one model per point: runs of another architecture or parametrization would meet these in one
+    # report (a point's x need not be unique: the embedding experiment's fixed models share d, one per h)
     now: dict[tuple, set[str]] = {}
-    for pt in p.points:
-        key = run_key({**p.common, **pt.model})
-        for at in (where(pt.experiment, pt.series, pt.x), where(pt.experiment, pt.series, pt.x, pt.model)):
-            now.setdefault(at, set()).add(key)
+    for pt in whole.points:
+        now.setdefault((pt.experiment, pt.series, pt.x), set()).add(run_key({**whole.common, **pt.model}))
     clash = [
-        (q["key"], sorted(now[at]))
+        (q["key"], sorted(now[xy]))
         for q in previous.get("points", [])
-        if (at := where(q["experiment"], q["series"], q["x"], q.get("model"))) in now and q["key"] not in now[at]
+        if (xy := (q["experiment"], q["series"], q["x"])) in now and q["key"] not in now[xy]
     ]
     if clash:
         raise FileExistsError(
@@ -224,6 +218,12 @@ def run_sweep(
         verdict=dict(rule),
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
         **({"majority_class_accuracy": majority} if ft else {}),
+        # a resumed sweep that skips fine-tuning keeps the rate its fine-tuned runs are read against
+        **(
+            {"majority_class_accuracy": prev_meta["majority_class_accuracy"]}
+            if not ft and "majority_class_accuracy" in prev_meta
+            else {}
+        ),
         **(
             {
                 "learning_rate_selection": {
@@ -276,7 +276,7 @@ def run_sweep(
             state = {"meta": meta, "points": points, "runs": dict(sorted(runs.items()))}
             if tuning:
                 state["tuning"] = dict(sorted(tuning.items()))
-            core.save_state(state_file, state, runs.values())
+            core.save_state(state_file, state, runs.values(), other_meta)
 
     def tune(key, config) -> float:
         """The point's rate: each rate of the grid with the first seed, scored on the validation split."""
