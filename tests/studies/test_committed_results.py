@@ -53,10 +53,11 @@ def test_coordcheck_report_regenerates():
     assert report_markdown(result) == (RESULTS / "coordcheck" / "report.md").read_text()
 
 
-def test_scaling_report_regenerates():
+@pytest.mark.parametrize("folder", ["scaling-cpu", "scaling-llama"])
+def test_scaling_report_regenerates(folder):
     from fixedhead.studies.scaling_report import report_markdown
 
-    assert report_markdown(_state("scaling-cpu")) == (RESULTS / "scaling-cpu" / "report.md").read_text()
+    assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
 
 @pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup"])
