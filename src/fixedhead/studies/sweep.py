@@ -127,12 +127,12 @@ def run_sweep(
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
-    chosen = only_models(p, models, name, experiments) if models is not None else p
+    points = only_models(p, models, name, experiments).points if models is not None else p.points
     if architecture is not None:
-        p, chosen = as_architecture(p, architecture), as_architecture(chosen, architecture)
+        p = as_architecture(p, architecture)
     if mup_base_head_dim is not None:
-        p, chosen = as_mup(p, mup_base_head_dim), as_mup(chosen, mup_base_head_dim)
-    whole, p = p, chosen  # the whole preset's points: what may already stand in the folder
+        p = as_mup(p, mup_base_head_dim)
+    whole, p = p, replace(p, points=points)  # the whole preset's points: what may already stand in the folder
     train = replace(p.train, progress=progress)
     if max_steps is not None:
         steps = core.steps_override("max_steps", max_steps, train.max_steps)
@@ -141,7 +141,7 @@ def run_sweep(
         raise ValueError(f"sweep preset {name!r} has no fine-tuning, so finetune_task={finetune_task!r} does not apply")
     task = finetune_task or p.finetune_task
     ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
-    majority = None
+    majority = None  # the majority-class rate fine-tuned runs are read against
     if ft is not None:
         from ..data.glue import majority_class_accuracy
 
@@ -155,6 +155,8 @@ def run_sweep(
     state_file = out / SWEEP_FILE
     previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
     prev_meta = previous.get("meta", {})
+    if ft is None:  # a resume that skips fine-tuning keeps the rate its fine-tuned runs were read against
+        majority = prev_meta.get("majority_class_accuracy")
     if prev_meta.get("data"):  # results computed on other data would not be comparable
         diffs = settings_differences({"data": prev_meta["data"]}, {"data": data_settings.record()})
         if diffs:
@@ -217,13 +219,7 @@ def run_sweep(
         verdict_rule=rule_text(rule),
         verdict=dict(rule),
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
-        **({"majority_class_accuracy": majority} if ft else {}),
-        # a resumed sweep that skips fine-tuning keeps the rate its fine-tuned runs are read against
-        **(
-            {"majority_class_accuracy": prev_meta["majority_class_accuracy"]}
-            if not ft and "majority_class_accuracy" in prev_meta
-            else {}
-        ),
+        **({"majority_class_accuracy": majority} if majority is not None else {}),
         **(
             {
                 "learning_rate_selection": {
