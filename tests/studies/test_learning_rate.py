@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from fixedhead.studies.learning_rate import DIVERGED, best_rate, choose_rate, parse_rates, rate_grid
+from fixedhead.studies.learning_rate import (
+    DIVERGED,
+    best_rate,
+    choose_rate,
+    parse_rates,
+    rate_grid,
+    shared_rate_cost,
+    shared_rate_text,
+)
 
 
 def test_grid_is_factor_two_around_the_center():
@@ -61,3 +69,24 @@ def test_diverged_runs_count_as_worst_and_trained_rates_are_reused():
     assert (best, bracketed) == (2e-3, True) and losses[4e-3] == DIVERGED
     with pytest.raises(ValueError, match="every learning rate diverged"):
         best_rate({1e-3: DIVERGED, 2e-3: DIVERGED})
+
+
+def test_shared_rate_cost_is_each_models_loss_above_its_own_best_at_rates_all_trained():
+    tuning = {
+        "a": {"chosen": 2e-3, "bracketed": True, "validation_loss": {"0.001": 5.0, "0.002": 4.8, "0.004": None}},
+        "b": {
+            "chosen": 1e-3,
+            "bracketed": True,
+            "validation_loss": {"0.0005": 5.5, "0.001": 4.9, "0.002": 5.2, "0.004": 5.3},
+        },
+    }
+    cost = shared_rate_cost(tuning)
+    assert list(cost) == [1e-3, 2e-3, 4e-3]  # 5e-4 only b trained
+    assert cost[1e-3] == pytest.approx({"a": 0.2, "b": 0.0})
+    assert cost[2e-3] == pytest.approx({"a": 0.0, "b": 0.3})
+    assert cost[4e-3]["a"] == math.inf  # diverged there
+    text = shared_rate_text(tuning)
+    # 1e-3 costs the worst-off model 0.2, 2e-3 costs 0.3, 4e-3 a divergence
+    assert "best single rate, 0.001" in text and "up to 0.200 nats" in text and "`a`" in text
+    assert "mean over models 0.100" in text and "factor 2." in text
+    assert shared_rate_text({"a": tuning["a"]}) == ""

@@ -140,6 +140,39 @@ def choose_rate(
     return best_rate(losses), losses, True
 
 
+def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
+    """What one rate shared by every model would cost each one against its own best: the price of
+    the unfair comparison the per-model choice avoids, and what a μP-style parametrization
+    (:mod:`fixedhead.model.parametrization`) is meant to make small.
+
+    ``tuning``: ``{model: {"validation_loss": losses_record(...)}}``, as studies record it.
+    Returns ``{rate: {model: its validation loss at rate − its lowest, in nats (inf: diverged)}}``
+    for each rate every model trained, ascending (empty when there is none)."""
+    curves = {
+        key: {float(lr): (math.inf if v is None else v) for lr, v in t["validation_loss"].items()}
+        for key, t in tuning.items()
+    }
+    common = set.intersection(*(set(c) for c in curves.values())) if curves else set()
+    return {lr: {key: c[lr] - min(c.values()) for key, c in curves.items()} for lr in sorted(common)}
+
+
+def shared_rate_text(tuning: dict[str, dict]) -> str:
+    """One sentence: the shared rate that costs the worst-off model least, and what it costs
+    (:func:`shared_rate_cost`); "" for fewer than 2 models or no rate they all trained."""
+    costs = shared_rate_cost(tuning)
+    if len(tuning) < 2 or not costs:
+        return ""
+    lr = min(costs, key=lambda r: (max(costs[r].values()), sum(costs[r].values())))
+    worst = max(costs[lr], key=costs[lr].get)
+    chosen = [t["chosen"] for t in tuning.values()]
+    return (
+        f"One rate for every model instead: the best single rate, {lr:g}, would cost up to "
+        f"{costs[lr][worst]:.3f} nats of validation loss (`{worst}`; mean over models "
+        f"{sum(costs[lr].values()) / len(costs[lr]):.3f}); the chosen rates span a factor "
+        f"{max(chosen) / min(chosen):g}."
+    )
+
+
 def plot_learning_rates(
     selection: dict, path: Path, ylabel: str = "validation loss (nats)", title: str | None = None
 ) -> None:

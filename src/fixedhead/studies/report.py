@@ -16,7 +16,7 @@ from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, write_text_atomic
 from . import render
 from .claims import PointStats, claims, collect_points, load_sweep, power_sentence, verdict_rule
-from .learning_rate import plot_learning_rates
+from .learning_rate import plot_learning_rates, shared_rate_text
 from .stats import pm, rule_text
 
 REPORT_MARKERS = ("report.md",)
@@ -188,7 +188,8 @@ def learning_rate_section(state: dict, out: Path) -> list[str]:
         f"Each model trained at every rate of the grid {', '.join(f'{lr:g}' for lr in selection['grid'])} "
         f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split "
         f"({selection['validation_fraction']:g} of the training documents, not the held-out books); rule: "
-        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results.",
+        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results. "
+        + shared_rate_text(tuning),
         "",
         "![validation loss against learning rate](learning_rates.png)",
         "",
