@@ -396,6 +396,7 @@ def _widen_experiment_options(p):
         help="the widened head size (default: the causal threshold ceil((n-1)/2), 16 for n = 32)",
     )
     p.add_argument("--corpus", help="the preset's corpus at another path")
+    _learning_rate_options(p)
 
 
 def _widen_experiment(args):
@@ -405,13 +406,14 @@ def _widen_experiment(args):
     from .studies.widening_report import format_table
 
     out = args.output_dir or f"runs/widen-experiment-{args.preset}"
-    options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite")
+    options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite", "learning_rates", "max_extensions")
     state = run_widening(args.preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
     if args.no_progress:
         print(format_table(state))
     meta = state["meta"]
     print(
-        f"wrote {out}/report.md, results.json and widening.png ({meta['total_seconds']:.0f} s of wall time, "
+        f"wrote {out}/report.md, results.json, widening.png{', learning_rates.png' if state.get('tuning') else ''} "
+        f"({meta['total_seconds']:.0f} s of wall time, "
         f"{meta['compute_seconds']:.0f} s of training)"
     )
 

@@ -157,8 +157,49 @@ def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
         (["--steps", "0"], "steps must be a positive int, got 0"),
         (["--threads", "0"], "threads must be a positive int, got 0"),
         (["--seeds", "-1"], "seed must be an int >= 0, got -1"),
+        (["--learning-rates", "1e-3,2e-3", "--max-extensions", "-1"], "max_extensions must be"),
     ):
         out = tmp_path / "new"
         assert main(["widen-experiment", "--output-dir", str(out), *extra]) == 2
         assert message in _one_line(capsys)
         assert not out.exists()
+
+
+def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tmp_path, monkeypatch):
+    out = tmp_path / "wx"
+    preset = _tiny_preset(small_real_corpus)
+    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test", max_extensions=0)
+    state = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
+    arms = [a["name"] for a in state["meta"]["arms"]]
+    runs, tuning = state["runs"], state["tuning"]
+    assert set(tuning) == set(arms)
+    for arm in arms:
+        # seed 1 at both rates; the chosen one is the lower validation loss of those two runs
+        losses = {lr: runs[f"{arm}-lr{lr:g}-s1"]["validation_loss"] for lr in (2e-3, 8e-3)}
+        assert tuning[arm]["chosen"] == min(losses, key=losses.get)
+        assert tuning[arm]["validation_loss"] == {f"{lr:g}": v for lr, v in losses.items()}
+        assert not tuning[arm]["bracketed"]  # a two-rate grid without extensions always ends at an edge
+        chosen = tuning[arm]["chosen"]
+        assert runs[f"{arm}-lr{chosen:g}-s2"]["learning_rate"] == chosen
+    assert len(runs) == len(arms) * 3  # seed 2 only at each arm's chosen rate
+    # results: each arm's seeds at its chosen rate only
+    rows = {r["arm"]: r for r in WR.summarize(state)}
+    for arm in arms:
+        chosen = tuning[arm]["chosen"]
+        expected = [runs[f"{arm}-lr{chosen:g}-s{s}"]["heldout_loss"] for s in (1, 2)]
+        assert rows[arm]["losses"] == expected
+    report = (out / "report.md").read_text()
+    assert "## A learning rate per arm" in report and "each arm its own (below)" in report
+    assert (out / "learning_rates.png").stat().st_size > 1000
+    assert state["meta"]["settings"]["data"]["validation_fraction"] > 0  # no run trains on the validation split
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(P, "atomic_checkpoint_trainer", no_training)
+    again = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
+    assert again["tuning"] == tuning
+    with pytest.raises(FileExistsError, match="other settings"):
+        W.run_widening(preset, out, seeds=[1, 2], learning_rates="1e-3,2e-3", **kw)
+    with pytest.raises(FileExistsError, match="other settings"):
+        W.run_widening(preset, out, seeds=[1, 2], **kw)

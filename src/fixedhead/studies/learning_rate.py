@@ -173,6 +173,42 @@ def shared_rate_text(tuning: dict[str, dict]) -> str:
     )
 
 
+def selection_markdown(selection: dict, tuning: dict[str, dict], what: str = "model") -> list[str]:
+    """A report's section on the rate each ``what`` (model, arm) chose: the rule, the shared-rate
+    cost (:func:`shared_rate_text`), ``learning_rates.png`` and a table of every validation loss.
+    ``selection``: ``{"grid", "seed", "validation_fraction", "rule"}`` as studies record it."""
+    rates = sorted({float(lr) for t in tuning.values() for lr in t["validation_loss"]})
+
+    def cell(losses: dict, lr: float) -> str:
+        if f"{lr:g}" not in losses:
+            return "–"
+        v = losses[f"{lr:g}"]
+        return "diverged" if v is None else f"{v:.4f}"
+
+    rows = [
+        [
+            f"`{key}`",
+            *(cell(t["validation_loss"], lr) for lr in rates),
+            f"**{t['chosen']:g}**" + ("" if t["bracketed"] else " (at an edge)"),
+        ]
+        for key, t in tuning.items()
+    ]
+    return [
+        f"## A learning rate per {what}",
+        "",
+        f"Each {what} trained at every rate of the grid {', '.join(f'{lr:g}' for lr in selection['grid'])} "
+        f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split "
+        f"({selection['validation_fraction']:g} of the training documents, not the held-out books); rule: "
+        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results. "
+        + shared_rate_text(tuning).replace("every model", f"every {what}").replace("over models", f"over {what}s"),
+        "",
+        "![validation loss against learning rate](learning_rates.png)",
+        "",
+        *render.table([what, *(f"lr {lr:g}" for lr in rates), "chosen"], rows),
+        "",
+    ]
+
+
 def plot_learning_rates(
     selection: dict, path: Path, ylabel: str = "validation loss (nats)", title: str | None = None
 ) -> None:

@@ -16,7 +16,7 @@ from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, write_text_atomic
 from . import render
 from .claims import PointStats, claims, collect_points, load_sweep, power_sentence, verdict_rule
-from .learning_rate import plot_learning_rates, shared_rate_text
+from .learning_rate import plot_learning_rates, selection_markdown
 from .stats import pm, rule_text
 
 REPORT_MARKERS = ("report.md",)
@@ -159,43 +159,13 @@ def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[st
 
 
 def learning_rate_section(state: dict, out: Path) -> list[str]:
-    """The rate each model chose (its validation loss at every rate of the grid) as a table and
-    ``learning_rates.png``."""
-    selection = state["meta"]["learning_rate_selection"]
-    tuning = state["tuning"]
+    """The rate each model chose as ``learning_rates.png`` and its markdown section
+    (:func:`~fixedhead.studies.learning_rate.selection_markdown`)."""
+    selection, tuning = state["meta"]["learning_rate_selection"], state["tuning"]
     plot_learning_rates(
         {"models": tuning, "validation_fraction": selection["validation_fraction"]}, out / "learning_rates.png"
     )
-    rates = sorted({float(lr) for t in tuning.values() for lr in t["validation_loss"]})
-
-    def cell(losses: dict, lr: float) -> str:
-        if f"{lr:g}" not in losses:
-            return "–"
-        v = losses[f"{lr:g}"]
-        return "diverged" if v is None else f"{v:.4f}"
-
-    rows = [
-        [
-            f"`{key}`",
-            *(cell(t["validation_loss"], lr) for lr in rates),
-            f"**{t['chosen']:g}**" + ("" if t["bracketed"] else " (at an edge)"),
-        ]
-        for key, t in tuning.items()
-    ]
-    return [
-        "## A learning rate per model",
-        "",
-        f"Each model trained at every rate of the grid {', '.join(f'{lr:g}' for lr in selection['grid'])} "
-        f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split "
-        f"({selection['validation_fraction']:g} of the training documents, not the held-out books); rule: "
-        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results. "
-        + shared_rate_text(tuning),
-        "",
-        "![validation loss against learning rate](learning_rates.png)",
-        "",
-        *render.table(["model", *(f"lr {lr:g}" for lr in rates), "chosen"], rows),
-        "",
-    ]
+    return selection_markdown(selection, tuning)
 
 
 def _majority_rate(meta: dict, task: str) -> float | None:

@@ -22,6 +22,11 @@ for every arm, so arms are compared on the same batches) and the new random weig
 widened models. The base is one run (its own seed), so the spread over seeds is the continuation's
 noise given that base, not the noise of training a base.
 
+With a learning-rate grid (``learning_rates``) each arm's continuation first trains at every rate
+of the grid with the first seed and keeps the rate of lowest loss on a validation split of the
+training documents (:mod:`fixedhead.studies.learning_rate`; the base then trains without that split
+too); every seed then continues at its arm's rate, and only those runs are results.
+
 Every run is scored on every next token of the same held-out books, beside the unigram reference.
 Arm B against arm A is judged by :func:`fixedhead.studies.stats.pooled_verdict` (fixed before the
 committed run). The runs (``base/``, ``start/ARM-sSEED/``, ``continue/ARM-sSEED/``) stay in the
@@ -36,6 +41,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..checks import non_negative_int
 from ..data import DataSettings, prepare_data
 from ..data.lm import unigram_perplexity
 from ..model.configuration import FixedHeadConfig
@@ -43,17 +49,18 @@ from ..model.flops import training_flops
 from ..model.modeling import count_parameters
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ..theory import causal_threshold
-from ..training.evaluate import load_run
+from ..training.evaluate import DivergedError, load_run
 from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
 from . import core
+from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
 from .stats import RULE_STDS
 from .widening_arms import make_arms, max_logit_change, write_start
 from .widening_report import PLOT_FILE, REPORT_FILE, format_table, write_outputs
 
 RESULTS_FILE = "results.json"
-OWNED = (REPORT_FILE, PLOT_FILE, "base", "start", "continue")
+OWNED = (REPORT_FILE, PLOT_FILE, "learning_rates.png", "base", "start", "continue")
 
 
 # ----------------------------------------------------------------------------------- design
@@ -125,9 +132,10 @@ def get_widening_preset(name: str) -> WideningPreset:
 
 
 # ------------------------------------------------------------------------------------ runner
-def settings_record(p: WideningPreset, wide_head_dim: int) -> dict:
+def settings_record(p: WideningPreset, wide_head_dim: int, selection: dict | None = None) -> dict:
     """The settings record stored runs are reused under: data, model, both recipes (seeds aside),
-    wide size (through JSON, as results.json reads it back)."""
+    wide size and, where arms choose their rates, the grid ``selection`` (through JSON, as
+    results.json reads it back)."""
 
     def recipe(t):
         return {k: v for k, v in asdict(t).items() if k not in ("seed", "progress")}
@@ -138,6 +146,7 @@ def settings_record(p: WideningPreset, wide_head_dim: int) -> dict:
         "base": {**recipe(p.base), "seed": p.base.seed},
         "continuation": recipe(p.continuation),
         "wide_head_dim": wide_head_dim,
+        **({"learning_rate_selection": selection} if selection else {}),
     }
     return json.loads(json.dumps(record, default=str))
 
@@ -171,6 +180,8 @@ def run_widening(
     progress: bool = True,
     cache_dir=None,
     command: str | None = None,
+    learning_rates: str | list[float] | None = None,
+    max_extensions: int = 3,
 ) -> dict:
     """Train the base, continue it in every arm for every seed (or reuse finished runs); write the
     results, the report and the plot.
@@ -184,12 +195,16 @@ def run_widening(
         wide_head_dim: the widened head size (default: the preset's, else ⌈(n − 1)/2⌉).
         corpus: another corpus path (the same text, e.g. moved).
         overwrite: delete this experiment's earlier runs and results in the folder first.
+        learning_rates: a grid (``"5e-4,1e-3,2e-3,4e-3"`` or numbers): each arm's continuation rate
+            is chosen on a validation split with the first seed (runs ``ARM-lrX-sSEED``); None: the
+            preset's one rate for every arm (runs ``ARM-sSEED``).
+        max_extensions: rates added past an edge of the grid at most.
 
     Returns:
         The content of ``results.json``: ``meta``, ``unigram_perplexity``, ``base`` and ``runs``.
 
     Raises:
-        ValueError: bad seeds, steps or sizes, or a preset that is not a causal standard-head model.
+        ValueError: bad seeds, steps, sizes or rates, or a preset that is not a causal standard-head model.
         FileExistsError: the folder holds other files, or runs of other settings (without ``overwrite``).
     """
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
@@ -209,16 +224,27 @@ def run_widening(
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
     make_arms(probe, wide)  # refuses a bad wide size before anything is written
+    rates = parse_rates(learning_rates) if learning_rates is not None else None
+    selection = None
+    if rates is not None:
+        p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
+        selection = {
+            "grid": rates,
+            "max_extensions": non_negative_int("max_extensions", max_extensions),
+            "validation_fraction": p.data.validation_fraction,
+            "seed": p.seeds[0],
+            "rule": RULE,
+        }
 
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
-    what = "data, model, recipes or wide head size"
+    what = "data, model, recipes, wide head size or learning-rate grid"
     previous, meta = core.resume(
         state_file,
         preset,
         p.description,
         command,
-        settings_record(p, wide),
+        settings_record(p, wide, selection),
         what,
         same_settings,
         overwrite,
@@ -248,12 +274,12 @@ def run_widening(
     save()  # the marker first: an interrupted experiment's folder is recognised as its own
 
     base_dir = out / "base"
-    plan = core.seed_major(arms, p.seeds)
     if progress:
+        continuations = len(arms) * (len(p.seeds) + (len(rates) - 1 if rates else 0))
         print(
             f"\n[base] {base_dir}: d={config.hidden_size}, h={config.num_attention_heads}, "
             f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters, "
-            f"{p.base.max_steps} steps; then {len(plan)} continuations of {p.continuation.max_steps} steps",
+            f"{p.base.max_steps} steps; then {continuations}+ continuations of {p.continuation.max_steps} steps",
             flush=True,
         )
     base = train_or_reuse(config, data, base_dir, replace(p.base, progress=progress))
@@ -267,22 +293,21 @@ def run_widening(
 
     base_model = load_run(base_dir)[0].eval()
 
-    def done(arm, seed):
-        return (
-            f"{arm.name}-s{seed}" in state["runs"]
-            and (out / "continue" / f"{arm.name}-s{seed}" / METRICS_FILE).is_file()
-        )
-
-    for i, arm, seed in core.pending(plan, done):
-        key = f"{arm.name}-s{seed}"
+    def continue_arm(arm, seed: int, lr: float | None) -> dict:
+        """One continuation (reused when finished): ``lr`` None is the preset's rate."""
+        key = f"{arm.name}-s{seed}" if lr is None else f"{arm.name}-lr{lr:g}-s{seed}"
         run_dir = out / "continue" / key
+        if key in state["runs"] and (run_dir / METRICS_FILE).is_file():
+            return state["runs"][key]
         if arm.head_dim is None and arm.intermediate_size is None:
             start, change = base_dir, 0.0
         else:
-            start = out / "start" / key
+            start = out / "start" / f"{arm.name}-s{seed}"  # the same start at every rate
             write_start(base_dir, arm, seed, start)
             change = max_logit_change(base_model, start, data.heldout[:16])
         train = replace(p.continuation, seed=seed, progress=progress)
+        if lr is not None:
+            train = replace(train, learning_rate=lr)
         result = pretrain(None, data, run_dir, train, resume=(run_dir / PRETRAIN_FILE).is_file(), init_from=start)
         run_config = open_run(run_dir).config
         state["runs"][key] = {
@@ -294,6 +319,7 @@ def run_widening(
             },
             "arm": arm.name,
             "seed": seed,
+            "learning_rate": train.learning_rate,
             "layer_head_dims": run_config.layer_head_dims,
             "intermediate_size": run_config.intermediate_size,
             "flops": training_flops(run_config, result["training_tokens"], n),
@@ -302,12 +328,35 @@ def run_widening(
         save()
         if progress:
             print(
-                f"[{i}/{len(plan)}] {key}: d_p {run_config.layer_head_dims}, FFN {run_config.intermediate_size}, "
+                f"{key}: d_p {run_config.layer_head_dims}, FFN {run_config.intermediate_size}, "
                 f"{result['parameters']:,} parameters; held-out loss {result['heldout_loss']:.4f} "
                 f"(ppl {result['heldout_perplexity']:.1f}); start max |Δlogits| {change:.1e}; "
                 f"{result['train_seconds']:.0f} s",
                 flush=True,
             )
+        return state["runs"][key]
+
+    chosen = {arm.name: None for arm in arms}
+    if rates is not None:
+        state["tuning"] = {k: v for k, v in previous.get("tuning", {}).items() if k in chosen}
+
+        def validation_loss(arm, lr: float) -> float:
+            try:
+                return continue_arm(arm, p.seeds[0], lr)["validation_loss"]
+            except DivergedError:
+                return DIVERGED
+
+        for arm in arms:
+            best, losses, bracketed = choose_rate(lambda lr, a=arm: validation_loss(a, lr), rates, max_extensions)
+            state["tuning"][arm.name] = {
+                "chosen": best,
+                "bracketed": bracketed,
+                "validation_loss": losses_record(losses),
+            }
+            chosen[arm.name] = best
+            save()
+    for seed, arm in ((s, a) for s in p.seeds for a in arms):  # seed-major: a cut-short study has whole seeds
+        continue_arm(arm, seed, chosen[arm.name])
     save()
     write_outputs(state, out)
     if progress:

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
 from . import render
+from .learning_rate import plot_learning_rates, selection_markdown
 from .stats import RULE_STDS, mean_std, pm, pooled_verdict
 
 REPORT_FILE = "report.md"
@@ -28,9 +29,18 @@ COMPARISONS = [
 
 
 def _arm_runs(state: dict, arm: str) -> list[dict]:
+    """The arm's result runs: the study's seeds, at the arm's chosen rate where arms chose one (none
+    before the arm has chosen)."""
     seeds = state["meta"]["seeds"]
+    tuned = "tuning" in state
+    chosen = state.get("tuning", {}).get(arm, {}).get("chosen")
     return sorted(
-        (r for r in state["runs"].values() if r["arm"] == arm and r["seed"] in seeds), key=lambda r: r["seed"]
+        (
+            r
+            for r in state["runs"].values()
+            if r["arm"] == arm and r["seed"] in seeds and (not tuned or r.get("learning_rate") == chosen)
+        ),
+        key=lambda r: r["seed"],
     )
 
 
@@ -134,8 +144,15 @@ def format_table(state: dict) -> str:
 
 
 def write_outputs(state: dict, out: Path) -> None:
-    """``report.md`` and ``widening.png`` in ``out`` (``results.json`` is written as runs finish)."""
+    """``report.md``, ``widening.png`` and, where arms chose their rates, ``learning_rates.png`` in
+    ``out`` (``results.json`` is written as runs finish)."""
     plot(state, out / PLOT_FILE)
+    if state.get("tuning"):
+        selection = state["meta"]["settings"]["learning_rate_selection"]
+        plot_learning_rates(
+            {"models": state["tuning"], "validation_fraction": selection["validation_fraction"]},
+            out / "learning_rates.png",
+        )
     write_text_atomic(out / REPORT_FILE, report_markdown(state))
 
 
@@ -221,7 +238,8 @@ def report_markdown(state: dict) -> str:
         f"{base_recipe['seed']}",
         f"- every continuation: {cont['max_steps']} more steps × {cont['batch_size']} sequences "
         f"({meta['continuation_tokens']:,} tokens) from the base's weights with a fresh optimizer and the same "
-        f"recipe (lr {cont['learning_rate']}, warm-up {cont['warmup_ratio']:.0%} then linear decay)",
+        f"recipe (lr {'each arm its own (below)' if state.get('tuning') else cont['learning_rate']}, warm-up "
+        f"{cont['warmup_ratio']:.0%} then linear decay)",
         f"- seeds {meta['seeds']}: seed s is the continuation's data order (the same batches in every arm) and "
         f"the new random weights of a widened model; the base is one run, so the spread over seeds is the "
         f"continuation's noise given this base",
@@ -257,6 +275,10 @@ def report_markdown(state: dict) -> str:
         "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
         "description of the pairs, not part of the verdict rule, which compares the arms' means and spreads.",
         "",
+    ]
+    if state.get("tuning"):
+        L += selection_markdown(settings["learning_rate_selection"], state["tuning"], "arm")
+    L += [
         "## Verdicts",
         "",
         *render.table(
