@@ -217,8 +217,9 @@ def _learning_rate_options(p):
         "--learning-rates",
         type=_rates,
         metavar="X,X,...",
-        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model trains at every rate and keeps the one with the "
-        "lowest loss on a validation split of the training documents (the grid grows past an edge)",
+        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model (arm) trains at every rate with the first seed and "
+        "keeps the one with the lowest loss on a validation split of the training documents (the grid grows "
+        "past an edge); every seed then trains at that rate",
     )
     g.add_argument(
         "--max-extensions", type=int, default=3, metavar="N", help="rates added past an edge at most (default 3)"

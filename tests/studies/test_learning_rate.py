@@ -19,6 +19,7 @@ def test_grid_is_factor_two_around_the_center():
     assert rate_grid(1e-3) == [5e-4, 1e-3, 2e-3, 4e-3]
     assert rate_grid(1e-3, points=5) == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
     assert parse_rates("2e-3, 5e-4,1e-3,1e-3") == [5e-4, 1e-3, 2e-3]
+    assert parse_rates("1e-3,1.0000001e-3,2e-3") == [1e-3, 2e-3]  # rates that print alike (run names) are one
     for bad, message in [("1e-3", "at least 2 rates"), ("1e-3,fast", "'fast' is not a number"), ("0,1e-3", "positive")]:
         with pytest.raises(ValueError, match=message):
             parse_rates(bad)

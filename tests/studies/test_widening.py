@@ -19,6 +19,7 @@ from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
 from fixedhead.model.surgery import widen_feed_forward
 from fixedhead.theory import causal_threshold
+from fixedhead.training.evaluate import DivergedError
 
 P = importlib.import_module("fixedhead.training.pretrain")  # the module (fixedhead.training.pretrain is the function)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -169,19 +170,29 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
     out = tmp_path / "wx"
     preset = _tiny_preset(small_real_corpus)
     kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test", max_extensions=0)
+    real_pretrain = W.pretrain
+
+    def wide_all_diverges_at_8e3(config, data, run_dir, train, **k):
+        if run_dir.name == "wide-all-lr0.008-s1":
+            raise DivergedError("loss is nan")
+        return real_pretrain(config, data, run_dir, train, **k)
+
+    monkeypatch.setattr(W, "pretrain", wide_all_diverges_at_8e3)
     state = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
     arms = [a["name"] for a in state["meta"]["arms"]]
     runs, tuning = state["runs"], state["tuning"]
     assert set(tuning) == set(arms)
-    for arm in arms:
+    assert tuning["wide-all"]["chosen"] == 2e-3 and tuning["wide-all"]["validation_loss"]["0.008"] is None
+    for arm in [a for a in arms if a != "wide-all"]:
         # seed 1 at both rates; the chosen one is the lower validation loss of those two runs
         losses = {lr: runs[f"{arm}-lr{lr:g}-s1"]["validation_loss"] for lr in (2e-3, 8e-3)}
         assert tuning[arm]["chosen"] == min(losses, key=losses.get)
         assert tuning[arm]["validation_loss"] == {f"{lr:g}": v for lr, v in losses.items()}
         assert not tuning[arm]["bracketed"]  # a two-rate grid without extensions always ends at an edge
+    for arm in arms:
         chosen = tuning[arm]["chosen"]
         assert runs[f"{arm}-lr{chosen:g}-s2"]["learning_rate"] == chosen
-    assert len(runs) == len(arms) * 3  # seed 2 only at each arm's chosen rate
+    assert len(runs) == len(arms) * 3 - 1  # seed 2 only at each arm's chosen rate; the diverged run left none
     # results: each arm's seeds at its chosen rate only
     rows = {r["arm"]: r for r in WR.summarize(state)}
     for arm in arms:
@@ -194,12 +205,13 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
     assert state["meta"]["settings"]["data"]["validation_fraction"] > 0  # no run trains on the validation split
 
     def no_training(*a, **k):
-        raise AssertionError("a finished run was trained again")
+        raise AssertionError("a finished or diverged run was trained again")
 
-    monkeypatch.setattr(P, "atomic_checkpoint_trainer", no_training)
+    monkeypatch.setattr(W, "pretrain", no_training)
     again = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
     assert again["tuning"] == tuning
+    # another seed added later keeps the choices; another first seed would have chosen otherwise
+    with pytest.raises(FileExistsError, match="chose their rates with seed 1, this call's first seed is 2"):
+        W.run_widening(preset, out, seeds=[2, 1], learning_rates="2e-3,8e-3", **kw)
     with pytest.raises(FileExistsError, match="other settings"):
         W.run_widening(preset, out, seeds=[1, 2], learning_rates="1e-3,2e-3", **kw)
-    with pytest.raises(FileExistsError, match="other settings"):
-        W.run_widening(preset, out, seeds=[1, 2], **kw)

@@ -77,7 +77,7 @@ def parse_rates(text: str | Iterable[float]) -> list[float]:
             value = float(p)
         except (TypeError, ValueError):
             raise ValueError(f"learning rate {p!r} is not a number") from None
-        rates.append(positive_float("learning rate", value))
+        rates.append(_round(positive_float("learning rate", value)))  # rates that print alike are one rate
     rates = sorted(set(rates))
     if len(rates) < 2:
         raise ValueError(f"a learning-rate grid needs at least 2 rates, got {rates}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from ..checks import non_negative_int
@@ -201,11 +202,14 @@ def run_widening(
         max_extensions: rates added past an edge of the grid at most.
 
     Returns:
-        The content of ``results.json``: ``meta``, ``unigram_perplexity``, ``base`` and ``runs``.
+        The content of ``results.json``: ``meta``, ``unigram_perplexity``, ``base``, ``runs`` and,
+        with a grid, ``tuning`` (each arm's validation loss per rate and its chosen rate).
 
     Raises:
-        ValueError: bad seeds, steps, sizes or rates, or a preset that is not a causal standard-head model.
-        FileExistsError: the folder holds other files, or runs of other settings (without ``overwrite``).
+        ValueError: bad seeds, steps, sizes, rates or extensions, or a preset that is not a causal
+            standard-head model.
+        FileExistsError: the folder holds other files, or runs of other settings (without
+            ``overwrite``), or arms that chose their rates with another first seed.
     """
     p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
     p.seeds = core.seeds_override(seeds, p.seeds)
@@ -224,17 +228,13 @@ def run_widening(
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
     make_arms(probe, wide)  # refuses a bad wide size before anything is written
+    non_negative_int("max_extensions", max_extensions)
     rates = parse_rates(learning_rates) if learning_rates is not None else None
     selection = None
     if rates is not None:
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
-        selection = {
-            "grid": rates,
-            "max_extensions": non_negative_int("max_extensions", max_extensions),
-            "validation_fraction": p.data.validation_fraction,
-            "seed": p.seeds[0],
-            "rule": RULE,
-        }
+        grid = {"grid": rates, "max_extensions": max_extensions, "validation_fraction": p.data.validation_fraction}
+        selection = {**grid, "seed": p.seeds[0], "rule": RULE}
 
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
@@ -244,7 +244,7 @@ def run_widening(
         preset,
         p.description,
         command,
-        settings_record(p, wide, selection),
+        settings_record(p, wide, grid if rates is not None else None),  # seeds may change; the first is checked below
         what,
         same_settings,
         overwrite,
@@ -255,6 +255,14 @@ def run_widening(
         rule={"stds": RULE_STDS},
         continuation_tokens=p.continuation.max_steps * p.continuation.batch_size * n,
     )
+    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
+    if rates is not None and previous.get("tuning") and chose_with != p.seeds[0]:
+        raise FileExistsError(
+            f"{state_file}: the arms chose their rates with seed {chose_with}, this call's first seed is "
+            f"{p.seeds[0]}; pass {chose_with} first in --seeds, or choose another --output-dir"
+        )
+    if selection:
+        meta["learning_rate_selection"] = selection
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
     out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
     config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
@@ -347,7 +355,11 @@ def run_widening(
                 return DIVERGED
 
         for arm in arms:
-            best, losses, bracketed = choose_rate(lambda lr, a=arm: validation_loss(a, lr), rates, max_extensions)
+            # rates recorded before (a rerun) are not trained again, a diverged one included
+            done = state["tuning"].get(arm.name, {}).get("validation_loss", {})
+            done = {float(lr): DIVERGED if v is None else v for lr, v in done.items()}
+            train = partial(validation_loss, arm)
+            best, losses, bracketed = choose_rate(train, rates, max_extensions, losses=done)
             state["tuning"][arm.name] = {
                 "chosen": best,
                 "bracketed": bracketed,

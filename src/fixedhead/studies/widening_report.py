@@ -148,7 +148,7 @@ def write_outputs(state: dict, out: Path) -> None:
     ``out`` (``results.json`` is written as runs finish)."""
     plot(state, out / PLOT_FILE)
     if state.get("tuning"):
-        selection = state["meta"]["settings"]["learning_rate_selection"]
+        selection = state["meta"]["learning_rate_selection"]
         plot_learning_rates(
             {"models": state["tuning"], "validation_fraction": selection["validation_fraction"]},
             out / "learning_rates.png",
@@ -277,7 +277,7 @@ def report_markdown(state: dict) -> str:
         "",
     ]
     if state.get("tuning"):
-        L += selection_markdown(settings["learning_rate_selection"], state["tuning"], "arm")
+        L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "arm")
     L += [
         "## Verdicts",
         "",
