@@ -60,7 +60,7 @@ def test_scaling_report_regenerates(folder):
     assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
 
-@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup"])
+@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup", "sweep-mlm-mup"])
 def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 

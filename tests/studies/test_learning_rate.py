@@ -91,3 +91,5 @@ def test_shared_rate_cost_is_each_models_loss_above_its_own_best_at_rates_all_tr
     assert "best single rate, 0.001" in text and "up to 0.200 nats" in text and "`a`" in text
     assert "mean over models 0.100" in text and "factor 2." in text
     assert shared_rate_text({"a": tuning["a"]}) == ""
+    same = {"a": tuning["a"], "c": {**tuning["b"], "chosen": 2e-3}}  # no rate costs anyone anything
+    assert shared_rate_text(same).startswith("The chosen rate is the same for every model, 0.002")

@@ -145,6 +145,16 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     (tmp_path / "no-ft" / SWEEP_FILE).write_text(json.dumps(no_ft))
     write_report(tmp_path / "no-ft")
     assert not (tmp_path / "no-ft" / "finetune_vs_perplexity.png").exists()
+    # a sweep of one experiment (--experiments head_size) draws and links only that experiment's plot
+    only = json.loads(json.dumps(saved))
+    only["points"] = [p for p in only["points"] if p["experiment"] == "head_size"]
+    assert only["points"] and len(only["points"]) < len(saved["points"])
+    (tmp_path / "head-size").mkdir()
+    (tmp_path / "head-size" / SWEEP_FILE).write_text(json.dumps(only))
+    text = write_report(tmp_path / "head-size").read_text()
+    assert (tmp_path / "head-size" / "head_size.png").exists() and "(head_size.png)" in text
+    for png in ("heads.png", "params.png"):
+        assert not (tmp_path / "head-size" / png).exists() and f"({png})" not in text
 
     # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
     calls = []

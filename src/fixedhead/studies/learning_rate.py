@@ -158,13 +158,16 @@ def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
 
 def shared_rate_text(tuning: dict[str, dict]) -> str:
     """One sentence: the shared rate that costs the worst-off model least, and what it costs
-    (:func:`shared_rate_cost`); "" for fewer than 2 models or no rate they all trained."""
+    (:func:`shared_rate_cost`), or that it costs nothing where every model chose the same rate; "" for
+    fewer than 2 models or no rate they all trained."""
     costs = shared_rate_cost(tuning)
     if len(tuning) < 2 or not costs:
         return ""
     lr = min(costs, key=lambda r: (max(costs[r].values()), sum(costs[r].values())))
     worst = max(costs[lr], key=costs[lr].get)
     chosen = [t["chosen"] for t in tuning.values()]
+    if len(set(chosen)) == 1:
+        return f"The chosen rate is the same for every model, {chosen[0]:g}: one shared rate would have cost nothing."
     return (
         f"One rate for every model instead: the best single rate, {lr:g}, would cost up to "
         f"{costs[lr][worst]:.3f} nats of validation loss (`{worst}`; mean over models "

@@ -199,9 +199,13 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
     lm = "causal-LM" if causal else "MLM"
-    plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"), lm)
-    plot_params(series, out / "params.png", meta.get("unigram_perplexity"), lm)
-    # the head-size experiment and fine-tuning are plotted only where the sweep has them
+    # each experiment and fine-tuning are plotted only where the sweep has them
+    has_heads = any(series.get(("heads", kind)) for kind in ("standard", "fixed"))
+    has_embedding = any(series.get(("embedding", kind)) for kind in ("standard", "fixed"))
+    if has_heads:
+        plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"), lm)
+    if has_embedding:
+        plot_params(series, out / "params.png", meta.get("unigram_perplexity"), lm)
     has_head_size = bool(series.get(("head_size", "fixed")))
     has_finetune = any("finetune" in r for r in state["runs"].values())
     if has_head_size:
@@ -310,17 +314,20 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         *render.table(["paper claim", "our measurement", "verdict"], [[c, m, f"**{v}**"] for c, m, v in claims(state)]),
     ]
     table_task = task if has_finetune else None
-    L += ["", "## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
+    L += [""]
+    if has_heads:
+        L += ["## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
     for kind in ("standard", "fixed"):
         pts = series.get(("heads", kind), [])
         if pts:
             L += [f"**{kind}**", ""] + points_table(pts, "h", table_task) + [""]
-    L += [
-        "## Embedding size against parameter count (paper Fig. 1 and 2)",
-        "",
-        "![perplexity vs parameters](params.png)",
-        "",
-    ]
+    if has_embedding:
+        L += [
+            "## Embedding size against parameter count (paper Fig. 1 and 2)",
+            "",
+            "![perplexity vs parameters](params.png)",
+            "",
+        ]
     for kind in ("standard", "fixed"):
         pts = series.get(("embedding", kind), [])
         if pts:
