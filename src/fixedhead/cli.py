@@ -368,6 +368,7 @@ def _farthest_point_options(p):
     from .studies.farthest_point import SYNTHETIC_PRESETS
 
     add_study_options(p, SYNTHETIC_PRESETS, "default", "runs/farthest-point-PRESET", quick=True)
+    _learning_rate_options(p)
 
 
 def _farthest_point(args):
@@ -377,11 +378,16 @@ def _farthest_point(args):
 
     preset = "quick" if args.quick else args.preset
     out = args.output_dir or f"runs/farthest-point-{preset}"
-    state = run_farthest_point(preset, out, progress=not args.no_progress, **_pick(args, "seeds", "steps", "overwrite"))
+    state = run_farthest_point(
+        preset,
+        out,
+        progress=not args.no_progress,
+        **_pick(args, "seeds", "steps", "overwrite", "learning_rates", "max_extensions"),
+    )
     print(format_grid(state))
     meta = state["meta"]
     print(
-        f"wrote {out}/report.md, results.json, results.csv and three PNGs ({meta['total_seconds']:.0f} s of wall "
+        f"wrote {out}/report.md, results.json, results.csv and its plots ({meta['total_seconds']:.0f} s of wall "
         f"time, {meta['compute_seconds']:.0f} s of training)"
     )
 

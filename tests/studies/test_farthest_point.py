@@ -7,6 +7,7 @@ numbers live in docs/results/synthetic/, with their seeds.
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -275,3 +276,36 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     assert "steps must be a positive int, got 0" in capsys.readouterr().err
     assert main(["farthest-point", "--quick", "--output-dir", str(tmp_path / "b"), "--threads", "0"]) == 2
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before writing
+
+
+def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
+    """With a grid, each cell trains every rate with the first seed, keeps the lowest final MSE on the
+    curve sets (not the eval sets results are scored on), and the other seeds train at that rate."""
+    out = tmp_path / "fp"
+    preset = replace(S.get_synthetic_preset("quick"), seeds=(0, 1))
+    state = S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0)
+    cells = preset.cells()
+    assert set(state["tuning"]) == {c.key for c in cells} and len(state["lr_grid"]) == 2 * len(cells)
+    for c in cells:
+        curve_mse = {lr: state["lr_grid"][f"{c.key}-lr{lr:g}"]["curve"][-1][1] for lr in (1e-3, 3e-2)}
+        best = min(curve_mse, key=curve_mse.get)
+        assert state["tuning"][c.key]["chosen"] == best
+        assert state["tuning"][c.key]["validation_loss"] == pytest.approx({f"{lr:g}": v for lr, v in curve_mse.items()})
+        assert state["runs"][f"{c.key}-s0"] == state["lr_grid"][f"{c.key}-lr{best:g}"]
+        assert state["runs"][f"{c.key}-s1"]["learning_rate"] == best  # the other seed at the chosen rate
+    assert len(state["runs"]) == 2 * len(cells)  # only chosen-rate runs are results
+    report = (out / "report.md").read_text()
+    assert "## A learning rate per cell" in report and (out / "learning_rates.png").stat().st_size > 0
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(S, "train_cell", no_training)
+    again = S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0)
+    assert again["runs"] == state["runs"] and again["tuning"] == state["tuning"]
+    with pytest.raises(FileExistsError, match="chose their rates with seed 0"):
+        S.run_farthest_point(
+            replace(preset, seeds=(1, 0)), out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0
+        )
+    with pytest.raises(FileExistsError, match="other settings"):
+        S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,1e-2", max_extensions=0)

@@ -29,15 +29,25 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ..checks import non_negative_int
 from ..data.synthetic import FarthestPointTask
 from ..plotting import pyplot, save_figure
 from ..runs import write_text_atomic
 from . import core, render
+from .learning_rate import (
+    DIVERGED,
+    RULE,
+    choose_rate,
+    losses_record,
+    parse_rates,
+    plot_learning_rates,
+    selection_markdown,
+)
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 from .stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
 
 RESULTS_FILE = "results.json"
-OWNED = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "report.md")
+OWNED = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "learning_rates.png", "report.md")
 
 
 @dataclass(frozen=True)
@@ -108,10 +118,12 @@ def get_synthetic_preset(name: str) -> FarthestPointPreset:
 
 
 # ------------------------------------------------------------------------------------ runner
-def settings_record(p: FarthestPointPreset) -> dict:
-    """The settings record stored runs are reused under: the task sizes and the recipe (through JSON,
-    so that it compares equal to what results.json reads back: tuples become lists)."""
-    return json.loads(json.dumps({"dim": p.dim, "num_points": p.num_points, "recipe": asdict(p.recipe)}))
+def settings_record(p: FarthestPointPreset, grid: dict | None = None) -> dict:
+    """The settings record stored runs are reused under: the task sizes, the recipe and a learning-rate
+    ``grid`` (``{"grid", "max_extensions"}``) where there is one (through JSON, so that it compares
+    equal to what results.json reads back: tuples become lists)."""
+    record = {"dim": p.dim, "num_points": p.num_points, "recipe": asdict(p.recipe)}
+    return json.loads(json.dumps(record | ({"learning_rates": grid} if grid else {})))
 
 
 def run_farthest_point(
@@ -122,6 +134,8 @@ def run_farthest_point(
     overwrite: bool = False,
     progress: bool = True,
     command: str | None = None,
+    learning_rates: str | list[float] | None = None,
+    max_extensions: int = 3,
 ) -> dict:
     """Train (or reuse) every (cell, seed) of a preset; write results, plots and the report.
 
@@ -135,21 +149,31 @@ def run_farthest_point(
         seeds: override the preset's seeds (each is a task instance U, an init and a data stream).
         steps: override the recipe's training steps.
         overwrite: discard the stored runs and train everything again.
+        learning_rates: a grid (``"2.5e-3,5e-3,1e-2,2e-2"``): each cell trains at every rate with the
+            first seed, keeps the rate of lowest final MSE × d on the curve sets (held-out sets apart
+            from the ones results are scored on; :mod:`fixedhead.studies.learning_rate`'s rule, the
+            grid extended past an edge up to ``max_extensions`` times), and the other seeds train at
+            it. None: every cell at the recipe's rate.
 
     Returns:
-        The content of ``results.json``: ``meta``, ``references`` and ``runs``.
+        The content of ``results.json``: ``meta``, ``references`` and ``runs`` (the results: with a
+        grid, the chosen rate's runs only), with a grid also ``tuning`` (each cell's validation MSE × d
+        per rate and its choice) and ``lr_grid`` (every first-seed run of the grid).
 
     Raises:
         ValueError: an unknown preset, bad seeds or steps, or a preset whose sizes the task or
             model refuse.
-        FileExistsError: the folder holds other files, or results of other task sizes / recipe
-            (without ``overwrite``).
+        FileExistsError: the folder holds other files, or results of other task sizes / recipe /
+            grid (without ``overwrite``), or rates chosen with another first seed.
     """
     p = get_synthetic_preset(preset) if isinstance(preset, str) else preset
     p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
     if steps is not None:
         steps = core.steps_override("steps", steps, p.recipe.steps)
         p = replace(p, recipe=replace(p.recipe, steps=steps, curve_points=min(p.recipe.curve_points, steps)))
+    non_negative_int("max_extensions", max_extensions)
+    rates = parse_rates(learning_rates) if learning_rates is not None else None
+    grid = {"grid": rates, "max_extensions": max_extensions} if rates is not None else None
     cells = p.cells()
     for c in cells:  # refuse bad sizes before anything is written
         FarthestPointTask(p.dim, c.rank, p.num_points)
@@ -163,8 +187,8 @@ def run_farthest_point(
         preset,
         p.description,
         command,
-        settings_record(p),
-        "task sizes or recipe",
+        settings_record(p, grid),
+        "task sizes, recipe or learning-rate grid",
         overwrite=overwrite,
         seeds=list(p.seeds),
         cells=[asdict(c) for c in cells],
@@ -172,6 +196,20 @@ def run_farthest_point(
         more_heads={"rank": p.more_heads_rank, "head_dim": p.more_heads_head_dim, "heads": list(p.more_heads)},
         rule={"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
     )
+    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
+    if previous.get("tuning") and chose_with != p.seeds[0]:
+        raise FileExistsError(
+            f"{state_file}: the cells chose their rates with seed {chose_with}, this call's first seed is "
+            f"{p.seeds[0]}; pass {chose_with} first in --seeds, or choose another --output-dir"
+        )
+    if grid:
+        meta["learning_rate_selection"] = grid | {
+            "seed": p.seeds[0],
+            "rule": RULE.replace("each model's lowest validation loss", "each cell's lowest validation MSE × d"),
+            "validation": f"the final MSE × d on the {p.recipe.curve_sets} learning-curve sets, held-out sets "
+            f"apart from the {p.recipe.eval_sets} the results are scored on",
+            "unit": "MSE × d on the validation sets",
+        }
     out.mkdir(parents=True, exist_ok=True)
     meta["accelerator"] = None  # the grid trains on the CPU even where a GPU is present
     references = {
@@ -179,16 +217,42 @@ def run_farthest_point(
         for r in sorted({c.rank for c in cells})
     }
     state = {"meta": meta, "references": references, "runs": previous.get("runs", {})}
+    if grid:
+        state["tuning"], state["lr_grid"] = previous.get("tuning", {}), previous.get("lr_grid", {})
 
     def save():
         state["runs"] = dict(sorted(state["runs"].items()))
-        core.save_state(state_file, state, state["runs"].values())
+        core.save_state(state_file, state, [*state["runs"].values(), *state.get("lr_grid", {}).values()])
+
+    def train(cell: Cell, seed: int, lr: float | None) -> dict:
+        recipe = p.recipe if lr is None else replace(p.recipe, learning_rate=lr)
+        task = FarthestPointTask(p.dim, cell.rank, p.num_points, seed=seed)
+        return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": recipe.learning_rate}
+
+    chosen: dict[str, float | None] = {c.key: None for c in cells}
+    for cell in cells if grid else []:  # each cell's rate, with the first seed; finished rates are reused
+
+        def validation_mse(lr: float, cell=cell) -> float:
+            run = state["lr_grid"][f"{cell.key}-lr{lr:g}"] = train(cell, p.seeds[0], lr)
+            save()
+            if progress:
+                print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
+            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+
+        done = {
+            r["learning_rate"]: r["curve"][-1][1] if math.isfinite(r["curve"][-1][1]) else DIVERGED
+            for r in state["lr_grid"].values()
+            if r["key"] == cell.key
+        }
+        best, losses, bracketed = choose_rate(validation_mse, rates, max_extensions, losses=done)
+        state["tuning"][cell.key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
+        state["runs"][f"{cell.key}-s{p.seeds[0]}"] = state["lr_grid"][f"{cell.key}-lr{best:g}"]
+        chosen[cell.key] = best
+        save()
 
     plan = core.seed_major(cells, p.seeds)
     for i, cell, seed in core.pending(plan, lambda cell, seed: f"{cell.key}-s{seed}" in state["runs"]):
-        result = train_cell(
-            FarthestPointTask(p.dim, cell.rank, p.num_points, seed=seed), cell, p.recipe, seed, progress
-        )
+        result = train(cell, seed, chosen[cell.key])
         state["runs"][f"{cell.key}-s{seed}"] = result
         if progress:
             print(
@@ -240,11 +304,20 @@ def format_grid(state: dict, what: str = "hit_rate") -> str:
 def write_outputs(state: dict, out: Path) -> None:
     """``results.csv`` (one row per run), the three PNGs and ``report.md`` in ``out``."""
     keys = ["key", "rank", "head_dim", "num_heads", "seed", "dim", "num_points", "parameters"]
+    keys += ["learning_rate"] if state.get("tuning") else []
     keys += ["mse", "hit_rate", "nearest_rate", "train_seconds"]
     render.write_csv(out / "results.csv", keys, [state["runs"][k] for k in sorted(state["runs"])])
     plot_heatmap(state, out / "heatmap.png")
     plot_more_heads(state, out / "more_heads.png")
     plot_learning_curves(state, out / "learning_curves.png")
+    if state.get("tuning"):
+        selection = {"models": state["tuning"], "validation_fraction": 0}
+        plot_learning_rates(
+            selection,
+            out / "learning_rates.png",
+            ylabel="validation MSE × d",
+            title="each cell's rate, chosen on the learning-curve sets",
+        )
     write_text_atomic(out / "report.md", report_markdown(state))
 
 
@@ -380,6 +453,7 @@ def report_markdown(state: dict) -> str:
     meta, refs = state["meta"], state["references"]
     g, mh = meta["grid"], meta["more_heads"]
     rec = meta["settings"]["recipe"]
+    tuned = bool(state.get("tuning"))
     runs = _grid_runs(state)
     n_done = sum(1 for c in meta["cells"] for _ in _runs_of(state, c))
     n_plan = len(meta["cells"]) * len(meta["seeds"])
@@ -392,8 +466,10 @@ def report_markdown(state: dict) -> str:
         f"- model: one post-LN encoder block (this project's MultiHeadAttention, h heads of size d_p, no "
         f"positions; GELU feed-forward {rec['intermediate_size'] or '4d'}), linear read-out; logits "
         f"q·k/√d_p × {rec['logit_scale']}; points fed × {rec['input_scale']}",
-        f"- recipe, the same for every cell: {rec['steps']} steps × {rec['batch_size']} sets, AdamW lr "
-        f"{rec['learning_rate']} (betas {tuple(rec['betas'])}, weight decay {rec['weight_decay']}), warm-up "
+        f"- recipe, the same for every cell{' but its rate' if tuned else ''}: {rec['steps']} steps × "
+        f"{rec['batch_size']} sets, AdamW lr "
+        + ("each cell's own (below)" if tuned else f"{rec['learning_rate']}")
+        + f" (betas {tuple(rec['betas'])}, weight decay {rec['weight_decay']}), warm-up "
         f"{rec['warmup_ratio']:.0%} then cosine decay to 0; loss MSE × d",
         f"- seeds {meta['seeds']}: seed s is the task instance (U), the initialisation and the data stream; "
         f"final metrics on {rec['eval_sets']} held-out sets ({rec['eval_sets'] * meta['settings']['num_points']:,} "
@@ -414,6 +490,10 @@ def report_markdown(state: dict) -> str:
         )
         + ".",
         "",
+    ]
+    if state.get("tuning"):
+        L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "cell")
+    L += [
         f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)",
         "",
     ]
@@ -444,11 +524,13 @@ def report_markdown(state: dict) -> str:
         state["runs"].items(), key=lambda kv: tuple(kv[1][c] for c in ("rank", "head_dim", "num_heads", "seed"))
     )
     L += render.table(
-        ["run", "parameters", "hit rate", "MSE × d", "nearest-point rate", "train s"],
+        ["run", "parameters", *(["lr"] if state.get("tuning") else []), "hit rate", "MSE × d", "nearest-point rate"]
+        + ["train s"],
         [
             [
                 f"`{k}`",
                 f"{x['parameters']:,}",
+                *([f"{x['learning_rate']:g}"] if state.get("tuning") else []),
                 f"{x['hit_rate']:.3f}",
                 f"{x['mse']:.3f}",
                 f"{x['nearest_rate']:.3f}",

@@ -156,10 +156,10 @@ def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
     return {lr: {key: c[lr] - min(c.values()) for key, c in curves.items()} for lr in sorted(common)}
 
 
-def shared_rate_text(tuning: dict[str, dict]) -> str:
+def shared_rate_text(tuning: dict[str, dict], unit: str = "nats of validation loss") -> str:
     """One sentence: the shared rate that costs the worst-off model least, and what it costs
-    (:func:`shared_rate_cost`), or that it costs nothing where every model chose the same rate; "" for
-    fewer than 2 models or no rate they all trained."""
+    (:func:`shared_rate_cost`) in ``unit``, or that it costs nothing where every model chose the same
+    rate; "" for fewer than 2 models or no rate they all trained."""
     costs = shared_rate_cost(tuning)
     if len(tuning) < 2 or not costs:
         return ""
@@ -170,7 +170,7 @@ def shared_rate_text(tuning: dict[str, dict]) -> str:
         return f"The chosen rate is the same for every model, {chosen[0]:g}: one shared rate would have cost nothing."
     return (
         f"One rate for every model instead: the best single rate, {lr:g}, would cost up to "
-        f"{costs[lr][worst]:.3f} nats of validation loss (`{worst}`; mean over models "
+        f"{costs[lr][worst]:.3f} {unit} (`{worst}`; mean over models "
         f"{sum(costs[lr].values()) / len(costs[lr]):.3f}); the chosen rates span a factor "
         f"{max(chosen) / min(chosen):g}."
     )
@@ -179,7 +179,9 @@ def shared_rate_text(tuning: dict[str, dict]) -> str:
 def selection_markdown(selection: dict, tuning: dict[str, dict], what: str = "model") -> list[str]:
     """A report's section on the rate each ``what`` (model, arm) chose: the rule, the shared-rate
     cost (:func:`shared_rate_text`), ``learning_rates.png`` and a table of every validation loss.
-    ``selection``: ``{"grid", "seed", "validation_fraction", "rule"}`` as studies record it."""
+    ``selection``: ``{"grid", "seed", "validation_fraction", "rule"}`` as studies record it, or with
+    ``"validation"`` (what the rates are chosen on, in words) and ``"unit"`` (of the validation
+    loss, for the shared-rate cost) for a study whose validation split is not a fraction of documents."""
     rates = sorted({float(lr) for t in tuning.values() for lr in t["validation_loss"]})
 
     def cell(losses: dict, lr: float) -> str:
@@ -200,10 +202,15 @@ def selection_markdown(selection: dict, tuning: dict[str, dict], what: str = "mo
         f"## A learning rate per {what}",
         "",
         f"Each {what} trained at every rate of the grid {', '.join(f'{lr:g}' for lr in selection['grid'])} "
-        f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split "
-        f"({selection['validation_fraction']:g} of the training documents, not the held-out books); rule: "
-        f"{selection['rule']}. Every seed then trained at that rate; only those runs are results. "
-        + shared_rate_text(tuning).replace("every model", f"every {what}").replace("over models", f"over {what}s"),
+        f"with seed {selection['seed']} and kept the rate of lowest loss on a validation split ("
+        + selection.get(
+            "validation",
+            f"{selection.get('validation_fraction', 0):g} of the training documents, not the held-out books",
+        )
+        + f"); rule: {selection['rule']}. Every seed then trained at that rate; only those runs are results. "
+        + shared_rate_text(tuning, selection.get("unit", "nats of validation loss"))
+        .replace("every model", f"every {what}")
+        .replace("over models", f"over {what}s"),
         "",
         "![validation loss against learning rate](learning_rates.png)",
         "",
