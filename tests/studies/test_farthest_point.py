@@ -295,7 +295,7 @@ def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
         assert state["runs"][f"{c.key}-s1"]["learning_rate"] == best  # the other seed at the chosen rate
     assert len(state["runs"]) == 2 * len(cells)  # only chosen-rate runs are results
     report = (out / "report.md").read_text()
-    assert "## A learning rate per cell" in report and (out / "learning_rates.png").stat().st_size > 0
+    assert "(learning_rates.png)" in report and (out / "learning_rates.png").stat().st_size > 0
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
