@@ -28,10 +28,11 @@ def test_farthest_point_report_regenerates():
     assert report_markdown(_state("synthetic")) == (RESULTS / "synthetic" / "report.md").read_text()
 
 
-def test_widening_report_regenerates():
+@pytest.mark.parametrize("folder", ["widening", "widening-lr"])
+def test_widening_report_regenerates(folder):
     from fixedhead.studies.widening_report import report_markdown
 
-    assert report_markdown(_state("widening")) == (RESULTS / "widening" / "report.md").read_text()
+    assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
 
 def test_committed_runs_are_reused_by_todays_presets():
