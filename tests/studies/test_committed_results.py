@@ -22,10 +22,11 @@ def test_compare_table_regenerates(folder, tmp_path):
     assert (tmp_path / "results.csv").read_text() == (RESULTS / folder / "results.csv").read_text()
 
 
-def test_farthest_point_report_regenerates():
+@pytest.mark.parametrize("folder", ["synthetic", "synthetic-lr"])
+def test_farthest_point_report_regenerates(folder):
     from fixedhead.studies.farthest_point import report_markdown
 
-    assert report_markdown(_state("synthetic")) == (RESULTS / "synthetic" / "report.md").read_text()
+    assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
 
 @pytest.mark.parametrize("folder", ["widening", "widening-lr"])

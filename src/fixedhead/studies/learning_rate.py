@@ -227,7 +227,8 @@ def plot_learning_rates(
     ``{"models": {label: {"chosen", "bracketed", "validation_loss": losses_record(...)}},
     "validation_fraction": float}`` (the fraction only for the default ``title``)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    many = len(selection["models"]) > 8  # a legend beside the axes, not over the lines
+    fig, ax = plt.subplots(figsize=(9.5 if many else 6.5, 4.2))
     finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
     top = max(finite) + 0.05 * (max(finite) - min(finite) + 1e-9)
     for name, m in selection["models"].items():
@@ -253,4 +254,6 @@ def plot_learning_rates(
         or f"each model's rate, chosen on a validation split ({selection['validation_fraction']:g} of the documents)",
         fontsize=9,
     )
-    save_figure(fig, path, [ax])
+    if many:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    save_figure(fig, path, [ax], legend=not many)
