@@ -36,11 +36,12 @@ from ..runs import write_text_atomic
 from . import core, render
 from .learning_rate import (
     DIVERGED,
-    RULE,
+    check_first_seed,
     choose_rate,
     losses_record,
     parse_rates,
     plot_learning_rates,
+    rule,
     selection_markdown,
 )
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
@@ -196,16 +197,11 @@ def run_farthest_point(
         more_heads={"rank": p.more_heads_rank, "head_dim": p.more_heads_head_dim, "heads": list(p.more_heads)},
         rule={"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
     )
-    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
-    if previous.get("tuning") and chose_with != p.seeds[0]:
-        raise FileExistsError(
-            f"{state_file}: the cells chose their rates with seed {chose_with}, this call's first seed is "
-            f"{p.seeds[0]}; pass {chose_with} first in --seeds, or choose another --output-dir"
-        )
+    check_first_seed(previous, p.seeds[0], state_file, "cells")
     if grid:
         meta["learning_rate_selection"] = grid | {
             "seed": p.seeds[0],
-            "rule": RULE.replace("each model's lowest validation loss", "each cell's lowest validation MSE × d"),
+            "rule": rule("cell", "validation MSE × d"),
             "validation": f"the final MSE × d on the {p.recipe.curve_sets} learning-curve sets, held-out sets "
             f"apart from the {p.recipe.eval_sets} the results are scored on",
             "unit": "MSE × d on the validation sets",
@@ -311,9 +307,8 @@ def write_outputs(state: dict, out: Path) -> None:
     plot_more_heads(state, out / "more_heads.png")
     plot_learning_curves(state, out / "learning_curves.png")
     if state.get("tuning"):
-        selection = {"models": state["tuning"], "validation_fraction": 0}
         plot_learning_rates(
-            selection,
+            {"models": state["tuning"]},
             out / "learning_rates.png",
             ylabel="validation MSE × d",
             title="each cell's rate, chosen on the learning-curve sets",
@@ -491,7 +486,7 @@ def report_markdown(state: dict) -> str:
         + ".",
         "",
     ]
-    if state.get("tuning"):
+    if tuned:
         L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "cell")
     L += [
         f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)",
@@ -524,13 +519,12 @@ def report_markdown(state: dict) -> str:
         state["runs"].items(), key=lambda kv: tuple(kv[1][c] for c in ("rank", "head_dim", "num_heads", "seed"))
     )
     L += render.table(
-        ["run", "parameters", *(["lr"] if state.get("tuning") else []), "hit rate", "MSE × d", "nearest-point rate"]
-        + ["train s"],
+        ["run", "parameters", *(["lr"] if tuned else []), "hit rate", "MSE × d", "nearest-point rate"] + ["train s"],
         [
             [
                 f"`{k}`",
                 f"{x['parameters']:,}",
-                *([f"{x['learning_rate']:g}"] if state.get("tuning") else []),
+                *([f"{x['learning_rate']:g}"] if tuned else []),
                 f"{x['hit_rate']:.3f}",
                 f"{x['mse']:.3f}",
                 f"{x['nearest_rate']:.3f}",

@@ -26,10 +26,31 @@ from . import render
 DIVERGED = math.inf
 #: the fraction of training documents held back to choose rates on, when the data has no validation split
 VALIDATION_FRACTION = 0.05
-RULE = (
-    "each model's lowest validation loss; the grid grows by a factor 2 past an edge while the best rate "
-    "sits there; a diverged run counts as the worst"
-)
+
+
+def rule(what: str = "model", score: str = "validation loss") -> str:
+    """The selection rule in words, for a study's ``what`` (model, arm, cell) scored by ``score``."""
+    return (
+        f"each {what}'s lowest {score}; the grid grows by a factor 2 past an edge while the best rate "
+        "sits there; a diverged run counts as the worst"
+    )
+
+
+RULE = rule()
+
+
+def check_first_seed(previous: dict, first_seed: int, state_file: Path, what: str = "models") -> None:
+    """Refuse to resume a study whose stored rates were chosen with another first seed than this call's:
+    the chosen rates would not be the ones this call's plan names.
+
+    Raises:
+        FileExistsError: naming both seeds and the way out."""
+    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
+    if previous.get("tuning") and chose_with != first_seed:
+        raise FileExistsError(
+            f"{state_file}: the {what} chose their rates with seed {chose_with}, this call's first seed is "
+            f"{first_seed}; pass {chose_with} first in --seeds, or choose another --output-dir"
+        )
 
 
 def with_validation_split(data_settings):

@@ -54,7 +54,15 @@ from ..training.evaluate import DivergedError, load_run
 from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
 from . import core
-from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
+from .learning_rate import (
+    DIVERGED,
+    RULE,
+    check_first_seed,
+    choose_rate,
+    losses_record,
+    parse_rates,
+    with_validation_split,
+)
 from .recipes import get_recipe
 from .stats import RULE_STDS
 from .widening_arms import make_arms, max_logit_change, write_start
@@ -255,12 +263,8 @@ def run_widening(
         rule={"stds": RULE_STDS},
         continuation_tokens=p.continuation.max_steps * p.continuation.batch_size * n,
     )
-    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
-    if rates is not None and previous.get("tuning") and chose_with != p.seeds[0]:
-        raise FileExistsError(
-            f"{state_file}: the arms chose their rates with seed {chose_with}, this call's first seed is "
-            f"{p.seeds[0]}; pass {chose_with} first in --seeds, or choose another --output-dir"
-        )
+    if rates is not None:
+        check_first_seed(previous, p.seeds[0], state_file, "arms")
     if selection:
         meta["learning_rate_selection"] = selection
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
