@@ -541,6 +541,12 @@ CASES = [
     ),
     Case("missing run directory", lambda c: load_run(c.tmp / "no-run"), FileNotFoundError, "no-run' does not exist"),
     Case(
+        "a file as run directory",
+        lambda c: (c.tmp / "file.txt").write_text("text") and load_run(c.tmp / "file.txt"),
+        FileNotFoundError,
+        "file.txt' is a file, not a directory",
+    ),
+    Case(
         "config.json not JSON",
         file_replace("config.json", "{hidden_size: 32"),
         ValueError,

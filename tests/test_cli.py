@@ -91,7 +91,8 @@ def test_count_applies_size_options_to_a_preset(options, expected, capsys):
         (["count", "--preset", "bert-large-h16", "--intermediate-size", "0"], "intermediate_size must be a positive"),
         (["count", "--preset", "bert-large-h16", "--num-hidden-layers", "-1"], "num_hidden_layers must be a positive"),
         (["count", "--preset", "bert-large-h16", "--head-dim", "32"], "--preset fixes d, h and d_p; drop --head-dim"),
-        (["count", "--num-hidden-layers", "12"], "--num-hidden-layers needs --hidden-size and --num-attention-heads"),
+        (["count", "--num-hidden-layers", "12"], "--num-hidden-layers also needs --hidden-size, --num-attention-heads"),
+        (["count", "--hidden-size", "0"], "--hidden-size also needs --num-attention-heads"),
         (
             ["pretrain", "--output-dir", "never-made", "--intermediate-size", "0"],
             "intermediate_size must be a positive",
@@ -103,6 +104,7 @@ def test_count_applies_size_options_to_a_preset(options, expected, capsys):
         "preset-layers-negative",
         "preset-head-dim",
         "layers-alone",
+        "hidden-size-alone",
         "pretrain-intermediate-0",
     ],
 )

@@ -119,7 +119,11 @@ def add_study_options(
         )
     g.add_argument("--output-dir", metavar="DIR", help=f"where the study writes (default: {output_dir})")
     g.add_argument(
-        "--seeds", type=int, nargs="+", metavar="S", help="seeds to run, in this order (default: the preset's)"
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="S",
+        help=f"seeds to run, in this order (default: the {'preset' if presets is not None else 'study'}'s)",
     )
     if steps:
         g.add_argument(
@@ -130,5 +134,5 @@ def add_study_options(
         g.add_argument("--overwrite", action="store_true", help="train finished runs again instead of reusing them")
     if quick:
         g.add_argument("--quick", action="store_true", help="the CI-sized version of the preset (seconds to a minute)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (results are still printed)")
     return g

@@ -191,7 +191,8 @@ def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) ->
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+        state = "is a file, not a directory" if model_dir.exists() else "does not exist"
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} {state}")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} holds no finished model (model.safetensors and config.json)")
     load_json_file(model_dir / "config.json")
@@ -403,6 +404,16 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
 
 
+def results_owner(path: Path) -> str | None:
+    """The command a study's results file names as its writer (``meta.study``); None for a missing or
+    unreadable file, or one written before the field was recorded."""
+    try:
+        meta = json.loads(path.read_text()).get("meta")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return meta.get("study") if isinstance(meta, dict) else None
+
+
 def claim_output_dir(
     output_dir: str | os.PathLike,
     markers: tuple[str, ...],
@@ -411,6 +422,8 @@ def claim_output_dir(
     overwrite: bool = False,
     option: str = "--output-dir",
     create: bool = True,
+    results_file: str | None = None,
+    exclusive: bool = False,
 ) -> Path:
     """Take ``output_dir`` for a command's output, or refuse it; never touch what is not ours.
 
@@ -424,14 +437,19 @@ def claim_output_dir(
             (entries matching no ``owned`` pattern are left in place).
         create: create the folder; ``False`` only checks (and does not remove anything), so a
             command can refuse a folder before its slow work and take it afterwards.
+        results_file: the command's results file, whose ``meta.study`` (where recorded) must name
+            ``command``: several studies share a marker name (``results.json``).
+        exclusive: the folder may hold nothing but owned entries (a command whose marker other
+            commands write too, such as ``report.md``).
 
     Returns:
         the folder, created if it was missing.
 
     Raises:
         FileExistsError: ``output_dir`` is a file, or a non-empty folder without one of the
-            ``markers`` (it holds something this command did not create); the message lists
-            what is there. Nothing is changed.
+            ``markers`` (it holds something this command did not create), whose ``results_file``
+            another command wrote, or (``exclusive``) holding an entry the command does not own;
+            the message lists what is there. Nothing is changed.
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
@@ -443,12 +461,19 @@ def claim_output_dir(
             break
     if out.is_dir():
         entries = sorted(out.iterdir())
-        if entries and not any((out / m).exists() for m in markers):
-            names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+        foreign = [e for e in entries if not _matches(e.name, owned)] if exclusive else []
+        if entries and (foreign or not any((out / m).exists() for m in markers)):
+            names = [e.name + ("/" if e.is_dir() else "") for e in foreign or entries]
             raise FileExistsError(
                 f"{option} {str(out)!r} holds files that `fixedhead {command}` did not create "
                 f"({', '.join(names[:5])}{' …' if len(names) > 5 else ''}); choose an empty or new folder "
                 f"(nothing was changed)"
+            )
+        owner = results_owner(out / results_file) if results_file else None
+        if owner not in (None, command):
+            raise FileExistsError(
+                f"{option} {str(out)!r} holds the output of `fixedhead {owner}` ({results_file}), not of "
+                f"`fixedhead {command}`; choose an empty or new folder (nothing was changed)"
             )
         if overwrite and create:
             for e in entries:

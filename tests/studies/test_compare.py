@@ -95,6 +95,15 @@ def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
     assert "max_steps" in capsys.readouterr().err
+    # a rate and a grid: the grid would silently win; refused before any work
+    argv = ["compare", "--preset", "tiny", "--learning-rate", "5e-4", "--learning-rates", "1e-3,2e-3"]
+    assert main([*argv, "--output-dir", str(tmp_path / "g")]) == 2
+    assert "learning_rate 0.0005" in capsys.readouterr().err and not (tmp_path / "g").exists()
+    # another study's results.json (farthest-point writes one too): not compare's folder
+    (tmp_path / "fp").mkdir()
+    (tmp_path / "fp" / "results.json").write_text('{"meta": {"study": "farthest-point"}, "runs": {}}')
+    assert main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "fp")]) == 2
+    assert "fixedhead farthest-point" in capsys.readouterr().err
 
 
 def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_preset_away():

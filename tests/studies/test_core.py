@@ -17,7 +17,14 @@ def toy_study(out, rates, seeds=None, command="toy", arm_scale=None, trained=Non
     seeds = core.seeds_override(seeds, (0, 1))
     out = core.claim(out, RESULTS, ("report.md",), "toy")
     previous, meta = core.resume(
-        out / RESULTS, "grid", "a toy grid", command, {"arm_scale": arm_scale}, "arm scales", seeds=list(seeds)
+        out / RESULTS,
+        "grid",
+        "a toy grid",
+        command,
+        {"arm_scale": arm_scale},
+        "arm scales",
+        study="toy",
+        seeds=list(seeds),
     )
     out.mkdir(parents=True, exist_ok=True)
     state = {"meta": meta, "runs": previous.get("runs", {})}
@@ -78,6 +85,19 @@ def test_the_folder_claim_refuses_what_the_study_did_not_write(tmp_path):
     with pytest.raises(FileExistsError, match="notes.txt"):
         toy_study(tmp_path, rates=(1e-3,))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrite(tmp_path):
+    """Several studies write results.json: the one whose meta names another study is not ours."""
+    other = {"meta": {"study": "compare"}, "results": []}
+    (tmp_path / RESULTS).write_text(json.dumps(other))
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="fixedhead compare"):
+            core.claim(tmp_path, RESULTS, ("report.md",), "toy", create=True, overwrite=overwrite)
+    assert json.loads((tmp_path / RESULTS).read_text()) == other
+    toy_study(tmp_path / "mine", rates=(1e-3,))  # its own folder: taken again, resumed
+    assert json.loads((tmp_path / "mine" / RESULTS).read_text())["meta"]["study"] == "toy"
+    assert core.claim(tmp_path / "mine", RESULTS, ("report.md",), "toy") == tmp_path / "mine"
 
 
 def test_overrides_have_one_policy():

@@ -212,6 +212,14 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
     assert (out / "report.md").is_file()
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "report.md").is_file()
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0  # its own folder again
+    # another study's folder also holds a report.md: refused, nothing replaced
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.md").write_text("another study's report")
+    (tmp_path / "other" / "results.json").write_text("{}")
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "other")]) == 2
+    assert (tmp_path / "other" / "report.md").read_text() == "another study's report"
+    assert sorted(q.name for q in (tmp_path / "other").iterdir()) == ["report.md", "results.json"]
     # bits per character beside perplexity in the points' table, from the run's result (one seed)
     bpc = state["runs"]["d32-h4-dp8-s0"]["heldout_bits_per_character"]
     points = collect_points(state)[("head_size", "fixed")]

@@ -222,6 +222,11 @@ def run_compare(
         raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
     data_settings = replace(p.data, corpus=corpus) if corpus else p.data
     if learning_rates is not None:
+        if learning_rate is not None:
+            raise ValueError(
+                f"learning_rate {learning_rate!r} and a learning-rate grid were both given: the grid chooses each "
+                "model's rate; pass one of them"
+            )
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
     train = p.train
@@ -230,6 +235,10 @@ def run_compare(
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
     description = p.description
+    if (
+        train.max_steps != p.train.max_steps or train.batch_size != p.train.batch_size
+    ):  # the preset's text names its own
+        description += f" (here {train.max_steps} steps of batch {train.batch_size}, overriding the preset's)"
     if objective is not None and objective != train.objective:  # the masking rate is the masked objective's
         description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
         train = replace(train, objective=objective, mlm_probability=0.15)
@@ -251,7 +260,7 @@ def run_compare(
         check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
     out = Path(output_dir)
     owned = (*p.models, *OUTPUT_FILES, "lr-grid", ".results.*", ".learning_curves.png.*", ".learning_rates.png.*")
-    claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False)
+    claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False, results_file="results.json")
     t_start = time.time()
     data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
@@ -265,6 +274,7 @@ def run_compare(
         configs = {name: fields for name, fields in configs.items() if name in models}
 
     meta = {
+        "study": "compare",
         "preset": preset if isinstance(preset, str) else "custom",
         "objective": train.objective,
         # the context-free reference on the same held-out tokens: how far below it the models are is
@@ -351,13 +361,12 @@ def run_compare(
         **environment_info(),
     )
     write_results(results, out, meta)
-    if progress:
-        print()
-        print(format_table(results, meta["unigram_perplexity"]))
-        for r in results:
-            for prompt, text in r.get("samples", {}).items():
-                print(f"{r['name']:>14}: {prompt} | {text}")
-        print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
+    print()  # the results, with or without progress bars
+    print(format_table(results, meta["unigram_perplexity"]))
+    for r in results:
+        for prompt, text in r.get("samples", {}).items():
+            print(f"{r['name']:>14}: {prompt} | {text}")
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
 
 

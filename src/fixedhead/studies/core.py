@@ -57,9 +57,16 @@ def steps_override(name: str, steps: int | None, default: int) -> int:
 
 def claim(out: Path, results_file: str, owned: tuple[str, ...], command: str, create: bool = False, **kw) -> Path:
     """:func:`fixedhead.runs.claim_output_dir` for a study whose marker is its results file: a new or
-    empty folder, or one this study wrote (``create=False`` checks only, before the slow work)."""
+    empty folder, or one this study wrote (its ``meta.study``, :func:`start_meta`, is ``command``, or
+    unrecorded); ``create=False`` checks only, before the slow work."""
     return claim_output_dir(
-        out, (results_file,), (*owned, results_file, f".{results_file}.*"), command, create=create, **kw
+        out,
+        (results_file,),
+        (*owned, results_file, f".{results_file}.*"),
+        command,
+        create=create,
+        results_file=results_file,
+        **kw,
     )
 
 
@@ -72,6 +79,8 @@ def resume(
     what: str,
     same: Callable[[Any, dict], bool] | None = None,
     overwrite: bool = False,
+    *,
+    study: str,
     **fields,
 ) -> tuple[dict, dict]:
     """The results a study left at ``path`` ({} for none, or with ``overwrite``) and this
@@ -91,18 +100,20 @@ def resume(
                 f"{path} holds runs of other settings ({what}); pass --overwrite to replace them or choose "
                 f"another --output-dir"
             )
-    return previous, start_meta(preset, description, command, previous, settings=settings, **fields)
+    return previous, start_meta(preset, description, command, previous, study, settings=settings, **fields)
 
 
-def start_meta(preset, description: str, command: str | None, previous: dict, **fields) -> dict:
-    """A results file's ``meta``: the preset's name (``"custom"`` for a preset object), its
-    description, this invocation's command and every earlier one recorded in the ``previous``
-    results, the study's own ``fields`` (its settings record first), when the first invocation
-    started, and the software and machine (:func:`fixedhead.runs.environment_info`)."""
+def start_meta(preset, description: str, command: str | None, previous: dict, study: str, **fields) -> dict:
+    """A results file's ``meta``: the ``study`` (the ``fixedhead`` command that owns the folder, which
+    :func:`claim` checks), the preset's name (``"custom"`` for a preset object), its description,
+    this invocation's command and every earlier one recorded in the ``previous`` results, the study's
+    own ``fields`` (its settings record first), when the first invocation started, and the software
+    and machine (:func:`fixedhead.runs.environment_info`)."""
     previous_meta = previous.get("meta", {})
     this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
     return {
+        "study": study,
         "preset": preset if isinstance(preset, str) else "custom",
         "description": description,
         "command": this_command,

@@ -191,6 +191,7 @@ def run_farthest_point(
         settings_record(p, grid),
         "task sizes, recipe or learning-rate grid",
         overwrite=overwrite,
+        study="farthest-point",
         seeds=list(p.seeds),
         cells=[asdict(c) for c in cells],
         grid={"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},

@@ -113,6 +113,7 @@ def run_finetune_seeds(
         plan,
         "fine-tuning plan or sweep",
         overwrite=overwrite,
+        study="finetune-sweep",
         sweep=str(sweep_dir),
         checkpoints=list(checkpoints),
     )

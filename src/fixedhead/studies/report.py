@@ -193,7 +193,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")
     out = Path(output_dir) if output_dir else Path(sweep_dir)
     if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
-        claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report")
+        claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report", exclusive=True)  # report.md: every study's
     meta = state["meta"]
     causal = (meta.get("objective") or (meta.get("train") or {}).get("objective")) == "clm"
     task = meta.get("finetune_task") or "sst2"

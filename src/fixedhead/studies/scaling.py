@@ -242,7 +242,15 @@ def run_scaling(
     settings = json.loads(json.dumps(settings, default=str))
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "scaling")
     previous, meta = core.resume(
-        out / RESULTS_FILE, preset, describe(p), command, settings, "recipe, sizes, families or grid", None, overwrite
+        out / RESULTS_FILE,
+        preset,
+        describe(p),
+        command,
+        settings,
+        "recipe, sizes, families or grid",
+        None,
+        overwrite,
+        study="scaling",
     )
     # the plan is the whole study's: the seeds of every invocation, every family of the preset
     seeds = list(dict.fromkeys([*previous.get("meta", {}).get("plan", {}).get("seeds", []), *p.seeds]))

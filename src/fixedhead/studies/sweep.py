@@ -206,6 +206,7 @@ def run_sweep(
         description,
         command,  # every invocation that wrote here: a resumed sweep, or several workers sharing the plan
         previous,
+        "sweep",
         quick=quick,
         data=data_settings.record(),
         data_info=dict(data.info),

@@ -256,6 +256,7 @@ def run_widening(
         what,
         same_settings,
         overwrite,
+        study="widen-experiment",
         seeds=list(p.seeds),
         n=n,
         wide_head_dim=wide,

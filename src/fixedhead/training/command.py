@@ -151,11 +151,10 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
     if fixed and presets is not None:
         raise ValueError(f"--preset fixes d, h and d_p; drop {_options(fixed)} (or drop --preset)")
     if presets is None and sizes:
-        if "hidden_size" not in sizes or "num_attention_heads" not in sizes:
-            raise ValueError(
-                f"--{(fixed or list(sizes))[0].replace('_', '-')} needs --hidden-size and --num-attention-heads "
-                f"(or --preset NAME)"
-            )
+        missing = [f for f in ("hidden_size", "num_attention_heads") if f not in sizes]
+        if missing:
+            verb = "needs" if len(sizes) == 1 else "need"
+            raise ValueError(f"{_options(sizes)} also {verb} {_options(missing)} (or --preset NAME)")
         d = sizes["hidden_size"]
         cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
         return (
@@ -164,7 +163,8 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
             f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
         )
     rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
-    lines = [f"{'preset':<22} {'source':<9} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}"]
+    wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names
+    lines = [f"{'preset':<{wn}} {'source':<{ws}} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}"]
     for name, p in rows:
         cfg = p.build_config(**overrides)
         n = count_parameters(cfg)
@@ -172,7 +172,7 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
         diff = f"{100 * (n / 1e6 - paper_params) / paper_params:+.2f}%" if paper_params else ""
         paper = f"{paper_params:.0f}M" if paper_params else ""
         lines.append(
-            f"{name:<22} {p.source:<9} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
+            f"{name:<{wn}} {p.source:<{ws}} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
             f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
         )
     if overrides:

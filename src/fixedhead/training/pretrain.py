@@ -397,10 +397,10 @@ def pretrain(
         if causal
         else TrainOrFixedCollator(data.tokenizer, settings.mlm_probability, seed=settings.seed)
     )
+    if checkpoint is not None and settings.progress:
+        print(f"resuming from {checkpoint}", flush=True)
     if checkpoint is not None and not causal:
         collator.batches_seen = int(load_json_file(Path(checkpoint) / "trainer_state.json")["global_step"])
-        if settings.progress:
-            print(f"resuming from {checkpoint}", flush=True)
     if checkpoint is None and args.process_index == 0:
         collator = FirstBatchRecorder(collator, run_dir / DATA_ORDER_FILE)
     trainer = atomic_checkpoint_trainer()(
