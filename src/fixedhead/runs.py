@@ -22,6 +22,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -405,13 +406,17 @@ def _matches(name: str, patterns) -> bool:
 
 
 def results_owner(path: Path) -> str | None:
-    """The command a study's results file names as its writer (``meta.study``); None for a missing or
-    unreadable file, or one written before the field was recorded."""
+    """The command a study's results file names as its writer: ``meta.study``, else (files written
+    before that field) the subcommand of its recorded ``meta.command`` (``fixedhead NAME ...``); None
+    for a missing or unreadable file, or one that says neither."""
     try:
         meta = json.loads(path.read_text()).get("meta")
     except (OSError, ValueError, AttributeError):
         return None
-    return meta.get("study") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    found = re.match(r"fixedhead ([a-z][a-z-]*)(?:\s|$)", str(meta.get("command") or ""))
+    return meta.get("study") or (found.group(1) if found else None)
 
 
 def claim_output_dir(

@@ -95,6 +95,11 @@ def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrit
         with pytest.raises(FileExistsError, match="fixedhead compare"):
             core.claim(tmp_path, RESULTS, ("report.md",), "toy", create=True, overwrite=overwrite)
     assert json.loads((tmp_path / RESULTS).read_text()) == other
+    # a results file from before meta.study: its recorded command names the study
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / RESULTS).write_text(json.dumps({"meta": {"command": "fixedhead scaling --preset cpu"}}))
+    with pytest.raises(FileExistsError, match="fixedhead scaling"):
+        core.claim(tmp_path / "old", RESULTS, ("report.md",), "toy", create=True, overwrite=True)
     toy_study(tmp_path / "mine", rates=(1e-3,))  # its own folder: taken again, resumed
     assert json.loads((tmp_path / "mine" / RESULTS).read_text())["meta"]["study"] == "toy"
     assert core.claim(tmp_path / "mine", RESULTS, ("report.md",), "toy") == tmp_path / "mine"
