@@ -214,3 +214,19 @@ def test_every_documented_command_line_parses(capsys):
         except SystemExit:
             err = capsys.readouterr().err
             assert re.search(r"arguments are required|expected one argument \(see", err), (command, err)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--resume"], "nothing to resume"), (["--resume", "--overwrite"], "contradict each other")],
+    ids=["resume-nothing", "resume-and-overwrite"],
+)
+def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, message, tmp_path, monkeypatch, capsys):
+    import fixedhead.training.command as command
+
+    def prepared_anyway(*a, **k):
+        raise AssertionError("the corpus was prepared before the flags were checked")
+
+    monkeypatch.setattr(command, "prepare_data", prepared_anyway)
+    assert main(["pretrain", "--output-dir", str(tmp_path / "run"), "--max-steps", "1", *flags]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "run").exists()

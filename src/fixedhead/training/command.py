@@ -91,6 +91,7 @@ def pretrain_command(
         ValueError: contradicting or bad options (naming them).
         FileNotFoundError / FileExistsError: see :func:`~fixedhead.training.pretrain.pretrain`.
     """
+    from ..runs import PRETRAIN_FILE
     from .pretrain import check_run_dir, pretrain, source_data
 
     model, data, train = dict(model or {}), dict(data or {}), dict(train or {})
@@ -111,8 +112,9 @@ def pretrain_command(
 
         check_objective_for(config, settings.objective)
     data_settings = None if init_from is not None else DataSettings(**data)
-    if not resume:
-        check_run_dir(Path(output_dir), {}, resume=False, overwrite=overwrite)
+    run_dir = Path(output_dir)
+    if not (resume and not overwrite and (run_dir / PRETRAIN_FILE).is_file()):  # all but resuming needs no data
+        check_run_dir(run_dir, {}, resume=resume, overwrite=overwrite)
     if init_from is not None:
         prepared = source_data(init_from, corpus=data.get("corpus"))
     else:
