@@ -248,6 +248,8 @@ def finetune(
     if done.is_file() and not overwrite:
         previous = load_json_file(done)
         if previous.get("fingerprint") == record:
+            if settings.progress:
+                print(f"{done} already holds this fine-tuning (same model, data and settings); reused", flush=True)
             return previous
         raise FileExistsError(
             f"{out} holds a fine-tuning result of another model, data or settings; "
