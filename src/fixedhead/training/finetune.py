@@ -298,6 +298,12 @@ def finetune(
         attention_probs_dropout_prob=settings.dropout,
     )
     max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
+    if max_len < settings.max_seq_length and settings.progress:  # the default 128 meets models of fewer positions
+        print(
+            f"max_seq_length {settings.max_seq_length} > the model's {max_len} positions: "
+            f"examples are cut to {max_len}",
+            flush=True,
+        )
     datasets = {
         name: GlueDataset(ex, tokenizer, max_len, regression)
         for name, ex in (("train", train), ("validation", val), ("dev", dev))
