@@ -230,3 +230,21 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
     monkeypatch.setattr(command, "prepare_data", prepared_anyway)
     assert main(["pretrain", "--output-dir", str(tmp_path / "run"), "--max-steps", "1", *flags]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "command, module, function",
+    [("scaling", "scaling", "run_scaling"), ("widen-experiment", "widening", "run_widening")],
+)
+def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command, module, function, monkeypatch):
+    import importlib
+
+    called = {}
+
+    def capture(preset, out, **kw):
+        called.update(preset=preset, out=out)
+        raise ValueError("captured")
+
+    monkeypatch.setattr(importlib.import_module(f"fixedhead.studies.{module}"), function, capture)
+    assert main([command, "--quick"]) == 2
+    assert called == {"preset": "tiny", "out": f"runs/{command}-tiny"}

@@ -395,7 +395,7 @@ def _farthest_point(args):
 def _widen_experiment_options(p):
     from .studies.widening import WIDENING_PRESETS
 
-    add_study_options(p, WIDENING_PRESETS, "cpu", "runs/widen-experiment-PRESET")
+    add_study_options(p, WIDENING_PRESETS, "cpu", "runs/widen-experiment-PRESET", quick=True)  # quick: tiny
     p.add_argument("--base-steps", type=int, help="override the base run's steps (cpu: 400)")
     p.add_argument(
         "--head-dim",
@@ -412,9 +412,10 @@ def _widen_experiment(args):
     from .studies.widening import run_widening
     from .studies.widening_report import format_table
 
-    out = args.output_dir or f"runs/widen-experiment-{args.preset}"
+    preset = "tiny" if args.quick else args.preset
+    out = args.output_dir or f"runs/widen-experiment-{preset}"
     options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite", "learning_rates", "max_extensions")
-    state = run_widening(args.preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
+    state = run_widening(preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
     if args.no_progress:
         print(format_table(state))
     meta = state["meta"]
@@ -428,7 +429,7 @@ def _widen_experiment(args):
 def _scaling_options(p):
     from .studies.scaling import SCALING_PRESETS
 
-    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False)
+    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False, quick=True)  # quick: tiny
     p.add_argument(
         "--learning-rates",
         type=_rates,
@@ -451,9 +452,10 @@ def _scaling(args):
     learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers"""
     from .studies.scaling import run_scaling
 
-    out = args.output_dir or f"runs/scaling-{args.preset}"
+    preset = "tiny" if args.quick else args.preset
+    out = args.output_dir or f"runs/scaling-{preset}"
     options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
-    run_scaling(args.preset, out, progress=not args.no_progress, **options)
+    run_scaling(preset, out, progress=not args.no_progress, **options)
     print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
 
 
