@@ -233,10 +233,14 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 
 
 @pytest.mark.parametrize(
-    "command, module, function",
-    [("scaling", "scaling", "run_scaling"), ("widen-experiment", "widening", "run_widening")],
+    "command, module, function, out",
+    [
+        ("scaling", "scaling", "run_scaling", "runs/scaling-tiny"),
+        ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-tiny"),
+        ("compare", "compare", "run_compare", "runs/compare"),
+    ],
 )
-def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command, module, function, monkeypatch):
+def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command, module, function, out, monkeypatch):
     import importlib
 
     called = {}
@@ -247,4 +251,4 @@ def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command,
 
     monkeypatch.setattr(importlib.import_module(f"fixedhead.studies.{module}"), function, capture)
     assert main([command, "--quick"]) == 2
-    assert called == {"preset": "tiny", "out": f"runs/{command}-tiny"}
+    assert called == {"preset": "tiny", "out": out}

@@ -247,7 +247,7 @@ def _compare_options(p):
     from .data.lm import OBJECTIVES
     from .studies.compare import COMPARE_PRESETS
 
-    g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare", steps_alias=("--max-steps",))
+    g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare", quick=True, steps_alias=("--max-steps",))
     g.add_argument(
         "--seed", dest="seeds", type=int, nargs=1, metavar="S", help="one seed for every model (as --seeds S)"
     )
@@ -269,8 +269,9 @@ def _compare(args):
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     seed, progress = _one_seed(args, "compare"), not args.no_progress
+    preset = "tiny" if args.quick else args.preset
     run_compare(
-        args.preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
+        preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
     )
 
 
