@@ -26,6 +26,11 @@ def _pick(args, *names) -> dict:
     return {name: getattr(args, name) for name in names}
 
 
+def _study_preset(args, quick: str = "tiny") -> str:
+    """The preset a study command trains: ``quick`` (its CI-sized one) with ``--quick``, else ``--preset``."""
+    return quick if args.quick else args.preset
+
+
 def _print_json(result: dict, drop=lambda key: False):
     import json
 
@@ -269,7 +274,7 @@ def _compare(args):
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     seed, progress = _one_seed(args, "compare"), not args.no_progress
-    preset = "tiny" if args.quick else args.preset
+    preset = _study_preset(args)
     run_compare(
         preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
     )
@@ -377,7 +382,7 @@ def _farthest_point(args):
     d_p) and heads, with seeds (minutes on a CPU)"""
     from .studies.farthest_point import format_grid, run_farthest_point
 
-    preset = "quick" if args.quick else args.preset
+    preset = _study_preset(args, "quick")
     out = args.output_dir or f"runs/farthest-point-{preset}"
     state = run_farthest_point(
         preset,
@@ -396,7 +401,7 @@ def _farthest_point(args):
 def _widen_experiment_options(p):
     from .studies.widening import WIDENING_PRESETS
 
-    add_study_options(p, WIDENING_PRESETS, "cpu", "runs/widen-experiment-PRESET", quick=True)  # quick: tiny
+    add_study_options(p, WIDENING_PRESETS, "cpu", "runs/widen-experiment-PRESET", quick=True)
     p.add_argument("--base-steps", type=int, help="override the base run's steps (cpu: 400)")
     p.add_argument(
         "--head-dim",
@@ -413,7 +418,7 @@ def _widen_experiment(args):
     from .studies.widening import run_widening
     from .studies.widening_report import format_table
 
-    preset = "tiny" if args.quick else args.preset
+    preset = _study_preset(args)
     out = args.output_dir or f"runs/widen-experiment-{preset}"
     options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite", "learning_rates", "max_extensions")
     state = run_widening(preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
@@ -430,7 +435,7 @@ def _widen_experiment(args):
 def _scaling_options(p):
     from .studies.scaling import SCALING_PRESETS
 
-    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False, quick=True)  # quick: tiny
+    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False, quick=True)
     p.add_argument(
         "--learning-rates",
         type=_rates,
@@ -453,7 +458,7 @@ def _scaling(args):
     learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers"""
     from .studies.scaling import run_scaling
 
-    preset = "tiny" if args.quick else args.preset
+    preset = _study_preset(args)
     out = args.output_dir or f"runs/scaling-{preset}"
     options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
     run_scaling(preset, out, progress=not args.no_progress, **options)

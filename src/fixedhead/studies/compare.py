@@ -235,9 +235,7 @@ def run_compare(
     train = replace(train, seed=seed) if seed is not None else train
     train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
     description = p.description
-    if (
-        train.max_steps != p.train.max_steps or train.batch_size != p.train.batch_size
-    ):  # the preset's text names its own
+    if (train.max_steps, train.batch_size) != (p.train.max_steps, p.train.batch_size):  # the text names the preset's
         description += f" (here {train.max_steps} steps of batch {train.batch_size}, overriding the preset's)"
     if objective is not None and objective != train.objective:  # the masking rate is the masked objective's
         description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
