@@ -73,18 +73,12 @@ def make_arms(config, wide_head_dim: int) -> list[Arm]:
     ]
     if layers >= 2:
         k = layers // 2
-        arms += [
-            Arm(
-                "wide-early",
-                f"the first {f'{k} layers' if k > 1 else 'layer'}'s heads widened to d_p = {w}",
-                head_dim=(w,) * k + (None,) * (layers - k),
-            ),
-            Arm(
-                "wide-late",
-                f"the last {f'{k} layers' if k > 1 else 'layer'}'s heads widened to d_p = {w}",
-                head_dim=(None,) * (layers - k) + (w,) * k,
-            ),
-        ]
+        half = f"{k} layers" if k > 1 else "layer"
+        for name, which, dims in (
+            ("wide-early", "first", (w,) * k + (None,) * (layers - k)),
+            ("wide-late", "last", (None,) * (layers - k) + (w,) * k),
+        ):
+            arms.append(Arm(name, f"the {which} {half}'s heads widened to d_p = {w}", head_dim=dims))
     wide_params = count_parameters(replace_config(config, head_dim=[w] * layers), pooler=False)
     f = matched_intermediate_size(config, wide_params)
     arms.append(

@@ -53,49 +53,39 @@ def summarize(state: dict) -> list[dict]:
     as_is_by_seed = {r["seed"]: r["heldout_loss"] for r in as_is}
     for arm in state["meta"]["arms"]:
         rs = _arm_runs(state, arm["name"])
+        rows.append({"arm": arm["name"], "description": arm["description"], "runs": len(rs)})
         if not rs:
-            rows.append({"arm": arm["name"], "runs": 0, "description": arm["description"]})
             continue
-        losses = [r["heldout_loss"] for r in rs]
+        first, losses = rs[0], [r["heldout_loss"] for r in rs]
         m, s = mean_std(losses)
         ppl_m, ppl_s = mean_std([r["heldout_perplexity"] for r in rs])
-        rows.append(
-            {
-                "arm": arm["name"],
-                "description": arm["description"],
-                "runs": len(rs),
-                "seeds": [r["seed"] for r in rs],
-                "layer_head_dims": rs[0]["layer_head_dims"],
-                "intermediate_size": rs[0]["intermediate_size"],
-                "parameters": rs[0]["parameters"],
-                "extra_parameters": rs[0]["parameters"] - as_is[0]["parameters"] if as_is else None,
-                "flops": rs[0]["flops"],
-                "flops_ratio": rs[0]["flops"] / as_is[0]["flops"] if as_is else None,
-                "loss_mean": m,
-                "loss_std": s,
-                "ppl_mean": ppl_m,
-                "ppl_std": ppl_s,
-                "below_unigram": unigram - m,
-                "losses": losses,
-                # descriptive, not the verdict rule: the same seed means the same batches in every arm
-                "paired_differences": [
-                    r["heldout_loss"] - as_is_by_seed[r["seed"]] for r in rs if r["seed"] in as_is_by_seed
-                ],
-                "accuracy_mean": mean_std([r["heldout_accuracy"] for r in rs])[0],
-                "start_max_logit_change": max(r["start_max_logit_change"] for r in rs),
-                "train_seconds_mean": mean_std([r["train_seconds"] for r in rs])[0],
-            }
+        rows[-1].update(
+            seeds=[r["seed"] for r in rs],
+            layer_head_dims=first["layer_head_dims"],
+            intermediate_size=first["intermediate_size"],
+            parameters=first["parameters"],
+            extra_parameters=first["parameters"] - as_is[0]["parameters"] if as_is else None,
+            flops=first["flops"],
+            flops_ratio=first["flops"] / as_is[0]["flops"] if as_is else None,
+            loss_mean=m,
+            loss_std=s,
+            ppl_mean=ppl_m,
+            ppl_std=ppl_s,
+            below_unigram=unigram - m,
+            losses=losses,
+            # descriptive, not the verdict rule: the same seed means the same batches in every arm
+            paired_differences=[r["heldout_loss"] - as_is_by_seed[r["seed"]] for r in rs if r["seed"] in as_is_by_seed],
+            accuracy_mean=mean_std([r["heldout_accuracy"] for r in rs])[0],
+            start_max_logit_change=max(r["start_max_logit_change"] for r in rs),
+            train_seconds_mean=mean_std([r["train_seconds"] for r in rs])[0],
         )
     return rows
 
 
 def comparisons(state: dict) -> list[dict]:
     """:data:`COMPARISONS` with :func:`~.stats.pooled_verdict` applied (only pairs whose arms both ran)."""
-    names = {a["name"] for a in state["meta"]["arms"]}
     out = []
-    for b, a, question in COMPARISONS:
-        if a not in names or b not in names:
-            continue
+    for b, a, question in COMPARISONS:  # an arm a one-layer base lacks has no runs
         la = [r["heldout_loss"] for r in _arm_runs(state, a)]
         lb = [r["heldout_loss"] for r in _arm_runs(state, b)]
         if la and lb:
@@ -148,11 +138,8 @@ def write_outputs(state: dict, out: Path) -> None:
     ``out`` (``results.json`` is written as runs finish)."""
     plot(state, out / PLOT_FILE)
     if state.get("tuning"):
-        selection = state["meta"]["learning_rate_selection"]
-        plot_learning_rates(
-            {"models": state["tuning"], "validation_fraction": selection["validation_fraction"]},
-            out / "learning_rates.png",
-        )
+        fraction = state["meta"]["learning_rate_selection"]["validation_fraction"]
+        plot_learning_rates({"models": state["tuning"], "validation_fraction": fraction}, out / "learning_rates.png")
     write_text_atomic(out / REPORT_FILE, report_markdown(state))
 
 
@@ -187,13 +174,10 @@ def plot(state: dict, path: Path) -> None:
     for i, r in enumerate(rows):
         if r["arm"] == "as-is":
             continue
-        diffs = []
+        diffs = []  # per seed: the training loss minus as-is's at each step both logged
         for run in _arm_runs(state, r["arm"]):
-            if run["seed"] in reference:
-                curve = dict(map(tuple, run["train_curve"]))
-                diffs.append(
-                    {s: v - reference[run["seed"]][s] for s, v in curve.items() if s in reference[run["seed"]]}
-                )
+            if (ref := reference.get(run["seed"])) is not None:
+                diffs.append({s: v - ref[s] for s, v in dict(map(tuple, run["train_curve"])).items() if s in ref})
         steps = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
         if steps:
             ax.plot(
