@@ -41,19 +41,10 @@ from ..model.architectures import (
 )
 from ..runs import claim_output_dir, environment_info, staged_outputs, write_json_atomic
 from ..theory import causal_threshold
-from ..training.evaluate import DivergedError
 from ..training.pretrain import train_or_reuse
 from ..training.settings import TrainSettings
 from . import core, render
-from .learning_rate import (
-    DIVERGED,
-    RULE,
-    choose_rate,
-    losses_record,
-    parse_rates,
-    plot_learning_rates,
-    with_validation_split,
-)
+from .learning_rate import RULE, choose_on_validation, parse_rates, plot_learning_rates, with_validation_split
 from .recipes import get_recipe
 
 
@@ -116,28 +107,18 @@ def _as(architecture: str) -> str:
     return "" if architecture == "fixedhead" else ", as Llama-style decoders (transformers' LlamaForCausalLM)"
 
 
+def _cpu_clm(why: str = "the causal threshold ceil((n-1)/2)", **kw) -> ComparePreset:
+    """The ``cpu-clm`` recipe's models at n = 64: d=128, h=16, fixed d_p at the causal threshold."""
+    return _preset("cpu-clm", 128, 16, causal_threshold(64), why, **kw)
+
+
 COMPARE_PRESETS = {
     # each model's rate: `fixedhead compare --learning-rates 5e-4,1e-3,2e-3,4e-3` (docs/results/make-run-lr)
-    "cpu": lambda: _preset(
-        "cpu-clm",
-        128,
-        16,
-        causal_threshold(64),
-        "the causal threshold ceil((n-1)/2)",
-        rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 2e-3},
-    ),
-    "cpu-llama": lambda: _preset(
-        "cpu-clm", 128, 16, causal_threshold(64), "the causal threshold ceil((n-1)/2)", architecture="llama"
-    ),
+    "cpu": lambda: _cpu_clm(rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 2e-3}),
+    "cpu-llama": lambda: _cpu_clm(architecture="llama"),
     # standard: μP based at it is the standard parametrization (make-run-lr's 2e-3); fixed: docs/results/mup
-    "cpu-mup": lambda: _preset(
-        "cpu-clm",
-        128,
-        16,
-        causal_threshold(64),
-        "the causal threshold",
-        mup=True,
-        rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 1e-3},
+    "cpu-mup": lambda: _cpu_clm(
+        "the causal threshold", mup=True, rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 1e-3}
     ),
     "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
     "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
@@ -229,11 +210,8 @@ def run_compare(
             )
         learning_rates = parse_rates(learning_rates)
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
-    train = p.train
-    train = replace(train, max_steps=max_steps) if max_steps is not None else train  # validated by TrainSettings
-    train = replace(train, batch_size=batch_size) if batch_size is not None else train
-    train = replace(train, seed=seed) if seed is not None else train
-    train = replace(train, learning_rate=learning_rate) if learning_rate is not None else train
+    overrides = dict(max_steps=max_steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate)
+    train = replace(p.train, **{k: v for k, v in overrides.items() if v is not None})  # validated by TrainSettings
     description = p.description
     if (train.max_steps, train.batch_size) != (p.train.max_steps, p.train.batch_size):  # the text names the preset's
         description += f" (here {train.max_steps} steps of batch {train.batch_size}, overriding the preset's)"
@@ -318,46 +296,30 @@ def run_compare(
             run_dir = out / "lr-grid" / f"{name}-lr{lr:g}"
             if progress:
                 print(f"{name} at lr {lr:g} ({run_dir})", flush=True)
-            try:
-                runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
-            except DivergedError:
-                return DIVERGED
-            return runs[lr]["validation_loss"]
+            runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
+            return runs[lr]
 
-        best, losses, bracketed = choose_rate(train_at, learning_rates, max_extensions)
+        choice = choose_on_validation(train_at, learning_rates, max_extensions)
+        best = choice["chosen"]
         run_dirs[name] = out / "lr-grid" / f"{name}-lr{best:g}"
         results.append({**runs[best], "name": name, "learning_rate": best})
-        selection[name] = {
-            "chosen": best,
-            "bracketed": bracketed,
-            "validation_loss": losses_record(losses),
-            "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)},
-        }
+        selection[name] = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
         if progress:
-            print(
-                f"{name}: lr {best:g} chosen on the validation split{'' if bracketed else ' (at an edge of the grid)'}"
-            )
+            edge = "" if choice["bracketed"] else " (at an edge of the grid)"
+            print(f"{name}: lr {best:g} chosen on the validation split{edge}")
     if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
         for r in results:
             r["samples"] = continuations(run_dirs[r["name"]], seed=train.seed)
-    meta.update(
-        **(
-            {
-                "learning_rate_selection": {
-                    "grid": learning_rates,
-                    "max_extensions": max_extensions,
-                    "validation_fraction": data_settings.validation_fraction,
-                    "seed": train.seed,
-                    "rule": RULE,
-                    "models": selection,
-                }
-            }
-            if selection
-            else {}
-        ),
-        total_seconds=round(time.time() - t_start, 1),
-        **environment_info(),
-    )
+    if selection:
+        meta["learning_rate_selection"] = {
+            "grid": learning_rates,
+            "max_extensions": max_extensions,
+            "validation_fraction": data_settings.validation_fraction,
+            "seed": train.seed,
+            "rule": RULE,
+            "models": selection,
+        }
+    meta.update(total_seconds=round(time.time() - t_start, 1), **environment_info())
     write_results(results, out, meta)
     print()  # the results, with or without progress bars
     print(format_table(results, meta["unigram_perplexity"]))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..checks import non_negative_int, positive_float, positive_int
 from ..plotting import pyplot, save_figure
+from ..training.evaluate import DivergedError
 from . import render
 
 #: a diverged run's validation loss: worse than any finite one, and JSON-safe as None
@@ -161,6 +162,35 @@ def choose_rate(
     return best_rate(losses), losses, True
 
 
+def choose_on_validation(
+    run: Callable[[float], dict], grid: Iterable[float], max_extensions: int = 3, recorded: dict | None = None
+) -> dict:
+    """:func:`choose_rate` over ``run(lr)["validation_loss"]``, a run raising
+    :class:`~fixedhead.training.evaluate.DivergedError` counting as :data:`DIVERGED`; the rates of
+    ``recorded`` (a :func:`losses_record` of a resumed study) are not trained again.
+
+    Returns:
+        the record studies keep: ``{"chosen": rate, "bracketed": bool, "validation_loss": losses_record(...)}``.
+
+    Raises:
+        ValueError: as :func:`choose_rate`.
+    """
+
+    def loss(lr: float) -> float:
+        try:
+            return run(lr)["validation_loss"]
+        except DivergedError:
+            return DIVERGED
+
+    best, losses, bracketed = choose_rate(loss, grid, max_extensions, losses=_losses(recorded or {}))
+    return {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
+
+
+def _losses(record: dict[str, float | None]) -> dict[float, float]:
+    """The inverse of :func:`losses_record`."""
+    return {float(lr): DIVERGED if v is None else v for lr, v in record.items()}
+
+
 def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
     """What one rate shared by every model would cost each one against its own best: the price of
     the unfair comparison the per-model choice avoids, and what a μP-style parametrization
@@ -169,10 +199,7 @@ def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
     ``tuning``: ``{model: {"validation_loss": losses_record(...)}}``, as studies record it.
     Returns ``{rate: {model: its validation loss at rate − its lowest, in nats (inf: diverged)}}``
     for each rate every model trained, ascending (empty when there is none)."""
-    curves = {
-        key: {float(lr): (math.inf if v is None else v) for lr, v in t["validation_loss"].items()}
-        for key, t in tuning.items()
-    }
+    curves = {key: _losses(t["validation_loss"]) for key, t in tuning.items()}
     common = set.intersection(*(set(c) for c in curves.values())) if curves else set()
     return {lr: {key: c[lr] - min(c.values()) for key, c in curves.items()} for lr in sorted(common)}
 

@@ -50,19 +50,11 @@ from ..model.flops import training_flops
 from ..model.modeling import count_parameters
 from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ..theory import causal_threshold
-from ..training.evaluate import DivergedError, load_run
+from ..training.evaluate import load_run
 from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
 from . import core
-from .learning_rate import (
-    DIVERGED,
-    RULE,
-    check_first_seed,
-    choose_rate,
-    losses_record,
-    parse_rates,
-    with_validation_split,
-)
+from .learning_rate import RULE, check_first_seed, choose_on_validation, parse_rates, with_validation_split
 from .recipes import get_recipe
 from .stats import RULE_STDS
 from .widening_arms import make_arms, max_logit_change, write_start
@@ -352,25 +344,12 @@ def run_widening(
     chosen = {arm.name: None for arm in arms}
     if rates is not None:
         state["tuning"] = {k: v for k, v in previous.get("tuning", {}).items() if k in chosen}
-
-        def validation_loss(arm, lr: float) -> float:
-            try:
-                return continue_arm(arm, p.seeds[0], lr)["validation_loss"]
-            except DivergedError:
-                return DIVERGED
-
         for arm in arms:
             # rates recorded before (a rerun) are not trained again, a diverged one included
-            done = state["tuning"].get(arm.name, {}).get("validation_loss", {})
-            done = {float(lr): DIVERGED if v is None else v for lr, v in done.items()}
-            train = partial(validation_loss, arm)
-            best, losses, bracketed = choose_rate(train, rates, max_extensions, losses=done)
-            state["tuning"][arm.name] = {
-                "chosen": best,
-                "bracketed": bracketed,
-                "validation_loss": losses_record(losses),
-            }
-            chosen[arm.name] = best
+            done = state["tuning"].get(arm.name, {}).get("validation_loss")
+            tuned = choose_on_validation(partial(continue_arm, arm, p.seeds[0]), rates, max_extensions, done)
+            state["tuning"][arm.name] = tuned
+            chosen[arm.name] = tuned["chosen"]
             save()
     for seed, arm in ((s, a) for s in p.seeds for a in arms):  # seed-major: a cut-short study has whole seeds
         continue_arm(arm, seed, chosen[arm.name])
