@@ -280,19 +280,12 @@ def plot_learning_rates(
     finite = [v for m in selection["models"].values() for v in m["validation_loss"].values() if v is not None]
     top = max(finite) + 0.05 * (max(finite) - min(finite) + 1e-9)
     for name, m in selection["models"].items():
-        rates = [float(lr) for lr in m["validation_loss"]]
-        losses = list(m["validation_loss"].values())
-        line = ax.plot(
-            [r for r, v in zip(rates, losses, strict=True) if v is not None],
-            [v for v in losses if v is not None],
-            marker="o",
-            label=f"{name}: lr {m['chosen']:g}" + ("" if m["bracketed"] else " (edge)"),
-        )[0]
-        ax.plot(
-            [m["chosen"]], [m["validation_loss"][f"{m['chosen']:g}"]], "o", ms=12, mfc="none", color=line.get_color()
-        )
-        diverged = [r for r, v in zip(rates, losses, strict=True) if v is None]
-        ax.plot(diverged, [top] * len(diverged), "x", color=line.get_color())
+        ran = {float(lr): v for lr, v in m["validation_loss"].items() if v is not None}
+        label = f"{name}: lr {m['chosen']:g}" + ("" if m["bracketed"] else " (edge)")
+        colour = ax.plot(list(ran), list(ran.values()), marker="o", label=label)[0].get_color()
+        ax.plot([m["chosen"]], [m["validation_loss"][f"{m['chosen']:g}"]], "o", ms=12, mfc="none", color=colour)
+        diverged = [float(lr) for lr, v in m["validation_loss"].items() if v is None]
+        ax.plot(diverged, [top] * len(diverged), "x", color=colour)
     ax.set_xscale("log", base=2)
     render.plain_ticks(ax, sorted({float(lr) for m in selection["models"].values() for lr in m["validation_loss"]}))
     ax.set_xlabel("learning rate")

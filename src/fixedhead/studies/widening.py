@@ -229,12 +229,11 @@ def run_widening(
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
     make_arms(probe, wide)  # refuses a bad wide size before anything is written
     non_negative_int("max_extensions", max_extensions)
-    rates = parse_rates(learning_rates) if learning_rates is not None else None
-    selection = None
-    if rates is not None:
+    rates = grid = None
+    if learning_rates is not None:
+        rates = parse_rates(learning_rates)
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
         grid = {"grid": rates, "max_extensions": max_extensions, "validation_fraction": p.data.validation_fraction}
-        selection = {**grid, "seed": p.seeds[0], "rule": RULE}
 
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
@@ -244,7 +243,7 @@ def run_widening(
         preset,
         p.description,
         command,
-        settings_record(p, wide, grid if rates is not None else None),  # seeds may change; the first is checked below
+        settings_record(p, wide, grid),  # seeds may change; the first is checked below
         what,
         same_settings,
         overwrite,
@@ -256,10 +255,9 @@ def run_widening(
         rule={"stds": RULE_STDS},
         continuation_tokens=p.continuation.max_steps * p.continuation.batch_size * n,
     )
-    if rates is not None:
+    if grid:
         check_first_seed(previous, p.seeds[0], state_file, "arms")
-    if selection:
-        meta["learning_rate_selection"] = selection
+        meta["learning_rate_selection"] = {**grid, "seed": p.seeds[0], "rule": RULE}
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
     out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
     config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
@@ -310,9 +308,7 @@ def run_widening(
             start = out / "start" / f"{arm.name}-s{seed}"  # the same start at every rate
             write_start(base_dir, arm, seed, start)
             change = max_logit_change(base_model, start, data.heldout[:16])
-        train = replace(p.continuation, seed=seed, progress=progress)
-        if lr is not None:
-            train = replace(train, learning_rate=lr)
+        train = replace(p.continuation, seed=seed, progress=progress, learning_rate=lr or p.continuation.learning_rate)
         result = pretrain(None, data, run_dir, train, resume=(run_dir / PRETRAIN_FILE).is_file(), init_from=start)
         run_config = open_run(run_dir).config
         state["runs"][key] = {
