@@ -248,6 +248,8 @@ def run_compare(
         configs[p.widen].update(hidden_size=d, intermediate_size=widened_ffn(configs[p.widen], d))
     if models:
         configs = {name: fields for name, fields in configs.items() if name in models}
+    own = p.learning_rates if learning_rate is None else {}  # without a grid: a given rate, else each model's own
+    rate_of = {name: own.get(name, train.learning_rate) for name in configs}
 
     meta = {
         "study": "compare",
@@ -267,7 +269,7 @@ def run_compare(
             **(
                 {"grid": learning_rates, "max_extensions": max_extensions, "rule": RULE}
                 if learning_rates is not None
-                else {"learning_rates": {name: _rate_of(p, name, train, learning_rate) for name in configs}}
+                else {"learning_rates": rate_of}
             ),
         },
     }
@@ -285,7 +287,7 @@ def run_compare(
                 flush=True,
             )
         if learning_rates is None:
-            lr = _rate_of(p, name, train, learning_rate)
+            lr = rate_of[name]
             run_dirs[name] = out / name
             result = train_or_reuse(config, data, run_dirs[name], replace(train, learning_rate=lr), overwrite)
             results.append({**result, "name": name, **({"learning_rate": lr} if p.learning_rates else {})})
@@ -328,11 +330,6 @@ def run_compare(
             print(f"{r['name']:>14}: {prompt} | {text}")
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
     return results
-
-
-def _rate_of(p: ComparePreset, name: str, train: TrainSettings, learning_rate: float | None) -> float:
-    """A model's rate without a grid: ``learning_rate`` if given, else its own in the preset, else the recipe's."""
-    return p.learning_rates.get(name, train.learning_rate) if learning_rate is None else learning_rate
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)

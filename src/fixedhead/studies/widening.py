@@ -237,14 +237,13 @@ def run_widening(
 
     out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
-    what = "data, model, recipes, wide head size or learning-rate grid"
     previous, meta = core.resume(
         state_file,
         preset,
         p.description,
         command,
         settings_record(p, wide, grid),  # seeds may change; the first is checked below
-        what,
+        "data, model, recipes, wide head size or learning-rate grid",
         same_settings,
         overwrite,
         study="widen-experiment",
@@ -337,18 +336,18 @@ def run_widening(
             )
         return state["runs"][key]
 
-    chosen = {arm.name: None for arm in arms}
     if rates is not None:
-        state["tuning"] = {k: v for k, v in previous.get("tuning", {}).items() if k in chosen}
+        names = {arm.name for arm in arms}
+        state["tuning"] = {k: v for k, v in previous.get("tuning", {}).items() if k in names}
         for arm in arms:
             # rates recorded before (a rerun) are not trained again, a diverged one included
             done = state["tuning"].get(arm.name, {}).get("validation_loss")
-            tuned = choose_on_validation(partial(continue_arm, arm, p.seeds[0]), rates, max_extensions, done)
-            state["tuning"][arm.name] = tuned
-            chosen[arm.name] = tuned["chosen"]
+            state["tuning"][arm.name] = choose_on_validation(
+                partial(continue_arm, arm, p.seeds[0]), rates, max_extensions, done
+            )
             save()
-    for seed, arm in ((s, a) for s in p.seeds for a in arms):  # seed-major: a cut-short study has whole seeds
-        continue_arm(arm, seed, chosen[arm.name])
+    for arm, seed in core.seed_major(arms, p.seeds):  # a cut-short study has whole seeds
+        continue_arm(arm, seed, state["tuning"][arm.name]["chosen"] if rates else None)
     save()
     write_outputs(state, out)
     if progress:
