@@ -34,14 +34,8 @@ def _arm_runs(state: dict, arm: str) -> list[dict]:
     seeds = state["meta"]["seeds"]
     tuned = "tuning" in state
     chosen = state.get("tuning", {}).get(arm, {}).get("chosen")
-    return sorted(
-        (
-            r
-            for r in state["runs"].values()
-            if r["arm"] == arm and r["seed"] in seeds and (not tuned or r.get("learning_rate") == chosen)
-        ),
-        key=lambda r: r["seed"],
-    )
+    runs = [r for r in state["runs"].values() if r["arm"] == arm and r["seed"] in seeds]
+    return sorted((r for r in runs if not tuned or r.get("learning_rate") == chosen), key=lambda r: r["seed"])
 
 
 def summarize(state: dict) -> list[dict]:
@@ -252,17 +246,12 @@ def report_markdown(state: dict) -> str:
         f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
         f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.flops.training_flops`).",
         "",
-    ]
-    L += _results_table(state)
-    L += [
+        *_results_table(state),
         "",
         "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
         "description of the pairs, not part of the verdict rule, which compares the arms' means and spreads.",
         "",
-    ]
-    if state.get("tuning"):
-        L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "arm")
-    L += [
+        *(selection_markdown(meta["learning_rate_selection"], state["tuning"], "arm") if state.get("tuning") else []),
         "## Verdicts",
         "",
         *render.table(
