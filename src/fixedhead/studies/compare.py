@@ -94,9 +94,8 @@ def _preset(
         train=r.train,
         learning_rates=dict(rates or {}),
         models={
-            "standard": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, **extra),
-            "fixed": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=fixed_head_dim, **extra),
-            "standard-wide": r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, **extra),
+            name: r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=head_dim, **extra)
+            for name, head_dim in (("standard", None), ("fixed", fixed_head_dim), ("standard-wide", None))
         },
         widen="standard-wide",
         match_to="fixed",
@@ -403,7 +402,6 @@ def _cell(r: dict, key: str, fmt: str) -> str:
 def format_table(results: list[dict], unigram_perplexity: float | None = None) -> str:
     """A plain-text table of the comparison (one row per model); with the unigram reference, a column
     of how far below it each model's held-out loss is (nats) and a closing line naming it."""
-
     columns = _columns(results)
     results = [dict(r) for r in results]
     if unigram_perplexity:

@@ -165,16 +165,10 @@ def choose_rate(
 def choose_on_validation(
     run: Callable[[float], dict], grid: Iterable[float], max_extensions: int = 3, recorded: dict | None = None
 ) -> dict:
-    """:func:`choose_rate` over ``run(lr)["validation_loss"]``, a run raising
-    :class:`~fixedhead.training.evaluate.DivergedError` counting as :data:`DIVERGED`; the rates of
-    ``recorded`` (a :func:`losses_record` of a resumed study) are not trained again.
-
-    Returns:
-        the record studies keep: ``{"chosen": rate, "bracketed": bool, "validation_loss": losses_record(...)}``.
-
-    Raises:
-        ValueError: as :func:`choose_rate`.
-    """
+    """:func:`choose_rate` on ``run(lr)["validation_loss"]`` (a run raising ``DivergedError`` counts as
+    :data:`DIVERGED`); the rates of ``recorded`` (a resumed study's :func:`losses_record`) are not trained
+    again. Returns the record studies keep, ``{"chosen", "bracketed", "validation_loss": losses_record(...)}``;
+    raises ValueError as :func:`choose_rate` does."""
 
     def loss(lr: float) -> float:
         try:
