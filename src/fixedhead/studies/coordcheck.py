@@ -29,6 +29,9 @@ import numpy as np
 import torch
 
 from ..checks import positive_float, positive_int
+from ..plotting import pyplot, save_figure
+from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, staged_outputs
+from . import render
 
 QUANTITIES = ("query", "key", "logits", "context", "attention_output", "block_output")
 AXES = ("head_dim", "num_heads")
@@ -237,23 +240,10 @@ class CoordCheckResult:
 
     def curve(self, axis: str, parametrization: str, quantity: str, step: int, what: str = "mean_abs_change"):
         """(widths, values averaged over seeds) for one line of the plot."""
-        widths = sorted(
-            {r["width"] for r in self.rows if r["axis"] == axis and r["parametrization"] == parametrization}
-        )
-        values = [
-            float(
-                np.mean(
-                    [
-                        r[what]
-                        for r in self.rows
-                        if (r["axis"], r["parametrization"], r["quantity"], r["step"], r["width"])
-                        == (axis, parametrization, quantity, step, w)
-                    ]
-                )
-            )
-            for w in widths
-        ]
-        return widths, values
+        line = [r for r in self.rows if r["axis"] == axis and r["parametrization"] == parametrization]
+        widths = sorted({r["width"] for r in line})
+        at = [r for r in line if r["quantity"] == quantity and r["step"] == step]
+        return widths, [float(np.mean([r[what] for r in at if r["width"] == w])) for w in widths]
 
     def slope(self, axis: str, parametrization: str, quantity: str, step: int | None = None) -> float:
         """Least-squares slope of log mean |x_t − x_0| against log width at ``step`` (default: the
@@ -264,28 +254,20 @@ class CoordCheckResult:
 
     def slopes(self) -> list[dict]:
         """One row per (axis, parametrization): the slope of every quantity at the last step."""
-        out = []
-        for axis in self.settings["axes"]:
-            for name in self.settings["parametrizations"]:
-                out.append(
-                    {
-                        "axis": axis,
-                        "parametrization": name,
-                        **{q: self.slope(axis, name, q) for q in QUANTITIES},
-                    }
-                )
-        return out
+        return [
+            {"axis": axis, "parametrization": name, **{q: self.slope(axis, name, q) for q in QUANTITIES}}
+            for axis in self.settings["axes"]
+            for name in self.settings["parametrizations"]
+        ]
 
 
 def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordCheckResult:
     """Run every (axis, parametrization, width, seed) of ``settings`` on seeded random tokens."""
     from tqdm.auto import tqdm
 
-    from ..runs import environment_info, invocation_commands
-
     batches, eval_ids = random_batches(settings)
     meta = {"command": invocation_commands(None, {})[0], **environment_info()}
-    result = CoordCheckResult(settings=_jsonable(asdict(settings)), meta=meta)
+    result = CoordCheckResult(settings=json.loads(json.dumps(asdict(settings))), meta=meta)
     plan = [
         (axis, name, width, config, seed)
         for axis in settings.axes
@@ -333,33 +315,21 @@ def run_coordcheck(settings: CoordCheckSettings, output_dir, overwrite: bool = F
     Raises:
         FileExistsError: ``output_dir`` holds files coordcheck did not write.
     """
-    from ..runs import claim_output_dir
-
     claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", create=False)
     result = coord_check(settings, progress=progress)
     return result, write_outputs(result, output_dir, overwrite=overwrite)
 
 
-def _jsonable(d: dict) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
 # ------------------------------------------------------------------------------- outputs
 def format_slopes(result: CoordCheckResult) -> str:
     """A markdown table: for each axis and parametrization, the slope of every quantity."""
-    head = "| width axis | parametrization | " + " | ".join(QUANTITIES) + " |"
-    lines = [head, "|" + "---|" * (len(QUANTITIES) + 2)]
-    for row in result.slopes():
-        cells = " | ".join(f"{row[q]:+.2f}" for q in QUANTITIES)
-        lines.append(f"| {row['axis']} | {row['parametrization']} | {cells} |")
-    return "\n".join(lines)
+    rows = [[r["axis"], r["parametrization"], *(f"{r[q]:+.2f}" for q in QUANTITIES)] for r in result.slopes()]
+    return "\n".join(render.table(["width axis", "parametrization", *QUANTITIES], rows))
 
 
 def plot(result: CoordCheckResult, axis: str, path) -> Path:
     """Rows = quantities, columns = parametrizations; mean |x_t − x_0| against width, one line per
     step t (1, 2, 5, 10, 20, ... and the last)."""
-    from ..plotting import pyplot, save_figure
-
     plt = pyplot()
     names = result.settings["parametrizations"]
     steps = result.settings["steps"]
@@ -389,8 +359,6 @@ def plot(result: CoordCheckResult, axis: str, path) -> Path:
 
 
 def report_markdown(result: CoordCheckResult) -> str:
-    from . import render
-
     s, meta = result.settings, result.meta
     what_was_run = [render.commands_line(meta), render.software_line(meta)] if meta else []
     return "\n".join(
@@ -433,30 +401,25 @@ def curves(result: CoordCheckResult) -> dict:
 
 def load_result(path) -> CoordCheckResult:
     """A :class:`CoordCheckResult` read back from a ``coordcheck.json`` (its rows rebuilt from the curves)."""
-    from ..runs import load_json_file
-
     saved = load_json_file(path, "coordcheck results")
-    rows = []
-    for axis, by_variant in saved["curves"].items():
-        for name, by_quantity in by_variant.items():
-            for quantity, by_width in by_quantity.items():
-                for width, by_seed in by_width.items():
-                    for seed, leaf in by_seed.items():
-                        for step, (change, size) in enumerate(
-                            zip(leaf["mean_abs_change"], leaf["mean_abs"], strict=True)
-                        ):
-                            rows.append(
-                                {
-                                    "axis": axis,
-                                    "parametrization": name,
-                                    "width": int(width),
-                                    "seed": int(seed),
-                                    "step": step,
-                                    "quantity": quantity,
-                                    "mean_abs_change": change,
-                                    "mean_abs": size,
-                                }
-                            )
+    rows = [
+        {
+            "axis": axis,
+            "parametrization": name,
+            "width": int(width),
+            "seed": int(seed),
+            "step": step,
+            "quantity": quantity,
+            "mean_abs_change": change,
+            "mean_abs": size,
+        }
+        for axis, by_variant in saved["curves"].items()
+        for name, by_quantity in by_variant.items()
+        for quantity, by_width in by_quantity.items()
+        for width, by_seed in by_width.items()
+        for seed, leaf in by_seed.items()
+        for step, (change, size) in enumerate(zip(leaf["mean_abs_change"], leaf["mean_abs"], strict=True))
+    ]
     return CoordCheckResult(settings=saved["settings"], rows=rows, data=saved["data"], meta=saved.get("meta", {}))
 
 
@@ -467,8 +430,6 @@ def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False)
     Raises:
         FileExistsError: ``output_dir`` holds files coordcheck did not write.
     """
-    from ..runs import claim_output_dir, environment_info, staged_outputs
-
     out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", overwrite=overwrite)
     paths = {}
     with staged_outputs(out) as stage:
