@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.special import log_softmax
 
 from ..checks import non_negative_int, positive_int
-from ..plotting import pyplot
+from ..plotting import pyplot, save_figure
+from ..runs import claim_output_dir
 from ..theory import (
     causal_logit_lower_bounds,
     causal_threshold,
@@ -27,6 +29,7 @@ from ..theory import (
 )
 from ..theory.causal import _causal_log
 from ..theory.common import _one_thread
+from . import render
 
 SWEEP_COLUMNS = [
     "mask",
@@ -44,33 +47,23 @@ SWEEP_COLUMNS = [
 ]
 
 
-def _row(mask, n, seed, temperature, k, r, error, lower, relative, kl_svd, kl_fit, max_abs_error) -> dict:
-    """One CSV row (:data:`SWEEP_COLUMNS`), the numbers as plain floats."""
-    numbers = (error, lower, relative, kl_svd, kl_fit, max_abs_error)
-    return dict(zip(SWEEP_COLUMNS, (mask, n, seed, float(temperature), k, r, *map(float, numbers)), strict=True))
+def _bidirectional_fits(P: np.ndarray, max_iter: int):
+    """Per head size k = 1..n, a bidirectional row's numbers (:data:`SWEEP_COLUMNS` from ``logit_error``)."""
+    errs = logit_errors(P)
+    for k in range(1, len(P) + 1):
+        fit = fit_head(np.eye(len(P)), P, k, max_iter=max_iter)
+        yield errs[k], errs[k], errs[k] / errs[0], fit.kl_svd_init, fit.kl, fit.max_abs_error
 
 
-def _causal_sweep_rows(n: int, seed: int, temperature: float, max_iter: int, bar) -> list[dict]:
-    """The causal rows of :func:`bottleneck_sweep` for one n and seed."""
-    P = random_attention(n, temperature, seed, causal=True)
-    r = min_head_dim(P, causal=True)
-    lower = causal_logit_lower_bounds(P)
-    seen, logp = np.tri(n, dtype=bool), _causal_log(P)
-    rows = []
+def _causal_fits(P: np.ndarray, max_iter: int):
+    """Per head size k = 1..n, a causal row's numbers (:data:`SWEEP_COLUMNS` from ``logit_error``)."""
+    n = len(P)
+    lower, seen, logp = causal_logit_lower_bounds(P), np.tri(n, dtype=bool), _causal_log(P)
     for k in range(1, n + 1):
         fit = fit_causal_logits(P, k, max_iter=max_iter)
-        L = np.where(seen, fit.logits, -np.inf)
-        L = L - L.max(axis=1, keepdims=True)
-        log_att = np.where(seen, L - np.log(np.exp(L).sum(axis=1, keepdims=True)), 0.0)  # masked log-softmax
-        kl = float(np.sum(P * (logp - log_att)) / n)
-        achieved = float(np.max(np.abs(np.exp(log_att) * seen - P)))
-        rows.append(
-            _row(
-                "causal", n, seed, temperature, k, r, fit.error, lower[k], fit.error / lower[0], math.nan, kl, achieved
-            )
-        )
-        bar.update(1)
-    return rows
+        log_att = np.where(seen, log_softmax(np.where(seen, fit.logits, -np.inf), axis=1), 0.0)  # masked
+        kl = np.sum(P * (logp - log_att)) / n
+        yield fit.error, lower[k], fit.error / lower[0], math.nan, kl, np.max(np.abs(np.exp(log_att) * seen - P))
 
 
 OUTPUT_FILES = ("bottleneck.csv", "bottleneck.png")
@@ -142,16 +135,12 @@ def bottleneck_sweep(
     Raises:
         ValueError: an n < 2, no seeds, a bad temperature or max_iter.
     """
-    import csv
-
     ns = [positive_int("n", n, minimum=2) for n in ns]
     seeds = [non_negative_int("seed", s) for s in seeds]
     if not ns or not seeds:
         raise ValueError(f"need at least one n and one seed, got ns={ns} and seeds={seeds}")
     max_iter = positive_int("max_iter", max_iter)
     random_attention(2, temperature)  # validates temperature
-    from ..runs import claim_output_dir
-
     out = claim_output_dir(output_dir, OUTPUT_FILES, OUTPUT_FILES, "bottleneck")  # before the work
 
     from tqdm.auto import tqdm
@@ -161,38 +150,17 @@ def bottleneck_sweep(
         total=sum(ns) * len(seeds) * (2 if causal else 1), desc="bottleneck fits", disable=not progress, unit="fit"
     )
     for n in ns:
-        X = np.eye(n)
         for seed in seeds:
-            P = random_attention(n, temperature, seed)
-            r = min_head_dim(P)
-            errs = logit_errors(P)
-            for k in range(1, n + 1):
-                fit = fit_head(X, P, k, max_iter=max_iter)
-                e = float(errs[k])
-                rows.append(
-                    _row(
-                        "bidirectional",
-                        n,
-                        seed,
-                        temperature,
-                        k,
-                        r,
-                        e,
-                        e,
-                        e / errs[0],
-                        fit.kl_svd_init,
-                        fit.kl,
-                        fit.max_abs_error,
-                    )
-                )
-                bar.update(1)
-            if causal:
-                rows += _causal_sweep_rows(n, seed, temperature, max_iter, bar)
+            for mask in ("bidirectional", "causal") if causal else ("bidirectional",):
+                P = random_attention(n, temperature, seed, causal=mask == "causal")
+                r = min_head_dim(P, causal=mask == "causal")
+                fits = _causal_fits(P, max_iter) if mask == "causal" else _bidirectional_fits(P, max_iter)
+                for k, numbers in enumerate(fits, 1):
+                    values = (mask, n, seed, float(temperature), k, r, *map(float, numbers))
+                    rows.append(dict(zip(SWEEP_COLUMNS, values, strict=True)))
+                    bar.update(1)
     bar.close()
-    with open(out / "bottleneck.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=SWEEP_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    render.write_csv(out / "bottleneck.csv", SWEEP_COLUMNS, rows)
     _plot_sweep(rows, ns, out / "bottleneck.png")
     return rows
 
@@ -205,9 +173,9 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
     floor = 1e-17  # exact zeros (and float64 rounding noise, which can be negative) drawn here
     causal = any(r["mask"] == "causal" for r in rows)
     fig, axes = plt.subplots(2, len(ns), figsize=(4.2 * len(ns), 6.6), squeeze=False, sharey="row")
-    panels = [
-        ("logit_error", None, "logit-space error e_k (nats, Frobenius)"),
-        ("kl_fit", "kl_svd", "mean row KL(P || fit) (nats)"),
+    panels = [  # (key, the SVD start's key, y label, the causal curve's label)
+        ("logit_error", None, "logit-space error e_k (nats, Frobenius)", "causal: achieved (L-BFGS-B)"),
+        ("kl_fit", "kl_svd", "mean row KL(P || fit) (nats)", "causal: logit-space fit"),
     ]
 
     def mean_curve(sel, key):  # [seeds, k] -> geometric mean over seeds, each curve with the floor
@@ -219,31 +187,19 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
         sel = [r for r in rows if r["n"] == n and r["mask"] == "bidirectional"]
         csel = [r for r in rows if r["n"] == n and r["mask"] == "causal"]
         ks = np.arange(1, n + 1)
-        seeds = sorted({r["seed"] for r in sel})
-        for row, (key, key2, label) in enumerate(panels):
+        for row, (key, key2, label, causal_label) in enumerate(panels):
             ax = axes[row, col]
             vals, mean = mean_curve(sel, key)
             for v in vals:
                 ax.plot(ks, v, color="C0", alpha=0.25, lw=0.8)
             name = "bidirectional: " if causal else ""
-            ax.plot(
-                ks,
-                mean,
-                color="C0",
-                lw=2,
-                label=f"{name}optimised (L-BFGS)" if key2 else f"{name}{len(seeds)} seeds, geometric mean",
-            )
+            mean_label = f"{name}optimised (L-BFGS)" if key2 else f"{name}{len(vals)} seeds, geometric mean"
+            ax.plot(ks, mean, color="C0", lw=2, label=mean_label)
             if key2:
                 ax.plot(ks, mean_curve(sel, key2)[1], color="C1", lw=1.5, ls="--", label=f"{name}truncated-SVD logits")
             if csel:
                 upper = mean_curve(csel, key)[1]
-                ax.plot(
-                    ks,
-                    upper,
-                    color="C2",
-                    lw=2,
-                    label="causal: logit-space fit" if key2 else "causal: achieved (L-BFGS-B)",
-                )
+                ax.plot(ks, upper, color="C2", lw=2, label=causal_label)
                 r_causal = sorted({r["min_head_dim"] for r in csel})
                 if not key2:
                     lower = mean_curve(csel, "logit_error_lower")[1]
@@ -251,22 +207,10 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
                     below = ks <= r_causal[-1] - 1  # from the threshold on both are 0 up to rounding
                     ax.fill_between(ks[below], lower[below], upper[below], color="C2", alpha=0.15, lw=0)
                 for i, rc in enumerate(r_causal):
-                    ax.axvline(
-                        rc,
-                        color="C2",
-                        ls="--",
-                        lw=1,
-                        label="⌈(n − 1)/2⌉ (causal threshold)"
-                        if i == 0 and rc == causal_threshold(n)
-                        else ("causal threshold" if i == 0 else None),
-                    )
-            ax.axvline(
-                n - 1,
-                color="C3",
-                ls="--",
-                lw=1,
-                label="n − 1 (bidirectional threshold)" if causal else "n − 1 (sharp threshold)",
-            )
+                    generic = "⌈(n − 1)/2⌉ (causal threshold)" if rc == causal_threshold(n) else "causal threshold"
+                    ax.axvline(rc, color="C2", ls="--", lw=1, label=None if i else generic)
+            sharp = "bidirectional" if causal else "sharp"
+            ax.axvline(n - 1, color="C3", ls="--", lw=1, label=f"n − 1 ({sharp} threshold)")
             ax.axvline(n, color="k", ls=":", lw=1, label="n (paper's d_p ≥ n)")
             ax.axhline(floor, color="0.6", lw=0.6)
             ax.set_yscale("log")
@@ -275,11 +219,10 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if row == 1:
                 ax.set_xlabel("head size d_p")
-            if col == 0:
-                ax.set_ylabel(label)
             if row == 0:
                 ax.set_title(f"n = {n}")
             if col == 0:
+                ax.set_ylabel(label)
                 ax.legend(fontsize=7, loc="lower left")
     temp = rows[0]["temperature"]
     what = "bidirectional and causal (masked) heads" if causal else "one head"
@@ -288,6 +231,4 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
         f"values at {floor:g} are exact zeros (float64)",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
