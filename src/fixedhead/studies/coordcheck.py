@@ -210,14 +210,9 @@ def measure(config, batches: torch.Tensor, eval_ids: torch.Tensor, learning_rate
         now = _activations(model, eval_ids) if step else first
         for quantity in QUANTITIES:
             keys = [k for k in now if k.split("/")[0] == quantity]
-            rows.append(
-                {
-                    "step": step,
-                    "quantity": quantity,
-                    "mean_abs": float(np.mean([now[k].abs().mean().item() for k in keys])),
-                    "mean_abs_change": float(np.mean([(now[k] - first[k]).abs().mean().item() for k in keys])),
-                }
-            )
+            size = float(np.mean([now[k].abs().mean().item() for k in keys]))
+            change = float(np.mean([(now[k] - first[k]).abs().mean().item() for k in keys]))
+            rows.append({"step": step, "quantity": quantity, "mean_abs": size, "mean_abs_change": change})
     return rows
 
 
