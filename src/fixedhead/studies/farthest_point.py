@@ -80,15 +80,11 @@ class FarthestPointPreset:
             f"{self.more_heads_rank}; {self.recipe.steps} steps"
         )
 
-    def grid_cells(self) -> list[Cell]:
-        return [Cell(r, dp, self.grid_heads) for r in self.ranks for dp in self.head_dims]
-
-    def more_heads_cells(self) -> list[Cell]:
-        return [Cell(self.more_heads_rank, self.more_heads_head_dim, h) for h in self.more_heads]
-
     def cells(self) -> list[Cell]:
         """Grid cells, then the more-heads cells not already in the grid (no cell twice)."""
-        return list(dict.fromkeys(self.grid_cells() + self.more_heads_cells()))
+        grid = [Cell(r, dp, self.grid_heads) for r in self.ranks for dp in self.head_dims]
+        more = [Cell(self.more_heads_rank, self.more_heads_head_dim, h) for h in self.more_heads]
+        return list(dict.fromkeys(grid + more))
 
 
 def _set(values) -> str:
@@ -226,6 +222,9 @@ def run_farthest_point(
         task = FarthestPointTask(p.dim, cell.rank, p.num_points, seed=seed)
         return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": recipe.learning_rate}
 
+    def validation(run: dict) -> float:  # the final MSE × d on the curve sets
+        return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+
     chosen: dict[str, float | None] = {c.key: None for c in cells}
     for cell in cells if grid else []:  # each cell's rate, with the first seed; finished rates are reused
 
@@ -234,13 +233,9 @@ def run_farthest_point(
             save()
             if progress:
                 print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
-            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+            return validation(run)
 
-        done = {
-            r["learning_rate"]: r["curve"][-1][1] if math.isfinite(r["curve"][-1][1]) else DIVERGED
-            for r in state["lr_grid"].values()
-            if r["key"] == cell.key
-        }
+        done = {r["learning_rate"]: validation(r) for r in state["lr_grid"].values() if r["key"] == cell.key}
         best, losses, bracketed = choose_rate(validation_mse, rates, max_extensions, losses=done)
         state["tuning"][cell.key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
         state["runs"][f"{cell.key}-s{p.seeds[0]}"] = state["lr_grid"][f"{cell.key}-lr{best:g}"]
@@ -264,8 +259,8 @@ def run_farthest_point(
 
 
 # ----------------------------------------------------------------------------------- outputs
-def _runs_of(state: dict, cell: dict) -> list[dict]:
-    key = Cell(**cell).key
+def _runs_of(state: dict, rank: int, head_dim: int, num_heads: int) -> list[dict]:
+    key = Cell(rank, head_dim, num_heads).key
     return sorted(
         (r for r in state["runs"].values() if r["key"] == key and r["seed"] in state["meta"]["seeds"]),
         key=lambda r: r["seed"],
@@ -274,11 +269,12 @@ def _runs_of(state: dict, cell: dict) -> list[dict]:
 
 def _grid_runs(state: dict) -> dict[tuple[int, int], list[dict]]:
     g = state["meta"]["grid"]
-    return {
-        (r, dp): _runs_of(state, dict(rank=r, head_dim=dp, num_heads=g["heads"]))
-        for r in g["ranks"]
-        for dp in g["head_dims"]
-    }
+    return {(r, dp): _runs_of(state, r, dp, g["heads"]) for r in g["ranks"] for dp in g["head_dims"]}
+
+
+def _more_heads_runs(state: dict) -> dict[int, list[dict]]:
+    mh = state["meta"]["more_heads"]
+    return {h: _runs_of(state, mh["rank"], mh["head_dim"], h) for h in mh["heads"]}
 
 
 def _cell_summary(runs: list[dict]) -> tuple[str, str, str]:
@@ -324,12 +320,12 @@ def plot_heatmap(state: dict, path: Path) -> None:
     runs = _grid_runs(state)
     ranks, dps = g["ranks"], g["head_dims"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
-    for ax, what, cmap, vmax in ((axes[0], "hit_rate", "viridis", 1.0), (axes[1], "mse", "magma_r", 1.0)):
-        vals = [[mean_std([x[what] for x in runs[(r, dp)]])[0] for dp in dps] for r in ranks]
-        im = ax.imshow(vals, origin="lower", cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
-        for i, r in enumerate(ranks):
-            for j, dp in enumerate(dps):
-                m, s = mean_std([x[what] for x in runs[(r, dp)]])
+    for ax, what, cmap in ((axes[0], "hit_rate", "viridis"), (axes[1], "mse", "magma_r")):
+        stats = [[mean_std([x[what] for x in runs[(r, dp)]]) for dp in dps] for r in ranks]
+        means = [[m for m, _ in row] for row in stats]
+        im = ax.imshow(means, origin="lower", cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+        for i, row in enumerate(stats):
+            for j, (m, s) in enumerate(row):
                 if math.isfinite(m):
                     txt = f"{m:.2f}" + (f"\n±{s:.2f}" if math.isfinite(s) else "")
                     dark = (m > 0.55) if what == "hit_rate" else (m < 0.45)
@@ -343,9 +339,7 @@ def plot_heatmap(state: dict, path: Path) -> None:
         ax.plot(xs, ys, color="red", linewidth=2.5, label="predicted boundary (d_p ≥ r to its right)")
         diag = [(j, i) for i, r in enumerate(ranks) for j, dp in enumerate(dps) if dp == r]
         if diag:
-            ax.plot(
-                [a for a, _ in diag], [b for _, b in diag], color="red", linestyle=":", linewidth=1.5, label="d_p = r"
-            )
+            ax.plot(*zip(*diag, strict=True), color="red", linestyle=":", linewidth=1.5, label="d_p = r")
         ax.set_xticks(range(len(dps)), [str(x) for x in dps])
         ax.set_yticks(range(len(ranks)), [str(x) for x in ranks])
         ax.set_xlabel("head size d_p")
@@ -373,17 +367,12 @@ def plot_more_heads(state: dict, path: Path) -> None:
     plt = pyplot()
     mh = state["meta"]["more_heads"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    hs, hit, hit_s, mse, mse_s = [], [], [], [], []
-    for h in mh["heads"]:
-        rs = _runs_of(state, dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h))
-        if rs:
-            hs.append(h)
-            for vals, ms, what in ((hit, hit_s, "hit_rate"), (mse, mse_s, "mse")):
-                m, s = mean_std([x[what] for x in rs])
-                vals.append(m)
-                ms.append(s if math.isfinite(s) else 0.0)
-    ax.errorbar(hs, hit, yerr=hit_s, marker="o", capsize=3, label="hit rate")
-    ax.errorbar(hs, mse, yerr=mse_s, marker="s", capsize=3, label="MSE × d")
+    runs = {h: rs for h, rs in _more_heads_runs(state).items() if rs}
+    hs = list(runs)
+    for what, marker, label in (("hit_rate", "o", "hit rate"), ("mse", "s", "MSE × d")):
+        stats = [mean_std([x[what] for x in rs]) for rs in runs.values()]
+        std = [s if math.isfinite(s) else 0.0 for _, s in stats]
+        ax.errorbar(hs, [m for m, _ in stats], yerr=std, marker=marker, capsize=3, label=label)
     ref = state["references"].get(str(mh["rank"]))
     if ref:
         ax.axhline(
@@ -401,46 +390,39 @@ def plot_learning_curves(state: dict, path: Path) -> None:
     """Held-out MSE × d against step (mean over seeds), one panel per rank, one line per d_p, plus
     the more-heads row."""
     plt = pyplot()
-    g, mh = state["meta"]["grid"], state["meta"]["more_heads"]
-    panels = [
+    g, mh, grid = state["meta"]["grid"], state["meta"]["more_heads"], _grid_runs(state)
+    panels = [  # (title, rank, {line label: runs})
         (
             f"r = {r}, h = {g['heads']}",
-            [(f"d_p = {dp}", dict(rank=r, head_dim=dp, num_heads=g["heads"])) for dp in g["head_dims"]],
             r,
+            {f"d_p = {dp}{' (≥ r)' if dp >= r else ''}": grid[(r, dp)] for dp in g["head_dims"]},
         )
         for r in g["ranks"]
     ]
-    panels.append(
-        (
-            f"r = {mh['rank']}, d_p = {mh['head_dim']}",
-            [(f"h = {h}", dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h)) for h in mh["heads"]],
-            mh["rank"],
-        )
-    )
+    more = {f"h = {h}": rs for h, rs in _more_heads_runs(state).items()}
+    panels.append((f"r = {mh['rank']}, d_p = {mh['head_dim']}", mh["rank"], more))
     cols = 3 if len(panels) > 4 else len(panels)
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), sharey=True, squeeze=False)
     flat = [a for row in axes for a in row]
-    for ax, (title, lines, r) in zip(flat, panels, strict=False):  # more axes than panels: the rest are hidden
-        for label, cell in lines:
-            rs = _runs_of(state, cell)
+    for ax, (title, r, lines) in zip(flat, panels, strict=False):  # more axes than panels: the rest are hidden
+        for label, rs in lines.items():
             if not rs:
                 continue
             steps = [c[0] for c in rs[0]["curve"]]
             mean = [sum(run["curve"][k][1] for run in rs) / len(rs) for k in range(len(steps))]
-            ax.plot(steps, mean, label=label + (" (≥ r)" if "d_p" in label and cell["head_dim"] >= r else ""))
+            ax.plot(steps, mean, label=label)
         ref = state["references"].get(str(r))
         if ref:
             ax.axhline(ref["mse"], color="gray", linestyle="--", linewidth=1, label="no attention")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1.1)
+        ax.legend(fontsize=7)
     for ax in flat[len(panels) :]:
         ax.axis("off")
     for row in axes:
         row[0].set_ylabel("held-out MSE × d")
-    for ax in flat[: len(panels)]:
-        ax.legend(fontsize=7)
     save_figure(fig, path, flat[: len(panels)], legend=False)
 
 
@@ -451,7 +433,7 @@ def report_markdown(state: dict) -> str:
     rec = meta["settings"]["recipe"]
     tuned = bool(state.get("tuning"))
     runs = _grid_runs(state)
-    n_done = sum(1 for c in meta["cells"] for _ in _runs_of(state, c))
+    n_done = sum(len(_runs_of(state, **c)) for c in meta["cells"])
     n_plan = len(meta["cells"]) * len(meta["seeds"])
     title = "Farthest point under a rank-r projection: does head size matter when a model learns?"
     L = render.head(title, meta, render.incomplete(n_done, n_plan), "![hit rate and MSE over (r, d_p)](heatmap.png)")
@@ -489,10 +471,7 @@ def report_markdown(state: dict) -> str:
     ]
     if tuned:
         L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "cell")
-    L += [
-        f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)",
-        "",
-    ]
+    L += [f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)", ""]
     rows, agree, total = [], 0, 0
     for r in g["ranks"]:
         for dp in g["head_dims"]:
@@ -511,8 +490,8 @@ def report_markdown(state: dict) -> str:
         "",
     ]
     rows = []
-    for h in mh["heads"]:
-        hit, mse, v = _cell_summary(_runs_of(state, dict(rank=mh["rank"], head_dim=mh["head_dim"], num_heads=h)))
+    for h, rs in _more_heads_runs(state).items():
+        hit, mse, v = _cell_summary(rs)
         rows.append([h, h * mh["head_dim"], hit, mse, f"**{v}**"])
     L += render.table(["h", "h·d_p", "hit rate", "MSE × d", "verdict"], rows)
     L += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", "", "## Every run", ""]
