@@ -320,6 +320,7 @@ def plot_heatmap(state: dict, path: Path) -> None:
     runs = _grid_runs(state)
     ranks, dps = g["ranks"], g["head_dims"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    titles = {"hit_rate": "hit rate (↑; output is x_j*)", "mse": "MSE × d (↓; 0 perfect, 1 = predict 0)"}
     for ax, what, cmap in ((axes[0], "hit_rate", "viridis"), (axes[1], "mse", "magma_r")):
         stats = [[mean_std([x[what] for x in runs[(r, dp)]]) for dp in dps] for r in ranks]
         means = [[m for m, _ in row] for row in stats]
@@ -344,10 +345,7 @@ def plot_heatmap(state: dict, path: Path) -> None:
         ax.set_yticks(range(len(ranks)), [str(x) for x in ranks])
         ax.set_xlabel("head size d_p")
         ax.set_ylabel("rank r of the needed logit")
-        ax.set_title(
-            {"hit_rate": "hit rate (↑; output is x_j*)", "mse": "MSE × d (↓; 0 perfect, 1 = predict 0)"}[what],
-            fontsize=10,
-        )
+        ax.set_title(titles[what], fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046)
     n = len(state["meta"]["seeds"])
     fig.suptitle(
@@ -373,11 +371,8 @@ def plot_more_heads(state: dict, path: Path) -> None:
         stats = [mean_std([x[what] for x in rs]) for rs in runs.values()]
         std = [s if math.isfinite(s) else 0.0 for _, s in stats]
         ax.errorbar(hs, [m for m, _ in stats], yerr=std, marker=marker, capsize=3, label=label)
-    ref = state["references"].get(str(mh["rank"]))
-    if ref:
-        ax.axhline(
-            ref["mse"], color="gray", linestyle="--", linewidth=1, label=f"MSE × d without attention ({ref['mse']:.2f})"
-        )
+    if ref := state["references"].get(str(mh["rank"])):
+        ax.axhline(ref["mse"], color="gray", ls="--", lw=1, label=f"MSE × d without attention ({ref['mse']:.2f})")
     ax.set_xscale("log", base=2)
     render.plain_ticks(ax, hs)
     ax.set_ylim(-0.02, 1.05)
@@ -412,8 +407,7 @@ def plot_learning_curves(state: dict, path: Path) -> None:
             steps = [c[0] for c in rs[0]["curve"]]
             mean = [sum(run["curve"][k][1] for run in rs) / len(rs) for k in range(len(steps))]
             ax.plot(steps, mean, label=label)
-        ref = state["references"].get(str(r))
-        if ref:
+        if ref := state["references"].get(str(r)):
             ax.axhline(ref["mse"], color="gray", linestyle="--", linewidth=1, label="no attention")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
@@ -499,17 +493,11 @@ def report_markdown(state: dict) -> str:
         state["runs"].items(), key=lambda kv: tuple(kv[1][c] for c in ("rank", "head_dim", "num_heads", "seed"))
     )
     L += render.table(
-        ["run", "parameters", *(["lr"] if tuned else []), "hit rate", "MSE × d", "nearest-point rate"] + ["train s"],
+        ["run", "parameters", *(["lr"] if tuned else []), "hit rate", "MSE × d", "nearest-point rate", "train s"],
         [
-            [
-                f"`{k}`",
-                f"{x['parameters']:,}",
-                *([f"{x['learning_rate']:g}"] if tuned else []),
-                f"{x['hit_rate']:.3f}",
-                f"{x['mse']:.3f}",
-                f"{x['nearest_rate']:.3f}",
-                f"{x['train_seconds']:.0f}",
-            ]
+            [f"`{k}`", f"{x['parameters']:,}", *([f"{x['learning_rate']:g}"] if tuned else [])]
+            + [f"{x[m]:.3f}" for m in ("hit_rate", "mse", "nearest_rate")]
+            + [f"{x['train_seconds']:.0f}"]
             for k, x in every
         ],
     )
