@@ -195,13 +195,10 @@ class Cell:
 
 
 # --------------------------------------------------------------------------------- training
-def _lr_lambda(warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-    return f
+def _warmup_cosine(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 def train_cell(
@@ -236,7 +233,8 @@ def train_cell(
     opt = torch.optim.AdamW(
         model.parameters(), lr=recipe.learning_rate, betas=recipe.betas, weight_decay=recipe.weight_decay
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(int(recipe.warmup_ratio * recipe.steps), recipe.steps))
+    warmup = int(recipe.warmup_ratio * recipe.steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _warmup_cosine(step, warmup, recipe.steps))
     every = max(1, recipe.steps // recipe.curve_points)
     m0 = evaluate(model, curve_sets)
     curve = [[0, m0["mse"], m0["hit_rate"]]]
