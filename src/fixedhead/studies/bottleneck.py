@@ -215,15 +215,12 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
             ax.axhline(floor, color="0.6", lw=0.6)
             ax.set_yscale("log")
             ax.set_ylim(floor / 3, None)
-            ax.grid(alpha=0.3, which="major")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if row == 1:
-                ax.set_xlabel("head size d_p")
-            if row == 0:
-                ax.set_title(f"n = {n}")
             if col == 0:
                 ax.set_ylabel(label)
                 ax.legend(fontsize=7, loc="lower left")
+        axes[0, col].set_title(f"n = {n}")
+        axes[1, col].set_xlabel("head size d_p")
     temp = rows[0]["temperature"]
     what = "bidirectional and causal (masked) heads" if causal else "one head"
     fig.suptitle(
@@ -231,4 +228,4 @@ def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
         f"values at {floor:g} are exact zeros (float64)",
         fontsize=10,
     )
-    save_figure(fig, path, dpi=110)
+    save_figure(fig, path, axes.flat, legend=False, dpi=110)
