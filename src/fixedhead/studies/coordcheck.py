@@ -145,8 +145,7 @@ def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
     out: dict[str, torch.Tensor] = {}
     hooks = []
-    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    for i, attn in enumerate(attentions):
+    for i, attn in enumerate(m for m in model.modules() if isinstance(m, MultiHeadAttention)):
 
         def on_qkv(_m, _inp, qkv, i=i, attn=attn):
             b, s, _ = qkv.shape  # [batch, n, 3·h·d_p] -> 3 × [batch, h, n, d_p]
@@ -154,19 +153,11 @@ def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
             out[f"query/{i}"], out[f"key/{i}"] = q, k
             out[f"logits/{i}"] = torch.matmul(q, k.transpose(-1, -2)) * attn.scale
 
-        def on_context(_m, inp, i=i):
-            out[f"context/{i}"] = inp[0]
+        def on_out_proj(_m, inp, o, i=i):  # its input: the heads' context; its output: the attention sublayer's
+            out[f"context/{i}"], out[f"attention_output/{i}"] = inp[0], o
 
-        def on_output(_m, _inp, o, i=i):
-            out[f"attention_output/{i}"] = o
-
-        hooks += [
-            attn.qkv.register_forward_hook(on_qkv),
-            attn.out_proj.register_forward_pre_hook(on_context),
-            attn.out_proj.register_forward_hook(on_output),
-        ]
-    layers = [m for m in model.modules() if isinstance(m, FixedHeadLayer)]
-    for i, layer in enumerate(layers):
+        hooks += [attn.qkv.register_forward_hook(on_qkv), attn.out_proj.register_forward_hook(on_out_proj)]
+    for i, layer in enumerate(m for m in model.modules() if isinstance(m, FixedHeadLayer)):
 
         def on_block(_m, _inp, o, i=i):
             out[f"block_output/{i}"] = o[0] if isinstance(o, tuple) else o
