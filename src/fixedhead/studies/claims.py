@@ -13,6 +13,7 @@ is the honest verdict, not a rounding toward either side.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -108,22 +109,13 @@ def _compare(a: PointStats | None, b: PointStats | None, what: str, label_a: str
     return text, delta, p
 
 
-def _point(series, experiment, kind, x=None, pick=None):
-    pts = series.get((experiment, kind), [])
-    if not pts:
-        return None
-    if pick == "min":
-        return pts[0]
-    if pick == "max":
-        return pts[-1]
-    return next((q for q in pts if q.x == x), None)
+def _point(series, experiment, kind, x):
+    return next((q for q in series.get((experiment, kind), []) if q.x == x), None)
 
 
 def power_sentence(state: dict) -> str:
     """What the verdict rule can see with the sweep's seeds per point (one seed: no test at all)."""
-    counts: dict[str, int] = {}
-    for r in state["runs"].values():
-        counts[r["key"]] = counts.get(r["key"], 0) + 1
+    counts = Counter(r["key"] for r in state["runs"].values())
     lo, hi = min(counts.values(), default=0), max(counts.values(), default=0)
     if lo < 2:
         return "Some points have one seed: no test is possible there, and their comparisons read cannot tell."
