@@ -90,8 +90,7 @@ def plot_params(series, path, ref=None, lm="MLM"):
 
 
 def plot_head_size(series, path):
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, axes = pyplot().subplots(1, 2, figsize=(9, 3.8))
     pts = series.get(("head_size", "fixed"), [])
     if pts:
         _errorbar(axes[0], pts, [q.x for q in pts], "ppl", "perplexity", "fixed")
@@ -107,8 +106,7 @@ def plot_head_size(series, path):
 
 
 def plot_finetune(state, path, task, majority=None, ref=None):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     if majority is not None:
         ax.axhline(majority, color="gray", linestyle=":", linewidth=1, label=f"majority class ({majority:.3f})")
     if ref:
@@ -120,9 +118,8 @@ def plot_finetune(state, path, task, majority=None, ref=None):
                 [r["heldout_perplexity"] for r in rs],
                 [r["finetune"]["score"] for r in rs],
                 label=f"{kind} head size",
-                color=_STYLE[kind]["color"],
-                marker=_STYLE[kind]["marker"],
                 s=18,
+                **_STYLE[kind],
             )
     ax.set_xlabel("held-out MLM perplexity of the pretrained checkpoint")
     ax.set_ylabel(f"{task} dev score after fine-tuning")
@@ -142,30 +139,11 @@ def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[st
         if 0 < have < len(q.runs):  # some seeds' results predate bits per character
             bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
         ft = [pm(q.mean("ft"), q.std("ft"), 4)] if task else []
-        params = f"{q.params / 1e6:.3f}M"
-        row = [
-            q.x,
-            r["hidden_size"],
-            r["num_attention_heads"],
-            r["head_dim"],
-            params,
-            len(q.runs),
-            pm(q.mean(), q.std()),
-        ]
         lr = [f"{r['learning_rate']:g}"] if tuned else []  # each model's own rate, where it chose one
-        rows.append([*row[:5], *lr, *row[5:], bpc, *ft, f"`{q.key}`"])
+        model = [q.x, r["hidden_size"], r["num_attention_heads"], r["head_dim"], f"{q.params / 1e6:.3f}M", *lr]
+        rows.append([*model, len(q.runs), pm(q.mean(), q.std()), bpc, *ft, f"`{q.key}`"])
     header = [xname, "d", "h", "d_p", "params", *(["lr"] if tuned else []), "seeds", "held-out perplexity", "bits/char"]
     return render.table([*header, *([f"{task} dev"] if task else []), "run"], rows)
-
-
-def learning_rate_section(state: dict, out: Path) -> list[str]:
-    """The rate each model chose as ``learning_rates.png`` and its markdown section
-    (:func:`~fixedhead.studies.learning_rate.selection_markdown`)."""
-    selection, tuning = state["meta"]["learning_rate_selection"], state["tuning"]
-    plot_learning_rates(
-        {"models": tuning, "validation_fraction": selection["validation_fraction"]}, out / "learning_rates.png"
-    )
-    return selection_markdown(selection, tuning)
 
 
 def _majority_rate(meta: dict, task: str) -> float | None:
@@ -208,16 +186,14 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         plot_params(series, out / "params.png", meta.get("unigram_perplexity"), lm)
     has_head_size = bool(series.get(("head_size", "fixed")))
     has_finetune = any("finetune" in r for r in state["runs"].values())
+    majority = _majority_rate(meta, task)
     if has_head_size:
         plot_head_size(series, out / "head_size.png")
     if has_finetune:
-        plot_finetune(
-            state, out / "finetune_vs_perplexity.png", task, _majority_rate(meta, task), meta.get("unigram_perplexity")
-        )
+        plot_finetune(state, out / "finetune_vs_perplexity.png", task, majority, meta.get("unigram_perplexity"))
 
-    planned = {(p["key"]) for p in state["points"]}
     n_runs = len(state["runs"])
-    expected = len(planned) * len(meta["seeds"])
+    expected = len({p["key"] for p in state["points"]}) * len(meta["seeds"])
     d, tr, ft = meta["data"], meta["train"], meta.get("finetune") or {}
     info = meta.get("data_info", {})
     note = [
@@ -290,7 +266,6 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             ),
             "",
         ]
-    majority = _majority_rate(meta, task)
     ft_runs = [r for r in state["runs"].values() if "finetune" in r]
     if majority is not None and ft_runs and (meta.get("finetune") or {}).get("max_dev_examples") is None:
         stuck = [r for r in ft_runs if abs(r["finetune"]["dev"].get("accuracy", -1) - majority) < 1e-9]
@@ -302,8 +277,12 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             + f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
             "",
         ]
-    if state.get("tuning"):
-        L += learning_rate_section(state, out)
+    if tuning := state.get("tuning"):  # the rate each model chose, plotted and tabled
+        selection = meta["learning_rate_selection"]
+        plot_learning_rates(
+            {"models": tuning, "validation_fraction": selection["validation_fraction"]}, out / "learning_rates.png"
+        )
+        L += selection_markdown(selection, tuning)
     L += [
         "## Paper claim → our measurement",
         "",
@@ -315,23 +294,19 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     ]
     table_task = task if has_finetune else None
     L += [""]
-    if has_heads:
-        L += ["## Heads at fixed hidden size (paper Fig. 3a)", "", "![perplexity vs heads](heads.png)", ""]
-    for kind in ("standard", "fixed"):
-        pts = series.get(("heads", kind), [])
-        if pts:
-            L += [f"**{kind}**", ""] + points_table(pts, "h", table_task) + [""]
-    if has_embedding:
-        L += [
-            "## Embedding size against parameter count (paper Fig. 1 and 2)",
-            "",
+    for experiment, xname, title, figure in (
+        ("heads", "h", "Heads at fixed hidden size (paper Fig. 3a)", "![perplexity vs heads](heads.png)"),
+        (
+            "embedding",
+            "d",
+            "Embedding size against parameter count (paper Fig. 1 and 2)",
             "![perplexity vs parameters](params.png)",
-            "",
-        ]
-    for kind in ("standard", "fixed"):
-        pts = series.get(("embedding", kind), [])
-        if pts:
-            L += [f"**{kind}**", ""] + points_table(pts, "d", table_task) + [""]
+        ),
+    ):
+        parts = [(kind, series[(experiment, kind)]) for kind in ("standard", "fixed") if series.get((experiment, kind))]
+        L += [f"## {title}", "", figure, ""] if parts else []
+        for kind, pts in parts:
+            L += [f"**{kind}**", ""] + points_table(pts, xname, table_task) + [""]
     if has_head_size:
         L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
         L += points_table(series[("head_size", "fixed")], "d_p", table_task) + [""]
