@@ -53,10 +53,6 @@ SWEEP_FILE = "sweep.json"
 OWNED = ("runs", "report.md", ".report.md.*", "*.png")
 
 
-def _read_state(path: Path) -> dict:
-    return load_json_file(path) if path.is_file() else {}
-
-
 def check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: Path) -> None:
     """Refuse to merge results of runs trained with another tokenizer (recorded in a sweep file's
     meta or its runs) with this invocation's: per-token perplexities of two vocabularies do not
@@ -179,16 +175,25 @@ def run_sweep(
             f"{state_file} holds a sweep of other models ({clash[0][0]} where this call trains "
             f"{' or '.join(clash[0][1])}: another architecture or parametrization); choose another --output-dir"
         )
+    selection = None
+    if learning_rates:
+        selection = {
+            "grid": learning_rates,
+            "max_extensions": max_extensions,
+            "validation_fraction": data_settings.validation_fraction,
+            "seed": p.seeds[0],
+            "rule": RULE,
+        }
     # every model's rate is chosen once, with one seed on one grid: an invocation with another
     # grid or first seed would mix choices made differently (or re-choose after results are in)
-    keys = ("grid", "max_extensions", "seed")
-    selection = dict(zip(keys, (learning_rates, max_extensions, p.seeds[0]), strict=True)) if learning_rates else None
-    old_selection = prev_meta.get("learning_rate_selection")
-    old_selection = {k: old_selection.get(k) for k in keys} if old_selection else None
-    if (previous.get("runs") or previous.get("tuning")) and old_selection != selection:
+    old, new = (
+        {k: c.get(k) for k in ("grid", "max_extensions", "seed")} if c else None
+        for c in (prev_meta.get("learning_rate_selection"), selection)
+    )
+    if (previous.get("runs") or previous.get("tuning")) and old != new:
         raise FileExistsError(
-            f"{state_file} chose learning rates as {old_selection or 'one shared rate'}, this call as "
-            f"{selection or 'one shared rate'} (grid, extensions, first seed); pass the same --learning-rates, "
+            f"{state_file} chose learning rates as {old or 'one shared rate'}, this call as "
+            f"{new or 'one shared rate'} (grid, extensions, first seed); pass the same --learning-rates, "
             "--max-extensions and first of --seeds, or choose another --output-dir"
         )
     t_start = time.time()
@@ -221,19 +226,7 @@ def run_sweep(
         verdict=dict(rule),
         unigram_perplexity=unigram_perplexity(data, train.eval_seed, train.objective),
         **({"majority_class_accuracy": majority} if majority is not None else {}),
-        **(
-            {
-                "learning_rate_selection": {
-                    "grid": learning_rates,
-                    "max_extensions": max_extensions,
-                    "validation_fraction": data_settings.validation_fraction,
-                    "seed": p.seeds[0],
-                    "rule": RULE,
-                }
-            }
-            if learning_rates
-            else {}
-        ),
+        **({"learning_rate_selection": selection} if selection else {}),
     )
     points = [
         asdict(pt) | {"key": run_key({**p.common, **pt.model})}
@@ -242,6 +235,10 @@ def run_sweep(
     ]
     runs: dict[str, dict] = {}
     tuning: dict[str, dict] = dict(previous.get("tuning", {}))
+
+    def say(text: str) -> None:
+        if progress:
+            print(text, flush=True)
 
     def drop_checkpoints(run_dir: Path):
         # a finished run is reused from its metrics; its Trainer checkpoints only take disk
@@ -253,7 +250,7 @@ def run_sweep(
         with core.one_writer(state_file):
             # the results file is a merge of everything finished in this folder: what other workers
             # or earlier invocations (other seeds, other experiments) recorded, plus this invocation's
-            other = _read_state(state_file)
+            other = load_json_file(state_file) if state_file.is_file() else {}
             check_same_tokenizer(other, data.info["tokenizer_sha256"], state_file)  # a worker on another machine
             runs.update(
                 {k: v for k, v in other.get("runs", {}).items() if k not in runs and (out / "runs" / k).is_dir()}
@@ -280,8 +277,7 @@ def run_sweep(
         seed = p.seeds[0]
 
         def train_at(lr):
-            if progress:
-                print(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)", flush=True)
+            say(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)")
             settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / f"{key}-lr{lr:g}-s{seed}"
             try:
                 loss = train_or_reuse(config, data, run_dir, settings, overwrite)["validation_loss"]
@@ -304,8 +300,7 @@ def run_sweep(
         elif learning_rates:
             choosing = try_lock(out / "runs" / f"{key}-rate")  # one worker trains a model's grid
             if choosing is None:
-                if progress:
-                    print(f"  another worker is choosing {key}'s rate; skipping its runs for now", flush=True)
+                say(f"  another worker is choosing {key}'s rate; skipping its runs for now")
                 continue
             try:
                 lr = tune(key, config)
@@ -313,18 +308,14 @@ def run_sweep(
                 choosing.unlink(missing_ok=True)
         name = f"{key}-lr{lr:g}-s{seed}" if learning_rates else f"{key}-s{seed}"
         run_dir = out / "runs" / name
-        if progress:
-            print(
-                f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, "
-                f"h={config.num_attention_heads}, "
-                f"d_p={head_size_label(config)}, {parameter_count(config):,} parameters "
-                f"({time.time() - t_start:.0f} s into this invocation)",
-                flush=True,
-            )
+        say(
+            f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, h={config.num_attention_heads}, "
+            f"d_p={head_size_label(config)}, {parameter_count(config):,} parameters "
+            f"({time.time() - t_start:.0f} s into this invocation)"
+        )
         lock = try_lock(run_dir)
         if lock is None:
-            if progress:
-                print("  another worker is on this run; skipping it", flush=True)
+            say("  another worker is on this run; skipping it")
             continue
         t0 = time.time()
         result = train_or_reuse(config, data, run_dir, replace(train, seed=seed, learning_rate=lr), overwrite)
@@ -340,19 +331,16 @@ def run_sweep(
             ) != finetune_settings_record(run_dir, task, ft_seeded)
             ft_result = finetune(run_dir, task, ft_dir, ft_seeded, overwrite=overwrite or stale)
             entry["finetune"] = {k: v for k, v in ft_result.items() if k != "fingerprint"}
-            if progress:
-                print(
-                    f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
-                    f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)",
-                    flush=True,
-                )
+            say(
+                f"  held-out perplexity {result['heldout_perplexity']:.2f}; {task} dev "
+                f"{ft_result['metric']} {ft_result['score']:.4f} ({time.time() - t0:.0f} s)"
+            )
         runs[name] = entry
         lock.unlink(missing_ok=True)
         save()
     save()
-    if progress:
-        print(
-            f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
-            f"({meta['total_seconds']:.0f} s of wall time in all invocations)"
-        )
+    say(
+        f"\nsweep finished: {len(runs)} runs in {out}; {SWEEP_FILE} written "
+        f"({meta['total_seconds']:.0f} s of wall time in all invocations)"
+    )
     return {"meta": meta, "points": points, "runs": runs}
