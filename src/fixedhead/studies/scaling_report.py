@@ -141,21 +141,10 @@ def report_markdown(state: dict) -> str:
                 if "compute_multiplier" in vs:
                     vs_text += f", ×{vs['compute_multiplier']:.2f} compute"
             bpc = pt["bits_per_character"]
-            rows.append(
-                [
-                    name,
-                    pt["hidden_size"],
-                    pt["num_attention_heads"],
-                    pt["head_dim"],
-                    f"{pt['non_embedding_parameters']:,}",
-                    f"{pt['tokens']:,}",
-                    f"{pt['flops']:.2e}",
-                    f"{pt['learning_rate']:g}",
-                    pm(*pt["loss"], 4),
-                    pm(*bpc, 3) if bpc else "",
-                    vs_text,
-                ]
-            )
+            shape = [pt[k] for k in ("hidden_size", "num_attention_heads", "head_dim")]
+            budget = [f"{pt['non_embedding_parameters']:,}", f"{pt['tokens']:,}", f"{pt['flops']:.2e}"]
+            loss = [f"{pt['learning_rate']:g}", pm(*pt["loss"], 4), pm(*bpc, 3) if bpc else ""]
+            rows.append([name, *shape, *budget, *loss, vs_text])
     lines += ["", "## Points", "", *render.table(header, rows), ""]
     lines += [
         "\"vs standard\": the family's mean loss minus the standard family's at the same d (negative: lower), as a",
@@ -170,18 +159,10 @@ def report_markdown(state: dict) -> str:
     fit_rows = []
     for name, f in families.items():
         for axis in ("parameters", "flops"):
-            fit = f.get(f"fit_{axis}")
-            if fit:
+            if fit := f.get(f"fit_{axis}"):
                 bs = [s["b"] for s in fit["per_seed"]]
-                fit_rows.append(
-                    [
-                        name,
-                        "N" if axis == "parameters" else "C",
-                        f"{fit['a']:.3g}",
-                        f"{fit['b']:.4f}",
-                        pm(*mean_std(bs), 4) if bs else "",
-                    ]
-                )
+                x = "N" if axis == "parameters" else "C"
+                fit_rows.append([name, x, f"{fit['a']:.3g}", f"{fit['b']:.4f}", pm(*mean_std(bs), 4) if bs else ""])
     lines += [*render.table(["family", "X", "a", "b (all seeds)", "b per seed"], fit_rows), ""]
     lines += rank_section(state)
     return "\n".join(lines) + "\n"
@@ -202,17 +183,8 @@ def rank_section(state: dict) -> list[str]:
         if r is None:
             continue
         pattern = f"{r['pattern_rank']:.1f} ({r['pattern_rank_max']:.1f})" if r["pattern_rank"] is not None else ""
-        rows.append(
-            [
-                pt["family"],
-                pt["hidden_size"],
-                pt["head_dim"],
-                r["heads"],
-                f"{r['logit_rank']:.1f} ({r['logit_rank_max']:.1f})",
-                f"{100 * r['at_ceiling']:.0f}%",
-                pattern,
-            ]
-        )
+        logit, ceiling = f"{r['logit_rank']:.1f} ({r['logit_rank_max']:.1f})", f"{100 * r['at_ceiling']:.0f}%"
+        rows.append([pt["family"], pt["hidden_size"], pt["head_dim"], r["heads"], logit, ceiling, pattern])
     header = ["family", "d", "d_p", "heads", "logit rank: mean (max)", "heads at ceiling", "pattern rank: mean (max)"]
     return [
         "## Do the heads sit at their rank ceiling?",
