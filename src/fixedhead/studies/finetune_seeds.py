@@ -247,17 +247,10 @@ def report_markdown(sweep: dict, state: dict) -> str:
     ]
     rows = []
     for name, s in scores.items():
-        r = sweep["runs"][name]
         t = state["tuning"][name]
-        rows.append(
-            [
-                f"`{name}`",
-                f"{r['heldout_perplexity']:.2f}",
-                f"{t['chosen']:g}" + ("" if t["bracketed"] else " (edge)"),
-                len(s),
-                pm(*mean_std(s), 4),
-            ]
-        )
+        ppl = f"{sweep['runs'][name]['heldout_perplexity']:.2f}"
+        rate = f"{t['chosen']:g}" + ("" if t["bracketed"] else " (edge)")
+        rows.append([f"`{name}`", ppl, rate, len(s), pm(*mean_std(s), 4)])
     L += render.table(["checkpoint", "held-out ppl", "fine-tuning lr", "seeds", f"{task} dev"], rows) + [""]
     merged = as_sweep_state(sweep, state)
     rho = rank_correlation(sweep, state)
