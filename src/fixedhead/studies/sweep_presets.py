@@ -79,28 +79,25 @@ def run_key(fields: dict) -> str:
     return key
 
 
+def _point(experiment: str, x: int, d: int, h: int, d_p: int | None = None) -> SweepPoint:
+    """The point at ``x`` of a model of hidden size d and h heads: a fixed head size d_p, or standard (None)."""
+    fixed = {"head_dim": d_p} if d_p is not None else {}
+    return SweepPoint(
+        experiment, "fixed" if fixed else "standard", x, dict(hidden_size=d, num_attention_heads=h, **fixed)
+    )
+
+
 def _points_heads(d, heads_std, heads_fixed, d_p):
-    pts = [SweepPoint("heads", "standard", h, dict(hidden_size=d, num_attention_heads=h)) for h in heads_std]
-    pts += [
-        SweepPoint("heads", "fixed", h, dict(hidden_size=d, num_attention_heads=h, head_dim=d_p)) for h in heads_fixed
-    ]
-    return pts
+    return [_point("heads", h, d, h) for h in heads_std] + [_point("heads", h, d, h, d_p) for h in heads_fixed]
 
 
 def _points_embedding(ds_std, h_std, d_fixed, heads_fixed, d_p):
-    pts = [SweepPoint("embedding", "standard", d, dict(hidden_size=d, num_attention_heads=h_std)) for d in ds_std]
-    pts += [
-        SweepPoint("embedding", "fixed", d_fixed, dict(hidden_size=d_fixed, num_attention_heads=h, head_dim=d_p))
-        for h in heads_fixed
-    ]
-    return pts
+    standard = [_point("embedding", d, d, h_std) for d in ds_std]
+    return standard + [_point("embedding", d_fixed, d_fixed, h, d_p) for h in heads_fixed]
 
 
 def _points_head_size(d, h, head_dims):
-    return [
-        SweepPoint("head_size", "fixed", dp, dict(hidden_size=d, num_attention_heads=h, head_dim=dp))
-        for dp in head_dims
-    ]
+    return [_point("head_size", dp, d, h, dp) for dp in head_dims]
 
 
 def _common(layers: int, n: int) -> dict:
@@ -280,13 +277,11 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
     Raises:
         ValueError: an unknown experiment name.
     """
-    if experiments:
-        if (bad := core.first_unknown(experiments, EXPERIMENTS)) is not None:
-            raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
+    if experiments and (bad := core.first_unknown(experiments, EXPERIMENTS)) is not None:
+        raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
     models: dict[str, dict] = {}
     for p in preset.points:
-        if experiments and p.experiment not in experiments:
-            continue
-        fields = canonical_fields({**preset.common, **p.model})
-        models.setdefault(run_key(fields), fields)
+        if not experiments or p.experiment in experiments:
+            fields = canonical_fields({**preset.common, **p.model})
+            models.setdefault(run_key(fields), fields)
     return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]
