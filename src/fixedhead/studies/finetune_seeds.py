@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from ..checks import non_negative_int
-from ..data.glue import MAIN_METRIC, glue_path
+from ..data.glue import MAIN_METRIC, get_glue_task, glue_path
 from ..runs import load_json_file, write_text_atomic
 from ..training.evaluate import DivergedError
 from ..training.finetune import FinetuneSettings, finetune
@@ -70,8 +70,6 @@ def run_finetune_seeds(
         FileExistsError: the output folder holds another study's files, or this study's with
             other seeds, grid, settings or sweep (without ``overwrite``).
     """
-    from ..data.glue import get_glue_task
-
     get_glue_task(task)  # an unknown task fails before any work
     sweep = load_sweep(sweep_dir)
     seeds = core.seeds_override(seeds, (0,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..data.glue import majority_class_accuracy
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, write_text_atomic
 from . import render
@@ -151,8 +152,6 @@ def _majority_rate(meta: dict, task: str) -> float | None:
     labels now (None where they are absent: the report then omits the line and the plot's rule)."""
     if "majority_class_accuracy" in meta:
         return meta["majority_class_accuracy"]
-    from ..data.glue import majority_class_accuracy
-
     try:
         return majority_class_accuracy(task)
     except FileNotFoundError:

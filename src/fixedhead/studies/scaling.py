@@ -44,7 +44,7 @@ from ..model.architectures import build_config, check_objective_for, non_embeddi
 from ..runs import load_json_file
 from ..theory import causal_threshold
 from ..training.evaluate import DivergedError
-from ..training.pretrain import train_or_reuse
+from ..training.pretrain import lm_config, train_or_reuse
 from . import core
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .recipes import get_recipe
@@ -292,7 +292,6 @@ def run_scaling(
             core.save_state(out / RESULTS_FILE, state, state["runs"].values(), other.get("meta"))
 
     save()  # the plan before any training
-    from ..training.pretrain import lm_config
 
     def train_point(pt, lr, seed):
         config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)

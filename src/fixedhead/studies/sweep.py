@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ..data.glue import majority_class_accuracy
 from ..data.lm import prepare_data, unigram_perplexity
 from ..model.architectures import build_config, check_objective_for, head_size_label, parameter_count
 from ..runs import load_json_file
@@ -34,7 +35,6 @@ from ..training.evaluate import DivergedError
 from ..training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ..training.pretrain import settings_differences, train_or_reuse
 from . import core
-from .core import try_lock
 from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
 from .stats import CLAIMS_RULE, LEGACY_RULE, rule_text
 from .sweep_presets import (
@@ -139,8 +139,6 @@ def run_sweep(
     ft = None if skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
     majority = None  # the majority-class rate fine-tuned runs are read against
     if ft is not None:
-        from ..data.glue import majority_class_accuracy
-
         # an unknown task or no dev file fails here, before hours of pretraining
         majority = majority_class_accuracy(task, max_examples=ft.max_dev_examples)
     runs_plan = plan_runs(p, experiments)
@@ -298,7 +296,7 @@ def run_sweep(
         if learning_rates and key in tuning:
             lr = tuning[key]["chosen"]
         elif learning_rates:
-            choosing = try_lock(out / "runs" / f"{key}-rate")  # one worker trains a model's grid
+            choosing = core.try_lock(out / "runs" / f"{key}-rate")  # one worker trains a model's grid
             if choosing is None:
                 say(f"  another worker is choosing {key}'s rate; skipping its runs for now")
                 continue
@@ -313,7 +311,7 @@ def run_sweep(
             f"d_p={head_size_label(config)}, {parameter_count(config):,} parameters "
             f"({time.time() - t_start:.0f} s into this invocation)"
         )
-        lock = try_lock(run_dir)
+        lock = core.try_lock(run_dir)
         if lock is None:
             say("  another worker is on this run; skipping it")
             continue
