@@ -176,20 +176,19 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
     lm = "causal-LM" if causal else "MLM"
+    uni = meta.get("unigram_perplexity")  # the unigram guess's perplexity: the plots' and the text's reference
     # each experiment and fine-tuning are plotted only where the sweep has them
-    has_heads = any(series.get(("heads", kind)) for kind in ("standard", "fixed"))
-    has_embedding = any(series.get(("embedding", kind)) for kind in ("standard", "fixed"))
-    if has_heads:
-        plot_heads(series, out / "heads.png", meta.get("unigram_perplexity"), lm)
-    if has_embedding:
-        plot_params(series, out / "params.png", meta.get("unigram_perplexity"), lm)
+    if any(series.get(("heads", kind)) for kind in ("standard", "fixed")):
+        plot_heads(series, out / "heads.png", uni, lm)
+    if any(series.get(("embedding", kind)) for kind in ("standard", "fixed")):
+        plot_params(series, out / "params.png", uni, lm)
     has_head_size = bool(series.get(("head_size", "fixed")))
     has_finetune = any("finetune" in r for r in state["runs"].values())
     majority = _majority_rate(meta, task)
     if has_head_size:
         plot_head_size(series, out / "head_size.png")
     if has_finetune:
-        plot_finetune(state, out / "finetune_vs_perplexity.png", task, majority, meta.get("unigram_perplexity"))
+        plot_finetune(state, out / "finetune_vs_perplexity.png", task, majority, uni)
 
     n_runs = len(state["runs"])
     expected = len({p["key"] for p in state["points"]}) * len(meta["seeds"])
@@ -247,7 +246,6 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
         + "Values are mean ± sample std over seeds.",
         "",
     ]
-    uni = meta.get("unigram_perplexity")
     if uni:
         ppls = [r["heldout_perplexity"] for r in state["runs"].values()]
         worse = sum(p > uni for p in ppls)
