@@ -75,8 +75,7 @@ def run_finetune_seeds(
     seeds = core.seeds_override(seeds, (0,))
     rates = parse_rates(learning_rates)
     non_negative_int("max_extensions", max_extensions)
-    if sweep["meta"].get("objective", "mlm") != "mlm":
-        objective = sweep["meta"]["objective"]
+    if (objective := sweep["meta"].get("objective", "mlm")) != "mlm":
         raise ValueError(f"{sweep_dir} is a {objective!r} sweep; only masked LMs are fine-tuned on GLUE")
     for split in ("train", "dev"):
         if not glue_path(task, split).is_file():

@@ -217,8 +217,7 @@ def write_outputs(state: dict, out: Path) -> None:
 def plot_ranks(state: dict, path: Path) -> None:
     """Per family against N: the mean logit rank with each point's d_p (dashed), and the fraction
     of heads at their ceiling."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     by_family: dict[str, list] = {}
     for pt in state["meta"]["plan"]["points"]:
         if pt["key"] in state["ranks"]:
@@ -243,9 +242,8 @@ def plot(state: dict, path: Path) -> None:
     family's seeds as points with its mean, fitted power law and the band of its per-seed fits."""
     import numpy as np
 
-    plt = pyplot()
     families = summarize(state)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for ax, axis, key, label in (
         (axes[0], "parameters", "non_embedding_parameters", "non-embedding parameters N"),
         (axes[1], "flops", "flops", "training FLOPs C"),
