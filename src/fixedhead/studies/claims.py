@@ -94,8 +94,7 @@ def _compare(a: PointStats | None, b: PointStats | None, what: str, label_a: str
     if not a.values(what) or not b.values(what):
         return "not measured (no fine-tuning scores for these points)", math.nan, math.nan
     delta, p = welch(a.values(what), b.values(what))
-    unit = "perplexity" if what == "ppl" else "dev score"
-    digits = 2 if what == "ppl" else 4
+    unit, digits = ("perplexity", 2) if what == "ppl" else ("dev score", 4)
     effect = ""
     if what == "ppl":  # the same difference as mean held-out loss, in nats and as a fraction of loss
         loss_a, loss_b = (sum(math.log(v) for v in q.values(what)) / len(q.values(what)) for q in (a, b))
