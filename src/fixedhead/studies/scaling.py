@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,10 +44,9 @@ from ..data.lm import unigram_perplexity
 from ..model.architectures import build_config, check_objective_for, non_embedding_parameters
 from ..runs import load_json_file
 from ..theory import causal_threshold
-from ..training.evaluate import DivergedError
 from ..training.pretrain import lm_config, train_or_reuse
 from . import core
-from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
+from .learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from .recipes import get_recipe
 from .scaling_report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, write_outputs
 
@@ -327,19 +327,9 @@ def run_scaling(
                 print(f"{pt['key']}: another worker is on this point; skipping it", flush=True)
             continue
         if p.learning_rates:
-
-            def at(lr, pt=pt):
-                try:
-                    return train_point(pt, lr, first)["validation_loss"]
-                except DivergedError:
-                    return DIVERGED
-
-            best, losses, bracketed = choose_rate(at, p.learning_rates, p.max_extensions)
-            state["tuning"][pt["key"]] = {
-                "chosen": best,
-                "bracketed": bracketed,
-                "validation_loss": losses_record(losses),
-            }
+            at = partial(train_point, pt, seed=first)
+            state["tuning"][pt["key"]] = choose_on_validation(at, p.learning_rates, p.max_extensions)
+            best = state["tuning"][pt["key"]]["chosen"]
             save()
         else:
             best = train.learning_rate

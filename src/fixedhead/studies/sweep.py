@@ -31,11 +31,10 @@ from ..data.glue import majority_class_accuracy
 from ..data.lm import prepare_data, unigram_perplexity
 from ..model.architectures import build_config, check_objective_for, head_size_label, parameter_count
 from ..runs import load_json_file
-from ..training.evaluate import DivergedError
 from ..training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ..training.pretrain import settings_differences, train_or_reuse
 from . import core
-from .learning_rate import DIVERGED, RULE, choose_rate, losses_record, parse_rates, with_validation_split
+from .learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from .stats import CLAIMS_RULE, LEGACY_RULE, rule_text
 from .sweep_presets import (
     EXPERIMENTS,
@@ -277,17 +276,13 @@ def run_sweep(
         def train_at(lr):
             say(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)")
             settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / f"{key}-lr{lr:g}-s{seed}"
-            try:
-                loss = train_or_reuse(config, data, run_dir, settings, overwrite)["validation_loss"]
-            except DivergedError:
-                return DIVERGED
+            result = train_or_reuse(config, data, run_dir, settings, overwrite)
             drop_checkpoints(run_dir)
-            return loss
+            return result
 
-        best, losses, bracketed = choose_rate(train_at, learning_rates, max_extensions)
-        tuning[key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
+        tuning[key] = choose_on_validation(train_at, learning_rates, max_extensions)
         save()
-        return best
+        return tuning[key]["chosen"]
 
     save()  # written first: it marks the folder as this sweep's
     for i, (key, fields, seed) in enumerate(runs_plan, 1):
