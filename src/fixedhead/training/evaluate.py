@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..checks import non_negative_int, optional_positive_int
+from ..data.corpus import read_corpus
 from ..data.lm import (
     DataSettings,
     PreparedData,
@@ -23,6 +24,7 @@ from ..data.lm import (
     prepare_data,
     scored_characters,
 )
+from ..data.packing import pack_sequences, tokenize_documents
 from ..model.architectures import objective_of
 from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from ..runs import open_run
@@ -75,14 +77,11 @@ def evaluate_lm(
         logits = out.logits  # [batch, seq, vocab], as BERT's
         if objective == "clm":  # position t predicts token t + 1
             logits, lab = logits[:, :-1], lab[:, 1:]
-        n = int((lab != -100).sum())
-        if n == 0:
-            continue
-        scored = lab != -100
+        scored = lab != -100  # a batch with none adds 0 to each sum
         targets, logits = lab[scored], logits[scored]
         total_loss += float(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum"))
         total_correct += int((logits.argmax(-1) == targets).sum())
-        total += n
+        total += len(targets)
     model.train(was_training)
     if total == 0:
         raise ValueError("held-out set has no masked tokens to score")
@@ -183,18 +182,14 @@ def evaluate_run(
     :func:`evaluate_lm` metrics, bits per character of the held-out set included, and the objective.
     """
     if eval_seed is not None:
-        non_negative_int("eval_seed", eval_seed)
+        eval_seed = non_negative_int("eval_seed", eval_seed)
     run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
     saved, tokenizer = run.settings, run.tokenizer
     data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
     model = load_model(run)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
     check_same_text(run_dir, saved, data)
-    seed = (
-        non_negative_int("eval_seed", eval_seed)
-        if eval_seed is not None
-        else saved.get("train", {}).get("eval_seed", 1234)
-    )
+    seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     objective = objective_of(run.config)
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)
     metrics = evaluate_lm(model, ids, labels, batch_size, objective=objective, chars=data.heldout_chars)
@@ -231,9 +226,6 @@ def evaluate_text(
         ValueError: text with no words, or too few tokens for one sequence; a bad run directory
             or option (see :func:`evaluate_run`).
     """
-    from ..data.corpus import read_corpus
-    from ..data.packing import pack_sequences, tokenize_documents
-
     if eval_seed is not None:
         non_negative_int("eval_seed", eval_seed)
     path = Path(text).expanduser()
