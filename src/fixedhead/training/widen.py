@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from ..checks import non_negative_int
-from ..model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from ..model.surgery import new_head_dims, widen_heads
 from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
+from .evaluate import load_model
 
 WIDEN_FILE = "widen.json"
 #: every entry `fixedhead widen` writes into its output folder (its temporary files included)
@@ -73,8 +73,7 @@ def widen_run(
             f"causal LM). Widen other models in Python with fixedhead.widen_heads(model, head_dim)"
         )
     new_head_dims(run.config.layer_head_dims, head_dim)  # a wrong size is refused before loading anything
-    cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
-    model = cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    model = load_model(run)
     old = run.config.layer_head_dims
     wide = widen_heads(model, head_dim, init_std=init_std, seed=seed)
     record = {
