@@ -90,10 +90,9 @@ def find_resume_checkpoint(run_dir: str | os.PathLike) -> str | None:
     for checkpoint in reversed(list_checkpoints(run_dir)):
         try:
             check_checkpoint(checkpoint)
+            return str(checkpoint)
         except ValueError as e:
             warnings.warn(f"skipping incomplete checkpoint {checkpoint.name}: {e}", CheckpointWarning, stacklevel=2)
-            continue
-        return str(checkpoint)
     return None
 
 
@@ -168,9 +167,7 @@ def atomic_checkpoint_trainer():
         _staging_dir: str | None = None
 
         def _get_output_dir(self, trial):
-            if self._staging_dir is not None:
-                return self._staging_dir
-            return super()._get_output_dir(trial)
+            return self._staging_dir if self._staging_dir is not None else super()._get_output_dir(trial)
 
         def _save_checkpoint(self, model, trial):
             if self.args.world_size > 1:
