@@ -91,6 +91,7 @@ def pretrain_command(
         ValueError: contradicting or bad options (naming them).
         FileNotFoundError / FileExistsError: see :func:`~fixedhead.training.pretrain.pretrain`.
     """
+    from ..model.architectures import check_objective_for
     from ..runs import PRETRAIN_FILE
     from .pretrain import check_run_dir, pretrain, source_data
 
@@ -108,17 +109,14 @@ def pretrain_command(
             config = ModelSettings(**model).config(max_position_embeddings=n)
     settings = TrainSettings(**train)
     if config is not None:  # a Llama masked LM is refused before the corpus is looked at
-        from ..model.architectures import check_objective_for
-
         check_objective_for(config, settings.objective)
     data_settings = None if init_from is not None else DataSettings(**data)
     run_dir = Path(output_dir)
     if not (resume and not overwrite and (run_dir / PRETRAIN_FILE).is_file()):  # all but resuming needs no data
         check_run_dir(run_dir, {}, resume=resume, overwrite=overwrite)
-    if init_from is not None:
-        prepared = source_data(init_from, corpus=data.get("corpus"))
-    else:
-        prepared = prepare_data(data_settings)
+    prepared = (
+        source_data(init_from, corpus=data.get("corpus")) if init_from is not None else prepare_data(data_settings)
+    )
     return pretrain(config, prepared, output_dir, settings, resume=resume, overwrite=overwrite, init_from=init_from)
 
 
