@@ -179,9 +179,7 @@ def split_train_validation(examples: list[dict], validation_size: int, seed: int
         )
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
-    val = [examples[i] for i in order[:validation_size]]
-    train = [examples[i] for i in order[validation_size:]]
-    return train, val
+    return [examples[i] for i in order[validation_size:]], [examples[i] for i in order[:validation_size]]
 
 
 def finetune(
@@ -255,13 +253,12 @@ def finetune(
             f"{out} holds a fine-tuning result of another model, data or settings; "
             f"pass --overwrite to replace it, or choose another --output-dir"
         )
-    started = out / FINETUNE_SETTINGS_FILE
-    if started.is_file() and not done.is_file() and not overwrite:
-        if load_json_file(started).get("fingerprint") != record:
-            raise FileExistsError(
-                f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
-                f"pass --overwrite to replace it, or choose another --output-dir"
-            )
+    started = out / FINETUNE_SETTINGS_FILE  # (without overwrite, a finished result returned or was refused above)
+    if started.is_file() and not overwrite and load_json_file(started).get("fingerprint") != record:
+        raise FileExistsError(
+            f"{out} holds an unfinished fine-tuning run of another model, data or settings; "
+            f"pass --overwrite to replace it, or choose another --output-dir"
+        )
 
     train_all = read_glue_tsv(train_path, task)
     dev = read_glue_tsv(dev_path, task)
@@ -350,18 +347,16 @@ def finetune(
     best_val = trainer.evaluate(datasets["validation"])
     dev_metrics = trainer.evaluate(datasets["dev"])
 
-    def strip(m, pre):
-        return {
-            k[len(pre) + 1 :]: v for k, v in m.items() if k.startswith(pre + "_") and k[len(pre) + 1 :] in _METRIC_NAMES
-        }
+    def strip(m):  # the metrics without the "eval_" prefix
+        return {k[5:]: v for k, v in m.items() if k.startswith("eval_") and k[5:] in _METRIC_NAMES}
 
     best_ckpt = trainer.state.best_model_checkpoint
     result = {
         "task": task,
         "metric": metric,
-        "score": strip(dev_metrics, "eval")[metric],
-        "dev": strip(dev_metrics, "eval"),
-        "validation": strip(best_val, "eval"),
+        "score": strip(dev_metrics)[metric],
+        "dev": strip(dev_metrics),
+        "validation": strip(best_val),
         "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else trainer.state.global_step,
         "steps": trainer.state.global_step,
         "train_examples": len(train),
