@@ -9,7 +9,7 @@ options and their ``--help`` are derived from them (:func:`fixedhead.options.add
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -101,23 +101,16 @@ class ModelSettings:
                 f"architecture 'llama' has attention dropout only, and --dropout sets hidden dropout too; "
                 f"got dropout={self.dropout}"
             )
-        return build_config(
-            dict(
-                architecture=self.architecture,
-                hidden_size=self.hidden_size,
-                num_hidden_layers=self.num_hidden_layers,
-                num_attention_heads=self.num_attention_heads,
-                head_dim=self.head_dim,
-                intermediate_size=4 * self.hidden_size if self.intermediate_size is None else self.intermediate_size,
-                max_position_embeddings=max_position_embeddings,
-                hidden_dropout_prob=self.dropout,
-                attention_probs_dropout_prob=self.dropout,
-                parametrization=self.parametrization,
-                mup_base_head_dim=self.mup_base_head_dim,
-                attention_scale=self.attention_scale,
-                query_init=self.query_init,
-            )
+        fields = asdict(self)  # every field but dropout is a config field of the same name
+        dropout = fields.pop("dropout")
+        if self.intermediate_size is None:
+            fields["intermediate_size"] = 4 * self.hidden_size
+        fields.update(
+            max_position_embeddings=max_position_embeddings,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
         )
+        return build_config(fields)
 
 
 @dataclass
