@@ -13,6 +13,7 @@ import math
 import os
 import resource
 import shutil
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -85,10 +86,8 @@ def run_settings_record(
     weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
     :func:`init_from_record`) for a run continued from another run, None for one trained from
     scratch (runs saved before this was recorded count as from scratch)."""
-    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED}
-    for name, default in _ADDED_LATER.items():  # omitted at their default: older run directories still resume
-        if train.get(name) == default:
-            del train[name]
+    # fields added later are omitted at their default: older run directories still resume
+    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED and (k, v) not in _ADDED_LATER.items()}
     record = {
         "config": config.to_diff_dict(),
         "train": train,
@@ -423,7 +422,6 @@ def pretrain(
     trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
     if args.should_save:
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
-    if args.should_save:
         save_tokenizer_atomic(run_tokenizer, run_dir)
     metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
     result = {
@@ -492,8 +490,6 @@ def save_tokenizer_atomic(tokenizer, run_dir: Path) -> None:
     """``tokenizer.save_pretrained(run_dir)`` with each file appearing whole: written into a
     staging folder (removed by :func:`~fixedhead.training.checkpoints.remove_staging` if a kill
     leaves it), then moved into place file by file."""
-    import tempfile
-
     staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX))
     try:
         tokenizer.save_pretrained(str(staging))
@@ -558,8 +554,6 @@ def causal_tokenizer(tokenizer):
     beginning of a packed sequence), not [SEP] at the end, so a prompt from
     ``pipeline("text-generation")`` or ``generate`` is continued rather than closed; [CLS] and
     [SEP] become its ``bos_token`` and ``eos_token``."""
-    import copy
-
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
