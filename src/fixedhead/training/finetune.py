@@ -128,20 +128,14 @@ def finetune_settings_record(run_dir, task: str, settings: FinetuneSettings, dat
     match, whatever the run's folder is called or where it moved; retraining a run in place
     changes its record."""
     files = [glue_path(task, split, data_dir) for split in ("train", "dev")]
-    return json.loads(
-        json.dumps(
-            {
-                "task": task,
-                "model": model_fingerprint(run_dir),
-                "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
-                "settings": {
-                    k: v
-                    for k, v in asdict(settings).items()
-                    if k not in ("progress", "save_model", "gradient_checkpointing")
-                },
-            }
-        )
-    )
+    how_it_runs = ("progress", "save_model", "gradient_checkpointing")  # not what it computes
+    record = {
+        "task": task,
+        "model": model_fingerprint(run_dir),
+        "glue_data": file_digest(files) if all(f.is_file() for f in files) else None,
+        "settings": {k: v for k, v in asdict(settings).items() if k not in how_it_runs},
+    }
+    return json.loads(json.dumps(record))
 
 
 class GlueDataset(Dataset):
@@ -266,10 +260,8 @@ def finetune(
     if validation_size is None:
         validation_size = max(1, min(DEFAULT_VALIDATION_SIZE, len(train_all) // 5))
     train, val = split_train_validation(train_all, validation_size, settings.seed)
-    if settings.max_train_examples is not None:
-        train = train[: settings.max_train_examples]
-    if settings.max_dev_examples is not None:
-        dev = dev[: settings.max_dev_examples]
+    train = train[: settings.max_train_examples]  # a limit of None keeps all
+    dev = dev[: settings.max_dev_examples]
 
     # only now, with every input checked: take the folder (refusing one that holds anything
     # fine-tuning did not write; --overwrite removes only what fine-tuning wrote)
@@ -340,8 +332,7 @@ def finetune(
     t0 = time.time()
     trainer.train()
     wall = time.time() - t0
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if any(not math.isfinite(x) for x in losses):
+    if any(not math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h):
         raise DivergedError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
     # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
     best_val = trainer.evaluate(datasets["validation"])
