@@ -143,17 +143,15 @@ def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
     recorded in its ``pretrain_settings.json`` (``saved``), else hashed from the tokenizer saved in
     ``run_dir``; None when the run has neither (started before tokenizers were kept with the run)."""
     recorded = (saved.get("data_info") or {}).get("tokenizer_sha256")
-    if recorded:
-        return recorded
     path = Path(run_dir) / "tokenizer.json"
-    if path.is_file():
-        from tokenizers import Tokenizer
+    if recorded or not path.is_file():
+        return recorded or None
+    from tokenizers import Tokenizer
 
-        try:
-            return tokenizer_sha256(Tokenizer.from_file(str(path)))
-        except Exception:  # a damaged file: the tokenizer is unknown, never assumed equal
-            return None
-    return None
+    try:
+        return tokenizer_sha256(Tokenizer.from_file(str(path)))
+    except Exception:  # a damaged file: the tokenizer is unknown, never assumed equal
+        return None
 
 
 def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -> list[str]:
