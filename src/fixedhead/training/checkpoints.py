@@ -26,15 +26,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
-from ..runs import (  # noqa: F401 (re-exported: checks of saved models live in fixedhead.runs)
-    PICKLE_WEIGHTS,
-    SAFE_WEIGHTS,
-    check_model_dir,
-    check_safetensors,
-    follow_umask,
-    load_json_file,
-    write_json_atomic,
-)
+from ..runs import SAFE_WEIGHTS, check_safetensors, follow_umask, load_json_file
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")  # Trainer's own pattern (trainer_utils._re_checkpoint)
 STAGING_PREFIX = ".staging-checkpoint-"

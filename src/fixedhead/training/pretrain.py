@@ -44,10 +44,12 @@ from ..runs import (
     PRETRAIN_FILE,
     environment_info,
     follow_umask,
+    load_json_file,
     model_fingerprint,
     open_run,
     resolve_local_path,
     tensors_sha256,
+    write_json_atomic,
 )
 from .card import write_model_card
 from .checkpoints import (
@@ -55,9 +57,7 @@ from .checkpoints import (
     atomic_checkpoint_trainer,
     find_resume_checkpoint,
     list_checkpoints,
-    load_json_file,
     remove_staging,
-    write_json_atomic,
 )
 from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings, same_corpus_text
 from .settings import TrainSettings
