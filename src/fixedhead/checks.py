@@ -17,12 +17,11 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     Raises:
         ValueError: naming ``name`` and the value.
     """
+    what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         # bool is an int subclass: True heads is a bug, not 1 head
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
     if value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return int(value)
 
@@ -34,11 +33,7 @@ def optional_positive_int(name: str, value, minimum: int = 1) -> int | None:
 
 def non_negative_int(name: str, value) -> int:
     """An int >= 0 (a seed, a count that may be zero)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r} ({type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return int(value)
+    return positive_int(name, value, minimum=0)
 
 
 def positive_float(name: str, value) -> float:
