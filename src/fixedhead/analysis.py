@@ -197,23 +197,13 @@ class AttentionAnalysis:
 
     def rows(self) -> list[dict]:
         """One dict per (layer, head), as in the printed table."""
-        out = []
-        for layer in range(self.num_layers):
-            for head in range(self.num_heads):
-                out.append(
-                    {
-                        "layer": layer,
-                        "head": head,
-                        "head_dim": self.head_dims[layer],
-                        "rank_cap": min(self.head_dims[layer], self.seq_len),
-                        "logit_rank": self.logit_rank[layer][head],
-                        "logit_rank_max": self.logit_rank_max[layer][head],
-                        "min_head_dim": self.min_head_dim[layer][head],
-                        "min_head_dim_max": self.min_head_dim_max[layer][head],
-                        "entropy": self.entropy[layer][head],
-                    }
-                )
-        return out
+        stats = ("logit_rank", "logit_rank_max", "min_head_dim", "min_head_dim_max", "entropy")
+        return [
+            {"layer": layer, "head": head, "head_dim": d, "rank_cap": min(d, self.seq_len)}
+            | {key: getattr(self, key)[layer][head] for key in stats}
+            for layer, d in enumerate(self.head_dims[: self.num_layers])
+            for head in range(self.num_heads)
+        ]
 
     def summary(self) -> dict:
         """Over all heads: does the low-rank bottleneck bind?
@@ -278,15 +268,11 @@ def analyze_model(
     if len(num_heads) != 1:
         raise ValueError(f"layers have different head counts {sorted(num_heads)}; not supported")
 
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return float(np.mean(values)) if values else None
+    def stat(key, fn):  # fn of the per-sequence values that are not None (None where none is)
+        values = [[[d[key] for d in head if d[key] is not None] for head in layer] for layer in per_seq]
+        return [[fn(v) if v else None for v in layer] for layer in values]
 
-    def vmax(values):
-        values = [v for v in values if v is not None]
-        return int(max(values)) if values else None
-
-    stat = lambda key, fn: [[fn([d[key] for d in head]) for head in layer] for layer in per_seq]  # noqa: E731
+    mean = lambda v: float(np.mean(v))  # noqa: E731
     return AttentionAnalysis(
         model=name or type(model).__name__,
         model_type=getattr(getattr(model, "config", None), "model_type", type(model).__name__),
@@ -297,9 +283,9 @@ def analyze_model(
         num_sequences=int(input_ids.shape[0]),
         rtol=rtol,
         logit_rank=stat("logit_rank", mean),
-        logit_rank_max=stat("logit_rank", vmax),
+        logit_rank_max=stat("logit_rank", max),
         min_head_dim=stat("min_head_dim", mean),
-        min_head_dim_max=stat("min_head_dim", vmax),
+        min_head_dim_max=stat("min_head_dim", max),
         entropy=stat("entropy", mean),
         causal=causal,
     )
@@ -444,14 +430,9 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
         if result.num_heads * result.num_layers <= 400:
             for (i, j), v in np.ndenumerate(grid):
                 if not np.isnan(v):
+                    label = f"{v:.1f}" if "entropy" in title else f"{v:.0f}"
                     ax.text(
-                        j,
-                        i,
-                        f"{v:.1f}" if "entropy" in title else f"{v:.0f}",
-                        ha="center",
-                        va="center",
-                        fontsize=6,
-                        color="white" if v < 0.6 * vmax else "black",
+                        j, i, label, ha="center", va="center", fontsize=6, color="white" if v < 0.6 * vmax else "black"
                     )
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(
