@@ -12,12 +12,13 @@ from the ones before it (:func:`causal_labels`), on the same packed sequences.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import StackDataset
 
 from ..checks import in_range, non_negative_int, optional_positive_int, positive_int
 from ..runs import resolve_local_path
@@ -123,13 +124,13 @@ def prepare_data(
     docs = read_corpus(settings.corpus, settings.text_field)
     train_docs, held_docs = split_documents(docs, settings.heldout_fraction, settings.split_seed)
     duplicates = len(docs) - len(train_docs) - len(held_docs)
-    if progress and duplicates:
-        print(
-            f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
-            f"(held-out text must never be trained on)",
-            flush=True,
-        )
     if progress:
+        if duplicates:
+            print(
+                f"corpus: dropped {duplicates} exact duplicate document{'s' * (duplicates > 1)} "
+                f"(held-out text must never be trained on)",
+                flush=True,
+            )
         print(
             f"corpus: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
             f"held out {len(held_docs)}: {', '.join((d.title or d.source)[:40] for d in held_docs[:6])}"
@@ -144,23 +145,21 @@ def prepare_data(
         max_chars=settings.tokenizer_max_chars,
         model_max_length=settings.max_seq_length,
     )
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+
+    def packed(docs, max_tokens, with_chars=True):  # ids [N, n] (and, with_chars, their characters)
+        ids = tokenize_documents(tokenizer, [d.text for d in docs], max_tokens, with_chars=with_chars)
+        ids, chars = ids if with_chars else (ids, None)
+        return pack_sequences(ids, settings.max_seq_length, tokenizer.cls_token_id, tokenizer.sep_token_id, chars=chars)
+
     validation = validation_chars = None
     if settings.validation_fraction > 0:
         train_docs, val_docs = split_documents(train_docs, settings.validation_fraction, settings.split_seed)
-        val_ids, val_chars = tokenize_documents(
-            tokenizer, [d.text for d in val_docs], settings.max_eval_tokens, with_chars=True
-        )
-        validation, validation_chars = pack_sequences(val_ids, settings.max_seq_length, cls_id, sep_id, chars=val_chars)
+        validation, validation_chars = packed(val_docs, settings.max_eval_tokens)
     if heldout_only:
         train = torch.empty(0, settings.max_seq_length, dtype=torch.long)
     else:
-        train_ids = tokenize_documents(tokenizer, [d.text for d in train_docs], settings.max_train_tokens)
-        train = pack_sequences(train_ids, settings.max_seq_length, cls_id, sep_id)
-    held_ids, held_chars = tokenize_documents(
-        tokenizer, [d.text for d in held_docs], settings.max_eval_tokens, with_chars=True
-    )
-    heldout, heldout_chars = pack_sequences(held_ids, settings.max_seq_length, cls_id, sep_id, chars=held_chars)
+        train = packed(train_docs, settings.max_train_tokens, with_chars=False)
+    heldout, heldout_chars = packed(held_docs, settings.max_eval_tokens)
     info = {
         "corpus": str(settings.corpus),
         "documents": len(docs),
@@ -186,43 +185,22 @@ def prepare_data(
             f"{heldout.numel():,} held-out tokens; vocabulary {len(tokenizer):,} ({info['prepare_seconds']} s)",
             flush=True,
         )
-    return PreparedData(
-        tokenizer,
-        train,
-        heldout,
-        info,
-        settings,
-        heldout_chars=heldout_chars,
-        validation=validation,
-        validation_chars=validation_chars,
-    )
+    return PreparedData(tokenizer, train, heldout, info, settings, heldout_chars, validation, validation_chars)
 
 
-class SequenceDataset(Dataset):
+class SequenceDataset(StackDataset):
     """Rows of a packed [N, n] tensor as ``{"input_ids": row}``; the data collator makes the labels."""
 
     def __init__(self, sequences: torch.Tensor):
-        self.sequences = sequences
-
-    def __len__(self):
-        return self.sequences.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.sequences[i]}
+        super().__init__(input_ids=sequences)
 
 
-class LabelledDataset(Dataset):
+class LabelledDataset(StackDataset):
     """Rows with their labels fixed: ``{"input_ids", "labels"}``, the held-out batches of either
     objective (:func:`heldout_batches`: one fixed masking, or the causal labels)."""
 
     def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor):
-        self.input_ids, self.labels = input_ids, labels
-
-    def __len__(self):
-        return self.input_ids.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+        super().__init__(input_ids=input_ids, labels=labels)
 
 
 def mlm_collator(tokenizer, mlm_probability: float = 0.15, seed: int | None = None):
@@ -325,8 +303,6 @@ def bits_per_character(total_nats: float, characters: int) -> float | None:
     """Total cross-entropy of the scored tokens, in bits, per character of original text they cover:
     ``total_nats / ln 2 / characters`` (None when no character is covered). Unlike perplexity per
     token it does not depend on how the tokenizer cuts the text into tokens."""
-    import math
-
     return total_nats / math.log(2) / characters if characters > 0 else None
 
 
@@ -338,8 +314,6 @@ def unigram_perplexity(data: PreparedData, eval_seed: int = 1234, objective: str
     A reference line: a model whose perplexity is near this value has learnt word frequencies but
     little that uses context, i.e. little that attention can contribute.
     """
-    import math
-
     vocab = len(data.tokenizer)
     counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
     special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]
