@@ -32,22 +32,16 @@ class Document:
     title: str = ""
 
 
-def _open_text(path: Path):
-    # utf-8-sig: a byte-order mark (as Windows editors save UTF-8) is dropped, not read as text
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", errors="strict")
-    return open(path, encoding="utf-8-sig", errors="strict")
-
-
-def _is_hidden(path: Path, root: Path) -> bool:
-    """A file or folder under ``root`` whose name, or a folder above it, starts with a dot
-    (``.ipynb_checkpoints/``, ``.git/``, editor backups): copies a user never meant as text."""
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+def open_text(path: Path, newline: str | None = None):
+    """A text file or its ``.gz`` form, read as strict UTF-8; utf-8-sig: a byte-order mark (as
+    Windows editors save UTF-8) is dropped, not read as text."""
+    return (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", newline=newline)
 
 
 def _corpus_files(root: Path) -> list[Path]:
     """The corpus files under the folder ``root``, recursively, sorted by path, skipping hidden
-    files and folders (:func:`_is_hidden`).
+    files and folders, whose names start with a dot (``.ipynb_checkpoints/``, ``.git/``, editor
+    backups: copies a user never meant as text).
 
     Symlinked subfolders are followed (``Path.rglob`` does not follow them before Python 3.13, so a
     corpus assembled from links read as empty). Each real folder is read once, under the first
@@ -64,8 +58,8 @@ def _corpus_files(root: Path) -> list[Path]:
         visited.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
-            file = Path(dirpath, name)
-            if name.endswith(_SUFFIXES) and not _is_hidden(file, root) and file.is_file():
+            file = Path(dirpath, name)  # its folders below root are not hidden: pruned above
+            if name.endswith(_SUFFIXES) and not name.startswith(".") and file.is_file():
                 files.append(file)
     return sorted(files)
 
@@ -73,7 +67,7 @@ def _corpus_files(root: Path) -> list[Path]:
 def _read_file(path: Path, text_field: str) -> list[Document]:
     docs = []
     try:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             if path.name.endswith((".jsonl", ".jsonl.gz")):
                 for lineno, line in enumerate(f, 1):
                     if not line.strip():

@@ -10,11 +10,12 @@ bare quote characters.
 from __future__ import annotations
 
 import csv
-import gzip
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .corpus import DEFAULT_DATA_DIR, open_text
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,9 @@ def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GLUE {task} file not found: {path}")
-    opener = gzip.open if path.name.endswith(".gz") else open
     examples = []
     try:
-        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+        with open_text(path, newline="") as f:
             rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
             columns = {}
             if spec.header:
@@ -147,8 +147,6 @@ def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) 
     ``../shared/data``). ``split`` is ``train`` or ``dev`` (GLUE's test labels are not public:
     the dev split is the test set here). Raises ValueError for an unknown task or split.
     """
-    from .corpus import DEFAULT_DATA_DIR
-
     spec = get_glue_task(task)
     if split not in ("train", "dev"):
         raise ValueError(f"unknown GLUE split {split!r}; use 'train' or 'dev'")
