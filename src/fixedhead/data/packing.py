@@ -32,6 +32,7 @@ def tokenize_documents(
     backend = tokenizer.backend_tokenizer
     out, out_chars, total = [], [], 0
     for text in texts:
+        keep = None if max_tokens is None else max_tokens - total  # ids this document may still add
         pieces, starts, start = [], [], 0
         while start < len(text):
             end = min(len(text), start + chunk_chars)
@@ -53,15 +54,13 @@ def tokenize_documents(
                         token_end += offset
                         chars.append(max(0, token_end - covered))
                         covered = max(covered, token_end)
-            if max_tokens is not None and total + len(ids) >= max_tokens:
+            if keep is not None and len(ids) >= keep:
                 break
-        if max_tokens is not None and total + len(ids) >= max_tokens:
-            out.append(ids[: max_tokens - total])
-            out_chars.append(chars[: max_tokens - total])
-            return (out, out_chars) if with_chars else out
-        out.append(ids)
-        out_chars.append(chars)
+        out.append(ids[:keep])
+        out_chars.append(chars[:keep])
         total += len(ids)
+        if keep is not None and len(ids) >= keep:
+            break
     return (out, out_chars) if with_chars else out
 
 

@@ -36,12 +36,6 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("FIXEDHEAD_CACHE", Path.home() / ".cache" / "fixedhead"))
 
 
-def _iter_chunks(texts, chunk_chars=100_000):
-    for t in texts:
-        for i in range(0, len(t), chunk_chars):
-            yield t[i : i + chunk_chars]
-
-
 def learn_wordpiece_vocab(
     word_counts: dict[str, int],
     vocab_size: int,
@@ -142,7 +136,7 @@ def count_words(texts, lowercase: bool = True) -> Counter:
     normalizer = _normalizer(lowercase)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     counts: Counter = Counter()
-    for chunk in _iter_chunks(texts):
+    for chunk in (t[i : i + 100_000] for t in texts for i in range(0, len(t), 100_000)):
         counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(chunk)))
     return counts
 
