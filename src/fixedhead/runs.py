@@ -62,20 +62,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     A failure (a full disk, a read-only folder) leaves ``path`` as it was and no temporary file.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        follow_umask(tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise _with_path(e, path) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with staged_outputs(path.parent) as stage:
+        stage(path.name).write_bytes(data)
 
 
 def _with_path(e: OSError, path) -> OSError:
@@ -118,14 +106,14 @@ def staged_outputs(output_dir: str | os.PathLike):
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             follow_umask(tmp)
+        for name, tmp in staged.items():
+            os.replace(tmp, out / name)
     except BaseException as e:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and staged:  # name the output being written when it failed
             raise _with_path(e, out / list(staged)[-1]) from None
         raise
-    for name, tmp in staged.items():
-        os.replace(tmp, out / name)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -254,16 +242,13 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
     run_dir = Path(run_dir)
     weights = check_model_dir(run_dir, allow_pickle=allow_pickle)
     config_dict = load_json_file(run_dir / "config.json")
-    config_class = {"fixedhead": FixedHeadConfig, "llama": LlamaConfig}.get(config_dict.get("model_type"))
+    model_type = config_dict.get("model_type")
+    config_class = {"fixedhead": FixedHeadConfig, "llama": LlamaConfig}.get(model_type)
     if config_class is None:
+        hint = "; convert a transformers BERT first with fixedhead.from_bert(model) and save_pretrained"
         raise ValueError(
-            f"{run_dir / 'config.json'}: model_type is {config_dict.get('model_type')!r}, expected 'fixedhead' "
-            f"(or 'llama')"
-            + (
-                "; convert a transformers BERT first with fixedhead.from_bert(model) and save_pretrained"
-                if config_dict.get("model_type") == "bert"
-                else ""
-            )
+            f"{run_dir / 'config.json'}: model_type is {model_type!r}, expected 'fixedhead' (or 'llama')"
+            + (hint if model_type == "bert" else "")
         )
     try:
         config = config_class.from_dict(config_dict)
