@@ -31,6 +31,12 @@ def _study_preset(args, quick: str = "tiny") -> str:
     return quick if args.quick else args.preset
 
 
+def _times(state: dict) -> str:
+    """How long a study took, as its closing line says it."""
+    meta = state["meta"]
+    return f"({meta['total_seconds']:.0f} s of wall time, {meta['compute_seconds']:.0f} s of training)"
+
+
 def _print_json(result: dict, drop=lambda key: False):
     import json
 
@@ -89,16 +95,8 @@ def _pretrain(args):
     from .training import ModelSettings, TrainSettings
     from .training.command import pretrain_command
 
-    result = pretrain_command(
-        args.output_dir,
-        model=given(args, ModelSettings),
-        data=given(args, DataSettings),
-        train=given(args, TrainSettings),
-        preset=args.preset,
-        init_from=args.init_from,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    settings = dict(model=given(args, ModelSettings), data=given(args, DataSettings), train=given(args, TrainSettings))
+    result = pretrain_command(args.output_dir, **settings, **_pick(args, "preset", "init_from", "resume", "overwrite"))
     _print_json(result, drop=lambda k: k.endswith("_curve"))
 
 
@@ -273,11 +271,8 @@ def _compare(args):
 
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
-    seed, progress = _one_seed(args, "compare"), not args.no_progress
-    preset = _study_preset(args)
-    run_compare(
-        preset, args.output_dir or "runs/compare", max_steps=args.steps, seed=seed, progress=progress, **options
-    )
+    options |= dict(max_steps=args.steps, seed=_one_seed(args, "compare"), progress=not args.no_progress)
+    run_compare(_study_preset(args), args.output_dir or "runs/compare", **options)
 
 
 def _sweep_options(p):
@@ -356,17 +351,9 @@ def _finetune_sweep(args):
     from .studies.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
 
     out = args.output_dir or f"{args.sweep_dir.rstrip('/')}/finetune-{args.task}"
-    run_finetune_seeds(
-        args.sweep_dir,
-        args.task,
-        out,
-        seeds=args.seeds or (0, 1, 2),
-        learning_rates=args.learning_rates or DEFAULT_RATES,
-        max_extensions=args.max_extensions,
-        max_steps=args.steps,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-    )
+    options = dict(seeds=args.seeds or (0, 1, 2), learning_rates=args.learning_rates or DEFAULT_RATES)
+    options |= dict(max_steps=args.steps, progress=not args.no_progress, **_pick(args, "max_extensions", "overwrite"))
+    run_finetune_seeds(args.sweep_dir, args.task, out, **options)
     print(f"report: {write_report(args.sweep_dir, out)}")
 
 
@@ -384,18 +371,10 @@ def _farthest_point(args):
 
     preset = _study_preset(args, "quick")
     out = args.output_dir or f"runs/farthest-point-{preset}"
-    state = run_farthest_point(
-        preset,
-        out,
-        progress=not args.no_progress,
-        **_pick(args, "seeds", "steps", "overwrite", "learning_rates", "max_extensions"),
-    )
+    options = _pick(args, "seeds", "steps", "overwrite", "learning_rates", "max_extensions")
+    state = run_farthest_point(preset, out, progress=not args.no_progress, **options)
     print(format_grid(state))
-    meta = state["meta"]
-    print(
-        f"wrote {out}/report.md, results.json, results.csv and its plots ({meta['total_seconds']:.0f} s of wall "
-        f"time, {meta['compute_seconds']:.0f} s of training)"
-    )
+    print(f"wrote {out}/report.md, results.json, results.csv and its plots {_times(state)}")
 
 
 def _widen_experiment_options(p):
@@ -424,12 +403,8 @@ def _widen_experiment(args):
     state = run_widening(preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
     if args.no_progress:
         print(format_table(state))
-    meta = state["meta"]
-    print(
-        f"wrote {out}/report.md, results.json, widening.png{', learning_rates.png' if state.get('tuning') else ''} "
-        f"({meta['total_seconds']:.0f} s of wall time, "
-        f"{meta['compute_seconds']:.0f} s of training)"
-    )
+    plots = "widening.png, learning_rates.png" if state.get("tuning") else "widening.png"
+    print(f"wrote {out}/report.md, results.json, {plots} {_times(state)}")
 
 
 def _scaling_options(p):
