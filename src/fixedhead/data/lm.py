@@ -11,7 +11,6 @@ from the ones before it (:func:`causal_labels`), on the same packed sequences.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -24,16 +23,13 @@ from ..checks import in_range, non_negative_int, optional_positive_int, positive
 from ..runs import resolve_local_path
 from .corpus import read_corpus, split_documents
 from .packing import pack_sequences, tokenize_documents
-from .tokenizer import tokenizer_sha256, train_tokenizer
+from .tokenizer import texts_sha256, tokenizer_sha256, train_tokenizer
 
 
 def documents_sha256(docs) -> str:
     """SHA-256 of the documents' text (each followed by a NUL byte), in order: what the text is,
     whatever the files are called (a run's ``corpus_sha256``; results are keyed on it)."""
-    digest = hashlib.sha256()
-    for d in docs:
-        digest.update(d.text.encode("utf-8", "surrogatepass") + b"\x00")
-    return digest.hexdigest()
+    return texts_sha256(d.text for d in docs)
 
 
 @dataclass

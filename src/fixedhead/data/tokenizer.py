@@ -36,6 +36,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("FIXEDHEAD_CACHE", Path.home() / ".cache" / "fixedhead"))
 
 
+def texts_sha256(texts, prefix: str = "") -> str:
+    """SHA-256 of ``prefix`` and then each text followed by a NUL byte, in order."""
+    h = hashlib.sha256(prefix.encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass") + b"\x00")
+    return h.hexdigest()
+
+
 def learn_wordpiece_vocab(
     word_counts: dict[str, int],
     vocab_size: int,
@@ -207,12 +215,9 @@ def train_tokenizer(
         texts = [t[:per_doc] for t in texts]
     if not any(t.strip() for t in texts):
         raise ValueError("cannot train a tokenizer on empty text")
-    h = hashlib.sha256(f"{_ALGORITHM_VERSION}|{vocab_size}|{lowercase}|{model_max_length}|".encode())
-    for t in texts:
-        h.update(t.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
+    key = texts_sha256(texts, f"{_ALGORITHM_VERSION}|{vocab_size}|{lowercase}|{model_max_length}|")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
-    path = cache / h.hexdigest()[:16]
+    path = cache / key[:16]
     if (path / "tokenizer.json").is_file():
         return BertTokenizerFast.from_pretrained(str(path))
 
