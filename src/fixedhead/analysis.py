@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checks import in_range, optional_positive_int, positive_int
 from .data import read_text, text_windows
 from .theory import min_head_dim
 
@@ -134,11 +135,8 @@ def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
     Raises:
         ValueError: ``matrix`` not 2-D, or ``rtol`` not in (0, 1).
     """
-    if matrix.dim() != 2:
-        raise ValueError(f"numerical_rank needs a 2-D matrix, got shape {tuple(matrix.shape)}")
-    if not 0.0 < rtol < 1.0:
-        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
-    from .theory import numerical_rank as rank  # one definition of numerical rank
+    in_range("rtol", rtol, 0.0, 1.0, low_open=True)
+    from .theory import numerical_rank as rank  # one definition of numerical rank; refuses a matrix not 2-D
 
     return rank(matrix.detach().double().cpu().numpy(), rtol)
 
@@ -245,8 +243,7 @@ def analyze_model(
     """
     if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] < 2:
         raise ValueError(f"input_ids must be [num_sequences >= 1, n >= 2], got shape {tuple(input_ids.shape)}")
-    if not 0.0 < rtol < 1.0:
-        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    in_range("rtol", rtol, 0.0, 1.0, low_open=True)
     model.eval()
     device = next(model.parameters()).device
     per_seq = None  # [layer][head] -> list of per-sequence dicts
@@ -376,14 +373,11 @@ def analyze(
 def format_table(result: AttentionAnalysis) -> str:
     """The per-head table: layer, head, d_p, rank(S) (mean, max), min_head_dim (mean, max), entropy."""
     n = result.seq_len
+    causal = "; causal (decoder) heads: min_d_p is the causal threshold, at most ⌈(n − 1)/2⌉ generically"
     lines = [
         f"{result.model} ({result.model_type}): {result.num_layers} layers × {result.num_heads} heads, "
         f"n = {n} tokens × {result.num_sequences} sequences, rank tolerance {result.rtol:g}·σ_max"
-        + (
-            "; causal (decoder) heads: min_d_p is the causal threshold, at most ⌈(n − 1)/2⌉ generically"
-            if result.causal
-            else ""
-        ),
+        + (causal if result.causal else ""),
         f"{'layer':>5} {'head':>4} {'d_p':>4} {'cap':>4} {'rank(S)':>8} {'max':>4} {'min_d_p':>8} {'max':>4} "
         f"{'entropy':>8} {'/ln n':>6}",
     ]
@@ -475,7 +469,6 @@ def analyze_to_folder(model_path, text_path, output_dir=None, max_sequences: int
     Raises:
         ValueError / FileNotFoundError / FileExistsError: see :func:`analyze`, :func:`write_analysis`.
     """
-    from .checks import optional_positive_int, positive_int
     from .runs import claim_output_dir
 
     positive_int("max_sequences", max_sequences)
