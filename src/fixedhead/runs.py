@@ -36,13 +36,6 @@ METRICS_FILE = "metrics.json"
 
 
 # ------------------------------------------------------------------------ permissions
-def current_umask() -> int:
-    """The process umask (read by setting it and restoring it at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def follow_umask(path: str | os.PathLike) -> None:
     """Give ``path`` the mode a plain ``open()``/``mkdir()`` would have given it under the umask.
 
@@ -50,9 +43,9 @@ def follow_umask(path: str | os.PathLike) -> None:
     after renaming them into place they would make a shared run directory or cache unreadable to
     colleagues.
     """
-    path = Path(path)
-    base = 0o777 if path.is_dir() else 0o666
-    os.chmod(path, base & ~current_umask())
+    mask = os.umask(0o022)  # the process umask: read by setting it and restoring it at once
+    os.umask(mask)
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~mask)
 
 
 # ----------------------------------------------------------------------------- writing
