@@ -118,12 +118,9 @@ def add_study_options(
             "--preset", default=default, choices=sorted(presets), help="the study's recipe (default: %(default)s)"
         )
     g.add_argument("--output-dir", metavar="DIR", help=f"where the study writes (default: {output_dir})")
+    whose = "preset" if presets is not None else "study"
     g.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        metavar="S",
-        help=f"seeds to run, in this order (default: the {'preset' if presets is not None else 'study'}'s)",
+        "--seeds", type=int, nargs="+", metavar="S", help=f"seeds to run, in this order (default: the {whose}'s)"
     )
     if steps:
         g.add_argument(

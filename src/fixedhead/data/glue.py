@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,8 +168,6 @@ def majority_class_accuracy(
         ValueError: an unknown task, or a malformed dev file (named).
         FileNotFoundError: no dev file at :func:`glue_path`.
     """
-    from collections import Counter
-
     if get_glue_task(task).labels is None:
         return None
     labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev", data_dir), task)][:max_examples]

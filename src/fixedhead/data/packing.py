@@ -36,9 +36,8 @@ def tokenize_documents(
         pieces, starts, start = [], [], 0
         while start < len(text):
             end = min(len(text), start + chunk_chars)
-            if end < len(text):
-                cut = text.rfind(" ", start, end)
-                end = cut if cut > start else end
+            if end < len(text) and (cut := text.rfind(" ", start, end)) > start:
+                end = cut
             pieces.append(text[start:end])
             starts.append(start)
             start = end
