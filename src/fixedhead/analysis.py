@@ -307,11 +307,9 @@ def load_encoder(
             or a checkpoint that lacks encoder weights.
     """
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    from .model.modeling import register_auto_classes
     from .runs import check_model_dir, load_json_file, open_run
-
-    register_auto_classes()  # model_type "fixedhead" (already done by ``import fixedhead``; idempotent)
 
     path = Path(model_path)
     weights = check_model_dir(path, allow_pickle=allow_pickle)
@@ -326,8 +324,6 @@ def load_encoder(
                 " (--tokenizer)"
             )
         tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
-    from transformers.utils import logging as hf_logging
-
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
     try:
@@ -417,10 +413,7 @@ def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
         vmax = math.log(result.seq_len) if "entropy" in title else rank_max
         im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_xticks(range(result.num_heads))
-        ax.set_yticks(range(result.num_layers))
+        ax.set(xlabel="head", ylabel="layer", xticks=range(result.num_heads), yticks=range(result.num_layers))
         if result.num_heads * result.num_layers <= 400:
             for (i, j), v in np.ndenumerate(grid):
                 if not np.isnan(v):

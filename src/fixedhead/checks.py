@@ -51,8 +51,7 @@ def in_range(name: str, value, low: float, high: float, low_open: bool = False, 
     """
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     if not ok:
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
     return float(value)

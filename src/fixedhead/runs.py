@@ -437,11 +437,9 @@ def claim_output_dir(
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{option} {str(out)!r} is an existing file, not a directory")
-    for parent in out.absolute().parents:  # a folder below a file can never be created
-        if parent.exists():
-            if not parent.is_dir():
-                raise FileExistsError(f"{option} {str(out)!r} lies below {str(parent)!r}, which is a file")
-            break
+    parent = next(p for p in out.absolute().parents if p.exists())  # the root at the latest
+    if not parent.is_dir():  # a folder below a file can never be created
+        raise FileExistsError(f"{option} {str(out)!r} lies below {str(parent)!r}, which is a file")
     if out.is_dir():
         entries = sorted(out.iterdir())
         foreign = [e for e in entries if not _matches(e.name, owned)] if exclusive else []
