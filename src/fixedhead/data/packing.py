@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import torch
 
@@ -92,13 +94,8 @@ def pack_sequences(
     if chars is not None and [len(c) for c in chars] != [len(t) for t in token_ids]:
         raise ValueError("chars must have one count per token of token_ids")
     body = max_seq_length - 2
-    stream, char_stream = [], []
-    for i, ids in enumerate(token_ids):
-        stream.extend(ids)
-        stream.append(sep_id)
-        if chars is not None:
-            char_stream.extend(chars[i])
-            char_stream.append(0)
+    stream = list(chain.from_iterable([*ids, sep_id] for ids in token_ids))
+    char_stream = list(chain.from_iterable([*counts, 0] for counts in chars or []))
     n = len(stream) // body
     if n == 0:
         raise ValueError(f"corpus too small: {len(stream)} tokens, fewer than one sequence of {max_seq_length}")

@@ -81,12 +81,10 @@ def learn_wordpiece_vocab(
             vocab.append(token)
         return ids[token]
 
-    for token in special_tokens:
+    alphabet = sorted({c for w, _ in words_sorted for c in w})
+    inner = sorted({c for w, _ in words_sorted for c in w[1:]})  # characters inside a word: "##" + c
+    for token in [*special_tokens, *alphabet, *(prefix + c for c in inner)]:
         add(token)
-    for c in sorted({c for w, _ in words_sorted for c in w}):
-        add(c)
-    for c in sorted({c for w, _ in words_sorted for c in w[1:]}):
-        add(prefix + c)
     words = [[ids[w[0]]] + [ids[prefix + c] for c in w[1:]] for w, _ in words_sorted]
     counts = [n for _, n in words_sorted]
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
