@@ -59,13 +59,6 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         stage(path.name).write_bytes(data)
 
 
-def _with_path(e: OSError, path) -> OSError:
-    """A write error that names the file it was writing (``f.write`` errors carry no path)."""
-    if e.filename is None and e.strerror:
-        return type(e)(e.errno, e.strerror, str(path))
-    return e
-
-
 def write_json_atomic(path: str | os.PathLike, value) -> None:
     """Write ``value`` as indented JSON, atomically (see :func:`write_bytes_atomic`)."""
     write_bytes_atomic(path, (json.dumps(value, indent=2) + "\n").encode("utf-8"))
@@ -104,8 +97,9 @@ def staged_outputs(output_dir: str | os.PathLike):
     except BaseException as e:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and staged:  # name the output being written when it failed
-            raise _with_path(e, out / list(staged)[-1]) from None
+        if isinstance(e, OSError) and staged and e.filename is None and e.strerror:
+            # name the output being written when it failed (``f.write`` errors carry no path)
+            raise type(e)(e.errno, e.strerror, str(out / list(staged)[-1])) from None
         raise
 
 
@@ -373,9 +367,7 @@ def resolve_local_path(value: str | os.PathLike) -> str:
     """An existing local path as an absolute, symlink-free string; anything else (a Hugging Face
     dataset name) unchanged. Recorded paths must mean the same file from any working folder."""
     p = Path(value).expanduser()
-    if p.exists():
-        return str(p.resolve())
-    return str(value)
+    return str(p.resolve()) if p.exists() else str(value)
 
 
 # -------------------------------------------------------------------- output folders
