@@ -56,10 +56,6 @@ HEATMAP_FILE = "attention_heatmap.png"
 _CAPTURE = "fixedhead_capture"  # the attention implementation that records q and k
 
 
-def _uses_attention_interface(model) -> bool:
-    return bool(getattr(model, "_supports_attention_backend", False)) and hasattr(model, "set_attn_implementation")
-
-
 @contextmanager
 def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
@@ -80,7 +76,7 @@ def capture_queries_keys(model):
     Raises:
         ValueError: the model has no attention this can capture.
     """
-    if not _uses_attention_interface(model):
+    if not (getattr(model, "_supports_attention_backend", False) and hasattr(model, "set_attn_implementation")):
         raise ValueError(
             f"{type(model).__name__} has no attention this analysis can capture (a fixedhead model, or a "
             "transformers model whose attention uses transformers' attention interface)"

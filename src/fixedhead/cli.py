@@ -12,6 +12,7 @@ a full disk, a read-only folder) become a one-line message and exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from .options import add_options, add_study_options, given, parse_head_dim
@@ -38,8 +39,6 @@ def _times(state: dict) -> str:
 
 
 def _print_json(result: dict, drop=lambda key: False):
-    import json
-
     print(json.dumps({k: v for k, v in result.items() if not drop(k)}, indent=2))
 
 
