@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from .checks import positive_int
 from .options import add_options, add_study_options, given, parse_head_dim
 
 
@@ -535,9 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _os_error_message(e: OSError) -> str:
-    """One line for a file-system error: our own messages as they are, the system's with the path."""
-    if e.strerror and e.filename:
+def _error_message(e: Exception) -> str:
+    """One line for a user error: our own messages as they are, the system's file-system errors with the path."""
+    if isinstance(e, OSError) and e.strerror and e.filename:
         hint = {
             27: " (the disk or a file-size limit is full)",
             28: " (the disk is full)",
@@ -553,15 +554,10 @@ def main(argv=None) -> int:
         if getattr(args, "threads", None) is not None:
             import torch
 
-            from .checks import positive_int
-
             torch.set_num_threads(positive_int("threads", args.threads))
         return args.func(args) or 0
-    except ValueError as e:
-        print(f"fixedhead {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a missing or occupied path, a full disk, a read-only folder
-        print(f"fixedhead {args.command}: error: {_os_error_message(e)}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # OSError: a missing or occupied path, a full disk, a read-only folder
+        print(f"fixedhead {args.command}: error: {_error_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = f"; {_RESUME_HINTS[args.command]}" if args.command in _RESUME_HINTS else ""
