@@ -231,11 +231,10 @@ def train_tokenizer(
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.add_special_tokens(SPECIAL_TOKENS)
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")],
     )
     fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, model_max_length=model_max_length)
     # write to a temporary directory, then rename: a killed run never leaves a half-written cache
