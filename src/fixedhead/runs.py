@@ -429,7 +429,7 @@ def claim_output_dir(
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{option} {str(out)!r} is an existing file, not a directory")
-    parent = next(p for p in out.absolute().parents if p.exists())  # the root at the latest
+    parent = next((p for p in out.absolute().parents if p.exists()), out)  # out: the root, which has none
     if not parent.is_dir():  # a folder below a file can never be created
         raise FileExistsError(f"{option} {str(out)!r} lies below {str(parent)!r}, which is a file")
     if out.is_dir():

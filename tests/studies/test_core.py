@@ -2,6 +2,7 @@
 rendering (a learning-rate grid per arm, the kind of study the skeleton is for)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,15 @@ def test_the_folder_claim_refuses_what_the_study_did_not_write(tmp_path):
     with pytest.raises(FileExistsError, match="notes.txt"):
         toy_study(tmp_path, rates=(1e-3,))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_the_folder_claim_names_the_root_and_a_folder_below_a_file(tmp_path):
+    """The root has no parent to look at: it is refused like any folder holding foreign files."""
+    with pytest.raises(FileExistsError, match=r"--output-dir '/' holds files"):
+        core.claim(Path("/"), RESULTS, (), "toy")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError, match=r"lies below '.*/f', which is a file"):
+        core.claim(tmp_path / "f" / "out", RESULTS, (), "toy")
 
 
 def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrite(tmp_path):
