@@ -27,8 +27,6 @@ from ..theory import (
     min_head_dim,
     random_attention,
 )
-from ..theory.causal import _causal_log
-from ..theory.common import _one_thread
 from . import render
 
 SWEEP_COLUMNS = [
@@ -58,7 +56,8 @@ def _bidirectional_fits(P: np.ndarray, max_iter: int):
 def _causal_fits(P: np.ndarray, max_iter: int):
     """Per head size k = 1..n, a causal row's numbers (:data:`SWEEP_COLUMNS` from ``logit_error``)."""
     n = len(P)
-    lower, seen, logp = causal_logit_lower_bounds(P), np.tri(n, dtype=bool), _causal_log(P)
+    lower, seen = causal_logit_lower_bounds(P), np.tri(n, dtype=bool)
+    logp = np.where(seen, np.log(np.where(seen, P, 1.0)), 0.0)  # log P where a query sees, 0 above
     for k in range(1, n + 1):
         fit = fit_causal_logits(P, k, max_iter=max_iter)
         log_att = np.where(seen, log_softmax(np.where(seen, fit.logits, -np.inf), axis=1), 0.0)  # masked
@@ -87,7 +86,6 @@ def format_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@_one_thread
 def bottleneck_sweep(
     ns=(16, 32, 64),
     seeds=(0, 1, 2),
