@@ -41,7 +41,7 @@ from transformers.masking_utils import (
 from transformers.modeling_utils import AttentionInterface
 
 from ..checks import positive_int
-from .kernels import FLASH_MAX_HEAD_DIM, additive_mask, causal_mask_when_skipped, sdpa_attention_forward
+from .kernels import FLASH_MAX_HEAD_DIM, additive_mask, causal_bias, causal_mask_when_skipped, sdpa_attention_forward
 from .tensor_checks import host_reads_allowed, require_tensor
 
 
@@ -160,9 +160,7 @@ def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype
     keep = check_padding_mask(attention_mask)
     if host_reads_allowed(attention_mask) and bool(keep.all()):
         return None
-    bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
-    bias.masked_fill_(~keep, torch.finfo(dtype).min)
-    return bias[:, None, None, :]
+    return additive_mask(keep, dtype)[:, None, None, :]
 
 
 def _check_attention_bias(bias, batch: int, heads: int, seq: int, keys: int | None = None) -> None:
@@ -179,27 +177,6 @@ def _check_attention_bias(bias, batch: int, heads: int, seq: int, keys: int | No
         )
     if not bias.is_floating_point():
         raise ValueError(f"attention_bias must be an additive float tensor, got dtype {bias.dtype}")
-
-
-def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """The additive bias of causal (left-to-right) attention, [1, 1, query_len, key_len].
-
-    Query i is the token at position ``key_len - query_len + i`` (the queries are the last
-    ``query_len`` tokens, e.g. new tokens after a key/value cache of ``key_len - query_len``): it
-    sees keys at positions up to its own (0) and not after it (``finfo(dtype).min``, finite, so a
-    fully masked row gives a uniform distribution, never NaN).
-
-    Raises:
-        ValueError: query_len > key_len or a length below 1.
-    """
-    if not 1 <= query_len <= key_len:
-        raise ValueError(f"causal attention needs 1 <= query_len <= key_len, got {query_len} and {key_len}")
-    offset = key_len - query_len
-    # key j is hidden from query i when j > offset + i: the strict upper triangle, shifted by the cache
-    hidden = torch.ones(query_len, key_len, dtype=torch.bool, device=device).triu(diagonal=offset + 1)
-    return torch.zeros(query_len, key_len, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[
-        None, None
-    ]
 
 
 def eager_attention_forward(

@@ -173,6 +173,24 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask
 
 
+def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """The additive bias of causal (left-to-right) attention, [1, 1, query_len, key_len].
+
+    Query i is the token at position ``key_len - query_len + i`` (the queries are the last
+    ``query_len`` tokens, e.g. new tokens after a key/value cache of ``key_len - query_len``): it
+    sees keys at positions up to its own (0) and not after it (``finfo(dtype).min``, finite, so a
+    fully masked row gives a uniform distribution, never NaN).
+
+    Raises:
+        ValueError: query_len > key_len or a length below 1.
+    """
+    if not 1 <= query_len <= key_len:
+        raise ValueError(f"causal attention needs 1 <= query_len <= key_len, got {query_len} and {key_len}")
+    # query i sees key j when j <= offset + i: the lower triangle, shifted by the cache
+    seen = torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(diagonal=key_len - query_len)
+    return additive_mask(seen, dtype)[None, None]
+
+
 def causal_mask_when_skipped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool):
     """What transformers' SDPA integration does with ``attention_mask=None`` and ``is_causal``, as
     explicit tensors for kernels without a causal flag.
@@ -185,12 +203,7 @@ def causal_mask_when_skipped(query: torch.Tensor, key: torch.Tensor, value: torc
     q_len = query.shape[2]
     if not is_causal or q_len == 1:
         return key, value, None
-    key, value = key[:, :, :q_len], value[:, :, :q_len]
-    hidden = torch.ones(q_len, q_len, dtype=torch.bool, device=query.device).triu(diagonal=1)
-    bias = torch.zeros(q_len, q_len, dtype=query.dtype, device=query.device).masked_fill(
-        hidden, torch.finfo(query.dtype).min
-    )
-    return key, value, bias[None, None]
+    return key[:, :, :q_len], value[:, :, :q_len], causal_bias(q_len, q_len, query.dtype, query.device)
 
 
 def sdpa_attention_forward(
