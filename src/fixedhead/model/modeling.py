@@ -40,7 +40,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import MultiHeadAttention, check_flash_head_dim, check_padding_mask
+from .attention import MultiHeadAttention, _is_prepared_mask, check_flash_head_dim, check_padding_mask
 from .configuration import PROBLEM_TYPES, FixedHeadConfig
 from .parametrization import attention_scale, output_projection_multiplier
 from .tensor_checks import (
@@ -374,10 +374,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
                 f"of 'eager' or 'sdpa'; this model is set to attn_implementation={impl!r}: "
                 f"call model.set_attn_implementation('eager') first"
             )
-        if attention_mask is not None and not (
-            isinstance(attention_mask, BlockMask)
-            or (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4)
-        ):
+        if attention_mask is not None and not _is_prepared_mask(attention_mask):
             past = cache.get_seq_length() if cache is not None else 0
             keys = past + seq if isinstance(past, int) else None  # a static cache counts in a tensor
             what = "[batch, seq]" if cache is None or not past else "[batch, cached + new tokens]"

@@ -24,6 +24,7 @@ run, ``set_value_checks("always")`` turns them on there too (eager only; each co
 from __future__ import annotations
 
 import torch
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 _MODES = ("auto", "always", "never")
 _mode = "auto"
@@ -45,13 +46,9 @@ def set_value_checks(mode: str) -> str:
 
 def tracing() -> bool:
     """True under ``torch.compile``, ``torch.export``, ``torch.jit`` tracing/scripting or ``torch.fx`` tracing."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting():
-        return True
-    try:
-        from torch.fx._symbolic_trace import is_fx_symbolic_tracing
-    except ImportError:  # pragma: no cover - older torch
-        return False
-    return is_fx_symbolic_tracing()
+    return (
+        torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting() or is_fx_symbolic_tracing()
+    )
 
 
 def host_reads_allowed(tensor: torch.Tensor) -> bool:
