@@ -105,11 +105,7 @@ class FixedHeadConfig(PreTrainedConfig):
         positive_int("num_hidden_layers", self.num_hidden_layers)
         if isinstance(self.head_dim, (list, tuple)):
             self.head_dim = list(self.head_dim)  # saved as a JSON list, reloaded the same
-            if len(self.head_dim) != self.num_hidden_layers:
-                raise ValueError(
-                    f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
-                    f"got {len(self.head_dim)}: {self.head_dim!r}"
-                )
+            self._check_head_dim_count()
             for layer, dp in enumerate(self.head_dim):
                 try:
                     resolve_head_dim(self.hidden_size, self.num_attention_heads, dp)
@@ -134,6 +130,13 @@ class FixedHeadConfig(PreTrainedConfig):
         if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         check_parametrization(self)
+
+    def _check_head_dim_count(self) -> None:
+        if isinstance(self.head_dim, list) and len(self.head_dim) != self.num_hidden_layers:
+            raise ValueError(
+                f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
+                f"got {len(self.head_dim)}: {self.head_dim!r}"
+            )
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -173,11 +176,7 @@ class FixedHeadConfig(PreTrainedConfig):
     @property
     def layer_head_dims(self) -> list[int]:
         """The head size d_p of every layer, resolved (None entries = hidden_size // num_attention_heads)."""
-        if isinstance(self.head_dim, list) and len(self.head_dim) != self.num_hidden_layers:
-            raise ValueError(
-                f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
-                f"got {len(self.head_dim)}: {self.head_dim!r}"
-            )
+        self._check_head_dim_count()
         per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
         return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
 
