@@ -111,7 +111,8 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
             f"only absolute position embeddings are supported, got position_embedding_type={position_type!r}"
         )
     known = set(CARRIED) | set(REFUSED_UNLESS_DEFAULT) | set(NO_EFFECT)
-    for name in sorted(bert_config_fields(bert_config) - known):
+    fields = bert_config_fields(bert_config)
+    for name in sorted(fields - known):
         if name in values and values[name] != default.get(name):
             raise ValueError(
                 f"BertConfig field {name}={values[name]!r} is not known to fixedhead.from_bert, which cannot tell "
@@ -120,13 +121,8 @@ def config_from_bert(bert_config) -> FixedHeadConfig:
     if not isinstance(values.get("hidden_act"), str):
         raise ValueError(f"hidden_act must be an activation name to convert, got {values.get('hidden_act')!r}")
     kwargs = {name: values[name] for name in CARRIED if name in values}
-    extras = {
-        k: v
-        for k, v in values.items()
-        if k not in known
-        and k not in bert_config_fields(bert_config)
-        and k not in ("head_dim", "position_embedding_type")
-    }
+    skip = known | fields | {"head_dim", "position_embedding_type"}
+    extras = {k: v for k, v in values.items() if k not in skip}
     impl = getattr(bert_config, "_attn_implementation", None)
     return FixedHeadConfig(
         **extras, **kwargs, head_dim=None, attn_implementation="eager" if impl == "eager" else "sdpa"
