@@ -31,6 +31,7 @@ import copy
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..checks import positive_float, positive_int
 from .attention import MultiHeadAttention
@@ -101,24 +102,18 @@ def widen_attention(
         return (torch.randn(*shape, generator=generator, dtype=torch.float32) * init_std).to(w.device, w.dtype)
 
     # qkv weight [3·h·d_p, d] -> [3, h, d_p, d]: rows of q, k, v per head
-    old_w = w.view(3, h, old, d)
-    new_w = torch.zeros(3, h, head_dim, d, dtype=w.dtype, device=w.device)
-    new_w[:, :, :old] = old_w
+    new_w = F.pad(w.view(3, h, old, d), (0, 0, 0, extra))
     new_w[0, :, :old] *= c
     new_w[0, :, old:] = noise(h, extra, d)  # new query rows: random
     # new_w[1, :, old:] stays 0                 new key rows: zero, so the new logit terms are 0
     new_w[2, :, old:] = noise(h, extra, d)  # new value rows: random (out_proj's new columns are 0)
     wide.qkv.weight.copy_(new_w.view(3 * h * head_dim, d))
     if attention.qkv.bias is not None:
-        new_b = torch.zeros(3, h, head_dim, dtype=w.dtype, device=w.device)
-        new_b[:, :, :old] = attention.qkv.bias.view(3, h, old)
+        new_b = F.pad(attention.qkv.bias.view(3, h, old), (0, extra))  # new entries of every bias: 0
         new_b[0, :, :old] *= c
-        wide.qkv.bias.copy_(new_b.view(-1))  # new entries of every bias: 0
+        wide.qkv.bias.copy_(new_b.view(-1))
     # out_proj weight [d, h·d_p] -> [d, h, d_p]: new columns zero
-    o = attention.out_proj.weight
-    new_o = torch.zeros(d, h, head_dim, dtype=o.dtype, device=o.device)
-    new_o[:, :, :old] = o.view(d, h, old)
-    wide.out_proj.weight.copy_(new_o.view(d, h * head_dim))
+    wide.out_proj.weight.copy_(F.pad(attention.out_proj.weight.view(d, h, old), (0, extra)).view(d, h * head_dim))
     if attention.out_proj.bias is not None:
         wide.out_proj.bias.copy_(attention.out_proj.bias)
     wide.train(attention.training)
@@ -156,13 +151,10 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
     generator = torch.Generator().manual_seed(seed)
     wide = copy.deepcopy(model)
     # replace in layer order (module order == the order _attention_layers found them)
-    targets = iter(new)
-    for parent in list(wide.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, MultiHeadAttention):
-                size = next(targets)
-                if size != child.head_dim:
-                    setattr(parent, name, widen_attention(child, size, std, generator))
+    found = [(name, m) for name, m in wide.named_modules() if isinstance(m, MultiHeadAttention)]
+    for (name, child), size in zip(found, new, strict=True):
+        if size != child.head_dim:
+            wide.set_submodule(name, widen_attention(child, size, std, generator))
     if isinstance(head_dim, (list, tuple)):
         wide.config.head_dim = list(new)
     elif head_dim is not None and new != old:
