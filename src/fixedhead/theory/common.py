@@ -6,7 +6,7 @@ Rows are queries (the transpose of the paper's columns); see :mod:`fixedhead.the
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import numbers
 
 import numpy as np
@@ -79,39 +79,32 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
     return P
 
 
-class _single_thread:
+@contextlib.contextmanager
+def _single_thread():
     """Run the theory's dense maths on one BLAS/torch thread, restoring the settings after.
 
     The matrices here are small (n <= ~1024): on a busy 2-core machine OpenBLAS threads that
     spin-wait made a 1024×1024 SVD take 11–20 s instead of 1.6 s single-threaded, and made
     L-BFGS on 64×64 problems several times slower. Usable as a context manager or decorator.
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        from threadpoolctl import threadpool_limits
 
-    def __enter__(self):
-        self._torch = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            from threadpoolctl import threadpool_limits
-
-            self._blas = threadpool_limits(1)
-        except ImportError:  # optional: only a speed matter
-            self._blas = None
-        return self
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self._torch)
-        if self._blas is not None:
-            self._blas.restore_original_limits()
-        return False
+        blas = threadpool_limits(1)
+    except ImportError:  # optional: only a speed matter
+        blas = None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if blas is not None:
+            blas.restore_original_limits()
 
 
 def _one_thread(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with _single_thread():
-            return fn(*args, **kwargs)
-
-    return wrapper
+    return _single_thread()(fn)
 
 
 def _numerical_rank(s: np.ndarray, shape: tuple[int, int], rtol: float | None) -> int:

@@ -178,9 +178,7 @@ def represent(X, P, head_dim: int | None = None, row_sum_tol: float = ROW_SUM_TO
     svd = np.linalg.svd(C)
     if not causal:
         needed = max(1, _numerical_rank(svd[1], C.shape, None))
-    if head_dim is None:
-        head_dim = needed
-    head_dim = _check_int("head_dim", head_dim)
+    head_dim = needed if head_dim is None else _check_int("head_dim", head_dim)
     if head_dim < needed:
         raise ValueError(
             f"head_dim={head_dim} is too small to represent P exactly: {why} {needed} "
