@@ -65,8 +65,14 @@ _LM1B_COMMON = dict(
 )
 
 
-def _lm1b(name, source, hidden, heads, head_dim, desc):
+def _lm1b(source, hidden, heads, head_dim=None, kind="LM1B-style"):
     cfg = dict(_LM1B_COMMON, hidden_size=hidden, num_attention_heads=heads, head_dim=head_dim)
+    if head_dim is None:
+        name = f"lm1b-standard-d{hidden}-h{heads}"
+        desc = f"{kind}, d={hidden}, {heads} standard heads (d_p={hidden // heads})"
+    else:
+        name = f"lm1b-fixed-d{hidden}-h{heads}-dp{head_dim}"
+        desc = f"{kind}, d={hidden}, {heads} heads of {head_dim}"
     return ModelPreset(name, desc, cfg, None, source, objective="clm")
 
 
@@ -74,35 +80,12 @@ LM1B_PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         # Fig. 1 and 3a: fixed head size d_p = 32 at d = 256, with 4 to 64 heads (the paper: 4-70)
-        [
-            _lm1b(f"lm1b-fixed-d256-h{h}-dp32", "Fig. 1/3a (LM1B)", 256, h, 32, f"LM1B-style, d=256, {h} heads of 32")
-            for h in (4, 8, 16, 32, 64)
-        ]
+        [_lm1b("Fig. 1/3a (LM1B)", 256, h, 32) for h in (4, 8, 16, 32, 64)]
         # Fig. 3a baseline: standard heads at d = 256 (d_p = 256/h)
-        + [
-            _lm1b(
-                f"lm1b-standard-d256-h{h}",
-                "Fig. 3a (LM1B)",
-                256,
-                h,
-                None,
-                f"LM1B-style, d=256, {h} standard heads (d_p={256 // h})",
-            )
-            for h in (4, 8, 16, 32, 64)
-        ]
+        + [_lm1b("Fig. 3a (LM1B)", 256, h) for h in (4, 8, 16, 32, 64)]
         # Fig. 1 baselines: wider standard models, d = 256..512 (the head count of these baselines
         # is not stated in the paper's text; 8 heads here)
-        + [
-            _lm1b(
-                f"lm1b-standard-d{d}-h8",
-                "Fig. 1 (LM1B)",
-                d,
-                8,
-                None,
-                f"LM1B-style baseline, d={d}, 8 standard heads (d_p={d // 8})",
-            )
-            for d in (320, 384, 448, 512)
-        ]
+        + [_lm1b("Fig. 1 (LM1B)", d, 8, kind="LM1B-style baseline") for d in (320, 384, 448, 512)]
     )
 }
 
