@@ -47,9 +47,7 @@ def check_causal_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
             on or below it that is <= 0 (log P must exist where the query looks), or a row sum off
             by more than ``row_sum_tol``.
     """
-    P = _as_matrix("P", P)
-    if P.shape[0] != P.shape[1] or P.shape[0] == 0:
-        raise ValueError(f"P must be a non-empty square [n, n] matrix, got shape {P.shape}")
+    P = _as_matrix("P", P, square=True)
     seen = np.tri(P.shape[0], dtype=bool)
     bad = ~seen & (np.abs(P) > row_sum_tol)
     if np.any(bad):

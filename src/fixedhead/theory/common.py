@@ -24,7 +24,7 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-def _as_matrix(name: str, a) -> np.ndarray:
+def _as_matrix(name: str, a, square: bool = False) -> np.ndarray:
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
     a = np.asarray(a, dtype=np.float64)
@@ -32,6 +32,8 @@ def _as_matrix(name: str, a) -> np.ndarray:
         raise ValueError(f"{name} must be a 2-D matrix, got shape {a.shape}")
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} has non-finite entries (nan or inf)")
+    if square and (a.shape[0] != a.shape[1] or a.shape[0] == 0):
+        raise ValueError(f"{name} must be a non-empty square [n, n] matrix, got shape {a.shape}")
     return a
 
 
@@ -61,9 +63,7 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
         ValueError: P not square, non-finite, with an entry <= 0 (log P must exist, as Theorem 1
             requires), or with a row sum off by more than ``row_sum_tol``.
     """
-    P = _as_matrix("P", P)
-    if P.shape[0] != P.shape[1] or P.shape[0] == 0:
-        raise ValueError(f"P must be a non-empty square [n, n] matrix, got shape {P.shape}")
+    P = _as_matrix("P", P, square=True)
     if np.any(P <= 0):
         i, j = np.argwhere(P <= 0)[0]
         low = np.tri(P.shape[0], dtype=bool)
