@@ -551,13 +551,13 @@ def masked_lm_loss_and_logits(
         return total / count, logits.view(batch, seq, vocab)
     idx = (flat_labels != -100).nonzero().squeeze(1)  # [num_labelled]
     compact = head(sequence_output.reshape(batch * seq, hidden).index_select(0, idx))  # [num_labelled, vocab]
+    targets = flat_labels.index_select(0, idx)
     if idx.numel() == 0:
         loss = compact.sum() * 0.0
     elif num_items_in_batch is not None:
-        total = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx), reduction="sum")
-        loss = total / num_items_in_batch
+        loss = F.cross_entropy(compact.float(), targets, reduction="sum") / num_items_in_batch
     else:
-        loss = F.cross_entropy(compact.float(), flat_labels.index_select(0, idx))
+        loss = F.cross_entropy(compact.float(), targets)
     logits = compact.new_zeros(batch * seq, vocab)
     logits.index_copy_(0, idx, compact)
     return loss, logits.view(batch, seq, vocab)
