@@ -37,13 +37,6 @@ from ..checks import positive_float, positive_int
 from .attention import MultiHeadAttention
 
 
-def _attention_layers(model) -> list[MultiHeadAttention]:
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")
-    return layers
-
-
 def new_head_dims(old: list[int], head_dim) -> list[int]:
     """The per-layer target sizes; None (as a whole or in a list) keeps a layer's size."""
     if head_dim is None:
@@ -144,13 +137,14 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
             and both sizes), a list of the wrong length, a size that is not a positive int, or a
             model without fixedhead attention layers.
     """
-    layers = _attention_layers(model)
-    old = [m.head_dim for m in layers]
+    old = [m.head_dim for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not old:
+        raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")
     new = new_head_dims(old, head_dim)
     std = positive_float("init_std", init_std if init_std is not None else model.config.initializer_range)
     generator = torch.Generator().manual_seed(seed)
     wide = copy.deepcopy(model)
-    # replace in layer order (module order == the order _attention_layers found them)
+    # replace in layer order (module order, as old was read)
     found = [(name, m) for name, m in wide.named_modules() if isinstance(m, MultiHeadAttention)]
     for (name, child), size in zip(found, new, strict=True):
         if size != child.head_dim:
