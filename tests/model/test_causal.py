@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, BertForMaskedLM, BertLMHeadModel, DynamicCache
 
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, from_bert
-from fixedhead.model.attention import MultiHeadAttention, causal_bias
+from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.kernels import causal_bias
 
 
 def bert_config(**kw) -> BertConfig:
