@@ -95,8 +95,13 @@ def _pretrain(args):
     from .training import ModelSettings, TrainSettings
     from .training.command import pretrain_command
 
-    settings = dict(model=given(args, ModelSettings), data=given(args, DataSettings), train=given(args, TrainSettings))
-    result = pretrain_command(args.output_dir, **settings, **_pick(args, "preset", "init_from", "resume", "overwrite"))
+    result = pretrain_command(
+        args.output_dir,
+        model=given(args, ModelSettings),
+        data=given(args, DataSettings),
+        train=given(args, TrainSettings),
+        **_pick(args, "preset", "init_from", "resume", "overwrite"),
+    )
     _print_json(result, drop=lambda k: k.endswith("_curve"))
 
 
@@ -351,9 +356,16 @@ def _finetune_sweep(args):
     from .studies.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
 
     out = args.output_dir or f"{args.sweep_dir.rstrip('/')}/finetune-{args.task}"
-    options = dict(seeds=args.seeds or (0, 1, 2), learning_rates=args.learning_rates or DEFAULT_RATES)
-    options |= dict(max_steps=args.steps, progress=not args.no_progress, **_pick(args, "max_extensions", "overwrite"))
-    run_finetune_seeds(args.sweep_dir, args.task, out, **options)
+    run_finetune_seeds(
+        args.sweep_dir,
+        args.task,
+        out,
+        seeds=args.seeds or (0, 1, 2),
+        learning_rates=args.learning_rates or DEFAULT_RATES,
+        max_steps=args.steps,
+        progress=not args.no_progress,
+        **_pick(args, "max_extensions", "overwrite"),
+    )
     print(f"report: {write_report(args.sweep_dir, out)}")
 
 

@@ -36,6 +36,10 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("FIXEDHEAD_CACHE", Path.home() / ".cache" / "fixedhead"))
 
 
+#: characters normalised and pre-tokenised at a time when counting words (bounds the memory of one call)
+_COUNT_CHUNK = 100_000
+
+
 def texts_sha256(texts, prefix: str = "") -> str:
     """SHA-256 of ``prefix`` and then each text followed by a NUL byte, in order."""
     h = hashlib.sha256(prefix.encode())
@@ -142,7 +146,7 @@ def count_words(texts, lowercase: bool = True) -> Counter:
     normalizer = _normalizer(lowercase)
     pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     counts: Counter = Counter()
-    for chunk in (t[i : i + 100_000] for t in texts for i in range(0, len(t), 100_000)):
+    for chunk in (t[i : i + _COUNT_CHUNK] for t in texts for i in range(0, len(t), _COUNT_CHUNK)):
         counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(chunk)))
     return counts
 

@@ -307,7 +307,12 @@ def run_widening(
             start = out / "start" / f"{arm.name}-s{seed}"  # the same start at every rate
             write_start(base_dir, arm, seed, start)
             change = max_logit_change(base_model, start, data.heldout[:16])
-        train = replace(p.continuation, seed=seed, progress=progress, learning_rate=lr or p.continuation.learning_rate)
+        train = replace(
+            p.continuation,
+            seed=seed,
+            progress=progress,
+            learning_rate=p.continuation.learning_rate if lr is None else lr,
+        )
         result = pretrain(None, data, run_dir, train, resume=(run_dir / PRETRAIN_FILE).is_file(), init_from=start)
         run_config = open_run(run_dir).config
         state["runs"][key] = {
