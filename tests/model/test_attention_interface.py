@@ -22,7 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward as t
 
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
 from fixedhead.model import kernels
-from fixedhead.model.attention import MultiHeadAttention
+from fixedhead.model.attention import MultiHeadAttention, check_flash_head_dim, is_flash_attention
 
 HEAD_DIMS = [7, 33, 160, 300]  # odd, and above FlashAttention's 256
 
@@ -183,6 +183,43 @@ def test_flash_attention_is_refused_by_name_above_head_dim_256(tmp_path):
     model.config._attn_implementation_internal = "flash_attention_2"
     with pytest.raises(ValueError, match="head_dim=300"):
         model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+#: every FlashAttention route transformers offers: the package names (with ``kernels`` installed and no
+#: flash-attn package, transformers fetches a hub kernel for them), hub kernels named directly, paged names
+FLASH_ROUTES = [
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "paged|flash_attention_2",
+    "kernels-community/flash-attn2",
+    "kernels-community/vllm-flash-attn3",
+    "kernels-community/aiter-flash-attn",
+]
+
+
+@pytest.mark.parametrize("name", FLASH_ROUTES)
+def test_every_flash_route_is_refused_above_256_before_anything_is_loaded(name, monkeypatch):
+    """The refusal reads the name only: with ``kernels`` reported installed and no flash-attn package,
+    nothing is imported or fetched (the loaders record any call) before the head-size error."""
+    import transformers.modeling_utils as mu
+
+    loads = []
+    monkeypatch.setattr(mu, "is_kernels_available", lambda: True)
+    monkeypatch.setattr(mu, "lazy_import_flash_attention", lambda *a, **k: loads.append(a))
+    model = FixedHeadForCausalLM(config(head_dim=300))
+    with pytest.raises(ValueError, match=r"up to 256.*head_dim=300"):
+        model.set_attn_implementation(name)
+    assert loads == [] and model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation_internal = name  # set behind the model's back: refused at the call
+    with pytest.raises(ValueError, match="head_dim=300"):
+        model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["eager", "sdpa", "flex_attention", "kernels-community/sage-attention"])
+def test_names_that_are_not_flash_attention_pass_the_head_size_check(name):
+    check_flash_head_dim(name, 300)  # no error: these take any head size or are not FlashAttention
+    assert not is_flash_attention(name)
 
 
 def test_output_attentions_needs_a_kernel_that_computes_probabilities():

@@ -219,18 +219,28 @@ ATTENTION_FUNCTIONS = AttentionInterface()
 ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 
 
+def is_flash_attention(attn_implementation: str | None) -> bool:
+    """Whether ``attn_implementation`` runs FlashAttention, by every route transformers offers: the
+    ``flash_attention_2/3/4`` names (the flash-attn package, or the hub kernel transformers falls back
+    to when ``kernels`` is installed), a hub kernel named directly (``"kernels-community/flash-attn2"``,
+    ``"kernels-community/vllm-flash-attn3"``, ``"kernels-community/aiter-flash-attn"``) and the
+    ``paged|`` variants. transformers' own rule (``is_flash_attention_requested``): "flash" in the name."""
+    return attn_implementation is not None and "flash" in attn_implementation.lower()
+
+
 def check_flash_head_dim(attn_implementation: str | None, head_dim: int) -> None:
-    """Refuse a FlashAttention implementation for a head size it cannot take.
+    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for a head size it cannot take.
 
     FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
     makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
     something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
-    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p.
+    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p. The check
+    reads only the name, so it runs before any kernel is imported or fetched.
 
     Raises:
-        ValueError: a ``flash_attention_*`` implementation with ``head_dim`` > 256.
+        ValueError: a FlashAttention implementation with ``head_dim`` > 256.
     """
-    if attn_implementation is not None and "flash_attention" in attn_implementation and head_dim > FLASH_MAX_HEAD_DIM:
+    if is_flash_attention(attn_implementation) and head_dim > FLASH_MAX_HEAD_DIM:
         raise ValueError(
             f"attn_implementation={attn_implementation!r} takes head sizes up to {FLASH_MAX_HEAD_DIM} "
             f"(FlashAttention's limit), got head_dim={head_dim}; use attn_implementation='sdpa' (fused "

@@ -297,9 +297,18 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias[:rows])
 
+    def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, *args, **kwargs) -> str:
+        """transformers' choice (at ``__init__``, ``from_pretrained`` and ``set_attn_implementation``),
+        after refusing FlashAttention for a head size above its limit by name, before transformers
+        imports a package or fetches a hub kernel and before any weights are read (see
+        :func:`~fixedhead.model.attention.check_flash_head_dim`)."""
+        for head_dim in self.config.layer_head_dims:
+            check_flash_head_dim(attn_implementation, head_dim)
+        return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice, after refusing FlashAttention for a head size above its limit (at
-        load time, before any weights are read; see :func:`~fixedhead.model.attention.check_flash_head_dim`)."""
+        """transformers' choice, after the same head-size refusal (the path transformers takes for
+        names that are not hub kernels)."""
         for head_dim in self.config.layer_head_dims:
             check_flash_head_dim(requested_attention, head_dim)
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
@@ -357,10 +366,13 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         * Decoder: ``create_causal_mask``, sized by the cache (so a pre-allocated cache's empty slots
           are hidden); with neither mask nor cache, sequences packed into one row are found from
           ``position_ids`` restarting (transformers' rule for decoders, e.g. Llama).
-        * Encoder: ``create_bidirectional_mask``. ``position_ids`` stay positions (as in BERT: any
-          values are allowed); packed sequences are kept apart when the batch says where they are,
-          as ``DataCollatorWithFlattening`` does with ``return_seq_idx=True`` (``seq_idx``
-          [1, tokens]) or ``return_flash_attn_kwargs=True`` (``cu_seq_lens_q``).
+        * Encoder: ``create_bidirectional_mask``, given ``position_ids`` as BERT gives them, so the
+          encoder does what the installed release's BERT does: from transformers 5.25, positions
+          that restart within a row (with no padding mask) mark packed sequences that do not attend
+          to each other; up to 5.24 they are positions only (tests/test_contract.py compares with
+          BERT in the installed release). Packed sequences are also kept apart when the batch says
+          where they are, as ``DataCollatorWithFlattening`` does with ``return_seq_idx=True``
+          (``seq_idx`` [1, tokens]) or ``return_flash_attn_kwargs=True`` (``cu_seq_lens_q``).
 
         Raises:
             ValueError: a padding mask of the wrong shape or with values other than 0/1;
@@ -392,6 +404,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
             config=self.config,
             inputs_embeds=embeds,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
         )
 
