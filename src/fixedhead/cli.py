@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .checks import positive_int
@@ -560,7 +561,28 @@ def _error_message(e: Exception) -> str:
     return str(e)
 
 
+_FALSE = {"0", "false", "no", "off"}
+
+
+def offline_unless_asked() -> None:
+    """No command reaches a network unless the user asks: the model hub (a hub name, or a hub kernel
+    that transformers would fetch for ``flash_attention_*`` when ``kernels`` is installed), datasets'
+    hub and telemetry are switched off for this process and the workers it starts, unless
+    ``HF_HUB_OFFLINE=0`` is set. Every command works on local files; the hub's clients read their
+    switches when imported, so the already-imported ones are set too."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _FALSE:
+        return
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+        os.environ[name] = "1"
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = sys.modules["datasets"].config.HF_DATASETS_OFFLINE = True
+
+
 def main(argv=None) -> int:
+    offline_unless_asked()
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "threads", None) is not None:
