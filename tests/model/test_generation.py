@@ -176,8 +176,8 @@ def test_a_static_cache_passed_to_forward_gives_the_uncached_logits(head_dim):
         cache = StaticCache(config=model.config, max_cache_len=12)
         with torch.no_grad():
             want = model(ids).logits
-            first = model(ids[:, :4], past_key_values=cache, use_cache=True).logits
-            second = model(ids[:, 4:], past_key_values=cache, use_cache=True).logits
+            first = model(ids[:, :4], cache=cache, use_cache=True).logits
+            second = model(ids[:, 4:], cache=cache, use_cache=True).logits
         torch.testing.assert_close(torch.cat([first, second], 1), want, atol=1e-5, rtol=1e-5)
 
 

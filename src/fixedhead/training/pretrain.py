@@ -60,7 +60,7 @@ from .checkpoints import (
     remove_staging,
 )
 from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings, same_corpus_text
-from .settings import TrainSettings
+from .settings import TrainSettings, transformers_progress_bars
 
 #: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
 _NOT_MATCHED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
@@ -410,14 +410,16 @@ def pretrain(
         callbacks=callbacks,
     )
     t0 = time.time()
-    trainer.train(resume_from_checkpoint=checkpoint)
+    with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+        trainer.train(resume_from_checkpoint=checkpoint)
     wall = time.time() - t0
     history = trainer.state.log_history
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if any(not math.isfinite(loss) for _, loss in train_curve):
         raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
     model.config.use_cache = use_cache  # the Trainer turned it off for training; generation wants it
-    trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
+    with transformers_progress_bars(settings.progress):
+        trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
     if args.should_save:
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
         save_tokenizer_atomic(run_tokenizer, run_dir)

@@ -8,6 +8,7 @@ options and their ``--help`` are derived from them (:func:`fixedhead.options.add
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -243,3 +244,17 @@ def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batc
         use_cpu=not torch.cuda.is_available(),
     )
     return TrainingArguments(**{**fields, **own})
+
+
+@contextlib.contextmanager
+def transformers_progress_bars(enabled: bool):
+    """transformers' own progress bars (e.g. "Writing model shards" at every save) on or off inside the
+    block, as a run's ``progress`` setting says; the previous state is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
