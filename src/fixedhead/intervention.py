@@ -1,0 +1,287 @@
+"""Rank intervention: how much of its heads' logit rank does a trained model need?
+
+Counting the numerical rank of attention logits (:mod:`fixedhead.analysis`) says what rank a head
+*has*; this module measures what rank the model *needs*, by intervention. For every head and every
+sequence, the logits S = Q Kᵀ · scale ([n queries, n keys]) are replaced before the mask and the
+softmax by the best rank-k approximation (Eckart–Young: the k leading singular triplets, in float64)
+of the row-centred logits S_c = S (I − 11ᵀ/n). Softmax ignores a per-query shift, so S_c gives the
+head's attention exactly, and rank S_c ≤ rank S ≤ d_p (centring is a right multiplication): at
+k ≥ d_p nothing changes, and at k < d_p the head keeps only its k strongest logit directions. This is
+the shift the theory module removes too (:func:`fixedhead.theory.min_head_dim`, the paper's D_0 in
+Theorem 1).
+
+A decoder's logits are truncated over all keys and then masked, so the truncation also spends rank
+on entries the query never sees: the rank found this way is an upper bound on the rank of the
+visible (lower-triangular) part.
+
+:func:`rank_curve` scores held-out text with the intervention for k = 1 .. d_p in each layer alone
+and in all layers together: the loss against k. The rank a layer *needs* is the smallest k whose loss
+is within a band of the full-rank loss (:func:`needed_rank`): a tolerance in nats, e.g. the
+seed-to-seed spread of the full-rank loss.
+
+Works on fixedhead models and on any transformers model whose attention goes through transformers'
+attention interface (Llama-style runs included, grouped key heads repeated per query head, rotary
+positions applied before the logits), and on modules built from
+:class:`fixedhead.model.attention.MultiHeadAttention` (e.g. the farthest-point task's model).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+
+from .checks import positive_int
+
+RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
+_RANK_ATTR = "_fixedhead_logit_rank"  # set on the attention modules being truncated (int) for the duration
+
+
+def truncate_logits(logits: torch.Tensor, rank: int) -> torch.Tensor:
+    """The best rank-``rank`` approximation of each row-centred logit matrix.
+
+    Args:
+        logits: [..., queries, keys] logits (any leading dimensions), computed in float64 here.
+        rank: k ≥ 1; k ≥ min(queries, keys) returns the centred logits unchanged.
+
+    Returns:
+        float64 [..., queries, keys]: U_k Σ_k V_kᵀ of S_c = S − (row means of S) 1ᵀ, whose softmax
+        over keys equals softmax(S) when k ≥ rank S_c.
+
+    Raises:
+        ValueError: ``rank`` not a positive int; ``logits`` with fewer than 2 dimensions.
+    """
+    positive_int("rank", rank)
+    if logits.dim() < 2:
+        raise ValueError(f"logits must be [..., queries, keys], got shape {tuple(logits.shape)}")
+    centred = logits.double() - logits.double().mean(-1, keepdim=True)
+    if rank >= min(centred.shape[-2:]):
+        return centred
+    u, s, vh = torch.linalg.svd(centred, full_matrices=False)
+    return (u[..., :rank] * s[..., None, :rank]) @ vh[..., :rank, :]
+
+
+def _truncated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An attention implementation (transformers' interface): the module's own product, with the
+    logits of a module marked by :func:`truncated_logits` replaced by :func:`truncate_logits`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rank = getattr(module, _RANK_ATTR, None)
+    if rank is None:  # a layer left as it is
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if kv_heads != heads:  # grouped keys and values: one per query head
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    logits = truncate_logits(torch.matmul(query.double(), key.double().transpose(-1, -2)) * scale, rank)
+    q_len, k_len = logits.shape[-2:]
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(
+            f"the rank intervention takes a tensor mask or none, got {type(attention_mask).__name__} "
+            "(use attn_implementation 'sdpa' or 'eager' for the model it is applied to)"
+        )
+    if attention_mask is not None:
+        mask = attention_mask[..., :k_len]
+        if mask.dtype == torch.bool:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        else:
+            logits = logits + mask.double().clamp(min=-1e30)
+    else:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", False) if causal is None else causal
+        if causal and q_len > 1:
+            future = torch.ones(q_len, k_len, dtype=torch.bool, device=logits.device).triu(k_len - q_len + 1)
+            logits = logits.masked_fill(future, float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked (padding) row attends to nothing
+    context = torch.matmul(probs, value.double()).to(query.dtype)
+    return context.transpose(1, 2).contiguous(), probs.to(query.dtype)
+
+
+def attention_modules(model, inputs: torch.Tensor) -> list[torch.nn.Module]:
+    """The model's self-attention modules in the order a forward pass calls them (= layer order),
+    found by one forward pass on the first sequence of ``inputs`` (token ids, or hidden states for a
+    bare attention module).
+
+    Raises:
+        ValueError: a model whose attention the intervention cannot reach.
+    """
+    from transformers import AttentionInterface
+
+    seen: list = []
+
+    def record(module, *args, **kwargs):
+        if all(module is not m for m in seen):
+            seen.append(module)
+        return _truncated_attention(module, *args, **kwargs)
+
+    AttentionInterface.register(RANK_IMPLEMENTATION, record)
+    try:
+        with _switched(model), torch.no_grad():
+            model(inputs[:1])
+    finally:
+        AttentionInterface.register(RANK_IMPLEMENTATION, _truncated_attention)
+    if not seen:
+        raise ValueError(f"{type(model).__name__}: no attention layer was called through the attention interface")
+    return seen
+
+
+@contextmanager
+def _switched(model):
+    """The model (or its MultiHeadAttention layers) set to the intervention's implementation, restored after."""
+    from .model.attention import MultiHeadAttention
+
+    if getattr(model, "_supports_attention_backend", False) and hasattr(model, "set_attn_implementation"):
+        previous = model.config._attn_implementation
+        model.set_attn_implementation(RANK_IMPLEMENTATION)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(previous)
+        return
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} has no attention the rank intervention can reach (a fixedhead model, a "
+            "transformers model using transformers' attention interface, or a module of MultiHeadAttention layers)"
+        )
+    configs = [m.config for m in layers]
+    for m in layers:
+        m.config = _Implementation(RANK_IMPLEMENTATION)
+    try:
+        yield
+    finally:
+        for m, config in zip(layers, configs, strict=True):
+            m.config = config
+
+
+class _Implementation:
+    """The one config field a bare MultiHeadAttention reads at call time."""
+
+    def __init__(self, name: str):
+        self._attn_implementation = name
+
+
+@contextmanager
+def truncated_logits(model, rank: int | None, layers=None, *, modules: list):
+    """Inside the block, the attention logits of ``layers`` are cut to rank ``rank`` (:func:`truncate_logits`).
+
+    Args:
+        model: a fixedhead model, a transformers model using the attention interface, or a module
+            of :class:`~fixedhead.model.attention.MultiHeadAttention` layers.
+        rank: k ≥ 1, or None for no truncation (the model as it is, through the same code path).
+        layers: indices (in call order) of the layers to truncate; None for all.
+        modules: the attention modules in call order (:func:`attention_modules`).
+
+    Raises:
+        ValueError: a rank that is not a positive int, a layer index out of range, or a model the
+            intervention cannot reach.
+    """
+    if rank is not None:
+        positive_int("rank", rank)
+    chosen = range(len(modules)) if layers is None else list(layers)
+    bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
+    if bad:
+        raise ValueError(f"layers must be indices in [0, {len(modules)}), got {bad}")
+    for i in chosen:
+        setattr(modules[i], _RANK_ATTR, rank)
+    try:
+        with _switched(model):
+            yield
+    finally:
+        for m in modules:
+            if hasattr(m, _RANK_ATTR):
+                delattr(m, _RANK_ATTR)
+
+
+def default_ranks(head_dim: int, seq_len: int) -> list[int]:
+    """Every k from 1 to min(d_p, n − 1) when that is at most 64; beyond, 1–16 then a geometric grid."""
+    top = max(1, min(head_dim, seq_len - 1))
+    if top <= 64:
+        return list(range(1, top + 1))
+    grid = set(range(1, 17)) | {round(16 * 2 ** (i / 4)) for i in range(1, 4 * math.ceil(math.log2(top / 16)) + 1)}
+    return sorted(k for k in grid | {top} if k <= top)
+
+
+def needed_rank(losses: dict[int, float], full: float, band: float) -> int | None:
+    """The smallest k whose loss is at most ``full + band``, and every larger k too (None when none is).
+
+    Args:
+        losses: {k: loss in nats}.
+        full: the full-rank loss (nats).
+        band: the tolerance (nats, ≥ 0), e.g. the seed-to-seed spread of ``full``.
+    """
+    if not math.isfinite(band) or band < 0:
+        raise ValueError(f"band must be a finite number >= 0, got {band}")
+    within = None
+    for k in sorted(losses, reverse=True):
+        if losses[k] <= full + band:
+            within = k
+        else:
+            break
+    return within
+
+
+def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = None, progress: bool = True) -> dict:
+    """Loss against the logit rank k, each layer alone and all layers together.
+
+    Args:
+        model: see :func:`truncated_logits`.
+        score: a function ``model -> loss`` (nats, lower is better) on the held-out set, e.g.
+            ``lambda m: evaluate_lm(m, ids, labels, objective="clm")["loss"]``.
+        input_ids: a few sequences of the held-out set, [batch, n] (to find the layers and n).
+        ranks: the k to try; None for :func:`default_ranks` of the largest head size.
+        progress: a progress bar over the (setting, k) evaluations.
+
+    Returns:
+        ``{"full": the loss with no truncation, "head_dims": [d_p per layer], "seq_len": n,
+        "ranks": [k], "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve
+        stops at its own d_p (beyond it nothing changes).
+    """
+    from tqdm.auto import tqdm
+
+    modules = attention_modules(model, input_ids)
+    head_dims = [_head_dim(m) for m in modules]
+    n = int(input_ids.shape[1])
+    ranks = ranks or default_ranks(max(head_dims), n)
+    with truncated_logits(model, None, modules=modules):
+        full = float(score(model))
+    settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules))]
+    jobs = [
+        (name, layers, k)
+        for name, layers in settings
+        for k in ranks
+        if k < (max(head_dims) if layers is None else head_dims[layers[0]])
+    ]
+    curves: dict[str, dict[int, float]] = {name: {} for name, _ in settings}
+    for name, layers, k in tqdm(jobs, desc="rank intervention", disable=not progress):
+        with truncated_logits(model, k, layers, modules=modules):
+            curves[name][k] = float(score(model))
+    for name, layers in settings:  # at k ≥ d_p the layer is unchanged: its loss is the full one
+        top = max(head_dims) if layers is None else head_dims[layers[0]]
+        for k in ranks:
+            if k >= top:
+                curves[name][k] = full
+    return {"full": full, "head_dims": head_dims, "seq_len": n, "ranks": list(ranks), "curves": curves}
+
+
+def _head_dim(module) -> int:
+    for name in ("head_dim", "attention_head_size"):
+        value = getattr(module, name, None)
+        if isinstance(value, int):
+            return value
+    config = getattr(module, "config", None)
+    value = getattr(config, "head_dim", None)
+    if isinstance(value, int):
+        return value
+    raise ValueError(f"cannot tell the head size of {type(module).__name__}")
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(RANK_IMPLEMENTATION, _truncated_attention)
+
+
+_register()

@@ -1,0 +1,143 @@
+"""The rank intervention (fixedhead.intervention): expected values from NumPy and from constructions
+whose logit rank is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
+from fixedhead.intervention import (
+    attention_modules,
+    default_ranks,
+    needed_rank,
+    rank_curve,
+    truncate_logits,
+    truncated_logits,
+)
+from fixedhead.model.attention import MultiHeadAttention
+
+
+def test_truncate_logits_is_numpys_best_rank_k_of_the_row_centred_logits():
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(2, 3, 9, 9))
+    for k in (1, 3, 8, 9, 20):
+        centred = s - s.mean(-1, keepdims=True)
+        u, sv, vt = np.linalg.svd(centred)
+        want = (u[..., :k] * sv[..., None, :k]) @ vt[..., :k, :]
+        np.testing.assert_allclose(truncate_logits(torch.from_numpy(s), k).numpy(), want, atol=1e-12)
+
+
+def test_truncation_keeps_the_softmax_when_k_reaches_the_rank():
+    """Softmax ignores the per-query shift: the centred logits give the same attention."""
+    torch.manual_seed(0)
+    q, k = torch.randn(7, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    s = q @ k.T + torch.randn(7, 1, dtype=torch.float64)  # rank 3 plus a per-query shift
+    torch.testing.assert_close(torch.softmax(truncate_logits(s, 3), -1), torch.softmax(s, -1))
+    assert not torch.allclose(torch.softmax(truncate_logits(s, 2), -1), torch.softmax(s, -1), atol=1e-3)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_bad_rank_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="rank"):
+        truncate_logits(torch.zeros(3, 3), bad)
+
+
+def _models():
+    fh = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=6)
+    fh |= dict(intermediate_size=37, max_position_embeddings=16)
+    llama = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped keys
+        head_dim=6,
+        intermediate_size=37,
+        max_position_embeddings=16,
+    )
+    return [
+        FixedHeadForCausalLM(FixedHeadConfig(**fh)),
+        FixedHeadForMaskedLM(FixedHeadConfig(**fh)),
+        LlamaForCausalLM(llama),
+    ]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["fixedhead-causal", "fixedhead-masked", "llama-gqa"])
+def test_rank_d_p_leaves_the_model_unchanged_and_lower_ranks_change_it(index):
+    torch.manual_seed(0)
+    model = _models()[index].eval()
+    ids = torch.randint(0, 50, (3, 12))
+    modules = attention_modules(model, ids)
+    assert len(modules) == 2
+    with torch.no_grad():
+        want = model(ids).logits
+        with truncated_logits(model, 6, modules=modules):  # k = d_p < n: the SVD path, nothing lost
+            same = model(ids).logits
+        with truncated_logits(model, 1, [1], modules=modules):
+            changed = model(ids).logits
+        after = model(ids).logits
+    torch.testing.assert_close(same, want, atol=1e-5, rtol=1e-5)
+    assert (changed - want).abs().max() > 1e-6
+    torch.testing.assert_close(after, want)  # restored on exit
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_head_of_known_logit_rank_r_changes_exactly_below_r():
+    """A bare attention layer whose query and key weights use only r of the head's 8 dimensions:
+    rank S ≤ r, so truncating to k ≥ r changes nothing and k = r − 1 does."""
+    torch.manual_seed(0)
+    r, d_p = 3, 8
+    layer = MultiHeadAttention(hidden_size=16, num_attention_heads=2, head_dim=d_p).eval()
+    with torch.no_grad():
+        w = layer.qkv.weight.view(3, 2, d_p, 16)
+        w[0, :, r:] = 0  # queries: only the first r dimensions of each head
+        layer.qkv.bias.zero_()
+    x = torch.randn(2, 10, 16)
+    modules = attention_modules(layer, x)
+    with torch.no_grad():
+        want = layer(x)[0]
+        outputs = {}
+        for k in (r - 1, r, r + 2):
+            with truncated_logits(layer, k, modules=modules):
+                outputs[k] = layer(x)[0]
+    torch.testing.assert_close(outputs[r], want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(outputs[r + 2], want, atol=1e-6, rtol=1e-6)
+    assert (outputs[r - 1] - want).abs().max() > 1e-4
+
+
+def test_rank_curve_records_each_layer_and_all_layers():
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    ids = torch.randint(0, 50, (4, 12))
+
+    def score(m):
+        with torch.no_grad():
+            return m(ids, labels=ids).loss
+
+    curve = rank_curve(model, score, ids, progress=False)
+    assert curve["head_dims"] == [6, 6] and curve["seq_len"] == 12 and curve["ranks"] == [1, 2, 3, 4, 5, 6]
+    assert set(curve["curves"]) == {"all", "layer 0", "layer 1"}
+    with torch.no_grad():
+        assert curve["full"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
+    for losses in curve["curves"].values():
+        assert losses[6] == curve["full"]  # k = d_p: nothing to cut
+        assert losses[1] != curve["full"]
+
+
+def test_needed_rank_is_the_smallest_k_from_which_every_loss_is_within_the_band():
+    losses = {1: 5.0, 2: 4.2, 3: 4.01, 4: 4.3, 5: 4.0, 6: 4.0}
+    assert needed_rank(losses, 4.0, 0.02) == 5  # k = 3 is within, but k = 4 is not
+    assert needed_rank(losses, 4.0, 0.5) == 2
+    assert needed_rank({1: 9.0}, 4.0, 0.1) is None
+    with pytest.raises(ValueError, match="band"):
+        needed_rank(losses, 4.0, -0.1)
+
+
+def test_default_ranks():
+    assert default_ranks(8, 64) == list(range(1, 9))
+    assert default_ranks(32, 16) == list(range(1, 16))  # a head larger than n: up to n - 1
+    big = default_ranks(512, 1024)
+    assert big[:16] == list(range(1, 17)) and big[-1] == 512 and big == sorted(set(big))
