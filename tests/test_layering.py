@@ -14,6 +14,7 @@ order, top to bottom:
     plotting     matplotlib set-up shared by every figure (used by analysis and studies, so it is
                  part of neither)
     analysis     head-rank diagnostics of a checkpoint
+    intervention the rank a trained model needs: its heads' logits cut to rank k, held-out loss against k
     studies      the paper's questions as resumable commands (the scaling study reads its trained
                  runs' ranks with analysis)
     options      command-line options derived from the settings dataclasses
@@ -41,6 +42,7 @@ LAYERS = [
     "training",
     "plotting",
     "analysis",
+    "intervention",
     "studies",
     "options",
     "cli",

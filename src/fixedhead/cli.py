@@ -182,6 +182,41 @@ def _analyze(args):
     print(f"wrote {paths['json']} and {paths['heatmap']}")
 
 
+# ---------------------------------------------------------------------------- rank-intervention
+def _rank_intervention_options(p):
+    p.add_argument(
+        "runs",
+        nargs="+",
+        help="pretraining run directories (fixedhead or Llama-style; seeds of one model "
+        "share a folder name, e.g. runs/compare/fixed and runs/compare-seed1/fixed)",
+    )
+    p.add_argument(
+        "--output-dir",
+        default="runs/rank-intervention",
+        help="a new, empty or earlier rank-intervention folder (default: runs/rank-intervention)",
+    )
+    p.add_argument(
+        "--band",
+        type=float,
+        help="tolerance in nats of the needed rank (default: the seed spread "
+        "of the full-rank loss over runs of one name, or 0.01 for a single run)",
+    )
+    p.add_argument("--max-eval-tokens", type=int, default=32_768, help="held-out tokens scored (default 32768)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier rank-intervention output")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def _rank_intervention(args):
+    """the logit rank a trained model needs: each head's logits cut to rank k, held-out loss against k"""
+    from .intervention import intervene_runs, report_markdown
+
+    command = "fixedhead rank-intervention " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["rank-intervention"] else [])
+    options = _pick(args, "output_dir", "band", "max_eval_tokens", "overwrite", "progress")
+    results = intervene_runs(args.runs, command=command.strip(), **options)
+    print(report_markdown(results, command.strip()))
+    print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
+
+
 # -------------------------------------------------------------------------------------- widen
 def _widen_options(p):
     p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
@@ -504,6 +539,7 @@ COMMANDS = {
     "compare": (_compare_options, _compare),
     "bottleneck": (_bottleneck_options, _bottleneck),
     "analyze": (_analyze_options, _analyze),
+    "rank-intervention": (_rank_intervention_options, _rank_intervention),
     "finetune": (_finetune_options, _finetune),
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -276,6 +277,177 @@ def _head_dim(module) -> int:
     if isinstance(value, int):
         return value
     raise ValueError(f"cannot tell the head size of {type(module).__name__}")
+
+
+# ----------------------------------------------------------------------------- trained runs
+DEFAULT_BAND = 0.01  # nats: the tolerance when a model has one seed (and no --band)
+RESULTS_FILE = "rank_intervention.json"
+OWNED = (RESULTS_FILE, "rank_intervention.csv", "rank_intervention.png", "rank_intervention.md")
+
+
+def run_rank_curve(run_dir, max_eval_tokens: int | None = 32_768, ranks=None, progress: bool = True) -> dict:
+    """:func:`rank_curve` of a pretraining run (fixedhead or Llama-style, masked or causal) on its own
+    held-out documents, scored as ``fixedhead evaluate`` scores them (same split, same fixed masking),
+    capped at ``max_eval_tokens`` tokens (None: all).
+
+    Returns:
+        the curve with ``run`` (the folder), ``name`` (its folder name: the model), ``seed``,
+        ``objective`` and ``scored_tokens``.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`fixedhead.training.evaluate.evaluate_run`.
+    """
+    from .data import prepare_data
+    from .data.lm import heldout_batches
+    from .model.architectures import objective_of
+    from .runs import open_run
+    from .training.evaluate import check_same_text, evaluate_lm, load_model, recorded_data_settings
+
+    run = open_run(run_dir)
+    data_settings = recorded_data_settings(run_dir, run, None, max_eval_tokens)
+    model = load_model(run).eval()
+    data = prepare_data(data_settings, tokenizer=run.tokenizer, heldout_only=True, progress=False)
+    check_same_text(run_dir, run.settings, data)
+    objective = objective_of(run.config)
+    ids, labels = heldout_batches(
+        data.heldout, run.tokenizer, objective, run.settings.get("train", {}).get("eval_seed", 1234)
+    )
+
+    def score(m):
+        with torch.no_grad():
+            return evaluate_lm(m, ids, labels, objective=objective)["loss"]
+
+    curve = rank_curve(model, score, ids, ranks, progress)
+    return curve | {
+        "run": str(run_dir),
+        "name": Path(run_dir).name,
+        "seed": run.settings.get("train", {}).get("seed"),
+        "objective": objective,
+        "scored_tokens": int((labels != -100).sum()) - (ids.shape[0] if objective == "clm" else 0),
+    }
+
+
+def summarise(curves: list[dict], band: float | None = None) -> list[dict]:
+    """Each curve with its ``band`` (``band`` if given; else the sample standard deviation of the
+    full-rank loss over the runs of the same name, the seed-to-seed spread, when there are at least
+    two; else :data:`DEFAULT_BAND`), ``band_source`` and ``needed`` ({setting: :func:`needed_rank`})."""
+    out = []
+    for c in curves:
+        fulls = [d["full"] for d in curves if d["name"] == c["name"]]
+        if band is not None:
+            width, source = float(band), "given"
+        elif len(fulls) >= 2:
+            mean = sum(fulls) / len(fulls)
+            width = math.sqrt(sum((f - mean) ** 2 for f in fulls) / (len(fulls) - 1))
+            source = f"seed spread of the full-rank loss over {len(fulls)} runs"
+        else:
+            width, source = DEFAULT_BAND, "default (one run)"
+        needed = {
+            s: needed_rank({int(k): v for k, v in losses.items()}, c["full"], width)
+            for s, losses in c["curves"].items()
+        }
+        out.append(c | {"band": width, "band_source": source, "needed": needed})
+    return out
+
+
+def report_markdown(results: list[dict], command: str) -> str:
+    """The table of needed ranks: one row per run."""
+    settings = sorted({s for r in results for s in r["needed"]}, key=lambda s: (s != "all", s))
+    lines = [
+        "# Rank intervention: the logit rank each trained model needs",
+        "",
+        "Each head's row-centred attention logits cut to their best rank-k approximation (k = 1 .. d_p), in one",
+        "layer or in all layers, and the held-out loss scored again. *Needed rank*: the smallest k from which the",
+        "loss stays within the band of the full-rank loss (the band: the seed-to-seed spread of the full-rank",
+        "loss where a model has several seeds). A decoder's logits are cut over all keys, then masked: an upper",
+        "bound on the rank of the visible part. `fixedhead.intervention`.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| run | seed | d_p per layer | n | full-rank loss | band (nats) | "
+        + " | ".join(f"needed rank, {s}" for s in settings)
+        + " | loss at k = 1, all layers |",
+        "|" + "---|" * (7 + len(settings)),
+    ]
+    for r in results:
+        k1 = r["curves"]["all"].get(1, r["curves"]["all"].get("1"))
+        lines.append(
+            f"| {r['run']} | {r['seed']} | {r['head_dims']} | {r['seq_len']} | {r['full']:.4f} | {r['band']:.4f} | "
+            + " | ".join(str(r["needed"].get(s)) for s in settings)
+            + f" | {k1:.4f} (+{k1 - r['full']:.3f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(results: list[dict], path) -> None:
+    """Loss increase over the full-rank loss against k: one panel per model name; all layers (solid)
+    and each layer alone (dashed), one line per seed; the band shaded."""
+    from .plotting import pyplot, save_figure
+
+    plt = pyplot()
+    names = list(dict.fromkeys(r["name"] for r in results))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        runs = [r for r in results if r["name"] == name]
+        for i, r in enumerate(runs):
+            for setting, losses in r["curves"].items():
+                ks = sorted(int(k) for k in losses)
+                ys = [max(losses.get(k, losses.get(str(k))) - r["full"], 1e-5) for k in ks]
+                style = "-" if setting == "all" else "--"
+                label = f"{setting}" if i == 0 else None
+                ax.plot(ks, ys, style, marker=".", color=f"C{list(r['curves']).index(setting)}", label=label, alpha=0.8)
+        ax.axhspan(1e-5, max(runs[0]["band"], 1e-5), color="grey", alpha=0.2, label="band")
+        ax.set_yscale("log")
+        ax.set_xlabel("logit rank k")
+        ax.set_ylabel("held-out loss − full-rank loss (nats)")
+        ax.set_title(
+            f"{name} (d_p = {runs[0]['head_dims'][0]}, n = {runs[0]['seq_len']}, {len(runs)} seed(s))", fontsize=9
+        )
+    save_figure(fig, path, axes[0])
+
+
+def intervene_runs(
+    run_dirs: list,
+    output_dir,
+    band: float | None = None,
+    max_eval_tokens: int | None = 32_768,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str = "",
+) -> list[dict]:
+    """:func:`run_rank_curve` of every run, then :func:`summarise`; writes ``rank_intervention.json``
+    (with the command and versions), ``.csv`` (run, setting, k, loss), ``.png`` and ``.md`` into
+    ``output_dir``.
+
+    Raises:
+        ValueError: no run, a ``band`` that is not a finite number >= 0.
+        FileExistsError: ``output_dir`` holds something else (see :func:`fixedhead.runs.claim_output_dir`).
+    """
+    import csv
+    import io
+
+    from .runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
+
+    if not run_dirs:
+        raise ValueError("give at least one run directory")
+    if band is not None and (not math.isfinite(band) or band < 0):
+        raise ValueError(f"band must be a finite number >= 0, got {band}")
+    claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "rank-intervention", overwrite=overwrite, create=False)
+    curves = [run_rank_curve(r, max_eval_tokens, progress=progress) for r in run_dirs]
+    results = summarise(curves, band)
+    out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "rank-intervention", overwrite=overwrite)
+    write_json_atomic(out / RESULTS_FILE, {"command": command, "versions": environment_info(), "runs": results})
+    table = io.StringIO()
+    w = csv.writer(table)
+    w.writerow(["run", "seed", "setting", "k", "loss", "increase"])
+    for r in results:
+        for setting, losses in r["curves"].items():
+            for k in sorted(losses, key=int):
+                w.writerow([r["run"], r["seed"], setting, k, f"{losses[k]:.6f}", f"{losses[k] - r['full']:.6f}"])
+    write_text_atomic(out / "rank_intervention.csv", table.getvalue())
+    plot_curves(results, out / "rank_intervention.png")
+    write_text_atomic(out / "rank_intervention.md", report_markdown(results, command))
+    return results
 
 
 def _register() -> None:

@@ -410,16 +410,24 @@ def test_padding_free_masked_training_step_matches_the_padded_batch():
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
 
 
-def test_packed_position_ids_alone_stay_positions_in_the_masked_model():
-    """As BERT: position_ids are positions (any values), not sequence boundaries, in an encoder."""
+def test_restarting_position_ids_in_the_masked_model_mean_what_they_mean_to_the_installed_bert():
+    """transformers' BERT reads position_ids that restart as packed sequences from 5.25 on, as plain
+    positions before: the masked model does what the installed BERT does (hidden states compared in
+    tests/test_contract.py)."""
+    from transformers import BertConfig, BertModel
+
     torch.manual_seed(0)
-    model = FixedHeadForMaskedLM(config(head_dim=7)).eval()
     ids = torch.randint(3, 61, (1, 8))
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    bert = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)).eval()
+    model = FixedHeadForMaskedLM(config(head_dim=7)).eval()
     with torch.no_grad():
+        whole = bert(input_ids=ids, position_ids=pos).last_hidden_state[:, :3]
+        first = bert(input_ids=ids[:, :3], position_ids=pos[:, :3]).last_hidden_state
+        bert_packs = torch.allclose(whole, first, atol=1e-5)
         got = model(input_ids=ids, position_ids=pos).logits
         split = model(input_ids=ids, position_ids=pos, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])).logits
-    assert not torch.allclose(got, split)  # one sequence attending across the restart
+    assert torch.allclose(got, split, atol=1e-5) == bert_packs
 
 
 def test_widened_layers_follow_the_models_attention_implementation():

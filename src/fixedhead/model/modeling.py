@@ -404,7 +404,9 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
             config=self.config,
             inputs_embeds=embeds,
             attention_mask=attention_mask,
-            position_ids=position_ids,
+            # explicit sequence ids take precedence: transformers 5.25 calls mask functions with per-sequence
+            # positions once it finds packing in position_ids, which the seq_idx mask cannot read
+            position_ids=position_ids if packed is None else None,
             and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
         )
 
