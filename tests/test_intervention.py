@@ -141,3 +141,34 @@ def test_default_ranks():
     assert default_ranks(32, 16) == list(range(1, 16))  # a head larger than n: up to n - 1
     big = default_ranks(512, 1024)
     assert big[:16] == list(range(1, 17)) and big[-1] == 512 and big == sorted(set(big))
+
+
+def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_evaluate_does(tiny_causal_run, tmp_path):
+    import json
+
+    from fixedhead.cli import main
+    from fixedhead.training.evaluate import evaluate_run
+
+    run, _, _ = tiny_causal_run
+    out = tmp_path / "ri"
+    argv = ["rank-intervention", str(run), "--output-dir", str(out), "--max-eval-tokens", "1000", "--no-progress"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "rank_intervention.csv",
+        "rank_intervention.json",
+        "rank_intervention.md",
+        "rank_intervention.png",
+    ]
+    record = json.loads((out / "rank_intervention.json").read_text())
+    (result,) = record["runs"]
+    assert (
+        record["versions"]["transformers"] and result["band"] == 0.01 and result["band_source"] == "default (one run)"
+    )
+    # the full-rank loss is the run's held-out loss, as `fixedhead evaluate` scores it
+    assert result["full"] == pytest.approx(evaluate_run(run, max_eval_tokens=1000)["loss"], abs=1e-5)
+    assert set(result["needed"]) == {"all"} | {f"layer {i}" for i in range(len(result["head_dims"]))}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not ours")
+    assert main([*argv[:2], "--output-dir", str(tmp_path / "other")]) == 2  # a folder holding something else
+    assert (tmp_path / "other" / "notes.txt").read_text() == "not ours"
+    assert main(["rank-intervention", str(run), "--output-dir", str(tmp_path / "x"), "--band", "-1"]) == 2

@@ -374,7 +374,7 @@ def report_markdown(results: list[dict], command: str) -> str:
         lines.append(
             f"| {r['run']} | {r['seed']} | {r['head_dims']} | {r['seq_len']} | {r['full']:.4f} | {r['band']:.4f} | "
             + " | ".join(str(r["needed"].get(s)) for s in settings)
-            + f" | {k1:.4f} (+{k1 - r['full']:.3f}) |"
+            + f" | {k1:.4f} ({k1 - r['full']:+.3f}) |"
         )
     return "\n".join(lines) + "\n"
 
