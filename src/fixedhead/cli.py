@@ -217,6 +217,31 @@ def _rank_intervention(args):
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
 
+def _known_rank_options(p):
+    where = "runs/known-rank (with --quick: runs/known-rank-quick)"
+    add_study_options(p, output_dir=where, quick=True, overwrite=False)
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier known-rank output")
+
+
+def _known_rank(args):
+    """the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k"""
+    from dataclasses import replace
+
+    from .studies.known_rank import QUICK, KnownRankCheck, report_markdown, run_known_rank
+
+    check = QUICK if args.quick else KnownRankCheck()
+    if args.seeds:
+        check = replace(check, seeds=tuple(args.seeds))
+    if args.steps is not None:
+        check = replace(check, recipe=replace(check.recipe, steps=args.steps))
+    out = args.output_dir or ("runs/known-rank-quick" if args.quick else "runs/known-rank")
+    command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["known-rank"] else "fixedhead known-rank"
+    state = run_known_rank(out, check, overwrite=args.overwrite, progress=not args.no_progress, command=command)
+    print(report_markdown(state))
+    print(f"wrote {out}/known_rank.{{json,csv,png,md}}")
+    return 0 if state["passed"] else 1
+
+
 # -------------------------------------------------------------------------------------- widen
 def _widen_options(p):
     p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
@@ -540,6 +565,7 @@ COMMANDS = {
     "bottleneck": (_bottleneck_options, _bottleneck),
     "analyze": (_analyze_options, _analyze),
     "rank-intervention": (_rank_intervention_options, _rank_intervention),
+    "known-rank": (_known_rank_options, _known_rank),
     "finetune": (_finetune_options, _finetune),
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),

@@ -202,8 +202,13 @@ def _warmup_cosine(step: int, warmup: int, total: int) -> float:
 
 
 def train_cell(
-    task: FarthestPointTask, cell: Cell, recipe: FarthestPointRecipe, seed: int, progress: bool = True
-) -> dict:
+    task: FarthestPointTask,
+    cell: Cell,
+    recipe: FarthestPointRecipe,
+    seed: int,
+    progress: bool = True,
+    return_model: bool = False,
+) -> dict | tuple[dict, SetAttentionModel]:
     """Train one :class:`SetAttentionModel` on ``task`` with ``recipe``; return its metrics and curve.
 
     ``seed`` sets the initialisation (``torch.manual_seed``) and the stream of training sets; the
@@ -212,7 +217,8 @@ def train_cell(
     Returns:
         A dict: the cell's fields, ``seed``, ``parameters``, the final ``mse``/``hit_rate``/
         ``nearest_rate`` on ``recipe.eval_sets`` held-out sets, ``train_seconds`` and ``curve``
-        (a list of [step, mse, hit_rate] on the curve sets, step 0 included).
+        (a list of [step, mse, hit_rate] on the curve sets, step 0 included); with ``return_model``,
+        (that dict, the trained model in eval mode).
 
     Raises:
         ValueError: a cell whose rank differs from the task's, or a model size that
@@ -255,7 +261,7 @@ def train_cell(
             bar.set_postfix(mse=f"{m['mse']:.3f}", hit=f"{m['hit_rate']:.2f}")
     seconds = time.time() - t0
     final = evaluate(model, eval_sets)
-    return {
+    result = {
         **asdict(cell),
         "key": cell.key,
         "seed": seed,
@@ -266,3 +272,4 @@ def train_cell(
         "train_seconds": round(seconds, 2),
         "curve": curve,
     }
+    return (result, model.eval()) if return_model else result

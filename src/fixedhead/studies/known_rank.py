@@ -1,0 +1,209 @@
+"""The rank intervention's known-answer check (``fixedhead known-rank``).
+
+A farthest-point task of rank r (:mod:`fixedhead.data.synthetic`) needs attention logits of rank r: a
+one-layer model whose head size d_p is at least r learns it and one with d_p < r does not
+(``docs/results/synthetic``: all 16 cells of that grid follow d_p ≥ r). So when a trained model's logits
+are cut to rank k by :mod:`fixedhead.intervention`, it must keep solving the task for every k ≥ r and
+stop solving it below r, whatever its d_p: the rank the intervention reports is known in advance.
+
+The check trains the farthest-point model (:func:`fixedhead.studies.set_attention.train_cell`, the
+committed recipe) at rank r for several head sizes d_p ≥ r and seeds, then scores it on its held-out
+sets (the ones its results are scored on) with the logits cut to k = 1 .. min(d_p, N − 1). Two readings
+of the rank each model needs:
+
+* by the task's verdict metric: the smallest k from which the hit rate stays ≥
+  :data:`~fixedhead.studies.stats.SUCCEEDS_AT` (the farthest-point study's "succeeds");
+* by the loss, as ``fixedhead rank-intervention`` reads text models: the smallest k from which
+  MSE × d stays within a band of the full-rank MSE × d (the band: the seed spread of the full-rank
+  value among the models of one d_p, :func:`fixedhead.intervention.needed_rank`).
+
+The check passes when both are r for every model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checks import positive_int
+from ..data.synthetic import FarthestPointTask
+from ..intervention import attention_modules, needed_rank, truncated_logits
+from .set_attention import Cell, FarthestPointRecipe, evaluate, train_cell
+from .stats import SUCCEEDS_AT
+
+RESULTS_FILE = "known_rank.json"
+OWNED = (RESULTS_FILE, "known_rank.csv", "known_rank.png", "known_rank.md")
+
+
+@dataclass(frozen=True)
+class KnownRankCheck:
+    """What the check trains: the farthest-point task of rank ``rank`` (d = ``dim``, N = ``num_points``)
+    and one model per (head size in ``head_dims``, seed) with ``num_heads`` heads and ``recipe``."""
+
+    rank: int = 8
+    head_dims: tuple[int, ...] = (8, 16, 32)
+    num_heads: int = 8
+    dim: int = 32
+    num_points: int = 16
+    seeds: tuple[int, ...] = (0, 1, 2)
+    recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
+
+    def __post_init__(self):
+        for name in ("rank", "num_heads", "dim", "num_points"):
+            positive_int(name, getattr(self, name))
+        if not self.head_dims or any(positive_int("head_dims", dp) < self.rank for dp in self.head_dims):
+            raise ValueError(
+                f"head_dims must be sizes >= rank = {self.rank} (the models must learn the task), got {self.head_dims}"
+            )
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        FarthestPointTask(self.dim, self.rank, self.num_points)  # refuses rank > dim, N < 2
+
+
+QUICK = KnownRankCheck(
+    rank=2,
+    head_dims=(2, 4),
+    num_heads=4,
+    dim=8,
+    num_points=8,
+    seeds=(0,),
+    recipe=FarthestPointRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256),
+)
+
+
+def rank_sweep(model, sets, ranks) -> dict[int, dict[str, float]]:
+    """The farthest-point metrics (:func:`~fixedhead.studies.set_attention.evaluate`) of ``model`` on
+    ``sets`` with its logits cut to each rank k in ``ranks``: ``{k: {"mse", "hit_rate", "nearest_rate"}}``."""
+    modules = attention_modules(model, sets[0])
+    out = {}
+    for k in ranks:
+        with truncated_logits(model, k, modules=modules):
+            out[k] = evaluate(model, sets)
+    return out
+
+
+def run_known_rank(
+    output_dir: str | Path = "runs/known-rank",
+    check: KnownRankCheck | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str = "",
+) -> dict:
+    """Train the check's models, cut their logits to every rank k, write ``known_rank.{json,csv,png,md}``.
+
+    Returns:
+        ``{"command", "versions", "check": the settings, "models": [one dict per (d_p, seed): the
+        training result, "ranks": {k: metrics}, "needed_by_hit_rate", "needed_by_mse", "band"],
+        "passed": both readings equal r for every model}``.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds something else (:func:`fixedhead.runs.claim_output_dir`).
+    """
+    from tqdm.auto import tqdm
+
+    from ..runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
+
+    check = check or KnownRankCheck()
+    claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "known-rank", overwrite=overwrite, create=False)
+    models = []
+    jobs = [(dp, s) for dp in check.head_dims for s in check.seeds]
+    for dp, seed in tqdm(jobs, desc="known-rank models", disable=not progress):
+        task = FarthestPointTask(check.dim, check.rank, check.num_points, seed=seed)
+        cell = Cell(check.rank, dp, check.num_heads)
+        result, model = train_cell(task, cell, check.recipe, seed, progress=progress, return_model=True)
+        sets = task.sample(check.recipe.eval_sets, torch.Generator().manual_seed(seed + 30_000), task.projection)
+        with torch.no_grad():
+            ranks = rank_sweep(model, sets, range(1, min(dp, check.num_points - 1) + 1))
+        del result["curve"]
+        models.append(result | {"ranks": ranks})
+    for m in models:
+        fulls = [o["mse"] for o in models if o["head_dim"] == m["head_dim"]]
+        mean = sum(fulls) / len(fulls)
+        m["band"] = math.sqrt(sum((f - mean) ** 2 for f in fulls) / (len(fulls) - 1)) if len(fulls) > 1 else 0.0
+        m["needed_by_mse"] = needed_rank({k: v["mse"] for k, v in m["ranks"].items()}, m["mse"], m["band"])
+        m["needed_by_hit_rate"] = needed_rank({k: -v["hit_rate"] for k, v in m["ranks"].items()}, -SUCCEEDS_AT, 0.0)
+    passed = all(m["needed_by_mse"] == check.rank == m["needed_by_hit_rate"] for m in models)
+    state = {
+        "command": command,
+        "versions": environment_info(),
+        "check": asdict(check),
+        "models": models,
+        "passed": passed,
+    }
+    out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "known-rank", overwrite=overwrite)
+    write_json_atomic(out / RESULTS_FILE, state)
+    lines = ["head_dim,seed,k,mse,hit_rate,nearest_rate"]
+    for m in models:
+        lines += [
+            f"{m['head_dim']},{m['seed']},{k},{v['mse']:.6f},{v['hit_rate']:.6f},{v['nearest_rate']:.6f}"
+            for k, v in m["ranks"].items()
+        ]
+    write_text_atomic(out / "known_rank.csv", "\n".join(lines) + "\n")
+    plot_known_rank(state, out / "known_rank.png")
+    write_text_atomic(out / "known_rank.md", report_markdown(state))
+    return state
+
+
+def report_markdown(state: dict) -> str:
+    """The check's report: one row per model, the two readings of its needed rank, and the verdict."""
+    c, r = state["check"], state["check"]["rank"]
+    rows = []
+    for m in state["models"]:
+        ranks = {int(k): v for k, v in m["ranks"].items()}
+        below, at = ranks.get(r - 1), ranks[r]
+        rows.append(
+            f"| {m['head_dim']} | {m['seed']} | {m['mse']:.3f} / {m['hit_rate']:.3f} | "
+            + (f"{below['mse']:.3f} / {below['hit_rate']:.3f}" if below else "–")
+            + f" | {at['mse']:.3f} / {at['hit_rate']:.3f} | {ranks[1]['mse']:.3f} / {ranks[1]['hit_rate']:.3f} | "
+            f"{m['needed_by_hit_rate']} | {m['needed_by_mse']} (band {m['band']:.4f}) |"
+        )
+    verdict = "**passed**" if state["passed"] else "**failed**"
+    return "\n".join(
+        [
+            "# The rank intervention's known-answer check (farthest-point models of rank r)",
+            "",
+            f"Task: d = {c['dim']}, N = {c['num_points']} points, rank r = {r}; models with h = {c['num_heads']} "
+            f"heads of size d_p ∈ {{{', '.join(map(str, c['head_dims']))}}}, seeds {list(c['seeds'])}, "
+            f"{c['recipe']['steps']} steps (the farthest-point study's recipe). Each model's logits cut to rank k "
+            f"(`fixedhead.intervention`) and scored on its {c['recipe']['eval_sets']} held-out sets. Expected: "
+            f"every model needs rank r = {r}, whatever its d_p. Cells: MSE × d / hit rate.",
+            "",
+            f"Command: `{state['command']}`",
+            "",
+            f"| d_p | seed | full rank | k = r − 1 = {r - 1} | k = r = {r} | k = 1 | needed rank (hit rate ≥ "
+            f"{SUCCEEDS_AT}) | needed rank (MSE × d within the seed band) |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Check {verdict}: " + ("every model" if state["passed"] else "not every model") + f" needs rank {r}.",
+            "",
+        ]
+    )
+
+
+def plot_known_rank(state: dict, path) -> None:
+    """MSE × d and hit rate against k, one line per model (colour: d_p), the task's rank r marked."""
+    from ..plotting import pyplot, save_figure
+
+    plt = pyplot()
+    r = state["check"]["rank"]
+    dps = list(state["check"]["head_dims"])
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for m in state["models"]:
+        ks = sorted(int(k) for k in m["ranks"])
+        colour = f"C{dps.index(m['head_dim'])}"
+        label = f"d_p = {m['head_dim']}" if m["seed"] == state["check"]["seeds"][0] else None
+        for ax, what in zip(axes, ("mse", "hit_rate"), strict=True):
+            values = [m["ranks"].get(k, m["ranks"].get(str(k)))[what] for k in ks]
+            ax.plot(ks, values, marker=".", color=colour, alpha=0.7, label=label)
+    for ax, what in zip(axes, ("MSE × d (held-out sets)", "hit rate"), strict=True):
+        ax.axvline(r, color="grey", ls=":", label=f"task rank r = {r}")
+        ax.set_xlabel("logit rank k")
+        ax.set_ylabel(what)
+    axes[1].axhline(SUCCEEDS_AT, color="grey", ls="--", lw=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("rank intervention on farthest-point models of known rank", fontsize=10)
+    save_figure(fig, path, axes)

@@ -1,0 +1,84 @@
+"""The rank intervention's known-answer check (fixedhead known-rank): its plumbing, its readings of the
+needed rank and its command. Whether trained models need rank r is a learned outcome: it lives in
+docs/results/known-rank, not in an assertion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fixedhead.cli import main
+from fixedhead.data.synthetic import FarthestPointTask
+from fixedhead.studies.known_rank import QUICK, KnownRankCheck, rank_sweep, report_markdown, run_known_rank
+from fixedhead.studies.set_attention import Cell, SetAttentionModel, evaluate, train_cell
+
+
+def test_cutting_a_set_model_at_or_above_its_head_size_changes_nothing_and_below_it_does():
+    torch.manual_seed(0)
+    model = SetAttentionModel(8, 4, 3, logit_scale=16.0).eval()
+    task = FarthestPointTask(8, 3, 8)
+    sets = task.sample(64, torch.Generator().manual_seed(1), task.projection)
+    full = evaluate(model, sets)
+    with torch.no_grad():
+        swept = rank_sweep(model, sets, [1, 2, 3, 5])
+    for k in (3, 5):  # rank of QKᵀ ≤ d_p = 3
+        assert swept[k]["mse"] == pytest.approx(full["mse"], rel=1e-5)
+    assert abs(swept[1]["mse"] - full["mse"]) > 1e-4
+
+
+def test_train_cell_returns_the_model_its_metrics_were_scored_on():
+    task = FarthestPointTask(8, 2, 8, seed=0)
+    result, model = train_cell(task, Cell(2, 2, 4), QUICK.recipe, seed=0, progress=False, return_model=True)
+    sets = task.sample(QUICK.recipe.eval_sets, torch.Generator().manual_seed(30_000), task.projection)
+    assert not model.training
+    assert evaluate(model, sets)["mse"] == pytest.approx(result["mse"], rel=1e-6)
+
+
+def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band(tmp_path):
+    state = run_known_rank(tmp_path / "out", QUICK, progress=False, command="test")
+    (m2, m4) = state["models"]
+    assert [m["head_dim"] for m in state["models"]] == [2, 4]
+    assert sorted(m4["ranks"]) == [1, 2, 3, 4]  # k = 1 .. min(d_p, N − 1)
+    assert m2["ranks"][2]["mse"] == pytest.approx(m2["mse"], rel=1e-6)  # k = d_p: the model itself
+    for m in state["models"]:  # one seed: the band is 0, so the needed rank is the smallest k equal to full
+        assert m["band"] == 0.0
+        top = max(m["ranks"])
+        want = min(k for k in m["ranks"] if all(m["ranks"][j]["mse"] <= m["mse"] for j in range(k, top + 1)))
+        assert m["needed_by_mse"] == want
+        hits = [k for k in m["ranks"] if all(m["ranks"][j]["hit_rate"] >= 0.9 for j in range(k, top + 1))]
+        assert m["needed_by_hit_rate"] == (min(hits) if hits else None)
+    assert state["passed"] == all(m["needed_by_mse"] == 2 == m["needed_by_hit_rate"] for m in state["models"])
+    saved = json.loads((tmp_path / "out" / "known_rank.json").read_text())
+    assert report_markdown(saved) == (tmp_path / "out" / "known_rank.md").read_text()
+    assert len((tmp_path / "out" / "known_rank.csv").read_text().splitlines()) == 1 + 2 + 4
+    assert (tmp_path / "out" / "known_rank.png").stat().st_size > 0
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        run_known_rank(tmp_path / "other", QUICK, progress=False)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, bad",
+    [
+        ({"head_dims": (1, 2)}, "head_dims"),
+        ({"head_dims": ()}, "head_dims"),
+        ({"seeds": ()}, "seed"),
+        ({"rank": 0}, "rank"),
+    ],
+)
+def test_a_check_that_could_not_have_its_answer_is_refused(kwargs, bad):
+    with pytest.raises(ValueError, match=bad):
+        KnownRankCheck(**{"rank": 2, "head_dims": (2,), "dim": 8, "num_points": 8, **kwargs})
+
+
+def test_quick_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["known-rank", "--quick", "--no-progress", "--threads", "1"])
+    assert rc in (0, 1)  # 1: the 40-step models do not learn the task, so the check fails
+    assert (tmp_path / "runs" / "known-rank-quick" / "known_rank.json").exists()
+    assert not (tmp_path / "runs" / "known-rank").exists()
+    assert "Check **" in capsys.readouterr().out
