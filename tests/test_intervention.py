@@ -10,6 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
 from fixedhead.intervention import (
+    _RANK_ATTR,
+    _truncated_attention,
     attention_modules,
     default_ranks,
     needed_rank,
@@ -39,7 +41,7 @@ def test_truncation_keeps_the_softmax_when_k_reaches_the_rank():
     assert not torch.allclose(torch.softmax(truncate_logits(s, 2), -1), torch.softmax(s, -1), atol=1e-3)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", None])
 def test_bad_rank_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="rank"):
         truncate_logits(torch.zeros(3, 3), bad)
@@ -108,6 +110,31 @@ def test_a_head_of_known_logit_rank_r_changes_exactly_below_r():
     assert (outputs[r - 1] - want).abs().max() > 1e-4
 
 
+def test_rank_0_is_uniform_attention_over_the_visible_keys():
+    """k = 0: each head averages the values it may see, computed here from the layer's weights by hand
+    (bidirectional: every key; causal: the keys up to the query)."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(hidden_size=16, num_attention_heads=2, head_dim=8).eval()
+    x = torch.randn(2, 10, 16)
+    v = (x @ layer.qkv.weight[32:].T + layer.qkv.bias[32:]).view(2, 10, 2, 8)  # [batch, key, head, d_p]
+    want = v.mean(1, keepdim=True).expand(2, 10, 2, 8).reshape(2, 10, 16) @ layer.out_proj.weight.T
+    with torch.no_grad(), truncated_logits(layer, 0, modules=attention_modules(layer, x)):
+        got = layer(x)[0]
+    torch.testing.assert_close(got, want + layer.out_proj.bias, atol=1e-5, rtol=1e-5)
+
+    # causal (no mask tensor, the module causal) and a boolean mask: query i averages the values of keys 0..i
+    module = torch.nn.Module()
+    module.is_causal = True
+    setattr(module, _RANK_ATTR, 0)
+    q, k, v = torch.randn(3, 1, 2, 7, 4).unbind(0)  # [batch, heads, n, d_p]
+    want = v.cumsum(2) / torch.arange(1, 8).view(7, 1)
+    context, _ = _truncated_attention(module, q, k, v, None)
+    torch.testing.assert_close(context.transpose(1, 2), want)
+    module.is_causal = False
+    context, _ = _truncated_attention(module, q, k, v, torch.ones(7, 7, dtype=torch.bool).tril())
+    torch.testing.assert_close(context.transpose(1, 2), want)
+
+
 def test_rank_curve_records_each_layer_and_all_layers():
     torch.manual_seed(0)
     model = _models()[0].eval()
@@ -122,6 +149,9 @@ def test_rank_curve_records_each_layer_and_all_layers():
     assert set(curve["curves"]) == {"all", "layer 0", "layer 1"}
     with torch.no_grad():
         assert curve["full"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
+        with truncated_logits(model, 0, modules=attention_modules(model, ids)):
+            assert curve["uniform"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
+    assert curve["attention_gain"] == pytest.approx(curve["uniform"] - curve["full"])
     for losses in curve["curves"].values():
         assert losses[6] == curve["full"]  # k = d_p: nothing to cut
         assert losses[1] != curve["full"]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import positive_int
+from .checks import non_negative_int
 
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
 _RANK_ATTR = "_fixedhead_logit_rank"  # set on the attention modules being truncated (int) for the duration
@@ -44,21 +44,24 @@ def truncate_logits(logits: torch.Tensor, rank: int) -> torch.Tensor:
 
     Args:
         logits: [..., queries, keys] logits (any leading dimensions), computed in float64 here.
-        rank: k ≥ 1; k ≥ min(queries, keys) returns the centred logits unchanged.
+        rank: k ≥ 0; k ≥ min(queries, keys) returns the centred logits unchanged; k = 0 returns
+            zeros (uniform attention over the keys the mask leaves).
 
     Returns:
         float64 [..., queries, keys]: U_k Σ_k V_kᵀ of S_c = S − (row means of S) 1ᵀ, whose softmax
         over keys equals softmax(S) when k ≥ rank S_c.
 
     Raises:
-        ValueError: ``rank`` not a positive int; ``logits`` with fewer than 2 dimensions.
+        ValueError: ``rank`` not an int ≥ 0; ``logits`` with fewer than 2 dimensions.
     """
-    positive_int("rank", rank)
+    non_negative_int("rank", rank)
     if logits.dim() < 2:
         raise ValueError(f"logits must be [..., queries, keys], got shape {tuple(logits.shape)}")
     centred = logits.double() - logits.double().mean(-1, keepdim=True)
     if rank >= min(centred.shape[-2:]):
         return centred
+    if rank == 0:
+        return torch.zeros_like(centred)
     u, s, vh = torch.linalg.svd(centred, full_matrices=False)
     return (u[..., :rank] * s[..., None, :rank]) @ vh[..., :rank, :]
 
@@ -171,16 +174,17 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list):
     Args:
         model: a fixedhead model, a transformers model using the attention interface, or a module
             of :class:`~fixedhead.model.attention.MultiHeadAttention` layers.
-        rank: k ≥ 1, or None for no truncation (the model as it is, through the same code path).
+        rank: k ≥ 1; 0 for uniform attention over the visible keys (what the model loses without
+            attention); None for no truncation (the model as it is, through the same code path).
         layers: indices (in call order) of the layers to truncate; None for all.
         modules: the attention modules in call order (:func:`attention_modules`).
 
     Raises:
-        ValueError: a rank that is not a positive int, a layer index out of range, or a model the
+        ValueError: a rank that is not an int ≥ 0, a layer index out of range, or a model the
             intervention cannot reach.
     """
     if rank is not None:
-        positive_int("rank", rank)
+        non_negative_int("rank", rank)
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
     if bad:
@@ -236,7 +240,9 @@ def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = 
         progress: a progress bar over the (setting, k) evaluations.
 
     Returns:
-        ``{"full": the loss with no truncation, "head_dims": [d_p per layer], "seq_len": n,
+        ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
+        uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
+        the model gains from attention, nats), "head_dims": [d_p per layer], "seq_len": n,
         "ranks": [k], "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve
         stops at its own d_p (beyond it nothing changes).
     """
@@ -248,6 +254,8 @@ def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = 
     ranks = ranks or default_ranks(max(head_dims), n)
     with truncated_logits(model, None, modules=modules):
         full = float(score(model))
+    with truncated_logits(model, 0, modules=modules):
+        uniform = float(score(model))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules))]
     jobs = [
         (name, layers, k)
@@ -264,7 +272,15 @@ def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = 
         for k in ranks:
             if k >= top:
                 curves[name][k] = full
-    return {"full": full, "head_dims": head_dims, "seq_len": n, "ranks": list(ranks), "curves": curves}
+    return {
+        "full": full,
+        "uniform": uniform,
+        "attention_gain": uniform - full,
+        "head_dims": head_dims,
+        "seq_len": n,
+        "ranks": list(ranks),
+        "curves": curves,
+    }
 
 
 def _head_dim(module) -> int:
@@ -360,21 +376,23 @@ def report_markdown(results: list[dict], command: str) -> str:
         "layer or in all layers, and the held-out loss scored again. *Needed rank*: the smallest k from which the",
         "loss stays within the band of the full-rank loss (the band: the seed-to-seed spread of the full-rank",
         "loss where a model has several seeds). A decoder's logits are cut over all keys, then masked: an upper",
-        "bound on the rank of the visible part. `fixedhead.intervention`.",
+        "bound on the rank of the visible part. *Attention gain*: the loss with every head's attention made uniform",
+        "over the keys it may see (k = 0), minus the full-rank loss: what the model gains from attention at all.",
+        "`fixedhead.intervention`.",
         "",
         f"Command: `{command}`",
         "",
         "| run | seed | d_p per layer | n | full-rank loss | band (nats) | "
         + " | ".join(f"needed rank, {s}" for s in settings)
-        + " | loss at k = 1, all layers |",
-        "|" + "---|" * (7 + len(settings)),
+        + " | loss at k = 1, all layers | attention gain (uniform − full) |",
+        "|" + "---|" * (8 + len(settings)),
     ]
     for r in results:
         k1 = r["curves"]["all"].get(1, r["curves"]["all"].get("1"))
         lines.append(
             f"| {r['run']} | {r['seed']} | {r['head_dims']} | {r['seq_len']} | {r['full']:.4f} | {r['band']:.4f} | "
             + " | ".join(str(r["needed"].get(s)) for s in settings)
-            + f" | {k1:.4f} ({k1 - r['full']:+.3f}) |"
+            + f" | {k1:.4f} ({k1 - r['full']:+.3f}) | {r['attention_gain']:.4f} |"
         )
     return "\n".join(lines) + "\n"
 
