@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .checks import positive_int
 from .options import add_options, add_study_options, given, parse_head_dim
@@ -240,6 +241,43 @@ def _known_rank(args):
     print(report_markdown(state))
     print(f"wrote {out}/known_rank.{{json,csv,png,md}}")
     return 0 if state["passed"] else 1
+
+
+# ------------------------------------------------------------------------------------ seq-len
+def _seq_len_options(p):
+    from .studies.seq_len import SeqLenOptions
+
+    add_options(p, SeqLenOptions, title="the plan (defaults: the full study)")
+    g = p.add_argument_group("running it")
+    g.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="where the study writes (default: runs/seq-len; --quick: runs/seq-len-quick)",
+    )
+    g.add_argument(
+        "--quick", action="store_true", help="a seconds-sized plan (numbers mean nothing); options given still apply"
+    )
+    g.add_argument(
+        "--grow",
+        action="store_true",
+        help="accept a plan that differs from the folder's after results exist (the report says so)",
+    )
+    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _seq_len(args):
+    """does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"""
+    from dataclasses import replace
+
+    from .studies.seq_len import QUICK, SeqLenOptions, run_seq_len
+
+    options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
+    out = args.output_dir or ("runs/seq-len-quick" if args.quick else "runs/seq-len")
+    command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["seq-len"] else "fixedhead seq-len"
+    run_seq_len(out, options, grow=args.grow, progress=not args.no_progress, command=command)
+    print((Path(out) / "report.md").read_text())
+    print(f"wrote {out}/report.md, seq_len.png, seq_len.csv, results.json, plan.json")
 
 
 # -------------------------------------------------------------------------------------- widen
@@ -566,6 +604,7 @@ COMMANDS = {
     "analyze": (_analyze_options, _analyze),
     "rank-intervention": (_rank_intervention_options, _rank_intervention),
     "known-rank": (_known_rank_options, _known_rank),
+    "seq-len": (_seq_len_options, _seq_len),
     "finetune": (_finetune_options, _finetune),
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),
@@ -586,6 +625,7 @@ _RESUME_HINTS = {
     "farthest-point": "rerun the same command to continue (finished runs are reused)",
     "widen-experiment": "rerun the same command to continue (finished runs are reused)",
     "scaling": "rerun the same command to continue (finished runs are reused)",
+    "seq-len": "rerun the same command to continue (finished runs are reused)",
 }
 
 

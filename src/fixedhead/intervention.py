@@ -27,6 +27,7 @@ positions applied before the logits), and on modules built from
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -301,6 +302,9 @@ RESULTS_FILE = "rank_intervention.json"
 OWNED = (RESULTS_FILE, "rank_intervention.csv", "rank_intervention.png", "rank_intervention.md")
 
 
+_HELDOUT: dict = {}  # the last held-out data prepared by run_rank_curve, by (data settings, tokenizer)
+
+
 def run_rank_curve(run_dir, max_eval_tokens: int | None = 32_768, ranks=None, progress: bool = True) -> dict:
     """:func:`rank_curve` of a pretraining run (fixedhead or Llama-style, masked or causal) on its own
     held-out documents, scored as ``fixedhead evaluate`` scores them (same split, same fixed masking),
@@ -318,11 +322,17 @@ def run_rank_curve(run_dir, max_eval_tokens: int | None = 32_768, ranks=None, pr
     from .model.architectures import objective_of
     from .runs import open_run
     from .training.evaluate import check_same_text, evaluate_lm, load_model, recorded_data_settings
+    from .training.settings import transformers_progress_bars
 
     run = open_run(run_dir)
     data_settings = recorded_data_settings(run_dir, run, None, max_eval_tokens)
-    model = load_model(run).eval()
-    data = prepare_data(data_settings, tokenizer=run.tokenizer, heldout_only=True, progress=False)
+    with transformers_progress_bars(progress):
+        model = load_model(run).eval()
+    key = (json.dumps(data_settings.record(), sort_keys=True), run.tokenizer.backend_tokenizer.to_str())
+    if key not in _HELDOUT:  # the runs of one study share their held-out text: tokenized once per process
+        _HELDOUT.clear()
+        _HELDOUT[key] = prepare_data(data_settings, tokenizer=run.tokenizer, heldout_only=True, progress=False)
+    data = _HELDOUT[key]
     check_same_text(run_dir, run.settings, data)
     objective = objective_of(run.config)
     ids, labels = heldout_batches(

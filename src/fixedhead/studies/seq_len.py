@@ -1,0 +1,443 @@
+"""The sequence-length axis (``fixedhead seq-len``): does head size start to matter as n / d_p grows?
+
+Theorem 1 of the paper ties the bottleneck to the head size d_p *against the sequence length n*: a head
+can express an arbitrary attention over n tokens only if d_p ≥ n (causal: ⌈(n − 1)/2⌉, Theorem 2). Every
+other text study here holds n at 32 or 64 and moves d, h or d_p; this one moves n. At fixed d and h,
+causal LMs with a small head size (standard d_p = d/h) and a large one (fixed d_p), in the fixedhead
+architecture (learned positions, post-LN) and Llama-style (rotary, pre-norm), are trained at
+n ∈ ``lengths`` on the same number of tokens per step, each arm at its own learning rate (chosen on a
+validation split with the first seed, :mod:`fixedhead.studies.learning_rate`), paired by seed (the arms
+of one seed see the same batches). Every trained model then goes through the rank intervention
+(:mod:`fixedhead.intervention`): the rank it needs per layer, and its *attention gain* (the loss it
+loses when every head's attention is made uniform; a model that gains little from attention cannot
+show a head-size effect through rank).
+
+One plot answers the question: against n / d_p of the small head, the head-size gap (large − small,
+paired by seed, 95% interval), the rank each arm needs, and the attention gain.
+
+The plan (every arm, seed, grid and the smallest difference the study must see) is written to
+``plan.json`` with its SHA-256 before the first run; results refer to that hash, and a plan changed
+after results exist is refused unless asked to grow, which the report then states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ..checks import positive_int
+from ..data import DataSettings
+from ..training.settings import TrainSettings
+from .learning_rate import with_validation_split
+from .recipes import get_recipe
+
+PLAN_FILE = "plan.json"
+RESULTS_FILE = "results.json"
+OWNED = (PLAN_FILE, RESULTS_FILE, "report.md", "seq_len.png", "seq_len.csv", "n*-*", ".results.*", ".plan.*")
+
+
+@dataclass(frozen=True)
+class SeqLenOptions:
+    """The study's plan: what is trained, how long, and how it is compared."""
+
+    lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    """sequence lengths n (each trained at the same number of tokens per step)"""
+    hidden_size: int = 64
+    """d, the same for every model"""
+    num_attention_heads: int = 8
+    """h, the same for every model"""
+    head_dims: list[int] = field(default_factory=lambda: [8, 32])
+    """the head sizes compared: the first is the small one (the standard d/h), the last the large one"""
+    architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"])
+    """model families: fixedhead (learned positions, post-LN) and/or llama (rotary, pre-norm)"""
+    tokens_per_step: int = 2048
+    """batch size × n, the same at every n"""
+    steps: int = 700
+    """training steps of every run"""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """seeds, paired across arms (one seed: the same batches for every arm of one n)"""
+    learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
+    """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate)"""
+    shared_rate: float = 2e-3
+    """the rate of every arm when learning_rates is empty (a pilot), as make run's models chose at n = 64"""
+    target: float = 0.02
+    """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
+    max_eval_tokens: int = 32768
+    """held-out tokens the rank intervention scores per model"""
+    recipe: str = "cpu-clm"
+    """the data and training recipe (corpus, vocabulary, optimizer, schedule) the runs share"""
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_attention_heads", "tokens_per_step", "steps", "max_eval_tokens"):
+            positive_int(name, getattr(self, name))
+        if not self.lengths or not self.seeds or len(self.head_dims) < 2:
+            raise ValueError(
+                f"give lengths, seeds and at least two head_dims, got lengths={self.lengths}, "
+                f"seeds={self.seeds}, head_dims={self.head_dims}"
+            )
+        for n in self.lengths:
+            if positive_int("lengths", n) > self.tokens_per_step or self.tokens_per_step % n:
+                raise ValueError(f"tokens_per_step = {self.tokens_per_step} is not a multiple of n = {n}")
+        for dp in self.head_dims:
+            positive_int("head_dims", dp)
+        bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]
+        if bad or not self.architectures:
+            raise ValueError(f"architectures must be fixedhead and/or llama, got {self.architectures}")
+        if len(self.learning_rates) == 1 or any(not (r > 0 and math.isfinite(r)) for r in self.learning_rates):
+            raise ValueError(
+                f"learning_rates must be a grid of >= 2 positive rates or empty, got {self.learning_rates}"
+            )
+        if not (self.target > 0 and math.isfinite(self.target)):
+            raise ValueError(f"target must be a positive number of nats, got {self.target}")
+
+
+QUICK = SeqLenOptions(
+    lengths=[32, 64],
+    hidden_size=16,
+    num_attention_heads=4,
+    head_dims=[4, 8],
+    architectures=["fixedhead", "llama"],
+    tokens_per_step=128,
+    steps=4,
+    seeds=[0, 1],
+    learning_rates=[],
+    max_eval_tokens=256,
+    recipe="tiny",
+)
+
+
+# -------------------------------------------------------------------------------------- plan
+def arm_name(head_dim: int) -> str:
+    return f"dp{head_dim}"
+
+
+def plan_record(o: SeqLenOptions) -> dict:
+    """The plan written before the first run: options, arms, pairing and the power target."""
+    return {
+        "study": "seq-len",
+        "options": asdict(o),
+        "arms": [
+            {"n": n, "architecture": a, "head_dim": dp, "ratio": n / o.head_dims[0]}
+            for n in o.lengths
+            for a in o.architectures
+            for dp in o.head_dims
+        ],
+        "pairing": "by seed: the arms of one (n, seed) train on the same batches in the same order; "
+        "the gap is the large head's held-out loss minus the small head's, per seed",
+        "target_nats": o.target,
+        "interval": "95% t-interval of the mean paired gap over seeds",
+        "words": {
+            "decided": "the interval excludes 0",
+            "equivalent": f"the interval lies inside ±{o.target:g} nats",
+            "underpowered": "neither: the interval is wider than the target allows",
+        },
+        "learning_rates": (
+            {"grid": o.learning_rates, "chosen_with_seed": o.seeds[0], "on": "a validation split"}
+            if o.learning_rates
+            else {"shared": o.shared_rate, "note": "a pilot: one shared rate for every arm"}
+        ),
+    }
+
+
+def write_plan(out: Path, o: SeqLenOptions, grow: bool = False) -> dict:
+    """``plan.json`` = ``{"plan", "sha256", "history"}``: written before any run; an existing plan that
+    differs is refused once results exist, unless ``grow`` (the change is recorded in ``history``)."""
+    from ..runs import write_text_atomic
+
+    plan = plan_record(o)
+    text = json.dumps(plan, indent=1, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    path = out / PLAN_FILE
+    history = []
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old["sha256"] == digest:
+            return old
+        done = _finished_runs(out)
+        if done and not grow:
+            raise FileExistsError(
+                f"{path} holds another plan (sha256 {old['sha256'][:12]}) and {len(done)} finished run(s); "
+                "pass grow=True (--grow) to extend the study, which its report then states, or use a new folder"
+            )
+        history = old.get("history", []) + [
+            {"sha256": old["sha256"], "replaced": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs_done": done}
+        ]
+    record = {"plan": plan, "sha256": digest, "history": history}
+    write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _finished_runs(out: Path) -> list[str]:
+    return sorted(p.parent.name for p in out.glob("n*-*/results.json") if json.loads(p.read_text()).get("results"))
+
+
+# ---------------------------------------------------------------------------------------- run
+def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str, float] | None = None):
+    """The :class:`~fixedhead.studies.compare.ComparePreset` of one (n, architecture): one model per head size."""
+    from .compare import ComparePreset
+
+    r = get_recipe(o.recipe)
+    # always without the validation documents: a pilot and a tuned study train on the same text
+    data: DataSettings = with_validation_split(replace(r.data, max_seq_length=n))
+    train: TrainSettings = replace(
+        r.train,
+        batch_size=o.tokens_per_step // n,
+        max_steps=o.steps,
+        eval_steps=max(1, o.steps // 4),
+        save_steps=max(1, o.steps // 2),
+        learning_rate=o.shared_rate,
+        objective="clm",
+    )
+    fields = dict(num_hidden_layers=r.layers, max_position_embeddings=n, **r.shared_model)
+    fields |= dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    extra = {} if architecture == "fixedhead" else {"architecture": architecture}
+    models = {
+        arm_name(dp): fields
+        | dict(hidden_size=o.hidden_size, num_attention_heads=o.num_attention_heads)
+        | {"head_dim": None if dp * o.num_attention_heads == o.hidden_size else dp}
+        | extra
+        for dp in o.head_dims
+    }
+    return ComparePreset(
+        description=f"seq-len: n = {n}, d = {o.hidden_size}, h = {o.num_attention_heads}, d_p ∈ {o.head_dims}, "
+        f"{architecture}, {o.steps} steps of {o.tokens_per_step} tokens",
+        data=data,
+        train=train,
+        models=models,
+        learning_rates=dict(rates or {}),
+    )
+
+
+def run_seq_len(
+    output_dir: str | Path = "runs/seq-len",
+    options: SeqLenOptions | None = None,
+    grow: bool = False,
+    progress: bool = True,
+    command: str = "",
+    cache_dir=None,
+) -> dict:
+    """Train every (n, architecture, seed), run the rank intervention on every model, write the report.
+
+    Each (n, architecture, seed) is one ``fixedhead compare`` run in ``OUTPUT_DIR/n{n}-{architecture}-s{seed}``
+    (finished models are reused, so an interrupted study resumes); the first seed chooses each arm's rate
+    on the grid, the other seeds train at it.
+
+    Returns:
+        the results record (also ``results.json``): ``plan_sha256``, ``runs`` (one per model: n, architecture,
+        head_dim, seed, learning_rate, heldout_loss, needed rank per setting, uniform loss, attention gain),
+        ``summary`` (:func:`summarise`), ``command`` and ``versions``.
+
+    Raises:
+        FileExistsError: the folder holds something else, or another plan with results (without ``grow``).
+        ValueError: bad options (:class:`SeqLenOptions`).
+    """
+    from ..intervention import run_rank_curve
+    from ..intervention import summarise as summarise_curves
+    from ..runs import claim_output_dir, environment_info, write_json_atomic
+    from .compare import run_compare
+
+    o = options or SeqLenOptions()
+    out = claim_output_dir(output_dir, (PLAN_FILE,), OWNED, "seq-len")
+    plan = write_plan(out, o, grow)
+    runs = []
+    for n in o.lengths:
+        for arch in o.architectures:
+            chosen = None
+            for i, seed in enumerate(o.seeds):
+                folder = out / f"n{n}-{arch}-s{seed}"
+                grid = o.learning_rates if (o.learning_rates and i == 0) else None
+                preset = compare_preset(o, n, arch, chosen)
+                results = run_compare(
+                    preset, folder, seed=seed, learning_rates=grid, progress=progress, cache_dir=cache_dir
+                )
+                if grid:
+                    chosen = {r["name"]: r["learning_rate"] for r in results}
+                for r in results:
+                    run_dir = (
+                        folder / r["name"] if not grid else folder / "lr-grid" / f"{r['name']}-lr{r['learning_rate']:g}"
+                    )
+                    curve = run_rank_curve(run_dir, o.max_eval_tokens, progress=progress)
+                    curve["name"] = f"n{n}-{arch}-{r['name']}"
+                    runs.append(
+                        {
+                            "n": n,
+                            "architecture": arch,
+                            "head_dim": int(r["head_dim"]),
+                            "seed": seed,
+                            "learning_rate": r.get("learning_rate", o.shared_rate),
+                            "heldout_loss": r["heldout_loss"],
+                            "validation_loss": r.get("validation_loss"),
+                            "run": str(run_dir),
+                            "curve": curve,
+                        }
+                    )
+    curves = summarise_curves([r["curve"] for r in runs])
+    for r, c in zip(runs, curves, strict=True):
+        r["curve"] = c
+    record = {
+        "plan_sha256": plan["sha256"],
+        "plan_history": plan["history"],
+        "command": command,
+        "versions": environment_info(),
+        "runs": runs,
+        "summary": summarise(runs, o),
+    }
+    write_json_atomic(out / RESULTS_FILE, record)
+    write_outputs(record, o, out)
+    return record
+
+
+# -------------------------------------------------------------------------------- summarise
+def paired_gap(large: list[float], small: list[float]) -> dict:
+    """Mean of the per-seed differences large − small (nats) with its 95% t-interval (None with one seed)."""
+    from scipy import stats
+
+    d = [a - b for a, b in zip(large, small, strict=True)]
+    mean = sum(d) / len(d)
+    if len(d) < 2:
+        return {"gap": mean, "low": None, "high": None, "seeds": len(d)}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    half = stats.t.ppf(0.975, len(d) - 1) * sd / math.sqrt(len(d))
+    return {"gap": mean, "low": mean - half, "high": mean + half, "seeds": len(d)}
+
+
+def gap_word(gap: dict, target: float) -> str:
+    """``decided`` (the interval excludes 0), ``equivalent`` (inside ±target), else ``underpowered``."""
+    if gap["low"] is None:
+        return "underpowered (one seed)"
+    if gap["low"] > 0 or gap["high"] < 0:
+        return "decided"
+    if -target < gap["low"] and gap["high"] < target:
+        return f"equivalent (no gap larger than {target:g} nats)"
+    return "underpowered"
+
+
+def summarise(runs: list[dict], o: SeqLenOptions) -> list[dict]:
+    """One row per (n, architecture): each arm's mean loss, needed rank (all layers) and attention gain;
+    the paired gap large − small with its interval and word."""
+    small, large = o.head_dims[0], o.head_dims[-1]
+    rows = []
+    for n in o.lengths:
+        for arch in o.architectures:
+            by = {
+                dp: {r["seed"]: r for r in runs if (r["n"], r["architecture"], r["head_dim"]) == (n, arch, dp)}
+                for dp in o.head_dims
+            }
+            seeds = sorted(set(by[small]) & set(by[large]))
+            if not seeds:
+                continue
+            gap = paired_gap(
+                [by[large][s]["heldout_loss"] for s in seeds], [by[small][s]["heldout_loss"] for s in seeds]
+            )
+            row = {"n": n, "architecture": arch, "ratio": n / small, **gap, "word": gap_word(gap, o.target)}
+            for dp in o.head_dims:
+                arm = list(by[dp].values())
+                row[f"loss_dp{dp}"] = _mean([r["heldout_loss"] for r in arm])
+                row[f"needed_dp{dp}"] = _mean([_nan(r["curve"]["needed"]["all"]) for r in arm])
+                row[f"attention_gain_dp{dp}"] = _mean([r["curve"]["attention_gain"] for r in arm])
+                row[f"rate_dp{dp}"] = arm[0]["learning_rate"]
+            rows.append(row)
+    return rows
+
+
+def _nan(value):
+    return math.nan if value is None else value
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else float("nan")
+
+
+# ------------------------------------------------------------------------------------ outputs
+def write_outputs(record: dict, o: SeqLenOptions, out: Path) -> None:
+    from ..runs import write_text_atomic
+    from .render import write_csv
+
+    rows = record["summary"]
+    if rows:
+        write_csv(out / "seq_len.csv", list(rows[0]), rows)
+    plot(rows, o, out / "seq_len.png")
+    write_text_atomic(out / "report.md", report_markdown(record, o))
+
+
+def report_markdown(record: dict, o: SeqLenOptions) -> str:
+    small, large = o.head_dims[0], o.head_dims[-1]
+    lines = [
+        "# Sequence length against head size (`fixedhead seq-len`)",
+        "",
+        f"Causal LMs, d = {o.hidden_size}, h = {o.num_attention_heads}, head sizes d_p = {small} (small) and "
+        f"{large} (large), n ∈ {o.lengths}, {o.steps} steps of {o.tokens_per_step} tokens, seeds {o.seeds} "
+        f"(paired), recipe {o.recipe}; "
+        + (
+            f"each arm's rate chosen from {o.learning_rates} on a validation split with seed {o.seeds[0]}."
+            if o.learning_rates
+            else f"**every arm at one shared rate {o.shared_rate:g} (a pilot: no verdict)**."
+        ),
+        f"Plan `plan.json`, sha256 `{record['plan_sha256']}`, written before the first run"
+        + (
+            f"; **the study grew after results existed** ({len(record['plan_history'])} earlier plan(s))."
+            if record["plan_history"]
+            else "."
+        ),
+        f"Gap = loss(d_p = {large}) − loss(d_p = {small}), nats, mean over seeds with its 95% interval; "
+        f"target: {o.target:g} nats. Needed rank: the smallest k (all layers cut) within the band of the "
+        "full-rank loss (`fixedhead rank-intervention`). Attention gain: the loss with uniform attention minus "
+        "the full-rank loss.",
+        "",
+        f"Command: `{record['command']}`",
+        "",
+        f"| n | n / {small} | architecture | loss d_p={small} | loss d_p={large} | gap [95% interval] | word | "
+        f"needed rank d_p={small} / {large} | attention gain d_p={small} / {large} | rates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["summary"]:
+        interval = "" if r["low"] is None else f" [{r['low']:+.4f}, {r['high']:+.4f}]"
+        lines.append(
+            f"| {r['n']} | {r['ratio']:g} | {r['architecture']} | {r[f'loss_dp{small}']:.4f} | "
+            f"{r[f'loss_dp{large}']:.4f} | {r['gap']:+.4f}{interval} | {r['word']} | "
+            f"{r[f'needed_dp{small}']:.1f} / {r[f'needed_dp{large}']:.1f} | "
+            f"{r[f'attention_gain_dp{small}']:.3f} / {r[f'attention_gain_dp{large}']:.3f} | "
+            f"{r[f'rate_dp{small}']:g} / {r[f'rate_dp{large}']:g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], o: SeqLenOptions, path: Path) -> None:
+    """Three panels against n / d_p(small): the paired gap with its interval, the needed rank per arm
+    (the head sizes dotted), the attention gain per arm; one line per architecture."""
+    from ..plotting import pyplot, save_figure
+
+    plt = pyplot()
+    small = o.head_dims[0]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for j, arch in enumerate(o.architectures):
+        rs = [r for r in rows if r["architecture"] == arch]
+        if not rs:
+            continue
+        x = [r["ratio"] for r in rs]
+        low = [r["gap"] - (r["low"] if r["low"] is not None else r["gap"]) for r in rs]
+        high = [(r["high"] if r["high"] is not None else r["gap"]) - r["gap"] for r in rs]
+        axes[0].errorbar(x, [r["gap"] for r in rs], yerr=[low, high], marker="o", capsize=3, label=arch, color=f"C{j}")
+        for i, dp in enumerate(o.head_dims):
+            style = dict(color=f"C{j}", ls="-" if i == 0 else "--", marker="o")
+            axes[1].plot(x, [r[f"needed_dp{dp}"] for r in rs], label=f"{arch} d_p={dp}", **style)
+            axes[2].plot(x, [r[f"attention_gain_dp{dp}"] for r in rs], label=f"{arch} d_p={dp}", **style)
+    axes[0].axhline(0, color="grey", lw=0.8)
+    axes[0].axhspan(-o.target, o.target, color="grey", alpha=0.15, label=f"±{o.target:g} nats")
+    for dp in o.head_dims:
+        axes[1].axhline(dp, color="grey", ls=":", lw=0.8)
+    titles = (
+        f"gap: loss(d_p={o.head_dims[-1]}) − loss(d_p={small}), nats",
+        "rank needed (all layers)",
+        "attention gain (uniform − full), nats",
+    )
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"n / d_p (d_p = {small})")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    save_figure(fig, path, axes)

@@ -1,0 +1,103 @@
+"""The sequence-length study (fixedhead seq-len): its plan, its statistics against scipy, and one tiny
+run end to end. Which head size wins is a learned outcome: it lives in docs/results, not here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+from scipy import stats
+
+from fixedhead.model.architectures import build_config
+from fixedhead.studies.seq_len import (
+    QUICK,
+    SeqLenOptions,
+    compare_preset,
+    gap_word,
+    paired_gap,
+    plan_record,
+    run_seq_len,
+    write_plan,
+)
+
+
+def test_paired_gap_is_scipys_paired_t_interval():
+    large, small = [5.41, 5.47, 5.44, 5.50], [5.44, 5.45, 5.49, 5.52]
+    want = stats.ttest_rel(large, small).confidence_interval(0.95)
+    got = paired_gap(large, small)
+    assert got["gap"] == pytest.approx(sum(large) / 4 - sum(small) / 4)
+    assert (got["low"], got["high"]) == (pytest.approx(want.low), pytest.approx(want.high))
+    assert paired_gap([5.0], [5.1])["low"] is None
+
+
+@pytest.mark.parametrize(
+    "low, high, word",
+    [(0.01, 0.03, "decided"), (-0.03, -0.001, "decided"), (-0.015, 0.019, "equivalent"), (-0.03, 0.01, "underpowered")],
+)
+def test_gap_words(low, high, word):
+    assert gap_word({"gap": (low + high) / 2, "low": low, "high": high}, 0.02).startswith(word)
+
+
+@pytest.mark.parametrize(
+    "change, bad",
+    [
+        ({"tokens_per_step": 100}, "multiple"),
+        ({"learning_rates": [1e-3]}, "learning_rates"),
+        ({"architectures": ["gpt"]}, "architectures"),
+        ({"head_dims": [8]}, "head_dims"),
+        ({"target": 0.0}, "target"),
+    ],
+)
+def test_a_plan_that_cannot_run_is_refused_by_name(change, bad):
+    with pytest.raises(ValueError, match=bad):
+        replace(SeqLenOptions(), **change)
+
+
+def test_every_n_trains_on_the_same_tokens_per_step_with_positions_for_n():
+    o = SeqLenOptions()
+    for n in o.lengths:
+        for arch in o.architectures:
+            p = compare_preset(o, n, arch)
+            assert p.train.batch_size * n == 2048 and p.data.max_seq_length == n and p.train.objective == "clm"
+            assert p.data.validation_fraction > 0  # the pilot and the tuned study train on the same documents
+            for name, fields in p.models.items():
+                config = build_config({**fields, "vocab_size": 100})
+                assert config.max_position_embeddings == n
+                head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+                assert (config.num_attention_heads, head_dim) == (8, int(name[2:]))
+
+
+def test_the_plan_is_hashed_before_results_and_a_changed_plan_needs_grow(tmp_path):
+    record = write_plan(tmp_path, QUICK)
+    text = json.dumps(plan_record(QUICK), indent=1, sort_keys=True)
+    assert record["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert json.loads((tmp_path / "plan.json").read_text()) == record
+    wider = replace(QUICK, seeds=[0, 1, 2])
+    assert write_plan(tmp_path, wider)["history"][0]["sha256"] == record["sha256"]  # no results yet: replaced
+    (tmp_path / "n32-fixedhead-s0").mkdir()
+    (tmp_path / "n32-fixedhead-s0" / "results.json").write_text(json.dumps({"results": [{"name": "dp4"}]}))
+    with pytest.raises(FileExistsError, match="finished run"):
+        write_plan(tmp_path, QUICK)
+    grown = write_plan(tmp_path, QUICK, grow=True)
+    assert grown["history"][-1]["runs_done"] == ["n32-fixedhead-s0"]
+
+
+def test_a_tiny_study_end_to_end(tmp_path):
+    # the rank intervention scores the held-out tokens training scored (the tiny recipe's 4,000)
+    o = replace(QUICK, lengths=[32], architectures=["fixedhead"], steps=2, seeds=[0], max_eval_tokens=4_000)
+    record = run_seq_len(tmp_path / "out", o, progress=False, command="test")
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert record["plan_sha256"] == plan["sha256"] and not record["plan_history"]
+    assert [(r["head_dim"], r["seed"]) for r in record["runs"]] == [(4, 0), (8, 0)]
+    for r in record["runs"]:
+        c = r["curve"]
+        assert c["full"] == pytest.approx(r["heldout_loss"], abs=1e-4)  # scored as training scored it
+        assert c["attention_gain"] == pytest.approx(c["uniform"] - c["full"])
+    (row,) = record["summary"]
+    by = {r["head_dim"]: r["heldout_loss"] for r in record["runs"]}
+    assert row["gap"] == pytest.approx(by[8] - by[4]) and row["word"] == "underpowered (one seed)"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert plan["sha256"] in report and "a pilot: no verdict" in report
+    assert (tmp_path / "out" / "seq_len.png").stat().st_size > 0
