@@ -161,6 +161,8 @@ def report_markdown(state: dict) -> str:
             f"{m['needed_by_hit_rate']} | {m['needed_by_mse']} (band {m['band']:.4f}) |"
         )
     verdict = "**passed**" if state["passed"] else "**failed**"
+    counts = {what: sum(m[f"needed_by_{what}"] == r for m in state["models"]) for what in ("mse", "hit_rate")}
+    total = len(state["models"])
     return "\n".join(
         [
             "# The rank intervention's known-answer check (farthest-point models of rank r)",
@@ -178,7 +180,8 @@ def report_markdown(state: dict) -> str:
             "|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Check {verdict}: " + ("every model" if state["passed"] else "not every model") + f" needs rank {r}.",
+            f"Check {verdict}: the MSE × d reading is r = {r} for {counts['mse']} of {total} models, the hit-rate "
+            f"reading for {counts['hit_rate']} of {total} (both must be r for every model).",
             "",
         ]
     )
