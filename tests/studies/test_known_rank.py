@@ -82,3 +82,11 @@ def test_quick_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "known-rank-quick" / "known_rank.json").exists()
     assert not (tmp_path / "runs" / "known-rank").exists()
     assert "Check **" in capsys.readouterr().out
+
+
+def test_the_committed_report_regenerates_from_its_json():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "known-rank"
+    saved = json.loads((folder / "known_rank.json").read_text())
+    assert report_markdown(saved) == (folder / "known_rank.md").read_text()
