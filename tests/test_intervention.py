@@ -155,6 +155,8 @@ def test_rank_curve_records_each_layer_and_all_layers():
     for losses in curve["curves"].values():
         assert losses[6] == curve["full"]  # k = d_p: nothing to cut
         assert losses[1] != curve["full"]
+    cheap = rank_curve(model, score, ids, ranks=[1, 3], progress=False, per_layer=False)
+    assert cheap["curves"] == {"all": {1: curve["curves"]["all"][1], 3: curve["curves"]["all"][3]}}
 
 
 def test_needed_rank_is_the_smallest_k_from_which_every_loss_is_within_the_band():

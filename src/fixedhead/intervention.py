@@ -229,7 +229,9 @@ def needed_rank(losses: dict[int, float], full: float, band: float) -> int | Non
     return within
 
 
-def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = None, progress: bool = True) -> dict:
+def rank_curve(
+    model, score, input_ids: torch.Tensor, ranks: list[int] | None = None, progress: bool = True, per_layer: bool = True
+) -> dict:
     """Loss against the logit rank k, each layer alone and all layers together.
 
     Args:
@@ -239,6 +241,7 @@ def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = 
         input_ids: a few sequences of the held-out set, [batch, n] (to find the layers and n).
         ranks: the k to try; None for :func:`default_ranks` of the largest head size.
         progress: a progress bar over the (setting, k) evaluations.
+        per_layer: also cut each layer alone (False: all layers together only, a layer-count times cheaper).
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
@@ -257,7 +260,7 @@ def rank_curve(model, score, input_ids: torch.Tensor, ranks: list[int] | None = 
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
         uniform = float(score(model))
-    settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules))]
+    settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
     jobs = [
         (name, layers, k)
         for name, layers in settings
@@ -305,7 +308,9 @@ OWNED = (RESULTS_FILE, "rank_intervention.csv", "rank_intervention.png", "rank_i
 _HELDOUT: dict = {}  # the last held-out data prepared by run_rank_curve, by (data settings, tokenizer)
 
 
-def run_rank_curve(run_dir, max_eval_tokens: int | None = 32_768, ranks=None, progress: bool = True) -> dict:
+def run_rank_curve(
+    run_dir, max_eval_tokens: int | None = 32_768, ranks=None, progress: bool = True, per_layer: bool = True
+) -> dict:
     """:func:`rank_curve` of a pretraining run (fixedhead or Llama-style, masked or causal) on its own
     held-out documents, scored as ``fixedhead evaluate`` scores them (same split, same fixed masking),
     capped at ``max_eval_tokens`` tokens (None: all).
@@ -343,7 +348,7 @@ def run_rank_curve(run_dir, max_eval_tokens: int | None = 32_768, ranks=None, pr
         with torch.no_grad():
             return evaluate_lm(m, ids, labels, objective=objective)["loss"]
 
-    curve = rank_curve(model, score, ids, ranks, progress)
+    curve = rank_curve(model, score, ids, ranks, progress, per_layer)
     return curve | {
         "run": str(run_dir),
         "name": Path(run_dir).name,

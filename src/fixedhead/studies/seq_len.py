@@ -68,6 +68,10 @@ class SeqLenOptions:
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
     max_eval_tokens: int = 32768
     """held-out tokens the rank intervention scores per model"""
+    ranks: list[int] = field(default_factory=list)
+    """the ranks k the intervention tries (empty: every k up to d_p)"""
+    per_layer: bool = True
+    """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""
     recipe: str = "cpu-clm"
     """the data and training recipe (corpus, vocabulary, optimizer, schedule) the runs share"""
 
@@ -84,6 +88,8 @@ class SeqLenOptions:
                 raise ValueError(f"tokens_per_step = {self.tokens_per_step} is not a multiple of n = {n}")
         for dp in self.head_dims:
             positive_int("head_dims", dp)
+        for k in self.ranks:
+            positive_int("ranks", k)
         bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]
         if bad or not self.architectures:
             raise ValueError(f"architectures must be fixedhead and/or llama, got {self.architectures}")
@@ -260,7 +266,9 @@ def run_seq_len(
                     run_dir = (
                         folder / r["name"] if not grid else folder / "lr-grid" / f"{r['name']}-lr{r['learning_rate']:g}"
                     )
-                    curve = run_rank_curve(run_dir, o.max_eval_tokens, progress=progress)
+                    curve = run_rank_curve(
+                        run_dir, o.max_eval_tokens, o.ranks or None, progress=progress, per_layer=o.per_layer
+                    )
                     curve["name"] = f"n{n}-{arch}-{r['name']}"
                     runs.append(
                         {
