@@ -76,3 +76,96 @@ def test_spearman_p_is_exact_for_few_pairs_and_scipys_beyond():
     assert spearman(x9, y9) == pytest.approx(tuple(float(v) for v in spearmanr(x9, y9)))
     rho, p = spearman([1, 2, 3, 4], [0.5, 0.5, 0.5, 0.5])  # a constant side: undefined
     assert math.isnan(rho) and math.isnan(p)
+
+
+# the held-out losses (nats) of two arms over five seeds; arm b is lower by about 0.01 on every seed
+LOSS_A = [5.931, 5.918, 5.957, 5.940, 5.925]
+LOSS_B = [5.920, 5.909, 5.944, 5.932, 5.913]
+
+
+def test_paired_difference_is_scipys_paired_t_interval():
+    from scipy.stats import ttest_rel
+
+    from fixedhead.studies.stats import paired_difference
+
+    ref = ttest_rel(LOSS_B, LOSS_A)
+    ci = ref.confidence_interval(0.95)
+    got = paired_difference(LOSS_A, LOSS_B)
+    assert got["difference"] == pytest.approx(sum(LOSS_B) / 5 - sum(LOSS_A) / 5)
+    assert (got["low"], got["high"]) == pytest.approx((ci.low, ci.high))
+    assert got["p"] == pytest.approx(ref.pvalue) and got["df"] == 4 and got["paired"]
+    # the pairing removes the seeds' shared spread: the interval is far narrower than Welch's
+    from fixedhead.studies.stats import welch_difference
+
+    unpaired = welch_difference(LOSS_A, LOSS_B)
+    assert got["high"] - got["low"] < (unpaired["high"] - unpaired["low"]) / 5
+
+
+def test_welch_difference_is_scipys_welch_interval():
+    import numpy as np
+    from scipy.stats import t, ttest_ind
+
+    from fixedhead.studies.stats import welch_difference
+
+    a, b = [375.7, 371.9, 385.1, 370.0], [379.2, 385.6, 373.5]  # unequal lengths
+    ref = ttest_ind(b, a, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    got = welch_difference(a, b)
+    assert (got["low"], got["high"], got["p"]) == pytest.approx((ci.low, ci.high, ref.pvalue))
+    # the Welch–Satterthwaite degrees of freedom, by hand in NumPy
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    assert got["df"] == pytest.approx(df) and got["n"] == (4, 3) and not got["paired"]
+    half = t.ppf(0.95, df) * np.sqrt(va + vb)  # a 90% interval
+    assert welch_difference(a, b, 0.90)["high"] == pytest.approx(np.mean(b) - np.mean(a) + half)
+
+
+def test_differences_refuse_what_they_cannot_compute():
+    from fixedhead.studies.stats import paired_difference, welch_difference
+
+    with pytest.raises(ValueError, match="got 3 and 2"):
+        paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="at least 2 values a side, got 1 and 1"):
+        paired_difference([1.0], [2.0])
+    with pytest.raises(ValueError, match="at least 2 values a side, got 1 and 3"):
+        welch_difference([1.0], [2.0, 3.0, 4.0])
+    with pytest.raises(ValueError, match="nan"):
+        welch_difference([1.0, float("nan")], [2.0, 3.0])
+    with pytest.raises(ValueError, match="confidence .* got 95"):
+        welch_difference([1.0, 2.0], [2.0, 3.0], confidence=95)
+    # identical per-seed differences: the interval is the point, and p says it is decided
+    same = paired_difference([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+    assert (same["low"], same["high"], same["p"]) == pytest.approx((0.5, 0.5, 0.0))
+
+
+@pytest.mark.parametrize(
+    "difference, low, high, p, word",
+    [
+        (-0.05, -0.08, -0.02, 0.001, "decided"),
+        (0.05, 0.02, 0.08, 0.001, "decided"),
+        (-0.05, -0.08, -0.02, 0.03, "cannot tell (underpowered)"),  # excludes 0, but p misses α = 0.01
+        (-0.004, -0.015, 0.007, 0.4, "equivalent: no difference larger than 0.02 nats"),
+        (-0.010, -0.045, 0.025, 0.5, "cannot tell (underpowered)"),
+        (0.0, -0.02, 0.01, 1.0, "cannot tell (underpowered)"),  # touching the target is not inside it
+        (-0.005, -0.009, -0.001, float("nan"), "equivalent: no difference larger than 0.02 nats"),
+    ],
+)
+def test_difference_word(difference, low, high, p, word):
+    from fixedhead.studies.stats import difference_word
+
+    assert difference_word(difference, low, high, p) == word
+
+
+def test_difference_word_target_and_errors():
+    from fixedhead.studies.stats import difference_word
+
+    assert difference_word(-0.01, -0.025, 0.005, 0.3, target=0.03) == "equivalent: no difference larger than 0.03 nats"
+    assert difference_word(-0.01, -0.025, 0.005, 0.3) == "cannot tell (underpowered)"
+    with pytest.raises(ValueError, match=r"\[0.1, 0.2\] must contain the difference 0.3"):
+        difference_word(0.3, 0.1, 0.2, 0.01)
+    with pytest.raises(ValueError, match="finite, got nan"):
+        difference_word(float("nan"), 0.1, 0.2, 0.01)
+    with pytest.raises(ValueError, match="target .* got -0.02"):
+        difference_word(0.0, -0.1, 0.1, 0.5, target=-0.02)
+    with pytest.raises(ValueError, match="alpha .* got 5"):
+        difference_word(0.0, -0.1, 0.1, 0.5, alpha=5)

@@ -8,7 +8,10 @@ studies side by side, each fixed before the run it judges.
 * :func:`pooled_verdict` (``widen-experiment``): a difference of means beyond ``RULE_STDS`` pooled
   standard deviations;
 * :func:`threshold_verdict` (``farthest-point``): every seed above a success bar, or every seed
-  below a failure bar.
+  below a failure bar;
+* :func:`paired_difference` (arms that share seeds, i.e. the data order) and :func:`welch_difference`
+  (independent arms): a difference with its 95% interval, which :func:`difference_word` reads as
+  decided, equivalent within a stated smallest difference (:data:`TARGET_NATS`), or underpowered.
 """
 
 from __future__ import annotations
@@ -159,3 +162,116 @@ def threshold_verdict(rates: list[float]) -> str:
     if max(rates) < FAILS_BELOW:
         return "fails"
     return "in between"
+
+
+# ------------------------------------------------------------------- differences with intervals
+#: the smallest difference of held-out loss a study must be able to see, in nats (issue 42's default)
+TARGET_NATS = 0.02
+#: the words of :func:`difference_word`
+DECIDED = "decided"
+UNDERPOWERED = "cannot tell (underpowered)"
+
+
+def _check_sides(a: list[float], b: list[float], what: str) -> None:
+    """Raise ValueError naming the sides' lengths when either has fewer than 2 values, or any value is not finite."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"{what} needs at least 2 values a side, got {len(a)} and {len(b)}")
+    bad = [v for v in (*a, *b) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{what} needs finite values, got {bad}")
+
+
+def _interval(delta: float, se: float, df: float, confidence: float) -> tuple[float, float, float]:
+    """``(low, high, two-sided p)`` of a t statistic ``delta / se`` with ``df`` degrees of freedom;
+    se = 0 gives the point ``[delta, delta]`` and p = 0 (1 where delta is 0 too)."""
+    from scipy.stats import t
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if se == 0:
+        return delta, delta, 0.0 if delta != 0 else 1.0
+    half = float(t.ppf(0.5 + confidence / 2, df)) * se
+    return delta - half, delta + half, float(2 * t.sf(abs(delta) / se, df))
+
+
+def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> dict:
+    """``b − a`` over pairs (``a[i]`` and ``b[i]`` share seed ``i``, i.e. the same data order):
+    the mean of the per-seed differences, its t-interval (n − 1 degrees of freedom) and the paired
+    t-test's two-sided p.
+
+    Args:
+        a, b: one value per seed (e.g. held-out loss in nats), in the same seed order, equal length ≥ 2.
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        ``{"difference", "low", "high", "p", "df", "n", "paired": True}``, in the values' unit.
+
+    Raises:
+        ValueError: sides of different lengths, fewer than 2 pairs, a value that is not finite, or a
+        confidence outside (0, 1).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"a paired difference needs one value per seed on each side, got {len(a)} and {len(b)}")
+    _check_sides(a, b, "a paired difference")
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    n = len(diffs)
+    mean, sd = mean_std(diffs)
+    low, high, p = _interval(mean, sd / math.sqrt(n), n - 1, confidence)
+    return {"difference": mean, "low": low, "high": high, "p": p, "df": n - 1, "n": n, "paired": True}
+
+
+def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -> dict:
+    """``mean(b) − mean(a)`` of two independent samples with Welch's interval: standard error
+    √(s_a²/n_a + s_b²/n_b), Welch–Satterthwaite degrees of freedom, and Welch's two-sided p.
+
+    Args:
+        a, b: the seeds' values of each side (e.g. held-out loss in nats), ≥ 2 each, any lengths.
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        ``{"difference", "low", "high", "p", "df", "n": (n_a, n_b), "paired": False}``, in the values' unit.
+
+    Raises:
+        ValueError: fewer than 2 values on a side, a value that is not finite, or a confidence outside (0, 1).
+    """
+    _check_sides(a, b, "Welch's interval")
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    va, vb = sa**2 / len(a), sb**2 / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if se > 0 else float(len(a) + len(b) - 2)
+    low, high, p = _interval(mb - ma, se, df, confidence)
+    return {"difference": mb - ma, "low": low, "high": high, "p": p, "df": df, "n": (len(a), len(b)), "paired": False}
+
+
+def difference_word(
+    difference: float, low: float, high: float, p: float, alpha: float = 0.01, target: float = TARGET_NATS
+) -> str:
+    """What a difference with its interval says, against the smallest difference of interest ``target``:
+
+    * ``"decided"``: the interval excludes 0 and ``p < alpha`` (pass the p the study's rule uses,
+      e.g. Holm-adjusted);
+    * ``"equivalent: no difference larger than X nats"`` (X = ``target``): the interval lies inside
+      (−target, +target);
+    * ``"cannot tell (underpowered)"``: neither; the study could not have told.
+
+    Args:
+        difference, low, high: the difference and its interval, in nats (low ≤ difference ≤ high).
+        p: the rule's p-value for the difference; NaN counts as not passing.
+        alpha: the rule's level; target: the smallest difference of interest, in nats, > 0.
+
+    Raises:
+        ValueError: a difference or bound that is not finite, bounds out of order, or target/alpha out of range.
+    """
+    if not all(math.isfinite(v) for v in (difference, low, high)):
+        raise ValueError(f"difference and interval must be finite, got {difference}, [{low}, {high}]")
+    if not low <= difference <= high:
+        raise ValueError(f"the interval [{low}, {high}] must contain the difference {difference}")
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target must be a positive number of nats, got {target}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if (low > 0 or high < 0) and math.isfinite(p) and p < alpha:
+        return DECIDED
+    if -target < low and high < target:
+        return f"equivalent: no difference larger than {target:g} nats"
+    return UNDERPOWERED
