@@ -479,3 +479,52 @@ def test_holm_counts_every_claim_tested():
     for (_, text, _), q in zip(rows, adjusted, strict=True):
         assert f"Holm-adjusted p = {q:.2g}" in text
     assert adjusted[1] == pytest.approx(2 * min(raw), rel=0.05)  # the smaller p, doubled
+
+
+def _finetune_state(task: str, scores_h8: list[float], scores_h32: list[float], majority: float | None) -> dict:
+    """A masked sweep's state with Table 1 measured on fine-tuning: standard h=8 against h=32, one
+    fine-tuning score per pretraining seed, each scored on ``task``'s dev set."""
+    dev = {"sst2": 872, "cola": 1043}[task]
+    runs = {}
+    for h, scores in ((8, scores_h8), (32, scores_h32)):
+        for i, v in enumerate(scores):
+            runs[f"h{h}-{i}"] = dict(
+                key=f"h{h}", seed=i, hidden_size=32, num_attention_heads=h, head_dim=32 // h, parameters=10_000,
+                heldout_perplexity=100.0 + i + h, finetune={"score": v, "dev_examples": dev},
+            )  # fmt: skip
+    points = [dict(experiment="heads", series="standard", x=h, key=f"h{h}") for h in (8, 32)]
+    meta = {"seeds": [0, 1, 2], "objective": "mlm", "finetune_task": task}
+    return {"meta": meta | ({"majority_class_accuracy": majority} if majority else {}), "points": points, "runs": runs}
+
+
+def _table1(state):
+    return next(row for row in claims(state) if row[0].startswith("Table 1"))
+
+
+def test_a_fine_tuning_claim_at_chance_is_untested():
+    from fixedhead.studies.claims import chance_bar
+
+    # Matthews correlation (CoLA): chance is 0; the bar is two standard errors, 2/√N, of a chance score
+    cola = _finetune_state("cola", [0.0, 0.0, 0.03], [0.05, 0.0, 0.0], None)
+    assert chance_bar(cola) == pytest.approx(2 / math.sqrt(1043))
+    claim, text, verdict = _table1(cola)
+    assert verdict == "untested (model at chance)" and "at chance" in text
+    # accuracy (SST-2): the majority class plus two binomial standard errors on the dev set
+    m = 0.5091743119266054
+    weak = _finetune_state("sst2", [0.69, 0.70, 0.68], [0.53, 0.52, 0.54], m)
+    assert chance_bar(weak) == pytest.approx(m + 2 * math.sqrt(m * (1 - m) / 872))  # 0.543
+    assert _table1(weak)[2] == "untested (model at chance)"  # h = 32 at 0.53: not above the bar
+    # both sides well above the majority class: the recorded rule decides as before
+    clear = _finetune_state("sst2", [0.69, 0.70, 0.68], [0.60, 0.61, 0.59], m)
+    assert _table1(clear)[2] == "agrees" and "at chance" not in _table1(clear)[1]
+    # no majority-class accuracy recorded: no bar, no relabelling
+    assert chance_bar(_finetune_state("sst2", [0.5] * 3, [0.5] * 3, None)) is None
+
+
+def test_chance_bar_refuses_mixed_dev_sets():
+    from fixedhead.studies.claims import chance_bar
+
+    state = _finetune_state("cola", [0.0, 0.0, 0.03], [0.05, 0.0, 0.0], None)
+    state["runs"]["h8-0"]["finetune"]["dev_examples"] = 500
+    with pytest.raises(ValueError, match=r"different dev-set sizes \[500, 1043\]"):
+        chance_bar(state)

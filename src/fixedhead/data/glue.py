@@ -139,6 +139,8 @@ def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
 # ------------------------------------------------------------------------------ files and metrics
 #: the headline metric of each task (the one early stopping and the sweep report use)
 MAIN_METRIC = {"sst2": "accuracy", "cola": "matthews", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
+#: the examples in each task's GLUE dev split (the test set here), counted with :func:`read_glue_tsv`
+GLUE_DEV_EXAMPLES = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb": 1500}
 
 
 def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) -> Path:

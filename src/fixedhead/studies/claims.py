@@ -145,7 +145,8 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
         """One row: b against a on ``what``; ``sign``: the sign the paper implies for b − a; ``label_b``
         (default ``label_a``) names b."""
         text, delta, p = _compare(a, b, what, label_a(a) if a else "", (label_b or label_a)(b) if b else "")
-        rows.append([claim, text + (note if a and b else ""), delta, p, sign])
+        arms = [q.values(what) for q in (a, b) if q] if what == "ft" else []
+        rows.append([claim, text + (note if a and b else ""), delta, p, sign, arms])
 
     def ends(pts):
         return (pts[0], pts[-1]) if len(pts) >= 2 else (None, None)
@@ -226,11 +227,12 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             "Implicit throughout: lower pretraining perplexity goes with better fine-tuning",
             *_rank_correlation(state),
             +1,
+            [[r["finetune"]["score"] for r in state["runs"].values() if "finetune" in r]],
         ]
     )
     if not has_finetune:  # e.g. the causal preset: one reason for every fine-tuning claim
         rows[first_finetune_row:] = [
-            [row[0], "not measured (this sweep has no fine-tuning)", math.nan, math.nan, row[4]]
+            [row[0], "not measured (this sweep has no fine-tuning)", math.nan, math.nan, row[4], []]
             for row in rows[first_finetune_row:]
         ]
     # the verdicts, by the rule the sweep recorded before training: Holm's correction counts every
@@ -238,11 +240,16 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
     rule = verdict_rule(state)
     ps = [row[3] for row in rows]
     adjusted = holm(ps) if rule["correction"] == "holm" else ps
-    decided = []
-    for (claim, text, delta, _, sign), q in zip(rows, adjusted, strict=True):
+    decided, bar = [], chance_bar(state)
+    for (claim, text, delta, _, sign, arms), q in zip(rows, adjusted, strict=True):
         if rule["correction"] == "holm" and math.isfinite(q):
             text += f" (Holm-adjusted p = {q:.2g})"
-        decided.append((claim, text, welch_verdict(delta, q, sign, rule["alpha"])))
+        verdict = welch_verdict(delta, q, sign, rule["alpha"])
+        low = min((mean_std(v)[0] for v in arms if v), default=math.nan)
+        if bar is not None and low <= bar:  # a side that does not beat the majority class tested nothing
+            text += f"; at chance: a side's mean score {low:.4f} ≤ {bar:.4f}, {_CHANCE_TEXT}"
+            verdict = UNTESTED
+        decided.append((claim, text, verdict))
     rows = decided
     errs = [
         abs(count_parameters(p.build_config()) / 1e6 - p.paper_params) / p.paper_params
@@ -262,6 +269,45 @@ def claims(state: dict) -> list[tuple[str, str, str]]:
             CANNOT_TELL,
         ),
     ]
+
+
+#: the verdict of a fine-tuning claim whose models do not beat the majority class: nothing was tested
+UNTESTED = "untested (model at chance)"
+#: a fine-tuned side is at chance unless its mean dev score beats the chance score by more than this
+#: many standard errors of a chance-level score on the dev set (accuracy: √(m(1 − m)/N) around the
+#: majority-class accuracy m; Matthews correlation: 1/√N around 0)
+CHANCE_STANDARD_ERRORS = 2.0
+_CHANCE_TEXT = f"the majority class + {CHANCE_STANDARD_ERRORS:g} standard errors of a chance score on the dev set"
+
+
+def chance_bar(state: dict) -> float | None:
+    """The mean fine-tuning dev score a side must beat not to be at chance (:data:`CHANCE_STANDARD_ERRORS`
+    above the majority class); None where it is unknown: a metric other than accuracy or Matthews
+    correlation, accuracy without a recorded majority-class accuracy, or no recorded dev-set size
+    (``finetune.dev_examples`` of the runs, which must agree).
+
+    Raises:
+        ValueError: runs that record different dev-set sizes, or a size that is not positive.
+    """
+    from ..data.glue import MAIN_METRIC
+
+    sizes = {r["finetune"].get("dev_examples") for r in state["runs"].values() if "finetune" in r} - {None}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"fine-tuned runs record different dev-set sizes {sorted(sizes)}: one chance level cannot hold"
+        )
+    if not sizes:
+        return None
+    n = sizes.pop()
+    if not (isinstance(n, int) and n > 0):
+        raise ValueError(f"a dev-set size must be a positive integer, got {n!r}")
+    metric = MAIN_METRIC.get(state["meta"].get("finetune_task") or "sst2")
+    if metric == "matthews":
+        return CHANCE_STANDARD_ERRORS / math.sqrt(n)
+    majority = state["meta"].get("majority_class_accuracy")
+    if metric == "accuracy" and majority is not None:
+        return majority + CHANCE_STANDARD_ERRORS * math.sqrt(majority * (1 - majority) / n)
+    return None
 
 
 def verdict_rule(state: dict) -> dict:

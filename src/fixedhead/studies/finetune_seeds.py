@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from ..checks import non_negative_int
-from ..data.glue import MAIN_METRIC, get_glue_task, glue_path
+from ..data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
 from ..runs import load_json_file, write_text_atomic
 from ..training.evaluate import DivergedError
 from ..training.finetune import FinetuneSettings, finetune
@@ -178,14 +178,18 @@ def as_sweep_state(sweep: dict, state: dict) -> dict:
     """The sweep's state with each checkpoint's fine-tuning score replaced by its mean over
     fine-tuning seeds (checkpoints without one have none) and this study's verdict rule, for
     :func:`fixedhead.studies.claims.claims`."""
-    scores = checkpoint_scores(state)
+    scores, plan = checkpoint_scores(state), state["meta"]["settings"]
+    task, cap = plan["task"], plan["finetune"].get("max_dev_examples")
+    dev = min(GLUE_DEV_EXAMPLES[task], cap) if cap else GLUE_DEV_EXAMPLES[task]
     runs = {}
     for name, r in sweep["runs"].items():
         r = {k: v for k, v in r.items() if k != "finetune"}
         if name in scores:
-            r["finetune"] = {"score": mean_std(scores[name])[0]}
+            r["finetune"] = {"score": mean_std(scores[name])[0], "dev_examples": dev}
         runs[name] = r
-    meta = {**sweep["meta"], "finetune_task": state["meta"]["settings"]["task"], "verdict": state["meta"]["verdict"]}
+    meta = {**sweep["meta"], "finetune_task": task, "verdict": state["meta"]["verdict"]}
+    if task != (sweep["meta"].get("finetune_task") or "sst2"):  # the sweep's majority class is another task's
+        meta.pop("majority_class_accuracy", None)
     return {**sweep, "meta": meta, "runs": runs}
 
 
