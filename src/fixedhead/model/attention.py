@@ -40,7 +40,7 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_utils import AttentionInterface
 
-from ..checks import positive_int
+from .checks import positive_int
 from .kernels import FLASH_MAX_HEAD_DIM, additive_mask, causal_bias, causal_mask_when_skipped, sdpa_attention_forward
 from .tensor_checks import host_reads_allowed, require_tensor
 

@@ -3,6 +3,13 @@
 Every message names the setting and the value: ``max_steps must be a positive int, got 0``. The
 settings dataclasses of pretraining, fine-tuning, data preparation and the experiments call these
 in ``__post_init__``, so the library and every command refuse the same values the same way.
+
+They live in the model folder, and the rest of the package imports them as :mod:`fixedhead.checks`,
+because ``FixedHeadConfig`` uses them and a saved model carries the modules of this folder that its
+modeling code imports: transformers' ``save_pretrained`` copies a custom model's module and its
+relative imports *within one folder* next to ``config.json`` (``custom_object_save``), so that
+``from_pretrained(..., trust_remote_code=True)`` runs without fixedhead installed. This module
+imports nothing but the standard library.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedConfig
 
-from ..checks import non_negative_int, positive_int
 from .attention import resolve_head_dim
+from .checks import non_negative_int, positive_int
 from .parametrization import check_parametrization
 
 #: the values of ``problem_type`` (transformers' names); None = inferred from the labels, as BERT

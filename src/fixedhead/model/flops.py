@@ -8,7 +8,7 @@ for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :f
 
 from __future__ import annotations
 
-from ..checks import in_range, positive_float, positive_int
+from .checks import in_range, positive_float, positive_int
 from .configuration import FixedHeadConfig
 
 

@@ -33,8 +33,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..checks import positive_float, positive_int
 from .attention import MultiHeadAttention
+from .checks import positive_float, positive_int
 
 
 def new_head_dims(old: list[int], head_dim) -> list[int]:
