@@ -284,6 +284,22 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
         config.check()  # fields changed after the config was built (overrides, setattr) are refused here
         super().__init__(config, *inputs, **kwargs)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained`` (same arguments); a model whose class is registered for an
+        Auto class (fixedhead registers every class when imported, :func:`register_auto_classes`;
+        transformers registers a class it loaded as remote code) also writes its modeling code.
+
+        transformers' ``custom_object_save`` copies this module and the modules it imports from its
+        folder (``configuration.py``, ``attention.py``, ...: :func:`remote_code_files`) next to
+        ``config.json``; here config.json's ``auto_map`` names every fixedhead class (:func:`auto_map`),
+        so ``AutoConfig`` and every ``AutoModel*`` class of :data:`AUTO_CLASSES` open the folder with
+        ``trust_remote_code=True`` where fixedhead is not installed, as they open it without
+        ``trust_remote_code`` where it is (local code then wins). Raises what transformers raises.
+        """
+        if self.is_remote_code():
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map()}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -939,24 +955,52 @@ def count_parameters(
 # --------------------------------------------------------------------------------------------
 
 
+#: the Auto class that loads each model class; a saved run names them all in config.json's ``auto_map``
+AUTO_CLASSES = {
+    "AutoModel": FixedHeadModel,
+    "AutoModelForMaskedLM": FixedHeadForMaskedLM,
+    "AutoModelForCausalLM": FixedHeadForCausalLM,
+    "AutoModelForSequenceClassification": FixedHeadForSequenceClassification,
+}
+
+
+def auto_map() -> dict[str, str]:
+    """config.json's ``auto_map`` for a saved fixedhead model: Auto class name -> ``"module.Class"``,
+    the class in the module file ``save_pretrained`` writes beside config.json (transformers names a
+    module by the last part of its dotted name: ``"modeling.FixedHeadForCausalLM"``). ``AutoConfig``
+    and the four model classes of :data:`AUTO_CLASSES`: any of them opens any fixedhead run, as with
+    fixedhead imported (a masked-LM run as a classifier to fine-tune, say)."""
+    classes = {"AutoConfig": FixedHeadConfig, **AUTO_CLASSES}
+    return {auto: f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}" for auto, cls in classes.items()}
+
+
+def remote_code_files() -> tuple[str, ...]:
+    """The names of the code files ``save_pretrained`` writes beside config.json (sorted): this
+    module's file and every module it imports relatively, followed as transformers follows them
+    (``transformers.dynamic_module_utils.get_relative_import_files``: same-folder imports only, so
+    the model folder imports nothing from the rest of fixedhead; tests/test_layering.py checks it)."""
+    from pathlib import Path
+
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    return tuple(sorted({Path(__file__).name, *(Path(f).name for f in get_relative_import_files(__file__))}))
+
+
 def register_auto_classes() -> None:
     """Register ``FixedHeadConfig`` and the models with transformers' Auto classes.
 
     Called when :mod:`fixedhead` is imported, so that ``AutoConfig``, ``AutoModel``,
     ``AutoModelForMaskedLM``, ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` and
     ``transformers.pipeline`` load a fixedhead run directory (``model_type: "fixedhead"`` in its
-    config.json) without ``trust_remote_code``. Idempotent (``exist_ok=True``).
+    config.json) without ``trust_remote_code``. Each class is also registered *for* its Auto class
+    (``register_for_auto_class``), so that ``save_pretrained`` writes the modeling code and
+    ``auto_map`` that open the run where fixedhead is not installed (see
+    :meth:`FixedHeadPreTrainedModel.save_pretrained`). Idempotent (``exist_ok=True``).
     """
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-    )
+    import transformers
 
-    AutoConfig.register(FixedHeadConfig.model_type, FixedHeadConfig, exist_ok=True)
-    AutoModel.register(FixedHeadConfig, FixedHeadModel, exist_ok=True)
-    AutoModelForMaskedLM.register(FixedHeadConfig, FixedHeadForMaskedLM, exist_ok=True)
-    AutoModelForCausalLM.register(FixedHeadConfig, FixedHeadForCausalLM, exist_ok=True)
-    AutoModelForSequenceClassification.register(FixedHeadConfig, FixedHeadForSequenceClassification, exist_ok=True)
+    transformers.AutoConfig.register(FixedHeadConfig.model_type, FixedHeadConfig, exist_ok=True)
+    FixedHeadConfig.register_for_auto_class("AutoConfig")
+    for auto_class, model_class in AUTO_CLASSES.items():
+        getattr(transformers, auto_class).register(FixedHeadConfig, model_class, exist_ok=True)
+        model_class.register_for_auto_class(auto_class)
