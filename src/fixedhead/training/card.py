@@ -68,6 +68,7 @@ def model_card(result: dict, recorded: dict) -> str:
         if llama
         else "post-LN BERT-style"
     )
+    remote = "" if llama else ", trust_remote_code=True"  # a Llama run is transformers' own model
     train_curve = result.get("train_curve") or []
     eval_curve = result.get("eval_curve") or []
     lines = [
@@ -91,23 +92,33 @@ def model_card(result: dict, recorded: dict) -> str:
         "",
         "## Usage",
         "",
+        *(
+            []
+            if llama
+            else [
+                "The directory holds its modeling code (`modeling.py` and the modules it imports, written by "
+                "`save_pretrained`) and names it in `config.json`'s `auto_map`, so plain transformers opens it "
+                "with `trust_remote_code=True`, no fixedhead needed. With fixedhead installed, `import fixedhead` "
+                "instead registers the model with the Auto classes and `trust_remote_code` is not needed.",
+                "",
+            ]
+        ),
         "```python",
-        *([] if llama else ["import fixedhead  # registers the model with transformers' Auto classes"]),
         *(
             [
                 "from transformers import AutoModelForCausalLM, pipeline",
                 "",
-                'generate = pipeline("text-generation", model="PATH/TO/THIS/DIRECTORY")',
+                f'generate = pipeline("text-generation", model="PATH/TO/THIS/DIRECTORY"{remote})',
                 'print(generate("the old man walked slowly to the", max_new_tokens=20))',
-                'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+                f'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/DIRECTORY"{remote})',
             ]
             if causal
             else [
                 "from transformers import AutoModelForMaskedLM, pipeline",
                 "",
-                'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY")',
+                f'fill = pipeline("fill-mask", model="PATH/TO/THIS/DIRECTORY"{remote})',
                 'print(fill("the old man walked slowly to the [MASK]."))',
-                'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY")',
+                f'model = AutoModelForMaskedLM.from_pretrained("PATH/TO/THIS/DIRECTORY"{remote})',
             ]
         ),
         "```",

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from ..checks import in_range, non_negative_int, optional_positive_int, positive_float, positive_int
 from ..data.glue import MAIN_METRIC, get_glue_task, glue_metrics, glue_path, read_glue_tsv
+from ..model.modeling import remote_code_files
 from ..runs import (
     claim_output_dir,
     file_digest,
@@ -53,6 +54,7 @@ FINETUNE_OWNED = (
     ".staging-checkpoint-*",
     "model.safetensors",
     "config.json",
+    *remote_code_files(),  # the modeling code save_pretrained writes beside config.json
     "training_args.bin",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..checks import non_negative_int
+from ..model.modeling import remote_code_files
 from ..model.surgery import new_head_dims, widen_heads
 from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
 from .evaluate import load_model
@@ -22,6 +23,7 @@ WIDEN_OWNED = (
     "config.json",
     "generation_config.json",
     "model.safetensors",
+    *remote_code_files(),  # the modeling code save_pretrained writes beside config.json
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
