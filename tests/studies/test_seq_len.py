@@ -15,29 +15,42 @@ from fixedhead.studies.seq_len import (
     QUICK,
     SeqLenOptions,
     compare_preset,
+    gap_row,
     gap_word,
-    paired_gap,
     plan_record,
     run_seq_len,
+    summarise,
     write_plan,
 )
 
 
-def test_paired_gap_is_scipys_paired_t_interval():
+def test_the_gap_is_scipys_paired_t_interval_and_one_seed_has_none():
     large, small = [5.41, 5.47, 5.44, 5.50], [5.44, 5.45, 5.49, 5.52]
-    want = stats.ttest_rel(large, small).confidence_interval(0.95)
-    got = paired_gap(large, small)
+    want = stats.ttest_rel(large, small)
+    got = gap_row(large, small)
     assert got["gap"] == pytest.approx(sum(large) / 4 - sum(small) / 4)
-    assert (got["low"], got["high"]) == (pytest.approx(want.low), pytest.approx(want.high))
-    assert paired_gap([5.0], [5.1])["low"] is None
+    interval = want.confidence_interval(0.95)
+    assert (got["low"], got["high"], got["p"]) == tuple(map(pytest.approx, (interval.low, interval.high, want.pvalue)))
+    one = gap_row([5.0], [5.1])
+    assert one["low"] is None and gap_word(one, 0.02) == "cannot tell (one seed)"
 
 
-@pytest.mark.parametrize(
-    "low, high, word",
-    [(0.01, 0.03, "decided"), (-0.03, -0.001, "decided"), (-0.015, 0.019, "equivalent"), (-0.03, 0.01, "underpowered")],
-)
-def test_gap_words(low, high, word):
-    assert gap_word({"gap": (low + high) / 2, "low": low, "high": high}, 0.02).startswith(word)
+def test_rows_are_holm_corrected_and_sized():
+    o = replace(QUICK, lengths=[32, 64], architectures=["fixedhead"])
+    runs = [
+        {"n": n, "architecture": "fixedhead", "head_dim": dp, "seed": s, "learning_rate": 1e-3, "heldout_loss": loss}
+        | {"curve": {"needed": {"all": dp}, "attention_gain": 0.1}}
+        for n, shift in ((32, 0.0), (64, 0.05))
+        for s, noise in ((0, 0.0), (1, 0.01))
+        for dp, loss in ((4, 5.0 + noise), (8, 5.0 + shift + 2 * noise))
+    ]
+    rows = summarise(runs, o)
+    ps = [stats.ttest_rel([5.0 + shift, 5.02 + shift], [5.0, 5.01]).pvalue for shift in (0.0, 0.05)]
+    low, high = sorted(ps)  # Holm over two: the smaller × 2, the larger at least that
+    want = [min(1, 2 * low) if p == low else max(min(1, 2 * low), high) for p in ps]
+    assert [r["p_holm"] for r in rows] == pytest.approx(want)
+    assert all(r["seeds_for_target"] >= 2 for r in rows)
+    assert [r["needed_dp4"] for r in rows] == [4, 4]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +110,7 @@ def test_a_tiny_study_end_to_end(tmp_path):
         assert c["attention_gain"] == pytest.approx(c["uniform"] - c["full"])
     (row,) = record["summary"]
     by = {r["head_dim"]: r["heldout_loss"] for r in record["runs"]}
-    assert row["gap"] == pytest.approx(by[8] - by[4]) and row["word"] == "underpowered (one seed)"
+    assert row["gap"] == pytest.approx(by[8] - by[4]) and row["word"] == "cannot tell (one seed)"
     report = (tmp_path / "out" / "report.md").read_text()
     assert plan["sha256"] in report and "a pilot: no verdict" in report
     assert (tmp_path / "out" / "seq_len.png").stat().st_size > 0

@@ -169,3 +169,15 @@ def test_difference_word_target_and_errors():
         difference_word(0.0, -0.1, 0.1, 0.5, target=-0.02)
     with pytest.raises(ValueError, match="alpha .* got 5"):
         difference_word(0.0, -0.1, 0.1, 0.5, alpha=5)
+
+
+def test_seeds_for_matches_g_power_matched_pairs():
+    """G*Power 3.1, t tests, means, difference between two dependent means (matched pairs), two tails,
+    α = 0.05, power 0.80: d_z = 1.0 needs 10 pairs, d_z = 0.5 needs 34."""
+    from fixedhead.studies.stats import seeds_for
+
+    assert seeds_for(sd=1.0, target=1.0, alpha=0.05) == 10
+    assert seeds_for(sd=2.0, target=1.0, alpha=0.05) == 34
+    assert seeds_for(sd=0.0, target=0.02) == 2
+    with pytest.raises(ValueError, match="sd"):
+        seeds_for(sd=-1.0)

@@ -34,6 +34,7 @@ from ..data import DataSettings
 from ..training.settings import TrainSettings
 from .learning_rate import with_validation_split
 from .recipes import get_recipe
+from .stats import difference_word, holm, mean_std, paired_difference, seeds_for
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.json"
@@ -136,10 +137,12 @@ def plan_record(o: SeqLenOptions) -> dict:
         "the gap is the large head's held-out loss minus the small head's, per seed",
         "target_nats": o.target,
         "interval": "95% t-interval of the mean paired gap over seeds",
-        "words": {
-            "decided": "the interval excludes 0",
-            "equivalent": f"the interval lies inside ±{o.target:g} nats",
-            "underpowered": "neither: the interval is wider than the target allows",
+        "rule": {
+            "test": "paired t-test over seeds",
+            "alpha": ALPHA,
+            "correction": "Holm over the (n, architecture) gaps",
+            "words": "fixedhead.studies.stats.difference_word: decided (interval excludes 0 and Holm p < alpha), "
+            "equivalent (interval inside ±target) or cannot tell (underpowered)",
         },
         "learning_rates": (
             {"grid": o.learning_rates, "chosen_with_seed": o.seeds[0], "on": "a validation split"}
@@ -300,28 +303,24 @@ def run_seq_len(
 
 
 # -------------------------------------------------------------------------------- summarise
-def paired_gap(large: list[float], small: list[float]) -> dict:
-    """Mean of the per-seed differences large − small (nats) with its 95% t-interval (None with one seed)."""
-    from scipy import stats
-
-    d = [a - b for a, b in zip(large, small, strict=True)]
-    mean = sum(d) / len(d)
-    if len(d) < 2:
-        return {"gap": mean, "low": None, "high": None, "seeds": len(d)}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
-    half = stats.t.ppf(0.975, len(d) - 1) * sd / math.sqrt(len(d))
-    return {"gap": mean, "low": mean - half, "high": mean + half, "seeds": len(d)}
+ALPHA = 0.01  # the level of the study's rule, after Holm's correction over its gaps
 
 
-def gap_word(gap: dict, target: float) -> str:
-    """``decided`` (the interval excludes 0), ``equivalent`` (inside ±target), else ``underpowered``."""
-    if gap["low"] is None:
-        return "underpowered (one seed)"
-    if gap["low"] > 0 or gap["high"] < 0:
-        return "decided"
-    if -target < gap["low"] and gap["high"] < target:
-        return f"equivalent (no gap larger than {target:g} nats)"
-    return "underpowered"
+def gap_row(large: list[float], small: list[float]) -> dict:
+    """The paired gap large − small (nats, one value per seed on each side, same seed order):
+    :func:`~fixedhead.studies.stats.paired_difference`, or the bare difference with one seed."""
+    if len(large) < 2:
+        return {"gap": large[0] - small[0], "low": None, "high": None, "p": None, "sd": None, "seeds": len(large)}
+    d = paired_difference(small, large)
+    sd = mean_std([b - a for a, b in zip(small, large, strict=True)])[1]
+    return {"gap": d["difference"], "low": d["low"], "high": d["high"], "p": d["p"], "sd": sd, "seeds": d["n"]}
+
+
+def gap_word(row: dict, target: float) -> str:
+    """:func:`~fixedhead.studies.stats.difference_word` of a row with its Holm-adjusted p (``p_holm``)."""
+    if row["low"] is None:
+        return "cannot tell (one seed)"
+    return difference_word(row["gap"], row["low"], row["high"], row["p_holm"], ALPHA, target)
 
 
 def summarise(runs: list[dict], o: SeqLenOptions) -> list[dict]:
@@ -338,10 +337,8 @@ def summarise(runs: list[dict], o: SeqLenOptions) -> list[dict]:
             seeds = sorted(set(by[small]) & set(by[large]))
             if not seeds:
                 continue
-            gap = paired_gap(
-                [by[large][s]["heldout_loss"] for s in seeds], [by[small][s]["heldout_loss"] for s in seeds]
-            )
-            row = {"n": n, "architecture": arch, "ratio": n / small, **gap, "word": gap_word(gap, o.target)}
+            losses = {dp: [by[dp][s]["heldout_loss"] for s in seeds] for dp in (small, large)}
+            row = {"n": n, "architecture": arch, "ratio": n / small, **gap_row(losses[large], losses[small])}
             for dp in o.head_dims:
                 arm = list(by[dp].values())
                 row[f"loss_dp{dp}"] = _mean([r["heldout_loss"] for r in arm])
@@ -349,7 +346,19 @@ def summarise(runs: list[dict], o: SeqLenOptions) -> list[dict]:
                 row[f"attention_gain_dp{dp}"] = _mean([r["curve"]["attention_gain"] for r in arm])
                 row[f"rate_dp{dp}"] = arm[0]["learning_rate"]
             rows.append(row)
+    tested = [r for r in rows if r["p"] is not None]
+    for r, p in zip(tested, holm([r["p"] for r in tested]), strict=True):
+        r["p_holm"] = p
+    for r in rows:
+        r.setdefault("p_holm", None)
+        r["word"] = gap_word(r, o.target)
+        # seeds that would see the target at this spread (Holm's worst case: alpha / number of gaps)
+        r["seeds_for_target"] = None if r["sd"] is None else seeds_for(r["sd"], o.target, ALPHA / max(1, len(tested)))
     return rows
+
+
+def _p(p):
+    return "–" if p is None else f"{p:.2g}"
 
 
 def _nan(value):
@@ -391,22 +400,25 @@ def report_markdown(record: dict, o: SeqLenOptions) -> str:
             if record["plan_history"]
             else "."
         ),
-        f"Gap = loss(d_p = {large}) − loss(d_p = {small}), nats, mean over seeds with its 95% interval; "
-        f"target: {o.target:g} nats. Needed rank: the smallest k (all layers cut) within the band of the "
-        "full-rank loss (`fixedhead rank-intervention`). Attention gain: the loss with uniform attention minus "
-        "the full-rank loss.",
+        f"Gap = loss(d_p = {large}) − loss(d_p = {small}), nats, mean of the per-seed differences with its "
+        f"95% interval; paired t-test, Holm over the rows, α = {ALPHA:g}; target: {o.target:g} nats (*seeds to "
+        f"see ±{o.target:g}*: the seeds a paired test at α / rows needs for 80% power at this spread). Needed "
+        "rank: the smallest k (all layers cut) within the band of the full-rank loss (`fixedhead "
+        "rank-intervention`). Attention gain: the loss with uniform attention minus the full-rank loss.",
         "",
         f"Command: `{record['command']}`",
         "",
-        f"| n | n / {small} | architecture | loss d_p={small} | loss d_p={large} | gap [95% interval] | word | "
-        f"needed rank d_p={small} / {large} | attention gain d_p={small} / {large} | rates |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| n | n / {small} | architecture | loss d_p={small} | loss d_p={large} | gap [95% interval] | Holm p "
+        f"| word | seeds to see ±{o.target:g} | needed rank d_p={small} / {large} | attention gain d_p={small} / "
+        f"{large} | rates |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["summary"]:
         interval = "" if r["low"] is None else f" [{r['low']:+.4f}, {r['high']:+.4f}]"
         lines.append(
             f"| {r['n']} | {r['ratio']:g} | {r['architecture']} | {r[f'loss_dp{small}']:.4f} | "
-            f"{r[f'loss_dp{large}']:.4f} | {r['gap']:+.4f}{interval} | {r['word']} | "
+            f"{r[f'loss_dp{large}']:.4f} | {r['gap']:+.4f}{interval} | {_p(r['p_holm'])} | {r['word']} | "
+            f"{r['seeds_for_target'] or '–'} | "
             f"{r[f'needed_dp{small}']:.1f} / {r[f'needed_dp{large}']:.1f} | "
             f"{r[f'attention_gain_dp{small}']:.3f} / {r[f'attention_gain_dp{large}']:.3f} | "
             f"{r[f'rate_dp{small}']:g} / {r[f'rate_dp{large}']:g} |"

@@ -275,3 +275,37 @@ def difference_word(
     if -target < low and high < target:
         return f"equivalent: no difference larger than {target:g} nats"
     return UNDERPOWERED
+
+
+def seeds_for(sd: float, target: float = TARGET_NATS, alpha: float = 0.01, power: float = 0.8) -> int:
+    """Seeds a paired comparison needs to detect a difference of ``target`` with probability ``power``
+    by a two-sided paired t-test at level ``alpha``, when the per-seed differences have standard
+    deviation ``sd`` (e.g. a pilot's): the smallest n ≥ 2 whose noncentral-t power reaches ``power``
+    (the computation of G*Power's "matched pairs" test, effect size d_z = target / sd).
+
+    Args:
+        sd: standard deviation of the paired differences (nats, ≥ 0); target: the difference (nats, > 0).
+        alpha: the test's level (pass alpha / m for Holm's worst case over m tests); power: in (0, 1).
+
+    Returns:
+        n; 2 when ``sd`` is 0.
+
+    Raises:
+        ValueError: a value out of range, or more than 100,000 seeds needed.
+    """
+    from scipy import stats as st
+
+    if not (math.isfinite(sd) and sd >= 0):
+        raise ValueError(f"sd must be a finite number >= 0, got {sd}")
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target must be a positive number, got {target}")
+    if not (0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha} and {power}")
+    if sd == 0:
+        return 2
+    for n in range(2, 100_001):
+        df, shift = n - 1, target / sd * math.sqrt(n)
+        crit = st.t.ppf(1 - alpha / 2, df)
+        if st.nct.sf(crit, df, shift) + st.nct.cdf(-crit, df, shift) >= power:
+            return n
+    raise ValueError(f"more than 100000 seeds needed for target {target} at sd {sd}")
