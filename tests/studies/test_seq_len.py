@@ -114,3 +114,15 @@ def test_a_tiny_study_end_to_end(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert plan["sha256"] in report and "a pilot: no verdict" in report
     assert (tmp_path / "out" / "seq_len.png").stat().st_size > 0
+
+
+def test_the_command_line_reads_the_plan_from_the_dataclass():
+    from fixedhead.cli import build_parser
+    from fixedhead.options import given
+
+    args = build_parser().parse_args(["seq-len", "--lengths", "64", "128", "--learning-rates", "--no-per-layer"])
+    options = replace(SeqLenOptions(), **given(args, SeqLenOptions))
+    assert options == replace(SeqLenOptions(), lengths=[64, 128], learning_rates=[], per_layer=False)
+    assert given(build_parser().parse_args(["seq-len"]), SeqLenOptions) == {}  # the dataclass's defaults apply
+    text = build_parser()._subparsers._group_actions[0].choices["seq-len"].format_help()
+    assert "(default: 32 64 128 256)" in text and "(default: 0.02)" in text
