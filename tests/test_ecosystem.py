@@ -44,10 +44,20 @@ print(type(AutoModel.from_pretrained({str(run)!r})).__name__)
 print(type(AutoModelForMaskedLM.from_pretrained({str(run)!r})).__name__)
 print(type(AutoModelForSequenceClassification.from_pretrained({str(run)!r}, num_labels=3)).__name__)
 """
-    out = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    # stdin closed: transformers' question "trust this run's code?" (the run carries its code and
+    # auto_map) is answered by nobody, so it refuses at once, as it must without trust_remote_code
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [
-        "unknown-before-import",
+    lines = out.stdout.splitlines()  # the refusal's question ends without a newline, before our line
+    assert lines[-5].endswith("unknown-before-import"), out.stdout
+    assert lines[-4:] == [
         "FixedHeadConfig",
         "FixedHeadModel",
         "FixedHeadForMaskedLM",
