@@ -1,58 +1,55 @@
 #!/usr/bin/env python
 """LM1B-style pair on one GPU: standard heads (h = 32, d_p = 8) against the paper's fixed head size
-(h = 32, d_p = 32) at d = 256, n = 128, two seeds each, causal LM (the paper's Fig. 3a setting,
-``lm1b-standard-d256-h32`` and ``lm1b-fixed-d256-h32-dp32``: 6 layers, FFN 1024).
+(h = 32, d_p = 32) at d = 256, n = 128, causal LM (the paper's Fig. 3a setting,
+``lm1b-standard-d256-h32`` and ``lm1b-fixed-d256-h32-dp32``: 6 layers, FFN 1024), paired by seed,
+each model at its own learning rate, with the rank intervention on every model it reports.
 
-Prepared to fit about 8 minutes of an H100/H200-class GPU (data preparation included); it runs on
-a CPU too (slowly: use ``--max-steps 3`` to check it works). Every model trains on the same
-tokenizer, packed sequences and step budget and is scored on the same held-out next tokens; the
-table gives held-out perplexity, nats below the unigram reference, and mean ± std over seeds.
+The study, in the order it runs (runs side by side as worker processes, ``--workers`` at a time):
+
+1. **Rates.** Each model trains with the first seed at every rate of ``--learning-rates`` on the
+   training split minus a validation split (5% of the training documents), and takes the rate with the
+   lowest validation loss (:mod:`fixedhead.studies.learning_rate`); a best rate at an edge of the grid
+   adds one factor-2 step past it (once; the summary says when the optimum stays unbracketed).
+2. **Seeds.** Every further seed trains at its model's rate. A seed gives both models the same
+   batches in the same order, so the head-size gap (fixed − standard held-out loss) is paired by seed:
+   mean, 95% t-interval, paired t-test, and the word :func:`fixedhead.studies.stats.difference_word`
+   gives it against ``--target`` nats.
+3. **Rank intervention** (:func:`fixedhead.intervention.run_rank_curve`, all layers together) on each
+   reported model: held-out loss when every head's logits are cut to rank k, k = 0 (uniform attention)
+   to d_p, and the attention gain (uniform − full).
+
+Every model trains on the same tokenizer, packed sequences and step budget and is scored on the same
+held-out next tokens (the four held-out books); nothing is committed but the summary.
+Prepared to fit about 8 minutes of an H100/H200-class GPU (data preparation included); on a CPU use
+``--max-steps 3 --max-eval-tokens 5000 --seeds 0 1 --learning-rates 1e-3 2e-3`` to check it works.
 
 Usage:
     python benchmarks/gpu_lm1b_pair.py --corpus ../shared/data/pretrain/gutenberg_en_books.jsonl.gz \
-        --output-dir runs/gpu-lm1b-pair [--max-steps 2000] [--batch-size 64] [--seeds 0 1]
+        --output-dir runs/gpu-lm1b-pair [--max-steps 2000] [--batch-size 64] [--seeds 0 1 2 3 4 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import math
-import statistics
+import multiprocessing
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
-
-import torch
-
-from fixedhead.data import DEFAULT_CORPUS, DataSettings, prepare_data
-from fixedhead.data.lm import unigram_perplexity
-from fixedhead.model.flops import training_flops
-from fixedhead.model.paper_presets import get_preset
-from fixedhead.training.pretrain import TrainSettings, train_or_reuse
 
 MODELS = {"standard (d_p=8)": "lm1b-standard-d256-h32", "fixed (d_p=32)": "lm1b-fixed-d256-h32-dp32"}
 SEQ = 128
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    p.add_argument("--output-dir", default="runs/gpu-lm1b-pair")
-    p.add_argument("--max-steps", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--vocab-size", type=int, default=32000, help="the paper's LM1B sub-word vocabulary (32k)")
-    p.add_argument("--max-eval-tokens", type=int, default=500_000)
-    args = p.parse_args(argv)
-    cuda = torch.cuda.is_available()
-    t_start = time.time()
-    print(
-        f"device: {torch.cuda.get_device_name(0) if cuda else 'CPU (no CUDA)'}; torch {torch.__version__}", flush=True
-    )
-    data = prepare_data(
+def _settings(args, cuda: bool):
+    from fixedhead.data import DataSettings
+    from fixedhead.studies.learning_rate import with_validation_split
+    from fixedhead.training.pretrain import TrainSettings
+
+    data = with_validation_split(
         DataSettings(
             corpus=args.corpus,
             vocab_size=args.vocab_size,
@@ -61,56 +58,249 @@ def main(argv=None) -> int:
             max_eval_tokens=args.max_eval_tokens,
         )
     )
-    unigram = unigram_perplexity(data, 1234, "clm")
-    settings = TrainSettings(
+    train = TrainSettings(
         objective="clm",
         batch_size=args.batch_size,
         max_steps=args.max_steps,
-        learning_rate=args.learning_rate,
+        learning_rate=1e-3,
         warmup_ratio=0.06,
         eval_steps=max(1, args.max_steps // 4),
         save_steps=args.max_steps,
         logging_steps=max(1, args.max_steps // 20),
         report_to=[],
-        bf16=cuda and torch.cuda.is_bf16_supported(),
+        bf16=cuda,
         progress=False,
     )
-    rows = []
-    for seed in args.seeds:  # seed-major: a run cut short has printed whole pairs, and a rerun reuses them
-        for label, preset in MODELS.items():
-            config = get_preset(preset).build_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-            config.vocab_size = len(data.tokenizer)
-            run = Path(args.output_dir) / f"{preset}-s{seed}"
-            t0 = time.time()
-            r = train_or_reuse(config, data, run, replace(settings, seed=seed))  # a rerun reuses
-            rows.append((label, preset, seed, r, config))
-            print(
-                f"{label:>17} seed {seed}: held-out ppl {r['heldout_perplexity']:.1f}, "
-                f"{math.log(unigram) - r['heldout_loss']:.2f} nats below unigram, {time.time() - t0:.0f} s",
-                flush=True,
+    return data, train
+
+
+_DATA = {}
+
+
+def _init_worker(data) -> None:
+    """Each worker process receives the prepared data once (tokenising it again costs ~30 s a process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    _DATA["data"] = data
+
+
+def job(preset: str, seed: int, lr: float, run_dir: str, train_settings, intervene: dict | None) -> dict:
+    """One worker's run: train (or reuse a finished run) and, with ``intervene``, the rank intervention."""
+    import torch
+
+    from fixedhead.intervention import run_rank_curve
+    from fixedhead.model.paper_presets import get_preset
+    from fixedhead.training.pretrain import train_or_reuse
+
+    t0 = time.time()
+    data = _DATA["data"]
+    config = get_preset(preset).build_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config.vocab_size = len(data.tokenizer)
+    r = train_or_reuse(config, data, run_dir, replace(train_settings, seed=seed, learning_rate=lr))
+    out = {
+        "preset": preset,
+        "seed": seed,
+        "learning_rate": lr,
+        "heldout_loss": r["heldout_loss"],
+        "validation_loss": r.get("validation_loss"),
+        "parameters": r["parameters"],
+        "training_tokens": r["training_tokens"],
+        "train_seconds": time.time() - t0,
+    }
+    if intervene is not None:
+        t1 = time.time()
+        try:
+            curve = run_rank_curve(
+                run_dir,
+                progress=False,
+                per_layer=False,
+                device="cuda" if torch.cuda.is_available() else "cpu",
+                **intervene,
             )
+            out["intervention"] = {
+                k: curve[k] for k in ("full", "uniform", "attention_gain", "head_dims", "ranks", "scored_tokens")
+            }
+            out["intervention"]["all_layers"] = {str(k): v for k, v in curve["curves"]["all"].items()}
+        except Exception as e:  # the trained model's result is kept; the failure is reported
+            out["intervention_error"] = f"{type(e).__name__}: {e}"
+        out["intervention_seconds"] = time.time() - t1
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from fixedhead.data import DEFAULT_CORPUS
+
+    p.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    p.add_argument("--output-dir", default="runs/gpu-lm1b-pair")
+    p.add_argument("--max-steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--learning-rates", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3, 4e-3])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    p.add_argument("--vocab-size", type=int, default=32000, help="the paper's LM1B sub-word vocabulary (32k)")
+    p.add_argument("--max-eval-tokens", type=int, default=500_000)
+    p.add_argument(
+        "--intervention-tokens", type=int, default=32_768, help="held-out tokens the rank intervention scores"
+    )
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--target", type=float, default=0.02, help="nats: the smallest gap of interest")
+    p.add_argument("--workers", type=int, default=16, help="runs side by side")
+    p.add_argument(
+        "--extend-before", type=float, default=300.0, help="seconds: extend an unbracketed grid only before this"
+    )
+    args = p.parse_args(argv)
+
+    import torch
+
+    from fixedhead.data import prepare_data
+    from fixedhead.data.lm import unigram_perplexity
+    from fixedhead.model.flops import training_flops
+    from fixedhead.model.paper_presets import get_preset
+    from fixedhead.runs import environment_info
+    from fixedhead.studies.learning_rate import best_rate, losses_record, next_rate
+    from fixedhead.studies.stats import difference_word, mean_std, paired_difference
+
+    cuda = torch.cuda.is_available()
+    t_start = time.time()
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"device: {torch.cuda.get_device_name(0) if cuda else 'CPU (no CUDA)'}; torch {torch.__version__}", flush=True
+    )
+    data_settings, train_settings = _settings(args, cuda)
+    data = prepare_data(data_settings)  # fills the tokenizer cache before the workers start
+    unigram = unigram_perplexity(data, 1234, "clm")
+    print(f"data ready in {time.time() - t_start:.0f} s; unigram reference ppl {unigram:.1f}", flush=True)
+    log = out_dir / "runs.jsonl"
+    results: dict[tuple, dict] = {}
+    first = args.seeds[0]
+    intervene = {"max_eval_tokens": args.intervention_tokens, "ranks": args.ranks}
+
+    def run_all(specs):
+        """specs: (preset, seed, lr, intervene?) run side by side; each result logged as it ends."""
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(
+            max_workers=min(args.workers, len(specs)), mp_context=ctx, initializer=_init_worker, initargs=(data,)
+        ) as pool:
+            futures = {
+                pool.submit(
+                    job,
+                    preset,
+                    seed,
+                    lr,
+                    str(out_dir / f"{preset}-lr{lr:g}-s{seed}"),
+                    train_settings,
+                    intervene if with_curve else None,
+                ): (preset, seed, lr)
+                for preset, seed, lr, with_curve in specs
+            }
+            for f in cf.as_completed(futures):
+                r = f.result()
+                results[futures[f]] = r
+                with log.open("a") as fh:
+                    fh.write(json.dumps(r) + "\n")
+                extra = ""
+                if "intervention" in r:
+                    extra = f", attention gain {r['intervention']['attention_gain']:.3f} nats"
+                print(
+                    f"{r['preset']:>26} seed {r['seed']} lr {r['learning_rate']:g}: validation "
+                    f"{r['validation_loss']:.4f}, held-out {r['heldout_loss']:.4f}{extra} "
+                    f"({time.time() - t_start:.0f} s since start)",
+                    flush=True,
+                )
+
+    # 1. each model's rate, chosen with the first seed on the validation split
+    run_all([(preset, first, lr, False) for preset in MODELS.values() for lr in args.learning_rates])
+    grids = {
+        preset: {lr: results[(preset, first, lr)]["validation_loss"] for lr in args.learning_rates}
+        for preset in MODELS.values()
+    }
+    extra = {preset: next_rate(g) for preset, g in grids.items()}
+    bracketed = {preset: lr is None for preset, lr in extra.items()}
+    if any(lr is not None for lr in extra.values()) and time.time() - t_start < args.extend_before:
+        run_all([(preset, first, lr, False) for preset, lr in extra.items() if lr is not None])
+        for preset, lr in extra.items():
+            if lr is not None:
+                grids[preset][lr] = results[(preset, first, lr)]["validation_loss"]
+                bracketed[preset] = next_rate(grids[preset]) is None
+    chosen = {preset: best_rate(g) for preset, g in grids.items()}
+    print("chosen rates: " + ", ".join(f"{p} {lr:g}" for p, lr in chosen.items()), flush=True)
+
+    # 2 and 3. every seed at its model's rate (the first seed's run is reused), each with the intervention
+    run_all([(preset, seed, chosen[preset], True) for seed in args.seeds for preset in MODELS.values()])
+
+    standard, fixed = MODELS.values()
+    loss = {
+        preset: [results[(preset, s, chosen[preset])]["heldout_loss"] for s in args.seeds] for preset in MODELS.values()
+    }
+    summary = {
+        "unigram_perplexity": unigram,
+        "args": vars(args),
+        "environment": environment_info(),
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "bf16": train_settings.bf16,
+        "data": data_settings.record() if hasattr(data_settings, "record") else asdict(data_settings),
+        "learning_rate_selection": {
+            preset: {
+                "seed": first,
+                "validation_loss": losses_record(grids[preset]),
+                "chosen": chosen[preset],
+                "bracketed": bracketed[preset],
+            }
+            for preset in MODELS.values()
+        },
+        "runs": [r for r in results.values()],
+    }
     print(
         f"\nunigram reference ppl {unigram:.1f} on the same held-out next tokens; {args.max_steps} steps x "
         f"{args.batch_size} x {SEQ} tokens = {args.max_steps * args.batch_size * SEQ / 1e6:.1f}M tokens per model; "
-        f"bf16={settings.bf16}"
+        f"bf16={train_settings.bf16}; seeds {args.seeds}"
     )
-    print(f"{'model':>17}  {'params':>7}  {'train GFLOPs':>12}  {'held-out ppl (mean ± std)':>26}  below unigram")
-    summary = {}
+    print(
+        f"{'model':>17}  {'rate':>6}  {'params':>7}  {'GFLOPs':>8}  {'held-out loss (mean ± sd)':>26}"
+        f"  {'ppl':>6}  {'gain':>5}"
+    )
     for label, preset in MODELS.items():
-        mine = [r for lab, _, _, r, _ in rows if lab == label]
-        config = next(c for lab, _, _, _, c in rows if lab == label)
-        ppl = [r["heldout_perplexity"] for r in mine]
-        below = [math.log(unigram) - r["heldout_loss"] for r in mine]
-        flops = training_flops(config, mine[0]["training_tokens"], SEQ) / 1e9
-        spread = statistics.stdev(ppl) if len(ppl) > 1 else float("nan")
+        runs = [results[(preset, s, chosen[preset])] for s in args.seeds]
+        mean, sd = mean_std(loss[preset])
+        gains = [r["intervention"]["attention_gain"] for r in runs if "intervention" in r]
+        gain = sum(gains) / len(gains) if gains else math.nan
+        config = get_preset(preset).build_config()
+        config.vocab_size = len(data.tokenizer)
+        flops = training_flops(config, runs[0]["training_tokens"], SEQ) / 1e9
         print(
-            f"{label:>17}  {mine[0]['parameters'] / 1e6:6.2f}M  {flops:12.0f}  "
-            f"{statistics.mean(ppl):17.2f} ± {spread:6.2f}  {statistics.mean(below):.2f}"
+            f"{label:>17}  {chosen[preset]:6g}  {runs[0]['parameters'] / 1e6:6.2f}M  {flops:8.0f}  "
+            f"{mean:17.4f} ± {sd:6.4f}  {math.exp(mean):6.1f}  {gain:5.3f}"
         )
-        summary[label] = {"preset": preset, "perplexities": ppl, "nats_below_unigram": below}
-    Path(args.output_dir, "summary.json").write_text(
-        json.dumps({"unigram_perplexity": unigram, "args": vars(args), "models": summary}, indent=1)
-    )
+    print("\nrank intervention (all layers cut to rank k; held-out loss, mean over seeds):")
+    ks = ["0"] + [str(k) for k in args.ranks]
+    print(f"{'model':>17}  " + "  ".join(f"k={k:>3}" for k in ks) + "     full")
+    for label, preset in MODELS.items():
+        runs = [results[(preset, s, chosen[preset])].get("intervention") for s in args.seeds]
+        if None in runs:
+            print(f"{label:>17}  missing: " + "; ".join({r.get("intervention_error", "") for r in results.values()}))
+            continue
+        cells = []
+        for k in ks:
+            vals = [c["uniform"] if k == "0" else c["all_layers"].get(k, c["full"]) for c in runs]
+            cells.append(f"{sum(vals) / len(vals):7.4f}")
+        full = sum(c["full"] for c in runs) / len(runs)
+        print(f"{label:>17}  " + "  ".join(cells) + f"  {full:7.4f}")
+    if len(args.seeds) >= 2:
+        d = paired_difference(loss[standard], loss[fixed])
+        word = difference_word(d["difference"], d["low"], d["high"], d["p"], target=args.target)
+        summary["gap"] = d | {
+            "word": word,
+            "target": args.target,
+            "per_seed": [b - a for a, b in zip(loss[standard], loss[fixed], strict=True)],
+        }
+        print(
+            f"\nhead-size gap (fixed − standard held-out loss, paired by seed, n = {d['n']}): "
+            f"{d['difference']:+.4f} nats, "
+            f"95% CI [{d['low']:+.4f}, {d['high']:+.4f}], p = {d['p']:.3g}: {word}"
+        )
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"total {time.time() - t_start:.0f} s")
     return 0
 

@@ -17,6 +17,7 @@ from fixedhead.intervention import (
     needed_rank,
     rank_curve,
     truncate_logits,
+    truncate_product,
     truncated_logits,
 )
 from fixedhead.model.attention import MultiHeadAttention
@@ -30,6 +31,21 @@ def test_truncate_logits_is_numpys_best_rank_k_of_the_row_centred_logits():
         u, sv, vt = np.linalg.svd(centred)
         want = (u[..., :k] * sv[..., None, :k]) @ vt[..., :k, :]
         np.testing.assert_allclose(truncate_logits(torch.from_numpy(s), k).numpy(), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_q, n_k, d_p", [(9, 9, 3), (7, 11, 4), (6, 6, 10)])
+def test_truncate_product_is_numpys_best_rank_k_of_the_centred_product(n_q, n_k, d_p):
+    """The factored route (QR of queries and centred keys, SVD of the small core) against NumPy's SVD
+    of the whole [n_q, n_k] product, head sizes below and above n."""
+    rng = np.random.default_rng(1)
+    q, key = rng.normal(size=(2, 3, n_q, d_p)), rng.normal(size=(2, 3, n_k, d_p))
+    centred = q @ key.swapaxes(-1, -2)
+    centred = centred - centred.mean(-1, keepdims=True)
+    u, sv, vt = np.linalg.svd(centred, full_matrices=False)
+    for k in (0, 1, 2, d_p, 20):
+        want = (u[..., :k] * sv[..., None, :k]) @ vt[..., :k, :]
+        got = truncate_product(torch.from_numpy(q), torch.from_numpy(key), k).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-10)
 
 
 def test_truncation_keeps_the_softmax_when_k_reaches_the_rank():
