@@ -35,9 +35,10 @@ import concurrent.futures as cf
 import json
 import math
 import multiprocessing
+import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 MODELS = {"standard (d_p=8)": "lm1b-standard-d256-h32", "fixed (d_p=32)": "lm1b-fixed-d256-h32-dp32"}
@@ -149,17 +150,19 @@ def main(argv=None) -> int:
     p.add_argument(
         "--extend-before", type=float, default=300.0, help="seconds: extend an unbracketed grid only before this"
     )
+    p.add_argument("--from-log", help="print the summary of a finished (or cut short) study from its runs.jsonl")
     args = p.parse_args(argv)
+    if args.from_log:
+        rows = [json.loads(line) for line in Path(args.from_log).read_text().splitlines() if line.strip()]
+        print(summarise(rows, args.seeds, args.target)["text"])
+        return 0
 
     import torch
 
     from fixedhead.data import prepare_data
     from fixedhead.data.lm import unigram_perplexity
-    from fixedhead.model.flops import training_flops
-    from fixedhead.model.paper_presets import get_preset
     from fixedhead.runs import environment_info
-    from fixedhead.studies.learning_rate import best_rate, losses_record, next_rate
-    from fixedhead.studies.stats import difference_word, mean_std, paired_difference
+    from fixedhead.studies.learning_rate import best_rate, next_rate
 
     cuda = torch.cuda.is_available()
     t_start = time.time()
@@ -230,79 +233,105 @@ def main(argv=None) -> int:
     # 2 and 3. every seed at its model's rate (the first seed's run is reused), each with the intervention
     run_all([(preset, seed, chosen[preset], True) for seed in args.seeds for preset in MODELS.values()])
 
-    standard, fixed = MODELS.values()
-    loss = {
-        preset: [results[(preset, s, chosen[preset])]["heldout_loss"] for s in args.seeds] for preset in MODELS.values()
-    }
-    summary = {
+    summary = summarise(list(results.values()), args.seeds, args.target)
+    summary |= {
         "unigram_perplexity": unigram,
         "args": vars(args),
         "environment": environment_info(),
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "bf16": train_settings.bf16,
-        "data": data_settings.record() if hasattr(data_settings, "record") else asdict(data_settings),
-        "learning_rate_selection": {
-            preset: {
-                "seed": first,
-                "validation_loss": losses_record(grids[preset]),
-                "chosen": chosen[preset],
-                "bracketed": bracketed[preset],
-            }
-            for preset in MODELS.values()
-        },
-        "runs": [r for r in results.values()],
+        "data": data_settings.record(),
     }
     print(
         f"\nunigram reference ppl {unigram:.1f} on the same held-out next tokens; {args.max_steps} steps x "
         f"{args.batch_size} x {SEQ} tokens = {args.max_steps * args.batch_size * SEQ / 1e6:.1f}M tokens per model; "
-        f"bf16={train_settings.bf16}; seeds {args.seeds}"
+        f"bf16={train_settings.bf16}"
     )
-    print(
-        f"{'model':>17}  {'rate':>6}  {'params':>7}  {'GFLOPs':>8}  {'held-out loss (mean ± sd)':>26}"
-        f"  {'ppl':>6}  {'gain':>5}"
-    )
-    for label, preset in MODELS.items():
-        runs = [results[(preset, s, chosen[preset])] for s in args.seeds]
-        mean, sd = mean_std(loss[preset])
-        gains = [r["intervention"]["attention_gain"] for r in runs if "intervention" in r]
-        gain = sum(gains) / len(gains) if gains else math.nan
-        config = get_preset(preset).build_config()
-        config.vocab_size = len(data.tokenizer)
-        flops = training_flops(config, runs[0]["training_tokens"], SEQ) / 1e9
-        print(
-            f"{label:>17}  {chosen[preset]:6g}  {runs[0]['parameters'] / 1e6:6.2f}M  {flops:8.0f}  "
-            f"{mean:17.4f} ± {sd:6.4f}  {math.exp(mean):6.1f}  {gain:5.3f}"
-        )
-    print("\nrank intervention (all layers cut to rank k; held-out loss, mean over seeds):")
-    ks = ["0"] + [str(k) for k in args.ranks]
-    print(f"{'model':>17}  " + "  ".join(f"k={k:>3}" for k in ks) + "     full")
-    for label, preset in MODELS.items():
-        runs = [results[(preset, s, chosen[preset])].get("intervention") for s in args.seeds]
-        if None in runs:
-            print(f"{label:>17}  missing: " + "; ".join({r.get("intervention_error", "") for r in results.values()}))
-            continue
-        cells = []
-        for k in ks:
-            vals = [c["uniform"] if k == "0" else c["all_layers"].get(k, c["full"]) for c in runs]
-            cells.append(f"{sum(vals) / len(vals):7.4f}")
-        full = sum(c["full"] for c in runs) / len(runs)
-        print(f"{label:>17}  " + "  ".join(cells) + f"  {full:7.4f}")
-    if len(args.seeds) >= 2:
-        d = paired_difference(loss[standard], loss[fixed])
-        word = difference_word(d["difference"], d["low"], d["high"], d["p"], target=args.target)
-        summary["gap"] = d | {
-            "word": word,
-            "target": args.target,
-            "per_seed": [b - a for a, b in zip(loss[standard], loss[fixed], strict=True)],
-        }
-        print(
-            f"\nhead-size gap (fixed − standard held-out loss, paired by seed, n = {d['n']}): "
-            f"{d['difference']:+.4f} nats, "
-            f"95% CI [{d['low']:+.4f}, {d['high']:+.4f}], p = {d['p']:.3g}: {word}"
-        )
+    print(summary["text"])
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"total {time.time() - t_start:.0f} s")
     return 0
+
+
+def summarise(rows: list[dict], seeds: list[int] | None = None, target: float = 0.02) -> dict:
+    """The study's summary from its per-run records (``runs.jsonl``; a run logged twice counts once,
+    the record with the intervention first): each model's rate (lowest validation loss of the first
+    seed's grid), held-out loss per seed at that rate, the rank intervention averaged over seeds, and
+    the paired head-size gap over the seeds both models finished. ``text`` holds the printed tables."""
+    from fixedhead.studies.learning_rate import best_rate, losses_record, next_rate
+    from fixedhead.studies.stats import difference_word, mean_std, paired_difference
+
+    runs: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["preset"], r["seed"], r["learning_rate"])
+        if key not in runs or ("intervention" in r and "intervention" not in runs[key]):
+            runs[key] = r
+    seeds = seeds or sorted({seed for _, seed, _ in runs})
+    first = seeds[0]
+    out: dict = {"learning_rate_selection": {}, "models": {}, "seeds": seeds}
+    lines = [
+        f"{'model':>17}  {'rate':>6}  {'params':>7}  seeds  {'held-out loss (mean ± sd)':>26}  {'ppl':>6}"
+        "  attention gain"
+    ]
+    finished = {}
+    for label, preset in MODELS.items():
+        grid = {lr: r["validation_loss"] for (p, seed, lr), r in runs.items() if p == preset and seed == first}
+        chosen = best_rate(grid)
+        out["learning_rate_selection"][preset] = {
+            "seed": first,
+            "validation_loss": losses_record(grid),
+            "chosen": chosen,
+            "bracketed": next_rate(grid) is None,
+        }
+        mine = {seed: runs[(preset, seed, chosen)] for seed in seeds if (preset, seed, chosen) in runs}
+        finished[preset] = mine
+        losses = [r["heldout_loss"] for r in mine.values()]
+        mean, sd = mean_std(losses)
+        gains = [r["intervention"]["attention_gain"] for r in mine.values() if "intervention" in r]
+        gain = f"{statistics.mean(gains):.3f} nats ({len(gains)} seeds)" if gains else "-"
+        lines.append(
+            f"{label:>17}  {chosen:6g}  {next(iter(mine.values()))['parameters'] / 1e6:6.2f}M  {len(mine):5d}  "
+            f"{mean:17.4f} ± {sd:6.4f}  {math.exp(mean):6.1f}  {gain}"
+        )
+        out["models"][preset] = {
+            "label": label,
+            "learning_rate": chosen,
+            "heldout_loss": {str(seed): r["heldout_loss"] for seed, r in mine.items()},
+            "intervention": {str(seed): r["intervention"] for seed, r in mine.items() if "intervention" in r},
+        }
+    lines.append("\nrank intervention: every layer's logits cut to rank k (k = 0: uniform attention), held-out loss")
+    lines.append("minus the full-rank loss (nats), mean over seeds:")
+    ks = sorted({int(k) for m in out["models"].values() for c in m["intervention"].values() for k in c["all_layers"]})
+    lines.append(f"{'model':>17}  " + "  ".join(f"{'k=' + str(k):>7}" for k in [0, *ks]) + "  full loss")
+    for m in out["models"].values():
+        curves = list(m["intervention"].values())
+        if not curves:
+            continue
+        cells = [statistics.mean(c["uniform"] - c["full"] for c in curves)]
+        cells += [statistics.mean(c["all_layers"].get(str(k), c["full"]) - c["full"] for c in curves) for k in ks]
+        full = statistics.mean(c["full"] for c in curves)
+        lines.append(f"{m['label']:>17}  " + "  ".join(f"{v:+7.4f}" for v in cells) + f"  {full:9.4f}")
+    standard, fixed = MODELS.values()
+    both = [seed for seed in seeds if seed in finished[standard] and seed in finished[fixed]]
+    if len(both) >= 2:
+        a = [finished[standard][seed]["heldout_loss"] for seed in both]
+        b = [finished[fixed][seed]["heldout_loss"] for seed in both]
+        d = paired_difference(a, b)
+        word = difference_word(d["difference"], d["low"], d["high"], d["p"], target=target)
+        out["gap"] = d | {
+            "word": word,
+            "target": target,
+            "seeds": both,
+            "per_seed": [y - x for x, y in zip(a, b, strict=True)],
+        }
+        lines.append(
+            f"\nhead-size gap (fixed − standard held-out loss, paired by seed, seeds {both}): "
+            f"{d['difference']:+.4f} nats, 95% CI [{d['low']:+.4f}, {d['high']:+.4f}], p = {d['p']:.3g}: {word}"
+        )
+    missing = [f"{p} seed {seed}" for p in MODELS.values() for seed in seeds if seed not in finished[p]]
+    if missing:
+        lines.append("not finished: " + ", ".join(missing))
+    out["text"] = "\n".join(lines)
+    return out
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ gpu_header "$out/gpu.txt"
 start=$(date +%s)
 names=()
 pids=()
-timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --output-dir "$runs/lm1b-pair" ${pair_steps[@]+"${pair_steps[@]}"} \
+timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --workers 4 --output-dir "$runs/lm1b-pair" ${pair_steps[@]+"${pair_steps[@]}"} \
   > "$out/pair.log" 2>&1 &
 names+=(pair) pids+=($!)
 for i in $(seq 1 "${MLM_WORKERS:-8}"); do

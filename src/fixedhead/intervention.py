@@ -154,7 +154,7 @@ def attention_modules(model, inputs: torch.Tensor) -> list[torch.nn.Module]:
     AttentionInterface.register(RANK_IMPLEMENTATION, record)
     try:
         with _switched(model), torch.no_grad():
-            model(inputs[:1])
+            model(inputs[:1].to(next(model.parameters()).device))
     finally:
         AttentionInterface.register(RANK_IMPLEMENTATION, _truncated_attention)
     if not seen:

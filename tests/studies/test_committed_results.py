@@ -81,3 +81,16 @@ def test_finetune_sweep_report_regenerates(task):
     sweep = json.loads((folder / "sweep.json").read_text())
     state = json.loads((folder / f"finetune-{task}" / "finetune.json").read_text())
     assert report_markdown(sweep, state) == (folder / f"finetune-{task}" / "report.md").read_text()
+
+
+def test_gpu_lm1b_pair_summary_regenerates():
+    """The GPU pair's README quotes the summary its script prints from the committed per-run records."""
+    import importlib.util
+
+    path = RESULTS.parents[1] / "benchmarks" / "gpu_lm1b_pair.py"
+    spec = importlib.util.spec_from_file_location("gpu_lm1b_pair", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [json.loads(line) for line in (RESULTS / "gpu-lm1b-pair" / "runs.jsonl").read_text().splitlines()]
+    text = module.summarise(rows, [0, 1, 2, 3, 4, 5])["text"]
+    assert text in (RESULTS / "gpu-lm1b-pair" / "README.md").read_text()
