@@ -234,8 +234,9 @@ def check_flash_head_dim(attn_implementation: str | None, head_dim: int) -> None
     FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
     makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
     something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
-    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p. The check
-    reads only the name, so it runs before any kernel is imported or fetched.
+    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p on CPU and
+    d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). The check reads only the name, so it runs before
+    any kernel is imported or fetched.
 
     Raises:
         ValueError: a FlashAttention implementation with ``head_dim`` > 256.
