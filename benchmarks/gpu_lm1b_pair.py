@@ -139,6 +139,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--learning-rates", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3, 4e-3])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    p.add_argument(
+        "--chosen-rates",
+        type=float,
+        nargs=2,
+        metavar=("STANDARD", "FIXED"),
+        help="continue a study: train --seeds at these rates (the ones its rate phase chose) with no rate phase; "
+        "--from-log on both studies' runs.jsonl together then summarises all seeds",
+    )
     p.add_argument("--vocab-size", type=int, default=32000, help="the paper's LM1B sub-word vocabulary (32k)")
     p.add_argument("--max-eval-tokens", type=int, default=500_000)
     p.add_argument(
@@ -213,21 +221,22 @@ def main(argv=None) -> int:
                     flush=True,
                 )
 
-    # 1. each model's rate, chosen with the first seed on the validation split
-    run_all([(preset, first, lr, False) for preset in MODELS.values() for lr in args.learning_rates])
-    grids = {
-        preset: {lr: results[(preset, first, lr)]["validation_loss"] for lr in args.learning_rates}
-        for preset in MODELS.values()
-    }
-    extra = {preset: next_rate(g) for preset, g in grids.items()}
-    bracketed = {preset: lr is None for preset, lr in extra.items()}
-    if any(lr is not None for lr in extra.values()) and time.time() - t_start < args.extend_before:
-        run_all([(preset, first, lr, False) for preset, lr in extra.items() if lr is not None])
-        for preset, lr in extra.items():
-            if lr is not None:
-                grids[preset][lr] = results[(preset, first, lr)]["validation_loss"]
-                bracketed[preset] = next_rate(grids[preset]) is None
-    chosen = {preset: best_rate(g) for preset, g in grids.items()}
+    # 1. each model's rate, chosen with the first seed on the validation split (or given: a study continued)
+    if args.chosen_rates:
+        grids = {preset: {lr: math.nan} for preset, lr in zip(MODELS.values(), args.chosen_rates, strict=True)}
+    else:
+        run_all([(preset, first, lr, False) for preset in MODELS.values() for lr in args.learning_rates])
+        grids = {
+            preset: {lr: results[(preset, first, lr)]["validation_loss"] for lr in args.learning_rates}
+            for preset in MODELS.values()
+        }
+        extra = {preset: next_rate(g) for preset, g in grids.items()}
+        if any(lr is not None for lr in extra.values()) and time.time() - t_start < args.extend_before:
+            run_all([(preset, first, lr, False) for preset, lr in extra.items() if lr is not None])
+            for preset, lr in extra.items():
+                if lr is not None:
+                    grids[preset][lr] = results[(preset, first, lr)]["validation_loss"]
+    chosen = {preset: next(iter(g)) if args.chosen_rates else best_rate(g) for preset, g in grids.items()}
     print("chosen rates: " + ", ".join(f"{p} {lr:g}" for p, lr in chosen.items()), flush=True)
 
     # 2 and 3. every seed at its model's rate (the first seed's run is reused), each with the intervention
