@@ -30,7 +30,8 @@ def _locked() -> dict[str, tuple[Version, int]]:
 
 def _direct() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"]
+    return [Requirement(r) for r in project["dependencies"] + extras["dev"] + extras["onnx"]]
 
 
 def test_every_package_of_the_lock_is_pinned_with_hashes():

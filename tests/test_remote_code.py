@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import fixedhead
 from fixedhead import (
@@ -84,6 +84,9 @@ for job in json.load(open(sys.argv[1])):
         if job.get("prompt") is not None:
             tokens = model.generate(torch.tensor(job["prompt"]), do_sample=False, max_new_tokens=8, pad_token_id=0)
             out["generated"] = tokens.tolist()
+        if job.get("tokenize_text") is not None:  # AutoTokenizer reads config.json too: the guide's line
+            tokenizer = transformers.AutoTokenizer.from_pretrained(job["path"], **kwargs)
+            out["token_ids"] = tokenizer(job["tokenize_text"])["input_ids"]
         if job.get("pipeline_text") is not None:
             generate = transformers.pipeline("text-generation", model=job["path"], **kwargs)
             out["pipeline"] = generate(job["pipeline_text"], max_new_tokens=8, do_sample=False)[0]["generated_text"]
@@ -288,7 +291,7 @@ def test_a_trained_run_and_its_checkpoint_open_without_fixedhead(tiny_causal_run
         jobs.append({**job, **_lists(batch), "prompt": PROMPT})
         want.append({"logits": logits, "generated": tokens})
     text = "the old man walked slowly to the"
-    jobs[0]["pipeline_text"] = text
+    jobs[0]["pipeline_text"] = jobs[0]["tokenize_text"] = text
     want[0]["pipeline"] = pipeline("text-generation", model=str(run))(text, max_new_tokens=8, do_sample=False)[0][
         "generated_text"
     ]
@@ -300,6 +303,7 @@ def test_a_trained_run_and_its_checkpoint_open_without_fixedhead(tiny_causal_run
         expect_equal(result["outputs"]["logits"], expected["logits"], f"{what}: logits")
         assert result["generated"] == expected["generated"].tolist(), what
     assert got[0]["pipeline"] == want[0]["pipeline"] and len(want[0]["pipeline"]) > len(text)
+    assert got[0]["token_ids"] == AutoTokenizer.from_pretrained(run)(text)["input_ids"]
 
 
 def test_a_llama_run_opens_with_plain_transformers(tmp_path):

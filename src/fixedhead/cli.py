@@ -593,6 +593,29 @@ def _coordcheck(args):
     print(f"wrote {paths['json']}, {paths['report']} and the plots")
 
 
+# ---------------------------------------------------------------------------------- export-onnx
+def _export_onnx_options(p):
+    from .training.export import OnnxExportOptions
+
+    p.add_argument("run", help="a masked-LM pretraining run or a fine-tuned (sequence classification) run")
+    p.add_argument("--output-dir", required=True, metavar="DIR", help="a new or empty folder for the ONNX model")
+    add_options(p, OnnxExportOptions, title="export and check")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output-dir")
+
+
+def _export_onnx(args):
+    """export an encoder run to ONNX (dynamic batch and length) and check its logits on ONNX Runtime"""
+    from .training.export import OnnxExportOptions, export_onnx
+
+    record = export_onnx(args.run, args.output_dir, OnnxExportOptions(**given(args, OnnxExportOptions)), args.overwrite)
+    for check in record["checks"]:
+        print(
+            f"ONNX Runtime vs PyTorch, batch x n = {check['shape'][0]} x {check['shape'][1]}: "
+            f"max |logit difference| {check['max_abs_diff']:.2e} (allowed {check['allowed']:.2e})"
+        )
+    print(f"wrote {args.output_dir}/model.onnx (+ model.onnx.data, tokenizer, onnx_export.json)")
+
+
 # ---------------------------------------------------------------------------------------- main
 #: command -> (its options, the function that calls one library function; its docstring is the help)
 COMMANDS = {
@@ -606,6 +629,7 @@ COMMANDS = {
     "known-rank": (_known_rank_options, _known_rank),
     "seq-len": (_seq_len_options, _seq_len),
     "finetune": (_finetune_options, _finetune),
+    "export-onnx": (_export_onnx_options, _export_onnx),
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),
     "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),

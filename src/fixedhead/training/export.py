@@ -1,0 +1,198 @@
+"""ONNX export of an encoder run, checked on ONNX Runtime against PyTorch.
+
+The export itself is transformers' (:class:`transformers.exporters.OnnxExporter`: ``torch.export``
+then ``torch.onnx``), with the batch and sequence axes dynamic (the sequence up to the model's
+``max_position_embeddings``). fixedhead adds what a user would otherwise check by hand: the exported
+graph is run on ONNX Runtime's CPU provider (``onnxruntime.InferenceSession``, not transformers'
+runner) at shapes other than the traced one, with padding, and its logits are compared with the
+PyTorch model's; the folder appears only when they agree within the tolerance.
+
+Head sizes: the graph computes attention as MatMul and Softmax (no fused attention op), so d_p is
+just the inner dimension of a matrix product and ONNX Runtime's CPU provider takes any head size
+(tested here with d_p = 8, 10, 32 and 300; ``docs/head-sizes.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..runs import claim_output_dir, environment_info, follow_umask, open_run, write_json_atomic
+
+#: the record a finished export writes last (its marker)
+EXPORT_RECORD = "onnx_export.json"
+#: the run classes exported: the encoders (a causal LM generates, which a single graph does not cover)
+ENCODER_CLASSES = ("FixedHeadForMaskedLM", "FixedHeadForSequenceClassification")
+
+
+@dataclass
+class OnnxExportOptions:
+    """How ``fixedhead export-onnx`` exports and checks a run."""
+
+    opset_version: int | None = None
+    """ONNX opset of the graph (default: the newest the installed onnxscript writes)"""
+    atol: float = 1e-4
+    """largest |ONNX Runtime - PyTorch| logit allowed, plus rtol times |PyTorch's logit|"""
+    rtol: float = 1e-4
+    """relative part of the tolerance (see atol)"""
+    check_batch_size: int = 3
+    """rows of each check batch (the trace uses 2; the last row is padded)"""
+
+
+def _check_options(options: OnnxExportOptions) -> None:
+    from ..checks import non_negative_int, positive_float, positive_int
+
+    positive_float("atol", options.atol)
+    positive_float("rtol", options.rtol)
+    positive_int("check_batch_size", options.check_batch_size)
+    if options.opset_version is not None:
+        non_negative_int("opset_version", options.opset_version)
+
+
+def _model_class(run):
+    """The fixedhead class a run holds (config.json's ``architectures``), refused unless an encoder."""
+    import fixedhead
+
+    names = list(getattr(run.config, "architectures", None) or [])
+    name = names[0] if names else None
+    if name not in ENCODER_CLASSES:
+        raise ValueError(
+            f"{run.path}: holds {name or 'a model of unknown class'} ({run.config.model_type}); export-onnx exports "
+            f"the encoders ({', '.join(ENCODER_CLASSES)}): a causal LM generates step by step, which one graph "
+            f"does not cover (transformers' OnnxExporter.export_for_generation does)"
+        )
+    return getattr(fixedhead, name)
+
+
+def _batch(tokenizer, vocab_size: int, batch: int, length: int, generator) -> dict[str, torch.Tensor]:
+    """Random token ids (ids of the tokenizer's own tokens) of shape (batch, length), the last row padded
+    after half its length, with the inputs the tokenizer gives a model (token_type_ids, attention_mask)."""
+    ids = torch.randint(0, min(len(tokenizer), vocab_size), (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    if batch > 1 and length > 1:
+        mask[-1, (length + 1) // 2 :] = 0
+        ids[-1, (length + 1) // 2 :] = tokenizer.pad_token_id or 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in tokenizer.model_input_names:
+        inputs["token_type_ids"] = torch.zeros_like(ids)
+    return inputs
+
+
+def check_on_onnxruntime(onnx_path, model, batches, atol: float, rtol: float) -> list[dict]:
+    """Run the ONNX graph at ``onnx_path`` on ONNX Runtime's CPU provider and compare its first output
+    with ``model(**batch)``'s logits for each batch.
+
+    Returns:
+        one record per batch: ``shape`` [batch, n], ``max_abs_diff`` and ``allowed`` (atol + rtol x the
+        largest |logit|), ``ok``.
+    Raises:
+        ValueError: the graph's inputs are not the batch's keys.
+    """
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    records = []
+    for batch in batches:
+        if set(names) - set(batch):
+            raise ValueError(f"{onnx_path}: the graph takes {names}, the check batch has {sorted(batch)}")
+        got = torch.from_numpy(session.run(None, {k: batch[k].numpy() for k in names})[0])
+        with torch.no_grad():
+            want = model(**batch).logits
+        if got.shape != want.shape:
+            raise ValueError(
+                f"{onnx_path}: ONNX Runtime gave logits of shape {list(got.shape)}, PyTorch {list(want.shape)}"
+            )
+        diff = (got - want).abs().max().item()
+        allowed = atol + rtol * want.abs().max().item()
+        records.append(
+            dict(shape=list(batch["input_ids"].shape), max_abs_diff=diff, allowed=allowed, ok=bool(diff <= allowed))
+        )
+    return records
+
+
+def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, overwrite: bool = False) -> dict:
+    """Export a masked-LM or sequence-classification run to ONNX and check it on ONNX Runtime.
+
+    The folder written holds ``model.onnx`` and ``model.onnx.data`` (the weights), transformers'
+    ``export.json``, the run's ``config.json`` and tokenizer, and ``onnx_export.json``: the check's
+    shapes and largest |ONNX Runtime − PyTorch| logit differences, the tolerance and the versions.
+    Inputs: ``input_ids``, ``attention_mask`` (and ``token_type_ids`` when the tokenizer gives them),
+    int64 of shape (batch, n) with any batch and 1 ≤ n ≤ ``max_position_embeddings``; output
+    ``logits`` (batch, n, vocab) or (batch, num_labels).
+
+    The export is written to a temporary folder beside ``output_dir`` and checked there; it is moved
+    into place only when every check batch agrees, so a failed export leaves nothing behind.
+
+    Raises:
+        FileNotFoundError / ValueError: what :func:`fixedhead.runs.open_run` raises for the run; a run
+            that is not an encoder; bad options.
+        FileExistsError: ``output_dir`` holds something else (or an earlier export, without ``overwrite``).
+        RuntimeError: ONNX Runtime's logits differ from PyTorch's by more than the tolerance (the
+            differences are in the message; nothing is written).
+        ImportError: onnx, onnxscript or onnxruntime is not installed.
+    """
+    from transformers.exporters import OnnxConfig, OnnxExporter
+
+    options = options or OnnxExportOptions()
+    _check_options(options)
+    run = open_run(run_dir)
+    cls = _model_class(run)
+    out = Path(output_dir)
+    claim_output_dir(out, (EXPORT_RECORD,), ("*",), "export-onnx", overwrite=False, create=False)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"--output-dir {str(out)!r} holds an earlier export; pass --overwrite to replace it")
+
+    model = cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors).eval()
+    n_max = model.config.max_position_embeddings
+    generator = torch.Generator().manual_seed(0)
+    sample = _batch(run.tokenizer, model.config.vocab_size, 2, min(8, n_max), generator)
+    batch, sequence = torch.export.Dim("batch", max=1 << 16), torch.export.Dim("sequence", max=n_max)
+    config = OnnxConfig(
+        dynamic_shapes={k: {0: batch, 1: sequence} for k in sample}, opset_version=options.opset_version
+    )
+    exported = OnnxExporter().export(model, sample, config)
+
+    checks = [
+        _batch(run.tokenizer, model.config.vocab_size, options.check_batch_size, n, generator)
+        for n in sorted({1, max(1, n_max // 2 + 1), n_max})
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        exported.save_pretrained(str(stage))
+        run.tokenizer.save_pretrained(str(stage))
+        records = check_on_onnxruntime(stage / "model.onnx", model, checks, options.atol, options.rtol)
+        bad = [r for r in records if not r["ok"]]
+        if bad:
+            raise RuntimeError(f"ONNX Runtime's logits differ from PyTorch's beyond the tolerance: {json.dumps(bad)}")
+        record = dict(
+            run_dir=str(run.path.resolve()),
+            model_class=cls.__name__,
+            head_dim=getattr(model.config, "head_dim", None),
+            inputs=list(sample),
+            options=asdict(options),
+            checks=records,
+            provider="CPUExecutionProvider",
+            versions={**environment_info(), **_onnx_versions()},
+        )
+        write_json_atomic(stage / EXPORT_RECORD, record)
+        follow_umask(stage)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return record
+
+
+def _onnx_versions() -> dict:
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("onnx", "onnxscript", "onnxruntime")}
