@@ -174,3 +174,13 @@ def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp
     assert "- wall time: 1.0 min from the first start to the last result;" in render.wall_time_line(
         {"total_seconds": 60}
     )
+
+
+def test_run_key_names_runs_as_the_committed_results_do():
+    """The keys of docs/results (e.g. scaling-cpu's ``standard-d32-lr0.001-s0``) are what run_key writes."""
+    committed = json.loads((Path(__file__).resolve().parents[2] / "docs/results/scaling-cpu/results.json").read_text())
+    assert "standard-d32-lr0.001-s0" in committed["runs"]
+    assert core.run_key("standard-d32", 1e-3, 0) == "standard-d32-lr0.001-s0"
+    assert core.run_key("fixed", 5e-4) == "fixed-lr0.0005"
+    assert core.run_key("cell", seed=2) == "cell-s2"
+    assert core.run_key("n256-fixedhead") == "n256-fixedhead"

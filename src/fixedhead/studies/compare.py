@@ -294,7 +294,7 @@ def run_compare(
         runs = {}
 
         def train_at(lr, name=name, config=config, runs=runs):
-            run_dir = out / "lr-grid" / f"{name}-lr{lr:g}"
+            run_dir = out / "lr-grid" / core.run_key(name, lr)
             if progress:
                 print(f"{name} at lr {lr:g} ({run_dir})", flush=True)
             runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
@@ -302,7 +302,7 @@ def run_compare(
 
         choice = choose_on_validation(train_at, learning_rates, max_extensions)
         best = choice["chosen"]
-        run_dirs[name] = out / "lr-grid" / f"{name}-lr{best:g}"
+        run_dirs[name] = out / "lr-grid" / core.run_key(name, best)
         results.append({**runs[best], "name": name, "learning_rate": best})
         selection[name] = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
         if progress:

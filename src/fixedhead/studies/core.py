@@ -162,6 +162,12 @@ def save_state(path: Path, state: dict, runs: Iterable[dict], others: dict | Non
     write_json_atomic(path, state)
 
 
+def run_key(name: str, lr: float | None = None, seed: int | None = None) -> str:
+    """The one name of a study's run: ``NAME``, ``NAME-lrRATE``, ``NAME-sSEED`` or ``NAME-lrRATE-sSEED``
+    (the rate as ``%g``: ``NAME-lr0.002-s1``), used for its folder and its key in the results file."""
+    return name + ("" if lr is None else f"-lr{lr:g}") + ("" if seed is None else f"-s{seed}")
+
+
 def seed_major(items: Iterable, seeds: Iterable[int]) -> list[tuple[Any, int]]:
     """``(item, seed)`` pairs, every item's first seed before any second seed: an interrupted study
     has the widest picture first."""

@@ -229,7 +229,7 @@ def run_farthest_point(
     for cell in cells if grid else []:  # each cell's rate, with the first seed; finished rates are reused
 
         def validation_mse(lr: float, cell=cell) -> float:
-            run = state["lr_grid"][f"{cell.key}-lr{lr:g}"] = train(cell, p.seeds[0], lr)
+            run = state["lr_grid"][core.run_key(cell.key, lr)] = train(cell, p.seeds[0], lr)
             save()
             if progress:
                 print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
@@ -238,17 +238,18 @@ def run_farthest_point(
         done = {r["learning_rate"]: validation(r) for r in state["lr_grid"].values() if r["key"] == cell.key}
         best, losses, bracketed = choose_rate(validation_mse, rates, max_extensions, losses=done)
         state["tuning"][cell.key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
-        state["runs"][f"{cell.key}-s{p.seeds[0]}"] = state["lr_grid"][f"{cell.key}-lr{best:g}"]
+        state["runs"][core.run_key(cell.key, seed=p.seeds[0])] = state["lr_grid"][core.run_key(cell.key, best)]
         chosen[cell.key] = best
         save()
 
     plan = core.seed_major(cells, p.seeds)
-    for i, cell, seed in core.pending(plan, lambda cell, seed: f"{cell.key}-s{seed}" in state["runs"]):
+    for i, cell, seed in core.pending(plan, lambda cell, seed: core.run_key(cell.key, seed=seed) in state["runs"]):
         result = train(cell, seed, chosen[cell.key])
-        state["runs"][f"{cell.key}-s{seed}"] = result
+        key = core.run_key(cell.key, seed=seed)
+        state["runs"][key] = result
         if progress:
             print(
-                f"[{i}/{len(plan)}] {cell.key}-s{seed}: mse×d {result['mse']:.3f}, hit rate {result['hit_rate']:.3f} "
+                f"[{i}/{len(plan)}] {key}: mse×d {result['mse']:.3f}, hit rate {result['hit_rate']:.3f} "
                 f"({result['train_seconds']:.0f} s)",
                 flush=True,
             )

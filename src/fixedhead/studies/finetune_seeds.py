@@ -125,7 +125,7 @@ def run_finetune_seeds(
     t0 = time.time()
 
     def run(name: str, lr: float, seed: int) -> dict:
-        key = f"{name}-lr{lr:g}-s{seed}"
+        key = core.run_key(name, lr, seed)
         if progress:
             print(f"{key} ({time.time() - t0:.0f} s)", flush=True)
         ft = replace(base, learning_rate=lr, seed=seed)

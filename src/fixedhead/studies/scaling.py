@@ -299,12 +299,12 @@ def run_scaling(
         settings = replace(
             train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
         )
-        run_dir = out / "runs" / f"{pt['key']}-lr{lr:g}-s{seed}"
+        run_dir = out / "runs" / core.run_key(pt["key"], lr, seed)
         if progress:
             print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}: {run_dir}", flush=True)
         result = train_or_reuse(config, data, run_dir, settings, overwrite)
         row = {k: v for k, v in result.items() if k not in ("eval_curve", "train_curve", "reproducibility")}
-        state["runs"][f"{pt['key']}-lr{lr:g}-s{seed}"] = {
+        state["runs"][core.run_key(pt["key"], lr, seed)] = {
             **row,
             "point": pt["key"],
             "family": pt["family"],
@@ -336,7 +336,7 @@ def run_scaling(
             train_point(pt, best, first)
         for seed in rest:
             train_point(pt, best, seed)
-        name = f"{pt['key']}-lr{best:g}-s{first}"
+        name = core.run_key(pt["key"], best, first)
         if overwrite or state["ranks"].get(pt["key"], {}).get("run") != name:
             state["ranks"][pt["key"]] = {"run": name, **trained_ranks(out / "runs" / name, windows)}
         lock.unlink(missing_ok=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 from ..checks import positive_int
 from ..data import DataSettings
 from ..training.settings import TrainSettings
+from . import core
 from .learning_rate import with_validation_split
 from .recipes import get_recipe
 from .stats import difference_word, holm, mean_std, paired_difference, seeds_for
@@ -257,7 +258,7 @@ def run_seq_len(
         for arch in o.architectures:
             chosen = None
             for i, seed in enumerate(o.seeds):
-                folder = out / f"n{n}-{arch}-s{seed}"
+                folder = out / core.run_key(f"n{n}-{arch}", seed=seed)
                 grid = o.learning_rates if (o.learning_rates and i == 0) else None
                 preset = compare_preset(o, n, arch, chosen)
                 results = run_compare(
@@ -266,9 +267,10 @@ def run_seq_len(
                 if grid:
                     chosen = {r["name"]: r["learning_rate"] for r in results}
                 for r in results:
-                    run_dir = (
-                        folder / r["name"] if not grid else folder / "lr-grid" / f"{r['name']}-lr{r['learning_rate']:g}"
-                    )
+                    if grid:
+                        run_dir = folder / "lr-grid" / core.run_key(r["name"], r["learning_rate"])
+                    else:
+                        run_dir = folder / r["name"]
                     curve = run_rank_curve(
                         run_dir, o.max_eval_tokens, o.ranks or None, progress=progress, per_layer=o.per_layer
                     )

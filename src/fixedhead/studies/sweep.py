@@ -275,7 +275,7 @@ def run_sweep(
 
         def train_at(lr):
             say(f"  {key}: lr {lr:g} (seed {seed}, choosing the rate)")
-            settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / f"{key}-lr{lr:g}-s{seed}"
+            settings, run_dir = replace(train, seed=seed, learning_rate=lr), out / "runs" / core.run_key(key, lr, seed)
             result = train_or_reuse(config, data, run_dir, settings, overwrite)
             drop_checkpoints(run_dir)
             return result
@@ -299,7 +299,7 @@ def run_sweep(
                 lr = tune(key, config)
             finally:
                 choosing.unlink(missing_ok=True)
-        name = f"{key}-lr{lr:g}-s{seed}" if learning_rates else f"{key}-s{seed}"
+        name = core.run_key(key, lr if learning_rates else None, seed)
         run_dir = out / "runs" / name
         say(
             f"\n[{i}/{len(runs_plan)}] {key} seed {seed}: d={config.hidden_size}, h={config.num_attention_heads}, "

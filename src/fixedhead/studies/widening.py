@@ -297,14 +297,14 @@ def run_widening(
 
     def continue_arm(arm, seed: int, lr: float | None) -> dict:
         """One continuation (reused when finished): ``lr`` None is the preset's rate."""
-        key = f"{arm.name}-s{seed}" if lr is None else f"{arm.name}-lr{lr:g}-s{seed}"
+        key = core.run_key(arm.name, lr, seed)
         run_dir = out / "continue" / key
         if key in state["runs"] and (run_dir / METRICS_FILE).is_file():
             return state["runs"][key]
         if arm.head_dim is None and arm.intermediate_size is None:
             start, change = base_dir, 0.0
         else:
-            start = out / "start" / f"{arm.name}-s{seed}"  # the same start at every rate
+            start = out / "start" / core.run_key(arm.name, seed=seed)  # the same start at every rate
             write_start(base_dir, arm, seed, start)
             change = max_logit_change(base_model, start, data.heldout[:16])
         train = replace(
