@@ -44,7 +44,14 @@ from ..theory import causal_threshold
 from ..training.pretrain import train_or_reuse
 from ..training.settings import TrainSettings
 from . import core, render
-from .learning_rate import RULE, choose_on_validation, parse_rates, plot_learning_rates, with_validation_split
+from .learning_rate import (
+    RULE,
+    choose_on_validation,
+    parse_rates,
+    plot_learning_rates,
+    selection_record,
+    with_validation_split,
+)
 from .recipes import get_recipe
 
 
@@ -312,14 +319,9 @@ def run_compare(
         for r in results:
             r["samples"] = continuations(run_dirs[r["name"]], seed=train.seed)
     if selection:
-        meta["learning_rate_selection"] = {
-            "grid": learning_rates,
-            "max_extensions": max_extensions,
-            "validation_fraction": data_settings.validation_fraction,
-            "seed": train.seed,
-            "rule": RULE,
-            "models": selection,
-        }
+        meta["learning_rate_selection"] = selection_record(
+            learning_rates, max_extensions, train.seed, data_settings.validation_fraction, models=selection
+        )
     meta.update(total_seconds=round(time.time() - t_start, 1), **environment_info())
     write_results(results, out, meta)
     print()  # the results, with or without progress bars

@@ -43,6 +43,7 @@ from .learning_rate import (
     plot_learning_rates,
     rule,
     selection_markdown,
+    selection_record,
 )
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 from .stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
@@ -196,13 +197,14 @@ def run_farthest_point(
     )
     check_first_seed(previous, p.seeds[0], state_file, "cells")
     if grid:
-        meta["learning_rate_selection"] = grid | {
-            "seed": p.seeds[0],
-            "rule": rule("cell", "validation MSE × d"),
-            "validation": f"the final MSE × d on the {p.recipe.curve_sets} learning-curve sets, held-out sets "
+        meta["learning_rate_selection"] = selection_record(
+            **grid,
+            seed=p.seeds[0],
+            rule_text=rule("cell", "validation MSE × d"),
+            validation=f"the final MSE × d on the {p.recipe.curve_sets} learning-curve sets, held-out sets "
             f"apart from the {p.recipe.eval_sets} the results are scored on",
-            "unit": "MSE × d on the validation sets",
-        }
+            unit="MSE × d on the validation sets",
+        )
     out.mkdir(parents=True, exist_ok=True)
     meta["accelerator"] = None  # the grid trains on the CPU even where a GPU is present
     references = {

@@ -40,6 +40,23 @@ def rule(what: str = "model", score: str = "validation loss") -> str:
 RULE = rule()
 
 
+def selection_record(
+    grid: list[float],
+    max_extensions: int,
+    seed: int,
+    validation_fraction: float | None = None,
+    rule_text: str = RULE,
+    **extra,
+) -> dict:
+    """The ``learning_rate_selection`` record of a study's results (``meta``): the ``grid`` each arm
+    chooses from, the ``max_extensions`` it may grow by, the ``validation_fraction`` of the training
+    documents the rates are scored on (where the study holds one back), the first ``seed`` the
+    rates are chosen with, the rule in words, then the study's own ``extra`` fields (e.g. each
+    model's choice)."""
+    fraction = {} if validation_fraction is None else {"validation_fraction": validation_fraction}
+    return {"grid": grid, "max_extensions": max_extensions, **fraction, "seed": seed, "rule": rule_text, **extra}
+
+
 def check_first_seed(previous: dict, first_seed: int, state_file: Path, what: str = "models") -> None:
     """Refuse to resume a study whose stored rates were chosen with another first seed than this call's:
     the chosen rates would not be the ones this call's plan names.

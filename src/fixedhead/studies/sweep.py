@@ -34,7 +34,7 @@ from ..runs import load_json_file
 from ..training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ..training.pretrain import settings_differences, train_or_reuse
 from . import core
-from .learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
+from .learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from .stats import CLAIMS_RULE, LEGACY_RULE, rule_text
 from .sweep_presets import (
     EXPERIMENTS,
@@ -174,13 +174,7 @@ def run_sweep(
         )
     selection = None
     if learning_rates:
-        selection = {
-            "grid": learning_rates,
-            "max_extensions": max_extensions,
-            "validation_fraction": data_settings.validation_fraction,
-            "seed": p.seeds[0],
-            "rule": RULE,
-        }
+        selection = selection_record(learning_rates, max_extensions, p.seeds[0], data_settings.validation_fraction)
     # every model's rate is chosen once, with one seed on one grid: an invocation with another
     # grid or first seed would mix choices made differently (or re-choose after results are in)
     old, new = (

@@ -54,7 +54,7 @@ from ..training.evaluate import load_run
 from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
 from ..training.settings import TrainSettings
 from . import core
-from .learning_rate import RULE, check_first_seed, choose_on_validation, parse_rates, with_validation_split
+from .learning_rate import check_first_seed, choose_on_validation, parse_rates, selection_record, with_validation_split
 from .recipes import get_recipe
 from .stats import RULE_STDS
 from .widening_arms import make_arms, max_logit_change, write_start
@@ -256,7 +256,7 @@ def run_widening(
     )
     if grid:
         check_first_seed(previous, p.seeds[0], state_file, "arms")
-        meta["learning_rate_selection"] = {**grid, "seed": p.seeds[0], "rule": RULE}
+        meta["learning_rate_selection"] = selection_record(**grid, seed=p.seeds[0])
     data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
     out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
     config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
