@@ -459,7 +459,7 @@ def _finetune_sweep(args):
         args.sweep_dir,
         args.task,
         out,
-        seeds=args.seeds or (0, 1, 2),
+        seeds=args.seeds,
         learning_rates=args.learning_rates or DEFAULT_RATES,
         max_steps=args.steps,
         progress=not args.no_progress,

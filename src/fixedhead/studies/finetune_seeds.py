@@ -36,13 +36,15 @@ RESULTS_FILE = "finetune.json"
 OWNED = ("runs", "report.md", ".report.md.*", "*.png")
 #: the grid each checkpoint chooses its rate from by default (the masked sweep fine-tunes at 1e-3)
 DEFAULT_RATES = (3e-4, 1e-3, 3e-3)
+#: the fine-tuning seeds of every checkpoint when none are given (the command line's and Python's)
+DEFAULT_SEEDS = (0, 1, 2)
 
 
 def run_finetune_seeds(
     sweep_dir: str | Path,
     task: str = "sst2",
     output_dir: str | Path | None = None,
-    seeds: list[int] | tuple[int, ...] = (0, 1, 2),
+    seeds: list[int] | tuple[int, ...] | None = None,
     learning_rates: str | list[float] = DEFAULT_RATES,
     max_extensions: int = 1,
     settings: FinetuneSettings | None = None,
@@ -51,9 +53,9 @@ def run_finetune_seeds(
     progress: bool = True,
     command: str | None = None,
 ) -> dict:
-    """Fine-tune every checkpoint of the sweep in ``sweep_dir`` on GLUE ``task`` with ``seeds``,
-    each checkpoint at its own rate; return the state written to ``OUTPUT_DIR/finetune.json``
-    (default ``SWEEP_DIR/finetune-TASK``).
+    """Fine-tune every checkpoint of the sweep in ``sweep_dir`` on GLUE ``task`` with ``seeds``
+    (default :data:`DEFAULT_SEEDS`, as on the command line), each checkpoint at its own rate;
+    return the state written to ``OUTPUT_DIR/finetune.json`` (default ``SWEEP_DIR/finetune-TASK``).
 
     ``settings``: the fine-tuning budget (default: the sweep's recorded fine-tuning settings, else
     the masked sweep's (``cpu-mlm``); ``max_steps`` replaces its steps); its rate and seed are this
@@ -72,7 +74,7 @@ def run_finetune_seeds(
     """
     get_glue_task(task)  # an unknown task fails before any work
     sweep = load_sweep(sweep_dir)
-    seeds = core.seeds_override(seeds, (0,))
+    seeds = core.seeds_override(seeds, DEFAULT_SEEDS)
     rates = parse_rates(learning_rates)
     non_negative_int("max_extensions", max_extensions)
     if (objective := sweep["meta"].get("objective", "mlm")) != "mlm":
