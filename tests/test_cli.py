@@ -237,7 +237,7 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
     [
         ("scaling", "scaling", "run_scaling", "runs/scaling-tiny"),
         ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-tiny"),
-        ("compare", "compare", "run_compare", "runs/compare"),
+        ("compare", "compare", "run_compare", "runs/compare-quick"),  # never the real runs/compare
     ],
 )
 def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command, module, function, out, monkeypatch):

@@ -354,7 +354,7 @@ def _compare_options(p):
     from .data.lm import OBJECTIVES
     from .studies.compare import COMPARE_PRESETS
 
-    g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare", quick=True, steps_alias=("--max-steps",))
+    g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare[-quick]", quick=True, steps_alias=("--max-steps",))
     g.add_argument(
         "--seed", dest="seeds", type=int, nargs=1, metavar="S", help="one seed for every model (as --seeds S)"
     )
@@ -376,7 +376,8 @@ def _compare(args):
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     options |= dict(max_steps=args.steps, seed=_one_seed(args, "compare"), progress=not args.no_progress)
-    run_compare(_study_preset(args), args.output_dir or "runs/compare", **options)
+    out = args.output_dir or ("runs/compare-quick" if args.quick else "runs/compare")  # --quick: never the real one
+    run_compare(_study_preset(args), out, **options)
 
 
 def _sweep_options(p):
