@@ -251,4 +251,33 @@ def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command,
 
     monkeypatch.setattr(importlib.import_module(f"fixedhead.studies.{module}"), function, capture)
     assert main([command, "--quick"]) == 2
-    assert called == {"preset": "tiny", "out": out}
+    assert called == {"preset": "tiny", "out": Path(out)}
+
+
+@pytest.mark.parametrize(
+    "command, module, function, folder",
+    [
+        ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
+        ("farthest-point", "farthest_point", "run_farthest_point", "runs/farthest-point-default"),
+        ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-cpu"),
+        ("scaling", "scaling", "run_scaling", "runs/scaling-cpu"),
+    ],
+)
+def test_the_command_line_and_python_take_one_default_folder(command, module, function, folder, monkeypatch):
+    """With no --output-dir (no output_dir=), the command and the Python function claim the same
+    folder, runs/STUDY-PRESET (they used to differ: runs/sweep-cpu-mlm against runs/sweep)."""
+    import importlib
+
+    from fixedhead.studies import core
+
+    claimed = []
+
+    def claim(out, *args, **kw):
+        claimed.append(Path(out))
+        raise ValueError("claimed")
+
+    monkeypatch.setattr(core, "claim", claim)
+    assert main([command]) == 2
+    with pytest.raises(ValueError, match="claimed"):
+        getattr(importlib.import_module(f"fixedhead.studies.{module}"), function)()
+    assert claimed == [Path(folder), Path(folder)]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .checks import positive_int
 from .options import add_options, add_study_options, given, parse_head_dim
+from .studies.core import output_folder
 
 
 def _allow_pickle(p):
@@ -235,7 +236,7 @@ def _known_rank(args):
         check = replace(check, seeds=tuple(args.seeds))
     if args.steps is not None:
         check = replace(check, recipe=replace(check.recipe, steps=args.steps))
-    out = args.output_dir or ("runs/known-rank-quick" if args.quick else "runs/known-rank")
+    out = output_folder(args.output_dir, "known-rank", quick=args.quick)
     command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["known-rank"] else "fixedhead known-rank"
     state = run_known_rank(out, check, overwrite=args.overwrite, progress=not args.no_progress, command=command)
     print(report_markdown(state))
@@ -273,7 +274,7 @@ def _seq_len(args):
     from .studies.seq_len import QUICK, SeqLenOptions, run_seq_len
 
     options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
-    out = args.output_dir or ("runs/seq-len-quick" if args.quick else "runs/seq-len")
+    out = output_folder(args.output_dir, "seq-len", quick=args.quick)
     command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["seq-len"] else "fixedhead seq-len"
     run_seq_len(out, options, grow=args.grow, progress=not args.no_progress, command=command)
     print((Path(out) / "report.md").read_text())
@@ -376,7 +377,7 @@ def _compare(args):
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     options |= dict(max_steps=args.steps, seed=_one_seed(args, "compare"), progress=not args.no_progress)
-    out = args.output_dir or ("runs/compare-quick" if args.quick else "runs/compare")  # --quick: never the real one
+    out = output_folder(args.output_dir, "compare", quick=args.quick)
     run_compare(_study_preset(args), out, **options)
 
 
@@ -417,7 +418,7 @@ def _sweep(args):
     from .studies.report import write_report
     from .studies.sweep import run_sweep
 
-    out = args.output_dir or f"runs/sweep-{args.preset}{'-quick' if args.quick else ''}"
+    out = output_folder(args.output_dir, "sweep", args.preset, args.quick)
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
     options |= _pick(args, "learning_rates", "max_extensions", "architecture", "mup_base_head_dim", "models")
     run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
@@ -482,7 +483,7 @@ def _farthest_point(args):
     from .studies.farthest_point import format_grid, run_farthest_point
 
     preset = _study_preset(args, "quick")
-    out = args.output_dir or f"runs/farthest-point-{preset}"
+    out = output_folder(args.output_dir, "farthest-point", preset)
     options = _pick(args, "seeds", "steps", "overwrite", "learning_rates", "max_extensions")
     state = run_farthest_point(preset, out, progress=not args.no_progress, **options)
     print(format_grid(state))
@@ -510,7 +511,7 @@ def _widen_experiment(args):
     from .studies.widening_report import format_table
 
     preset = _study_preset(args)
-    out = args.output_dir or f"runs/widen-experiment-{preset}"
+    out = output_folder(args.output_dir, "widen-experiment", preset)
     options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite", "learning_rates", "max_extensions")
     state = run_widening(preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
     if args.no_progress:
@@ -546,7 +547,7 @@ def _scaling(args):
     from .studies.scaling import run_scaling
 
     preset = _study_preset(args)
-    out = args.output_dir or f"runs/scaling-{preset}"
+    out = output_folder(args.output_dir, "scaling", preset)
     options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
     run_scaling(preset, out, progress=not args.no_progress, **options)
     print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
@@ -564,7 +565,7 @@ def _bottleneck(args):
     """one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG"""
     from .studies.bottleneck import bottleneck_sweep, format_summary
 
-    out = args.output_dir or "runs/bottleneck"
+    out = output_folder(args.output_dir, "bottleneck")
     ns, seeds = sorted(set(args.n)), sorted(set(args.seeds or (0, 1, 2)))  # repeats add nothing
     rows = bottleneck_sweep(
         ns, seeds, args.temperature, out, args.max_iter, progress=not args.no_progress, causal=args.causal
@@ -586,7 +587,7 @@ def _coordcheck(args):
     """coordinate check: how far one learning rate moves the attention's activations at each head size"""
     from .studies.coordcheck import coordcheck_settings, format_slopes, run_coordcheck
 
-    out = args.output_dir or f"runs/coordcheck{'-quick' if args.quick else ''}"
+    out = output_folder(args.output_dir, "coordcheck", quick=args.quick)
     given = _pick(args, "seeds", "steps", "learning_rate", "parametrizations", "axes")
     settings = coordcheck_settings(quick=args.quick, **{k: v for k, v in given.items() if v is not None})
     result, paths = run_coordcheck(settings, out, overwrite=args.overwrite, progress=not args.no_progress)

@@ -50,6 +50,16 @@ def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
     return next((c for c in chosen if c not in known), None) if chosen else "(none)"
 
 
+def output_folder(output_dir, study: str, preset=None, quick: bool = False) -> Path:
+    """Where a study writes: ``output_dir`` when given, else ``runs/STUDY-PRESET`` (``custom`` for a
+    preset object; no suffix without a preset) with ``-quick`` for a ``--quick`` run, so a quick run
+    never writes into the real one. The command line and the Python functions both take it from here."""
+    if output_dir is not None:
+        return Path(output_dir)
+    name = "" if preset is None else f"-{preset if isinstance(preset, str) else 'custom'}"
+    return Path("runs") / f"{study}{name}{'-quick' if quick else ''}"
+
+
 def steps_override(name: str, steps: int | None, default: int) -> int:
     """``steps`` (None: ``default``) as a positive int. Raises ValueError naming ``name`` and the value."""
     return default if steps is None else positive_int(name, steps)

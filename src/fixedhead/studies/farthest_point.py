@@ -126,7 +126,7 @@ def settings_record(p: FarthestPointPreset, grid: dict | None = None) -> dict:
 
 def run_farthest_point(
     preset: str | FarthestPointPreset = "default",
-    output_dir: str | Path = "runs/farthest-point",
+    output_dir: str | Path | None = None,
     seeds: list[int] | None = None,
     steps: int | None = None,
     overwrite: bool = False,
@@ -143,7 +143,8 @@ def run_farthest_point(
 
     Args:
         preset: a name from :data:`SYNTHETIC_PRESETS` or a :class:`FarthestPointPreset`.
-        output_dir: the folder; created, or one that holds only this experiment's files.
+        output_dir: the folder (default ``runs/farthest-point-PRESET``); created, or one that holds only
+            this experiment's files.
         seeds: override the preset's seeds (each is a task instance U, an init and a data stream).
         steps: override the recipe's training steps.
         overwrite: discard the stored runs and train everything again.
@@ -178,7 +179,7 @@ def run_farthest_point(
         SetAttentionModel(
             p.dim, c.num_heads, c.head_dim, p.recipe.intermediate_size, p.recipe.logit_scale, p.recipe.input_scale
         )
-    out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "farthest-point")
+    out = core.claim(core.output_folder(output_dir, "farthest-point", preset), RESULTS_FILE, OWNED, "farthest-point")
     state_file = out / RESULTS_FILE
     previous, meta = core.resume(
         state_file,

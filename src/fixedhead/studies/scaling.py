@@ -196,7 +196,7 @@ def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch
 
 def run_scaling(
     preset: str | ScalingPreset = "cpu",
-    output_dir: str | Path = "runs/scaling",
+    output_dir: str | Path | None = None,
     seeds: list[int] | None = None,
     overwrite: bool = False,
     progress: bool = True,
@@ -240,7 +240,7 @@ def run_scaling(
         "preset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(p).items() if k != "seeds"},
     }
     settings = json.loads(json.dumps(settings, default=str))
-    out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "scaling")
+    out = core.claim(core.output_folder(output_dir, "scaling", preset), RESULTS_FILE, OWNED, "scaling")
     previous, meta = core.resume(
         out / RESULTS_FILE,
         preset,

@@ -70,7 +70,7 @@ def check_same_tokenizer(state: dict, tokenizer_sha256: str | None, state_file: 
 
 def run_sweep(
     preset: str | SweepPreset = "cpu-mlm",
-    output_dir: str | Path = "runs/sweep",
+    output_dir: str | Path | None = None,
     quick: bool = False,
     corpus: str | None = None,
     seeds: list[int] | None = None,
@@ -144,7 +144,8 @@ def run_sweep(
     for _, fields, _ in runs_plan:  # every model buildable and trainable before any slow work
         check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
 
-    out = core.claim(Path(output_dir), SWEEP_FILE, OWNED, "sweep")  # a new or empty folder, or an earlier sweep's
+    # a new or empty folder, or an earlier sweep's
+    out = core.claim(core.output_folder(output_dir, "sweep", preset, quick), SWEEP_FILE, OWNED, "sweep")
     state_file = out / SWEEP_FILE
     previous = load_json_file(state_file) if state_file.is_file() else {}  # a damaged one is named, not dropped
     prev_meta = previous.get("meta", {})

@@ -171,7 +171,7 @@ def same_settings(saved: dict | None, settings: dict) -> bool:
 
 def run_widening(
     preset: str | WideningPreset = "cpu",
-    output_dir: str | Path = "runs/widen-experiment",
+    output_dir: str | Path | None = None,
     seeds: list[int] | None = None,
     base_steps: int | None = None,
     steps: int | None = None,
@@ -189,7 +189,8 @@ def run_widening(
 
     Args:
         preset: a name from :data:`WIDENING_PRESETS` or a :class:`WideningPreset`.
-        output_dir: a new or empty folder, or an earlier output of this experiment.
+        output_dir: a new or empty folder, or an earlier output of this experiment (default
+            ``runs/widen-experiment-PRESET``).
         seeds: continuation seeds (default: the preset's); runs of other seeds already in the
             folder are kept in ``results.json`` but only these are reported.
         base_steps, steps: override the base's and each continuation's training steps.
@@ -235,7 +236,8 @@ def run_widening(
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
         grid = {"grid": rates, "max_extensions": max_extensions, "validation_fraction": p.data.validation_fraction}
 
-    out = core.claim(Path(output_dir), RESULTS_FILE, OWNED, "widen-experiment")
+    out = core.output_folder(output_dir, "widen-experiment", preset)
+    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment")
     state_file = out / RESULTS_FILE
     previous, meta = core.resume(
         state_file,
