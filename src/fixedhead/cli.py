@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _count(args):
     """parameter count of a preset or of explicit sizes (paper Tables 1-3)"""
     from .training.command import count_table
 
-    sizes = {k: v for k, v in vars(args).items() if k not in ("preset", "command", "func")}
+    sizes = {k: v for k, v in vars(args).items() if k not in ("preset", "command", "func", "command_line")}
     print(count_table(args.preset, sizes))
 
 
@@ -212,10 +213,9 @@ def _rank_intervention(args):
     """the logit rank a trained model needs: each head's logits cut to rank k, held-out loss against k"""
     from .intervention import intervene_runs, report_markdown
 
-    command = "fixedhead rank-intervention " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["rank-intervention"] else [])
     options = _pick(args, "output_dir", "band", "max_eval_tokens", "overwrite", "progress")
-    results = intervene_runs(args.runs, command=command.strip(), **options)
-    print(report_markdown(results, command.strip()))
+    results = intervene_runs(args.runs, command=args.command_line, **options)
+    print(report_markdown(results, args.command_line))
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
 
@@ -237,8 +237,9 @@ def _known_rank(args):
     if args.steps is not None:
         check = replace(check, recipe=replace(check.recipe, steps=args.steps))
     out = output_folder(args.output_dir, "known-rank", quick=args.quick)
-    command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["known-rank"] else "fixedhead known-rank"
-    state = run_known_rank(out, check, overwrite=args.overwrite, progress=not args.no_progress, command=command)
+    state = run_known_rank(
+        out, check, overwrite=args.overwrite, progress=not args.no_progress, command=args.command_line
+    )
     print(report_markdown(state))
     print(f"wrote {out}/known_rank.{{json,csv,png,md}}")
     return 0 if state["passed"] else 1
@@ -275,8 +276,7 @@ def _seq_len(args):
 
     options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
     out = output_folder(args.output_dir, "seq-len", quick=args.quick)
-    command = "fixedhead " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["seq-len"] else "fixedhead seq-len"
-    run_seq_len(out, options, grow=args.grow, progress=not args.no_progress, command=command)
+    run_seq_len(out, options, grow=args.grow, progress=not args.no_progress, command=args.command_line)
     print((Path(out) / "report.md").read_text())
     print(f"wrote {out}/report.md, seq_len.png, seq_len.csv, results.json, plan.json")
 
@@ -377,6 +377,7 @@ def _compare(args):
     options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
     options |= _pick(args, "learning_rates", "max_extensions", "models")
     options |= dict(max_steps=args.steps, seed=_one_seed(args, "compare"), progress=not args.no_progress)
+    options["command"] = args.command_line
     out = output_folder(args.output_dir, "compare", quick=args.quick)
     run_compare(_study_preset(args), out, **options)
 
@@ -568,7 +569,14 @@ def _bottleneck(args):
     out = output_folder(args.output_dir, "bottleneck")
     ns, seeds = sorted(set(args.n)), sorted(set(args.seeds or (0, 1, 2)))  # repeats add nothing
     rows = bottleneck_sweep(
-        ns, seeds, args.temperature, out, args.max_iter, progress=not args.no_progress, causal=args.causal
+        ns,
+        seeds,
+        args.temperature,
+        out,
+        args.max_iter,
+        progress=not args.no_progress,
+        causal=args.causal,
+        command=args.command_line,
     )
     print(format_summary(rows))
     print(f"wrote {out}/bottleneck.csv and bottleneck.png")
@@ -712,6 +720,8 @@ def offline_unless_asked() -> None:
 def main(argv=None) -> int:
     offline_unless_asked()
     args = build_parser().parse_args(argv)
+    # the command line as given, for the results files that record it (``main([...])`` from Python too)
+    args.command_line = "fixedhead " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
         if getattr(args, "threads", None) is not None:
             import torch

@@ -32,6 +32,7 @@ def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, monkey
     assert len(tokenizer) == 64 and saved["meta"]["data_info"]["corpus_sha256"]
     assert {r["reproducibility"]["tokenizer_sha256"] for r in results} == {tokenizer}
     assert saved["meta"]["other_versions"]["accelerate"]
+    assert saved["meta"]["command"].startswith("fixedhead compare --preset tiny --corpus ")
     assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
     assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
     # the wide model is parameter-matched to the fixed one (at least as big, within one step of width)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 import math
 
 import numpy as np
@@ -328,6 +329,9 @@ def test_cli_bottleneck_writes_sane_csv_and_png(tmp_path, capsys):
     assert "logit error" in printed and "bottleneck.csv" in printed
     png = (out / "bottleneck.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    record = json.loads((out / "bottleneck.json").read_text())  # what was run, with what
+    assert record["command"] == f"fixedhead bottleneck --n 4 6 --seeds 0 1 --output-dir {out} --no-progress"
+    assert record["settings"]["ns"] == [4, 6] and record["torch"] and record["transformers"]
     with open(out / "bottleneck.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == bottleneck.SWEEP_COLUMNS

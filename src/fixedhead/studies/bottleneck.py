@@ -17,7 +17,7 @@ from scipy.special import log_softmax
 
 from ..checks import non_negative_int, positive_int
 from ..plotting import pyplot, save_figure
-from ..runs import claim_output_dir
+from ..runs import claim_output_dir, environment_info, invocation_commands, write_json_atomic
 from ..theory import (
     causal_logit_lower_bounds,
     causal_threshold,
@@ -65,7 +65,7 @@ def _causal_fits(P: np.ndarray, max_iter: int):
         yield fit.error, lower[k], fit.error / lower[0], math.nan, kl, np.max(np.abs(np.exp(log_att) * seen - P))
 
 
-OUTPUT_FILES = ("bottleneck.csv", "bottleneck.png")
+OUTPUT_FILES = ("bottleneck.csv", "bottleneck.png", "bottleneck.json")
 
 
 def format_summary(rows: list[dict]) -> str:
@@ -94,6 +94,7 @@ def bottleneck_sweep(
     max_iter: int = 100,
     progress: bool = True,
     causal: bool = False,
+    command: str | None = None,
 ) -> list[dict]:
     """The low-rank bottleneck against head size (paper Theorem 1, sharpened): CSV + PNG.
 
@@ -118,8 +119,9 @@ def bottleneck_sweep(
     :func:`causal_logit_lower_bounds`, ``kl_fit`` and ``max_abs_error`` those of the masked
     softmax of that fit (no KL optimisation), ``kl_svd`` NaN.
 
-    Writes ``bottleneck.csv`` (columns :data:`SWEEP_COLUMNS`) and ``bottleneck.png`` (logit and
-    KL errors against head size, one column per n, the thresholds marked) into ``output_dir``.
+    Writes ``bottleneck.csv`` (columns :data:`SWEEP_COLUMNS`), ``bottleneck.png`` (logit and
+    KL errors against head size, one column per n, the thresholds marked) and ``bottleneck.json``
+    (the command, the settings, the software and machine) into ``output_dir``.
     About 30 s at the defaults on 2 busy cores; ``causal`` adds ~10 s.
 
     Args:
@@ -160,6 +162,9 @@ def bottleneck_sweep(
     bar.close()
     render.write_csv(out / "bottleneck.csv", SWEEP_COLUMNS, rows)
     _plot_sweep(rows, ns, out / "bottleneck.png")
+    settings = dict(ns=ns, seeds=seeds, temperature=float(temperature), max_iter=max_iter, causal=causal)
+    record = {"study": "bottleneck", "command": invocation_commands(command, {})[0], "settings": settings}
+    write_json_atomic(out / "bottleneck.json", record | environment_info())
     return rows
 
 

@@ -39,7 +39,7 @@ from ..model.architectures import (
     is_fixed_head,
     parameter_count,
 )
-from ..runs import claim_output_dir, environment_info, staged_outputs, write_json_atomic
+from ..runs import claim_output_dir, environment_info, invocation_commands, staged_outputs, write_json_atomic
 from ..theory import causal_threshold
 from ..training.pretrain import train_or_reuse
 from ..training.settings import TrainSettings
@@ -173,6 +173,7 @@ def run_compare(
     overwrite: bool = False,
     cache_dir=None,
     progress: bool = True,
+    command: str | None = None,
     objective: str | None = None,
     learning_rates: list[float] | None = None,
     max_extensions: int = 3,
@@ -194,6 +195,7 @@ def run_compare(
     ``architecture``: train every model of the preset as this family
     (:mod:`fixedhead.model.architectures`: ``"llama"`` for transformers' ``LlamaForCausalLM`` with the
     same d, h, d_p, feed-forward width and depth; causal only); default: each model's own.
+    ``command``: the command line results.json records (default: this process's arguments).
 
     Returns:
         one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
@@ -259,6 +261,7 @@ def run_compare(
 
     meta = {
         "study": "compare",
+        "command": invocation_commands(command, {})[0],
         "preset": preset if isinstance(preset, str) else "custom",
         "objective": train.objective,
         # the context-free reference on the same held-out tokens: how far below it the models are is
