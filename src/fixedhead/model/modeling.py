@@ -513,8 +513,9 @@ class FixedHeadPooler(nn.Module):
         return self.activation(self.dense(hidden_states[:, 0]))
 
 
-class FixedHeadMLMHead(nn.Module):
-    """BERT's MLM head: dense + activation + LayerNorm, then the (tied) decoder to the vocabulary."""
+class FixedHeadLMHead(nn.Module):
+    """The language-model head of both objectives (``FixedHeadForMaskedLM`` and ``FixedHeadForCausalLM``),
+    laid out as BERT's MLM head: dense + activation + LayerNorm, then the (tied) decoder to the vocabulary."""
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -623,7 +624,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
                 stacklevel=2,
             )
         self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
-        self.cls = FixedHeadMLMHead(config)
+        self.cls = FixedHeadLMHead(config)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -776,7 +777,7 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
         config.is_decoder = True  # this class is the decoder; an encoder config becomes a decoder one
         super().__init__(config)
         self.fixedhead = FixedHeadModel(config, add_pooling_layer=False)
-        self.cls = FixedHeadMLMHead(config)
+        self.cls = FixedHeadLMHead(config)
         self.post_init()
 
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
