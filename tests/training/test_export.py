@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import torch
@@ -85,10 +86,14 @@ def test_masked_lm_run_gives_pytorchs_logits_on_onnxruntime(tiny_pretrained_run,
     assert not list(tmp_path.glob(".onnx.*"))  # no staging folder left
 
 
-def test_classification_run_with_head_size_10_gives_pytorchs_logits(classification_run, tmp_path):
+@pytest.mark.parametrize("opset", [None, 23])  # 23: torch.onnx writes ONNX's Attention op, not MatMul + Softmax
+def test_classification_run_with_head_size_10_gives_pytorchs_logits(classification_run, tmp_path, opset):
     out = tmp_path / "onnx"
-    record = export_onnx(classification_run, out)
+    record = export_onnx(classification_run, out, OnnxExportOptions(opset_version=opset))
     assert record["model_class"] == "FixedHeadForSequenceClassification" and record["head_dim"] == 10
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    ops = {node.op_type for node in graph.graph.node}
+    assert ("Attention" in ops) == (opset == 23) and ("Softmax" in ops) == (opset is None)
     run = open_run(classification_run)
     model = FixedHeadForSequenceClassification.from_pretrained(str(classification_run)).eval()
     got = _ort_logits(out, run.tokenizer, TEXTS)
@@ -126,4 +131,25 @@ def test_an_occupied_folder_and_bad_options_are_refused_before_any_work(tiny_pre
     with pytest.raises(ValueError, match="atol"):
         export_onnx(run_dir, tmp_path / "x", OnnxExportOptions(atol=-1.0))
     assert main(["export-onnx", str(run_dir), "--output-dir", str(mine)]) == 2
+    assert main(["export-onnx", str(run_dir), "--output-dir", str(mine), "--overwrite"]) == 2  # not ours to remove
     assert snapshot(mine) == before
+    for opset in ("7", "99"):  # below what torch.onnx writes, above what it knows
+        assert main(["export-onnx", str(run_dir), "--output-dir", str(tmp_path / "y"), "--opset-version", opset]) == 2
+    assert not (tmp_path / "y").exists()
+
+
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(tiny_pretrained_run, tmp_path):
+    """An earlier export is replaced file by file; the model code config.json's auto_map names is there."""
+    run_dir, _, _ = tiny_pretrained_run
+    out = tmp_path / "onnx"
+    export_onnx(run_dir, out)
+    first = snapshot(out)
+    config = json.loads((out / "config.json").read_text())
+    for target in config["auto_map"].values():
+        assert (out / f"{target.split('.')[0]}.py").is_file(), target
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        export_onnx(run_dir, out)
+    (out / "model.onnx.data").write_bytes(b"stale")
+    export_onnx(run_dir, out, overwrite=True)
+    assert snapshot(out).keys() == first.keys() and snapshot(out)["model.onnx.data"] == first["model.onnx.data"]
+    assert not list(out.glob(".export-onnx.*"))

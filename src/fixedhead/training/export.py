@@ -7,9 +7,11 @@ graph is run on ONNX Runtime's CPU provider (``onnxruntime.InferenceSession``, n
 runner) at shapes other than the traced one, with padding, and its logits are compared with the
 PyTorch model's; the folder appears only when they agree within the tolerance.
 
-Head sizes: the graph computes attention as MatMul and Softmax (no fused attention op), so d_p is
-just the inner dimension of a matrix product and ONNX Runtime's CPU provider takes any head size
-(tested here with d_p = 8, 10, 32 and 300; ``docs/head-sizes.md``).
+Head sizes: at the default opset (20 with torch 2.13) the graph computes attention as MatMul and
+Softmax (no fused attention op), so d_p is just the inner dimension of a matrix product and ONNX
+Runtime's CPU provider takes any head size (ran here with d_p = 8, 10, 16, 32 and 300); from opset
+23 torch.onnx writes ONNX's own ``Attention`` op, which the CPU provider also runs at d_p = 10
+(tested) and 300. ``docs/head-sizes.md`` has the table.
 """
 
 from __future__ import annotations
@@ -25,10 +27,37 @@ import torch
 
 from ..runs import claim_output_dir, environment_info, follow_umask, open_run, write_json_atomic
 
+#: the model folder, whose modules an export carries as its code (as a run does)
+MODEL_DIR = Path(__file__).resolve().parents[1] / "model"
+
 #: the record a finished export writes last (its marker)
 EXPORT_RECORD = "onnx_export.json"
 #: the run classes exported: the encoders (a causal LM generates, which a single graph does not cover)
 ENCODER_CLASSES = ("FixedHeadForMaskedLM", "FixedHeadForSequenceClassification")
+#: the staging folder inside the output folder (files are renamed from it once checked)
+STAGE_GLOB = ".export-onnx.*.tmp"
+#: the opsets exported: torch.onnx's exporter writes opset 18 and up (lower ones only through onnx's
+#: version converter, which fails on these graphs) and at most torch's ONNX_MAX_OPSET (23 in torch 2.13)
+MIN_OPSET = 18
+
+
+def max_opset() -> int:
+    try:
+        from torch.onnx._constants import ONNX_MAX_OPSET
+    except ImportError:  # a private module: a torch that moved it keeps the value of torch 2.13
+        return 23
+    return ONNX_MAX_OPSET
+
+
+def owned_files() -> tuple[str, ...]:
+    """Every file an export folder holds (what ``--overwrite`` may replace): the graph and its weights,
+    transformers' export record, the config with the model's code (as a run carries it), the tokenizer
+    and this module's record."""
+    from ..model.modeling import remote_code_files
+
+    graph = ("model.onnx", "model.onnx.data", "export.json", "config.json", "generation_config.json")
+    tokenizer = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    return (*graph, *remote_code_files(), *tokenizer, EXPORT_RECORD)
 
 
 @dataclass
@@ -46,13 +75,17 @@ class OnnxExportOptions:
 
 
 def _check_options(options: OnnxExportOptions) -> None:
-    from ..checks import non_negative_int, positive_float, positive_int
+    from ..checks import positive_float, positive_int
 
-    positive_float("atol", options.atol)
-    positive_float("rtol", options.rtol)
-    positive_int("check_batch_size", options.check_batch_size)
-    if options.opset_version is not None:
-        non_negative_int("opset_version", options.opset_version)
+    positive_float("--atol", options.atol)
+    positive_float("--rtol", options.rtol)
+    positive_int("--check-batch-size", options.check_batch_size)
+    top = max_opset()
+    if options.opset_version is not None and not MIN_OPSET <= options.opset_version <= top:
+        raise ValueError(
+            f"--opset-version {options.opset_version!r}: torch.onnx exports opsets {MIN_OPSET} to {top} (default: "
+            f"the newest onnxscript writes by default)"
+        )
 
 
 def _model_class(run):
@@ -127,13 +160,16 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
     int64 of shape (batch, n) with any batch and 1 ≤ n ≤ ``max_position_embeddings``; output
     ``logits`` (batch, n, vocab) or (batch, num_labels).
 
-    The export is written to a temporary folder beside ``output_dir`` and checked there; it is moved
-    into place only when every check batch agrees, so a failed export leaves nothing behind.
+    The export is written to a temporary folder beside ``output_dir`` and checked there; its files are
+    moved into place only when every check batch agrees, so a failed export leaves nothing behind.
+    ``output_dir`` must be new, empty or an earlier export holding nothing but an export's files
+    (:func:`owned_files`); ``overwrite`` replaces those files and nothing else.
 
     Raises:
         FileNotFoundError / ValueError: what :func:`fixedhead.runs.open_run` raises for the run; a run
             that is not an encoder; bad options.
         FileExistsError: ``output_dir`` holds something else (or an earlier export, without ``overwrite``).
+        ValueError: the exporter wrote another opset than ``opset_version`` (nothing is written).
         RuntimeError: ONNX Runtime's logits differ from PyTorch's by more than the tolerance (the
             differences are in the message; nothing is written).
         ImportError: onnx, onnxscript or onnxruntime is not installed.
@@ -144,8 +180,8 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
     _check_options(options)
     run = open_run(run_dir)
     cls = _model_class(run)
-    out = Path(output_dir)
-    claim_output_dir(out, (EXPORT_RECORD,), ("*",), "export-onnx", overwrite=False, create=False)
+    out, owned = Path(output_dir), owned_files()
+    claim_output_dir(out, (EXPORT_RECORD,), (*owned, STAGE_GLOB), "export-onnx", create=False, exclusive=True)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"--output-dir {str(out)!r} holds an earlier export; pass --overwrite to replace it")
 
@@ -158,16 +194,28 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
         dynamic_shapes={k: {0: batch, 1: sequence} for k in sample}, opset_version=options.opset_version
     )
     exported = OnnxExporter().export(model, sample, config)
+    written = exported.program.opset_imports.get("")
+    if options.opset_version is not None and written != options.opset_version:
+        raise ValueError(f"--opset-version {options.opset_version}: the exporter wrote opset {written} instead")
 
     checks = [
         _batch(run.tokenizer, model.config.vocab_size, options.check_batch_size, n, generator)
         for n in sorted({1, max(1, n_max // 2 + 1), n_max})
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(STAGE_GLOB):  # an interrupted export's staging folder
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(dir=out, prefix=".export-onnx.", suffix=".tmp"))
     try:
         exported.save_pretrained(str(stage))
         run.tokenizer.save_pretrained(str(stage))
+        for name in owned:  # the model code config.json's auto_map names, as a run folder carries it
+            if name.endswith(".py") and not (stage / name).exists():
+                shutil.copyfile(MODEL_DIR / name, stage / name)
+        extra = sorted(p.name for p in stage.iterdir() if p.name not in owned)
+        if extra:  # what --overwrite would not know to replace: refuse rather than leave it unowned
+            raise RuntimeError(f"the export wrote files this command does not know: {extra}")
         records = check_on_onnxruntime(stage / "model.onnx", model, checks, options.atol, options.rtol)
         bad = [r for r in records if not r["ok"]]
         if bad:
@@ -183,12 +231,15 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
             versions={**environment_info(), **_onnx_versions()},
         )
         write_json_atomic(stage / EXPORT_RECORD, record)
-        follow_umask(stage)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(stage, out)
+        for name in owned:  # an earlier export's files (claim_output_dir let only those be there)
+            (out / name).unlink(missing_ok=True)
+        for path in sorted(stage.iterdir(), key=lambda p: p.name == EXPORT_RECORD):  # the record last
+            follow_umask(path)
+            os.replace(path, out / path.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if created and not any(out.iterdir()):  # a failed export into a new folder leaves no folder
+            out.rmdir()
     return record
 
 
