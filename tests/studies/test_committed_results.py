@@ -94,3 +94,15 @@ def test_gpu_lm1b_pair_summary_regenerates():
     rows = [json.loads(line) for line in (RESULTS / "gpu-lm1b-pair" / "runs.jsonl").read_text().splitlines()]
     text = module.summarise(rows, [0, 1, 2, 3, 4, 5])["text"]
     assert text in (RESULTS / "gpu-lm1b-pair" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("folder", ["seq-len-pilot", "seq-len-long"])
+def test_seq_len_report_regenerates(folder):
+    """The committed report is what the code renders from the committed runs and plan: the summary is
+    recomputed from the per-run results, not read back."""
+    from fixedhead.studies.seq_len import SeqLenOptions, report_markdown, summarise
+
+    record = _state(folder)
+    options = SeqLenOptions(**json.loads((RESULTS / folder / "plan.json").read_text())["plan"]["options"])
+    assert json.loads(json.dumps(summarise(record["runs"], options))) == record["summary"]
+    assert report_markdown(record, options) == (RESULTS / folder / "report.md").read_text()
