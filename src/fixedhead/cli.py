@@ -64,9 +64,10 @@ def _count_options(p):
 
 def _count(args):
     """parameter count of a preset or of explicit sizes (paper Tables 1-3)"""
-    from .training.command import count_table
+    from .training.command import COUNT_DEFAULTS, count_table
 
-    sizes = {k: v for k, v in vars(args).items() if k not in ("preset", "command", "func", "command_line")}
+    names = ("hidden_size", "num_attention_heads", "head_dim", *COUNT_DEFAULTS)  # the options _count_options adds
+    sizes = {name: getattr(args, name) for name in names if hasattr(args, name)}
     print(count_table(args.preset, sizes))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..runs import claim_output_dir, environment_info, follow_umask, open_run, write_json_atomic
+from ..runs import claim_output_dir, environment_info, open_run, write_json_atomic
 
 #: the model folder, whose modules an export carries as its code (as a run does)
 MODEL_DIR = Path(__file__).resolve().parents[1] / "model"
@@ -234,7 +234,6 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
         for name in owned:  # an earlier export's files (claim_output_dir let only those be there)
             (out / name).unlink(missing_ok=True)
         for path in sorted(stage.iterdir(), key=lambda p: p.name == EXPORT_RECORD):  # the record last
-            follow_umask(path)
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
