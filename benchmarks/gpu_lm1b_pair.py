@@ -8,11 +8,11 @@ The study, in the order it runs (runs side by side as worker processes, ``--work
 
 1. **Rates.** Each model trains with the first seed at every rate of ``--learning-rates`` on the
    training split minus a validation split (5% of the training documents), and takes the rate with the
-   lowest validation loss (:mod:`fixedhead.studies.learning_rate`); a best rate at an edge of the grid
+   lowest validation loss (:mod:`fixedhead.studies.kit.learning_rate`); a best rate at an edge of the grid
    adds one factor-2 step past it (once; the summary says when the optimum stays unbracketed).
 2. **Seeds.** Every further seed trains at its model's rate. A seed gives both models the same
    batches in the same order, so the head-size gap (fixed − standard held-out loss) is paired by seed:
-   mean, 95% t-interval, paired t-test, and the word :func:`fixedhead.studies.stats.difference_word`
+   mean, 95% t-interval, paired t-test, and the word :func:`fixedhead.studies.kit.stats.difference_word`
    gives it against ``--target`` nats.
 3. **Rank intervention** (:func:`fixedhead.intervention.run_rank_curve`, all layers together) on each
    reported model: held-out loss when every head's logits are cut to rank k, k = 0 (uniform attention)
@@ -47,7 +47,7 @@ SEQ = 128
 
 def _settings(args, cuda: bool):
     from fixedhead.data import DataSettings
-    from fixedhead.studies.learning_rate import with_validation_split
+    from fixedhead.studies.kit.learning_rate import with_validation_split
     from fixedhead.training.pretrain import TrainSettings
 
     data = with_validation_split(
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     from fixedhead.data import prepare_data
     from fixedhead.data.lm import unigram_perplexity
     from fixedhead.runs import environment_info
-    from fixedhead.studies.learning_rate import best_rate, next_rate
+    from fixedhead.studies.kit.learning_rate import best_rate, next_rate
 
     cuda = torch.cuda.is_available()
     t_start = time.time()
@@ -266,8 +266,8 @@ def summarise(rows: list[dict], seeds: list[int] | None = None, target: float = 
     the record with the intervention first): each model's rate (lowest validation loss of the first
     seed's grid), held-out loss per seed at that rate, the rank intervention averaged over seeds, and
     the paired head-size gap over the seeds both models finished. ``text`` holds the printed tables."""
-    from fixedhead.studies.learning_rate import best_rate, losses_record, next_rate
-    from fixedhead.studies.stats import difference_word, mean_std, paired_difference
+    from fixedhead.studies.kit.learning_rate import best_rate, losses_record, next_rate
+    from fixedhead.studies.kit.stats import difference_word, mean_std, paired_difference
 
     runs: dict[tuple, dict] = {}
     for r in rows:

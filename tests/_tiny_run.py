@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.studies.recipes import get_recipe
+from fixedhead.studies.kit.recipes import get_recipe
 from fixedhead.training import TrainSettings, prepare_data
 
-#: the test suite's runs are the ``tiny`` recipe's (fixedhead.studies.recipes), on a slice of real text
+#: the test suite's runs are the ``tiny`` recipe's (fixedhead.studies.kit.recipes), on a slice of real text
 TINY = get_recipe("tiny")
 
 

@@ -268,7 +268,7 @@ def test_the_command_line_and_python_take_one_default_folder(command, module, fu
     folder, runs/STUDY-PRESET (they used to differ: runs/sweep-cpu-mlm against runs/sweep)."""
     import importlib
 
-    from fixedhead.studies import core
+    from fixedhead.studies.kit import core
 
     claimed = []
 

@@ -170,9 +170,31 @@ def test_no_import_cycle_between_modules():
     assert not cycles, cycles
 
 
+def _study_unit(name: str) -> str | None:
+    """The study unit of a module under studies/ (``kit``, ``compare``, ``sweep``, ...), else None."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "studies" else None
+
+
+def test_studies_are_one_kit_and_units_that_do_not_import_each_other():
+    """studies/ is the kit (``studies.kit``: the skeleton every study stands on) and one module or
+    package per study: the kit imports no study, and no study imports another (what two studies share
+    belongs in the kit)."""
+    crossing = sorted(
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if _study_unit(m)
+        for t in targets
+        if _study_unit(t) and _study_unit(t) not in (_study_unit(m), "kit")
+    )
+    assert not crossing, "\n".join(crossing)
+    assert {_study_unit(m) for m in MODULES} - {None} >= {"kit", "compare", "sweep", "widening", "scaling"}
+
+
 def test_the_checker_sees_a_cycle_and_an_upward_import():
     """The checks above would pass on an empty graph; this one shows they read real imports."""
     assert "fixedhead.model.modeling" in GRAPH["fixedhead.model.from_bert"]
     assert "fixedhead.model.attention" in GRAPH["fixedhead.model.modeling"]
     assert "fixedhead.runs" in GRAPH["fixedhead.training.widen"]
     assert "fixedhead.studies.compare" in GRAPH["fixedhead.cli"]  # a function-level import
+    assert "fixedhead.studies.kit.core" in GRAPH["fixedhead.studies.compare.seq_len"]  # ..kit from a subpackage

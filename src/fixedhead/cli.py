@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .checks import positive_int
 from .options import add_options, add_study_options, given, parse_head_dim
-from .studies.core import output_folder
+from .studies.kit.core import output_folder
 
 
 def _allow_pickle(p):
@@ -230,7 +230,7 @@ def _known_rank(args):
     """the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k"""
     from dataclasses import replace
 
-    from .studies.known_rank import QUICK, KnownRankCheck, report_markdown, run_known_rank
+    from .studies.farthest_point.known_rank import QUICK, KnownRankCheck, report_markdown, run_known_rank
 
     check = QUICK if args.quick else KnownRankCheck()
     if args.seeds:
@@ -248,7 +248,7 @@ def _known_rank(args):
 
 # ------------------------------------------------------------------------------------ seq-len
 def _seq_len_options(p):
-    from .studies.seq_len import SeqLenOptions
+    from .studies.compare.seq_len import SeqLenOptions
 
     add_options(p, SeqLenOptions, title="the plan (defaults: the full study)")
     g = p.add_argument_group("running it")
@@ -273,7 +273,7 @@ def _seq_len(args):
     """does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"""
     from dataclasses import replace
 
-    from .studies.seq_len import QUICK, SeqLenOptions, run_seq_len
+    from .studies.compare.seq_len import QUICK, SeqLenOptions, run_seq_len
 
     options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
     out = output_folder(args.output_dir, "seq-len", quick=args.quick)
@@ -312,7 +312,7 @@ def _widen(args):
 
 # ------------------------------------------------------------------------------------ studies
 def _rates(text):
-    from .studies.learning_rate import parse_rates
+    from .studies.kit.learning_rate import parse_rates
 
     try:
         return parse_rates(text)
@@ -384,7 +384,7 @@ def _compare(args):
 
 
 def _sweep_options(p):
-    from .studies.sweep_presets import EXPERIMENTS, SWEEP_PRESETS
+    from .studies.sweep.presets import EXPERIMENTS, SWEEP_PRESETS
 
     p.description = (
         "Train every model of a sweep preset with several seeds (several workers may share one --output-dir: each "
@@ -417,8 +417,8 @@ def _sweep_options(p):
 
 def _sweep(args):
     """the paper's head / embedding-size / head-size sweeps with seeds, then a report"""
-    from .studies.report import write_report
     from .studies.sweep import run_sweep
+    from .studies.sweep.report import write_report
 
     out = output_folder(args.output_dir, "sweep", args.preset, args.quick)
     options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
@@ -435,7 +435,7 @@ def _report_options(p):
 
 def _report(args):
     """markdown tables, plots and the paper-claim table of a sweep directory"""
-    from .studies.report import write_report
+    from .studies.sweep.report import write_report
 
     print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
 
@@ -456,7 +456,7 @@ def _finetune_sweep_options(p):
 
 def _finetune_sweep(args):
     """fine-tuning claims with several fine-tuning seeds per checkpoint of a sweep"""
-    from .studies.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
+    from .studies.sweep.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
 
     out = args.output_dir or f"{args.sweep_dir.rstrip('/')}/finetune-{args.task}"
     run_finetune_seeds(
@@ -510,7 +510,7 @@ def _widen_experiment(args):
     """does widening help? a trained standard-head causal LM continued as is, widened (all, early, late
     layers) and with a parameter-matched wider FFN, with seeds; report and plot"""
     from .studies.widening import run_widening
-    from .studies.widening_report import format_table
+    from .studies.widening.report import format_table
 
     preset = _study_preset(args)
     out = output_folder(args.output_dir, "widen-experiment", preset)

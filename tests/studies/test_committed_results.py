@@ -31,7 +31,7 @@ def test_farthest_point_report_regenerates(folder):
 
 @pytest.mark.parametrize("folder", ["widening", "widening-lr"])
 def test_widening_report_regenerates(folder):
-    from fixedhead.studies.widening_report import report_markdown
+    from fixedhead.studies.widening.report import report_markdown
 
     assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
@@ -57,7 +57,7 @@ def test_coordcheck_report_regenerates():
 
 @pytest.mark.parametrize("folder", ["scaling-cpu", "scaling-llama"])
 def test_scaling_report_regenerates(folder):
-    from fixedhead.studies.scaling_report import report_markdown
+    from fixedhead.studies.scaling.report import report_markdown
 
     assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
 
@@ -66,7 +66,7 @@ def test_scaling_report_regenerates(folder):
 def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 
-    from fixedhead.studies.report import write_report
+    from fixedhead.studies.sweep.report import write_report
 
     # no data read: a sweep that fine-tunes records its majority-class rate, which the report shows
     shutil.copy(RESULTS / folder / "sweep.json", tmp_path / "sweep.json")
@@ -75,7 +75,7 @@ def test_sweep_report_regenerates(folder, tmp_path):
 
 @pytest.mark.parametrize("task", ["sst2", "cola"])
 def test_finetune_sweep_report_regenerates(task):
-    from fixedhead.studies.finetune_seeds import report_markdown
+    from fixedhead.studies.sweep.finetune_seeds import report_markdown
 
     folder = RESULTS / "sweep-mlm-lr"
     sweep = json.loads((folder / "sweep.json").read_text())
@@ -100,7 +100,7 @@ def test_gpu_lm1b_pair_summary_regenerates():
 def test_seq_len_report_regenerates(folder):
     """The committed report is what the code renders from the committed runs and plan: the summary is
     recomputed from the per-run results, not read back."""
-    from fixedhead.studies.seq_len import SeqLenOptions, report_markdown, summarise
+    from fixedhead.studies.compare.seq_len import SeqLenOptions, report_markdown, summarise
 
     record = _state(folder)
     options = SeqLenOptions(**json.loads((RESULTS / folder / "plan.json").read_text())["plan"]["options"])

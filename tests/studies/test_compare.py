@@ -143,7 +143,7 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     import math
 
     import fixedhead.studies.compare as compare
-    from fixedhead.studies.learning_rate import VALIDATION_FRACTION
+    from fixedhead.studies.kit.learning_rate import VALIDATION_FRACTION
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     kw = dict(corpus=str(small_real_corpus), max_steps=3, progress=False, learning_rates=[1e-3, 4e-3], max_extensions=1)
@@ -231,7 +231,7 @@ def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     from dataclasses import replace
 
     from fixedhead.studies.compare import get_compare_preset, match_hidden_size, run_compare
-    from fixedhead.studies.recipes import get_recipe
+    from fixedhead.studies.kit.recipes import get_recipe
 
     cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
     assert {name: {**fields, "architecture": "llama"} for name, fields in cpu.models.items()} == llama.models

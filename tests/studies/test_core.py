@@ -1,4 +1,4 @@
-"""fixedhead.studies.core: the skeleton, exercised by a toy study that is only a plan, a run and a
+"""fixedhead.studies.kit.core: the skeleton, exercised by a toy study that is only a plan, a run and a
 rendering (a learning-rate grid per arm, the kind of study the skeleton is for)."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fixedhead.studies import core, render
+from fixedhead.studies.kit import core, render
 
 RESULTS = "results.json"
 

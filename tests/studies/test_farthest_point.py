@@ -22,7 +22,7 @@ from fixedhead.data.synthetic import (
 )
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies import farthest_point as S
-from fixedhead.studies import set_attention as M
+from fixedhead.studies.farthest_point import set_attention as M
 
 
 def _np_sets(num_sets, n, d, seed):

@@ -7,16 +7,16 @@ from scipy.stats import spearmanr
 
 from _tiny_run import TINY
 from fixedhead.cli import main
-from fixedhead.studies.claims import claims
-from fixedhead.studies.finetune_seeds import (
+from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
+from fixedhead.studies.sweep.claims import claims
+from fixedhead.studies.sweep.finetune_seeds import (
     RESULTS_FILE,
     as_sweep_state,
     rank_correlation,
     run_finetune_seeds,
     write_report,
 )
-from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
-from fixedhead.studies.sweep_presets import SweepPoint, SweepPreset
+from fixedhead.studies.sweep.presets import SweepPoint, SweepPreset
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
 FT = FinetuneSettings(
@@ -128,7 +128,7 @@ def _fake_sweep(root, qualities):
 def fake_finetune(monkeypatch, tmp_path):
     """``finetune`` replaced by a table: validation best at 1e-3, GLUE dev best at 1e-4 (a choice made
     on dev would pick it), 3e-3 diverges; the dev score at 1e-3 falls with the checkpoint's perplexity."""
-    from fixedhead.studies import finetune_seeds as FS
+    from fixedhead.studies.sweep import finetune_seeds as FS
     from fixedhead.training.evaluate import DivergedError
 
     tsv = tmp_path / "glue.tsv"

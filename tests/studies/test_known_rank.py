@@ -11,8 +11,14 @@ import torch
 
 from fixedhead.cli import main
 from fixedhead.data.synthetic import FarthestPointTask
-from fixedhead.studies.known_rank import QUICK, KnownRankCheck, rank_sweep, report_markdown, run_known_rank
-from fixedhead.studies.set_attention import Cell, SetAttentionModel, evaluate, train_cell
+from fixedhead.studies.farthest_point.known_rank import (
+    QUICK,
+    KnownRankCheck,
+    rank_sweep,
+    report_markdown,
+    run_known_rank,
+)
+from fixedhead.studies.farthest_point.set_attention import Cell, SetAttentionModel, evaluate, train_cell
 
 
 def test_cutting_a_set_model_at_or_above_its_head_size_changes_nothing_and_below_it_does():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fixedhead.studies.learning_rate import (
+from fixedhead.studies.kit.learning_rate import (
     DIVERGED,
     best_rate,
     choose_rate,

@@ -8,8 +8,10 @@ import pytest
 
 from fixedhead.cli import main
 from fixedhead.model.architectures import non_embedding_parameters
-from fixedhead.studies import core, scaling, scaling_report
-from fixedhead.studies.recipes import get_recipe
+from fixedhead.studies import scaling
+from fixedhead.studies.kit import core
+from fixedhead.studies.kit.recipes import get_recipe
+from fixedhead.studies.scaling import report as scaling_report
 
 
 def test_each_family_takes_the_papers_head_size():
@@ -45,7 +47,7 @@ def test_non_embedding_parameters_are_berts_without_its_embeddings():
 
 
 def test_flops_power_law_and_holm_against_hand_computed_values():
-    from fixedhead.studies.stats import holm
+    from fixedhead.studies.kit.stats import holm
 
     assert scaling.training_flops(1000, 10, 2, 8, 16) == 6 * 10 * (1000 + 2 * 8 * 16)
     a, b = scaling_report.power_law([10, 100, 1000], [3 * 10**-0.1, 3 * 100**-0.1, 3 * 1000**-0.1])

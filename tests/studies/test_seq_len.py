@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from fixedhead.model.architectures import build_config
-from fixedhead.studies.seq_len import (
+from fixedhead.studies.compare.seq_len import (
     QUICK,
     SeqLenOptions,
     compare_preset,

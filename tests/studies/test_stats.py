@@ -1,11 +1,11 @@
-"""fixedhead.studies.stats: mean ± std over seeds and the three verdict rules, side by side."""
+"""fixedhead.studies.kit.stats: mean ± std over seeds and the three verdict rules, side by side."""
 
 import math
 import statistics
 
 import pytest
 
-from fixedhead.studies.stats import mean_std, pm, pooled_verdict, threshold_verdict, welch, welch_verdict
+from fixedhead.studies.kit.stats import mean_std, pm, pooled_verdict, threshold_verdict, welch, welch_verdict
 
 
 def test_mean_std_is_the_sample_deviation():
@@ -58,7 +58,7 @@ def test_spearman_p_is_exact_for_few_pairs_and_scipys_beyond():
 
     from scipy.stats import spearmanr
 
-    from fixedhead.studies.stats import spearman
+    from fixedhead.studies.kit.stats import spearman
 
     # a perfect ρ on 5 runs: only the identity and the reversal of 5! pairings reach |ρ| = 1
     rho, p = spearman([397.7, 388.4, 385.5, 380.7, 390.1], [0.667, 0.692, 0.720, 0.722, 0.680])
@@ -86,7 +86,7 @@ LOSS_B = [5.920, 5.909, 5.944, 5.932, 5.913]
 def test_paired_difference_is_scipys_paired_t_interval():
     from scipy.stats import ttest_rel
 
-    from fixedhead.studies.stats import paired_difference
+    from fixedhead.studies.kit.stats import paired_difference
 
     ref = ttest_rel(LOSS_B, LOSS_A)
     ci = ref.confidence_interval(0.95)
@@ -95,7 +95,7 @@ def test_paired_difference_is_scipys_paired_t_interval():
     assert (got["low"], got["high"]) == pytest.approx((ci.low, ci.high))
     assert got["p"] == pytest.approx(ref.pvalue) and got["df"] == 4 and got["paired"]
     # the pairing removes the seeds' shared spread: the interval is far narrower than Welch's
-    from fixedhead.studies.stats import welch_difference
+    from fixedhead.studies.kit.stats import welch_difference
 
     unpaired = welch_difference(LOSS_A, LOSS_B)
     assert got["high"] - got["low"] < (unpaired["high"] - unpaired["low"]) / 5
@@ -105,7 +105,7 @@ def test_welch_difference_is_scipys_welch_interval():
     import numpy as np
     from scipy.stats import t, ttest_ind
 
-    from fixedhead.studies.stats import welch_difference
+    from fixedhead.studies.kit.stats import welch_difference
 
     a, b = [375.7, 371.9, 385.1, 370.0], [379.2, 385.6, 373.5]  # unequal lengths
     ref = ttest_ind(b, a, equal_var=False)
@@ -121,7 +121,7 @@ def test_welch_difference_is_scipys_welch_interval():
 
 
 def test_differences_refuse_what_they_cannot_compute():
-    from fixedhead.studies.stats import paired_difference, welch_difference
+    from fixedhead.studies.kit.stats import paired_difference, welch_difference
 
     with pytest.raises(ValueError, match="got 3 and 2"):
         paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
@@ -151,13 +151,13 @@ def test_differences_refuse_what_they_cannot_compute():
     ],
 )
 def test_difference_word(difference, low, high, p, word):
-    from fixedhead.studies.stats import difference_word
+    from fixedhead.studies.kit.stats import difference_word
 
     assert difference_word(difference, low, high, p) == word
 
 
 def test_difference_word_target_and_errors():
-    from fixedhead.studies.stats import difference_word
+    from fixedhead.studies.kit.stats import difference_word
 
     assert difference_word(-0.01, -0.025, 0.005, 0.3, target=0.03) == "equivalent: no difference larger than 0.03 nats"
     assert difference_word(-0.01, -0.025, 0.005, 0.3) == "cannot tell (underpowered)"
@@ -174,7 +174,7 @@ def test_difference_word_target_and_errors():
 def test_seeds_for_matches_g_power_matched_pairs():
     """G*Power 3.1, t tests, means, difference between two dependent means (matched pairs), two tails,
     α = 0.05, power 0.80: d_z = 1.0 needs 10 pairs, d_z = 0.5 needs 34."""
-    from fixedhead.studies.stats import seeds_for
+    from fixedhead.studies.kit.stats import seeds_for
 
     assert seeds_for(sd=1.0, target=1.0, alpha=0.05) == 10
     assert seeds_for(sd=2.0, target=1.0, alpha=0.05) == 34

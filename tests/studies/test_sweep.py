@@ -9,10 +9,9 @@ import pytest
 from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
-from fixedhead.studies.claims import PointStats, claims, collect_points
-from fixedhead.studies.report import points_table, write_report
 from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
-from fixedhead.studies.sweep_presets import (
+from fixedhead.studies.sweep.claims import PointStats, claims, collect_points
+from fixedhead.studies.sweep.presets import (
     SweepPoint,
     SweepPreset,
     canonical_fields,
@@ -20,6 +19,7 @@ from fixedhead.studies.sweep_presets import (
     plan_runs,
     run_key,
 )
+from fixedhead.studies.sweep.report import points_table, write_report
 from fixedhead.training.evaluate import load_run
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
@@ -132,7 +132,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     assert report == tmp_path / "report" / "report.md" and report.stat().st_size > 0
     for png in ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png"):
         assert (tmp_path / "report" / png).stat().st_size > 5000, png
-    from fixedhead.studies.claims import UNTESTED
+    from fixedhead.studies.sweep.claims import UNTESTED
 
     verdicts = ("agrees", "does not agree", "cannot tell at this scale", UNTESTED)  # tiny models: at chance
     rows = claims(saved)
@@ -306,7 +306,7 @@ def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpu
 
 
 def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
-    from fixedhead.studies.sweep_presets import as_architecture
+    from fixedhead.studies.sweep.presets import as_architecture
 
     clm = get_sweep_preset("cpu-clm")
     llama = as_architecture(clm, "llama")
@@ -340,7 +340,7 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
 
 
 def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
-    from fixedhead.studies.sweep_presets import as_mup
+    from fixedhead.studies.sweep.presets import as_mup
 
     mlm = get_sweep_preset("cpu-mlm")
     mup = as_mup(mlm, 16)
@@ -354,7 +354,7 @@ def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
 
 
 def test_a_sweep_restricted_to_some_models_keeps_their_points_only(tmp_path, capsys):
-    from fixedhead.studies.sweep_presets import only_models
+    from fixedhead.studies.sweep.presets import only_models
 
     clm = get_sweep_preset("cpu-clm")
     pair = only_models(clm, ["d128-h32-dp4", "d128-h32-dp32-fixed"], "cpu-clm")
@@ -442,7 +442,7 @@ def _sect4(state):
 def test_the_recorded_rule_decides_a_claim_and_older_sweeps_keep_theirs():
     from scipy.stats import ttest_ind
 
-    from fixedhead.studies.stats import CLAIMS_RULE
+    from fixedhead.studies.kit.stats import CLAIMS_RULE
 
     std, fix = [100.0, 101.0, 102.0], [97.5, 98.5, 99.0]  # fixed lower, Welch p between 0.01 and 0.05
     p = ttest_ind(fix, std, equal_var=False).pvalue
@@ -466,7 +466,7 @@ def test_the_recorded_rule_decides_a_claim_and_older_sweeps_keep_theirs():
 
 
 def test_holm_counts_every_claim_tested():
-    from fixedhead.studies.stats import CLAIMS_RULE, holm
+    from fixedhead.studies.kit.stats import CLAIMS_RULE, holm
 
     std, fix = [100.0, 101.0, 102.0], [97.0, 97.4, 98.1]
     state = _claims_state(std, fix, CLAIMS_RULE)
@@ -504,7 +504,7 @@ def _table1(state):
 
 
 def test_a_fine_tuning_claim_at_chance_is_untested():
-    from fixedhead.studies.claims import chance_bar
+    from fixedhead.studies.sweep.claims import chance_bar
 
     # Matthews correlation (CoLA): chance is 0; the bar is two standard errors, 2/√N, of a chance score
     cola = _finetune_state("cola", [0.0, 0.0, 0.03], [0.05, 0.0, 0.0], None)
@@ -524,7 +524,7 @@ def test_a_fine_tuning_claim_at_chance_is_untested():
 
 
 def test_chance_bar_refuses_mixed_dev_sets():
-    from fixedhead.studies.claims import chance_bar
+    from fixedhead.studies.sweep.claims import chance_bar
 
     state = _finetune_state("cola", [0.0, 0.0, 0.03], [0.05, 0.0, 0.0], None)
     state["runs"]["h8-0"]["finetune"]["dev_examples"] = 500

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fixedhead.studies.widening as W
-import fixedhead.studies.widening_arms as A
-import fixedhead.studies.widening_report as WR
+import fixedhead.studies.widening.arms as A
+import fixedhead.studies.widening.report as WR
 from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main

@@ -27,7 +27,7 @@ from ..theory import (
     min_head_dim,
     random_attention,
 )
-from . import render
+from .kit import render
 
 SWEEP_COLUMNS = [
     "mask",

@@ -31,7 +31,7 @@ import torch
 from ..checks import positive_float, positive_int
 from ..plotting import pyplot, save_figure
 from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, staged_outputs
-from . import render
+from .kit import render
 
 QUANTITIES = ("query", "key", "logits", "context", "attention_output", "block_output")
 AXES = ("head_dim", "num_heads")

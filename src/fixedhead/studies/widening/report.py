@@ -1,5 +1,5 @@
 """`fixedhead widen-experiment`'s summary and rendering: one row per arm, the report's questions
-(arm B against arm A, :func:`fixedhead.studies.stats.pooled_verdict`), the table, the plot and
+(arm B against arm A, :func:`fixedhead.studies.kit.stats.pooled_verdict`), the table, the plot and
 ``report.md``, all from the state :func:`fixedhead.studies.widening.run_widening` writes.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..plotting import pyplot, save_figure
-from ..runs import write_text_atomic
-from . import render
-from .learning_rate import plot_learning_rates, selection_markdown
-from .stats import RULE_STDS, mean_std, pm, pooled_verdict
+from ...plotting import pyplot, save_figure
+from ...runs import write_text_atomic
+from ..kit import render
+from ..kit.learning_rate import plot_learning_rates, selection_markdown
+from ..kit.stats import RULE_STDS, mean_std, pm, pooled_verdict
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "widening.png"

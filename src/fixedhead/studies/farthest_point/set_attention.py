@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..checks import in_range, positive_float, positive_int
-from ..data.synthetic import FarthestPointTask
-from ..model.attention import MultiHeadAttention
+from ...checks import in_range, positive_float, positive_int
+from ...data.synthetic import FarthestPointTask
+from ...model.attention import MultiHeadAttention
 
 
 # ------------------------------------------------------------------------------------ model

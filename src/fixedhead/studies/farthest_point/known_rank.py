@@ -6,13 +6,13 @@ one-layer model whose head size d_p is at least r learns it and one with d_p < r
 are cut to rank k by :mod:`fixedhead.intervention`, it must keep solving the task for every k ≥ r and
 stop solving it below r, whatever its d_p: the rank the intervention reports is known in advance.
 
-The check trains the farthest-point model (:func:`fixedhead.studies.set_attention.train_cell`, the
+The check trains the farthest-point model (:func:`fixedhead.studies.farthest_point.set_attention.train_cell`, the
 committed recipe) at rank r for several head sizes d_p ≥ r and seeds, then scores it on its held-out
 sets (the ones its results are scored on) with the logits cut to k = 1 .. min(d_p, N − 1). Two readings
 of the rank each model needs:
 
 * by the task's verdict metric: the smallest k from which the hit rate stays ≥
-  :data:`~fixedhead.studies.stats.SUCCEEDS_AT` (the farthest-point study's "succeeds");
+  :data:`~fixedhead.studies.kit.stats.SUCCEEDS_AT` (the farthest-point study's "succeeds");
 * by the loss, as ``fixedhead rank-intervention`` reads text models: the smallest k from which
   MSE × d stays within a band of the full-rank MSE × d (the band: the seed spread of the full-rank
   value among the models of one d_p, :func:`fixedhead.intervention.needed_rank`).
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from ..checks import positive_int
-from ..data.synthetic import FarthestPointTask
-from ..intervention import attention_modules, needed_rank, truncated_logits
+from ...checks import positive_int
+from ...data.synthetic import FarthestPointTask
+from ...intervention import attention_modules, needed_rank, truncated_logits
+from ..kit.stats import SUCCEEDS_AT
 from .set_attention import Cell, FarthestPointRecipe, evaluate, train_cell
-from .stats import SUCCEEDS_AT
 
 RESULTS_FILE = "known_rank.json"
 OWNED = (RESULTS_FILE, "known_rank.csv", "known_rank.png", "known_rank.md")
@@ -75,7 +75,7 @@ QUICK = KnownRankCheck(
 
 
 def rank_sweep(model, sets, ranks) -> dict[int, dict[str, float]]:
-    """The farthest-point metrics (:func:`~fixedhead.studies.set_attention.evaluate`) of ``model`` on
+    """The farthest-point metrics (:func:`~fixedhead.studies.farthest_point.set_attention.evaluate`) of ``model`` on
     ``sets`` with its logits cut to each rank k in ``ranks``: ``{k: {"mse", "hit_rate", "nearest_rate"}}``."""
     modules = attention_modules(model, sets[0])
     out = {}
@@ -104,7 +104,7 @@ def run_known_rank(
     """
     from tqdm.auto import tqdm
 
-    from ..runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
+    from ...runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
 
     check = check or KnownRankCheck()
     claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "known-rank", overwrite=overwrite, create=False)
@@ -189,7 +189,7 @@ def report_markdown(state: dict) -> str:
 
 def plot_known_rank(state: dict, path) -> None:
     """MSE × d and hit rate against k, one line per model (colour: d_p), the task's rank r marked."""
-    from ..plotting import pyplot, save_figure
+    from ...plotting import pyplot, save_figure
 
     plt = pyplot()
     r = state["check"]["rank"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..data import DEFAULT_CORPUS, DataSettings
-from ..training.settings import TrainSettings
+from ...data import DEFAULT_CORPUS, DataSettings
+from ...training.settings import TrainSettings
 from . import core
 
 

@@ -4,11 +4,11 @@ with enough fine-tuning seeds to decide them.
 Every pretrained checkpoint of a masked sweep (``SWEEP_DIR/runs/NAME``) is fine-tuned on one GLUE
 task. Its fine-tuning rate is chosen from a grid with the first fine-tuning seed, on the highest
 validation score (the split carved out of GLUE train for early stopping; never GLUE dev, the
-reported test set), with :func:`fixedhead.studies.learning_rate.choose_rate` (the grid grows past
+reported test set), with :func:`fixedhead.studies.kit.learning_rate.choose_rate` (the grid grows past
 an edge); then every fine-tuning seed trains at that rate. A checkpoint's score is the mean GLUE dev
 score over its fine-tuning seeds, so a claim compares pretraining seeds with less fine-tuning noise.
-The claims are judged by :func:`fixedhead.studies.claims.claims` under the rule this study records
-before training (:data:`~fixedhead.studies.stats.CLAIMS_RULE`; Holm counts the sweep's pretraining
+The claims are judged by :func:`fixedhead.studies.sweep.claims.claims` under the rule this study records
+before training (:data:`~fixedhead.studies.kit.stats.CLAIMS_RULE`; Holm counts the sweep's pretraining
 claims too), and whether fine-tuning tracks pretraining is Spearman's ρ over checkpoints with a
 bootstrap 95% interval.
 """
@@ -21,16 +21,16 @@ from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
-from ..checks import non_negative_int
-from ..data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
-from ..runs import load_json_file, write_text_atomic
-from ..training.evaluate import DivergedError
-from ..training.finetune import FinetuneSettings, finetune
-from . import core, render
+from ...checks import non_negative_int
+from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
+from ...runs import load_json_file, write_text_atomic
+from ...training.evaluate import DivergedError
+from ...training.finetune import FinetuneSettings, finetune
+from ..kit import core, render
+from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
+from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
 from .claims import claims, load_sweep, verdict_rule
-from .learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
-from .stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
-from .sweep_presets import get_sweep_preset
+from .presets import get_sweep_preset
 
 RESULTS_FILE = "finetune.json"
 OWNED = ("runs", "report.md", ".report.md.*", "*.png")
@@ -179,7 +179,7 @@ def checkpoint_scores(state: dict) -> dict[str, list[float]]:
 def as_sweep_state(sweep: dict, state: dict) -> dict:
     """The sweep's state with each checkpoint's fine-tuning score replaced by its mean over
     fine-tuning seeds (checkpoints without one have none) and this study's verdict rule, for
-    :func:`fixedhead.studies.claims.claims`."""
+    :func:`fixedhead.studies.sweep.claims.claims`."""
     scores, plan = checkpoint_scores(state), state["meta"]["settings"]
     task, cap = plan["task"], plan["finetune"].get("max_dev_examples")
     dev = min(GLUE_DEV_EXAMPLES[task], cap) if cap else GLUE_DEV_EXAMPLES[task]

@@ -1,7 +1,7 @@
 """The arms of ``fixedhead widen-experiment``: how each continuation's starting model is made from
 the trained base (heads widened in some layers, or the feed-forward layers widened to the same
 parameter count), each computing the base's function exactly. The plan and the results file
-are :mod:`fixedhead.studies.widening`, the report :mod:`fixedhead.studies.widening_report`.
+are :mod:`fixedhead.studies.widening`, the report :mod:`fixedhead.studies.widening.report`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ..checks import positive_int
-from ..model.modeling import count_parameters
-from ..model.surgery import widen_feed_forward
-from ..runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
-from ..training.evaluate import load_run
-from ..training.widen import WIDEN_FILE, widen_run
+from ...checks import positive_int
+from ...model.modeling import count_parameters
+from ...model.surgery import widen_feed_forward
+from ...runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
+from ...training.evaluate import load_run
+from ...training.widen import WIDEN_FILE, widen_run
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..checks import non_negative_int, positive_int
-from ..model.paper_presets import lookup
-from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
+from ...checks import non_negative_int, positive_int
+from ...model.paper_presets import lookup
+from ...runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
 
 
 def pick(table: dict[str, Callable], name: str, kind: str, *args):

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from ..checks import non_negative_int, positive_float, positive_int
-from ..plotting import pyplot, save_figure
-from ..training.evaluate import DivergedError
+from ...checks import non_negative_int, positive_float, positive_int
+from ...plotting import pyplot, save_figure
+from ...training.evaluate import DivergedError
 from . import render
 
 #: a diverged run's validation loss: worse than any finite one, and JSON-safe as None

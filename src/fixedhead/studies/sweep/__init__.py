@@ -16,7 +16,7 @@ Points that are the same architecture (a fixed head size equal to d/h *is* the s
 are trained once and shared between series. Every (model, seed) pair is one run directory
 ``OUT/runs/<key>-s<seed>``; a sweep that is interrupted resumes without redoing finished runs
 (pretraining: ``metrics.json`` with the same settings; fine-tuning: ``finetune_metrics.json``).
-Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.studies.report.write_report`
+Results accumulate in ``OUT/sweep.json`` after every run; :func:`fixedhead.studies.sweep.report.write_report`
 turns it into markdown and plots.
 """
 
@@ -27,16 +27,16 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..data.glue import majority_class_accuracy
-from ..data.lm import prepare_data, unigram_perplexity
-from ..model.architectures import build_config, check_objective_for, head_size_label, parameter_count
-from ..runs import load_json_file
-from ..training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
-from ..training.pretrain import settings_differences, train_or_reuse
-from . import core
-from .learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
-from .stats import CLAIMS_RULE, LEGACY_RULE, rule_text
-from .sweep_presets import (
+from ...data.glue import majority_class_accuracy
+from ...data.lm import prepare_data, unigram_perplexity
+from ...model.architectures import build_config, check_objective_for, head_size_label, parameter_count
+from ...runs import load_json_file
+from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
+from ...training.pretrain import settings_differences, train_or_reuse
+from ..kit import core
+from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
+from ..kit.stats import CLAIMS_RULE, LEGACY_RULE, rule_text
+from .presets import (
     EXPERIMENTS,
     SweepPreset,
     as_architecture,
@@ -96,7 +96,7 @@ def run_sweep(
     dev score recorded next to the held-out perplexity.
 
     ``learning_rates``: a grid over which each model (point) chooses its own rate with the first
-    seed on a validation split of the training documents (:mod:`fixedhead.studies.learning_rate`);
+    seed on a validation split of the training documents (:mod:`fixedhead.studies.kit.learning_rate`);
     every seed then trains at that rate. The tuning runs go to ``OUT/runs/KEY-lrRATE-sSEED`` and
     their validation losses to ``sweep.json``'s ``tuning``; ``runs`` holds the chosen rate's runs.
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..plotting import pyplot, save_figure
-from ..runs import write_text_atomic
-from ..theory import causal_threshold
-from . import render
-from .stats import CLAIMS_RULE, holm, mean_std, pm, welch
+from ...plotting import pyplot, save_figure
+from ...runs import write_text_atomic
+from ...theory import causal_threshold
+from ..kit import render
+from ..kit.stats import CLAIMS_RULE, holm, mean_std, pm, welch
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "scaling.png"

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..checks import positive_int
-from ..data import DEFAULT_CORPUS
-from ..data.lm import DataSettings
-from ..model.architectures import check_architecture
-from ..training.finetune import FinetuneSettings
-from ..training.settings import TrainSettings
-from . import core
-from .recipes import get_recipe
+from ...checks import positive_int
+from ...data import DEFAULT_CORPUS
+from ...data.lm import DataSettings
+from ...model.architectures import check_architecture
+from ...training.finetune import FinetuneSettings
+from ...training.settings import TrainSettings
+from ..kit import core
+from ..kit.recipes import get_recipe
 
 EXPERIMENTS = ("heads", "embedding", "head_size")
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from ..model.modeling import count_parameters
-from ..model.paper_presets import PAPER_PRESETS
-from ..runs import load_json_file
-from .stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, spearman, welch, welch_verdict
-from .sweep import SWEEP_FILE
+from ...model.modeling import count_parameters
+from ...model.paper_presets import PAPER_PRESETS
+from ...runs import load_json_file
+from ..kit.stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, spearman, welch, welch_verdict
+from . import SWEEP_FILE
 
 
 @dataclass
@@ -289,7 +289,7 @@ def chance_bar(state: dict) -> float | None:
     Raises:
         ValueError: runs that record different dev-set sizes, or a size that is not positive.
     """
-    from ..data.glue import MAIN_METRIC
+    from ...data.glue import MAIN_METRIC
 
     sizes = {r["finetune"].get("dev_examples") for r in state["runs"].values() if "finetune" in r} - {None}
     if len(sizes) > 1:
@@ -311,7 +311,7 @@ def chance_bar(state: dict) -> float | None:
 
 
 def verdict_rule(state: dict) -> dict:
-    """The verdict rule a sweep recorded before training (:data:`~fixedhead.studies.stats.CLAIMS_RULE`);
+    """The verdict rule a sweep recorded before training (:data:`~fixedhead.studies.kit.stats.CLAIMS_RULE`);
     a sweep that recorded none was judged at p < 0.05, each claim on its own."""
     return state["meta"].get("verdict") or LEGACY_RULE
 

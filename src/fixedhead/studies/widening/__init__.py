@@ -24,11 +24,11 @@ noise given that base, not the noise of training a base.
 
 With a learning-rate grid (``learning_rates``) each arm's continuation first trains at every rate
 of the grid with the first seed and keeps the rate of lowest loss on a validation split of the
-training documents (:mod:`fixedhead.studies.learning_rate`; the base then trains without that split
+training documents (:mod:`fixedhead.studies.kit.learning_rate`; the base then trains without that split
 too); every seed then continues at its arm's rate, and only those runs are results.
 
 Every run is scored on every next token of the same held-out books, beside the unigram reference.
-Arm B against arm A is judged by :func:`fixedhead.studies.stats.pooled_verdict` (fixed before the
+Arm B against arm A is judged by :func:`fixedhead.studies.kit.stats.pooled_verdict` (fixed before the
 committed run). The runs (``base/``, ``start/ARM-sSEED/``, ``continue/ARM-sSEED/``) stay in the
 output folder with ``results.json`` (rewritten atomically after each run, so an interrupted
 experiment resumes), ``report.md`` and ``widening.png``.
@@ -42,23 +42,29 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from ..checks import non_negative_int
-from ..data import DataSettings, prepare_data
-from ..data.lm import unigram_perplexity
-from ..model.configuration import FixedHeadConfig
-from ..model.flops import training_flops
-from ..model.modeling import count_parameters
-from ..runs import METRICS_FILE, PRETRAIN_FILE, open_run
-from ..theory import causal_threshold
-from ..training.evaluate import load_run
-from ..training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
-from ..training.settings import TrainSettings
-from . import core
-from .learning_rate import check_first_seed, choose_on_validation, parse_rates, selection_record, with_validation_split
-from .recipes import get_recipe
-from .stats import RULE_STDS
-from .widening_arms import make_arms, max_logit_change, write_start
-from .widening_report import PLOT_FILE, REPORT_FILE, format_table, write_outputs
+from ...checks import non_negative_int
+from ...data import DataSettings, prepare_data
+from ...data.lm import unigram_perplexity
+from ...model.configuration import FixedHeadConfig
+from ...model.flops import training_flops
+from ...model.modeling import count_parameters
+from ...runs import METRICS_FILE, PRETRAIN_FILE, open_run
+from ...theory import causal_threshold
+from ...training.evaluate import load_run
+from ...training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
+from ...training.settings import TrainSettings
+from ..kit import core
+from ..kit.learning_rate import (
+    check_first_seed,
+    choose_on_validation,
+    parse_rates,
+    selection_record,
+    with_validation_split,
+)
+from ..kit.recipes import get_recipe
+from ..kit.stats import RULE_STDS
+from .arms import make_arms, max_logit_change, write_start
+from .report import PLOT_FILE, REPORT_FILE, format_table, write_outputs
 
 RESULTS_FILE = "results.json"
 OWNED = (REPORT_FILE, PLOT_FILE, "learning_rates.png", "base", "start", "continue")

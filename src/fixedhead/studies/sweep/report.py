@@ -4,7 +4,7 @@ Reads ``SWEEP_DIR/sweep.json`` (written by :func:`fixedhead.studies.sweep.run_sw
 writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png``,
 ``finetune_vs_perplexity.png`` and, where each model chose its rate, ``learning_rates.png`` into
 the output folder (default: the sweep folder). The claims and the verdict rule they are judged by
-live in :mod:`fixedhead.studies.claims`.
+live in :mod:`fixedhead.studies.sweep.claims`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..data.glue import majority_class_accuracy
-from ..plotting import pyplot, save_figure
-from ..runs import claim_output_dir, write_text_atomic
-from . import render
+from ...data.glue import majority_class_accuracy
+from ...plotting import pyplot, save_figure
+from ...runs import claim_output_dir, write_text_atomic
+from ..kit import render
+from ..kit.learning_rate import plot_learning_rates, selection_markdown
+from ..kit.stats import pm, rule_text
 from .claims import PointStats, claims, collect_points, load_sweep, power_sentence, verdict_rule
-from .learning_rate import plot_learning_rates, selection_markdown
-from .stats import pm, rule_text
 
 REPORT_MARKERS = ("report.md",)
 REPORT_OWNED = ("report.md", ".report.md.*", "*.png")

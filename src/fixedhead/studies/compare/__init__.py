@@ -29,9 +29,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..data import DataSettings, prepare_data
-from ..data.lm import unigram_perplexity
-from ..model.architectures import (
+from ...data import DataSettings, prepare_data
+from ...data.lm import unigram_perplexity
+from ...model.architectures import (
     build_config,
     check_architecture,
     check_objective_for,
@@ -39,12 +39,12 @@ from ..model.architectures import (
     is_fixed_head,
     parameter_count,
 )
-from ..runs import claim_output_dir, environment_info, invocation_commands, staged_outputs, write_json_atomic
-from ..theory import causal_threshold
-from ..training.pretrain import train_or_reuse
-from ..training.settings import TrainSettings
-from . import core, render
-from .learning_rate import (
+from ...runs import claim_output_dir, environment_info, invocation_commands, staged_outputs, write_json_atomic
+from ...theory import causal_threshold
+from ...training.pretrain import train_or_reuse
+from ...training.settings import TrainSettings
+from ..kit import core, render
+from ..kit.learning_rate import (
     RULE,
     choose_on_validation,
     parse_rates,
@@ -52,7 +52,7 @@ from .learning_rate import (
     selection_record,
     with_validation_split,
 )
-from .recipes import get_recipe
+from ..kit.recipes import get_recipe
 
 
 @dataclass
@@ -185,9 +185,9 @@ def run_compare(
     Models whose run directory already holds finished metrics with the same settings are not
     retrained (an interrupted compare resumes where it stopped).
 
-    ``learning_rates``: a grid (at least 2 rates, e.g. :func:`~fixedhead.studies.learning_rate.rate_grid`)
+    ``learning_rates``: a grid (at least 2 rates, e.g. :func:`~fixedhead.studies.kit.learning_rate.rate_grid`)
     over which each model chooses its own rate on a validation split of the training documents
-    (:mod:`fixedhead.studies.learning_rate`: extended past an edge up to ``max_extensions`` times);
+    (:mod:`fixedhead.studies.kit.learning_rate`: extended past an edge up to ``max_extensions`` times);
     every run goes to ``OUTPUT_DIR/lr-grid/MODEL-lrRATE``, the chosen one is each model's result,
     and ``learning_rates.png`` shows validation loss against rate per model. ``models``: train only
     these of the preset's models (the widened one is still sized against its reference).

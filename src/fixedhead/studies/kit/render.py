@@ -9,7 +9,7 @@ import csv
 import textwrap
 from pathlib import Path
 
-from ..plotting import pyplot, save_figure
+from ...plotting import pyplot, save_figure
 
 
 # ------------------------------------------------------------------------------ markdown

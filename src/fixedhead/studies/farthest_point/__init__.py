@@ -14,7 +14,7 @@ larger d_p are the paper's fixed head size at the same d and h), plus a "more he
 with h = 8..64 at r = 16. Every cell is trained with the same recipe (:class:`FarthestPointRecipe`)
 and several seeds; each seed is its own task instance (U), initialisation and data stream.
 
-Metrics and the model: :mod:`fixedhead.studies.set_attention`.
+Metrics and the model: :mod:`fixedhead.studies.farthest_point.set_attention`.
 
 Outputs in the output folder: ``results.json`` (every run, with its learning curve; written
 atomically after every run, so an interrupted grid resumes and reuses finished runs),
@@ -29,12 +29,12 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..checks import non_negative_int
-from ..data.synthetic import FarthestPointTask
-from ..plotting import pyplot, save_figure
-from ..runs import write_text_atomic
-from . import core, render
-from .learning_rate import (
+from ...checks import non_negative_int
+from ...data.synthetic import FarthestPointTask
+from ...plotting import pyplot, save_figure
+from ...runs import write_text_atomic
+from ..kit import core, render
+from ..kit.learning_rate import (
     DIVERGED,
     check_first_seed,
     choose_rate,
@@ -45,8 +45,8 @@ from .learning_rate import (
     selection_markdown,
     selection_record,
 )
+from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
-from .stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
 
 RESULTS_FILE = "results.json"
 OWNED = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "learning_rates.png", "report.md")
@@ -150,7 +150,7 @@ def run_farthest_point(
         overwrite: discard the stored runs and train everything again.
         learning_rates: a grid (``"2.5e-3,5e-3,1e-2,2e-2"``): each cell trains at every rate with the
             first seed, keeps the rate of lowest final MSE × d on the curve sets (held-out sets apart
-            from the ones results are scored on; :mod:`fixedhead.studies.learning_rate`'s rule, the
+            from the ones results are scored on; :mod:`fixedhead.studies.kit.learning_rate`'s rule, the
             grid extended past an edge up to ``max_extensions`` times), and the other seeds train at
             it. None: every cell at the recipe's rate.
 

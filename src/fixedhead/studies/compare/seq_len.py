@@ -6,7 +6,7 @@ other text study here holds n at 32 or 64 and moves d, h or d_p; this one moves 
 causal LMs with a small head size (standard d_p = d/h) and a large one (fixed d_p), in the fixedhead
 architecture (learned positions, post-LN) and Llama-style (rotary, pre-norm), are trained at
 n ∈ ``lengths`` on the same number of tokens per step, each arm at its own learning rate (chosen on a
-validation split with the first seed, :mod:`fixedhead.studies.learning_rate`), paired by seed (the arms
+validation split with the first seed, :mod:`fixedhead.studies.kit.learning_rate`), paired by seed (the arms
 of one seed see the same batches). Every trained model then goes through the rank intervention
 (:mod:`fixedhead.intervention`): the rank it needs per layer, and its *attention gain* (the loss it
 loses when every head's attention is made uniform; a model that gains little from attention cannot
@@ -29,13 +29,13 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..checks import positive_int
-from ..data import DataSettings
-from ..training.settings import TrainSettings
-from . import core
-from .learning_rate import with_validation_split
-from .recipes import get_recipe
-from .stats import difference_word, holm, mean_std, paired_difference, seeds_for
+from ...checks import positive_int
+from ...data import DataSettings
+from ...training.settings import TrainSettings
+from ..kit import core
+from ..kit.learning_rate import with_validation_split
+from ..kit.recipes import get_recipe
+from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.json"
@@ -142,7 +142,7 @@ def plan_record(o: SeqLenOptions) -> dict:
             "test": "paired t-test over seeds",
             "alpha": ALPHA,
             "correction": "Holm over the (n, architecture) gaps",
-            "words": "fixedhead.studies.stats.difference_word: decided (interval excludes 0 and Holm p < alpha), "
+            "words": "fixedhead.studies.kit.stats.difference_word: decided (interval excludes 0 and Holm p < alpha), "
             "equivalent (interval inside ±target) or cannot tell (underpowered)",
         },
         "learning_rates": (
@@ -156,7 +156,7 @@ def plan_record(o: SeqLenOptions) -> dict:
 def write_plan(out: Path, o: SeqLenOptions, grow: bool = False) -> dict:
     """``plan.json`` = ``{"plan", "sha256", "history"}``: written before any run; an existing plan that
     differs is refused once results exist, unless ``grow`` (the change is recorded in ``history``)."""
-    from ..runs import write_text_atomic
+    from ...runs import write_text_atomic
 
     plan = plan_record(o)
     text = json.dumps(plan, indent=1, sort_keys=True)
@@ -188,7 +188,7 @@ def _finished_runs(out: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------- run
 def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str, float] | None = None):
     """The :class:`~fixedhead.studies.compare.ComparePreset` of one (n, architecture): one model per head size."""
-    from .compare import ComparePreset
+    from . import ComparePreset
 
     r = get_recipe(o.recipe)
     # always without the validation documents: a pilot and a tuned study train on the same text
@@ -245,10 +245,10 @@ def run_seq_len(
         FileExistsError: the folder holds something else, or another plan with results (without ``grow``).
         ValueError: bad options (:class:`SeqLenOptions`).
     """
-    from ..intervention import run_rank_curve
-    from ..intervention import summarise as summarise_curves
-    from ..runs import claim_output_dir, environment_info, write_json_atomic
-    from .compare import run_compare
+    from ...intervention import run_rank_curve
+    from ...intervention import summarise as summarise_curves
+    from ...runs import claim_output_dir, environment_info, write_json_atomic
+    from . import run_compare
 
     o = options or SeqLenOptions()
     out = claim_output_dir(output_dir, (PLAN_FILE,), OWNED, "seq-len")
@@ -310,7 +310,7 @@ ALPHA = 0.01  # the level of the study's rule, after Holm's correction over its 
 
 def gap_row(large: list[float], small: list[float]) -> dict:
     """The paired gap large − small (nats, one value per seed on each side, same seed order):
-    :func:`~fixedhead.studies.stats.paired_difference`, or the bare difference with one seed."""
+    :func:`~fixedhead.studies.kit.stats.paired_difference`, or the bare difference with one seed."""
     if len(large) < 2:
         return {"gap": large[0] - small[0], "low": None, "high": None, "p": None, "sd": None, "seeds": len(large)}
     d = paired_difference(small, large)
@@ -319,7 +319,7 @@ def gap_row(large: list[float], small: list[float]) -> dict:
 
 
 def gap_word(row: dict, target: float) -> str:
-    """:func:`~fixedhead.studies.stats.difference_word` of a row with its Holm-adjusted p (``p_holm``)."""
+    """:func:`~fixedhead.studies.kit.stats.difference_word` of a row with its Holm-adjusted p (``p_holm``)."""
     if row["low"] is None:
         return "cannot tell (one seed)"
     return difference_word(row["gap"], row["low"], row["high"], row["p_holm"], ALPHA, target)
@@ -373,8 +373,8 @@ def _mean(values):
 
 # ------------------------------------------------------------------------------------ outputs
 def write_outputs(record: dict, o: SeqLenOptions, out: Path) -> None:
-    from ..runs import write_text_atomic
-    from .render import write_csv
+    from ...runs import write_text_atomic
+    from ..kit.render import write_csv
 
     rows = record["summary"]
     if rows:
@@ -431,7 +431,7 @@ def report_markdown(record: dict, o: SeqLenOptions) -> str:
 def plot(rows: list[dict], o: SeqLenOptions, path: Path) -> None:
     """Three panels against n / d_p(small): the paired gap with its interval, the needed rank per arm
     (the head sizes dotted), the attention gain per arm; one line per architecture."""
-    from ..plotting import pyplot, save_figure
+    from ...plotting import pyplot, save_figure
 
     plt = pyplot()
     small = o.head_dims[0]

@@ -14,7 +14,7 @@ so this study trains each *family* at several sizes and fits one curve per famil
 Each size (d, h) is trained with ``tokens_per_parameter`` training tokens per non-embedding
 parameter (Chinchilla's ~20 by default), at least ``min_steps`` and at most ``max_tokens``; each
 (family, size) point chooses its own learning rate on a validation split with the first seed
-(:mod:`fixedhead.studies.learning_rate`), and the other seeds train at that rate. Every run is
+(:mod:`fixedhead.studies.kit.learning_rate`), and the other seeds train at that rate. Every run is
 scored on the same held-out documents (loss in nats per token and bits per character).
 
 Outputs in the study folder: ``results.json`` (the plan, written before any training, then one
@@ -37,18 +37,18 @@ from pathlib import Path
 
 import torch
 
-from ..analysis import analyze_model, load_encoder
-from ..checks import positive_float, positive_int
-from ..data import prepare_data
-from ..data.lm import unigram_perplexity
-from ..model.architectures import build_config, check_objective_for, non_embedding_parameters
-from ..runs import load_json_file
-from ..theory import causal_threshold
-from ..training.pretrain import lm_config, train_or_reuse
-from . import core
-from .learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
-from .recipes import get_recipe
-from .scaling_report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, write_outputs
+from ...analysis import analyze_model, load_encoder
+from ...checks import positive_float, positive_int
+from ...data import prepare_data
+from ...data.lm import unigram_perplexity
+from ...model.architectures import build_config, check_objective_for, non_embedding_parameters
+from ...runs import load_json_file
+from ...theory import causal_threshold
+from ...training.pretrain import lm_config, train_or_reuse
+from ..kit import core
+from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
+from ..kit.recipes import get_recipe
+from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, write_outputs
 
 RESULTS_FILE = "results.json"
 OWNED = (REPORT_FILE, PLOT_FILE, RANK_PLOT_FILE, "runs")

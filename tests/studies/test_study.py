@@ -1,0 +1,110 @@
+"""fixedhead.studies.kit.study: a new study is its options, plan, one point, summary and report; the
+kit does the bookkeeping (folder, plan hash, resume, workers, record). Exercised by a toy study that
+declares only those."""
+
+import dataclasses
+import json
+
+import pytest
+
+from fixedhead.studies.kit import render
+from fixedhead.studies.kit.core import run_key, seed_major
+from fixedhead.studies.kit.study import Point, Study, regenerate, run_study, write_plan
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyOptions:
+    arms: tuple[str, ...] = ("standard", "fixed")
+    """the arms"""
+    seeds: tuple[int, ...] = (0, 1)
+    """seeds, paired across arms"""
+    scale: float = 2.0
+    """the fixed arm's loss is the standard one's times this"""
+
+
+class Toy(Study):
+    name = "toy"
+    Options = ToyOptions
+    quick = ToyOptions(seeds=(0,))
+
+    def __init__(self):
+        self.ran = []
+
+    def plan(self, o):
+        return [Point(run_key(arm, seed=s), (arm, s)) for arm, s in seed_major(o.arms, o.seeds)]
+
+    def plan_record(self, o):
+        return {"pairing": "by seed"}
+
+    def run(self, o, point, folder, done, progress):
+        arm, seed = point.spec
+        self.ran.append(point.key)
+        return {"loss": (o.scale if arm == "fixed" else 1.0) * (1 + seed), "train_seconds": 1.0}
+
+    def summarise(self, o, results):
+        return {"mean_loss": sum(r["loss"] for r in results) / len(results), "runs": len(results)}
+
+    def report(self, o, record):
+        rows = [[key, f"{r['loss']:g}"] for key, r in record["runs"].items()]
+        return "\n".join(["# Toy", f"plan {record['plan_sha256'][:12]}", *render.table(["run", "loss"], rows)]) + "\n"
+
+
+def test_a_toy_study_needs_no_bookkeeping_of_its_own(tmp_path):
+    toy, out = Toy(), tmp_path / "toy"
+    record = run_study(toy, output_dir=out, progress=False, command="fixedhead toy")
+    # seed-major: every arm's first seed before any second seed
+    assert toy.ran == ["standard-s0", "fixed-s0", "standard-s1", "fixed-s1"]
+    assert record["runs"]["fixed-s1"]["loss"] == 4.0  # scale 2 × (1 + seed 1)
+    assert record["summary"] == {"mean_loss": (1 + 2 + 2 + 4) / 4, "runs": 4}
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["runs"] == record["runs"] and saved["meta"]["compute_seconds"] == 4.0
+    assert saved["meta"]["study"] == "toy" and saved["meta"]["commands"] == ["fixedhead toy"]
+    assert saved["meta"]["torch"] and saved["meta"]["python"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["plan"]["points"] == list(record["runs"]) and plan["plan"]["pairing"] == "by seed"
+    assert saved["plan_sha256"] == plan["sha256"] and (out / "report.md").read_text().startswith("# Toy")
+    # the committed folder regenerates: the same summary and report from the per-point results
+    again, text = regenerate(Toy(), out)
+    assert again["summary"] == record["summary"] and text == (out / "report.md").read_text()
+
+    # resumed: nothing runs again; the second command is recorded beside the first
+    toy2 = Toy()
+    run_study(toy2, output_dir=out, progress=False, command="fixedhead toy --again")
+    assert toy2.ran == [] and json.loads((out / "results.json").read_text())["meta"]["commands"][-1].endswith("again")
+
+
+def test_a_changed_plan_is_refused_after_results_unless_the_study_grows(tmp_path):
+    out = tmp_path / "toy"
+    first = run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match=r"another plan .* 2 finished point\(s\); pass --grow"):
+        run_study(Toy(), ToyOptions(seeds=(0, 1)), out, progress=False)
+    assert json.loads((out / "plan.json").read_text())["sha256"] == first["plan_sha256"]  # unchanged
+    toy = Toy()
+    grown = run_study(toy, ToyOptions(seeds=(0, 1)), out, grow=True, progress=False)
+    assert toy.ran == ["standard-s1", "fixed-s1"]  # only the new points
+    assert grown["plan_history"][0]["sha256"] == first["plan_sha256"]
+    assert grown["plan_history"][0]["runs_done"] == ["fixed-s0", "standard-s0"]
+
+
+def test_quick_never_writes_into_the_real_folder_and_foreign_folders_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_study(Toy(), quick=True, progress=False)
+    assert (tmp_path / "runs" / "toy-quick" / "results.json").is_file() and not (tmp_path / "runs" / "toy").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="did not create"):
+        run_study(Toy(), output_dir=tmp_path / "mine", progress=False)
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
+def test_a_point_another_worker_holds_is_left_to_it(tmp_path):
+    from fixedhead.studies.kit.core import try_lock
+
+    out = tmp_path / "toy"
+    out.mkdir()
+    write_plan(out, Toy(), ToyOptions(seeds=(0,)))  # the first worker's plan
+    held = try_lock(out / "fixed-s0")  # this process's pid: treated as another live worker's below
+    held.write_text("1")  # pid 1 is alive and not ours
+    toy = Toy()
+    record = run_study(toy, ToyOptions(seeds=(0,)), out, progress=False)
+    assert toy.ran == ["standard-s0"] and list(record["runs"]) == ["standard-s0"]
