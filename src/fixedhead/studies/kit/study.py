@@ -233,4 +233,3 @@ def _tuples(cls, values: dict) -> dict:
         if isinstance(default, tuple) and isinstance(out.get(f.name), list):
             out[f.name] = tuple(out[f.name])
     return out
-
