@@ -277,7 +277,9 @@ def _seq_len(args):
 
     options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
     out = output_folder(args.output_dir, "seq-len", quick=args.quick)
-    run_seq_len(out, options, grow=args.grow, progress=not args.no_progress, command=args.command_line)
+    run_seq_len(
+        out, options, grow=args.grow, progress=not args.no_progress, command=args.command_line, quick=args.quick
+    )
     print((Path(out) / "report.md").read_text())
     print(f"wrote {out}/report.md, seq_len.png, seq_len.csv, results.json, plan.json")
 

@@ -100,9 +100,9 @@ def test_gpu_lm1b_pair_summary_regenerates():
 def test_seq_len_report_regenerates(folder):
     """The committed report is what the code renders from the committed runs and plan: the summary is
     recomputed from the per-run results, not read back."""
-    from fixedhead.studies.compare.seq_len import SeqLenOptions, report_markdown, summarise
+    from fixedhead.studies.compare.seq_len import SeqLenStudy
+    from fixedhead.studies.kit.study import regenerate
 
-    record = _state(folder)
-    options = SeqLenOptions(**json.loads((RESULTS / folder / "plan.json").read_text())["plan"]["options"])
-    assert json.loads(json.dumps(summarise(record["runs"], options))) == record["summary"]
-    assert report_markdown(record, options) == (RESULTS / folder / "report.md").read_text()
+    record, report = regenerate(SeqLenStudy(), RESULTS / folder)
+    assert json.loads(json.dumps(record["summary"])) == _state(folder)["summary"]
+    assert report == (RESULTS / folder / "report.md").read_text()

@@ -14,13 +14,13 @@ from fixedhead.model.architectures import build_config
 from fixedhead.studies.compare.seq_len import (
     QUICK,
     SeqLenOptions,
+    SeqLenStudy,
     compare_preset,
     gap_row,
     gap_word,
-    plan_record,
+    models,
     run_seq_len,
     summarise,
-    write_plan,
 )
 
 
@@ -82,19 +82,16 @@ def test_every_n_trains_on_the_same_tokens_per_step_with_positions_for_n():
                 assert (config.num_attention_heads, head_dim) == (8, int(name[2:]))
 
 
-def test_the_plan_is_hashed_before_results_and_a_changed_plan_needs_grow(tmp_path):
-    record = write_plan(tmp_path, QUICK)
-    text = json.dumps(plan_record(QUICK), indent=1, sort_keys=True)
+def test_the_plan_is_hashed_before_results_and_states_its_rule():
+    from fixedhead.studies.kit.study import plan_file
+
+    record = plan_file(SeqLenStudy(), QUICK)
+    text = json.dumps(record["plan"], indent=1, sort_keys=True)
     assert record["sha256"] == hashlib.sha256(text.encode()).hexdigest()
-    assert json.loads((tmp_path / "plan.json").read_text()) == record
-    wider = replace(QUICK, seeds=[0, 1, 2])
-    assert write_plan(tmp_path, wider)["history"][0]["sha256"] == record["sha256"]  # no results yet: replaced
-    (tmp_path / "n32-fixedhead-s0").mkdir()
-    (tmp_path / "n32-fixedhead-s0" / "results.json").write_text(json.dumps({"results": [{"name": "dp4"}]}))
-    with pytest.raises(FileExistsError, match="finished run"):
-        write_plan(tmp_path, QUICK)
-    grown = write_plan(tmp_path, QUICK, grow=True)
-    assert grown["history"][-1]["runs_done"] == ["n32-fixedhead-s0"]
+    plan = record["plan"]
+    assert plan["study"] == "seq-len" and plan["target_nats"] == QUICK.target and plan["pairing"].startswith("by seed")
+    # seed-major: every (n, architecture) at seed 0 (which chooses the rates) before any seed 1
+    assert plan["points"] == [f"n{n}-{a}-s{s}" for s in (0, 1) for n in (32, 64) for a in ("fixedhead", "llama")]
 
 
 def test_a_tiny_study_end_to_end(tmp_path):
@@ -103,13 +100,14 @@ def test_a_tiny_study_end_to_end(tmp_path):
     record = run_seq_len(tmp_path / "out", o, progress=False, command="test")
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert record["plan_sha256"] == plan["sha256"] and not record["plan_history"]
-    assert [(r["head_dim"], r["seed"]) for r in record["runs"]] == [(4, 0), (8, 0)]
-    for r in record["runs"]:
+    trained = models(record["runs"].values())
+    assert [(r["head_dim"], r["seed"]) for r in trained] == [(4, 0), (8, 0)]
+    for r in trained:
         c = r["curve"]
         assert c["full"] == pytest.approx(r["heldout_loss"], abs=1e-4)  # scored as training scored it
         assert c["attention_gain"] == pytest.approx(c["uniform"] - c["full"])
     (row,) = record["summary"]
-    by = {r["head_dim"]: r["heldout_loss"] for r in record["runs"]}
+    by = {r["head_dim"]: r["heldout_loss"] for r in trained}
     assert row["gap"] == pytest.approx(by[8] - by[4]) and row["word"] == "cannot tell (one seed)"
     report = (tmp_path / "out" / "report.md").read_text()
     assert plan["sha256"] in report and "a pilot: no verdict" in report

@@ -22,11 +22,8 @@ after results exist is refused unless asked to grow, which the report then state
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...checks import positive_int
@@ -36,10 +33,7 @@ from ..kit import core
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
-
-PLAN_FILE = "plan.json"
-RESULTS_FILE = "results.json"
-OWNED = (PLAN_FILE, RESULTS_FILE, "report.md", "seq_len.png", "seq_len.csv", "n*-*", ".results.*", ".plan.*")
+from ..kit.study import Point, Study, run_study
 
 
 @dataclass(frozen=True)
@@ -124,10 +118,8 @@ def arm_name(head_dim: int) -> str:
 
 
 def plan_record(o: SeqLenOptions) -> dict:
-    """The plan written before the first run: options, arms, pairing and the power target."""
+    """What the plan states besides its options and points: arms, pairing, rule and the power target."""
     return {
-        "study": "seq-len",
-        "options": asdict(o),
         "arms": [
             {"n": n, "architecture": a, "head_dim": dp, "ratio": n / o.head_dims[0]}
             for n in o.lengths
@@ -151,38 +143,6 @@ def plan_record(o: SeqLenOptions) -> dict:
             else {"shared": o.shared_rate, "note": "a pilot: one shared rate for every arm"}
         ),
     }
-
-
-def write_plan(out: Path, o: SeqLenOptions, grow: bool = False) -> dict:
-    """``plan.json`` = ``{"plan", "sha256", "history"}``: written before any run; an existing plan that
-    differs is refused once results exist, unless ``grow`` (the change is recorded in ``history``)."""
-    from ...runs import write_text_atomic
-
-    plan = plan_record(o)
-    text = json.dumps(plan, indent=1, sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    path = out / PLAN_FILE
-    history = []
-    if path.is_file():
-        old = json.loads(path.read_text())
-        if old["sha256"] == digest:
-            return old
-        done = _finished_runs(out)
-        if done and not grow:
-            raise FileExistsError(
-                f"{path} holds another plan (sha256 {old['sha256'][:12]}) and {len(done)} finished run(s); "
-                "pass grow=True (--grow) to extend the study, which its report then states, or use a new folder"
-            )
-        history = old.get("history", []) + [
-            {"sha256": old["sha256"], "replaced": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs_done": done}
-        ]
-    record = {"plan": plan, "sha256": digest, "history": history}
-    write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return record
-
-
-def _finished_runs(out: Path) -> list[str]:
-    return sorted(p.parent.name for p in out.glob("n*-*/results.json") if json.loads(p.read_text()).get("results"))
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -222,86 +182,115 @@ def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str,
     )
 
 
+class SeqLenStudy(Study):
+    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (n, architecture, seed), a
+    ``fixedhead compare`` run of every head size in ``FOLDER/n{n}-{architecture}-s{seed}`` (finished models
+    are reused) followed by the rank intervention on each model. The first seed of an (n, architecture)
+    chooses each arm's rate on the grid; the other seeds train at it."""
+
+    name = "seq-len"
+    Options = SeqLenOptions
+    quick = QUICK
+    files = ("seq_len.png", "seq_len.csv", "n*-*")
+
+    def __init__(self, cache_dir=None):
+        self.cache_dir = cache_dir
+
+    def plan(self, o):
+        pairs = core.seed_major([(n, a) for n in o.lengths for a in o.architectures], o.seeds)
+        return [Point(core.run_key(f"n{n}-{a}", seed=s), (n, a, s)) for (n, a), s in pairs]
+
+    def plan_record(self, o):
+        return plan_record(o)
+
+    def run(self, o, point, folder, done, progress):
+        from ...intervention import run_rank_curve
+        from . import run_compare
+
+        n, arch, seed = point.spec
+        first = seed == o.seeds[0]
+        grid = o.learning_rates if (o.learning_rates and first) else None
+        chosen = None if first else done[core.run_key(f"n{n}-{arch}", seed=o.seeds[0])]["rates"]
+        results = run_compare(
+            compare_preset(o, n, arch, chosen),
+            folder / point.key,
+            seed=seed,
+            learning_rates=grid,
+            progress=progress,
+            cache_dir=self.cache_dir,
+        )
+        models = []
+        for r in results:
+            name = core.run_key(r["name"], r["learning_rate"]) if grid else r["name"]
+            run_dir = folder / point.key / ("lr-grid" if grid else "") / name
+            curve = run_rank_curve(
+                run_dir, o.max_eval_tokens, o.ranks or None, progress=progress, per_layer=o.per_layer
+            )
+            curve["name"] = f"n{n}-{arch}-{r['name']}"
+            models.append(
+                {
+                    "n": n,
+                    "architecture": arch,
+                    "head_dim": int(r["head_dim"]),
+                    "seed": seed,
+                    "learning_rate": r.get("learning_rate", o.shared_rate),
+                    "heldout_loss": r["heldout_loss"],
+                    "validation_loss": r.get("validation_loss"),
+                    "run": str(run_dir),
+                    "curve": curve,
+                }
+            )
+        rates = {r["name"]: r["learning_rate"] for r in results} if grid else chosen
+        return {"models": models, "rates": rates, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
+
+    def summarise(self, o, results):
+        return summarise(models(results), o)
+
+    def report(self, o, record):
+        return report_markdown(record, o)
+
+    def write_files(self, o, record, folder):
+        from ..kit.render import write_csv
+
+        rows = record["summary"]
+        if rows:
+            write_csv(folder / "seq_len.csv", list(rows[0]), rows)
+        plot(rows, o, folder / "seq_len.png")
+
+
+def models(results: list[dict]) -> list[dict]:
+    """Every trained model of the points' ``results``, each with its rank curve's band and needed ranks
+    (:func:`fixedhead.intervention.summarise`: the band is the seed spread over models of one name)."""
+    from ...intervention import summarise as summarise_curves
+
+    rows = [m for r in results for m in r["models"]]
+    return [m | {"curve": c} for m, c in zip(rows, summarise_curves([m["curve"] for m in rows]), strict=True)]
+
+
 def run_seq_len(
-    output_dir: str | Path = "runs/seq-len",
+    output_dir: str | Path | None = None,
     options: SeqLenOptions | None = None,
     grow: bool = False,
     progress: bool = True,
     command: str = "",
     cache_dir=None,
+    quick: bool = False,
 ) -> dict:
-    """Train every (n, architecture, seed), run the rank intervention on every model, write the report.
-
-    Each (n, architecture, seed) is one ``fixedhead compare`` run in ``OUTPUT_DIR/n{n}-{architecture}-s{seed}``
-    (finished models are reused, so an interrupted study resumes); the first seed chooses each arm's rate
-    on the grid, the other seeds train at it.
+    """Train every (n, architecture, seed), run the rank intervention on every model, write the report
+    (:func:`fixedhead.studies.kit.study.run_study` of :class:`SeqLenStudy`).
 
     Returns:
-        the results record (also ``results.json``): ``plan_sha256``, ``runs`` (one per model: n, architecture,
-        head_dim, seed, learning_rate, heldout_loss, needed rank per setting, uniform loss, attention gain),
-        ``summary`` (:func:`summarise`), ``command`` and ``versions``.
+        the results record (also ``results.json``): ``meta`` (command, versions), ``plan_sha256``,
+        ``plan_history``, ``runs`` (one per (n, architecture, seed): its models with n, architecture,
+        head_dim, seed, learning_rate, heldout_loss and rank curve) and ``summary`` (:func:`summarise`).
 
     Raises:
         FileExistsError: the folder holds something else, or another plan with results (without ``grow``).
         ValueError: bad options (:class:`SeqLenOptions`).
     """
-    from ...intervention import run_rank_curve
-    from ...intervention import summarise as summarise_curves
-    from ...runs import claim_output_dir, environment_info, write_json_atomic
-    from . import run_compare
-
-    o = options or SeqLenOptions()
-    out = claim_output_dir(output_dir, (PLAN_FILE,), OWNED, "seq-len")
-    plan = write_plan(out, o, grow)
-    runs = []
-    for n in o.lengths:
-        for arch in o.architectures:
-            chosen = None
-            for i, seed in enumerate(o.seeds):
-                folder = out / core.run_key(f"n{n}-{arch}", seed=seed)
-                grid = o.learning_rates if (o.learning_rates and i == 0) else None
-                preset = compare_preset(o, n, arch, chosen)
-                results = run_compare(
-                    preset, folder, seed=seed, learning_rates=grid, progress=progress, cache_dir=cache_dir
-                )
-                if grid:
-                    chosen = {r["name"]: r["learning_rate"] for r in results}
-                for r in results:
-                    if grid:
-                        run_dir = folder / "lr-grid" / core.run_key(r["name"], r["learning_rate"])
-                    else:
-                        run_dir = folder / r["name"]
-                    curve = run_rank_curve(
-                        run_dir, o.max_eval_tokens, o.ranks or None, progress=progress, per_layer=o.per_layer
-                    )
-                    curve["name"] = f"n{n}-{arch}-{r['name']}"
-                    runs.append(
-                        {
-                            "n": n,
-                            "architecture": arch,
-                            "head_dim": int(r["head_dim"]),
-                            "seed": seed,
-                            "learning_rate": r.get("learning_rate", o.shared_rate),
-                            "heldout_loss": r["heldout_loss"],
-                            "validation_loss": r.get("validation_loss"),
-                            "run": str(run_dir),
-                            "curve": curve,
-                        }
-                    )
-    curves = summarise_curves([r["curve"] for r in runs])
-    for r, c in zip(runs, curves, strict=True):
-        r["curve"] = c
-    record = {
-        "plan_sha256": plan["sha256"],
-        "plan_history": plan["history"],
-        "command": command,
-        "versions": environment_info(),
-        "runs": runs,
-        "summary": summarise(runs, o),
-    }
-    write_json_atomic(out / RESULTS_FILE, record)
-    write_outputs(record, o, out)
-    return record
+    return run_study(
+        SeqLenStudy(cache_dir), options, output_dir, quick=quick, grow=grow, progress=progress, command=command
+    )
 
 
 # -------------------------------------------------------------------------------- summarise
@@ -372,17 +361,6 @@ def _mean(values):
 
 
 # ------------------------------------------------------------------------------------ outputs
-def write_outputs(record: dict, o: SeqLenOptions, out: Path) -> None:
-    from ...runs import write_text_atomic
-    from ..kit.render import write_csv
-
-    rows = record["summary"]
-    if rows:
-        write_csv(out / "seq_len.csv", list(rows[0]), rows)
-    plot(rows, o, out / "seq_len.png")
-    write_text_atomic(out / "report.md", report_markdown(record, o))
-
-
 def report_markdown(record: dict, o: SeqLenOptions) -> str:
     small, large = o.head_dims[0], o.head_dims[-1]
     lines = [
@@ -408,7 +386,7 @@ def report_markdown(record: dict, o: SeqLenOptions) -> str:
         "rank: the smallest k (all layers cut) within the band of the full-rank loss (`fixedhead "
         "rank-intervention`). Attention gain: the loss with uniform attention minus the full-rank loss.",
         "",
-        f"Command: `{record['command']}`",
+        f"Command: `{record['meta']['command']}`",
         "",
         f"| n | n / {small} | architecture | loss d_p={small} | loss d_p={large} | gap [95% interval] | Holm p "
         f"| word | seeds to see ±{o.target:g} | needed rank d_p={small} / {large} | attention gain d_p={small} / "
