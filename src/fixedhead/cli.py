@@ -223,14 +223,14 @@ def _rank_intervention(args):
 def _known_rank_options(p):
     where = "runs/known-rank (with --quick: runs/known-rank-quick)"
     add_study_options(p, output_dir=where, quick=True, overwrite=False)
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier known-rank output")
+    p.add_argument("--overwrite", action="store_true", help="train and score every model again")
 
 
 def _known_rank(args):
     """the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k"""
     from dataclasses import replace
 
-    from .studies.farthest_point.known_rank import QUICK, KnownRankCheck, report_markdown, run_known_rank
+    from .studies.farthest_point.known_rank import QUICK, KnownRankCheck, run_known_rank
 
     check = QUICK if args.quick else KnownRankCheck()
     if args.seeds:
@@ -238,12 +238,12 @@ def _known_rank(args):
     if args.steps is not None:
         check = replace(check, recipe=replace(check.recipe, steps=args.steps))
     out = output_folder(args.output_dir, "known-rank", quick=args.quick)
-    state = run_known_rank(
+    record = run_known_rank(
         out, check, overwrite=args.overwrite, progress=not args.no_progress, command=args.command_line
     )
-    print(report_markdown(state))
-    print(f"wrote {out}/known_rank.{{json,csv,png,md}}")
-    return 0 if state["passed"] else 1
+    print((out / "report.md").read_text())
+    print(f"wrote {out}/report.md, results.json, plan.json, known_rank.csv, known_rank.png")
+    return 0 if record["summary"]["passed"] else 1
 
 
 # ------------------------------------------------------------------------------------ seq-len

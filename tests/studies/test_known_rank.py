@@ -14,6 +14,7 @@ from fixedhead.data.synthetic import FarthestPointTask
 from fixedhead.studies.farthest_point.known_rank import (
     QUICK,
     KnownRankCheck,
+    KnownRankStudy,
     rank_sweep,
     report_markdown,
     run_known_rank,
@@ -43,7 +44,8 @@ def test_train_cell_returns_the_model_its_metrics_were_scored_on():
 
 
 def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band(tmp_path):
-    state = run_known_rank(tmp_path / "out", QUICK, progress=False, command="test")
+    record = run_known_rank(tmp_path / "out", QUICK, progress=False, command="test")
+    state = record["summary"]
     (m2, m4) = state["models"]
     assert [m["head_dim"] for m in state["models"]] == [2, 4]
     assert sorted(m4["ranks"]) == [1, 2, 3, 4]  # k = 1 .. min(d_p, N − 1)
@@ -56,8 +58,9 @@ def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band
         hits = [k for k in m["ranks"] if all(m["ranks"][j]["hit_rate"] >= 0.9 for j in range(k, top + 1))]
         assert m["needed_by_hit_rate"] == (min(hits) if hits else None)
     assert state["passed"] == all(m["needed_by_mse"] == 2 == m["needed_by_hit_rate"] for m in state["models"])
-    saved = json.loads((tmp_path / "out" / "known_rank.json").read_text())
-    assert report_markdown(saved) == (tmp_path / "out" / "known_rank.md").read_text()
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert KnownRankStudy().summarise(QUICK, list(saved["runs"].values())) == state  # from the per-model results
+    assert report_markdown(saved, QUICK) == (tmp_path / "out" / "report.md").read_text()
     assert len((tmp_path / "out" / "known_rank.csv").read_text().splitlines()) == 1 + 2 + 4
     assert (tmp_path / "out" / "known_rank.png").stat().st_size > 0
     (tmp_path / "other").mkdir()
@@ -85,14 +88,18 @@ def test_quick_never_writes_into_the_real_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     rc = main(["known-rank", "--quick", "--no-progress", "--threads", "1"])
     assert rc in (0, 1)  # 1: the 40-step models do not learn the task, so the check fails
-    assert (tmp_path / "runs" / "known-rank-quick" / "known_rank.json").exists()
+    assert (tmp_path / "runs" / "known-rank-quick" / "results.json").exists()
     assert not (tmp_path / "runs" / "known-rank").exists()
     assert "Check **" in capsys.readouterr().out
 
 
-def test_the_committed_report_regenerates_from_its_json():
+def test_the_committed_report_regenerates_from_its_results():
     from pathlib import Path
 
+    from fixedhead.studies.kit.study import regenerate
+
     folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "known-rank"
-    saved = json.loads((folder / "known_rank.json").read_text())
-    assert report_markdown(saved) == (folder / "known_rank.md").read_text()
+    record, report = regenerate(KnownRankStudy(), folder)
+    saved = json.loads((folder / "results.json").read_text())
+    assert json.loads(json.dumps(record["summary"])) == saved["summary"]  # recomputed from the per-model results
+    assert report == (folder / "report.md").read_text()

@@ -31,11 +31,10 @@ import torch
 from ...checks import positive_int
 from ...data.synthetic import FarthestPointTask
 from ...intervention import attention_modules, needed_rank, truncated_logits
+from ..kit.core import run_key
 from ..kit.stats import SUCCEEDS_AT
+from ..kit.study import Point, Study, run_study
 from .set_attention import Cell, FarthestPointRecipe, evaluate, train_cell
-
-RESULTS_FILE = "known_rank.json"
-OWNED = (RESULTS_FILE, "known_rank.csv", "known_rank.png", "known_rank.md")
 
 
 @dataclass(frozen=True)
@@ -85,32 +84,23 @@ def rank_sweep(model, sets, ranks) -> dict[int, dict[str, float]]:
     return out
 
 
-def run_known_rank(
-    output_dir: str | Path = "runs/known-rank",
-    check: KnownRankCheck | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    command: str = "",
-) -> dict:
-    """Train the check's models, cut their logits to every rank k, write ``known_rank.{json,csv,png,md}``.
+class KnownRankStudy(Study):
+    """The check on the kit (:mod:`fixedhead.studies.kit.study`): one point per (d_p, seed), a trained model
+    scored with its logits cut to every k; the summary reads each model's needed rank both ways."""
 
-    Returns:
-        ``{"command", "versions", "check": the settings, "models": [one dict per (d_p, seed): the
-        training result, "ranks": {k: metrics}, "needed_by_hit_rate", "needed_by_mse", "band"],
-        "passed": both readings equal r for every model}``.
+    name = "known-rank"
+    Options = KnownRankCheck
+    quick = QUICK
+    files = ("known_rank.csv", "known_rank.png")
 
-    Raises:
-        FileExistsError: ``output_dir`` holds something else (:func:`fixedhead.runs.claim_output_dir`).
-    """
-    from tqdm.auto import tqdm
+    def plan(self, check):
+        return [Point(run_key(f"dp{dp}", seed=s), (dp, s)) for dp in check.head_dims for s in check.seeds]
 
-    from ...runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
+    def plan_record(self, check):
+        return {"expected": f"every model needs rank r = {check.rank} by both readings"}
 
-    check = check or KnownRankCheck()
-    claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "known-rank", overwrite=overwrite, create=False)
-    models = []
-    jobs = [(dp, s) for dp in check.head_dims for s in check.seeds]
-    for dp, seed in tqdm(jobs, desc="known-rank models", disable=not progress):
+    def run(self, check, point, folder, done, progress):
+        dp, seed = point.spec
         task = FarthestPointTask(check.dim, check.rank, check.num_points, seed=seed)
         cell = Cell(check.rank, dp, check.num_heads)
         result, model = train_cell(task, cell, check.recipe, seed, progress=progress, return_model=True)
@@ -118,38 +108,64 @@ def run_known_rank(
         with torch.no_grad():
             ranks = rank_sweep(model, sets, range(1, min(dp, check.num_points - 1) + 1))
         del result["curve"]
-        models.append(result | {"ranks": ranks})
-    for m in models:
-        fulls = [o["mse"] for o in models if o["head_dim"] == m["head_dim"]]
-        mean = sum(fulls) / len(fulls)
-        m["band"] = math.sqrt(sum((f - mean) ** 2 for f in fulls) / (len(fulls) - 1)) if len(fulls) > 1 else 0.0
-        m["needed_by_mse"] = needed_rank({k: v["mse"] for k, v in m["ranks"].items()}, m["mse"], m["band"])
-        m["needed_by_hit_rate"] = needed_rank({k: -v["hit_rate"] for k, v in m["ranks"].items()}, -SUCCEEDS_AT, 0.0)
-    passed = all(m["needed_by_mse"] == check.rank == m["needed_by_hit_rate"] for m in models)
-    state = {
-        "command": command,
-        "versions": environment_info(),
-        "check": asdict(check),
-        "models": models,
-        "passed": passed,
-    }
-    out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "known-rank", overwrite=overwrite)
-    write_json_atomic(out / RESULTS_FILE, state)
-    lines = ["head_dim,seed,k,mse,hit_rate,nearest_rate"]
-    for m in models:
-        lines += [
-            f"{m['head_dim']},{m['seed']},{k},{v['mse']:.6f},{v['hit_rate']:.6f},{v['nearest_rate']:.6f}"
-            for k, v in m["ranks"].items()
-        ]
-    write_text_atomic(out / "known_rank.csv", "\n".join(lines) + "\n")
-    plot_known_rank(state, out / "known_rank.png")
-    write_text_atomic(out / "known_rank.md", report_markdown(state))
-    return state
+        return result | {"ranks": ranks}
+
+    def summarise(self, check, results):
+        """``{"models": each result with its ``band``, ``needed_by_mse`` and ``needed_by_hit_rate``,
+        "passed": both readings equal r for every model}``."""
+        models = [m | {"ranks": {int(k): v for k, v in m["ranks"].items()}} for m in results]
+        for m in models:
+            fulls = [o["mse"] for o in models if o["head_dim"] == m["head_dim"]]
+            mean = sum(fulls) / len(fulls)
+            m["band"] = math.sqrt(sum((f - mean) ** 2 for f in fulls) / (len(fulls) - 1)) if len(fulls) > 1 else 0.0
+            m["needed_by_mse"] = needed_rank({k: v["mse"] for k, v in m["ranks"].items()}, m["mse"], m["band"])
+            m["needed_by_hit_rate"] = needed_rank({k: -v["hit_rate"] for k, v in m["ranks"].items()}, -SUCCEEDS_AT, 0.0)
+        passed = bool(models) and all(m["needed_by_mse"] == check.rank == m["needed_by_hit_rate"] for m in models)
+        return {"models": models, "passed": passed}
+
+    def report(self, check, record):
+        return report_markdown(record, check)
+
+    def write_files(self, check, record, folder):
+        from ...runs import write_text_atomic
+
+        lines = ["head_dim,seed,k,mse,hit_rate,nearest_rate"]
+        for m in record["summary"]["models"]:
+            lines += [
+                f"{m['head_dim']},{m['seed']},{k},{v['mse']:.6f},{v['hit_rate']:.6f},{v['nearest_rate']:.6f}"
+                for k, v in m["ranks"].items()
+            ]
+        write_text_atomic(folder / "known_rank.csv", "\n".join(lines) + "\n")
+        plot_known_rank(record, check, folder / "known_rank.png")
 
 
-def report_markdown(state: dict) -> str:
+def run_known_rank(
+    output_dir: str | Path | None = None,
+    check: KnownRankCheck | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str = "",
+    quick: bool = False,
+) -> dict:
+    """Train the check's models, cut their logits to every rank k, write ``results.json``, ``report.md``,
+    ``known_rank.csv`` and ``known_rank.png`` (:func:`fixedhead.studies.kit.study.run_study` of
+    :class:`KnownRankStudy`).
+
+    Returns:
+        the record: ``meta``, ``plan_sha256``, ``runs`` (one per (d_p, seed): the training result and
+        ``ranks``: {k: metrics}) and ``summary`` (:meth:`KnownRankStudy.summarise`).
+
+    Raises:
+        FileExistsError: ``output_dir`` holds something else (:func:`fixedhead.runs.claim_output_dir`).
+    """
+    return run_study(
+        KnownRankStudy(), check, output_dir, quick=quick, overwrite=overwrite, progress=progress, command=command
+    )
+
+
+def report_markdown(record: dict, check: KnownRankCheck) -> str:
     """The check's report: one row per model, the two readings of its needed rank, and the verdict."""
-    c, r = state["check"], state["check"]["rank"]
+    c, r, state = asdict(check), check.rank, record["summary"]
     rows = []
     for m in state["models"]:
         ranks = {int(k): v for k, v in m["ranks"].items()}
@@ -173,7 +189,7 @@ def report_markdown(state: dict) -> str:
             f"(`fixedhead.intervention`) and scored on its {c['recipe']['eval_sets']} held-out sets. Expected: "
             f"every model needs rank r = {r}, whatever its d_p. Cells: MSE × d / hit rate.",
             "",
-            f"Command: `{state['command']}`",
+            f"Command: `{record['meta']['command']}`",
             "",
             f"| d_p | seed | full rank | k = r − 1 = {r - 1} | k = r = {r} | k = 1 | needed rank (hit rate ≥ "
             f"{SUCCEEDS_AT}) | needed rank (MSE × d within the seed band) |",
@@ -187,18 +203,17 @@ def report_markdown(state: dict) -> str:
     )
 
 
-def plot_known_rank(state: dict, path) -> None:
+def plot_known_rank(record: dict, check: KnownRankCheck, path) -> None:
     """MSE × d and hit rate against k, one line per model (colour: d_p), the task's rank r marked."""
     from ...plotting import pyplot, save_figure
 
     plt = pyplot()
-    r = state["check"]["rank"]
-    dps = list(state["check"]["head_dims"])
+    r, dps = check.rank, list(check.head_dims)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for m in state["models"]:
+    for m in record["summary"]["models"]:
         ks = sorted(int(k) for k in m["ranks"])
         colour = f"C{dps.index(m['head_dim'])}"
-        label = f"d_p = {m['head_dim']}" if m["seed"] == state["check"]["seeds"][0] else None
+        label = f"d_p = {m['head_dim']}" if m["seed"] == check.seeds[0] else None
         for ax, what in zip(axes, ("mse", "hit_rate"), strict=True):
             values = [m["ranks"].get(k, m["ranks"].get(str(k)))[what] for k in ks]
             ax.plot(ks, values, marker=".", color=colour, alpha=0.7, label=label)

@@ -187,7 +187,7 @@ def run_study(
         if lock is None:  # another worker runs it
             continue
         try:
-            result = study.run(options, point, folder, state["runs"], progress)
+            result = json.loads(json.dumps(study.run(options, point, folder, state["runs"], progress)))
         finally:
             lock.unlink(missing_ok=True)
         with core.one_writer(folder / RESULTS_FILE):
@@ -208,6 +208,7 @@ def run_study(
 def _record(study: Study, options, meta: dict, plan: dict, runs: dict) -> dict:
     return {
         "meta": meta,
+        "options": dataclasses.asdict(options),
         "plan_sha256": plan["sha256"],
         "plan_history": plan["history"],
         "runs": runs,
@@ -217,19 +218,29 @@ def _record(study: Study, options, meta: dict, plan: dict, runs: dict) -> dict:
 
 def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     """The record and report a committed study folder regenerates to: the summary recomputed from its
-    per-point results and the report rendered from it, with the options its ``plan.json`` names."""
-    plan = load_json_file(folder / PLAN_FILE, f"{study.name} plan")
-    options = study.Options(**_tuples(study.Options, plan["plan"]["options"]))
+    per-point results and the report rendered from it, with the options its ``plan.json`` names (or,
+    for a folder written before plans were hashed, its ``results.json``)."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
+    path = folder / PLAN_FILE
+    plan = load_json_file(path, f"{study.name} plan") if path.is_file() else None
+    values = plan["plan"]["options"] if plan else stored["options"]
+    options = options_from_dict(study.Options, values)
+    plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
     record = _record(study, options, stored["meta"], plan, stored["runs"])
     return record, study.report(options, record)
 
 
-def _tuples(cls, values: dict) -> dict:
-    """JSON lists back to tuples where the dataclass field's default is a tuple."""
-    out = dict(values)
+def options_from_dict(cls, values: dict):
+    """The dataclass ``cls`` from its :func:`dataclasses.asdict` after a JSON round trip: nested
+    dataclasses rebuilt, lists back to tuples where the field's default is a tuple."""
+    import typing
+
+    hints, out = typing.get_type_hints(cls), dict(values)
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if isinstance(default, tuple) and isinstance(out.get(f.name), list):
+        if f.name not in out:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(out[f.name], dict):
+            out[f.name] = options_from_dict(hints[f.name], out[f.name])
+        elif isinstance(f.default, tuple) and isinstance(out[f.name], list):
             out[f.name] = tuple(out[f.name])
-    return out
+    return cls(**out)
