@@ -281,3 +281,63 @@ def test_the_command_line_and_python_take_one_default_folder(command, module, fu
     with pytest.raises(ValueError, match="claimed"):
         getattr(importlib.import_module(f"fixedhead.studies.{module}"), function)()
     assert claimed == [Path(folder), Path(folder)]
+
+
+def _subparser(command):
+    return build_parser()._subparsers._group_actions[0].choices[command]
+
+
+def _dataclasses_of(command):
+    """The dataclasses a command's options are read from (kit studies: their Options and nested recipes)."""
+    from fixedhead.data import DataSettings
+    from fixedhead.options import nested
+    from fixedhead.studies.compare.seq_len import SeqLenStudy
+    from fixedhead.studies.farthest_point.known_rank import KnownRankStudy
+    from fixedhead.training import ModelSettings
+    from fixedhead.training.finetune import FinetuneSettings
+
+    kit = {"seq-len": SeqLenStudy, "known-rank": KnownRankStudy}
+    if command in kit:
+        options = kit[command].Options
+        return [options, *nested(options).values()]
+    from fixedhead.training.export import OnnxExportOptions
+
+    return {
+        "pretrain": [TrainSettings, DataSettings, ModelSettings],
+        "finetune": [FinetuneSettings],
+        "export-onnx": [OnnxExportOptions],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "export-onnx", "seq-len", "known-rank"])
+def test_every_option_shows_its_dataclass_fields_default(command):
+    """`fixedhead COMMAND --help` shows each field's default as the dataclass has it (read, not copied)."""
+    import dataclasses
+
+    actions = {a.dest: a for a in _subparser(command)._actions}
+    checked = 0
+    for cls in _dataclasses_of(command):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or f.name not in actions:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            action = actions[f.name]
+            if isinstance(default, bool):
+                assert (action.option_strings[0].startswith("--no-")) == default, f.name
+            elif default not in (None, "", [], ()):
+                shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+                assert action.help.endswith(f"(default: {shown})"), (f.name, action.help)
+            checked += 1
+    assert checked >= 2
+
+
+def test_a_kit_study_reads_its_options_nested_recipe_included():
+    from fixedhead.options import options_from
+    from fixedhead.studies.farthest_point.known_rank import KnownRankCheck
+
+    parser = build_parser()
+    assert options_from(parser.parse_args(["known-rank"]), KnownRankCheck()) == KnownRankCheck()
+    args = parser.parse_args(["known-rank", "--seeds", "1", "2", "--steps", "50", "--betas", "0.8", "0.9"])
+    got = options_from(args, KnownRankCheck())
+    assert got.seeds == (1, 2) and got.recipe.steps == 50 and got.recipe.betas == (0.8, 0.9)
+    assert got.recipe.batch_size == KnownRankCheck().recipe.batch_size

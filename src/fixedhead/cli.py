@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .checks import positive_int
-from .options import add_options, add_study_options, given, parse_head_dim
+from .options import add_nested_options, add_options, add_study_options, given, options_from, parse_head_dim
 from .studies.kit.core import output_folder
 
 
@@ -149,7 +149,6 @@ def _finetune_options(p):
 
 def _finetune(args):
     """fine-tune a pretrained run on a GLUE task; score on GLUE dev"""
-    from pathlib import Path
 
     from .training.finetune import FinetuneSettings, finetune
 
@@ -220,68 +219,74 @@ def _rank_intervention(args):
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
 
-def _known_rank_options(p):
-    where = "runs/known-rank (with --quick: runs/known-rank-quick)"
-    add_study_options(p, output_dir=where, quick=True, overwrite=False)
-    p.add_argument("--overwrite", action="store_true", help="train and score every model again")
+# ------------------------------------------------------------------------ studies on the kit
+def _kit_study(module: str, cls: str, help_text: str):
+    """A study on the kit (:mod:`fixedhead.studies.kit.study`) as a command: one option per field of its
+    ``Options`` dataclass (nested dataclasses flattened: ``--steps`` for ``recipe.steps``) and the options
+    every kit study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report."""
+
+    def study():
+        import importlib
+
+        return getattr(importlib.import_module(f".studies.{module}", __package__), cls)()
+
+    def add(p):
+        s = study()
+        add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
+        g = p.add_argument_group("running it")
+        g.add_argument(
+            "--output-dir",
+            metavar="DIR",
+            help=f"where the study writes (default: runs/{s.name}; --quick: runs/{s.name}-quick)",
+        )
+        g.add_argument(
+            "--quick",
+            action="store_true",
+            help="a seconds-sized plan (numbers mean nothing); options given still apply",
+        )
+        g.add_argument(
+            "--grow",
+            action="store_true",
+            help="accept a plan that differs from the folder's after results exist (the report says so)",
+        )
+        g.add_argument("--overwrite", action="store_true", help="run finished points again (the plan is kept)")
+        g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+        g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def run(args):
+        from .studies.kit.study import run_study
+
+        s = study()
+        options = options_from(args, s.quick if args.quick else s.Options())
+        out = output_folder(args.output_dir, s.name, quick=args.quick)
+        record = run_study(
+            s,
+            options,
+            out,
+            quick=args.quick,
+            grow=args.grow,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            command=args.command_line,
+        )
+        print((out / "report.md").read_text())
+        print(f"wrote {out}/report.md, results.json, plan.json" + "".join(f", {f}" for f in s.files if "*" not in f))
+        return 1 if isinstance(record["summary"], dict) and record["summary"].get("passed") is False else 0
+
+    run.__doc__ = help_text
+    return add, run
 
 
-def _known_rank(args):
-    """the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k"""
-    from dataclasses import replace
-
-    from .studies.farthest_point.known_rank import QUICK, KnownRankCheck, run_known_rank
-
-    check = QUICK if args.quick else KnownRankCheck()
-    if args.seeds:
-        check = replace(check, seeds=tuple(args.seeds))
-    if args.steps is not None:
-        check = replace(check, recipe=replace(check.recipe, steps=args.steps))
-    out = output_folder(args.output_dir, "known-rank", quick=args.quick)
-    record = run_known_rank(
-        out, check, overwrite=args.overwrite, progress=not args.no_progress, command=args.command_line
-    )
-    print((out / "report.md").read_text())
-    print(f"wrote {out}/report.md, results.json, plan.json, known_rank.csv, known_rank.png")
-    return 0 if record["summary"]["passed"] else 1
-
-
-# ------------------------------------------------------------------------------------ seq-len
-def _seq_len_options(p):
-    from .studies.compare.seq_len import SeqLenOptions
-
-    add_options(p, SeqLenOptions, title="the plan (defaults: the full study)")
-    g = p.add_argument_group("running it")
-    g.add_argument(
-        "--output-dir",
-        metavar="DIR",
-        help="where the study writes (default: runs/seq-len; --quick: runs/seq-len-quick)",
-    )
-    g.add_argument(
-        "--quick", action="store_true", help="a seconds-sized plan (numbers mean nothing); options given still apply"
-    )
-    g.add_argument(
-        "--grow",
-        action="store_true",
-        help="accept a plan that differs from the folder's after results exist (the report says so)",
-    )
-    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def _seq_len(args):
-    """does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"""
-    from dataclasses import replace
-
-    from .studies.compare.seq_len import QUICK, SeqLenOptions, run_seq_len
-
-    options = replace(QUICK if args.quick else SeqLenOptions(), **given(args, SeqLenOptions))
-    out = output_folder(args.output_dir, "seq-len", quick=args.quick)
-    run_seq_len(
-        out, options, grow=args.grow, progress=not args.no_progress, command=args.command_line, quick=args.quick
-    )
-    print((Path(out) / "report.md").read_text())
-    print(f"wrote {out}/report.md, seq_len.png, seq_len.csv, results.json, plan.json")
+_known_rank_options, _known_rank = _kit_study(
+    "farthest_point.known_rank",
+    "KnownRankStudy",
+    "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k",
+)
+_seq_len_options, _seq_len = _kit_study(
+    "compare.seq_len",
+    "SeqLenStudy",
+    "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
+)
 
 
 # -------------------------------------------------------------------------------------- widen

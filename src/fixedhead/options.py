@@ -77,7 +77,7 @@ def add_options(parser, cls, skip=(), title: str | None = None):
         if f.name in skip:
             continue
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        shown = " ".join(map(str, default)) if isinstance(default, list) else default
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
         text = docs.get(f.name, "")
         if not (shown is None or shown == "" or isinstance(shown, bool)):
             text += f" (default: {shown})"
@@ -89,9 +89,10 @@ def add_options(parser, cls, skip=(), title: str | None = None):
             if default:
                 flag, kw["help"] = f"--no-{flag[2:]}", f"turn off (on by default): {kw['help']}"
         else:
-            inner = [a for a in typing.get_args(hint) if a is not type(None)]  # X of X | None, str of list[str]
-            if typing.get_origin(hint) is list:
-                kw["nargs"] = "*"
+            inner = [a for a in typing.get_args(hint) if a not in (type(None), Ellipsis)]  # X of X | None, list[X]
+            if typing.get_origin(hint) in (list, tuple):
+                fixed = typing.get_origin(hint) is tuple and Ellipsis not in typing.get_args(hint)
+                kw["nargs"] = len(inner) if fixed else "*"
             kw["type"] = _TYPES.get(f.name) or (inner[0] if inner else hint)
             kw["metavar"] = {int: "N", float: "X"}.get(kw["type"])
             if "choices" in f.metadata:
@@ -101,8 +102,43 @@ def add_options(parser, cls, skip=(), title: str | None = None):
 
 
 def given(args, cls) -> dict:
-    """``{field: value}`` of the options of ``cls`` given on the command line (see :func:`add_options`)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    """``{field: value}`` of the options of ``cls`` given on the command line (see :func:`add_options`);
+    a tuple field's words as a tuple."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: tuple(getattr(args, f.name)) if typing.get_origin(hints[f.name]) is tuple else getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if hasattr(args, f.name)
+    }
+
+
+def nested(cls) -> dict[str, type]:
+    """``{field: dataclass}`` of the fields of ``cls`` that are dataclasses themselves (a study's recipe)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def add_nested_options(parser, cls, title: str):
+    """:func:`add_options` for ``cls`` and, flattened into their own groups, the fields of its nested
+    dataclasses (``--steps`` for ``recipe.steps``). Raises ValueError: two fields of one name."""
+    inner = nested(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in inner]
+    names += [f.name for sub in inner.values() for f in dataclasses.fields(sub)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{cls.__name__}: options of one name in two dataclasses: {sorted(names)}")
+    add_options(parser, cls, skip=tuple(inner), title=title)
+    for name, sub in inner.items():
+        add_options(parser, sub, title=f"{title}: {name} ({sub.__name__})")
+
+
+def options_from(args, base):
+    """``base`` (a dataclass) with every option given on the command line replaced, nested ones too."""
+    inner = nested(type(base))
+    changes = {k: v for k, v in given(args, type(base)).items() if k not in inner}
+    for name, sub in inner.items():
+        if sub_given := given(args, sub):
+            changes[name] = dataclasses.replace(getattr(base, name), **sub_given)
+    return dataclasses.replace(base, **changes) if changes else base
 
 
 def add_study_options(

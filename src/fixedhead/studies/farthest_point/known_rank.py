@@ -43,12 +43,19 @@ class KnownRankCheck:
     and one model per (head size in ``head_dims``, seed) with ``num_heads`` heads and ``recipe``."""
 
     rank: int = 8
+    """r, the rank the farthest-point task needs (every model must need it)"""
     head_dims: tuple[int, ...] = (8, 16, 32)
+    """the head sizes d_p trained (each >= r)"""
     num_heads: int = 8
+    """h, heads per model"""
     dim: int = 32
+    """d, the dimension of the points"""
     num_points: int = 16
+    """N, points per set"""
     seeds: tuple[int, ...] = (0, 1, 2)
+    """seeds, one model per (d_p, seed)"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
+    """the training recipe (the farthest-point study's)"""
 
     def __post_init__(self):
         for name in ("rank", "num_heads", "dim", "num_points"):

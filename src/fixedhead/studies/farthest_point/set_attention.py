@@ -159,17 +159,29 @@ class FarthestPointRecipe:
     """
 
     steps: int = 3000
+    """training steps (one fresh batch of sets each)"""
     batch_size: int = 64
+    """sets per step"""
     learning_rate: float = 1e-2
+    """AdamW's peak rate"""
     warmup_ratio: float = 0.05
+    """fraction of the steps of linear warm-up (then cosine decay to 0)"""
     weight_decay: float = 0.0
+    """AdamW's weight decay"""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's betas"""
     logit_scale: float = 16.0
+    """the attention logits' scale (softmax temperature 1 / logit_scale)"""
     input_scale: float = 1.0
+    """the scale of the input points"""
     intermediate_size: int | None = None
+    """the feed-forward width (None: 4 d)"""
     curve_points: int = 20
+    """points of the learning curve"""
     curve_sets: int = 256
+    """held-out sets the learning curve is measured on"""
     eval_sets: int = 4096
+    """other held-out sets the final metrics are scored on"""
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "curve_points", "curve_sets", "eval_sets"):
