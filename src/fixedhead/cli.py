@@ -282,6 +282,9 @@ _known_rank_options, _known_rank = _kit_study(
     "KnownRankStudy",
     "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k",
 )
+_bottleneck_options, _bottleneck = _kit_study(
+    "bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG"
+)
 _seq_len_options, _seq_len = _kit_study(
     "compare.seq_len",
     "SeqLenStudy",
@@ -560,34 +563,6 @@ def _scaling(args):
     options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
     run_scaling(preset, out, progress=not args.no_progress, **options)
     print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
-
-
-def _bottleneck_options(p):
-    add_study_options(p, output_dir="runs/bottleneck", steps=False, overwrite=False)
-    p.add_argument("--n", type=int, nargs="+", default=[16, 32, 64], help="sequence lengths (default: 16 32 64)")
-    p.add_argument("--temperature", type=float, default=1.0, help="P = softmax(G / T); lower is more peaked")
-    p.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per fit (KL; causal: logit space)")
-    p.add_argument("--causal", action="store_true", help="also a causal head: its threshold ceil((n-1)/2) beside n-1")
-
-
-def _bottleneck(args):
-    """one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG"""
-    from .studies.bottleneck import bottleneck_sweep, format_summary
-
-    out = output_folder(args.output_dir, "bottleneck")
-    ns, seeds = sorted(set(args.n)), sorted(set(args.seeds or (0, 1, 2)))  # repeats add nothing
-    rows = bottleneck_sweep(
-        ns,
-        seeds,
-        args.temperature,
-        out,
-        args.max_iter,
-        progress=not args.no_progress,
-        causal=args.causal,
-        command=args.command_line,
-    )
-    print(format_summary(rows))
-    print(f"wrote {out}/bottleneck.csv and bottleneck.png")
 
 
 def _coordcheck_options(p):

@@ -329,9 +329,9 @@ def test_cli_bottleneck_writes_sane_csv_and_png(tmp_path, capsys):
     assert "logit error" in printed and "bottleneck.csv" in printed
     png = (out / "bottleneck.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    record = json.loads((out / "bottleneck.json").read_text())  # what was run, with what
-    assert record["command"] == f"fixedhead bottleneck --n 4 6 --seeds 0 1 --output-dir {out} --no-progress"
-    assert record["settings"]["ns"] == [4, 6] and record["torch"] and record["transformers"]
+    record = json.loads((out / "results.json").read_text())  # what was run, with what
+    assert record["meta"]["command"] == f"fixedhead bottleneck --n 4 6 --seeds 0 1 --output-dir {out} --no-progress"
+    assert record["options"]["n"] == [4, 6] and record["meta"]["torch"] and record["meta"]["transformers"]
     with open(out / "bottleneck.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == bottleneck.SWEEP_COLUMNS

@@ -11,13 +11,13 @@ this module is the experiment around it (progress, files, plot).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import log_softmax
 
 from ..checks import non_negative_int, positive_int
 from ..plotting import pyplot, save_figure
-from ..runs import claim_output_dir, environment_info, invocation_commands, write_json_atomic
 from ..theory import (
     causal_logit_lower_bounds,
     causal_threshold,
@@ -28,6 +28,7 @@ from ..theory import (
     random_attention,
 )
 from .kit import render
+from .kit.study import Point, Study, run_study
 
 SWEEP_COLUMNS = [
     "mask",
@@ -65,25 +66,99 @@ def _causal_fits(P: np.ndarray, max_iter: int):
         yield fit.error, lower[k], fit.error / lower[0], math.nan, kl, np.max(np.abs(np.exp(log_att) * seen - P))
 
 
-OUTPUT_FILES = ("bottleneck.csv", "bottleneck.png", "bottleneck.json")
+@dataclass(frozen=True)
+class BottleneckOptions:
+    """What the sweep fits: random attention matrices P of each size n and seed, and every head size 1..n."""
+
+    n: tuple[int, ...] = (16, 32, 64)
+    """sequence lengths (each >= 2)"""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """seeds of the random attention matrices P"""
+    temperature: float = 1.0
+    """P = softmax(G / T); lower is more peaked"""
+    max_iter: int = 100
+    """L-BFGS iterations per fit (KL; causal: logit space)"""
+    causal: bool = False
+    """also a causal head: its threshold ceil((n - 1)/2) beside n - 1"""
+
+    def __post_init__(self):
+        n = tuple(sorted({positive_int("n", v, minimum=2) for v in self.n}))  # repeats add nothing
+        seeds = tuple(sorted({non_negative_int("seed", s) for s in self.seeds}))
+        if not n or not seeds:
+            raise ValueError(f"need at least one n and one seed, got n={self.n} and seeds={self.seeds}")
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "seeds", seeds)
+        positive_int("max_iter", self.max_iter)
+        random_attention(2, self.temperature)  # validates the temperature
 
 
-def format_summary(rows: list[dict]) -> str:
-    """The printed table: per mask and n, the mean logit and KL errors at head sizes 1, n/2, the
-    threshold − 1, the threshold and n (nats, mean over seeds)."""
-    seeds = len({r["seed"] for r in rows})
-    lines = [
-        f"{'mask':>13} {'n':>4} {'d_p':>4}  {'logit error':>11}  {'KL (fit)':>10}   (mean over {seeds} seeds, nats)"
-    ]
-    for mask in dict.fromkeys(r["mask"] for r in rows):
-        for n in sorted({r["n"] for r in rows}):
-            sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
-            t = max(r["min_head_dim"] for r in sel_n)
-            for k in sorted({1, n // 2, t - 1, t, n} - {0}):
-                sel = [r for r in sel_n if r["head_dim"] == k]
-                le, kl = (sum(r[key] for r in sel) / len(sel) for key in ("logit_error", "kl_fit"))
-                lines.append(f"{mask:>13} {n:>4} {k:>4}  {le:>11.3e}  {kl:>10.3e}")
-    return "\n".join(lines)
+QUICK = BottleneckOptions(n=(4, 6), seeds=(0,), max_iter=20)
+
+
+class BottleneckStudy(Study):
+    """The sweep on the kit (:mod:`fixedhead.studies.kit.study`): one point per (n, mask, seed), every head
+    size fitted; the summary is the printed table, the files the CSV and the PNG."""
+
+    name = "bottleneck"
+    Options = BottleneckOptions
+    quick = QUICK
+    files = ("bottleneck.csv", "bottleneck.png")
+
+    def plan(self, o):
+        masks = ("bidirectional", "causal") if o.causal else ("bidirectional",)
+        return [Point(f"n{n}-{mask}-s{seed}", (n, mask, seed)) for n in o.n for seed in o.seeds for mask in masks]
+
+    def run(self, o, point, folder, done, progress):
+        n, mask, seed = point.spec
+        P = random_attention(n, o.temperature, seed, causal=mask == "causal")
+        r = min_head_dim(P, causal=mask == "causal")
+        fits = _causal_fits(P, o.max_iter) if mask == "causal" else _bidirectional_fits(P, o.max_iter)
+        rows = []
+        for k, numbers in enumerate(fits, 1):
+            values = (mask, n, seed, float(o.temperature), k, r, *map(float, numbers))
+            rows.append(dict(zip(SWEEP_COLUMNS, values, strict=True)))
+        return {"rows": rows}
+
+    def summarise(self, o, results):
+        """Per mask, n and head size 1, n/2, threshold − 1, threshold and n: the mean logit and KL errors."""
+        rows = [r for res in results for r in res["rows"]]
+        out = []
+        for mask in dict.fromkeys(r["mask"] for r in rows):
+            for n in sorted({r["n"] for r in rows}):
+                sel_n = [r for r in rows if r["n"] == n and r["mask"] == mask]
+                t = max(r["min_head_dim"] for r in sel_n)
+                for k in sorted({1, n // 2, t - 1, t, n} - {0}):
+                    sel = [r for r in sel_n if r["head_dim"] == k]
+                    le, kl = (sum(r[key] for r in sel) / len(sel) for key in ("logit_error", "kl_fit"))
+                    out.append({"mask": mask, "n": n, "head_dim": k, "threshold": t, "logit_error": le, "kl_fit": kl})
+        return out
+
+    def report(self, o, record):
+        rows = [
+            [r["mask"], r["n"], r["head_dim"], r["threshold"], f"{r['logit_error']:.3e}", f"{r['kl_fit']:.3e}"]
+            for r in record["summary"]
+        ]
+        header = ["mask", "n", "d_p", "threshold", "logit error (nats)", "KL of the fit (nats)"]
+        return "\n".join(
+            [
+                "# One head's low-rank bottleneck against head size (`fixedhead bottleneck`)",
+                "",
+                f"Random attention matrices P (temperature {o.temperature:g}), n ∈ {list(o.n)}, seeds {list(o.seeds)}; "
+                "the best logit-space error and the KL of an L-BFGS fit a head of size d_p reaches (mean over "
+                "seeds; paper Theorem 1: zero from d_p = n − 1, causal from ⌈(n − 1)/2⌉). Every head size is in "
+                "`bottleneck.csv`, the curves in `bottleneck.png`.",
+                "",
+                f"Command: `{record['meta']['command']}`",
+                "",
+                *render.table(header, rows),
+                "",
+            ]
+        )
+
+    def write_files(self, o, record, folder):
+        rows = [r for res in record["runs"].values() for r in res["rows"]]
+        render.write_csv(folder / "bottleneck.csv", SWEEP_COLUMNS, rows)
+        _plot_sweep(rows, list(o.n), folder / "bottleneck.png")
 
 
 def bottleneck_sweep(
@@ -120,8 +195,9 @@ def bottleneck_sweep(
     softmax of that fit (no KL optimisation), ``kl_svd`` NaN.
 
     Writes ``bottleneck.csv`` (columns :data:`SWEEP_COLUMNS`), ``bottleneck.png`` (logit and
-    KL errors against head size, one column per n, the thresholds marked) and ``bottleneck.json``
-    (the command, the settings, the software and machine) into ``output_dir``.
+    KL errors against head size, one column per n, the thresholds marked), ``report.md`` (the summary
+    table), ``results.json`` (every row, the command, the software and machine) and ``plan.json`` into
+    ``output_dir`` (:class:`BottleneckStudy` on the study kit; every point is fitted again).
     About 30 s at the defaults on 2 busy cores; ``causal`` adds ~10 s.
 
     Args:
@@ -135,37 +211,9 @@ def bottleneck_sweep(
     Raises:
         ValueError: an n < 2, no seeds, a bad temperature or max_iter.
     """
-    ns = [positive_int("n", n, minimum=2) for n in ns]
-    seeds = [non_negative_int("seed", s) for s in seeds]
-    if not ns or not seeds:
-        raise ValueError(f"need at least one n and one seed, got ns={ns} and seeds={seeds}")
-    max_iter = positive_int("max_iter", max_iter)
-    random_attention(2, temperature)  # validates temperature
-    out = claim_output_dir(output_dir, OUTPUT_FILES, OUTPUT_FILES, "bottleneck")  # before the work
-
-    from tqdm.auto import tqdm
-
-    rows = []
-    bar = tqdm(
-        total=sum(ns) * len(seeds) * (2 if causal else 1), desc="bottleneck fits", disable=not progress, unit="fit"
-    )
-    for n in ns:
-        for seed in seeds:
-            for mask in ("bidirectional", "causal") if causal else ("bidirectional",):
-                P = random_attention(n, temperature, seed, causal=mask == "causal")
-                r = min_head_dim(P, causal=mask == "causal")
-                fits = _causal_fits(P, max_iter) if mask == "causal" else _bidirectional_fits(P, max_iter)
-                for k, numbers in enumerate(fits, 1):
-                    values = (mask, n, seed, float(temperature), k, r, *map(float, numbers))
-                    rows.append(dict(zip(SWEEP_COLUMNS, values, strict=True)))
-                    bar.update(1)
-    bar.close()
-    render.write_csv(out / "bottleneck.csv", SWEEP_COLUMNS, rows)
-    _plot_sweep(rows, ns, out / "bottleneck.png")
-    settings = dict(ns=ns, seeds=seeds, temperature=float(temperature), max_iter=max_iter, causal=causal)
-    record = {"study": "bottleneck", "command": invocation_commands(command, {})[0], "settings": settings}
-    write_json_atomic(out / "bottleneck.json", record | environment_info())
-    return rows
+    o = BottleneckOptions(tuple(ns), tuple(seeds), temperature, max_iter, causal)
+    record = run_study(BottleneckStudy(), o, output_dir, overwrite=True, progress=progress, command=command or "")
+    return [r for res in record["runs"].values() for r in res["rows"]]
 
 
 def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:
