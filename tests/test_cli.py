@@ -289,16 +289,17 @@ def _subparser(command):
 
 def _dataclasses_of(command):
     """The dataclasses a command's options are read from (kit studies: their Options and nested recipes)."""
+    import importlib
+
+    from fixedhead.cli import KIT_STUDIES
     from fixedhead.data import DataSettings
     from fixedhead.options import nested
-    from fixedhead.studies.compare.seq_len import SeqLenStudy
-    from fixedhead.studies.farthest_point.known_rank import KnownRankStudy
     from fixedhead.training import ModelSettings
     from fixedhead.training.finetune import FinetuneSettings
 
-    kit = {"seq-len": SeqLenStudy, "known-rank": KnownRankStudy}
-    if command in kit:
-        options = kit[command].Options
+    if command in KIT_STUDIES:
+        module, cls, _ = KIT_STUDIES[command]
+        options = getattr(importlib.import_module(f"fixedhead.studies.{module}"), cls).Options
         return [options, *nested(options).values()]
     from fixedhead.training.export import OnnxExportOptions
 
@@ -309,7 +310,7 @@ def _dataclasses_of(command):
     }[command]
 
 
-@pytest.mark.parametrize("command", ["pretrain", "finetune", "export-onnx", "seq-len", "known-rank"])
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "export-onnx", "bottleneck", "known-rank", "seq-len"])
 def test_every_option_shows_its_dataclass_fields_default(command):
     """`fixedhead COMMAND --help` shows each field's default as the dataclass has it (read, not copied)."""
     import dataclasses

@@ -277,19 +277,20 @@ def _kit_study(module: str, cls: str, help_text: str):
     return add, run
 
 
-_known_rank_options, _known_rank = _kit_study(
-    "farthest_point.known_rank",
-    "KnownRankStudy",
-    "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k",
-)
-_bottleneck_options, _bottleneck = _kit_study(
-    "bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1): CSV + PNG"
-)
-_seq_len_options, _seq_len = _kit_study(
-    "compare.seq_len",
-    "SeqLenStudy",
-    "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
-)
+#: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
+KIT_STUDIES = {
+    "bottleneck": ("bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1)"),
+    "known-rank": (
+        "farthest_point.known_rank",
+        "KnownRankStudy",
+        "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k",
+    ),
+    "seq-len": (
+        "compare.seq_len",
+        "SeqLenStudy",
+        "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
+    ),
+}
 
 
 # -------------------------------------------------------------------------------------- widen
@@ -616,11 +617,11 @@ COMMANDS = {
     "pretrain": (_pretrain_options, _pretrain),
     "evaluate": (_evaluate_options, _evaluate),
     "compare": (_compare_options, _compare),
-    "bottleneck": (_bottleneck_options, _bottleneck),
+    "bottleneck": _kit_study(*KIT_STUDIES["bottleneck"]),
     "analyze": (_analyze_options, _analyze),
     "rank-intervention": (_rank_intervention_options, _rank_intervention),
-    "known-rank": (_known_rank_options, _known_rank),
-    "seq-len": (_seq_len_options, _seq_len),
+    "known-rank": _kit_study(*KIT_STUDIES["known-rank"]),
+    "seq-len": _kit_study(*KIT_STUDIES["seq-len"]),
     "finetune": (_finetune_options, _finetune),
     "export-onnx": (_export_onnx_options, _export_onnx),
     "sweep": (_sweep_options, _sweep),
