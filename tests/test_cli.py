@@ -310,7 +310,9 @@ def _dataclasses_of(command):
     }[command]
 
 
-@pytest.mark.parametrize("command", ["pretrain", "finetune", "export-onnx", "bottleneck", "known-rank", "seq-len"])
+@pytest.mark.parametrize(
+    "command", ["pretrain", "finetune", "export-onnx", "bottleneck", "coordcheck", "known-rank", "seq-len"]
+)
 def test_every_option_shows_its_dataclass_fields_default(command):
     """`fixedhead COMMAND --help` shows each field's default as the dataclass has it (read, not copied)."""
     import dataclasses

@@ -279,6 +279,11 @@ def _kit_study(module: str, cls: str, help_text: str):
 
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
+    "coordcheck": (
+        "coordcheck",
+        "CoordCheckStudy",
+        "coordinate check: how far one learning rate moves the attention's activations at each head size",
+    ),
     "bottleneck": ("bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1)"),
     "known-rank": (
         "farthest_point.known_rank",
@@ -566,27 +571,6 @@ def _scaling(args):
     print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
 
 
-def _coordcheck_options(p):
-    from .studies.coordcheck import AXES, PARAMETRIZATIONS
-
-    add_study_options(p, output_dir="runs/coordcheck[-quick]", quick=True, overwrite=True)
-    p.add_argument("--learning-rate", type=float, metavar="X", help="AdamW's rate for every model (default 1e-3)")
-    p.add_argument("--parametrizations", nargs="+", choices=PARAMETRIZATIONS, help="(default: all)")
-    p.add_argument("--axes", nargs="+", choices=AXES, help="widths to vary: d_p at fixed h, h at fixed d_p")
-
-
-def _coordcheck(args):
-    """coordinate check: how far one learning rate moves the attention's activations at each head size"""
-    from .studies.coordcheck import coordcheck_settings, format_slopes, run_coordcheck
-
-    out = output_folder(args.output_dir, "coordcheck", quick=args.quick)
-    given = _pick(args, "seeds", "steps", "learning_rate", "parametrizations", "axes")
-    settings = coordcheck_settings(quick=args.quick, **{k: v for k, v in given.items() if v is not None})
-    result, paths = run_coordcheck(settings, out, overwrite=args.overwrite, progress=not args.no_progress)
-    print(format_slopes(result))
-    print(f"wrote {paths['json']}, {paths['report']} and the plots")
-
-
 # ---------------------------------------------------------------------------------- export-onnx
 def _export_onnx_options(p):
     from .training.export import OnnxExportOptions
@@ -630,7 +614,7 @@ COMMANDS = {
     "farthest-point": (_farthest_point_options, _farthest_point),
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
-    "coordcheck": (_coordcheck_options, _coordcheck),
+    "coordcheck": _kit_study(*KIT_STUDIES["coordcheck"]),
     "scaling": (_scaling_options, _scaling),
 }
 

@@ -49,10 +49,12 @@ def test_committed_runs_are_reused_by_todays_presets():
 
 
 def test_coordcheck_report_regenerates():
-    from fixedhead.studies.coordcheck import load_result, report_markdown
+    from fixedhead.studies.coordcheck import CoordCheckStudy
+    from fixedhead.studies.kit.study import regenerate
 
-    result = load_result(RESULTS / "coordcheck" / "coordcheck.json")
-    assert report_markdown(result) == (RESULTS / "coordcheck" / "report.md").read_text()
+    record, report = regenerate(CoordCheckStudy(), RESULTS / "coordcheck")
+    assert record["summary"] == json.loads((RESULTS / "coordcheck" / "results.json").read_text())["summary"]
+    assert report == (RESULTS / "coordcheck" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("folder", ["scaling-cpu", "scaling-llama"])

@@ -5,12 +5,13 @@ import json
 import pytest
 
 from fixedhead.cli import main
-from fixedhead.studies.coordcheck import CoordCheckSettings, coord_check, coordcheck_settings, write_outputs
+from fixedhead.studies.coordcheck import QUICK, CoordCheckSettings, CoordCheckStudy, coord_check, result_of
+from fixedhead.studies.kit.study import run_study
 
 
 @pytest.fixture(scope="module")
 def tiny_result():
-    return coord_check(coordcheck_settings(quick=True), progress=False)
+    return coord_check(QUICK, progress=False)
 
 
 @pytest.mark.parametrize("axis", ["head_dim", "num_heads"])
@@ -24,25 +25,25 @@ def test_mup_output_projection_is_flat_where_the_standard_one_grows(tiny_result,
 
 
 def test_coordcheck_writes_its_outputs(tiny_result, tmp_path):
-    paths = write_outputs(tiny_result, tmp_path / "cc")
-    saved = json.loads(paths["json"].read_text())
-    assert {r["parametrization"] for r in saved["slopes"]} == {"standard", "mup"}
-    # every run's curve: axes × variants × quantities × widths × seeds, one value per step 0..5
-    leaves = [
-        seeds[s]
-        for by_variant in saved["curves"].values()
-        for by_quantity in by_variant.values()
-        for by_width in by_quantity.values()
-        for seeds in by_width.values()
-        for s in seeds
-    ]
-    assert len(leaves) == 2 * 2 * 6 * 3 * 1 and all(len(leaf["mean_abs_change"]) == 6 for leaf in leaves)
+    record = run_study(CoordCheckStudy(), QUICK, tmp_path / "cc", progress=False)
+    saved = json.loads((tmp_path / "cc" / "results.json").read_text())
+    assert {r["parametrization"] for r in saved["summary"]} == {"standard", "mup"}
+    # every run's curve: axes × variants × widths × seeds points, each quantity one value per step 0..5
+    assert len(saved["runs"]) == 2 * 2 * 3 * 1
+    leaves = [leaf for point in saved["runs"].values() for leaf in point["curves"].values()]
+    assert len(leaves) == 2 * 2 * 3 * 6 and all(len(leaf["mean_abs_change"]) == 6 for leaf in leaves)
+    # the stored (5-digit) curves give the in-memory slopes to that precision
+    again = result_of(QUICK, saved["runs"].values())
+    for row in record["summary"]:
+        for q in ("attention_output", "block_output"):
+            want = tiny_result.slope(row["axis"], row["parametrization"], q)
+            assert again.slope(row["axis"], row["parametrization"], q) == pytest.approx(want, abs=1e-3)
     for axis in ("head_dim", "num_heads"):
-        assert paths[axis].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (tmp_path / "cc" / f"coordcheck_{axis}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "mine.txt").write_text("x")
     with pytest.raises(FileExistsError):
-        (tmp_path / "other").mkdir()
-        (tmp_path / "other" / "mine.txt").write_text("x")
-        write_outputs(tiny_result, tmp_path / "other")
+        run_study(CoordCheckStudy(), QUICK, tmp_path / "other", progress=False)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_coordcheck_command(tmp_path, capsys):
     out = tmp_path / "cc"
     assert main(["coordcheck", "--quick", "--axes", "head_dim", "--output-dir", str(out), "--no-progress"]) == 0
     assert "| head_dim | mup |" in capsys.readouterr().out
-    saved = json.loads((out / "coordcheck.json").read_text())
-    assert saved["settings"]["axes"] == ["head_dim"] and saved["settings"]["steps"] == 5
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["options"]["axes"] == ["head_dim"] and saved["options"]["steps"] == 5
     assert main(["coordcheck", "--quick", "--steps", "0", "--output-dir", str(tmp_path / "x")]) == 2
     assert "steps must be" in capsys.readouterr().err

@@ -30,14 +30,11 @@ import torch
 
 from ..checks import positive_float, positive_int
 from ..plotting import pyplot, save_figure
-from ..runs import claim_output_dir, environment_info, invocation_commands, load_json_file, staged_outputs
 from .kit import render
+from .kit.study import Point, Study
 
 QUANTITIES = ("query", "key", "logits", "context", "attention_output", "block_output")
 AXES = ("head_dim", "num_heads")
-RESULTS_FILE = "coordcheck.json"
-REPORT_FILE = "report.md"
-OWNED = (RESULTS_FILE, REPORT_FILE, "coordcheck_*.png", ".coordcheck*", ".report.md.*")
 
 
 def parametrization_overrides(name: str, base_head_dim: int, base_num_heads: int, head_dim: int) -> dict:
@@ -72,23 +69,40 @@ PARAMETRIZATIONS = ("standard", "logits-1/d_p", "output-projection", "mup", "mup
 class CoordCheckSettings:
     """What ``fixedhead coordcheck`` trains (the defaults: a 2-layer d = 64 model, 30 Adam steps)."""
 
-    hidden_size: int = 64  # d
-    num_attention_heads: int = 4  # h on the head-size axis
-    head_dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)  # the head-size axis
-    fixed_head_dim: int = 16  # d_p on the head-count axis
-    num_heads: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # the head-count axis
-    base_head_dim: int = 16  # μP's base d_p (where every variant is the standard model)
-    base_num_attention_heads: int = 4  # μP's base h
+    hidden_size: int = 64
+    """d"""
+    num_attention_heads: int = 4
+    """h on the head-size axis"""
+    head_dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    """the head-size axis (d_p at fixed h)"""
+    fixed_head_dim: int = 16
+    """d_p on the head-count axis"""
+    num_heads: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """the head-count axis (h at fixed d_p)"""
+    base_head_dim: int = 16
+    """μP's base d_p (where every variant is the standard model)"""
+    base_num_attention_heads: int = 4
+    """μP's base h"""
     num_hidden_layers: int = 2
+    """layers"""
     intermediate_size: int = 256
+    """feed-forward width"""
     vocab_size: int = 512
-    seq_len: int = 32  # n
+    """vocabulary of the uniform random tokens"""
+    seq_len: int = 32
+    """n"""
     batch_size: int = 16
+    """sequences per step"""
     steps: int = 30
+    """AdamW steps"""
     learning_rate: float = 1e-3
+    """AdamW's rate for every model"""
     seeds: tuple[int, ...] = (0, 1, 2)
-    parametrizations: tuple[str, ...] = PARAMETRIZATIONS
-    axes: tuple[str, ...] = AXES
+    """seeds of the models (the batches are the same)"""
+    parametrizations: tuple[str, ...] = field(default=PARAMETRIZATIONS, metadata={"choices": PARAMETRIZATIONS})
+    """the variants compared (parametrization_overrides)"""
+    axes: tuple[str, ...] = field(default=AXES, metadata={"choices": AXES})
+    """widths to vary: head_dim (d_p at fixed h), num_heads (h at fixed d_p)"""
 
     def __post_init__(self):
         for name in ("hidden_size", "num_attention_heads", "fixed_head_dim", "base_head_dim"):
@@ -247,28 +261,8 @@ class CoordCheckResult:
         ]
 
 
-def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordCheckResult:
-    """Run every (axis, parametrization, width, seed) of ``settings`` on seeded random tokens."""
-    from tqdm.auto import tqdm
-
-    batches, eval_ids = random_batches(settings)
-    meta = {"command": invocation_commands(None, {})[0], **environment_info()}
-    result = CoordCheckResult(settings=json.loads(json.dumps(asdict(settings))), meta=meta)
-    plan = [
-        (axis, name, width, config, seed)
-        for axis in settings.axes
-        for name in settings.parametrizations
-        for width, config in settings.model_configs(axis, name).items()
-        for seed in settings.seeds
-    ]
-    for axis, name, width, config, seed in tqdm(plan, desc="coordcheck", disable=not progress):
-        for row in measure(config, batches, eval_ids, settings.learning_rate, seed):
-            result.rows.append({"axis": axis, "parametrization": name, "width": width, "seed": seed, **row})
-    return result
-
-
 #: ``--quick``: a one-layer d = 32 model, 5 steps, one seed, standard against μP (seconds; the tests' size)
-QUICK = dict(
+QUICK = CoordCheckSettings(
     hidden_size=32,
     num_attention_heads=2,
     head_dims=(4, 16, 64),
@@ -287,23 +281,81 @@ QUICK = dict(
 )
 
 
-def coordcheck_settings(quick: bool = False, **overrides) -> CoordCheckSettings:
-    """The default settings (or :data:`QUICK`) with ``overrides`` (``seeds``, ``steps``, ... as
-    lists or tuples). Raises ValueError naming a bad value."""
-    base = {**(QUICK if quick else {}), **overrides}
-    return CoordCheckSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in base.items()})
+class CoordCheckStudy(Study):
+    """The check on the kit (:mod:`fixedhead.studies.kit.study`): one point per (axis, parametrization,
+    width, seed), its measurements stored compactly (:func:`point_curves`); the summary is the slopes."""
+
+    name = "coordcheck"
+    Options = CoordCheckSettings
+    quick = QUICK
+    files = ("coordcheck_*.png",)
+
+    def plan(self, s):
+        return [
+            Point(f"{axis}-{name.replace('/', '_')}-w{width}-s{seed}", (axis, name, width, seed))
+            for axis in s.axes
+            for name in s.parametrizations
+            for width in (s.head_dims if axis == "head_dim" else s.num_heads)
+            for seed in s.seeds
+        ]
+
+    def run(self, s, point, folder, done, progress):
+        axis, name, width, seed = point.spec
+        batches, eval_ids = random_batches(s)
+        rows = measure(s.model_configs(axis, name)[width], batches, eval_ids, s.learning_rate, seed)
+        return {"axis": axis, "parametrization": name, "width": width, "seed": seed, "curves": point_curves(rows)}
+
+    def summarise(self, s, results):
+        return result_of(s, results).slopes()
+
+    def report(self, s, record):
+        return report_markdown(result_of(s, record["runs"].values(), record["meta"]))
+
+    def write_files(self, s, record, folder):
+        result = result_of(s, record["runs"].values())
+        for axis in s.axes:
+            plot(result, axis, folder / f"coordcheck_{axis}.png")
 
 
-def run_coordcheck(settings: CoordCheckSettings, output_dir, overwrite: bool = False, progress: bool = True):
-    """:func:`coord_check` then :func:`write_outputs` (the folder is checked before the work):
-    ``(result, paths)``.
+def point_curves(rows: list[dict]) -> dict:
+    """One point's rows (:func:`measure`) compactly: ``{quantity: {"mean_abs_change": [one per step 0..T],
+    "mean_abs": [...]}}`` (5 significant digits), from which every slope and plot is recomputed."""
+    out: dict = {}
+    for r in rows:
+        leaf = out.setdefault(r["quantity"], {"mean_abs_change": [], "mean_abs": []})
+        leaf["mean_abs_change"].append(float(f"{r['mean_abs_change']:.5g}"))
+        leaf["mean_abs"].append(float(f"{r['mean_abs']:.5g}"))
+    return out
 
-    Raises:
-        FileExistsError: ``output_dir`` holds files coordcheck did not write.
-    """
-    claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", create=False)
-    result = coord_check(settings, progress=progress)
-    return result, write_outputs(result, output_dir, overwrite=overwrite)
+
+def result_of(s: CoordCheckSettings, results, meta: dict | None = None) -> CoordCheckResult:
+    """The :class:`CoordCheckResult` of the points' ``results`` (their rows rebuilt from the curves)."""
+    rows = [
+        {
+            "axis": r["axis"],
+            "parametrization": r["parametrization"],
+            "width": int(r["width"]),
+            "seed": int(r["seed"]),
+            "step": step,
+            "quantity": quantity,
+            "mean_abs_change": change,
+            "mean_abs": size,
+        }
+        for r in results
+        for quantity, leaf in r["curves"].items()
+        for step, (change, size) in enumerate(zip(leaf["mean_abs_change"], leaf["mean_abs"], strict=True))
+    ]
+    return CoordCheckResult(settings=json.loads(json.dumps(asdict(s))), rows=rows, meta=meta or {})
+
+
+def coord_check(settings: CoordCheckSettings, progress: bool = True) -> CoordCheckResult:
+    """Every (axis, parametrization, width, seed) of ``settings`` on seeded random tokens, in memory
+    (no files; ``fixedhead coordcheck`` is :class:`CoordCheckStudy`)."""
+    from tqdm.auto import tqdm
+
+    study = CoordCheckStudy()
+    results = [study.run(settings, p, None, {}, False) for p in tqdm(study.plan(settings), disable=not progress)]
+    return result_of(settings, results)
 
 
 # ------------------------------------------------------------------------------- outputs
@@ -365,71 +417,3 @@ def report_markdown(result: CoordCheckResult) -> str:
             *(["## What was run", "", *what_was_run, ""] if what_was_run else []),
         ]
     )
-
-
-def curves(result: CoordCheckResult) -> dict:
-    """Every run's measurements, compactly: ``{axis: {parametrization: {quantity: {width: {seed:
-    {"mean_abs_change": [one per step 0..T], "mean_abs": [...]}}}}}}`` (5 significant digits),
-    from which every slope and plot can be recomputed."""
-    out: dict = {}
-    for r in result.rows:
-        leaf = (
-            out.setdefault(r["axis"], {})
-            .setdefault(r["parametrization"], {})
-            .setdefault(r["quantity"], {})
-            .setdefault(str(r["width"]), {})
-            .setdefault(str(r["seed"]), {"mean_abs_change": [], "mean_abs": []})
-        )
-        leaf["mean_abs_change"].append(float(f"{r['mean_abs_change']:.5g}"))
-        leaf["mean_abs"].append(float(f"{r['mean_abs']:.5g}"))
-    return out
-
-
-def load_result(path) -> CoordCheckResult:
-    """A :class:`CoordCheckResult` read back from a ``coordcheck.json`` (its rows rebuilt from the curves)."""
-    saved = load_json_file(path, "coordcheck results")
-    rows = [
-        {
-            "axis": axis,
-            "parametrization": name,
-            "width": int(width),
-            "seed": int(seed),
-            "step": step,
-            "quantity": quantity,
-            "mean_abs_change": change,
-            "mean_abs": size,
-        }
-        for axis, by_variant in saved["curves"].items()
-        for name, by_quantity in by_variant.items()
-        for quantity, by_width in by_quantity.items()
-        for width, by_seed in by_width.items()
-        for seed, leaf in by_seed.items()
-        for step, (change, size) in enumerate(zip(leaf["mean_abs_change"], leaf["mean_abs"], strict=True))
-    ]
-    return CoordCheckResult(settings=saved["settings"], rows=rows, data=saved["data"], meta=saved.get("meta", {}))
-
-
-def write_outputs(result: CoordCheckResult, output_dir, overwrite: bool = False) -> dict:
-    """Write ``coordcheck.json`` (settings and every row), ``report.md`` and one plot per axis,
-    all or none.
-
-    Raises:
-        FileExistsError: ``output_dir`` holds files coordcheck did not write.
-    """
-    out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "coordcheck", overwrite=overwrite)
-    paths = {}
-    with staged_outputs(out) as stage:
-        payload = {
-            "settings": result.settings,
-            "data": result.data,
-            "meta": result.meta or environment_info(),
-            "slopes": result.slopes(),
-            "curves": curves(result),
-        }
-        stage(RESULTS_FILE).write_text(json.dumps(payload, separators=(",", ":")))
-        stage(REPORT_FILE).write_text(report_markdown(result))
-        for axis in result.settings["axes"]:
-            name = f"coordcheck_{axis}.png"
-            plot(result, axis, stage(name))
-            paths[axis] = out / name
-    return {"json": out / RESULTS_FILE, "report": out / REPORT_FILE, **paths}
