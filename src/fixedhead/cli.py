@@ -242,7 +242,8 @@ def _kit_study(module: str, cls: str, help_text: str):
         g.add_argument(
             "--quick",
             action="store_true",
-            help="a seconds-sized plan (numbers mean nothing); options given still apply",
+            help="the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; "
+            "options given still apply",
         )
         g.add_argument(
             "--grow",

@@ -166,6 +166,10 @@ def add_study_options(
     if overwrite:
         g.add_argument("--overwrite", action="store_true", help="train finished runs again instead of reusing them")
     if quick:
-        g.add_argument("--quick", action="store_true", help="the CI-sized version of the preset (seconds to a minute)")
+        g.add_argument(
+            "--quick",
+            action="store_true",
+            help="the seconds-sized version of the study (numbers mean nothing), in its own -quick folder",
+        )
     g.add_argument("--no-progress", action="store_true", help="no progress bars (results are still printed)")
     return g
