@@ -16,7 +16,7 @@ Rows:
 Columns: step time (median over all runs of the row, and the best), tokens/s, time relative to
 the row it is paired with (median of adjacent ratios), peak tensor memory of a step
 (parameters, optimizer state, activations, gradients and temporaries), FLOPs per step from
-``fixedhead.model.flops.estimate_flops``, achieved GFLOP/s and model-FLOP utilisation against an fp32
+``fixedhead.model.sizes.estimate_flops``, achieved GFLOP/s and model-FLOP utilisation against an fp32
 ``torch.matmul`` peak measured in the same run (once per round, between the models).
 
 Usage: python benchmarks/bench_training_step.py [--rounds 3] [--compile] [--bf16] [--quick] ...
@@ -44,9 +44,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.model.flops import estimate_flops
 from fixedhead.model.from_bert import from_bert
 from fixedhead.model.modeling import FixedHeadForMaskedLM
+from fixedhead.model.sizes import estimate_flops
 
 # ---------------------------------------------------------------------------------------------
 # machine set-up and measurement helpers

@@ -12,9 +12,9 @@ from .model.modeling import (
     FixedHeadForMaskedLM,
     FixedHeadForSequenceClassification,
     FixedHeadModel,
-    count_parameters,
     register_auto_classes,
 )
+from .model.sizes import count_parameters
 from .model.surgery import widen_heads
 
 register_auto_classes()  # AutoConfig / AutoModel* / pipeline(...) load fixedhead run directories

@@ -49,7 +49,7 @@ def _print_json(result: dict, drop=lambda key: False):
 
 # -------------------------------------------------------------------------------------- count
 def _count_options(p):
-    from .training.command import COUNT_DEFAULTS
+    from .model.sizes import COUNT_DEFAULTS
 
     p.add_argument("--preset", nargs="*", help="paper preset names (default: all of Tables 1-3)")
     p.add_argument("--hidden-size", type=int, default=argparse.SUPPRESS, help="d (refused with --preset)")
@@ -64,7 +64,7 @@ def _count_options(p):
 
 def _count(args):
     """parameter count of a preset or of explicit sizes (paper Tables 1-3)"""
-    from .training.command import COUNT_DEFAULTS, count_table
+    from .model.sizes import COUNT_DEFAULTS, count_table
 
     names = ("hidden_size", "num_attention_heads", "head_dim", *COUNT_DEFAULTS)  # the options _count_options adds
     sizes = {name: getattr(args, name) for name in names if hasattr(args, name)}

@@ -10,10 +10,10 @@ from fixedhead.model.architectures import (
     is_fixed_head,
     new_model,
     objective_of,
-    parameter_count,
 )
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.model.parametrization import learning_rate_multipliers
+from fixedhead.model.sizes import parameter_count
 from fixedhead.training.settings import ModelSettings
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32, vocab_size=400)

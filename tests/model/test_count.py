@@ -1,8 +1,9 @@
 import pytest
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadModel, count_parameters
+from fixedhead.model.modeling import FixedHeadForMaskedLM, FixedHeadModel
 from fixedhead.model.paper_presets import PAPER_PRESETS
+from fixedhead.model.sizes import count_parameters
 
 # the paper's reported sizes (Tables 1, 2A, 2B, 3), in millions: an independent check on the
 # architecture, written here rather than read back from the presets

@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.model.flops import estimate_flops
 from fixedhead.model.modeling import FixedHeadForMaskedLM
+from fixedhead.model.sizes import estimate_flops
 
 
 def tiny(**kw):

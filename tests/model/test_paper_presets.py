@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from fixedhead.model.flops import gpu_hours, training_flops
-from fixedhead.model.modeling import FixedHeadForMaskedLM, count_parameters
+from fixedhead.model.modeling import FixedHeadForMaskedLM
 from fixedhead.model.paper_presets import LM1B_PRESETS, PAPER_PRESETS, PAPER_TRAINING_TOKENS
+from fixedhead.model.sizes import count_parameters, gpu_hours, training_flops
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_PRESETS))

@@ -19,7 +19,7 @@ from fixedhead import (
 )
 from fixedhead.cli import main, parse_head_dim
 from fixedhead.model.attention import MultiHeadAttention
-from fixedhead.model.flops import estimate_flops
+from fixedhead.model.sizes import estimate_flops
 from fixedhead.training.widen import WIDEN_FILE
 
 D, H, L, V, F = 32, 4, 4, 60, 48

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from fixedhead.cli import main
-from fixedhead.model.architectures import non_embedding_parameters
+from fixedhead.model.sizes import non_embedding_parameters
 from fixedhead.studies import scaling
 from fixedhead.studies.kit import core
 from fixedhead.studies.kit.recipes import get_recipe

@@ -158,42 +158,6 @@ def is_fixed_head(config) -> bool:
     return config.head_dim * config.num_attention_heads != config.hidden_size
 
 
-def parameter_count(config) -> int:
-    """Trainable parameters of the language model a study trains with ``config`` (a tied matrix
-    once): :func:`~fixedhead.model.modeling.count_parameters` without pooler for fixedhead; for
-    Llama, ``LlamaForCausalLM`` built on the meta device (no memory, no initialisation) and its
-    parameters summed."""
-    if isinstance(config, FixedHeadConfig):
-        from .modeling import count_parameters
-
-        return count_parameters(config, pooler=False)
-    return sum(p.numel() for p in _meta_model(config).parameters())
-
-
-def _meta_model(config):
-    """The config's language model (causal or masked, :func:`objective_of`) built on the meta
-    device: parameter shapes without memory or initialisation."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    auto = AutoModelForCausalLM if objective_of(config) == "clm" else AutoModelForMaskedLM
-    with torch.device("meta"):
-        return auto.from_config(config)
-
-
-def non_embedding_parameters(config) -> int:
-    """N, the parameters outside embedding tables (token, position, type) and outside an output
-    layer tied to them — Kaplan et al.'s count — of either family's causal or masked LM."""
-    from torch import nn
-
-    model = _meta_model(config)
-    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
-    output = model.get_output_embeddings()
-    untied = output is not None and id(output.weight) not in embedding
-    out_params = output.weight.numel() if untied else 0
-    return sum(p.numel() for p in model.parameters() if id(p) not in embedding) - out_params
-
-
 def new_model(config, objective: str):
     """A freshly initialised language model of ``config`` for ``objective``: fixedhead's
     ``FixedHeadForCausalLM`` / ``FixedHeadForMaskedLM``, or transformers' ``LlamaForCausalLM``.

@@ -786,39 +786,6 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
-def count_parameters(
-    config: FixedHeadConfig, *, pooler: bool = True, mlm_head: bool = True, nsp_head: bool = False
-) -> int:
-    """Number of trainable parameters of a model with ``config``, without building it.
-
-    With d = hidden_size, i = h·d_p (attention inner size; per layer when ``head_dim`` is a list),
-    f = intermediate_size, v = vocab:
-      embeddings  v·d + max_positions·d + type_vocab·d + 2d (LayerNorm)
-      per layer   3(d·i + i) + (i·d + d)      q, k, v and output projections (4·h·d_p·d + biases:
-                                              the paper's stated cost of a fixed head size)
-                  + (d·f + f) + (f·d + d)     feed-forward
-                  + 4d                        two LayerNorms
-      pooler      d² + d                      (BERT's; ``pooler=True``)
-      MLM head    d² + d + 2d + v             transform, LayerNorm, output bias; decoder tied
-      NSP head    2d + 2                      (``nsp_head=True``, as in the paper's pretraining)
-
-    Defaults match ``FixedHeadModel`` + pooler + MLM head, i.e. BERT as counted in the paper's
-    Tables 1–3 (checked to within 1% there; exactly against ``sum(p.numel())`` in the tests).
-    """
-    d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
-    total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
-    for dp in config.layer_head_dims:
-        i = config.num_attention_heads * dp
-        total += 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
-    if pooler:
-        total += d * d + d
-    if mlm_head:
-        total += d * d + d + 2 * d + v
-    if nsp_head:
-        total += 2 * d + 2
-    return total
-
-
 # --------------------------------------------------------------------------------------------
 # transformers Auto classes
 # --------------------------------------------------------------------------------------------

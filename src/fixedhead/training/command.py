@@ -13,11 +13,8 @@ import os
 from pathlib import Path
 
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
+from ..model.sizes import option_names
 from .settings import ModelSettings, TrainSettings
-
-
-def _options(fields) -> str:
-    return ", ".join(sorted(f"--{f.replace('_', '-')}" for f in fields))
 
 
 def _open_source(init_from, output_dir, model: dict, data: dict, train: dict, preset: str | None):
@@ -28,7 +25,7 @@ def _open_source(init_from, output_dir, model: dict, data: dict, train: dict, pr
     refused = [*model, *(k for k in data if k != "corpus")] + ["preset"] * (preset is not None)
     if refused:
         raise ValueError(
-            f"--init-from {init_from} continues that run's model on its recorded data; drop {_options(refused)} "
+            f"--init-from {init_from} continues that run's model on its recorded data; drop {option_names(refused)} "
             f"(to change the head size, widen it first: fixedhead widen)"
         )
     if not Path(init_from).is_dir():
@@ -54,7 +51,7 @@ def _preset_config(preset: str, model: dict, max_seq_length: int):
 
     sizes = [k for k in model if k != "dropout"]
     if sizes:
-        raise ValueError(f"--preset {preset} fixes the model size; drop {_options(sizes)} (or drop --preset)")
+        raise ValueError(f"--preset {preset} fixes the model size; drop {option_names(sizes)} (or drop --preset)")
     p = get_preset(preset)
     dropout = model.get("dropout")
     config = p.build_config(
@@ -122,62 +119,3 @@ def pretrain_command(
 
 #: ``count`` sizes a preset keeps its own values of when they are not given (and takes when they
 #: are), with the defaults of explicit sizes (BERT-large's)
-COUNT_DEFAULTS = {
-    "num_hidden_layers": 24,
-    "intermediate_size": None,
-    "vocab_size": 30522,
-    "max_position_embeddings": 512,
-}
-
-
-def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> str:
-    """``fixedhead count``: the parameter count of explicit sizes (``sizes`` with ``hidden_size``
-    and ``num_attention_heads``; BERT-large's depth, vocabulary and positions unless given, a
-    feed-forward of 4d) as one line, or a table of paper presets (default: all of Tables 1-3 and
-    the LM1B-style ones) beside the counts the paper reports. ``sizes`` may change a preset's
-    depth, feed-forward width, vocabulary and positions (the paper column is then left out).
-
-    Raises:
-        ValueError: ``hidden_size``, ``num_attention_heads`` or ``head_dim`` with presets, or
-            explicit sizes without both of the first two; an unknown preset; a size the config refuses.
-    """
-    from ..model.configuration import FixedHeadConfig
-    from ..model.modeling import count_parameters
-    from ..model.paper_presets import PAPER_PRESETS, get_preset
-
-    sizes = dict(sizes or {})
-    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if f in sizes]
-    overrides = {f: v for f, v in sizes.items() if f in COUNT_DEFAULTS}
-    if fixed and presets is not None:
-        raise ValueError(f"--preset fixes d, h and d_p; drop {_options(fixed)} (or drop --preset)")
-    if presets is None and sizes:
-        missing = [f for f in ("hidden_size", "num_attention_heads") if f not in sizes]
-        if missing:
-            verb = "needs" if len(sizes) == 1 else "need"
-            raise ValueError(f"{_options(sizes)} also {verb} {_options(missing)} (or --preset NAME)")
-        d = sizes["hidden_size"]
-        cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
-        return (
-            f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
-            f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
-        )
-    rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
-    wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names
-    lines = [f"{'preset':<{wn}} {'source':<{ws}} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}"]
-    for name, p in rows:
-        cfg = p.build_config(**overrides)
-        n = count_parameters(cfg)
-        paper_params = None if overrides else p.paper_params  # the paper counted the preset as it is
-        diff = f"{100 * (n / 1e6 - paper_params) / paper_params:+.2f}%" if paper_params else ""
-        paper = f"{paper_params:.0f}M" if paper_params else ""
-        lines.append(
-            f"{name:<{wn}} {p.source:<{ws}} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
-            f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
-        )
-    if overrides:
-        changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
-        lines.append(
-            f"({changed} in place of the preset's own; no paper column: the paper counted the presets as published)"
-        )
-    return "\n".join(lines)

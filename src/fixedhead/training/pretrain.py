@@ -36,9 +36,9 @@ from ..model.architectures import (
     is_fixed_head,
     new_model,
     objective_of,
-    parameter_count,
 )
 from ..model.configuration import FixedHeadConfig
+from ..model.sizes import parameter_count
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,

@@ -37,8 +37,8 @@ from ...model.architectures import (
     check_objective_for,
     head_size_label,
     is_fixed_head,
-    parameter_count,
 )
+from ...model.sizes import parameter_count
 from ...runs import claim_output_dir, environment_info, invocation_commands, staged_outputs, write_json_atomic
 from ...theory import causal_threshold
 from ...training.pretrain import train_or_reuse
@@ -147,7 +147,7 @@ def widened_ffn(base: dict, d: int) -> int:
 
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
     """Smallest standard hidden size (a multiple of the head count, FFN at the base's ratio f/d) whose parameter
-    count reaches ``target_params`` (:func:`~fixedhead.model.architectures.parameter_count` of the
+    count reaches ``target_params`` (:func:`~fixedhead.model.sizes.parameter_count` of the
     fields' architecture: fixedhead's without pooler, as the MLM model has none). A Llama model's
     d/h stays even (a multiple of 2h): rotary positions rotate pairs of coordinates."""
     heads = base["num_attention_heads"]

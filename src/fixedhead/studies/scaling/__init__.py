@@ -41,7 +41,8 @@ from ...analysis import analyze_model, load_encoder
 from ...checks import positive_float, positive_int
 from ...data import prepare_data
 from ...data.lm import unigram_perplexity
-from ...model.architectures import build_config, check_objective_for, non_embedding_parameters
+from ...model.architectures import build_config, check_objective_for
+from ...model.sizes import non_embedding_parameters
 from ...runs import load_json_file
 from ...theory import causal_threshold
 from ...training.pretrain import lm_config, train_or_reuse

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from ...data.glue import majority_class_accuracy
 from ...data.lm import prepare_data, unigram_perplexity
-from ...model.architectures import build_config, check_objective_for, head_size_label, parameter_count
+from ...model.architectures import build_config, check_objective_for, head_size_label
+from ...model.sizes import parameter_count
 from ...runs import load_json_file
 from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ...training.pretrain import settings_differences, train_or_reuse

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from ...model.modeling import count_parameters
 from ...model.paper_presets import PAPER_PRESETS
+from ...model.sizes import count_parameters
 from ...runs import load_json_file
 from ..kit.stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, spearman, welch, welch_verdict
 from . import SWEEP_FILE

@@ -46,8 +46,7 @@ from ...checks import non_negative_int
 from ...data import DataSettings, prepare_data
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
-from ...model.flops import training_flops
-from ...model.modeling import count_parameters
+from ...model.sizes import count_parameters, training_flops
 from ...runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ...theory import causal_threshold
 from ...training.evaluate import load_run

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ...checks import positive_int
-from ...model.modeling import count_parameters
+from ...model.sizes import count_parameters
 from ...model.surgery import widen_feed_forward
 from ...runs import claim_output_dir, follow_umask, resolve_local_path, write_json_atomic
 from ...training.evaluate import load_run
@@ -33,7 +33,7 @@ class Arm:
 
 def matched_intermediate_size(config, target_params: int) -> int:
     """The feed-forward width (same for every layer, ≥ the config's) whose parameter count is
-    nearest to ``target_params`` (counted as :func:`~fixedhead.model.modeling.count_parameters` without
+    nearest to ``target_params`` (counted as :func:`~fixedhead.model.sizes.count_parameters` without
     pooler); ties go to the smaller width."""
 
     def params(f):

@@ -244,7 +244,7 @@ def report_markdown(state: dict) -> str:
         f"Held-out loss per next token (nats) and perplexity, mean ± std over seeds; the unigram reference "
         f"(training-set word frequencies, no context) on the same tokens is ppl {unigram:.1f} (loss "
         f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
-        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.flops.training_flops`).",
+        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.sizes.training_flops`).",
         "",
         *_results_table(state),
         "",

@@ -1,0 +1,244 @@
+"""Sizes of a model with standard or fixed head size, every formula in one place: its parameter counts
+(:func:`count_parameters` without building it; :func:`parameter_count` and :func:`non_embedding_parameters`
+of either family), its FLOPs (BERT-style encoder or Llama-style decoder) and the ``fixedhead count`` table.
+
+Used by the benchmarks for achieved GFLOP/s and model-FLOP utilisation (MFU), to predict the
+compute cost of the paper's fixed head size (Section 4) relative to the standard d_p = d/h, and
+for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :func:`gpu_hours`).
+"""
+
+from __future__ import annotations
+
+from .checks import in_range, positive_float, positive_int
+from .configuration import FixedHeadConfig
+
+
+def estimate_flops(
+    config,
+    batch_size: int,
+    seq_len: int,
+    masked_fraction: float = 0.15,
+    training: bool = True,
+) -> int:
+    """Matrix-multiply FLOPs of one masked-LM step (one forward, or forward + backward).
+
+    Counts 2 FLOPs per multiply-accumulate of every matrix product, nothing else. With
+    d = hidden_size, i = h·d_p (attention inner size; d for standard heads), f =
+    intermediate_size, v = vocab_size, l = num_hidden_layers, n = seq_len, T = batch_size·n
+    tokens, and M = round(masked_fraction·T) positions at which the MLM output layer runs:
+
+      per layer, per token     2·d·3i       fused q, k, v projection          d → 3i
+                               2·i·d        output projection W_o             i → d
+                               2·n·i        logits  Q Kᵀ   (h heads: n keys × d_p each)
+                               2·n·i        context P V
+                               2·2·d·f      feed-forward, two layers          d → f → d
+      MLM head, per position   2·d·d        transform dense
+                               2·d·v        decoder (tied to the word embeddings)
+
+      forward = T·l·(8·d·i + 4·n·i + 4·d·f) + M·(2·d² + 2·d·v)
+
+    With per-layer head sizes (``head_dim`` a list) each layer counts its own i and the l·(…) is a sum.
+
+    A Llama config (``LlamaConfig``, :mod:`fixedhead.model.architectures`) counts its own layer and
+    head: separate q, k, v projections (the same 2·d·3i for plain multi-head attention, 2·d·(i +
+    2·i_kv) with fewer key/value heads), a SwiGLU feed-forward of three matrices (2·3·d·f) and
+    no transform before the output layer (2·d·v), which runs wherever the loss or the logits need
+    it (``masked_fraction``: 1.0 for a causal LM).
+
+    Training (``training=True``) is 3× forward: the backward of every product ``Y = X·W``
+    costs two more of the same size (``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``); this includes the first
+    layer, whose input gradient feeds the trained embeddings, and the two attention products
+    (gradients for both operands). Not counted, because they are O(d) per token rather than
+    O(d²): embedding lookups, LayerNorm, GELU, softmax, dropout, biases, the loss and the
+    optimizer update. Those are real time on a memory-bound machine — which is exactly what
+    model-FLOP utilisation is meant to expose.
+
+    ``masked_fraction`` is the fraction of positions where the output layer runs: the masking
+    rate for :class:`~fixedhead.model.modeling.FixedHeadForMaskedLM` with labels (it scores only the
+    labelled positions), ``1.0`` for full logits (transformers' ``BertForMaskedLM``, or our
+    model without labels, e.g. inference). The paper's fixed head size changes only the ``i``
+    terms: 8·d·i + 4·n·i per token per layer, against 8·d² + 4·n·d for standard heads.
+
+    Args:
+        config: the model configuration.
+        batch_size: sequences per step (B ≥ 1).
+        seq_len: tokens per sequence (n ≥ 1; padding counts — it is computed).
+        masked_fraction: in [0, 1].
+        training: forward + backward (3×) if True, forward only if False.
+
+    Returns:
+        FLOPs per step, an int.
+
+    Raises:
+        ValueError: non-positive batch_size / seq_len, masked_fraction outside [0, 1].
+    """
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
+    in_range("masked_fraction", masked_fraction, 0.0, 1.0, high_open=False)
+    d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
+    tokens = batch_size * seq_len
+    masked = round(masked_fraction * tokens)
+    llama = config.model_type == "llama"
+    per_token = 0
+    head_dims = [config.head_dim] * config.num_hidden_layers if llama else config.layer_head_dims
+    for dp in head_dims:  # per-layer head sizes: each layer its own i
+        i = config.num_attention_heads * dp
+        i_kv = config.num_key_value_heads * dp if llama else i  # keys and values: fewer heads under GQA
+        ffn = 3 if llama else 2  # SwiGLU: gate, up and down; GELU: in and out
+        per_token += 2 * d * (i + 2 * i_kv) + 2 * i * d + 2 * n * i + 2 * n * i + ffn * 2 * d * f
+    forward = tokens * per_token + masked * ((0 if llama else 2 * d * d) + 2 * d * v)
+    return 3 * forward if training else forward
+
+
+def training_flops(config: FixedHeadConfig, tokens: int, seq_len: int) -> float:
+    """Training cost of ``tokens`` tokens in sequences of ``seq_len``, in FLOPs: :func:`estimate_flops`
+    of a forward + backward step with the output layer at every position (an upper bound for the
+    masked LM, which needs it at ~15%), per token, times ``tokens``. Within 1% of the 6·N·T rule plus
+    the attention products for the paper's presets. An estimate for planning, not a measurement.
+
+    Raises:
+        ValueError: non-positive ``tokens`` or ``seq_len``.
+    """
+    positive_int("tokens", tokens)
+    per_sequence = estimate_flops(config, 1, seq_len, masked_fraction=1.0, training=True)
+    return float(per_sequence) * tokens / seq_len
+
+
+def gpu_hours(flops: float, sustained_tflops: float = 125.0) -> float:
+    """FLOPs / sustained throughput, in hours; the default, 125 TFLOP/s, is ~40% of an A100's dense BF16 peak."""
+    return flops / (positive_float("sustained_tflops", sustained_tflops) * 1e12) / 3600
+
+
+# ------------------------------------------------------------------------------ parameter counts
+def count_parameters(
+    config: FixedHeadConfig, *, pooler: bool = True, mlm_head: bool = True, nsp_head: bool = False
+) -> int:
+    """Number of trainable parameters of a model with ``config``, without building it.
+
+    With d = hidden_size, i = h·d_p (attention inner size; per layer when ``head_dim`` is a list),
+    f = intermediate_size, v = vocab:
+      embeddings  v·d + max_positions·d + type_vocab·d + 2d (LayerNorm)
+      per layer   3(d·i + i) + (i·d + d)      q, k, v and output projections (4·h·d_p·d + biases:
+                                              the paper's stated cost of a fixed head size)
+                  + (d·f + f) + (f·d + d)     feed-forward
+                  + 4d                        two LayerNorms
+      pooler      d² + d                      (BERT's; ``pooler=True``)
+      MLM head    d² + d + 2d + v             transform, LayerNorm, output bias; decoder tied
+      NSP head    2d + 2                      (``nsp_head=True``, as in the paper's pretraining)
+
+    Defaults match ``FixedHeadModel`` + pooler + MLM head, i.e. BERT as counted in the paper's
+    Tables 1–3 (checked to within 1% there; exactly against ``sum(p.numel())`` in the tests).
+    """
+    d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
+    total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
+    for dp in config.layer_head_dims:
+        i = config.num_attention_heads * dp
+        total += 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    if pooler:
+        total += d * d + d
+    if mlm_head:
+        total += d * d + d + 2 * d + v
+    if nsp_head:
+        total += 2 * d + 2
+    return total
+
+
+def parameter_count(config) -> int:
+    """Trainable parameters of the language model a study trains with ``config`` (a tied matrix
+    once): :func:`count_parameters` without pooler for fixedhead; for
+    Llama, ``LlamaForCausalLM`` built on the meta device (no memory, no initialisation) and its
+    parameters summed."""
+    if isinstance(config, FixedHeadConfig):
+        return count_parameters(config, pooler=False)
+    return sum(p.numel() for p in _meta_model(config).parameters())
+
+
+def _meta_model(config):
+    """The config's language model (causal or masked, :func:`objective_of`) built on the meta
+    device: parameter shapes without memory or initialisation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .architectures import objective_of
+
+    auto = AutoModelForCausalLM if objective_of(config) == "clm" else AutoModelForMaskedLM
+    with torch.device("meta"):
+        return auto.from_config(config)
+
+
+def non_embedding_parameters(config) -> int:
+    """N, the parameters outside embedding tables (token, position, type) and outside an output
+    layer tied to them — Kaplan et al.'s count — of either family's causal or masked LM."""
+    from torch import nn
+
+    model = _meta_model(config)
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    output = model.get_output_embeddings()
+    untied = output is not None and id(output.weight) not in embedding
+    out_params = output.weight.numel() if untied else 0
+    return sum(p.numel() for p in model.parameters() if id(p) not in embedding) - out_params
+
+
+# -------------------------------------------------------------------------------- fixedhead count
+def option_names(fields) -> str:
+    """``--a, --b``: command-line option names of settings fields, sorted (for messages)."""
+    return ", ".join(sorted(f"--{f.replace('_', '-')}" for f in fields))
+
+
+COUNT_DEFAULTS = {
+    "num_hidden_layers": 24,
+    "intermediate_size": None,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+}
+
+
+def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> str:
+    """``fixedhead count``: the parameter count of explicit sizes (``sizes`` with ``hidden_size``
+    and ``num_attention_heads``; BERT-large's depth, vocabulary and positions unless given, a
+    feed-forward of 4d) as one line, or a table of paper presets (default: all of Tables 1-3 and
+    the LM1B-style ones) beside the counts the paper reports. ``sizes`` may change a preset's
+    depth, feed-forward width, vocabulary and positions (the paper column is then left out).
+
+    Raises:
+        ValueError: ``hidden_size``, ``num_attention_heads`` or ``head_dim`` with presets, or
+            explicit sizes without both of the first two; an unknown preset; a size the config refuses.
+    """
+    from .paper_presets import PAPER_PRESETS, get_preset
+
+    sizes = dict(sizes or {})
+    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if f in sizes]
+    overrides = {f: v for f, v in sizes.items() if f in COUNT_DEFAULTS}
+    if fixed and presets is not None:
+        raise ValueError(f"--preset fixes d, h and d_p; drop {option_names(fixed)} (or drop --preset)")
+    if presets is None and sizes:
+        missing = [f for f in ("hidden_size", "num_attention_heads") if f not in sizes]
+        if missing:
+            verb = "needs" if len(sizes) == 1 else "need"
+            raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
+        d = sizes["hidden_size"]
+        cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
+        return (
+            f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
+            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
+            f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
+        )
+    rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
+    wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names
+    lines = [f"{'preset':<{wn}} {'source':<{ws}} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}"]
+    for name, p in rows:
+        cfg = p.build_config(**overrides)
+        n = count_parameters(cfg)
+        paper_params = None if overrides else p.paper_params  # the paper counted the preset as it is
+        diff = f"{100 * (n / 1e6 - paper_params) / paper_params:+.2f}%" if paper_params else ""
+        paper = f"{paper_params:.0f}M" if paper_params else ""
+        lines.append(
+            f"{name:<{wn}} {p.source:<{ws}} {cfg.hidden_size:>5} {cfg.num_attention_heads:>3} "
+            f"{cfg.head_size_label!s:>4} {n:>13,} {paper:>6} {diff:>7}"
+        )
+    if overrides:
+        changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        lines.append(
+            f"({changed} in place of the preset's own; no paper column: the paper counted the presets as published)"
+        )
+    return "\n".join(lines)
