@@ -27,7 +27,7 @@ from pathlib import Path
 from fixedhead.data import DEFAULT_CORPUS, DataSettings
 from fixedhead.options import add_options, given
 from fixedhead.training import ModelSettings, TrainSettings, prepare_data, pretrain
-from fixedhead.training.pretrain import check_run_dir
+from fixedhead.training.identity import check_run_dir
 
 
 def main(argv=None):

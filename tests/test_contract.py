@@ -572,7 +572,7 @@ def test_gradient_checkpointing_option_of_pretrain_and_finetune(small_real_corpu
     from _tiny_run import tiny_config, tiny_data, tiny_settings
     from fixedhead.cli import build_parser
     from fixedhead.training import pretrain
-    from fixedhead.training.pretrain import run_settings_record
+    from fixedhead.training.identity import run_settings_record
 
     args = build_parser().parse_args(["pretrain", "--output-dir", "x", "--gradient-checkpointing"])
     assert args.gradient_checkpointing

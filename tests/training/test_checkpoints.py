@@ -327,7 +327,7 @@ def test_runs_saved_before_a_setting_existed_still_resume():
     so a run directory written before it existed still matches; turning it on is a difference."""
     from dataclasses import replace
 
-    from fixedhead.training.pretrain import run_settings_record, settings_differences
+    from fixedhead.training.identity import run_settings_record, settings_differences
 
     config, settings = tiny_config(), tiny_settings()
     now = run_settings_record(config, settings, None)

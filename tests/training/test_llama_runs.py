@@ -14,7 +14,8 @@ from fixedhead.cli import main
 from fixedhead.data.lm import heldout_batches
 from fixedhead.model.architectures import build_config
 from fixedhead.training import evaluate_run, evaluate_text, pretrain
-from fixedhead.training.pretrain import finished_metrics, lm_config, run_settings_record, train_or_reuse
+from fixedhead.training.identity import finished_metrics, run_settings_record
+from fixedhead.training.pretrain import lm_config, train_or_reuse
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

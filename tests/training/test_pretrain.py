@@ -62,7 +62,7 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
 
 
 def test_resume_ignores_logging_options_but_not_training_ones():
-    from fixedhead.training.pretrain import run_settings_record, same_run_settings
+    from fixedhead.training.identity import run_settings_record, same_run_settings
 
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
     saved = run_settings_record(
@@ -86,7 +86,7 @@ def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(
 
     from fixedhead.data.lm import TrainOrFixedCollator
     from fixedhead.data.tokenizer import train_tokenizer
-    from fixedhead.training.pretrain import run_settings_record, settings_differences
+    from fixedhead.training.identity import run_settings_record, settings_differences
 
     tok = train_tokenizer(["the cat sat on the mat and the dog ran after it"] * 20, vocab_size=100)
     rows = torch.randint(len(tok.all_special_ids), len(tok), (64, 128))
@@ -142,7 +142,7 @@ def test_a_corpus_in_another_folder_is_compared_by_its_text_not_its_path(tmp_pat
     the settings still match (the text is compared by digest on reuse, see the workflow tests);
     a corpus of another name does not."""
     from fixedhead.studies import widening
-    from fixedhead.training.pretrain import run_settings_record, settings_differences
+    from fixedhead.training.identity import run_settings_record, settings_differences
 
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
 

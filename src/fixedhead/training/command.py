@@ -90,7 +90,8 @@ def pretrain_command(
     """
     from ..model.architectures import check_objective_for
     from ..runs import PRETRAIN_FILE
-    from .pretrain import check_run_dir, pretrain, source_data
+    from .identity import check_run_dir
+    from .pretrain import pretrain, source_data
 
     model, data, train = dict(model or {}), dict(data or {}), dict(train or {})
     config = None

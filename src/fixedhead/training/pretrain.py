@@ -20,7 +20,6 @@ from pathlib import Path
 
 from ..data.lm import (
     CausalCollator,
-    DataSettings,
     LabelledDataset,
     PreparedData,
     SequenceDataset,
@@ -29,7 +28,6 @@ from ..data.lm import (
     heldout_batches,
     prepare_data,
 )
-from ..data.tokenizer import tokenizer_sha256
 from ..model.architectures import (
     check_objective_for,
     head_size_label,
@@ -45,9 +43,7 @@ from ..runs import (
     environment_info,
     follow_umask,
     load_json_file,
-    model_fingerprint,
     open_run,
-    resolve_local_path,
     tensors_sha256,
     write_json_atomic,
 )
@@ -59,116 +55,15 @@ from .checkpoints import (
     list_checkpoints,
     remove_staging,
 )
-from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings, same_corpus_text
+from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings
+from .identity import (
+    DATA_ORDER_FILE,
+    check_run_dir,
+    finished_metrics,
+    init_from_record,
+    run_settings_record,
+)
 from .settings import TrainSettings, transformers_progress_bars
-
-#: TrainSettings fields that change how a run is watched or how much memory it takes, not what it computes
-_NOT_MATCHED = ("progress", "report_to", "save_total_limit", "logging_steps", "gradient_checkpointing")
-#: TrainSettings fields added after runs were first saved, with the default those runs used
-_ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_scheduler_type": "linear"}
-
-
-def with_later_defaults(train: dict) -> dict:
-    """Recorded training settings with every field added after runs were first saved filled in at
-    the default those runs used (``_ADDED_LATER``): the one way saved and current settings are
-    compared, so an omitted field and its default are the same setting."""
-    return {**_ADDED_LATER, **train}
-
-
-def run_settings_record(
-    config: FixedHeadConfig,
-    settings: TrainSettings,
-    data_settings: DataSettings | None,
-    init_from: dict | None = None,
-) -> dict:
-    """A run's settings record: what must match for a run directory to be resumed or reused:
-    model config, data settings, the training settings that affect the result (not logging or progress options), and the
-    weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
-    :func:`init_from_record`) for a run continued from another run, None for one trained from
-    scratch (runs saved before this was recorded count as from scratch)."""
-    # fields added later are omitted at their default: older run directories still resume
-    train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED and (k, v) not in _ADDED_LATER.items()}
-    record = {
-        "config": config.to_diff_dict(),
-        "train": train,
-        "data": data_settings.record() if data_settings else {},
-        # keyed on the starting weights' content, not on their folder: a moved source still matches
-        "init_from": {"model_sha256": init_from["model_sha256"]} if init_from else None,
-    }
-    return json.loads(json.dumps(record, default=str))
-
-
-def init_from_record(run_dir: str | os.PathLike) -> dict:
-    """Where a continued run starts: ``{"path": absolute path, "model_sha256": hash of the
-    config, weights and tokenizer (:func:`fixedhead.runs.model_fingerprint`)}``.
-
-    Raises:
-        FileNotFoundError: ``run_dir`` does not exist.
-    """
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-    return {"path": resolve_local_path(run_dir), "model_sha256": model_fingerprint(run_dir)}
-
-
-def settings_differences(previous: dict, record: dict) -> list[str]:
-    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_settings_record`,
-    as ``"section.field: saved → now"`` strings (fields outside the record, such as logging
-    options, may differ freely). Training fields added later (``_ADDED_LATER``) count at their
-    default where either side omits them, so a run at a non-default value never matches one at
-    the default."""
-    diffs = []
-    for key, value in record.items():
-        old = previous.get(key)
-        if isinstance(value, dict) and isinstance(old, dict):
-            if key == "train":
-                old, value = with_later_defaults(old), with_later_defaults(value)
-            if key == "data" and old:  # a data section at all: fields added later count at their default
-                old, value = {**DataSettings.ADDED_LATER, **old}, {**DataSettings.ADDED_LATER, **value}
-            diffs += [
-                f"{key}.{k}: {old.get(k)!r} → {v!r}"
-                for k, v in value.items()
-                if old.get(k) != v and not (key == "data" and k == "corpus" and same_corpus_path(old.get(k), v))
-            ]
-        elif old != value:
-            diffs.append(f"{key}: {old!r} → {value!r}")
-    return diffs
-
-
-#: the first training batch's hash, written when a run takes it (a resumed run never sees it again)
-DATA_ORDER_FILE = "data_order.json"
-
-
-def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
-    """The :func:`~fixedhead.data.tokenizer.tokenizer_sha256` of the tokenizer a run trains with:
-    recorded in its ``pretrain_settings.json`` (``saved``), else hashed from the tokenizer saved in
-    ``run_dir``; None when the run has neither (started before tokenizers were kept with the run)."""
-    recorded = (saved.get("data_info") or {}).get("tokenizer_sha256")
-    path = Path(run_dir) / "tokenizer.json"
-    if recorded or not path.is_file():
-        return recorded or None
-    from tokenizers import Tokenizer
-
-    try:
-        return tokenizer_sha256(Tokenizer.from_file(str(path)))
-    except Exception:  # a damaged file: the tokenizer is unknown, never assumed equal
-        return None
-
-
-def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -> list[str]:
-    """How the data a saved run trained on differs from prepared data (``data_info``,
-    :attr:`PreparedData.info`): another corpus text, or another tokenizer (which id each piece of
-    text gets; a run whose tokenizer is unknown counts as different). Empty when they agree."""
-    diffs = []
-    if not same_corpus_text(saved, data_info.get("corpus_sha256")):
-        diffs.append("data: the corpus text changed since the run started")
-    now = data_info.get("tokenizer_sha256")
-    if now is not None:
-        then = run_tokenizer_sha256(run_dir, saved)
-        if then is None:
-            diffs.append("data: the run keeps no tokenizer (started before tokenizers were saved with runs)")
-        elif then != now:
-            diffs.append(f"data: another tokenizer (the run's {then[:12]}, now {now[:12]})")
-    return diffs
 
 
 def lm_config(config, tokenizer, objective: str = "mlm"):
@@ -192,98 +87,18 @@ def lm_config(config, tokenizer, objective: str = "mlm"):
     return config
 
 
-def same_corpus_path(a, b) -> bool:
-    """Two recorded corpus paths that name the same file or folder, or files of the same name in
-    other folders (a checkout moved, another machine). Only the path is compared here: whenever
-    a run is reused or resumed its corpus *text* is compared by digest (:func:`data_differences`),
-    so a moved corpus matches and an edited one does not."""
-    if not (isinstance(a, str) and isinstance(b, str)):
-        return False
-    try:
-        if os.path.samefile(a, b):
-            return True
-    except OSError:
-        pass
-    return Path(a).name == Path(b).name
-
-
-def same_run_settings(previous: dict, record: dict) -> bool:
-    """Whether a saved settings file matches a :func:`run_settings_record` (see :func:`settings_differences`)."""
-    return not settings_differences(previous, record)
-
-
-def finished_metrics(run_dir: str | os.PathLike, record: dict, data_info: dict) -> dict | None:
-    """The metrics of a run in ``run_dir`` that finished with these settings (``record``) on
-    the same corpus text and tokenizer (``data_info``, see :func:`data_differences`); None for an
-    unfinished run, a missing or unreadable record, or other settings. The one answer to "is this
-    run done?": :func:`pretrain` with ``resume`` and every study that reuses runs ask it."""
-    run_dir = Path(run_dir)
-    if not (run_dir / METRICS_FILE).is_file() or not (run_dir / PRETRAIN_FILE).is_file():
-        return None
-    try:
-        saved = load_json_file(run_dir / PRETRAIN_FILE)
-    except ValueError:
-        return None  # unreadable: retrain rather than trust it
-    if settings_differences(saved, record) or data_differences(run_dir, saved, data_info):
-        return None
-    return load_json_file(run_dir / METRICS_FILE)
-
-
 def train_or_reuse(
     config: FixedHeadConfig, data: PreparedData, run_dir: str | os.PathLike, settings: TrainSettings, overwrite=False
 ) -> dict:
-    """:func:`pretrain` into ``run_dir``: the metrics of a run that finished there with these
-    settings (:func:`finished_metrics`), an unfinished one continued from its newest checkpoint,
-    or a new run (``overwrite``: always a new run). What makes a study resumable.
+    """:func:`pretrain` into ``run_dir``: the metrics of a run that finished there with these settings
+    (:func:`~fixedhead.training.identity.finished_metrics`), an unfinished one continued from its newest
+    checkpoint, or a new run (``overwrite``: always a new run). What makes a study resumable.
 
     Raises:
         FileExistsError: ``run_dir`` holds a run with other settings (without ``overwrite``).
     """
     resume = not overwrite and (Path(run_dir) / PRETRAIN_FILE).is_file()
     return pretrain(config, data, run_dir, settings, resume=resume, overwrite=overwrite)
-
-
-def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
-    """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
-    resumed with the same settings (``record``, a :func:`run_settings_record`, and the same corpus text and tokenizer as
-    ``data_info``, see :func:`data_differences`), or one being replaced (``overwrite``). Nothing
-    is changed.
-
-    Raises:
-        FileExistsError: a file; another run (without ``resume``/``overwrite``); different
-            settings with ``resume``; a folder holding something that is not a fixedhead run.
-        FileNotFoundError: ``resume`` with nothing to resume.
-        ValueError: both ``resume`` and ``overwrite``.
-    """
-    settings_file = run_dir / PRETRAIN_FILE
-    if run_dir.exists() and not run_dir.is_dir():
-        raise FileExistsError(f"output directory {str(run_dir)!r} is an existing file, not a directory")
-    if resume and overwrite:
-        raise ValueError("--resume and --overwrite contradict each other; pass one of them")
-    if not run_dir.exists() or not any(run_dir.iterdir()):
-        if resume:
-            raise FileNotFoundError(f"nothing to resume: {str(run_dir)!r} holds no run (drop --resume to start one)")
-        return
-    if settings_file.is_file():
-        if overwrite:
-            return  # a fixedhead run: replacing it is what was asked
-        previous = load_json_file(settings_file)
-        if resume:
-            diffs = settings_differences(previous, record) + data_differences(run_dir, previous, data_info or {})
-            if diffs:
-                raise FileExistsError(
-                    f"{run_dir} holds a run with different settings ({'; '.join(diffs[:6])}"
-                    f"{' …' if len(diffs) > 6 else ''}); resume it with its own settings, or choose another "
-                    f"--output-dir or --overwrite"
-                )
-            return
-        raise FileExistsError(
-            f"{run_dir} already holds a run; pass --resume to continue it or --overwrite to replace it"
-        )
-    raise FileExistsError(
-        f"{run_dir} exists and is not a fixedhead run directory; choose another --output-dir "
-        f"(--overwrite only replaces fixedhead runs, never other files)"
-    )
 
 
 def pretrain(

@@ -33,7 +33,8 @@ from ...model.architectures import build_config, check_objective_for, head_size_
 from ...model.sizes import parameter_count
 from ...runs import load_json_file
 from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
-from ...training.pretrain import settings_differences, train_or_reuse
+from ...training.identity import settings_differences
+from ...training.pretrain import train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.stats import CLAIMS_RULE, LEGACY_RULE, rule_text

@@ -50,7 +50,8 @@ from ...model.sizes import count_parameters, training_flops
 from ...runs import METRICS_FILE, PRETRAIN_FILE, open_run
 from ...theory import causal_threshold
 from ...training.evaluate import load_run
-from ...training.pretrain import lm_config, pretrain, same_corpus_path, train_or_reuse, with_later_defaults
+from ...training.identity import same_corpus_path, with_later_defaults
+from ...training.pretrain import lm_config, pretrain, train_or_reuse
 from ...training.settings import TrainSettings
 from ..kit import core
 from ..kit.learning_rate import (
@@ -159,8 +160,8 @@ def settings_record(p: WideningPreset, wide_head_dim: int, selection: dict | Non
 
 def same_settings(saved: dict | None, settings: dict) -> bool:
     """A saved settings record against the current one, training fields added since compared at
-    their old default (:func:`fixedhead.training.pretrain.with_later_defaults`) and the corpus by
-    :func:`~fixedhead.training.pretrain.same_corpus_path` (a moved checkout still matches)."""
+    their old default (:func:`fixedhead.training.identity.with_later_defaults`) and the corpus by
+    :func:`~fixedhead.training.identity.same_corpus_path` (a moved checkout still matches)."""
 
     def normal(f):
         return {k: with_later_defaults(v) if k in ("base", "continuation") else v for k, v in f.items()}
