@@ -271,8 +271,15 @@ def _kit_study(module: str, cls: str, help_text: str):
             command=args.command_line,
         )
         print((out / "report.md").read_text())
-        print(f"wrote {out}/report.md, results.json, plan.json" + "".join(f", {f}" for f in s.files if "*" not in f))
-        return 1 if isinstance(record["summary"], dict) and record["summary"].get("passed") is False else 0
+        written = sorted(p.name for pattern in s.files for p in out.glob(pattern) if p.is_file())
+        print(f"wrote {out}/: report.md, results.json, plan.json" + "".join(f", {f}" for f in written))
+        if isinstance(record["summary"], dict) and record["summary"].get("passed") is False:
+            if args.quick:  # seconds-sized models: the verdict means nothing, the run is a smoke test
+                print(f"fixedhead {s.name}: the check failed, as --quick's untrained models may", file=sys.stderr)
+                return 0
+            print(f"fixedhead {s.name}: the check failed (see {out}/report.md)", file=sys.stderr)
+            return 1
+        return 0
 
     run.__doc__ = help_text
     return add, run
@@ -629,6 +636,9 @@ _RESUME_HINTS = {
     "widen-experiment": "rerun the same command to continue (finished runs are reused)",
     "scaling": "rerun the same command to continue (finished runs are reused)",
     "seq-len": "rerun the same command to continue (finished runs are reused)",
+    "bottleneck": "rerun the same command to continue (finished points are reused)",
+    "coordcheck": "rerun the same command to continue (finished points are reused)",
+    "known-rank": "rerun the same command to continue (finished points are reused)",
 }
 
 

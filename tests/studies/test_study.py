@@ -26,9 +26,10 @@ class Toy(Study):
     name = "toy"
     Options = ToyOptions
     quick = ToyOptions(seeds=(0,))
+    points_only = ("arms", "seeds")
 
-    def __init__(self):
-        self.ran = []
+    def __init__(self, fail_at=None, during=None):
+        self.ran, self.fail_at, self.during = [], fail_at, during
 
     def plan(self, o):
         return [Point(run_key(arm, seed=s), (arm, s)) for arm, s in seed_major(o.arms, o.seeds)]
@@ -38,6 +39,11 @@ class Toy(Study):
 
     def run(self, o, point, folder, done, progress):
         arm, seed = point.spec
+        assert (folder / "plan.json").is_file()  # the plan is written before the first point runs
+        if point.key == self.fail_at:
+            raise RuntimeError(f"{point.key} failed")
+        if self.during:
+            self.during(point, folder)
         self.ran.append(point.key)
         return {"loss": (o.scale if arm == "fixed" else 1.0) * (1 + seed), "train_seconds": 1.0}
 
@@ -84,6 +90,45 @@ def test_a_changed_plan_is_refused_after_results_unless_the_study_grows(tmp_path
     assert toy.ran == ["standard-s1", "fixed-s1"]  # only the new points
     assert grown["plan_history"][0]["sha256"] == first["plan_sha256"]
     assert grown["plan_history"][0]["runs_done"] == ["fixed-s0", "standard-s0"]
+    assert "The study grew after results existed" in (out / "report.md").read_text()
+    # a plan that drops points (grow) keeps their stored results; the summary covers the plan's points
+    fewer = run_study(Toy(), ToyOptions(arms=("fixed",), seeds=(0, 1)), out, grow=True, progress=False)
+    assert set(fewer["runs"]) == {"standard-s0", "fixed-s0", "standard-s1", "fixed-s1"}
+    assert fewer["summary"] == {"mean_loss": (2 + 4) / 2, "runs": 2}
+
+
+def test_points_of_other_settings_are_refused_and_overwrite_runs_them_again(tmp_path):
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match=r"other settings \(scale: 2.0 → 3.0\); pass --overwrite"):
+        run_study(Toy(), ToyOptions(seeds=(0,), scale=3.0), out, grow=True, progress=False)
+    toy = Toy()
+    again = run_study(toy, ToyOptions(seeds=(0,), scale=3.0), out, overwrite=True, progress=False)
+    assert toy.ran == ["standard-s0", "fixed-s0"] and again["runs"]["fixed-s0"]["loss"] == 3.0
+
+
+def test_a_failed_point_keeps_the_earlier_ones_and_leaves_no_lock(tmp_path):
+    out = tmp_path / "toy"
+    with pytest.raises(RuntimeError, match="standard-s1 failed"):
+        run_study(Toy(fail_at="standard-s1"), output_dir=out, progress=False)
+    assert sorted(json.loads((out / "results.json").read_text())["runs"]) == ["fixed-s0", "standard-s0"]
+    assert not list(out.glob("*-s*.lock*")) and not list(out.glob(".*-s*.lock.*"))  # no point lock left
+    toy = Toy()
+    run_study(toy, output_dir=out, progress=False)
+    assert toy.ran == ["standard-s1", "fixed-s1"]  # resumed where it stopped
+
+
+def test_plans_that_cannot_run_are_refused_before_the_folder_is_touched(tmp_path):
+    with pytest.raises(ValueError, match="points twice .*standard-s1"):
+        run_study(Toy(), ToyOptions(seeds=(1, 1)), tmp_path / "twice", progress=False)
+    with pytest.raises(ValueError, match="no point"):
+        run_study(Toy(), ToyOptions(arms=()), tmp_path / "none", progress=False)
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "none").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "plan.json").write_text(json.dumps({"plan": {"study": "coordcheck"}, "sha256": "x", "history": []}))
+    with pytest.raises(FileExistsError, match="plan of `fixedhead coordcheck`"):
+        run_study(Toy(), output_dir=other, progress=False)
 
 
 def test_quick_never_writes_into_the_real_folder_and_foreign_folders_are_refused(tmp_path, monkeypatch):
@@ -108,3 +153,21 @@ def test_a_point_another_worker_holds_is_left_to_it(tmp_path):
     toy = Toy()
     record = run_study(toy, ToyOptions(seeds=(0,)), out, progress=False)
     assert toy.ran == ["standard-s0"] and list(record["runs"]) == ["standard-s0"]
+    assert record["missing"] == ["fixed-s0"] and "Incomplete: 1 point(s)" in (out / "report.md").read_text()
+
+
+def test_a_point_another_worker_finished_meanwhile_is_not_run_again(tmp_path):
+    from fixedhead.studies.kit.core import one_writer
+
+    def other_worker_finishes_standard_s1(point, folder):  # while this worker runs its first point
+        if point.key == "standard-s0":
+            with one_writer(folder / "results.json"):
+                path = folder / "results.json"
+                stored = json.loads(path.read_text()) if path.is_file() else {"meta": {}, "runs": {}}
+                stored["runs"]["standard-s1"] = {"loss": 99.0}
+                path.write_text(json.dumps(stored))
+
+    toy = Toy(during=other_worker_finishes_standard_s1)
+    record = run_study(toy, output_dir=tmp_path / "toy", progress=False)
+    assert toy.ran == ["standard-s0", "fixed-s0", "fixed-s1"]  # standard-s1 was the other worker's
+    assert record["runs"]["standard-s1"] == {"loss": 99.0} and not record["missing"]

@@ -103,6 +103,7 @@ class BottleneckStudy(Study):
     Options = BottleneckOptions
     quick = QUICK
     files = ("bottleneck.csv", "bottleneck.png")
+    points_only = ("n", "seeds", "causal")
 
     def plan(self, o):
         masks = ("bidirectional", "causal") if o.causal else ("bidirectional",)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checks import positive_float, positive_int
+from ..checks import non_negative_int, positive_float, positive_int
 from ..plotting import pyplot, save_figure
 from .kit import render
 from .kit.study import Point, Study
@@ -121,6 +121,13 @@ class CoordCheckSettings:
                 positive_int(name, v)
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        positive_int("vocab_size", self.vocab_size, minimum=2)
+        if not self.parametrizations or not self.axes:
+            raise ValueError(
+                f"give at least one parametrization and one axis, got {self.parametrizations} and {self.axes}"
+            )
         for name in self.parametrizations:
             parametrization_overrides(name, 1, 1, 1)
         for axis in self.axes:
@@ -289,6 +296,7 @@ class CoordCheckStudy(Study):
     Options = CoordCheckSettings
     quick = QUICK
     files = ("coordcheck_*.png",)
+    points_only = ("seeds", "parametrizations", "axes", "head_dims", "num_heads")
 
     def plan(self, s):
         return [

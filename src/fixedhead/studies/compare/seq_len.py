@@ -26,14 +26,14 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ...checks import positive_int
+from ...checks import non_negative_int, positive_int
 from ...data import DataSettings
 from ...training.settings import TrainSettings
 from ..kit import core
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
-from ..kit.study import Point, Study, run_study
+from ..kit.study import Pending, Point, Study, run_study
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,11 @@ class SeqLenOptions:
             positive_int("head_dims", dp)
         for k in self.ranks:
             positive_int("ranks", k)
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        if not (self.shared_rate > 0 and math.isfinite(self.shared_rate)):
+            raise ValueError(f"shared_rate must be a positive number, got {self.shared_rate}")
+        get_recipe(self.recipe)  # an unknown recipe is refused by name
         bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]
         if bad or not self.architectures:
             raise ValueError(f"architectures must be fixedhead and/or llama, got {self.architectures}")
@@ -192,6 +197,8 @@ class SeqLenStudy(Study):
     Options = SeqLenOptions
     quick = QUICK
     files = ("seq_len.png", "seq_len.csv", "n*-*")
+    points_only = ("lengths", "seeds", "architectures", "target")
+    states_plan = True
 
     def __init__(self, cache_dir=None):
         self.cache_dir = cache_dir
@@ -210,7 +217,10 @@ class SeqLenStudy(Study):
         n, arch, seed = point.spec
         first = seed == o.seeds[0]
         grid = o.learning_rates if (o.learning_rates and first) else None
-        chosen = None if first else done[core.run_key(f"n{n}-{arch}", seed=o.seeds[0])]["rates"]
+        first_key = core.run_key(f"n{n}-{arch}", seed=o.seeds[0])
+        if not first and first_key not in done:
+            raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
+        chosen = None if first else done[first_key]["rates"]
         results = run_compare(
             compare_preset(o, n, arch, chosen),
             folder / point.key,
@@ -218,6 +228,7 @@ class SeqLenStudy(Study):
             learning_rates=grid,
             progress=progress,
             cache_dir=self.cache_dir,
+            overwrite=self.overwriting,
         )
         models = []
         for r in results:

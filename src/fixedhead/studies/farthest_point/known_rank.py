@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ...checks import positive_int
+from ...checks import non_negative_int, positive_int
 from ...data.synthetic import FarthestPointTask
 from ...intervention import attention_modules, needed_rank, truncated_logits
 from ..kit.core import run_key
@@ -66,6 +66,13 @@ class KnownRankCheck:
             )
         if not self.seeds:
             raise ValueError("give at least one seed")
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        if self.rank > self.num_points - 1:
+            raise ValueError(
+                f"rank = {self.rank} needs num_points >= rank + 1 = {self.rank + 1} (logits are cut to k <= N - 1), "
+                f"got num_points = {self.num_points}"
+            )
         FarthestPointTask(self.dim, self.rank, self.num_points)  # refuses rank > dim, N < 2
 
 
@@ -99,6 +106,7 @@ class KnownRankStudy(Study):
     Options = KnownRankCheck
     quick = QUICK
     files = ("known_rank.csv", "known_rank.png")
+    points_only = ("head_dims", "seeds")
 
     def plan(self, check):
         return [Point(run_key(f"dp{dp}", seed=s), (dp, s)) for dp in check.head_dims for s in check.seeds]
@@ -181,7 +189,7 @@ def report_markdown(record: dict, check: KnownRankCheck) -> str:
             f"| {m['head_dim']} | {m['seed']} | {m['mse']:.3f} / {m['hit_rate']:.3f} | "
             + (f"{below['mse']:.3f} / {below['hit_rate']:.3f}" if below else "–")
             + f" | {at['mse']:.3f} / {at['hit_rate']:.3f} | {ranks[1]['mse']:.3f} / {ranks[1]['hit_rate']:.3f} | "
-            f"{m['needed_by_hit_rate']} | {m['needed_by_mse']} (band {m['band']:.4f}) |"
+            f"{_or_dash(m['needed_by_hit_rate'])} | {_or_dash(m['needed_by_mse'])} (band {m['band']:.4f}) |"
         )
     verdict = "**passed**" if state["passed"] else "**failed**"
     counts = {what: sum(m[f"needed_by_{what}"] == r for m in state["models"]) for what in ("mse", "hit_rate")}
@@ -208,6 +216,10 @@ def report_markdown(record: dict, check: KnownRankCheck) -> str:
             "",
         ]
     )
+
+
+def _or_dash(value) -> str:
+    return "–" if value is None else str(value)
 
 
 def plot_known_rank(record: dict, check: KnownRankCheck, path) -> None:

@@ -191,6 +191,10 @@ class FarthestPointRecipe:
         in_range("weight_decay", self.weight_decay, 0.0, math.inf)
         positive_float("logit_scale", self.logit_scale)
         positive_float("input_scale", self.input_scale)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.intermediate_size is not None:
+            positive_int("intermediate_size", self.intermediate_size)
 
 
 @dataclass(frozen=True)

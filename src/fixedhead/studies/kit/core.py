@@ -209,9 +209,19 @@ def try_lock(run_dir: Path) -> Path | None:
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
+    # the pid is written first and the lock appears whole (a hard link), so no reader sees it empty
+    staged = run_dir.with_name(f".{run_dir.name}.lock.{os.getpid()}")
+    staged.write_text(str(os.getpid()))
+    try:
+        return _take(lock, staged)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def _take(lock: Path, staged: Path) -> Path | None:
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.link(staged, lock)
         except FileExistsError:
             try:
                 pid = int(lock.read_text().strip() or 0)
@@ -227,7 +237,5 @@ def try_lock(run_dir: Path) -> Path | None:
                     return None
             lock.unlink(missing_ok=True)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
         return lock
     return None

@@ -58,6 +58,13 @@ class Study:
     files: ClassVar[tuple[str, ...]] = ()
     """glob patterns of what the study writes besides plan.json, results.json and report.md (its run
     folders, tables, figures)"""
+    points_only: ClassVar[tuple[str, ...]] = ()
+    """Options fields that only choose which points exist (seeds, lengths) or only enter the summary: a
+    stored point stays valid when they change (see :func:`settings_sha256`)"""
+    states_plan: ClassVar[bool] = False
+    """the report states the plan's hash and growth itself (else the kit adds a line)"""
+    overwriting: bool = False
+    """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
 
     def plan(self, options) -> list[Point]:
         raise NotImplementedError
@@ -91,37 +98,76 @@ def options_of(study: Study, options=None, quick: bool = False, **given):
 
 
 def plan_file(study: Study, options) -> dict:
-    """The plan record (``study``, ``options``, ``points``, and :meth:`Study.plan_record`) and its sha256."""
+    """The plan record (``study``, ``options``, ``points``, ``settings_sha256`` and :meth:`Study.plan_record`)
+    and its sha256.
+
+    Raises:
+        ValueError: an empty plan, or a point key twice (a value given twice, e.g. ``--seeds 1 1``).
+    """
+    keys = [p.key for p in study.plan(options)]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if not keys or twice:
+        raise ValueError(
+            f"the {study.name} plan has no point (check the options' lists)"
+            if not keys
+            else f"the {study.name} plan holds points twice ({', '.join(twice[:3])}): a value is given twice"
+        )
     plan = {
         "study": study.name,
         "options": dataclasses.asdict(options),
-        "points": [p.key for p in study.plan(options)],
+        "points": keys,
+        "settings_sha256": settings_sha256(study, options),
         **study.plan_record(options),
     }
     text = json.dumps(plan, indent=1, sort_keys=True)
-    return {"plan": plan, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return {"plan": json.loads(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
-def write_plan(folder: Path, study: Study, options, grow: bool = False) -> dict:
-    """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. A folder whose
-    plan differs keeps it while no point has finished; once results exist it is refused unless ``grow``
-    (the replaced plan's hash, when and how many points were done go into ``history``).
+def settings_sha256(study: Study, options) -> str:
+    """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
+    that only choose which points exist or only enter the summary). A stored point is reused only under
+    the same settings."""
+    values = {k: v for k, v in dataclasses.asdict(options).items() if k not in study.points_only}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_plan(folder: Path, study: Study, options, grow: bool = False, overwrite: bool = False) -> dict:
+    """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. A folder whose plan
+    differs takes the new one while no point has finished. Once results exist: points run with other
+    settings (:func:`settings_sha256`) are refused unless ``overwrite`` (they all run again); other points
+    (more seeds, another n) unless ``grow`` (the stored results are kept). The replaced plan's hash, when
+    and which points were done go into ``history``.
 
     Raises:
-        FileExistsError: another plan with results and not ``grow`` (naming both hashes).
+        FileExistsError: another study's plan; other settings without ``overwrite``; other points
+            without ``grow``; results in an older format. Nothing is changed.
     """
     new = plan_file(study, options)
     path, history = folder / PLAN_FILE, []
     if path.is_file():
         old = load_json_file(path, f"{study.name} plan")
+        if old.get("plan", {}).get("study") != study.name:
+            raise FileExistsError(
+                f"{path} is the plan of `fixedhead {old.get('plan', {}).get('study')}`, not of `fixedhead "
+                f"{study.name}`; choose another --output-dir (nothing was changed)"
+            )
         if old["sha256"] == new["sha256"]:
             return old
-        done = sorted(_stored(folder).get("runs", {}))
-        if done and not grow:
+        done = sorted(stored_runs(folder))
+        if done and not overwrite and old["plan"].get("settings_sha256") != new["plan"]["settings_sha256"]:
+            was, now = old["plan"]["options"], new["plan"]["options"]
+            changed = [
+                f"{k}: {was.get(k)!r} → {v!r}" for k, v in now.items() if was.get(k) != v and k not in study.points_only
+            ]
+            raise FileExistsError(
+                f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:4])}); pass "
+                "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
+            )
+        if done and not (grow or overwrite):
             raise FileExistsError(
                 f"{path} holds another plan (sha256 {old['sha256'][:12]}, this one {new['sha256'][:12]}) and "
-                f"{len(done)} finished point(s); pass --grow to extend the study, which its report then states, "
-                "or choose another --output-dir"
+                f"{len(done)} finished point(s); pass --grow to extend the study (its report then says so; stored "
+                "results are kept), or choose another --output-dir (nothing was changed)"
             )
         replaced = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         history = old.get("history", []) + (
@@ -134,11 +180,27 @@ def write_plan(folder: Path, study: Study, options, grow: bool = False) -> dict:
 
 def _stored(folder: Path) -> dict:
     path = folder / RESULTS_FILE
-    return load_json_file(path, "study results") if path.is_file() else {}
+    stored = load_json_file(path, "study results") if path.is_file() else {}
+    if not isinstance(stored.get("runs", {}), dict):
+        raise FileExistsError(
+            f"{path} holds results in an older format (runs as a list); move it aside or choose another "
+            "--output-dir (nothing was changed)"
+        )
+    return stored
+
+
+def stored_runs(folder: Path) -> dict:
+    """``{point key: result}`` of the folder's ``results.json`` ({} for none)."""
+    return dict(_stored(folder).get("runs", {}))
 
 
 def output_files(study: Study) -> tuple[str, ...]:
-    return (PLAN_FILE, RESULTS_FILE, REPORT_FILE, f".{PLAN_FILE}.*", f".{RESULTS_FILE}.*", *study.files)
+    return (PLAN_FILE, RESULTS_FILE, REPORT_FILE, f".{PLAN_FILE}.*", f".{RESULTS_FILE}.*", f".{REPORT_FILE}.*")
+
+
+class Pending(Exception):
+    """Raised by :meth:`Study.run` when a point needs a result another worker has not saved yet (the first
+    seed's chosen rates): the point is left for a later invocation."""
 
 
 def run_study(
@@ -158,62 +220,116 @@ def run_study(
         options: the study's ``Options`` (None: its defaults, or its quick options with ``quick``).
         output_dir: where it writes (None: ``runs/NAME``, ``runs/NAME-quick`` with ``quick``:
             :func:`~fixedhead.studies.kit.core.output_folder`).
-        grow: accept a plan that differs from the folder's after results exist (recorded).
-        overwrite: run finished points again (their results are replaced, the plan kept).
+        grow: accept a plan with other points after results exist (recorded; stored results kept).
+        overwrite: run every point again, with these options (the stored results are replaced).
         progress: a progress bar over the points. command: the command line, recorded.
 
     Returns:
-        the record written to ``results.json``: ``meta``, ``plan_sha256``, ``plan_history``, ``runs``
-        (``{point key: result}`` in plan order) and ``summary``.
+        the record written to ``results.json``: ``meta``, ``options``, ``plan_sha256``, ``plan_history``,
+        ``runs`` (``{point key: result}``, the plan's points first), ``missing`` (plan points without a
+        result: held by another worker, or waiting for one) and ``summary`` (of the plan's points).
 
     Raises:
+        ValueError: bad options or an empty plan (before anything is written).
         FileExistsError: the folder holds something the study did not write, another study's output,
-            or another plan with results (without ``grow``). Nothing is changed.
+            points of other settings (without ``overwrite``) or of another plan (without ``grow``).
     """
     from tqdm.auto import tqdm
 
     options = options_of(study, options, quick)
+    plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = core.output_folder(output_dir, study.name, quick=quick)
-    owned = output_files(study)
+    owned = output_files(study) + tuple(study.files)
     claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
-    plan = write_plan(folder, study, options, grow)
+    plan = write_plan(folder, study, options, grow, overwrite)
     points = study.plan(options)
     previous = _stored(folder)
     meta = core.start_meta("custom", study.name, command, previous, study.name, plan_sha256=plan["sha256"])
+    study.overwriting = overwrite
     state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
-    todo = [p for p in points if p.key not in state["runs"]]
+    fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)
+    todo = [p for p in points if overwrite or p.key not in state["runs"]]
     for point in tqdm(todo, desc=study.name, unit="point", disable=not progress or not todo):
         lock = core.try_lock(folder / point.key)
         if lock is None:  # another worker runs it
             continue
         try:
-            result = json.loads(json.dumps(study.run(options, point, folder, state["runs"], progress)))
+            others = stored_runs(folder)
+            if point.key in others and not overwrite:  # another worker finished it meanwhile
+                state["runs"][point.key] = others[point.key]
+                continue
+            done = {**others, **state["runs"]} if not overwrite else state["runs"]
+            start = time.time()
+            try:
+                result = json.loads(json.dumps(study.run(options, point, folder, done, progress)))
+            except Pending:
+                continue
+            result.setdefault("train_seconds", round(time.time() - start, 1))
         finally:
             lock.unlink(missing_ok=True)
-        with core.one_writer(folder / RESULTS_FILE):
-            others = _stored(folder)
-            state["runs"] = {**others.get("runs", {}), **state["runs"], point.key: result}
-            core.save_state(folder / RESULTS_FILE, state, state["runs"].values(), others.get("meta"))
+        fresh.add(point.key)
+        state["runs"][point.key] = result
+        _save(folder, state, overwrite, fresh)
     with core.one_writer(folder / RESULTS_FILE):
-        others = _stored(folder)
-        runs = {**others.get("runs", {}), **state["runs"]}
-        state["runs"] = {p.key: runs[p.key] for p in points if p.key in runs}
-        record = _record(study, options, state["meta"], plan, state["runs"])
-        core.save_state(folder / RESULTS_FILE, record, record["runs"].values(), others.get("meta"))
-    study.write_files(options, record, folder)
-    write_text_atomic(folder / REPORT_FILE, study.report(options, record))
+        runs = _save(folder, state, overwrite, fresh, locked=True)
+        record = _record(study, options, state["meta"], plan, runs, points)
+        core.save_state(folder / RESULTS_FILE, record, runs.values(), _stored(folder).get("meta"))
+        study.write_files(options, record, folder)
+        write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
     return record
 
 
-def _record(study: Study, options, meta: dict, plan: dict, runs: dict) -> dict:
+def _save(folder: Path, state: dict, overwrite: bool, fresh: set, locked: bool = False) -> dict:
+    """Merge this worker's results with what other workers saved (under the lock) and write them."""
+    from contextlib import nullcontext
+
+    with nullcontext() if locked else core.one_writer(folder / RESULTS_FILE):
+        stored = _stored(folder)
+        others = {k: v for k, v in stored.get("runs", {}).items() if not overwrite or k in fresh}
+        state["runs"] = {**others, **state["runs"]}
+        meta = stored.get("meta") or {}
+        state["meta"]["commands"] = list(dict.fromkeys([*meta.get("commands", []), *state["meta"]["commands"]]))
+        if not locked:
+            core.save_state(folder / RESULTS_FILE, state, state["runs"].values(), meta)
+    return state["runs"]
+
+
+def _record(study: Study, options, meta: dict, plan: dict, runs: dict, points: list[Point]) -> dict:
+    keys = [p.key for p in points]
+    ordered = {k: runs[k] for k in keys if k in runs} | {k: v for k, v in runs.items() if k not in keys}
     return {
         "meta": meta,
         "options": dataclasses.asdict(options),
         "plan_sha256": plan["sha256"],
         "plan_history": plan["history"],
-        "runs": runs,
-        "summary": study.summarise(options, list(runs.values())),
+        "runs": ordered,
+        "missing": [k for k in keys if k not in runs],
+        "summary": study.summarise(options, [runs[k] for k in keys if k in runs]),
     }
+
+
+def _report(study: Study, options, record: dict) -> str:
+    """The study's report, with the kit's notes: an incomplete study (points missing) at the top and, for a
+    study whose report does not state its plan itself, the plan's hash and growth at the end."""
+    text = study.report(options, record)
+    if record["missing"]:
+        title, _, rest = text.partition("\n")
+        note = (
+            f"**Incomplete: {len(record['missing'])} point(s) of the plan have no result yet** (another worker "
+            f"may hold them): {', '.join(record['missing'][:5])}{' …' if len(record['missing']) > 5 else ''}. "
+            "Rerun the same command to finish."
+        )
+        text = f"{title}\n\n{note}\n{rest}"
+    if not study.states_plan and record["plan_sha256"]:
+        grew = (
+            f" **The study grew after results existed** ({len(record['plan_history'])} earlier plan(s), in "
+            "`plan.json`)."
+            if record["plan_history"]
+            else ""
+        )
+        line = f"Plan: `plan.json`, sha256 `{record['plan_sha256']}`, written before the first point.{grew}"
+        text = text.rstrip("\n") + f"\n\n{line}\n"
+    return text
 
 
 def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
@@ -226,8 +342,8 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     values = plan["plan"]["options"] if plan else stored["options"]
     options = options_from_dict(study.Options, values)
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
-    record = _record(study, options, stored["meta"], plan, stored["runs"])
-    return record, study.report(options, record)
+    record = _record(study, options, stored["meta"], plan, stored["runs"], study.plan(options))
+    return record, _report(study, options, record)
 
 
 def options_from_dict(cls, values: dict):
