@@ -15,11 +15,13 @@ A study subclasses :class:`Study` and declares
   (tables and figures beside it).
 
 :func:`run_study` owns the rest: the output-folder claim; the plan written to ``plan.json`` with its
-SHA-256 before the first point runs (a different plan is refused once results exist, unless the study is
-asked to grow, which its record keeps in ``plan_history``); ``results.json`` (``meta``: command, every
-earlier command, versions, machine, wall and compute time; ``runs``: one result per point key;
-``summary``) written atomically after every point, so an interrupted study resumes where it stopped;
-workers sharing a folder (each point claimed with a lock, results merged under a lock); progress.
+SHA-256 before the first point runs (once results exist, points of other settings are refused unless
+``overwrite`` runs them all again, and other points unless the study is asked to ``grow``, which its record
+keeps in ``plan_history``); ``results.json`` (``meta``: command, every earlier command, versions, machine,
+wall and compute time; ``runs``: one result per point key; ``missing``; ``summary``) written atomically
+after every point, so an interrupted study resumes where it stopped; workers sharing a folder (each point
+claimed with a lock, finished points reread, results merged under a lock, a point waiting for another's
+result left as :class:`Pending`); progress; the report's notes (incomplete, the plan's hash).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class Study:
 
     def run(self, options, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
         """Run ``point`` in ``folder`` (the study's output folder); ``done``: the results of the points
-        finished so far (a later point may use an earlier one's, e.g. the rates the first seed chose)."""
+        finished so far (a later point may use an earlier one's, e.g. the rates the first seed chose;
+        raise :class:`Pending` when it is not there yet)."""
         raise NotImplementedError
 
     def summarise(self, options, results: list[dict]) -> Any:
@@ -83,7 +86,8 @@ class Study:
         raise NotImplementedError
 
     def report(self, options, record: dict) -> str:
-        """The markdown report of a record (``meta``, ``plan_sha256``, ``plan_history``, ``runs``, ``summary``)."""
+        """The markdown report of a record (``meta``, ``options``, ``plan_sha256``, ``plan_history``, ``runs``,
+        ``missing``, ``summary``)."""
         raise NotImplementedError
 
     def write_files(self, options, record: dict, folder: Path) -> None:
