@@ -344,3 +344,18 @@ def test_a_kit_study_reads_its_options_nested_recipe_included():
     got = options_from(args, KnownRankCheck())
     assert got.seeds == (1, 2) and got.recipe.steps == 50 and got.recipe.betas == (0.8, 0.9)
     assert got.recipe.batch_size == KnownRankCheck().recipe.batch_size
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["bottleneck", "--max-iter", "0"], "--max-iter must be"),
+        (["known-rank", "--rank", "4", "--num-points", "4", "--head-dims", "4"], "--rank = 4 needs num_points"),
+        (["seq-len", "--shared-rate", "-1"], "--shared-rate must be"),
+    ],
+)
+def test_a_kit_study_names_a_bad_value_by_its_option(argv, words, capsys, tmp_path):
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()  # refused before the folder is touched

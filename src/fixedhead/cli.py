@@ -19,7 +19,15 @@ import sys
 from pathlib import Path
 
 from .checks import positive_int
-from .options import add_nested_options, add_options, add_study_options, given, options_from, parse_head_dim
+from .options import (
+    add_nested_options,
+    add_options,
+    add_study_options,
+    given,
+    in_option_words,
+    options_from,
+    parse_head_dim,
+)
 from .studies.kit.core import output_folder
 
 
@@ -258,7 +266,10 @@ def _kit_study(module: str, cls: str, help_text: str):
         from .studies.kit.study import run_study
 
         s = study()
-        options = options_from(args, s.quick if args.quick else s.Options())
+        try:
+            options = options_from(args, s.quick if args.quick else s.Options())
+        except ValueError as e:
+            raise ValueError(in_option_words(str(e), s.Options)) from None
         out = output_folder(args.output_dir, s.name, quick=args.quick)
         record = run_study(
             s,

@@ -131,6 +131,16 @@ def add_nested_options(parser, cls, title: str):
         add_options(parser, sub, title=f"{title}: {name} ({sub.__name__})")
 
 
+def in_option_words(message: str, cls) -> str:
+    """A validation message of the dataclass ``cls`` (nested ones included) with its field names written as
+    the command's options where they open a statement (``max_iter must be ...`` → ``--max-iter must be ...``)."""
+    import re
+
+    names = sorted({f.name for c in (cls, *nested(cls).values()) for f in dataclasses.fields(c)}, key=len)[::-1]
+    pattern = r"\b(" + "|".join(map(re.escape, names)) + r")\b(?= must| =| needs|:)"
+    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
 def options_from(args, base):
     """``base`` (a dataclass) with every option given on the command line replaced, nested ones too."""
     inner = nested(type(base))
