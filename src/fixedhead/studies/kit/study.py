@@ -94,11 +94,9 @@ class Study:
         """Tables and figures beside the report (none by default)."""
 
 
-def options_of(study: Study, options=None, quick: bool = False, **given):
-    """The study's options: ``options`` (default: ``study.quick`` when ``quick``, else ``study.Options()``)
-    with the ``given`` fields replaced (validated by the dataclass)."""
-    base = options if options is not None else (study.quick if quick else study.Options())
-    return dataclasses.replace(base, **given) if given else base
+def options_of(study: Study, options=None, quick: bool = False):
+    """The study's options: ``options``, else ``study.quick`` when ``quick``, else ``study.Options()``."""
+    return options if options is not None else (study.quick if quick else study.Options())
 
 
 def plan_file(study: Study, options) -> dict:
@@ -135,7 +133,9 @@ def settings_sha256(study: Study, options) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def write_plan(folder: Path, study: Study, options, grow: bool = False, overwrite: bool = False) -> dict:
+def write_plan(
+    folder: Path, study: Study, options, grow: bool = False, overwrite: bool = False, new: dict | None = None
+) -> dict:
     """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. A folder whose plan
     differs takes the new one while no point has finished. Once results exist: points run with other
     settings (:func:`settings_sha256`) are refused unless ``overwrite`` (they all run again); other points
@@ -146,7 +146,7 @@ def write_plan(folder: Path, study: Study, options, grow: bool = False, overwrit
         FileExistsError: another study's plan; other settings without ``overwrite``; other points
             without ``grow``; results in an older format. Nothing is changed.
     """
-    new = plan_file(study, options)
+    new = new or plan_file(study, options)
     path, history = folder / PLAN_FILE, []
     if path.is_file():
         old = load_json_file(path, f"{study.name} plan")
@@ -241,11 +241,11 @@ def run_study(
     from tqdm.auto import tqdm
 
     options = options_of(study, options, quick)
-    plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
+    new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = core.output_folder(output_dir, study.name, quick=quick)
     owned = output_files(study) + tuple(study.files)
     claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
-    plan = write_plan(folder, study, options, grow, overwrite)
+    plan = write_plan(folder, study, options, grow, overwrite, new)
     points = study.plan(options)
     previous = _stored(folder)
     meta = core.start_meta("custom", study.name, command, previous, study.name, plan_sha256=plan["sha256"])
