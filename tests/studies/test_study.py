@@ -107,6 +107,23 @@ def test_points_of_other_settings_are_refused_and_overwrite_runs_them_again(tmp_
     assert toy.ran == ["standard-s0", "fixed-s0"] and again["runs"]["fixed-s0"]["loss"] == 3.0
 
 
+def test_a_plan_written_before_plans_carried_their_settings_hash_grows_under_the_same_settings(tmp_path):
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    plan = json.loads((out / "plan.json").read_text())
+    del plan["plan"]["settings_sha256"]  # as the plans committed before the field existed
+    (out / "plan.json").write_text(json.dumps(plan))
+    toy = Toy()
+    run_study(toy, ToyOptions(seeds=(0, 1)), out, grow=True, progress=False)
+    assert toy.ran == ["standard-s1", "fixed-s1"]
+    # and other settings are still named
+    plan = json.loads((out / "plan.json").read_text())
+    del plan["plan"]["settings_sha256"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(FileExistsError, match=r"other settings \(scale: 2.0 → 3.0\)"):
+        run_study(Toy(), ToyOptions(seeds=(0, 1), scale=3.0), out, grow=True, progress=False)
+
+
 def test_a_failed_point_keeps_the_earlier_ones_and_leaves_no_lock(tmp_path):
     out = tmp_path / "toy"
     with pytest.raises(RuntimeError, match="standard-s1 failed"):

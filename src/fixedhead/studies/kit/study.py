@@ -158,7 +158,11 @@ def write_plan(
         if old["sha256"] == new["sha256"]:
             return old
         done = sorted(stored_runs(folder))
-        if done and not overwrite and old["plan"].get("settings_sha256") != new["plan"]["settings_sha256"]:
+        # a plan written before plans carried settings_sha256 is hashed from its options
+        was_settings = old["plan"].get("settings_sha256") or settings_sha256(
+            study, options_from_dict(study.Options, old["plan"]["options"])
+        )
+        if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             was, now = old["plan"]["options"], new["plan"]["options"]
             changed = [
                 f"{k}: {was.get(k)!r} → {v!r}" for k, v in now.items() if was.get(k) != v and k not in study.points_only
