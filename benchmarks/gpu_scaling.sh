@@ -6,7 +6,7 @@
 # each), so whatever finishes before the deadline is kept, smallest points first.
 #
 # Usage: benchmarks/gpu_scaling.sh OUT_DIR [DEADLINE_SECONDS]
-#   OUT_DIR gets gpu.txt (machine, versions, each worker's exit status), results.json, report.md,
+#   OUT_DIR gets gpu.txt (machine, versions, each worker's exit status), results.json, plan.json, report.md,
 #   scaling.png, ranks.png and workers.log (the end of every worker's log); the run folders stay
 #   in $RUNS/scaling-PRESET.
 # Environment: PYTHON (default python3), WORKERS (8: one per point), RUNS (runs/gpu, or
@@ -24,7 +24,7 @@ else
 fi
 study="$runs/scaling-$preset"
 mkdir -p "$runs/logs"
-rm -f "$out"/{gpu.txt,results.json,report.md,scaling.png,ranks.png,workers.log} "$runs"/logs/scaling-*.log
+rm -f "$out"/{gpu.txt,results.json,plan.json,report.md,scaling.png,ranks.png,workers.log} "$runs"/logs/scaling-*.log
 
 gpu_header "$out/gpu.txt"
 
@@ -45,10 +45,13 @@ echo "all workers ended after $(($(date +%s) - start)) s (deadline $deadline s)"
 status=0
 if [ -f "$study/results.json" ]; then
   # the report from everything recorded (a worker stopped by the deadline leaves no report of its own)
-  $py -c "import json, sys; from pathlib import Path; from fixedhead.studies.scaling import write_outputs
-write_outputs(json.load(open(sys.argv[1])), Path(sys.argv[2]))" "$study/results.json" "$out"
-  cp "$study/results.json" "$out/"
-  $py -c "import json, sys; s = json.load(open(sys.argv[1])); print(len(s['runs']), 'runs finished')" "$out/results.json"
+  $py -c "import sys; from pathlib import Path; from fixedhead.studies.kit.study import options_from_dict, regenerate
+from fixedhead.studies.scaling import ScalingStudy, state_of, write_plots
+record, report = regenerate(ScalingStudy(), Path(sys.argv[1]))
+Path(sys.argv[2], 'report.md').write_text(report)
+write_plots(state_of(options_from_dict(ScalingStudy.Options, record['options']), record['runs'].values(), record['meta']), Path(sys.argv[2]))
+print(len(record['runs']), 'points finished,', len(record['missing']), 'missing')" "$study" "$out"
+  cp "$study/results.json" "$study/plan.json" "$out/"
 else
   echo "missing: $study/results.json" | tee -a "$out/gpu.txt"
   status=1

@@ -235,7 +235,6 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 @pytest.mark.parametrize(
     "command, module, function, out",
     [
-        ("scaling", "scaling", "run_scaling", "runs/scaling-tiny"),
         ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-tiny"),
         ("compare", "compare", "run_compare", "runs/compare-quick"),  # never the real runs/compare
     ],
@@ -260,7 +259,6 @@ def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command,
         ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
         ("farthest-point", "farthest_point", "run_farthest_point", "runs/farthest-point-default"),
         ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-cpu"),
-        ("scaling", "scaling", "run_scaling", "runs/scaling-cpu"),
     ],
 )
 def test_the_command_line_and_python_take_one_default_folder(command, module, function, folder, monkeypatch):
@@ -281,6 +279,26 @@ def test_the_command_line_and_python_take_one_default_folder(command, module, fu
     with pytest.raises(ValueError, match="claimed"):
         getattr(importlib.import_module(f"fixedhead.studies.{module}"), function)()
     assert claimed == [Path(folder), Path(folder)]
+
+
+def test_scaling_takes_one_default_folder_from_the_command_line_and_python(monkeypatch):
+    """runs/scaling-PRESET from both; --quick: runs/scaling-quick, never the real folder."""
+    import fixedhead.studies.kit.study as kit_study
+    from fixedhead.studies.scaling import run_scaling
+
+    claimed = []
+
+    def claim(out, *args, **kw):
+        claimed.append(Path(out))
+        raise ValueError("claimed")
+
+    monkeypatch.setattr(kit_study, "claim_output_dir", claim)
+    assert main(["scaling"]) == 2 and main(["scaling", "--preset", "gpu"]) == 2 and main(["scaling", "--quick"]) == 2
+    with pytest.raises(ValueError, match="claimed"):
+        run_scaling()
+    assert claimed == [
+        Path(p) for p in ("runs/scaling-cpu", "runs/scaling-gpu", "runs/scaling-quick", "runs/scaling-cpu")
+    ]
 
 
 def _subparser(command):

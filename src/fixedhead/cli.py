@@ -12,6 +12,7 @@ a full disk, a read-only folder) become a one-line message and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -228,10 +229,11 @@ def _rank_intervention(args):
 
 
 # ------------------------------------------------------------------------ studies on the kit
-def _kit_study(module: str, cls: str, help_text: str):
+def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | None = None):
     """A study on the kit (:mod:`fixedhead.studies.kit.study`) as a command: one option per field of its
     ``Options`` dataclass (nested dataclasses flattened: ``--steps`` for ``recipe.steps``) and the options
-    every kit study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report."""
+    every kit study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report.
+    ``removed``: options the command no longer takes, each refused with what replaces it."""
 
     def study():
         import importlib
@@ -242,11 +244,14 @@ def _kit_study(module: str, cls: str, help_text: str):
         s = study()
         add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
         g = p.add_argument_group("running it")
+        where = f"runs/{s.name}-PRESET" if any(f.name == "preset" for f in dataclasses.fields(s.Options)) else ""
         g.add_argument(
             "--output-dir",
             metavar="DIR",
-            help=f"where the study writes (default: runs/{s.name}; --quick: runs/{s.name}-quick)",
+            help=f"where the study writes (default: {where or f'runs/{s.name}'}; --quick: runs/{s.name}-quick)",
         )
+        for flag, why in (removed or {}).items():
+            p.add_argument(flag, nargs="*", action=_Removed, help=argparse.SUPPRESS, why=why)
         g.add_argument(
             "--quick",
             action="store_true",
@@ -263,14 +268,14 @@ def _kit_study(module: str, cls: str, help_text: str):
         g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args):
-        from .studies.kit.study import run_study
+        from .studies.kit.study import run_study, study_folder
 
         s = study()
         try:
             options = options_from(args, s.quick if args.quick else s.Options())
         except ValueError as e:
             raise ValueError(in_option_words(str(e), s.Options)) from None
-        out = output_folder(args.output_dir, s.name, quick=args.quick)
+        out = study_folder(s, options, args.output_dir, args.quick)
         record = run_study(
             s,
             options,
@@ -296,6 +301,17 @@ def _kit_study(module: str, cls: str, help_text: str):
     return add, run
 
 
+class _Removed(argparse.Action):
+    """An option a command no longer takes: refused (exit status 2) with what replaces it."""
+
+    def __init__(self, *args, why: str, **kw):
+        super().__init__(*args, **kw)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is gone: {self.why}")
+
+
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
     "coordcheck": (
@@ -313,6 +329,16 @@ KIT_STUDIES = {
         "compare.seq_len",
         "SeqLenStudy",
         "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
+    ),
+    "scaling": (
+        "scaling",
+        "ScalingStudy",
+        "does head size matter as models grow? each head-size family at several sizes, each point at its own "
+        "learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers",
+        {
+            "--families": "workers that share one --output-dir split the study point by point (run the same "
+            "command in each)"
+        },
     ),
 }
 
@@ -557,39 +583,6 @@ def _widen_experiment(args):
     print(f"wrote {out}/report.md, results.json, {plots} {_times(state)}")
 
 
-def _scaling_options(p):
-    from .studies.scaling import SCALING_PRESETS
-
-    add_study_options(p, SCALING_PRESETS, "cpu", "runs/scaling-PRESET", steps=False, quick=True)
-    p.add_argument(
-        "--learning-rates",
-        type=_rates,
-        metavar="X,X,...",
-        help="each point's grid, chosen on a validation split with the first seed (default: the preset's)",
-    )
-    p.add_argument("--corpus", help="another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)")
-    p.add_argument(
-        "--families",
-        nargs="+",
-        metavar="FAMILY",
-        help="train only these of the preset's head-size families (standard, threshold, d_p=K); the report "
-        "covers the whole preset, so workers or sessions may split a study by family",
-    )
-    _architecture_option(p)
-
-
-def _scaling(args):
-    """does head size matter as models grow? each head-size family at several sizes, each point at its own
-    learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers"""
-    from .studies.scaling import run_scaling
-
-    preset = _study_preset(args)
-    out = output_folder(args.output_dir, "scaling", preset)
-    options = _pick(args, "seeds", "overwrite", "learning_rates", "corpus", "architecture", "families")
-    run_scaling(preset, out, progress=not args.no_progress, **options)
-    print(f"wrote {out}/report.md, results.json, scaling.png and ranks.png")
-
-
 # ---------------------------------------------------------------------------------- export-onnx
 def _export_onnx_options(p):
     from .training.export import OnnxExportOptions
@@ -634,7 +627,7 @@ COMMANDS = {
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
     "coordcheck": _kit_study(*KIT_STUDIES["coordcheck"]),
-    "scaling": (_scaling_options, _scaling),
+    "scaling": _kit_study(*KIT_STUDIES["scaling"]),
 }
 
 #: what to do after Ctrl-C, for the commands that keep their finished work

@@ -179,7 +179,7 @@ def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp
 def test_run_key_names_runs_as_the_committed_results_do():
     """The keys of docs/results (e.g. scaling-cpu's ``standard-d32-lr0.001-s0``) are what run_key writes."""
     committed = json.loads((Path(__file__).resolve().parents[2] / "docs/results/scaling-cpu/results.json").read_text())
-    assert "standard-d32-lr0.001-s0" in committed["runs"]
+    assert "standard-d32-lr0.001-s0" in committed["runs"]["standard-d32-s0"]["runs"]
     assert core.run_key("standard-d32", 1e-3, 0) == "standard-d32-lr0.001-s0"
     assert core.run_key("fixed", 5e-4) == "fixed-lr0.0005"
     assert core.run_key("cell", seed=2) == "cell-s2"

@@ -11,6 +11,7 @@ from fixedhead.model.sizes import non_embedding_parameters
 from fixedhead.studies import scaling
 from fixedhead.studies.kit import core
 from fixedhead.studies.kit.recipes import get_recipe
+from fixedhead.studies.kit.study import regenerate
 from fixedhead.studies.scaling import report as scaling_report
 
 
@@ -76,19 +77,25 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "s"
     argv = ["scaling", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
-    # workers share a folder point by point: a point another live worker holds is left to it
+    # workers share a folder point by point: a point another live worker holds is left to it, and so is
+    # the second seed of that point (it trains at the rate the first seed chooses)
     real_lock = core.try_lock
-    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == "threshold-d32" else real_lock(path))
+    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == "threshold-d32-s0" else real_lock(path))
     assert main([*argv, "--no-progress"]) == 0
-    state = json.loads((out / "results.json").read_text())
-    assert {r["point"] for r in state["runs"].values()} == {"standard-d16", "standard-d32", "threshold-d16"}
-    assert "threshold-d32" not in state["ranks"] and "threshold-d32" not in state["tuning"]
+    record = json.loads((out / "results.json").read_text())
+    assert record["missing"] == ["threshold-d32-s0", "threshold-d32-s1"]
+    assert "Incomplete: 2 point(s) of the plan have no result yet" in (out / "report.md").read_text()
     monkeypatch.setattr(core, "try_lock", real_lock)
     assert main([*argv, "--no-progress"]) == 0
-    state = json.loads((out / "results.json").read_text())
-    plan = state["meta"]["plan"]
-    assert [pt["key"] for pt in plan["points"]] == ["standard-d16", "standard-d32", "threshold-d16", "threshold-d32"]
-    assert plan["seeds"] == [0, 1] and plan["learning_rates"] == [0.002, 0.004]
+    record = json.loads((out / "results.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())["plan"]
+    # seed-major: every point's first seed before any second seed
+    assert plan["points"] == [
+        f"{k}-s{s}" for s in (0, 1) for k in ("standard-d16", "standard-d32", "threshold-d16", "threshold-d32")
+    ]
+    assert plan["options"]["preset"] == "tiny" and record["missing"] == []
+    state = scaling.state_of(scaling.ScalingStudy.quick, record["runs"].values(), record["meta"])
+    assert state["meta"]["plan"]["seeds"] == [0, 1] and state["meta"]["plan"]["learning_rates"] == [0.002, 0.004]
     # seed 0 at both rates per point, seed 1 at the chosen one
     assert len(state["runs"]) == 4 * 3
     for key, tuning in state["tuning"].items():
@@ -96,7 +103,7 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         losses = {float(lr): v for lr, v in tuning["validation_loss"].items()}
         assert chosen == min(losses, key=losses.get)
         seeds = sorted(r["seed"] for r in state["runs"].values() if r["point"] == key and r["learning_rate"] == chosen)
-        assert seeds == [0, 1]
+        assert seeds == [0, 1] and record["runs"][f"{key}-s1"]["chosen"] == chosen
     # each run trains (tokens per parameter x N, at least min_steps steps) and is a model of its family
     runs = {r["point"]: r for r in state["runs"].values()}
     assert runs["threshold-d32"]["head_dim"] == 32 and runs["standard-d32"]["head_dim"] == 8
@@ -104,57 +111,41 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     assert (out / "scaling.png").stat().st_size > 1000
     # every point's first-seed run at its chosen rate has its heads' ranks, below their ceiling
     n = state["meta"]["n"]
-    assert set(state["ranks"]) == {pt["key"] for pt in plan["points"]}
-    for pt in plan["points"]:
+    assert set(state["ranks"]) == {pt["key"] for pt in state["meta"]["plan"]["points"]}
+    for pt in state["meta"]["plan"]["points"]:
         r = state["ranks"][pt["key"]]
         assert r["run"] == f"{pt['key']}-lr{state['tuning'][pt['key']]['chosen']:g}-s0"
         assert r["heads"] == get_recipe("tiny").layers * pt["num_attention_heads"] and r["windows"] >= 1
         assert 1 <= r["logit_rank"] <= r["logit_rank_max"] <= min(pt["head_dim"], n)
         assert 0 <= r["at_ceiling"] <= 1
     assert (out / "ranks.png").stat().st_size > 1000
-    assert (out / "report.md").read_text() == scaling_report.report_markdown(state)
-    summary = scaling_report.summarize(state)
-    assert set(summary) == {"standard", "threshold"} and "fit_flops" in summary["threshold"]
-    # the same command reuses every run
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Scaling") and "Incomplete" not in report and record["plan_sha256"] in report
+    assert set(record["summary"]) == {"standard", "threshold"} and "fit_flops" in record["summary"]["threshold"]
+    # the same command reuses every run; the committed-report path renders the same report
     before = {k: r["train_seconds"] for k, r in state["runs"].items()}
     assert main([*argv, "--no-progress"]) == 0
     again = json.loads((out / "results.json").read_text())
-    assert {k: r["train_seconds"] for k, r in again["runs"].items()} == before
+    assert {k: r["train_seconds"] for r in again["runs"].values() for k, r in r["runs"].items()} == before
+    assert regenerate(scaling.ScalingStudy(), out)[1] == (out / "report.md").read_text()
 
 
-def test_a_scaling_study_split_by_family_plans_the_whole_preset(small_real_corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+def test_scaling_options_are_refused_by_name_before_the_folder_is_touched(tmp_path, capsys):
     out = tmp_path / "s"
-    argv = ["scaling", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
-    argv.append("--no-progress")
-    # the command's options reach the study: a masked recipe as Llama is refused, not trained as fixedhead
+    argv = ["scaling", "--preset", "tiny", "--output-dir", str(out), "--no-progress"]
+    # a masked recipe as Llama is refused, not trained as fixedhead
     assert main([*argv, "--architecture", "llama"]) == 2
-    assert "architecture 'llama' trains causal LMs only" in capsys.readouterr().err and not out.exists()
-    assert main([*argv, "--families", "d_p=64"]) == 2
-    assert "family 'd_p=64' is not one of the scaling preset's: standard, threshold" in capsys.readouterr().err
-    assert main([*argv, "--families", "threshold", "--seeds", "0"]) == 0
-    state = json.loads((out / "results.json").read_text())
-    assert [pt["key"] for pt in state["meta"]["plan"]["points"]] == [
-        "standard-d16",
-        "standard-d32",
-        "threshold-d16",
-        "threshold-d32",
-    ]
-    assert {r["family"] for r in state["runs"].values()} == {"threshold"} and set(state["ranks"]) == {
-        "threshold-d16",
-        "threshold-d32",
-    }
-    assert (
-        "Incomplete: 2 of 4 runs finished.** Rerun the command with every family and seed"
-        in (out / "report.md").read_text()
-    )
-    # the plan keeps every invocation's seeds; the rate-choosing seed stays the first
-    assert main([*argv, "--families", "standard", "--seeds", "0", "1"]) == 0
-    state = json.loads((out / "results.json").read_text())
-    assert state["meta"]["plan"]["seeds"] == [0, 1] and len(state["runs"]) == 2 * 2 + 2 * 3
-    assert "Incomplete: 6 of 8 runs finished" in (out / "report.md").read_text()  # threshold lacks seed 1
-    assert main([*argv, "--seeds", "1"]) == 2
-    assert "chose each point's rate with seed 0, this call with seed 1" in capsys.readouterr().err
+    assert "architecture 'llama' trains causal LMs only" in capsys.readouterr().err
+    assert main([*argv, "--seeds", "1", "1"]) == 2
+    assert "seeds must be distinct, got [1, 1]" in capsys.readouterr().err
+    assert main([*argv, "--learning-rates", "1e-3"]) == 2
+    assert "rate" in capsys.readouterr().err
+    # splitting a study by family is gone: workers sharing the folder split it point by point
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, "--families", "threshold"])
+    assert exit.value.code == 2
+    assert "--families is gone: workers that share one --output-dir split the study" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):

@@ -68,6 +68,13 @@ class Study:
     overwriting: bool = False
     """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
 
+    def describe(self, options) -> str:
+        """One line on what the study trains, recorded as ``meta.description`` (the study's name by default)."""
+        return self.name
+
+    def check(self, options) -> None:
+        """Refuse options that cannot run (raise ValueError) before the folder is touched; nothing by default."""
+
     def plan(self, options) -> list[Point]:
         raise NotImplementedError
 
@@ -97,6 +104,13 @@ class Study:
 def options_of(study: Study, options=None, quick: bool = False):
     """The study's options: ``options``, else ``study.quick`` when ``quick``, else ``study.Options()``."""
     return options if options is not None else (study.quick if quick else study.Options())
+
+
+def study_folder(study: Study, options, output_dir=None, quick: bool = False) -> Path:
+    """Where a study writes: ``output_dir`` when given, else ``runs/NAME`` (``runs/NAME-PRESET`` for
+    options with a ``preset``), ``runs/NAME-quick`` for the quick plan
+    (:func:`~fixedhead.studies.kit.core.output_folder`; the command line reads it from here too)."""
+    return core.output_folder(output_dir, study.name, None if quick else getattr(options, "preset", None), quick)
 
 
 def plan_file(study: Study, options) -> dict:
@@ -245,14 +259,15 @@ def run_study(
     from tqdm.auto import tqdm
 
     options = options_of(study, options, quick)
+    study.check(options)
     new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
-    folder = core.output_folder(output_dir, study.name, quick=quick)
+    folder = study_folder(study, options, output_dir, quick)
     owned = output_files(study) + tuple(study.files)
     claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
     plan = write_plan(folder, study, options, grow, overwrite, new)
     points = study.plan(options)
     previous = _stored(folder)
-    meta = core.start_meta("custom", study.name, command, previous, study.name, plan_sha256=plan["sha256"])
+    meta = core.start_meta("custom", study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
     study.overwriting = overwrite
     state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
     fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)

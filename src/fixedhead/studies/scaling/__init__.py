@@ -29,30 +29,26 @@ architecture.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ...analysis import analyze_model, load_encoder
-from ...checks import positive_float, positive_int
+from ...checks import non_negative_int, positive_float, positive_int
 from ...data import prepare_data
 from ...data.lm import unigram_perplexity
-from ...model.architectures import build_config, check_objective_for
+from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
-from ...runs import load_json_file
 from ...theory import causal_threshold
 from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
-from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, write_outputs
+from ..kit.study import Pending, Point, Study, run_study
+from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, report_markdown, summarize, write_plots
 
-RESULTS_FILE = "results.json"
-OWNED = (REPORT_FILE, PLOT_FILE, RANK_PLOT_FILE, "runs")
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
 #: (float32 resolution, 1e-5, fills every head's structural rank and says nothing), on this many
 #: evenly spaced held-out windows
@@ -195,156 +191,234 @@ def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch
     return points
 
 
+@dataclass(frozen=True)
+class ScalingOptions:
+    """What ``fixedhead scaling`` trains: a preset (sizes, families, token rule, grid) and what a run
+    changes of it."""
+
+    preset: str = field(default="cpu", metadata={"choices": ("cpu", "gpu", "tiny")})
+    """the sizes, families, token rule and rate grid (SCALING_PRESETS)"""
+    seeds: tuple[int, ...] = ()
+    """seeds, paired across points; the first chooses each point's rate (empty: the preset's)"""
+    learning_rates: tuple[float, ...] = ()
+    """each point's grid, chosen on a validation split with the first seed (empty: the preset's)"""
+    corpus: str | None = None
+    """another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)"""
+    architecture: str = field(default="fixedhead", metadata={"choices": ("fixedhead", "llama")})
+    """every model as this family (llama: transformers' LlamaForCausalLM; causal recipes only)"""
+
+    def __post_init__(self):
+        get_scaling_preset(self.preset)  # refused by name
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
+        if self.learning_rates:
+            parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
+        check_architecture(self.architecture)
+
+
+def spec(o: ScalingOptions) -> ScalingPreset:
+    """The preset ``o`` trains: its preset with the seeds, grid and architecture ``o`` gives."""
+    p = get_scaling_preset(o.preset)
+    p = replace(p, seeds=tuple(o.seeds) or p.seeds)
+    if o.learning_rates:
+        p = replace(p, learning_rates=tuple(parse_rates(o.learning_rates)))
+    if o.architecture != "fixedhead":
+        p = replace(p, model={**p.model, "architecture": o.architecture})
+    return p
+
+
+def points_of(p: ScalingPreset) -> list[dict]:
+    """:func:`plan_points` at the recipe's sizes (the counts and FLOPs do not depend on the trained
+    tokenizer's vocabulary: they leave the embeddings out)."""
+    r = get_recipe(p.recipe)
+    return plan_points(p, r.train.objective, r.data.max_seq_length, r.data.vocab_size, r.train.batch_size, r.layers)
+
+
+class ScalingStudy(Study):
+    """The scaling study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (family, size,
+    seed), seed-major. A point's first seed chooses its rate on the grid (its grid runs in
+    ``FOLDER/runs/POINT-lrRATE-s0``) and reads its heads' ranks; the other seeds train at that rate."""
+
+    name = "scaling"
+    Options = ScalingOptions
+    quick = ScalingOptions(preset="tiny")
+    files = (REPORT_FILE, PLOT_FILE, RANK_PLOT_FILE, "runs")
+    points_only = ("seeds",)
+
+    def __init__(self, cache_dir=None):
+        self.cache_dir, self._data = cache_dir, None
+
+    def describe(self, o):
+        return describe(spec(o))
+
+    def plan(self, o):
+        p = spec(o)
+        return [Point(core.run_key(pt["key"], seed=s), (pt, s)) for pt, s in core.seed_major(points_of(p), p.seeds)]
+
+    def plan_record(self, o):
+        p = spec(o)
+        return {
+            "pairing": "by seed: every point of one seed trains on the same batches in the same order",
+            "rate_rule": RULE,
+            "rates_chosen_with_seed": p.seeds[0],
+            "verdict_rule": VERDICT_RULE,
+        }
+
+    def data(self, o, progress):
+        """The recipe's data (with the validation split every run trains without), prepared once."""
+        if self._data is None:
+            recipe = get_recipe(spec(o).recipe)
+            settings = replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data
+            self._data = prepare_data(with_validation_split(settings), cache_dir=self.cache_dir, progress=progress)
+        return self._data
+
+    def check(self, o):
+        """Every model buildable and trainable (a Llama model is causal) before any slow work."""
+        p = spec(o)
+        recipe = get_recipe(p.recipe)
+        size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
+        check_objective_for(build_config(recipe.model_fields(**size, **p.model)), recipe.train.objective)
+
+    def run(self, o, point, folder, done, progress):
+        pt, seed = point.spec
+        p = spec(o)
+        recipe = get_recipe(p.recipe)
+        data = self.data(o, progress)
+        train = replace(recipe.train, progress=progress)
+        runs: dict[str, dict] = {}
+
+        def train_at(lr):
+            config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
+            steps = pt["steps"]
+            settings = replace(
+                train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
+            )
+            key = core.run_key(pt["key"], lr, seed)
+            if progress:
+                print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}", flush=True)
+            result = train_or_reuse(config, data, folder / "runs" / key, settings, self.overwriting)
+            row = {k: v for k, v in result.items() if k not in ("eval_curve", "train_curve", "reproducibility")}
+            runs[key] = row | {
+                "point": pt["key"],
+                "family": pt["family"],
+                "learning_rate": lr,
+                "seed": seed,
+                "non_embedding_parameters": pt["non_embedding_parameters"],
+                "flops": pt["flops"],
+            }
+            return result
+
+        out = {"point": pt["key"], "seed": seed}
+        if seed != p.seeds[0]:
+            first = core.run_key(pt["key"], seed=p.seeds[0])
+            if first not in done:
+                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
+            train_at(done[first]["chosen"])
+            return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
+        tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate
+        if p.learning_rates:
+            tuning = choose_on_validation(train_at, p.learning_rates, p.max_extensions)
+            chosen = tuning["chosen"]
+        else:
+            train_at(chosen)
+        name = core.run_key(pt["key"], chosen, seed)
+        windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
+        return out | {
+            "chosen": chosen,
+            "tuning": tuning,
+            "runs": runs,
+            "ranks": {"run": name, **trained_ranks(folder / "runs" / name, windows)},
+            "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
+            "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+            "train_seconds": _seconds(runs),
+        }
+
+    def summarise(self, o, results):
+        return summarize(state_of(o, results))
+
+    def report(self, o, record):
+        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
+
+    def write_files(self, o, record, folder):
+        write_plots(state_of(o, record["runs"].values(), record["meta"]), folder)
+
+
+VERDICT_RULE = (
+    f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over a family's sizes, p < {ALPHA}"
+)
+
+
+def _seconds(runs: dict) -> float:
+    return round(sum(r.get("train_seconds", 0) for r in runs.values()), 1)
+
+
+def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
+    """The study's state as its summary and report read it, from its options and per-point ``results``:
+    ``meta`` (with ``plan``: points, seeds, grid, rules; ``n``, ``objective``), ``unigram_perplexity``,
+    ``tuning`` and ``ranks`` (per point, from its first seed) and every run at every rate."""
+    p = spec(o)
+    recipe = get_recipe(p.recipe)
+    results = list(results)
+    firsts = [r for r in results if "ranks" in r]
+    plan = {
+        "points": [{k: v for k, v in pt.items() if k != "fields"} for pt in points_of(p)],
+        "seeds": list(p.seeds),
+        "learning_rates": list(p.learning_rates),
+        "rate_rule": RULE,
+        "verdict_rule": VERDICT_RULE,
+    }
+    return {
+        "meta": {**(meta or {}), "plan": plan, "n": recipe.data.max_seq_length, "objective": recipe.train.objective},
+        "unigram_perplexity": firsts[0]["unigram_perplexity"] if firsts else None,
+        "tuning": {r["point"]: r["tuning"] for r in firsts if r.get("tuning")},
+        "runs": {k: v for r in results for k, v in r["runs"].items()},
+        "ranks": {r["point"]: r["ranks"] for r in firsts},
+    }
+
+
 def run_scaling(
-    preset: str | ScalingPreset = "cpu",
+    preset: str = "cpu",
     output_dir: str | Path | None = None,
     seeds: list[int] | None = None,
     overwrite: bool = False,
     progress: bool = True,
     cache_dir=None,
-    command: str | None = None,
+    command: str = "",
     learning_rates: str | list[float] | None = None,
     corpus: str | None = None,
-    architecture: str | None = None,
-    families: list[str] | None = None,
+    architecture: str = "fixedhead",
+    grow: bool = False,
 ) -> dict:
-    """Train every point of the preset for every seed (finished runs are reused), choosing each
-    point's learning rate on the validation split first (every run trains without that split);
-    write ``results.json``, ``report.md`` and ``scaling.png``. ``corpus``: another corpus than the
-    recipe's; ``architecture``: every model as this family (:mod:`fixedhead.model.architectures`,
-    ``"llama"``: transformers' ``LlamaForCausalLM``, causal only); ``families``: train only these of
-    the preset's families (the plan and report stay the whole preset's, so workers or sessions may
-    split a study by family). Returns the results state.
+    """Train every point of the preset for every seed (finished points are reused; workers may share the
+    folder, each taking the points no other holds), choosing each point's learning rate on the validation
+    split with the first seed (every run trains without that split); write ``results.json``,
+    ``report.md``, ``scaling.png`` and ``ranks.png`` (:func:`~fixedhead.studies.kit.study.run_study` of
+    :class:`ScalingStudy`; default folder ``runs/scaling-PRESET``).
+
+    Returns:
+        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (family, size, seed)
+        point: its runs at every rate tried, the chosen rate, and on the first seed the tuning record and
+        the heads' ranks) and ``summary`` (:func:`~fixedhead.studies.scaling.report.summarize`).
 
     Raises:
-        ValueError: bad seeds or rates, a family that is not the preset's.
-        FileExistsError: the folder holds something else or runs of other settings (without ``overwrite``).
+        ValueError: bad seeds, rates, preset or architecture; a Llama model of a masked recipe.
+        FileExistsError: the folder holds something else, points of other settings (without ``overwrite``)
+            or another plan (without ``grow``).
         FileNotFoundError: a missing corpus.
     """
-    p = get_scaling_preset(preset) if isinstance(preset, str) else preset
-    p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
-    if learning_rates is not None:
-        p = replace(p, learning_rates=tuple(parse_rates(learning_rates)))
-    if architecture is not None and architecture != "fixedhead":
-        p = replace(p, model={**p.model, "architecture": architecture})
-    if families is not None and (bad := core.first_unknown(families, p.families)) is not None:
-        raise ValueError(f"family {bad!r} is not one of the scaling preset's: {', '.join(p.families)}")
-    recipe = get_recipe(p.recipe)
-    data_settings = with_validation_split(replace(recipe.data, corpus=corpus) if corpus else recipe.data)
-    train = replace(recipe.train, progress=progress)
-    n = data_settings.max_seq_length
-    probe = build_config(recipe.model_fields(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1], **p.model))
-    check_objective_for(probe, train.objective)  # a Llama model is causal: refused before any work
-    settings = {
-        "data": data_settings.record(),
-        "train": {k: v for k, v in asdict(train).items() if k not in ("seed", "progress", "max_steps")},
-        "preset": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(p).items() if k != "seeds"},
-    }
-    settings = json.loads(json.dumps(settings, default=str))
-    out = core.claim(core.output_folder(output_dir, "scaling", preset), RESULTS_FILE, OWNED, "scaling")
-    previous, meta = core.resume(
-        out / RESULTS_FILE,
-        preset,
-        describe(p),
-        command,
-        settings,
-        "recipe, sizes, families or grid",
-        None,
-        overwrite,
-        study="scaling",
+    o = ScalingOptions(
+        preset=preset,
+        seeds=tuple(seeds or ()),
+        learning_rates=tuple(parse_rates(learning_rates)) if learning_rates is not None else (),
+        corpus=corpus,
+        architecture=architecture,
     )
-    # the plan is the whole study's: the seeds of every invocation, every family of the preset
-    seeds = list(dict.fromkeys([*previous.get("meta", {}).get("plan", {}).get("seeds", []), *p.seeds]))
-    if seeds[0] != p.seeds[0]:
-        raise FileExistsError(
-            f"{out / RESULTS_FILE} chose each point's rate with seed {seeds[0]}, this call with seed {p.seeds[0]}; "
-            f"pass {seeds[0]} first in --seeds, or choose another --output-dir"
-        )
-    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
-    out = core.claim(out, RESULTS_FILE, OWNED, "scaling", create=True, overwrite=overwrite)
-    points = plan_points(p, train.objective, n, len(data.tokenizer), train.batch_size, recipe.layers)
-    meta.update(
-        plan={
-            "points": [{k: v for k, v in pt.items() if k != "fields"} for pt in points],
-            "seeds": seeds,
-            "learning_rates": list(p.learning_rates),
-            "rate_rule": RULE,
-            "verdict_rule": f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over "
-            f"a family's sizes, p < {ALPHA}",
-        },
-        n=n,
-        objective=train.objective,
-        data_info={k: v for k, v in data.info.items() if k != "prepare_seconds"},
+    ScalingStudy(cache_dir).check(o)
+    return run_study(
+        ScalingStudy(cache_dir), o, output_dir, grow=grow, overwrite=overwrite, progress=progress, command=command
     )
-    state = {
-        "meta": meta,
-        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-        "tuning": previous.get("tuning", {}),
-        "runs": previous.get("runs", {}),
-        "ranks": previous.get("ranks", {}),
-    }
-
-    def save():
-        # workers sharing the folder: merge what the others recorded, one writer at a time
-        with core.one_writer(out / RESULTS_FILE):
-            other = load_json_file(out / RESULTS_FILE) if (out / RESULTS_FILE).is_file() else {}
-            for part in ("runs", "tuning", "ranks"):
-                state[part].update({k: v for k, v in other.get(part, {}).items() if k not in state[part]})
-            core.save_state(out / RESULTS_FILE, state, state["runs"].values(), other.get("meta"))
-
-    save()  # the plan before any training
-
-    def train_point(pt, lr, seed):
-        config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
-        steps = pt["steps"]
-        settings = replace(
-            train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
-        )
-        run_dir = out / "runs" / core.run_key(pt["key"], lr, seed)
-        if progress:
-            print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}: {run_dir}", flush=True)
-        result = train_or_reuse(config, data, run_dir, settings, overwrite)
-        row = {k: v for k, v in result.items() if k not in ("eval_curve", "train_curve", "reproducibility")}
-        state["runs"][core.run_key(pt["key"], lr, seed)] = {
-            **row,
-            "point": pt["key"],
-            "family": pt["family"],
-            "learning_rate": lr,
-            "seed": seed,
-            "non_embedding_parameters": pt["non_embedding_parameters"],
-            "flops": pt["flops"],
-        }
-        save()
-        return result
-
-    first, rest = p.seeds[0], p.seeds[1:]
-    windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
-    for pt in points:
-        if families is not None and pt["family"] not in families:
-            continue
-        lock = core.try_lock(out / "runs" / pt["key"])  # a point (its grid and seeds) is one worker's
-        if lock is None:
-            if progress:
-                print(f"{pt['key']}: another worker is on this point; skipping it", flush=True)
-            continue
-        if p.learning_rates:
-            at = partial(train_point, pt, seed=first)
-            state["tuning"][pt["key"]] = choose_on_validation(at, p.learning_rates, p.max_extensions)
-            best = state["tuning"][pt["key"]]["chosen"]
-            save()
-        else:
-            best = train.learning_rate
-            train_point(pt, best, first)
-        for seed in rest:
-            train_point(pt, best, seed)
-        name = core.run_key(pt["key"], best, first)
-        if overwrite or state["ranks"].get(pt["key"], {}).get("run") != name:
-            state["ranks"][pt["key"]] = {"run": name, **trained_ranks(out / "runs" / name, windows)}
-        lock.unlink(missing_ok=True)
-        save()
-    save()
-    write_outputs(state, out)
-    return state
 
 
 def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:

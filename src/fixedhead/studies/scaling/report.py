@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 
 from ...plotting import pyplot, save_figure
-from ...runs import write_text_atomic
 from ...theory import causal_threshold
 from ..kit import render
 from ..kit.stats import CLAIMS_RULE, holm, mean_std, pm, welch
@@ -116,8 +115,6 @@ def summarize(state: dict) -> dict:
 def report_markdown(state: dict) -> str:
     meta = state["meta"]
     families = summarize(state)
-    planned = len(meta["plan"]["points"]) * len(meta["plan"]["seeds"])
-    done = sum(len(v) for v in chosen_rows(state).values())
     lines = render.head(
         "Scaling: loss against size and compute, per head-size family",
         meta,
@@ -125,8 +122,12 @@ def report_markdown(state: dict) -> str:
             f"Each point chose its learning rate on a validation split with seed {meta['plan']['seeds'][0]} "
             f"(grid {', '.join(f'{x:g}' for x in meta['plan']['learning_rates']) or 'none: the recipe rate'}; "
             f"{meta['plan']['rate_rule']}); the other seeds train at that rate. Losses are held-out nats per "
-            f"token (unigram reference {math.log(state['unigram_perplexity']):.3f}).",
-            *render.incomplete(done, planned, rerun="the command with every family and seed of the plan"),
+            "token"
+            + (
+                f" (unigram reference {math.log(state['unigram_perplexity']):.3f})."
+                if state["unigram_perplexity"]
+                else "."
+            ),
         ],
         f"![held-out loss against non-embedding parameters and training FLOPs]({PLOT_FILE})",
     )
@@ -207,8 +208,8 @@ def rank_section(state: dict) -> list[str]:
     ]
 
 
-def write_outputs(state: dict, out: Path) -> None:
-    write_text_atomic(out / REPORT_FILE, report_markdown(state))
+def write_plots(state: dict, out: Path) -> None:
+    """``scaling.png`` and, where ranks were read, ``ranks.png`` in ``out``."""
     plot(state, out / PLOT_FILE)
     if state.get("ranks"):
         plot_ranks(state, out / RANK_PLOT_FILE)
