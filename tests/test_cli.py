@@ -162,7 +162,6 @@ def test_study_commands_share_one_group_of_options():
     for command, preset in [
         ("compare", "tiny"),
         ("sweep", "cpu-clm"),
-        ("farthest-point", "quick"),
         ("widen-experiment", "cpu"),
     ]:
         args = parser.parse_args([command, "--preset", preset, *shared])
@@ -174,6 +173,15 @@ def test_study_commands_share_one_group_of_options():
             True,
             "o",
         )
+    args = parser.parse_args(["farthest-point", "--quick", *shared])
+    assert (args.quick, args.seeds, args.steps, args.threads, args.overwrite, args.output_dir) == (
+        True,
+        [3],
+        5,
+        1,
+        True,
+        "o",
+    )
     args = parser.parse_args(["bottleneck", "--seeds", "3", "--threads", "1", "--output-dir", "o"])
     assert (args.seeds, args.threads, args.output_dir) == ([3], 1, "o")
     # the names these options had before, still accepted
@@ -257,7 +265,6 @@ def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command,
     "command, module, function, folder",
     [
         ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
-        ("farthest-point", "farthest_point", "run_farthest_point", "runs/farthest-point-default"),
         ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-cpu"),
     ],
 )

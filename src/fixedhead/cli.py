@@ -330,6 +330,13 @@ KIT_STUDIES = {
         "SeqLenStudy",
         "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
     ),
+    "farthest-point": (
+        "farthest_point",
+        "FarthestPointStudy",
+        "the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r, d_p) "
+        "and heads, with seeds (minutes on a CPU)",
+        {"--preset": "--quick for the seconds-sized grid (the full grid needs no option)"},
+    ),
     "scaling": (
         "scaling",
         "ScalingStudy",
@@ -533,26 +540,6 @@ def _finetune_sweep(args):
     print(f"report: {write_report(args.sweep_dir, out)}")
 
 
-def _farthest_point_options(p):
-    from .studies.farthest_point import SYNTHETIC_PRESETS
-
-    add_study_options(p, SYNTHETIC_PRESETS, "default", "runs/farthest-point-PRESET", quick=True)
-    _learning_rate_options(p)
-
-
-def _farthest_point(args):
-    """the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r,
-    d_p) and heads, with seeds (minutes on a CPU)"""
-    from .studies.farthest_point import format_grid, run_farthest_point
-
-    preset = _study_preset(args, "quick")
-    out = output_folder(args.output_dir, "farthest-point", preset)
-    options = _pick(args, "seeds", "steps", "overwrite", "learning_rates", "max_extensions")
-    state = run_farthest_point(preset, out, progress=not args.no_progress, **options)
-    print(format_grid(state))
-    print(f"wrote {out}/report.md, results.json, results.csv and its plots {_times(state)}")
-
-
 def _widen_experiment_options(p):
     from .studies.widening import WIDENING_PRESETS
 
@@ -623,7 +610,7 @@ COMMANDS = {
     "sweep": (_sweep_options, _sweep),
     "report": (_report_options, _report),
     "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),
-    "farthest-point": (_farthest_point_options, _farthest_point),
+    "farthest-point": _kit_study(*KIT_STUDIES["farthest-point"]),
     "widen": (_widen_options, _widen),
     "widen-experiment": (_widen_experiment_options, _widen_experiment),
     "coordcheck": _kit_study(*KIT_STUDIES["coordcheck"]),

@@ -93,12 +93,34 @@ def add_options(parser, cls, skip=(), title: str | None = None):
             if typing.get_origin(hint) in (list, tuple):
                 fixed = typing.get_origin(hint) is tuple and Ellipsis not in typing.get_args(hint)
                 kw["nargs"] = len(inner) if fixed else "*"
-            kw["type"] = _TYPES.get(f.name) or (inner[0] if inner else hint)
+                if not fixed and inner and inner[0] in (int, float):  # "1e-3 2e-3" or "1e-3,2e-3"
+                    kw["action"], kw["type"] = _Words, _words(inner[0])
+            kw.setdefault("type", _TYPES.get(f.name) or (inner[0] if inner else hint))
             kw["metavar"] = {int: "N", float: "X"}.get(kw["type"])
             if "choices" in f.metadata:
                 kw["choices"], kw["metavar"] = f.metadata["choices"], None
         group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})
     return group
+
+
+def _words(convert):
+    """An argparse type: one word of numbers, comma-separated (``1e-3,2e-3``), to a list."""
+
+    def parse(text):
+        try:
+            return [convert(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {convert.__name__} value: {text!r}") from None
+
+    parse.__name__ = convert.__name__  # argparse names the type in its message
+    return parse
+
+
+class _Words(argparse.Action):
+    """A list option whose words may each hold several comma-separated values: the values in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [v for word in values for v in word])
 
 
 def given(args, cls) -> dict:

@@ -36,10 +36,16 @@ def test_compare_table_regenerates(folder, tmp_path):
 
 
 @pytest.mark.parametrize("folder", ["synthetic", "synthetic-lr"])
-def test_farthest_point_report_regenerates(folder):
-    from fixedhead.studies.farthest_point import report_markdown
+def test_farthest_point_report_regenerates(folder, tmp_path):
+    from fixedhead.studies.farthest_point import FarthestPointOptions, FarthestPointStudy, state_of, write_outputs
+    from fixedhead.studies.kit.study import options_from_dict, regenerate
 
-    assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
+    record, report = regenerate(FarthestPointStudy(), RESULTS / folder)
+    assert report == (RESULTS / folder / "report.md").read_text() and not record["missing"]
+    assert record["summary"] == _state(folder)["summary"]
+    options = options_from_dict(FarthestPointOptions, record["options"])
+    write_outputs(state_of(options, record["runs"].values(), record["meta"]), tmp_path)
+    assert (tmp_path / "results.csv").read_text() == (RESULTS / folder / "results.csv").read_text()
 
 
 @pytest.mark.parametrize("folder", ["widening", "widening-lr"])
@@ -53,9 +59,12 @@ def test_committed_runs_are_reused_by_todays_presets():
     """The settings record of each committed results file is today's preset's: rerunning the
     committed command in that folder reuses its runs instead of refusing them."""
     from fixedhead.studies import farthest_point, widening
+    from fixedhead.studies.kit.study import options_from_dict, settings_sha256
 
-    saved = _state("synthetic")["meta"]["settings"]
-    assert saved == farthest_point.settings_record(farthest_point.get_synthetic_preset("default"))
+    study, saved = farthest_point.FarthestPointStudy(), _state("synthetic")["options"]
+    assert settings_sha256(study, farthest_point.FarthestPointOptions()) == settings_sha256(
+        study, options_from_dict(farthest_point.FarthestPointOptions, saved)
+    )
     meta = _state("widening")["meta"]
     now = widening.settings_record(widening.get_widening_preset("cpu"), meta["wide_head_dim"])
     assert widening.same_settings(meta["settings"], now)

@@ -5,7 +5,6 @@ code under test. No test asserts a learned number that depends on luck: the trai
 numbers live in docs/results/synthetic/, with their seeds.
 """
 
-import json
 import math
 from dataclasses import replace
 
@@ -233,39 +232,43 @@ def test_recipe_refuses_bad_values():
         M.FarthestPointRecipe(warmup_ratio=1.0)
 
 
-def test_presets():
-    p = S.get_synthetic_preset("default")
+def test_the_default_grid():
+    p = S.FarthestPointOptions()
     keys = [c.key for c in p.cells()]
     assert len(keys) == 16 + 3 and len(set(keys)) == len(keys)  # r16-dp4-h8 is in the grid and the row once
     assert all(c.num_heads * c.head_dim >= p.dim for c in p.cells())  # values can carry a point
     assert p.grid_heads * 4 == p.dim  # d_p = 4 is the standard d/h
     assert len(p.seeds) >= 3
-    with pytest.raises(ValueError, match="unknown farthest-point preset 'big'; known: default, quick"):
-        S.get_synthetic_preset("big")
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        S.FarthestPointOptions(seeds=(1, 1))
+    with pytest.raises(ValueError, match="curve_points = 20 is more than steps = 5"):
+        S.FarthestPointOptions(recipe=M.FarthestPointRecipe(steps=5))
 
 
 # ------------------------------------------------------------------------------ end to end
-def test_quick_preset_end_to_end_and_resume(tmp_path, monkeypatch):
+def test_quick_grid_end_to_end_and_resume(tmp_path, monkeypatch):
     out = tmp_path / "fp"
-    state = S.run_farthest_point("quick", out, progress=False, command="test")
-    preset = S.get_synthetic_preset("quick")
-    assert len(state["runs"]) == len(preset.cells()) * len(preset.seeds)
-    for r in state["runs"].values():
+    record = S.run_farthest_point(S.QUICK, out, progress=False, command="test")
+    runs = {k: r["run"] for k, r in record["runs"].items()}
+    assert len(runs) == len(S.QUICK.cells()) * len(S.QUICK.seeds) and not record["missing"]
+    for r in runs.values():
         assert all(math.isfinite(r[k]) for k in ("mse", "hit_rate", "nearest_rate"))
-        assert r["curve"][0][0] == 0 and r["curve"][-1][0] == preset.recipe.steps
-    for name in ("results.json", "results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "report.md"):
+        assert r["curve"][0][0] == 0 and r["curve"][-1][0] == S.QUICK.recipe.steps
+    for name in ("results.json", "plan.json", "results.csv", "heatmap.png", "more_heads.png", "learning_curves.png"):
         assert (out / name).stat().st_size > 0
-    saved = json.loads((out / "results.json").read_text())
-    assert set(saved["runs"]) == set(state["runs"])
+    report = (out / "report.md").read_text()
+    assert "Reference without attention" in report and record["plan_sha256"] in report
+    assert {v["verdict"] for v in record["summary"]["grid"]} <= {"succeeds", "fails", "in between"}
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_farthest_point("quick", out, progress=False, command="test")  # resumes: everything reused
-    assert again["runs"] == state["runs"]
+    again = S.run_farthest_point(S.QUICK, out, progress=False, command="test")  # resumes: everything reused
+    assert again["runs"] == record["runs"]
+    shorter = replace(S.QUICK, recipe=replace(S.QUICK.recipe, steps=4))
     with pytest.raises(FileExistsError, match="other settings"):
-        S.run_farthest_point("quick", out, steps=3, progress=False)
+        S.run_farthest_point(shorter, out, progress=False)
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
@@ -273,18 +276,23 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     assert main(["farthest-point", "--quick", "--output-dir", str(tmp_path), "--no-progress"]) == 2
     assert "did not create (foreign.txt)" in capsys.readouterr().err
     assert main(["farthest-point", "--quick", "--output-dir", str(tmp_path / "a"), "--steps", "0"]) == 2
-    assert "steps must be a positive int, got 0" in capsys.readouterr().err
+    assert "--steps must be a positive int, got 0" in capsys.readouterr().err
     assert main(["farthest-point", "--quick", "--output-dir", str(tmp_path / "b"), "--threads", "0"]) == 2
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before writing
+    # the quick grid is --quick, not a preset
+    with pytest.raises(SystemExit) as exit:
+        main(["farthest-point", "--preset", "quick", "--output-dir", str(tmp_path / "c")])
+    assert exit.value.code == 2 and "--preset is gone: --quick" in capsys.readouterr().err
 
 
 def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
     """With a grid, each cell trains every rate with the first seed, keeps the lowest final MSE on the
     curve sets (not the eval sets results are scored on), and the other seeds train at that rate."""
     out = tmp_path / "fp"
-    preset = replace(S.get_synthetic_preset("quick"), seeds=(0, 1))
-    state = S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0)
-    cells = preset.cells()
+    options = replace(S.QUICK, seeds=(0, 1), learning_rates=(1e-3, 3e-2), max_extensions=0)
+    record = S.run_farthest_point(options, out, progress=False)
+    state = S.state_of(options, record["runs"].values(), record["meta"])
+    cells = options.cells()
     assert set(state["tuning"]) == {c.key for c in cells} and len(state["lr_grid"]) == 2 * len(cells)
     for c in cells:
         curve_mse = {lr: state["lr_grid"][f"{c.key}-lr{lr:g}"]["curve"][-1][1] for lr in (1e-3, 3e-2)}
@@ -301,11 +309,7 @@ def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0)
-    assert again["runs"] == state["runs"] and again["tuning"] == state["tuning"]
-    with pytest.raises(FileExistsError, match="chose their rates with seed 0"):
-        S.run_farthest_point(
-            replace(preset, seeds=(1, 0)), out, progress=False, learning_rates="1e-3,3e-2", max_extensions=0
-        )
+    again = S.run_farthest_point(options, out, progress=False)
+    assert again["runs"] == record["runs"]
     with pytest.raises(FileExistsError, match="other settings"):
-        S.run_farthest_point(preset, out, progress=False, learning_rates="1e-3,1e-2", max_extensions=0)
+        S.run_farthest_point(replace(options, learning_rates=(1e-3, 1e-2)), out, progress=False)

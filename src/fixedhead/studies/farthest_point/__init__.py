@@ -32,11 +32,9 @@ from pathlib import Path
 from ...checks import non_negative_int
 from ...data.synthetic import FarthestPointTask
 from ...plotting import pyplot, save_figure
-from ...runs import write_text_atomic
 from ..kit import core, render
 from ..kit.learning_rate import (
     DIVERGED,
-    check_first_seed,
     choose_rate,
     losses_record,
     parse_rates,
@@ -46,36 +44,62 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
+from ..kit.study import Pending, Point, Study, run_study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
-
-RESULTS_FILE = "results.json"
-OWNED = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "learning_rates.png", "report.md")
 
 
 @dataclass(frozen=True)
-class FarthestPointPreset:
+class FarthestPointOptions:
     """The grid over (rank, head_dim) at ``grid_heads`` heads, plus a row of more heads of size
-    ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds and recipe
-    (the defaults: the committed grid)."""
+    ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds, the rate grid and the
+    recipe (the defaults: the committed grid)."""
 
     dim: int = 32
+    """d, the dimension of the points"""
     num_points: int = 16
+    """N, the points per set"""
     ranks: tuple[int, ...] = (4, 8, 16, 32)
+    """the grid's ranks r of the needed logit"""
     head_dims: tuple[int, ...] = (4, 8, 16, 32)
+    """the grid's head sizes d_p"""
     grid_heads: int = 8
+    """h, the heads of every grid cell"""
     more_heads_rank: int = 16
+    """the rank r of the more-heads row"""
     more_heads_head_dim: int = 4
+    """the head size d_p of the more-heads row"""
     more_heads: tuple[int, ...] = (8, 16, 32, 64)
+    """the head counts h of the more-heads row"""
     seeds: tuple[int, ...] = (0, 1, 2)
+    """seeds (each a task instance U, an initialisation and a data stream), in this order"""
+    learning_rates: tuple[float, ...] = ()
+    """a grid each cell chooses its rate from with the first seed, on the learning-curve sets (empty: every
+    cell at the recipe's learning_rate)"""
+    max_extensions: int = 3
+    """how often the rate grid grows past an edge"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
-    smoke: str = ""  # said first in the description of a preset whose numbers mean nothing
+    """the training recipe every cell gets"""
+
+    def __post_init__(self):
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        non_negative_int("max_extensions", self.max_extensions)
+        if self.learning_rates:
+            parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
+        if self.recipe.curve_points > self.recipe.steps:
+            raise ValueError(
+                f"curve_points = {self.recipe.curve_points} is more than steps = {self.recipe.steps}: pass "
+                "--curve-points N with N <= --steps"
+            )
 
     @property
     def description(self) -> str:
         """What the grid is, written from the fields."""
         d, h = self.dim, self.grid_heads
         return (
-            f"{self.smoke}d = {d}, N = {self.num_points} points per set; grid r ∈ {_set(self.ranks)} × d_p ∈ "
+            f"d = {d}, N = {self.num_points} points per set; grid r ∈ {_set(self.ranks)} × d_p ∈ "
             f"{_set(self.head_dims)} at h = {h} (d_p = {d // h} = d/h is the standard head); more heads: d_p = "
             f"{self.more_heads_head_dim} with h = {', '.join(map(str, self.more_heads))} at r = "
             f"{self.more_heads_rank}; {self.recipe.steps} steps"
@@ -92,174 +116,195 @@ def _set(values) -> str:
     return "{" + ", ".join(map(str, values)) + "}"
 
 
-SYNTHETIC_PRESETS = {
-    "default": FarthestPointPreset,
-    "quick": lambda: FarthestPointPreset(
-        dim=8,
-        num_points=8,
-        ranks=(2, 4),
-        head_dims=(2, 4),
-        grid_heads=4,
-        more_heads_rank=4,
-        more_heads_head_dim=2,
-        more_heads=(4, 8),
-        seeds=(0,),
-        recipe=FarthestPointRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256),
-        smoke="--quick (seconds; numbers mean nothing): ",
-    ),
-}
-
-
-def get_synthetic_preset(name: str) -> FarthestPointPreset:
-    """Raises ValueError listing the known presets."""
-    return core.pick(SYNTHETIC_PRESETS, name, "farthest-point")
+QUICK = FarthestPointOptions(
+    dim=8,
+    num_points=8,
+    ranks=(2, 4),
+    head_dims=(2, 4),
+    grid_heads=4,
+    more_heads_rank=4,
+    more_heads_head_dim=2,
+    more_heads=(4, 8),
+    seeds=(0,),
+    recipe=FarthestPointRecipe(steps=40, batch_size=32, curve_points=4, curve_sets=64, eval_sets=256),
+)
 
 
 # ------------------------------------------------------------------------------------ runner
-def settings_record(p: FarthestPointPreset, grid: dict | None = None) -> dict:
-    """The settings record stored runs are reused under: the task sizes, the recipe and a learning-rate
-    ``grid`` (``{"grid", "max_extensions"}``) where there is one (through JSON, so that it compares
-    equal to what results.json reads back: tuples become lists)."""
-    record = {"dim": p.dim, "num_points": p.num_points, "recipe": asdict(p.recipe)}
-    return json.loads(json.dumps(record | ({"learning_rates": grid} if grid else {})))
+def settings_record(o: FarthestPointOptions) -> dict:
+    """The task sizes and recipe (through JSON: tuples become lists), as the report and results read them."""
+    return json.loads(json.dumps({"dim": o.dim, "num_points": o.num_points, "recipe": asdict(o.recipe)}))
+
+
+def rate_selection(o: FarthestPointOptions) -> dict:
+    """The learning-rate record the report states (:func:`~fixedhead.studies.kit.learning_rate.selection_record`)."""
+    return selection_record(
+        parse_rates(o.learning_rates),
+        o.max_extensions,
+        seed=o.seeds[0],
+        rule_text=rule("cell", "validation MSE × d"),
+        validation=f"the final MSE × d on the {o.recipe.curve_sets} learning-curve sets, held-out sets "
+        f"apart from the {o.recipe.eval_sets} the results are scored on",
+        unit="MSE × d on the validation sets",
+    )
+
+
+OUTPUT_FILES = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "learning_rates.png")
+
+
+class FarthestPointStudy(Study):
+    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
+    With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
+    learning-curve sets; its other seeds train at that rate."""
+
+    name = "farthest-point"
+    Options = FarthestPointOptions
+    quick = QUICK
+    files = OUTPUT_FILES
+    points_only = ("seeds",)
+
+    def describe(self, o):
+        return o.description
+
+    def check(self, o):
+        for c in o.cells():  # sizes the task or model refuse, before anything is written
+            FarthestPointTask(o.dim, c.rank, o.num_points)
+            SetAttentionModel(
+                o.dim, c.num_heads, c.head_dim, o.recipe.intermediate_size, o.recipe.logit_scale, o.recipe.input_scale
+            )
+
+    def plan(self, o):
+        return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
+
+    def plan_record(self, o):
+        return {
+            "pairing": "none: seed s is the task instance, the initialisation and the data stream of every cell",
+            "rule": {"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
+        }
+
+    def run(self, o, point, folder, done, progress):
+        cell, seed = point.spec
+
+        def train(lr: float) -> dict:
+            recipe = replace(o.recipe, learning_rate=lr)
+            task = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=seed)
+            return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": lr}
+
+        first = seed == o.seeds[0]
+        # the rank's attention-free reference (seed-0 task), with each cell's first seed
+        task0 = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=0)
+        reference = {"reference": attention_free_reference(task0)} if first else {}
+        if not o.learning_rates:
+            run = train(o.recipe.learning_rate)
+            return {"run": run, **reference, "train_seconds": run["train_seconds"]}
+        if not first:
+            key = core.run_key(cell.key, seed=o.seeds[0])
+            if key not in done:
+                raise Pending(f"{point.key} waits for {key}, whose chosen rate it trains at")
+            run = train(done[key]["tuning"]["chosen"])
+            return {"run": run, "train_seconds": run["train_seconds"]}
+        lr_grid = {}
+
+        def validation_mse(lr: float) -> float:  # the final MSE × d on the curve sets
+            run = lr_grid[core.run_key(cell.key, lr)] = train(lr)
+            if progress:
+                print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
+            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+
+        best, losses, bracketed = choose_rate(validation_mse, parse_rates(o.learning_rates), o.max_extensions)
+        return {
+            "run": lr_grid[core.run_key(cell.key, best)],
+            "tuning": {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)},
+            "lr_grid": lr_grid,
+            **reference,
+            "train_seconds": round(sum(r["train_seconds"] for r in lr_grid.values()), 1),
+        }
+
+    def summarise(self, o, results):
+        state = state_of(o, results)
+        grid = _grid_runs(state)
+        return {
+            "grid": [
+                {"rank": r, "head_dim": dp, "verdict": _cell_summary(grid[(r, dp)])[2]}
+                for r in o.ranks
+                for dp in o.head_dims
+            ],
+            "more_heads": [
+                {"num_heads": h, "verdict": _cell_summary(rs)[2]} for h, rs in _more_heads_runs(state).items()
+            ],
+        }
+
+    def report(self, o, record):
+        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
+
+    def write_files(self, o, record, folder):
+        write_outputs(state_of(o, record["runs"].values(), record["meta"]), folder)
+
+
+def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict:
+    """What the report and plots read, from the options and the per-point ``results``: ``meta`` (the grid,
+    seeds, cells, rule, settings and, with a rate grid, its record), ``references`` (per rank), ``runs``
+    (``{run key: run}``) and, with a rate grid, ``tuning`` (per cell) and ``lr_grid``."""
+    results = list(results)
+    runs = {core.run_key(r["run"]["key"], seed=r["run"]["seed"]): r["run"] for r in results}
+    references = {}
+    for r in results:
+        if "reference" in r:
+            references[str(r["run"]["rank"])] = r["reference"]
+    meta = {
+        **(meta or {}),
+        "settings": settings_record(o),
+        "seeds": list(o.seeds),
+        "cells": [asdict(c) for c in o.cells()],
+        "grid": {"ranks": list(o.ranks), "head_dims": list(o.head_dims), "heads": o.grid_heads},
+        "more_heads": {"rank": o.more_heads_rank, "head_dim": o.more_heads_head_dim, "heads": list(o.more_heads)},
+        "rule": {"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
+        "accelerator": None,  # the grid trains on the CPU even where a GPU is present
+    }
+    state = {"meta": meta, "references": dict(sorted(references.items(), key=lambda kv: int(kv[0]))), "runs": runs}
+    if o.learning_rates:
+        meta["learning_rate_selection"] = rate_selection(o)
+        state["tuning"] = {r["run"]["key"]: r["tuning"] for r in results if "tuning" in r}
+        state["lr_grid"] = {k: v for r in results for k, v in r.get("lr_grid", {}).items()}
+    return state
 
 
 def run_farthest_point(
-    preset: str | FarthestPointPreset = "default",
+    options: FarthestPointOptions | None = None,
     output_dir: str | Path | None = None,
-    seeds: list[int] | None = None,
-    steps: int | None = None,
+    quick: bool = False,
+    grow: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    command: str | None = None,
-    learning_rates: str | list[float] | None = None,
-    max_extensions: int = 3,
+    command: str = "",
 ) -> dict:
-    """Train (or reuse) every (cell, seed) of a preset; write results, plots and the report.
+    """Train (or reuse) every (cell, seed) of the grid; write results, plots and the report
+    (:func:`fixedhead.studies.kit.study.run_study` of :class:`FarthestPointStudy`; default folder
+    ``runs/farthest-point``, ``runs/farthest-point-quick`` with ``quick``).
 
-    A run is reused when ``results.json`` holds it with the same task sizes and recipe; after
-    every new run ``results.json`` is rewritten atomically, so an interrupted grid loses at most
-    the run in progress (runs take seconds to a minute; they are not checkpointed).
-
-    Args:
-        preset: a name from :data:`SYNTHETIC_PRESETS` or a :class:`FarthestPointPreset`.
-        output_dir: the folder (default ``runs/farthest-point-PRESET``); created, or one that holds only
-            this experiment's files.
-        seeds: override the preset's seeds (each is a task instance U, an init and a data stream).
-        steps: override the recipe's training steps.
-        overwrite: discard the stored runs and train everything again.
-        learning_rates: a grid (``"2.5e-3,5e-3,1e-2,2e-2"``): each cell trains at every rate with the
-            first seed, keeps the rate of lowest final MSE × d on the curve sets (held-out sets apart
-            from the ones results are scored on; :mod:`fixedhead.studies.kit.learning_rate`'s rule, the
-            grid extended past an edge up to ``max_extensions`` times), and the other seeds train at
-            it. None: every cell at the recipe's rate.
+    Runs take seconds to a minute and are not checkpointed; ``results.json`` is rewritten after every
+    point, so an interrupted grid loses at most the point in progress.
 
     Returns:
-        The content of ``results.json``: ``meta``, ``references`` and ``runs`` (the results: with a
-        grid, the chosen rate's runs only), with a grid also ``tuning`` (each cell's validation MSE × d
-        per rate and its choice) and ``lr_grid`` (every first-seed run of the grid).
+        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (cell, seed): its
+        ``run``, and on the first seed the rank's attention-free ``reference`` and, with a rate grid, the
+        cell's ``tuning`` and ``lr_grid``) and ``summary`` (each cell's verdict).
 
     Raises:
-        ValueError: an unknown preset, bad seeds or steps, or a preset whose sizes the task or
-            model refuse.
-        FileExistsError: the folder holds other files, or results of other task sizes / recipe /
-            grid (without ``overwrite``), or rates chosen with another first seed.
+        ValueError: bad options (:class:`FarthestPointOptions`), sizes the task or model refuse.
+        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
+            or another plan (without ``grow``).
     """
-    p = get_synthetic_preset(preset) if isinstance(preset, str) else preset
-    p = replace(p, seeds=core.seeds_override(seeds, p.seeds))
-    if steps is not None:
-        steps = core.steps_override("steps", steps, p.recipe.steps)
-        p = replace(p, recipe=replace(p.recipe, steps=steps, curve_points=min(p.recipe.curve_points, steps)))
-    non_negative_int("max_extensions", max_extensions)
-    rates = parse_rates(learning_rates) if learning_rates is not None else None
-    grid = {"grid": rates, "max_extensions": max_extensions} if rates is not None else None
-    cells = p.cells()
-    for c in cells:  # refuse bad sizes before anything is written
-        FarthestPointTask(p.dim, c.rank, p.num_points)
-        SetAttentionModel(
-            p.dim, c.num_heads, c.head_dim, p.recipe.intermediate_size, p.recipe.logit_scale, p.recipe.input_scale
-        )
-    out = core.claim(core.output_folder(output_dir, "farthest-point", preset), RESULTS_FILE, OWNED, "farthest-point")
-    state_file = out / RESULTS_FILE
-    previous, meta = core.resume(
-        state_file,
-        preset,
-        p.description,
-        command,
-        settings_record(p, grid),
-        "task sizes, recipe or learning-rate grid",
+    return run_study(
+        FarthestPointStudy(),
+        options,
+        output_dir,
+        quick=quick,
+        grow=grow,
         overwrite=overwrite,
-        study="farthest-point",
-        seeds=list(p.seeds),
-        cells=[asdict(c) for c in cells],
-        grid={"ranks": list(p.ranks), "head_dims": list(p.head_dims), "heads": p.grid_heads},
-        more_heads={"rank": p.more_heads_rank, "head_dim": p.more_heads_head_dim, "heads": list(p.more_heads)},
-        rule={"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
+        progress=progress,
+        command=command,
     )
-    check_first_seed(previous, p.seeds[0], state_file, "cells")
-    if grid:
-        meta["learning_rate_selection"] = selection_record(
-            **grid,
-            seed=p.seeds[0],
-            rule_text=rule("cell", "validation MSE × d"),
-            validation=f"the final MSE × d on the {p.recipe.curve_sets} learning-curve sets, held-out sets "
-            f"apart from the {p.recipe.eval_sets} the results are scored on",
-            unit="MSE × d on the validation sets",
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    meta["accelerator"] = None  # the grid trains on the CPU even where a GPU is present
-    references = {
-        str(r): attention_free_reference(FarthestPointTask(p.dim, r, p.num_points, seed=0))
-        for r in sorted({c.rank for c in cells})
-    }
-    state = {"meta": meta, "references": references, "runs": previous.get("runs", {})}
-    if grid:
-        state["tuning"], state["lr_grid"] = previous.get("tuning", {}), previous.get("lr_grid", {})
-
-    def save():
-        state["runs"] = dict(sorted(state["runs"].items()))
-        core.save_state(state_file, state, [*state["runs"].values(), *state.get("lr_grid", {}).values()])
-
-    def train(cell: Cell, seed: int, lr: float | None) -> dict:
-        recipe = p.recipe if lr is None else replace(p.recipe, learning_rate=lr)
-        task = FarthestPointTask(p.dim, cell.rank, p.num_points, seed=seed)
-        return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": recipe.learning_rate}
-
-    def validation(run: dict) -> float:  # the final MSE × d on the curve sets
-        return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
-
-    chosen: dict[str, float | None] = {c.key: None for c in cells}
-    for cell in cells if grid else []:  # each cell's rate, with the first seed; finished rates are reused
-
-        def validation_mse(lr: float, cell=cell) -> float:
-            run = state["lr_grid"][core.run_key(cell.key, lr)] = train(cell, p.seeds[0], lr)
-            save()
-            if progress:
-                print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
-            return validation(run)
-
-        done = {r["learning_rate"]: validation(r) for r in state["lr_grid"].values() if r["key"] == cell.key}
-        best, losses, bracketed = choose_rate(validation_mse, rates, max_extensions, losses=done)
-        state["tuning"][cell.key] = {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
-        state["runs"][core.run_key(cell.key, seed=p.seeds[0])] = state["lr_grid"][core.run_key(cell.key, best)]
-        chosen[cell.key] = best
-        save()
-
-    plan = core.seed_major(cells, p.seeds)
-    for i, cell, seed in core.pending(plan, lambda cell, seed: core.run_key(cell.key, seed=seed) in state["runs"]):
-        result = train(cell, seed, chosen[cell.key])
-        key = core.run_key(cell.key, seed=seed)
-        state["runs"][key] = result
-        if progress:
-            print(
-                f"[{i}/{len(plan)}] {key}: mse×d {result['mse']:.3f}, hit rate {result['hit_rate']:.3f} "
-                f"({result['train_seconds']:.0f} s)",
-                flush=True,
-            )
-        save()
-    save()
-    write_outputs(state, out)
-    return state
 
 
 # ----------------------------------------------------------------------------------- outputs
@@ -287,19 +332,8 @@ def _cell_summary(runs: list[dict]) -> tuple[str, str, str]:
     return pm_of(hits, 3), pm_of([x["mse"] for x in runs], 3), threshold_verdict(hits)
 
 
-def format_grid(state: dict, what: str = "hit_rate") -> str:
-    """A plain-text table of ``what`` (mean ± std over seeds) over r (rows) and d_p (columns)."""
-    g = state["meta"]["grid"]
-    runs = _grid_runs(state)
-    head = f"{what} (rows r, columns d_p; h = {g['heads']})"
-    lines = [head, "r \\ d_p " + "".join(f"{dp:>18}" for dp in g["head_dims"])]
-    for r in g["ranks"]:
-        lines.append(f"{r:>8} " + "".join(f"{pm_of([x[what] for x in runs[(r, dp)]], 3):>18}" for dp in g["head_dims"]))
-    return "\n".join(lines)
-
-
 def write_outputs(state: dict, out: Path) -> None:
-    """``results.csv`` (one row per run), the three PNGs and ``report.md`` in ``out``."""
+    """``results.csv`` (one row per run) and the plots in ``out`` (the kit writes ``report.md``)."""
     keys = ["key", "rank", "head_dim", "num_heads", "seed", "dim", "num_points", "parameters"]
     keys += ["learning_rate"] if state.get("tuning") else []
     keys += ["mse", "hit_rate", "nearest_rate", "train_seconds"]
@@ -314,7 +348,6 @@ def write_outputs(state: dict, out: Path) -> None:
             ylabel="validation MSE × d",
             title="each cell's rate, chosen on the learning-curve sets",
         )
-    write_text_atomic(out / "report.md", report_markdown(state))
 
 
 def plot_heatmap(state: dict, path: Path) -> None:
@@ -431,10 +464,8 @@ def report_markdown(state: dict) -> str:
     rec = meta["settings"]["recipe"]
     tuned = bool(state.get("tuning"))
     runs = _grid_runs(state)
-    n_done = sum(len(_runs_of(state, **c)) for c in meta["cells"])
-    n_plan = len(meta["cells"]) * len(meta["seeds"])
     title = "Farthest point under a rank-r projection: does head size matter when a model learns?"
-    L = render.head(title, meta, render.incomplete(n_done, n_plan), "![hit rate and MSE over (r, d_p)](heatmap.png)")
+    L = render.head(title, meta, [], "![hit rate and MSE over (r, d_p)](heatmap.png)")
     L += [
         f"- task: N = {meta['settings']['num_points']} points uniform on the unit sphere in "
         f"R^{meta['settings']['dim']}; target of x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with "
