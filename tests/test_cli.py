@@ -243,7 +243,6 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 @pytest.mark.parametrize(
     "command, module, function, out",
     [
-        ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-tiny"),
         ("compare", "compare", "run_compare", "runs/compare-quick"),  # never the real runs/compare
     ],
 )
@@ -265,7 +264,6 @@ def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command,
     "command, module, function, folder",
     [
         ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
-        ("widen-experiment", "widening", "run_widening", "runs/widen-experiment-cpu"),
     ],
 )
 def test_the_command_line_and_python_take_one_default_folder(command, module, function, folder, monkeypatch):

@@ -46,12 +46,6 @@ def _study_preset(args, quick: str = "tiny") -> str:
     return quick if args.quick else args.preset
 
 
-def _times(state: dict) -> str:
-    """How long a study took, as its closing line says it."""
-    meta = state["meta"]
-    return f"({meta['total_seconds']:.0f} s of wall time, {meta['compute_seconds']:.0f} s of training)"
-
-
 def _print_json(result: dict, drop=lambda key: False):
     print(json.dumps({k: v for k, v in result.items() if not drop(k)}, indent=2))
 
@@ -337,6 +331,12 @@ KIT_STUDIES = {
         "and heads, with seeds (minutes on a CPU)",
         {"--preset": "--quick for the seconds-sized grid (the full grid needs no option)"},
     ),
+    "widen-experiment": (
+        "widening",
+        "WideningStudy",
+        "does widening help? a trained standard-head causal LM continued as is, widened (all, early, late "
+        "layers) and with a parameter-matched wider FFN, with seeds; report and plot",
+    ),
     "scaling": (
         "scaling",
         "ScalingStudy",
@@ -540,36 +540,6 @@ def _finetune_sweep(args):
     print(f"report: {write_report(args.sweep_dir, out)}")
 
 
-def _widen_experiment_options(p):
-    from .studies.widening import WIDENING_PRESETS
-
-    add_study_options(p, WIDENING_PRESETS, "cpu", "runs/widen-experiment-PRESET", quick=True)
-    p.add_argument("--base-steps", type=int, help="override the base run's steps (cpu: 400)")
-    p.add_argument(
-        "--head-dim",
-        type=int,
-        help="the widened head size (default: the causal threshold ceil((n-1)/2), 16 for n = 32)",
-    )
-    p.add_argument("--corpus", help="the preset's corpus at another path")
-    _learning_rate_options(p)
-
-
-def _widen_experiment(args):
-    """does widening help? a trained standard-head causal LM continued as is, widened (all, early, late
-    layers) and with a parameter-matched wider FFN, with seeds; report and plot"""
-    from .studies.widening import run_widening
-    from .studies.widening.report import format_table
-
-    preset = _study_preset(args)
-    out = output_folder(args.output_dir, "widen-experiment", preset)
-    options = _pick(args, "seeds", "base_steps", "steps", "corpus", "overwrite", "learning_rates", "max_extensions")
-    state = run_widening(preset, out, wide_head_dim=args.head_dim, progress=not args.no_progress, **options)
-    if args.no_progress:
-        print(format_table(state))
-    plots = "widening.png, learning_rates.png" if state.get("tuning") else "widening.png"
-    print(f"wrote {out}/report.md, results.json, {plots} {_times(state)}")
-
-
 # ---------------------------------------------------------------------------------- export-onnx
 def _export_onnx_options(p):
     from .training.export import OnnxExportOptions
@@ -612,7 +582,7 @@ COMMANDS = {
     "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),
     "farthest-point": _kit_study(*KIT_STUDIES["farthest-point"]),
     "widen": (_widen_options, _widen),
-    "widen-experiment": (_widen_experiment_options, _widen_experiment),
+    "widen-experiment": _kit_study(*KIT_STUDIES["widen-experiment"]),
     "coordcheck": _kit_study(*KIT_STUDIES["coordcheck"]),
     "scaling": _kit_study(*KIT_STUDIES["scaling"]),
 }

@@ -50,9 +50,12 @@ def test_farthest_point_report_regenerates(folder, tmp_path):
 
 @pytest.mark.parametrize("folder", ["widening", "widening-lr"])
 def test_widening_report_regenerates(folder):
-    from fixedhead.studies.widening.report import report_markdown
+    from fixedhead.studies.kit.study import regenerate
+    from fixedhead.studies.widening import WideningStudy
 
-    assert report_markdown(_state(folder)) == (RESULTS / folder / "report.md").read_text()
+    record, report = regenerate(WideningStudy(), RESULTS / folder)
+    assert report == (RESULTS / folder / "report.md").read_text() and not record["missing"]
+    assert _same(record["summary"], _state(folder)["summary"])
 
 
 def test_committed_runs_are_reused_by_todays_presets():
@@ -65,9 +68,10 @@ def test_committed_runs_are_reused_by_todays_presets():
     assert settings_sha256(study, farthest_point.FarthestPointOptions()) == settings_sha256(
         study, options_from_dict(farthest_point.FarthestPointOptions, saved)
     )
-    meta = _state("widening")["meta"]
-    now = widening.settings_record(widening.get_widening_preset("cpu"), meta["wide_head_dim"])
-    assert widening.same_settings(meta["settings"], now)
+    study, saved = widening.WideningStudy(), _state("widening")["options"]
+    assert settings_sha256(study, widening.WideningOptions()) == settings_sha256(
+        study, options_from_dict(widening.WideningOptions, saved)
+    )
 
 
 def test_coordcheck_report_regenerates():

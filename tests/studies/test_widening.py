@@ -4,7 +4,6 @@ widened feed-forward control, and the tiny preset end to end."""
 from __future__ import annotations
 
 import importlib
-import json
 import math
 from dataclasses import replace
 
@@ -110,14 +109,27 @@ def _tiny_preset(corpus) -> W.WideningPreset:
     )
 
 
+def _options(monkeypatch, corpus, **kw) -> W.WideningOptions:
+    """Options of a two-step preset on ``corpus``, registered for this test."""
+    monkeypatch.setitem(W.WIDENING_PRESETS, "test-tiny", lambda: _tiny_preset(corpus))
+    return W.WideningOptions(preset="test-tiny", **kw)
+
+
+def _state(options, record):
+    return W.state_of(options, record["runs"].values(), record["meta"])
+
+
 def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monkeypatch):
     out = tmp_path / "wx"
-    preset = _tiny_preset(small_real_corpus)
-    state = W.run_widening(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    options = _options(monkeypatch, small_real_corpus)
+    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test")
+    record = W.run_widening(options, out, **kw)
+    state = _state(options, record)
     assert state["meta"]["wide_head_dim"] == 8  # ⌈(16 − 1)/2⌉
     runs = state["runs"]
     arms = ["as-is", "wide-all", "wide-early", "wide-late", "ffn-matched"]
     assert sorted(runs) == sorted(f"{a}-s{s}" for a in arms for s in (1, 2))
+    assert list(record["runs"])[0] == "base" and not record["missing"]
     dims = {r["arm"]: r["layer_head_dims"] for r in runs.values()}
     assert dims == {
         "as-is": [4, 4],
@@ -137,16 +149,16 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
     assert len(WR.comparisons(state)) == len(WR.COMPARISONS)
     assert all(c["verdict"] in verdicts for c in WR.comparisons(state))  # two seeds: every pair is decided
     assert (out / "report.md").stat().st_size > 0 and (out / "widening.png").stat().st_size > 0
-    assert json.loads((out / "results.json").read_text())["runs"].keys() == runs.keys()
+    assert record["plan_sha256"] in (out / "report.md").read_text()
 
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(P, "atomic_checkpoint_trainer", no_training)
-    again = W.run_widening(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    again = _state(options, W.run_widening(options, out, **kw))
     assert {k: v["heldout_loss"] for k, v in again["runs"].items()} == {k: v["heldout_loss"] for k, v in runs.items()}
     with pytest.raises(FileExistsError, match="other settings"):
-        W.run_widening(preset, out, steps=3, progress=False, cache_dir=tmp_path / "cache")
+        W.run_widening(replace(options, steps=3), out, **kw)
 
 
 def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
@@ -155,10 +167,10 @@ def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     assert "did not create (foreign.txt)" in _one_line(capsys)
     for extra, message in (
         (["--head-dim", "8"], "wide_head_dim=8 must be larger than the base's head size 8"),
-        (["--steps", "0"], "steps must be a positive int, got 0"),
+        (["--steps", "0"], "--steps must be a positive int, got 0"),
         (["--threads", "0"], "threads must be a positive int, got 0"),
-        (["--seeds", "-1"], "seed must be an int >= 0, got -1"),
-        (["--learning-rates", "1e-3,2e-3", "--max-extensions", "-1"], "max_extensions must be"),
+        (["--seeds", "-1"], "seeds must be an int >= 0, got -1"),
+        (["--learning-rates", "1e-3,2e-3", "--max-extensions", "-1"], "--max-extensions must be"),
     ):
         out = tmp_path / "new"
         assert main(["widen-experiment", "--output-dir", str(out), *extra]) == 2
@@ -168,8 +180,8 @@ def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
 
 def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tmp_path, monkeypatch):
     out = tmp_path / "wx"
-    preset = _tiny_preset(small_real_corpus)
-    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test", max_extensions=0)
+    options = _options(monkeypatch, small_real_corpus, seeds=(1, 2), learning_rates=(2e-3, 8e-3), max_extensions=0)
+    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test")
     real_pretrain = W.pretrain
 
     def wide_all_diverges_at_8e3(config, data, run_dir, train, **k):
@@ -178,7 +190,8 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         return real_pretrain(config, data, run_dir, train, **k)
 
     monkeypatch.setattr(W, "pretrain", wide_all_diverges_at_8e3)
-    state = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
+    record = W.run_widening(options, out, **kw)
+    state = _state(options, record)
     arms = [a["name"] for a in state["meta"]["arms"]]
     runs, tuning = state["runs"], state["tuning"]
     assert set(tuning) == set(arms)
@@ -208,10 +221,7 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         raise AssertionError("a finished or diverged run was trained again")
 
     monkeypatch.setattr(W, "pretrain", no_training)
-    again = W.run_widening(preset, out, seeds=[1, 2], learning_rates="2e-3,8e-3", **kw)
+    again = _state(options, W.run_widening(options, out, **kw))
     assert again["tuning"] == tuning
-    # another seed added later keeps the choices; another first seed would have chosen otherwise
-    with pytest.raises(FileExistsError, match="chose their rates with seed 1, this call's first seed is 2"):
-        W.run_widening(preset, out, seeds=[2, 1], learning_rates="2e-3,8e-3", **kw)
     with pytest.raises(FileExistsError, match="other settings"):
-        W.run_widening(preset, out, seeds=[1, 2], learning_rates="1e-3,2e-3", **kw)
+        W.run_widening(replace(options, learning_rates=(1e-3, 2e-3)), out, **kw)

@@ -38,36 +38,27 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, replace
-from functools import partial
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int
+from ...checks import non_negative_int, positive_int
 from ...data import DataSettings, prepare_data
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
 from ...model.sizes import count_parameters, training_flops
-from ...runs import METRICS_FILE, PRETRAIN_FILE, open_run
+from ...runs import PRETRAIN_FILE, open_run
 from ...theory import causal_threshold
 from ...training.evaluate import load_run
 from ...training.identity import same_corpus_path, with_later_defaults
 from ...training.pretrain import lm_config, pretrain, train_or_reuse
 from ...training.settings import TrainSettings
 from ..kit import core
-from ..kit.learning_rate import (
-    check_first_seed,
-    choose_on_validation,
-    parse_rates,
-    selection_record,
-    with_validation_split,
-)
+from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import RULE_STDS
+from ..kit.study import Pending, Point, Study, run_study
 from .arms import make_arms, max_logit_change, write_start
-from .report import PLOT_FILE, REPORT_FILE, format_table, write_outputs
-
-RESULTS_FILE = "results.json"
-OWNED = (REPORT_FILE, PLOT_FILE, "learning_rates.png", "base", "start", "continue")
+from .report import PLOT_FILE, report_markdown, summarize, write_plots
 
 
 # ----------------------------------------------------------------------------------- design
@@ -175,195 +166,280 @@ def same_settings(saved: dict | None, settings: dict) -> bool:
     return old == now
 
 
-def run_widening(
-    preset: str | WideningPreset = "cpu",
-    output_dir: str | Path | None = None,
-    seeds: list[int] | None = None,
-    base_steps: int | None = None,
-    steps: int | None = None,
-    wide_head_dim: int | None = None,
-    corpus: str | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    cache_dir=None,
-    command: str | None = None,
-    learning_rates: str | list[float] | None = None,
-    max_extensions: int = 3,
-) -> dict:
-    """Train the base, continue it in every arm for every seed (or reuse finished runs); write the
-    results, the report and the plot.
+@dataclass(frozen=True)
+class WideningOptions:
+    """What ``fixedhead widen-experiment`` trains: a preset (data, base model, recipes, seeds) and what a
+    run changes of it."""
 
-    Args:
-        preset: a name from :data:`WIDENING_PRESETS` or a :class:`WideningPreset`.
-        output_dir: a new or empty folder, or an earlier output of this experiment (default
-            ``runs/widen-experiment-PRESET``).
-        seeds: continuation seeds (default: the preset's); runs of other seeds already in the
-            folder are kept in ``results.json`` but only these are reported.
-        base_steps, steps: override the base's and each continuation's training steps.
-        wide_head_dim: the widened head size (default: the preset's, else ⌈(n − 1)/2⌉).
-        corpus: another corpus path (the same text, e.g. moved).
-        overwrite: delete this experiment's earlier runs and results in the folder first.
-        learning_rates: a grid (``"5e-4,1e-3,2e-3,4e-3"`` or numbers): each arm's continuation rate
-            is chosen on a validation split with the first seed (runs ``ARM-lrX-sSEED``); None: the
-            preset's one rate for every arm (runs ``ARM-sSEED``).
-        max_extensions: rates added past an edge of the grid at most.
+    preset: str = field(default="cpu", metadata={"choices": ("cpu", "tiny")})
+    """the data, base model, both recipes and seeds (WIDENING_PRESETS)"""
+    seeds: tuple[int, ...] = ()
+    """continuation seeds, in this order; the first chooses each arm's rate (empty: the preset's)"""
+    base_steps: int | None = None
+    """the base run's training steps (None: the preset's; cpu: 400)"""
+    steps: int | None = None
+    """each continuation's training steps (None: the preset's; cpu: 100)"""
+    head_dim: int | None = None
+    """the widened head size (None: the causal threshold ceil((n - 1)/2), 16 for n = 32)"""
+    corpus: str | None = None
+    """the preset's corpus at another path (the same text, e.g. moved)"""
+    learning_rates: tuple[float, ...] = ()
+    """a grid each arm's continuation chooses its rate from on a validation split with the first seed
+    (empty: the preset's one rate for every arm)"""
+    max_extensions: int = 3
+    """how often the rate grid grows past an edge"""
 
-    Returns:
-        The content of ``results.json``: ``meta``, ``unigram_perplexity``, ``base``, ``runs`` and,
-        with a grid, ``tuning`` (each arm's validation loss per rate and its chosen rate).
+    def __post_init__(self):
+        get_widening_preset(self.preset)  # refused by name
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        non_negative_int("max_extensions", self.max_extensions)
+        for name in ("base_steps", "steps", "head_dim"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.learning_rates:
+            parse_rates(self.learning_rates)
+
+
+def spec(o: WideningOptions) -> tuple[WideningPreset, int]:
+    """The preset ``o`` trains (its seeds, steps, corpus and, with a rate grid, the validation split every
+    run trains without) and the wide head size.
 
     Raises:
-        ValueError: bad seeds, steps, sizes, rates or extensions, or a preset that is not a causal
-            standard-head model.
-        FileExistsError: the folder holds other files, or runs of other settings (without
-            ``overwrite``), or arms that chose their rates with another first seed.
+        ValueError: bad steps, a recipe that is not causal, a base model that is not standard-head, a bad
+            wide size.
     """
-    p = copy.deepcopy(get_widening_preset(preset) if isinstance(preset, str) else preset)
-    p.seeds = core.seeds_override(seeds, p.seeds)
-    if corpus is not None:
-        p.data = replace(p.data, corpus=corpus)
-    for name, option, override in (("base", "base_steps", base_steps), ("continuation", "steps", steps)):
+    p = copy.deepcopy(get_widening_preset(o.preset))
+    p.seeds = tuple(o.seeds) or p.seeds
+    if o.corpus is not None:
+        p.data = replace(p.data, corpus=o.corpus)
+    for name, option, override in (("base", "base_steps", o.base_steps), ("continuation", "steps", o.steps)):
         t = getattr(p, name)
         if t.objective != "clm":
             raise ValueError(f"the {name} recipe must use objective='clm', got {t.objective!r}")
         if override is not None:  # no evaluation or checkpoint inside the run, as in the presets
             n_steps = core.steps_override(option, override, t.max_steps)
             setattr(p, name, replace(t, max_steps=n_steps, eval_steps=n_steps + 1, save_steps=n_steps + 1))
-    n = p.data.max_seq_length
-    wide = wide_head_dim if wide_head_dim is not None else (p.wide_head_dim or causal_threshold(n))
+    wide = o.head_dim if o.head_dim is not None else (p.wide_head_dim or causal_threshold(p.data.max_seq_length))
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
-    make_arms(probe, wide)  # refuses a bad wide size before anything is written
-    non_negative_int("max_extensions", max_extensions)
-    rates = grid = None
-    if learning_rates is not None:
-        rates = parse_rates(learning_rates)
+    make_arms(probe, wide)  # refuses a bad wide size
+    if o.learning_rates:
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
-        grid = {"grid": rates, "max_extensions": max_extensions, "validation_fraction": p.data.validation_fraction}
+    return p, wide
 
-    out = core.output_folder(output_dir, "widen-experiment", preset)
-    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment")
-    state_file = out / RESULTS_FILE
-    previous, meta = core.resume(
-        state_file,
-        preset,
-        p.description,
-        command,
-        settings_record(p, wide, grid),  # seeds may change; the first is checked below
-        "data, model, recipes, wide head size or learning-rate grid",
-        same_settings,
-        overwrite,
-        study="widen-experiment",
-        seeds=list(p.seeds),
-        n=n,
-        wide_head_dim=wide,
-        causal_threshold=causal_threshold(n),
-        rule={"stds": RULE_STDS},
-        continuation_tokens=p.continuation.max_steps * p.continuation.batch_size * n,
-    )
-    if grid:
-        check_first_seed(previous, p.seeds[0], state_file, "arms")
-        meta["learning_rate_selection"] = selection_record(**grid, seed=p.seeds[0])
-    data = prepare_data(p.data, cache_dir=cache_dir, progress=progress)  # a bad corpus leaves nothing behind
-    out = core.claim(out, RESULTS_FILE, OWNED, "widen-experiment", create=True, overwrite=overwrite)
-    config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
-    arms = make_arms(config, wide)
-    meta["arms"] = [asdict(a) for a in arms]
-    meta["data_info"] = {k: v for k, v in data.info.items() if k != "prepare_seconds"}
-    state = {
-        "meta": meta,
-        "unigram_perplexity": unigram_perplexity(data, p.base.eval_seed, "clm"),
-        "base": previous.get("base"),
-        "runs": previous.get("runs", {}),
-    }
 
-    def save():
-        core.save_state(state_file, state, ([state["base"]] if state["base"] else []) + list(state["runs"].values()))
+def _grid(o: WideningOptions, p: WideningPreset) -> dict | None:
+    if not o.learning_rates:
+        return None
+    rates = parse_rates(o.learning_rates)
+    return {"grid": rates, "max_extensions": o.max_extensions, "validation_fraction": p.data.validation_fraction}
 
-    save()  # the marker first: an interrupted experiment's folder is recognised as its own
 
-    base_dir = out / "base"
-    if progress:
-        continuations = len(arms) * (len(p.seeds) + (len(rates) - 1 if rates else 0))
-        print(
-            f"\n[base] {base_dir}: d={config.hidden_size}, h={config.num_attention_heads}, "
-            f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters, "
-            f"{p.base.max_steps} steps; then {continuations}+ continuations of {p.continuation.max_steps} steps",
-            flush=True,
-        )
-    base = train_or_reuse(config, data, base_dir, replace(p.base, progress=progress))
-    state["base"] = {
-        **{k: v for k, v in base.items() if k != "eval_curve"},
-        "flops": training_flops(config, base["training_tokens"], n),
-    }
-    save()
-    if progress:
-        print(f"[base] held-out loss {base['heldout_loss']:.4f} (ppl {base['heldout_perplexity']:.1f})", flush=True)
+class WideningStudy(Study):
+    """The study on the kit (:mod:`fixedhead.studies.kit.study`): the point ``base`` trains the base
+    model, then one point per (arm, seed), seed-major, continues it. With a rate grid an arm's first
+    seed trains every rate and keeps the best on the validation split; its other seeds train at that rate."""
 
-    base_model = load_run(base_dir)[0].eval()
+    name = "widen-experiment"
+    Options = WideningOptions
+    quick = WideningOptions(preset="tiny")
+    files = (PLOT_FILE, "learning_rates.png", "base", "start", "continue")
+    points_only = ("seeds",)
 
-    def continue_arm(arm, seed: int, lr: float | None) -> dict:
-        """One continuation (reused when finished): ``lr`` None is the preset's rate."""
-        key = core.run_key(arm.name, lr, seed)
-        run_dir = out / "continue" / key
-        if key in state["runs"] and (run_dir / METRICS_FILE).is_file():
-            return state["runs"][key]
-        if arm.head_dim is None and arm.intermediate_size is None:
-            start, change = base_dir, 0.0
-        else:
-            start = out / "start" / core.run_key(arm.name, seed=seed)  # the same start at every rate
-            write_start(base_dir, arm, seed, start)
-            change = max_logit_change(base_model, start, data.heldout[:16])
-        train = replace(
-            p.continuation,
-            seed=seed,
-            progress=progress,
-            learning_rate=p.continuation.learning_rate if lr is None else lr,
-        )
-        result = pretrain(None, data, run_dir, train, resume=(run_dir / PRETRAIN_FILE).is_file(), init_from=start)
-        run_config = open_run(run_dir).config
-        state["runs"][key] = {
-            **{k: v for k, v in result.items() if k not in ("eval_curve", "init_from")},
-            # the start as a path inside the output folder (results.json stays true when the folder moves)
-            "init_from": {
-                "path": start.relative_to(out).as_posix(),
-                **{k: v for k, v in result["init_from"].items() if k != "path"},
-            },
-            "arm": arm.name,
-            "seed": seed,
-            "learning_rate": train.learning_rate,
-            "layer_head_dims": run_config.layer_head_dims,
-            "intermediate_size": run_config.intermediate_size,
-            "flops": training_flops(run_config, result["training_tokens"], n),
-            "start_max_logit_change": change,
+    def __init__(self, cache_dir=None):
+        self.cache_dir, self._loaded = cache_dir, None
+
+    def describe(self, o):
+        return spec(o)[0].description
+
+    def check(self, o):
+        spec(o)
+
+    def plan(self, o):
+        p, wide = spec(o)
+        names = [a.name for a in make_arms(FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size), wide)]
+        arms = [Point(core.run_key(a, seed=s), (a, s)) for a, s in core.seed_major(names, p.seeds)]
+        return [Point("base", None), *arms]
+
+    def plan_record(self, o):
+        return {
+            "pairing": "by seed: seed s is every arm's continuation data order (and the widened models' new weights)",
+            "rule": {"stds": RULE_STDS},
         }
-        save()
-        if progress:
-            print(
-                f"{key}: d_p {run_config.layer_head_dims}, FFN {run_config.intermediate_size}, "
-                f"{result['parameters']:,} parameters; held-out loss {result['heldout_loss']:.4f} "
-                f"(ppl {result['heldout_perplexity']:.1f}); start max |Δlogits| {change:.1e}; "
-                f"{result['train_seconds']:.0f} s",
-                flush=True,
-            )
-        return state["runs"][key]
 
-    if rates is not None:
-        names = {arm.name for arm in arms}
-        state["tuning"] = {k: v for k, v in previous.get("tuning", {}).items() if k in names}
-        for arm in arms:
-            # rates recorded before (a rerun) are not trained again, a diverged one included
-            done = state["tuning"].get(arm.name, {}).get("validation_loss")
-            state["tuning"][arm.name] = choose_on_validation(
-                partial(continue_arm, arm, p.seeds[0]), rates, max_extensions, done
+    def _data_and_config(self, o, progress):
+        if self._loaded is None:
+            p, _ = spec(o)
+            data = prepare_data(p.data, cache_dir=self.cache_dir, progress=progress)
+            config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
+            self._loaded = data, config
+        return self._loaded
+
+    def run(self, o, point, folder, done, progress):
+        p, wide = spec(o)
+        data, config = self._data_and_config(o, progress)
+        n = p.data.max_seq_length
+        base_dir = folder / "base"
+        if point.key == "base":
+            if progress:
+                print(
+                    f"\n[base] {base_dir}: d={config.hidden_size}, h={config.num_attention_heads}, "
+                    f"d_p={config.head_size_label}, {count_parameters(config, pooler=False):,} parameters, "
+                    f"{p.base.max_steps} steps",
+                    flush=True,
+                )
+            base = train_or_reuse(config, data, base_dir, replace(p.base, progress=progress), self.overwriting)
+            return {
+                "base": {
+                    **{k: v for k, v in base.items() if k != "eval_curve"},
+                    "flops": training_flops(config, base["training_tokens"], n),
+                },
+                "unigram_perplexity": unigram_perplexity(data, p.base.eval_seed, "clm"),
+                "arms": [asdict(a) for a in make_arms(config, wide)],
+                "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+                "train_seconds": base["train_seconds"],
+            }
+        if "base" not in done:
+            raise Pending(f"{point.key} waits for the base model")
+        name, seed = point.spec
+        arm = next(a for a in make_arms(config, wide) if a.name == name)
+        base_model = load_run(base_dir)[0].eval()
+        runs: dict[str, dict] = {}
+
+        def continue_arm(lr: float | None) -> dict:
+            key = core.run_key(arm.name, lr, seed)
+            run_dir = folder / "continue" / key
+            if arm.head_dim is None and arm.intermediate_size is None:
+                start, change = base_dir, 0.0
+            else:
+                start = folder / "start" / core.run_key(arm.name, seed=seed)  # the same start at every rate
+                write_start(base_dir, arm, seed, start)
+                change = max_logit_change(base_model, start, data.heldout[:16])
+            train = replace(
+                p.continuation,
+                seed=seed,
+                progress=progress,
+                learning_rate=p.continuation.learning_rate if lr is None else lr,
             )
-            save()
-    for arm, seed in core.seed_major(arms, p.seeds):  # a cut-short study has whole seeds
-        continue_arm(arm, seed, state["tuning"][arm.name]["chosen"] if rates else None)
-    save()
-    write_outputs(state, out)
-    if progress:
-        print()
-        print(format_table(state))
+            resume = (run_dir / PRETRAIN_FILE).is_file() and not self.overwriting
+            result = pretrain(None, data, run_dir, train, resume=resume, overwrite=self.overwriting, init_from=start)
+            run_config = open_run(run_dir).config
+            runs[key] = {
+                **{k: v for k, v in result.items() if k not in ("eval_curve", "init_from")},
+                # the start as a path inside the output folder (results.json stays true when the folder moves)
+                "init_from": {
+                    "path": start.relative_to(folder).as_posix(),
+                    **{k: v for k, v in result["init_from"].items() if k != "path"},
+                },
+                "arm": arm.name,
+                "seed": seed,
+                "learning_rate": train.learning_rate,
+                "layer_head_dims": run_config.layer_head_dims,
+                "intermediate_size": run_config.intermediate_size,
+                "flops": training_flops(run_config, result["training_tokens"], n),
+                "start_max_logit_change": change,
+            }
+            if progress:
+                print(
+                    f"{key}: d_p {run_config.layer_head_dims}, FFN {run_config.intermediate_size}, "
+                    f"{result['parameters']:,} parameters; held-out loss {result['heldout_loss']:.4f} "
+                    f"(ppl {result['heldout_perplexity']:.1f}); start max |Δlogits| {change:.1e}; "
+                    f"{result['train_seconds']:.0f} s",
+                    flush=True,
+                )
+            return runs[key]
+
+        out = {"arm": arm.name, "seed": seed}
+        if not o.learning_rates:
+            continue_arm(None)
+        elif seed == p.seeds[0]:
+            out["tuning"] = choose_on_validation(continue_arm, parse_rates(o.learning_rates), o.max_extensions)
+        else:
+            first = core.run_key(arm.name, seed=p.seeds[0])
+            if first not in done:
+                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
+            continue_arm(done[first]["tuning"]["chosen"])
+        return out | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
+
+    def summarise(self, o, results):
+        return summarize(state_of(o, results))
+
+    def report(self, o, record):
+        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
+
+    def write_files(self, o, record, folder):
+        write_plots(state_of(o, record["runs"].values(), record["meta"]), folder)
+
+
+def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
+    """What the summary, report and plots read, from the options and the per-point ``results``: ``meta``
+    (settings, seeds, n, wide size, arms, rule, data, the rate grid's record; a record written before the
+    kit keeps its own), ``unigram_perplexity``, ``base``, ``runs`` (``{run key: run}``) and, with a rate
+    grid, ``tuning`` (per arm)."""
+    p, wide = spec(o)
+    results = list(results)
+    base = next((r for r in results if "base" in r), None)
+    n, grid = p.data.max_seq_length, _grid(o, p)
+    probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
+    computed = {
+        "settings": settings_record(p, wide, grid),
+        "seeds": list(p.seeds),
+        "n": n,
+        "wide_head_dim": wide,
+        "causal_threshold": causal_threshold(n),
+        "arms": base["arms"] if base else [asdict(a) for a in make_arms(probe, wide)],
+        "rule": {"stds": RULE_STDS},
+        "continuation_tokens": p.continuation.max_steps * p.continuation.batch_size * n,
+        "data_info": base["data_info"] if base else {},
+        **({"learning_rate_selection": selection_record(**grid, seed=p.seeds[0])} if grid else {}),
+    }
+    state = {
+        "meta": computed | (meta or {}),
+        "unigram_perplexity": base["unigram_perplexity"] if base else None,
+        "base": base["base"] if base else None,
+        "runs": {k: v for r in results for k, v in r.get("runs", {}).items()},
+    }
+    if grid:
+        state["tuning"] = {r["arm"]: r["tuning"] for r in results if "tuning" in r}
     return state
+
+
+def run_widening(
+    options: WideningOptions | None = None,
+    output_dir: str | Path | None = None,
+    quick: bool = False,
+    grow: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    cache_dir=None,
+    command: str = "",
+) -> dict:
+    """Train the base, continue it in every arm for every seed (finished points are reused); write the
+    results, the report and the plot (:func:`~fixedhead.studies.kit.study.run_study` of
+    :class:`WideningStudy`; default folder ``runs/widen-experiment-PRESET``).
+
+    Returns:
+        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``base``: the base run, the
+        unigram reference, the arms and the data; one per (arm, seed): its continuation runs at every rate
+        tried and, on the first seed with a rate grid, the arm's ``tuning``) and ``summary`` (one row per arm).
+
+    Raises:
+        ValueError: bad options (:class:`WideningOptions`, :func:`spec`).
+        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
+            or another plan (without ``grow``).
+        FileNotFoundError: a missing corpus.
+    """
+    return run_study(
+        WideningStudy(cache_dir),
+        options,
+        output_dir,
+        quick=quick,
+        grow=grow,
+        overwrite=overwrite,
+        progress=progress,
+        command=command,
+    )

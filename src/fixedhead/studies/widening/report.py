@@ -1,6 +1,6 @@
 """`fixedhead widen-experiment`'s summary and rendering: one row per arm, the report's questions
 (arm B against arm A, :func:`fixedhead.studies.kit.stats.pooled_verdict`), the table, the plot and
-``report.md``, all from the state :func:`fixedhead.studies.widening.run_widening` writes.
+``report.md``, all from the state :func:`fixedhead.studies.widening.state_of` reads from a record.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 from ...plotting import pyplot, save_figure
-from ...runs import write_text_atomic
 from ..kit import render
 from ..kit.learning_rate import plot_learning_rates, selection_markdown
 from ..kit.stats import RULE_STDS, mean_std, pm, pooled_verdict
@@ -41,7 +40,7 @@ def _arm_runs(state: dict, arm: str) -> list[dict]:
 def summarize(state: dict) -> list[dict]:
     """One row per arm: sizes, parameters, FLOPs, held-out loss and perplexity (mean ± std over
     seeds), nats below the unigram reference, per-seed losses."""
-    unigram = math.log(state["unigram_perplexity"])
+    unigram = math.log(state["unigram_perplexity"] or math.nan)  # none before the base has run
     rows = []
     as_is = _arm_runs(state, "as-is")
     as_is_by_seed = {r["seed"]: r["heldout_loss"] for r in as_is}
@@ -116,25 +115,13 @@ def _results_table(state: dict) -> list[str]:
     return L
 
 
-def format_table(state: dict) -> str:
-    """The arms (mean ± std over seeds) and the verdicts, for the terminal: the report's results table
-    and one line per comparison."""
-    verdicts = [
-        f"{c['b']} vs {c['a']}: {c['a']} − {c['b']} = {c['difference']:+.4f} nats, "
-        f"{RULE_STDS:g} x pooled std = {c['threshold']:.4f}: {c['verdict']}"
-        for c in comparisons(state)
-    ]
-    return "\n".join(_results_table(state) + verdicts)
-
-
-def write_outputs(state: dict, out: Path) -> None:
-    """``report.md``, ``widening.png`` and, where arms chose their rates, ``learning_rates.png`` in
-    ``out`` (``results.json`` is written as runs finish)."""
+def write_plots(state: dict, out: Path) -> None:
+    """``widening.png`` and, where arms chose their rates, ``learning_rates.png`` in ``out`` (the kit writes
+    ``report.md`` and ``results.json``)."""
     plot(state, out / PLOT_FILE)
     if state.get("tuning"):
         fraction = state["meta"]["learning_rate_selection"]["validation_fraction"]
         plot_learning_rates({"models": state["tuning"], "validation_fraction": fraction}, out / "learning_rates.png")
-    write_text_atomic(out / REPORT_FILE, report_markdown(state))
 
 
 def plot(state: dict, path: Path) -> None:
@@ -196,13 +183,10 @@ def report_markdown(state: dict) -> str:
     cont, base_recipe = settings["continuation"], settings["base"]
     rows = summarize(state)
     comps = comparisons(state)
-    unigram = state["unigram_perplexity"]
-    n_done = sum(r["runs"] for r in rows)
-    n_plan = len(meta["arms"]) * len(meta["seeds"])
+    unigram = state["unigram_perplexity"] or math.nan  # none before the base has run
     model = settings["model"]
     title = "Does widening the heads of a trained standard-head model help?"
-    note = render.incomplete(n_done, n_plan, "continuations", finished=n_done >= n_plan and bool(base))
-    L = render.head(title, meta, note, f"![held-out loss per arm and training curves]({PLOT_FILE})")
+    L = render.head(title, meta, [], f"![held-out loss per arm and training curves]({PLOT_FILE})")
     L += [
         f"- data: {Path(settings['data']['corpus']).name}, {meta['data_info']['train_documents']} training "
         f"documents ({meta['data_info']['train_sequences']:,} sequences of n = {meta['n']}), held out: "
