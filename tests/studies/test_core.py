@@ -34,7 +34,9 @@ def toy_study(out, rates, seeds=None, command="toy", arm_scale=None, trained=Non
     def key(item, seed):
         return f"{item[0]}-lr{item[1]:g}-s{seed}"
 
-    for _, (arm, lr), seed in core.pending(plan, lambda item, seed: key(item, seed) in state["runs"]):
+    for (arm, lr), seed in plan:
+        if key((arm, lr), seed) in state["runs"]:
+            continue
         (trained if trained is not None else []).append(key((arm, lr), seed))
         state["runs"][key((arm, lr), seed)] = {"loss": arm_scale[arm] * lr + seed, "train_seconds": 1.0}
         core.save_state(out / RESULTS, state, state["runs"].values())

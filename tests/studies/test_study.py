@@ -124,6 +124,20 @@ def test_a_plan_written_before_plans_carried_their_settings_hash_grows_under_the
         run_study(Toy(), ToyOptions(seeds=(0, 1), scale=3.0), out, grow=True, progress=False)
 
 
+def test_the_seed_that_chose_the_rates_stays_first(tmp_path):
+    class ToyRates(Toy):
+        def first_seed(self, o):  # its first seed's points choose what the others reuse
+            return o.seeds[0]
+
+    out = tmp_path / "toy"
+    run_study(ToyRates(), ToyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match="chose their rates with seed 0, this plan's first seed is 1"):
+        run_study(ToyRates(), ToyOptions(seeds=(1, 0)), out, grow=True, progress=False)
+    toy = ToyRates()
+    run_study(toy, ToyOptions(seeds=(0, 1)), out, grow=True, progress=False)
+    assert toy.ran == ["standard-s1", "fixed-s1"]
+
+
 def test_a_failed_point_keeps_the_earlier_ones_and_leaves_no_lock(tmp_path):
     out = tmp_path / "toy"
     with pytest.raises(RuntimeError, match="standard-s1 failed"):

@@ -203,6 +203,9 @@ class SeqLenStudy(Study):
     def __init__(self, cache_dir=None):
         self.cache_dir = cache_dir
 
+    def first_seed(self, o):
+        return o.seeds[0]
+
     def plan(self, o):
         pairs = core.seed_major([(n, a) for n in o.lengths for a in o.architectures], o.seeds)
         return [Point(core.run_key(f"n{n}-{a}", seed=s), (n, a, s)) for (n, a), s in pairs]

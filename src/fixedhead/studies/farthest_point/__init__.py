@@ -173,6 +173,9 @@ class FarthestPointStudy(Study):
                 o.dim, c.num_heads, c.head_dim, o.recipe.intermediate_size, o.recipe.logit_scale, o.recipe.input_scale
             )
 
+    def first_seed(self, o):
+        return o.seeds[0]
+
     def plan(self, o):
         return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
 

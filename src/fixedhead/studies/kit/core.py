@@ -185,13 +185,6 @@ def seed_major(items: Iterable, seeds: Iterable[int]) -> list[tuple[Any, int]]:
     return [(item, seed) for seed in seeds for item in items]
 
 
-def pending(plan: list[tuple[Any, int]], done: Callable[[Any, int], bool]) -> Iterator[tuple[int, Any, int]]:
-    """``(position from 1, item, seed)`` of the plan's pairs that are not ``done`` yet."""
-    for i, (item, seed) in enumerate(plan, 1):
-        if not done(item, seed):
-            yield i, item, seed
-
-
 @contextmanager
 def one_writer(results_file: Path) -> Iterator[None]:
     """Hold an exclusive lock beside ``results_file`` (``.NAME.lock``) for the block: workers sharing

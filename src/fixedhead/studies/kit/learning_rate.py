@@ -57,20 +57,6 @@ def selection_record(
     return {"grid": grid, "max_extensions": max_extensions, **fraction, "seed": seed, "rule": rule_text, **extra}
 
 
-def check_first_seed(previous: dict, first_seed: int, state_file: Path, what: str = "models") -> None:
-    """Refuse to resume a study whose stored rates were chosen with another first seed than this call's:
-    the chosen rates would not be the ones this call's plan names.
-
-    Raises:
-        FileExistsError: naming both seeds and the way out."""
-    chose_with = (previous.get("meta", {}).get("learning_rate_selection") or {}).get("seed")
-    if previous.get("tuning") and chose_with != first_seed:
-        raise FileExistsError(
-            f"{state_file}: the {what} chose their rates with seed {chose_with}, this call's first seed is "
-            f"{first_seed}; pass {chose_with} first in --seeds, or choose another --output-dir"
-        )
-
-
 def with_validation_split(data_settings):
     """``data_settings`` with a validation split (:data:`VALIDATION_FRACTION` of the training
     documents) unless it has one."""

@@ -75,6 +75,11 @@ class Study:
     def check(self, options) -> None:
         """Refuse options that cannot run (raise ValueError) before the folder is touched; nothing by default."""
 
+    def first_seed(self, options) -> int | None:
+        """The seed whose points choose what the other seeds reuse (their learning rates), fixed once results
+        exist; None (the default): no seed plays that part."""
+        return None
+
     def plan(self, options) -> list[Point]:
         raise NotImplementedError
 
@@ -185,6 +190,14 @@ def write_plan(
                 f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:4])}); pass "
                 "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
             )
+        if done and not overwrite:
+            was = study.first_seed(options_from_dict(study.Options, old["plan"]["options"]))
+            if was is not None and was != study.first_seed(options):
+                raise FileExistsError(
+                    f"{folder}: the stored points chose their rates with seed {was}, this plan's first seed is "
+                    f"{study.first_seed(options)}; pass {was} first in --seeds, or choose another --output-dir "
+                    "(nothing was changed)"
+                )
         if done and not (grow or overwrite):
             raise FileExistsError(
                 f"{path} holds another plan (sha256 {old['sha256'][:12]}, this one {new['sha256'][:12]}) and "

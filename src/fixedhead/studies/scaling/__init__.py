@@ -47,7 +47,7 @@ from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.study import Pending, Point, Study, run_study
-from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, REPORT_FILE, report_markdown, summarize, write_plots
+from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarize, write_plots
 
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
 #: (float32 resolution, 1e-5, fills every head's structural rank and says nothing), on this many
@@ -244,7 +244,7 @@ class ScalingStudy(Study):
     name = "scaling"
     Options = ScalingOptions
     quick = ScalingOptions(preset="tiny")
-    files = (REPORT_FILE, PLOT_FILE, RANK_PLOT_FILE, "runs")
+    files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
     points_only = ("seeds",)
 
     def __init__(self, cache_dir=None):
@@ -252,6 +252,9 @@ class ScalingStudy(Study):
 
     def describe(self, o):
         return describe(spec(o))
+
+    def first_seed(self, o):
+        return spec(o).seeds[0]
 
     def plan(self, o):
         p = spec(o)

@@ -259,6 +259,9 @@ class WideningStudy(Study):
     def check(self, o):
         spec(o)
 
+    def first_seed(self, o):
+        return spec(o)[0].seeds[0]
+
     def plan(self, o):
         p, wide = spec(o)
         names = [a.name for a in make_arms(FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size), wide)]
