@@ -382,3 +382,16 @@ def test_a_kit_study_names_a_bad_value_by_its_option(argv, words, capsys, tmp_pa
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()  # refused before the folder is touched
+
+
+def test_quick_says_what_it_sets(capsys):
+    """A kit study's --quick help names the options it changes, read from its quick Options."""
+    from fixedhead.studies.farthest_point import QUICK
+
+    for command, expected in (
+        ("scaling", "(it sets --preset tiny)"),
+        ("farthest-point", f"--steps {QUICK.recipe.steps}"),
+    ):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert expected in " ".join(capsys.readouterr().out.split()).replace("- ", "-")

@@ -250,7 +250,7 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
             "--quick",
             action="store_true",
             help="the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; "
-            "options given still apply",
+            f"options given still apply (it sets {_quick_values(s)})".replace("%", "%%"),
         )
         g.add_argument(
             "--grow",
@@ -293,6 +293,22 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
 
     run.__doc__ = help_text
     return add, run
+
+
+def _quick_values(study) -> str:
+    """What a kit study's ``--quick`` changes of its defaults, as options: ``--steps 40 --seeds 0``."""
+    out = []
+    for options, defaults in [(study.quick, study.Options())] + [
+        (getattr(study.quick, f.name), getattr(study.Options(), f.name))
+        for f in dataclasses.fields(study.Options)
+        if dataclasses.is_dataclass(getattr(study.Options(), f.name))
+    ]:
+        for f in dataclasses.fields(options):
+            value, default = getattr(options, f.name), getattr(defaults, f.name)
+            if value != default and not dataclasses.is_dataclass(value):
+                shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+                out.append(f"--{f.name.replace('_', '-')} {shown}".rstrip())
+    return " ".join(out) or "nothing"
 
 
 class _Removed(argparse.Action):

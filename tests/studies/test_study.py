@@ -116,12 +116,19 @@ def test_a_plan_written_before_plans_carried_their_settings_hash_grows_under_the
     toy = Toy()
     run_study(toy, ToyOptions(seeds=(0, 1)), out, grow=True, progress=False)
     assert toy.ran == ["standard-s1", "fixed-s1"]
+    # a field added to the options since (here: scale, at its default) keeps the stored points
+    plan = json.loads((out / "plan.json").read_text())
+    del plan["plan"]["options"]["scale"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    toy = Toy()
+    run_study(toy, ToyOptions(seeds=(0, 1, 2)), out, grow=True, progress=False)
+    assert toy.ran == ["standard-s2", "fixed-s2"]
     # and other settings are still named
     plan = json.loads((out / "plan.json").read_text())
     del plan["plan"]["settings_sha256"]
     (out / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(FileExistsError, match=r"other settings \(scale: 2.0 → 3.0\)"):
-        run_study(Toy(), ToyOptions(seeds=(0, 1), scale=3.0), out, grow=True, progress=False)
+        run_study(Toy(), ToyOptions(seeds=(0, 1, 2), scale=3.0), out, grow=True, progress=False)
 
 
 def test_the_seed_that_chose_the_rates_stays_first(tmp_path):

@@ -130,8 +130,9 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
             else ""
         )
         raise FileNotFoundError(
-            f"corpus {str(source)!r} does not exist{where}; pass --corpus PATH (a .txt/.jsonl(.gz) file or a "
-            f"directory of them) or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
+            f"corpus {str(source)!r} does not exist{where}; set $FIXEDHEAD_DATA_DIR to the folder that holds the "
+            "project's data or, where the command takes one, pass --corpus PATH (a .txt/.jsonl(.gz) file or a "
+            "directory of them) or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
         )
     else:
         docs = _read_hub_dataset(str(source), text_field, split)

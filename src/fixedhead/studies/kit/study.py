@@ -177,10 +177,12 @@ def write_plan(
         if old["sha256"] == new["sha256"]:
             return old
         done = sorted(stored_runs(folder))
-        # a plan written before plans carried settings_sha256 is hashed from its options
-        was_settings = old["plan"].get("settings_sha256") or settings_sha256(
-            study, options_from_dict(study.Options, old["plan"]["options"])
-        )
+        # the stored options read through today's Options (a field added since takes its default, which keeps
+        # what the stored points ran); the stored hash only where they no longer read (a field gone since)
+        try:
+            was_settings = settings_sha256(study, options_from_dict(study.Options, old["plan"]["options"]))
+        except (TypeError, ValueError):
+            was_settings = old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             was, now = old["plan"]["options"], new["plan"]["options"]
             changed = [
