@@ -44,7 +44,7 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
-from ..kit.study import Pending, Point, Study, run_study
+from ..kit.study import Pending, Point, StateStudy, run_study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 
 
@@ -152,98 +152,6 @@ def rate_selection(o: FarthestPointOptions) -> dict:
 OUTPUT_FILES = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves.png", "learning_rates.png")
 
 
-class FarthestPointStudy(Study):
-    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
-    With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
-    learning-curve sets; its other seeds train at that rate."""
-
-    name = "farthest-point"
-    Options = FarthestPointOptions
-    quick = QUICK
-    files = OUTPUT_FILES
-    points_only = ("seeds",)
-
-    def describe(self, o):
-        return o.description
-
-    def check(self, o):
-        for c in o.cells():  # sizes the task or model refuse, before anything is written
-            FarthestPointTask(o.dim, c.rank, o.num_points)
-            SetAttentionModel(
-                o.dim, c.num_heads, c.head_dim, o.recipe.intermediate_size, o.recipe.logit_scale, o.recipe.input_scale
-            )
-
-    def first_seed(self, o):
-        return o.seeds[0]
-
-    def plan(self, o):
-        return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
-
-    def plan_record(self, o):
-        return {
-            "pairing": "none: seed s is the task instance, the initialisation and the data stream of every cell",
-            "rule": {"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
-        }
-
-    def run(self, o, point, folder, done, progress):
-        cell, seed = point.spec
-
-        def train(lr: float) -> dict:
-            recipe = replace(o.recipe, learning_rate=lr)
-            task = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=seed)
-            return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": lr}
-
-        first = seed == o.seeds[0]
-        # the rank's attention-free reference (seed-0 task), with each cell's first seed
-        task0 = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=0)
-        reference = {"reference": attention_free_reference(task0)} if first else {}
-        if not o.learning_rates:
-            run = train(o.recipe.learning_rate)
-            return {"run": run, **reference, "train_seconds": run["train_seconds"]}
-        if not first:
-            key = core.run_key(cell.key, seed=o.seeds[0])
-            if key not in done:
-                raise Pending(f"{point.key} waits for {key}, whose chosen rate it trains at")
-            run = train(done[key]["tuning"]["chosen"])
-            return {"run": run, "train_seconds": run["train_seconds"]}
-        lr_grid = {}
-
-        def validation_mse(lr: float) -> float:  # the final MSE × d on the curve sets
-            run = lr_grid[core.run_key(cell.key, lr)] = train(lr)
-            if progress:
-                print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
-            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
-
-        best, losses, bracketed = choose_rate(validation_mse, parse_rates(o.learning_rates), o.max_extensions)
-        return {
-            "run": lr_grid[core.run_key(cell.key, best)],
-            "tuning": {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)},
-            "lr_grid": lr_grid,
-            **reference,
-            "train_seconds": round(sum(r["train_seconds"] for r in lr_grid.values()), 1),
-        }
-
-    def summarise(self, o, results):
-        state = state_of(o, results)
-        grid = _grid_runs(state)
-        return {
-            "grid": [
-                {"rank": r, "head_dim": dp, "verdict": _cell_summary(grid[(r, dp)])[2]}
-                for r in o.ranks
-                for dp in o.head_dims
-            ],
-            "more_heads": [
-                {"num_heads": h, "verdict": _cell_summary(rs)[2]} for h, rs in _more_heads_runs(state).items()
-            ],
-        }
-
-    def report(self, o, record):
-        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
-
-    def write_files(self, o, record, folder):
-        write_outputs(state_of(o, record["runs"].values(), record["meta"]), folder)
-
-
 def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict:
     """What the report and plots read, from the options and the per-point ``results``: ``meta`` (the grid,
     seeds, cells, rule, settings and, with a rate grid, its record), ``references`` (per rank), ``runs``
@@ -327,6 +235,19 @@ def _grid_runs(state: dict) -> dict[tuple[int, int], list[dict]]:
 def _more_heads_runs(state: dict) -> dict[int, list[dict]]:
     mh = state["meta"]["more_heads"]
     return {h: _runs_of(state, mh["rank"], mh["head_dim"], h) for h in mh["heads"]}
+
+
+def verdicts(state: dict) -> dict:
+    """Each grid cell's and each more-heads cell's verdict (the study's summary)."""
+    grid, g = _grid_runs(state), state["meta"]["grid"]
+    return {
+        "grid": [
+            {"rank": r, "head_dim": dp, "verdict": _cell_summary(grid[(r, dp)])[2]}
+            for r in g["ranks"]
+            for dp in g["head_dims"]
+        ],
+        "more_heads": [{"num_heads": h, "verdict": _cell_summary(rs)[2]} for h, rs in _more_heads_runs(state).items()],
+    }
 
 
 def _cell_summary(runs: list[dict]) -> tuple[str, str, str]:
@@ -540,3 +461,79 @@ def report_markdown(state: dict) -> str:
         ],
     )
     return "\n".join(L) + "\n"
+
+
+class FarthestPointStudy(StateStudy):
+    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
+    With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
+    learning-curve sets; its other seeds train at that rate."""
+
+    name = "farthest-point"
+    Options = FarthestPointOptions
+    quick = QUICK
+    files = OUTPUT_FILES
+    points_only = ("seeds",)
+    state_of = staticmethod(state_of)
+    summarise_state = staticmethod(verdicts)
+    report_state = staticmethod(report_markdown)
+    write_state = staticmethod(write_outputs)
+
+    def describe(self, o):
+        return o.description
+
+    def check(self, o):
+        for c in o.cells():  # sizes the task or model refuse, before anything is written
+            FarthestPointTask(o.dim, c.rank, o.num_points)
+            SetAttentionModel(
+                o.dim, c.num_heads, c.head_dim, o.recipe.intermediate_size, o.recipe.logit_scale, o.recipe.input_scale
+            )
+
+    def first_seed(self, o):
+        return o.seeds[0]
+
+    def plan(self, o):
+        return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
+
+    def plan_record(self, o):
+        return {
+            "pairing": "none: seed s is the task instance, the initialisation and the data stream of every cell",
+            "rule": {"succeeds_at": SUCCEEDS_AT, "fails_below": FAILS_BELOW},
+        }
+
+    def run(self, o, point, folder, done, progress):
+        cell, seed = point.spec
+
+        def train(lr: float) -> dict:
+            recipe = replace(o.recipe, learning_rate=lr)
+            task = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=seed)
+            return {**train_cell(task, cell, recipe, seed, progress), "learning_rate": lr}
+
+        first = seed == o.seeds[0]
+        # the rank's attention-free reference (seed-0 task), with each cell's first seed
+        task0 = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=0)
+        reference = {"reference": attention_free_reference(task0)} if first else {}
+        if not o.learning_rates:
+            run = train(o.recipe.learning_rate)
+            return {"run": run, **reference, "train_seconds": run["train_seconds"]}
+        if not first:
+            key = core.run_key(cell.key, seed=o.seeds[0])
+            if key not in done:
+                raise Pending(f"{point.key} waits for {key}, whose chosen rate it trains at")
+            run = train(done[key]["tuning"]["chosen"])
+            return {"run": run, "train_seconds": run["train_seconds"]}
+        lr_grid = {}
+
+        def validation_mse(lr: float) -> float:  # the final MSE × d on the curve sets
+            run = lr_grid[core.run_key(cell.key, lr)] = train(lr)
+            if progress:
+                print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
+            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+
+        best, losses, bracketed = choose_rate(validation_mse, parse_rates(o.learning_rates), o.max_extensions)
+        return {
+            "run": lr_grid[core.run_key(cell.key, best)],
+            "tuning": {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)},
+            "lr_grid": lr_grid,
+            **reference,
+            "train_seconds": round(sum(r["train_seconds"] for r in lr_grid.values()), 1),
+        }

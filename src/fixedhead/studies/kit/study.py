@@ -106,6 +106,30 @@ class Study:
         """Tables and figures beside the report (none by default)."""
 
 
+class StateStudy(Study):
+    """A study whose summary, report and files all read one view of its results, ``state_of(options, results,
+    meta)`` (a dict): it declares that view and the three functions of it; the methods follow."""
+
+    state_of: ClassVar[Any]
+    """``(options, per-point results, meta or None) -> state``"""
+    summarise_state: ClassVar[Any]
+    """``state -> summary``"""
+    report_state: ClassVar[Any]
+    """``state -> markdown``"""
+    write_state: ClassVar[Any] = None
+    """``(state, folder) -> None``: tables and figures (none by default)"""
+
+    def summarise(self, options, results):
+        return type(self).summarise_state(type(self).state_of(options, results))
+
+    def report(self, options, record):
+        return type(self).report_state(type(self).state_of(options, record["runs"].values(), record["meta"]))
+
+    def write_files(self, options, record, folder):
+        if type(self).write_state is not None:
+            type(self).write_state(type(self).state_of(options, record["runs"].values(), record["meta"]), folder)
+
+
 def options_of(study: Study, options=None, quick: bool = False):
     """The study's options: ``options``, else ``study.quick`` when ``quick``, else ``study.Options()``."""
     return options if options is not None else (study.quick if quick else study.Options())

@@ -46,7 +46,7 @@ from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
-from ..kit.study import Pending, Point, Study, run_study
+from ..kit.study import Pending, Point, StateStudy, run_study
 from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarize, write_plots
 
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
@@ -236,118 +236,6 @@ def points_of(p: ScalingPreset) -> list[dict]:
     return plan_points(p, r.train.objective, r.data.max_seq_length, r.data.vocab_size, r.train.batch_size, r.layers)
 
 
-class ScalingStudy(Study):
-    """The scaling study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (family, size,
-    seed), seed-major. A point's first seed chooses its rate on the grid (its grid runs in
-    ``FOLDER/runs/POINT-lrRATE-s0``) and reads its heads' ranks; the other seeds train at that rate."""
-
-    name = "scaling"
-    Options = ScalingOptions
-    quick = ScalingOptions(preset="tiny")
-    files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
-    points_only = ("seeds",)
-
-    def __init__(self, cache_dir=None):
-        self.cache_dir, self._data = cache_dir, None
-
-    def describe(self, o):
-        return describe(spec(o))
-
-    def first_seed(self, o):
-        return spec(o).seeds[0]
-
-    def plan(self, o):
-        p = spec(o)
-        return [Point(core.run_key(pt["key"], seed=s), (pt, s)) for pt, s in core.seed_major(points_of(p), p.seeds)]
-
-    def plan_record(self, o):
-        p = spec(o)
-        return {
-            "pairing": "by seed: every point of one seed trains on the same batches in the same order",
-            "rate_rule": RULE,
-            "rates_chosen_with_seed": p.seeds[0],
-            "verdict_rule": VERDICT_RULE,
-        }
-
-    def data(self, o, progress):
-        """The recipe's data (with the validation split every run trains without), prepared once."""
-        if self._data is None:
-            recipe = get_recipe(spec(o).recipe)
-            settings = replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data
-            self._data = prepare_data(with_validation_split(settings), cache_dir=self.cache_dir, progress=progress)
-        return self._data
-
-    def check(self, o):
-        """Every model buildable and trainable (a Llama model is causal) before any slow work."""
-        p = spec(o)
-        recipe = get_recipe(p.recipe)
-        size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
-        check_objective_for(build_config(recipe.model_fields(**size, **p.model)), recipe.train.objective)
-
-    def run(self, o, point, folder, done, progress):
-        pt, seed = point.spec
-        p = spec(o)
-        recipe = get_recipe(p.recipe)
-        data = self.data(o, progress)
-        train = replace(recipe.train, progress=progress)
-        runs: dict[str, dict] = {}
-
-        def train_at(lr):
-            config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
-            steps = pt["steps"]
-            settings = replace(
-                train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
-            )
-            key = core.run_key(pt["key"], lr, seed)
-            if progress:
-                print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}", flush=True)
-            result = train_or_reuse(config, data, folder / "runs" / key, settings, self.overwriting)
-            row = {k: v for k, v in result.items() if k not in ("eval_curve", "train_curve", "reproducibility")}
-            runs[key] = row | {
-                "point": pt["key"],
-                "family": pt["family"],
-                "learning_rate": lr,
-                "seed": seed,
-                "non_embedding_parameters": pt["non_embedding_parameters"],
-                "flops": pt["flops"],
-            }
-            return result
-
-        out = {"point": pt["key"], "seed": seed}
-        if seed != p.seeds[0]:
-            first = core.run_key(pt["key"], seed=p.seeds[0])
-            if first not in done:
-                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
-            train_at(done[first]["chosen"])
-            return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
-        tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate
-        if p.learning_rates:
-            tuning = choose_on_validation(train_at, p.learning_rates, p.max_extensions)
-            chosen = tuning["chosen"]
-        else:
-            train_at(chosen)
-        name = core.run_key(pt["key"], chosen, seed)
-        windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
-        return out | {
-            "chosen": chosen,
-            "tuning": tuning,
-            "runs": runs,
-            "ranks": {"run": name, **trained_ranks(folder / "runs" / name, windows)},
-            "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-            "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
-            "train_seconds": _seconds(runs),
-        }
-
-    def summarise(self, o, results):
-        return summarize(state_of(o, results))
-
-    def report(self, o, record):
-        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
-
-    def write_files(self, o, record, folder):
-        write_plots(state_of(o, record["runs"].values(), record["meta"]), folder)
-
-
 VERDICT_RULE = (
     f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over a family's sizes, p < {ALPHA}"
 )
@@ -441,3 +329,110 @@ def describe(p: ScalingPreset) -> str:
         f"{', '.join(p.families)}; sizes {sizes}; {p.tokens_per_parameter:g} tokens per non-embedding parameter "
         f"(at least {p.min_steps} steps{cap}); seeds {', '.join(map(str, p.seeds))}"
     )
+
+
+class ScalingStudy(StateStudy):
+    """The scaling study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (family, size,
+    seed), seed-major. A point's first seed chooses its rate on the grid (its grid runs in
+    ``FOLDER/runs/POINT-lrRATE-s0``) and reads its heads' ranks; the other seeds train at that rate."""
+
+    name = "scaling"
+    Options = ScalingOptions
+    quick = ScalingOptions(preset="tiny")
+    files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
+    points_only = ("seeds",)
+    state_of = staticmethod(state_of)
+    summarise_state = staticmethod(summarize)
+    report_state = staticmethod(report_markdown)
+    write_state = staticmethod(write_plots)
+
+    def __init__(self, cache_dir=None):
+        self.cache_dir, self._data = cache_dir, None
+
+    def describe(self, o):
+        return describe(spec(o))
+
+    def first_seed(self, o):
+        return spec(o).seeds[0]
+
+    def plan(self, o):
+        p = spec(o)
+        return [Point(core.run_key(pt["key"], seed=s), (pt, s)) for pt, s in core.seed_major(points_of(p), p.seeds)]
+
+    def plan_record(self, o):
+        p = spec(o)
+        return {
+            "pairing": "by seed: every point of one seed trains on the same batches in the same order",
+            "rate_rule": RULE,
+            "rates_chosen_with_seed": p.seeds[0],
+            "verdict_rule": VERDICT_RULE,
+        }
+
+    def data(self, o, progress):
+        """The recipe's data (with the validation split every run trains without), prepared once."""
+        if self._data is None:
+            recipe = get_recipe(spec(o).recipe)
+            settings = replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data
+            self._data = prepare_data(with_validation_split(settings), cache_dir=self.cache_dir, progress=progress)
+        return self._data
+
+    def check(self, o):
+        """Every model buildable and trainable (a Llama model is causal) before any slow work."""
+        p = spec(o)
+        recipe = get_recipe(p.recipe)
+        size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
+        check_objective_for(build_config(recipe.model_fields(**size, **p.model)), recipe.train.objective)
+
+    def run(self, o, point, folder, done, progress):
+        pt, seed = point.spec
+        p = spec(o)
+        recipe = get_recipe(p.recipe)
+        data = self.data(o, progress)
+        train = replace(recipe.train, progress=progress)
+        runs: dict[str, dict] = {}
+
+        def train_at(lr):
+            config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
+            steps = pt["steps"]
+            settings = replace(
+                train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
+            )
+            key = core.run_key(pt["key"], lr, seed)
+            if progress:
+                print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}", flush=True)
+            result = train_or_reuse(config, data, folder / "runs" / key, settings, self.overwriting)
+            row = {k: v for k, v in result.items() if k not in ("eval_curve", "train_curve", "reproducibility")}
+            runs[key] = row | {
+                "point": pt["key"],
+                "family": pt["family"],
+                "learning_rate": lr,
+                "seed": seed,
+                "non_embedding_parameters": pt["non_embedding_parameters"],
+                "flops": pt["flops"],
+            }
+            return result
+
+        out = {"point": pt["key"], "seed": seed}
+        if seed != p.seeds[0]:
+            first = core.run_key(pt["key"], seed=p.seeds[0])
+            if first not in done:
+                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
+            train_at(done[first]["chosen"])
+            return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
+        tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate
+        if p.learning_rates:
+            tuning = choose_on_validation(train_at, p.learning_rates, p.max_extensions)
+            chosen = tuning["chosen"]
+        else:
+            train_at(chosen)
+        name = core.run_key(pt["key"], chosen, seed)
+        windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
+        return out | {
+            "chosen": chosen,
+            "tuning": tuning,
+            "runs": runs,
+            "ranks": {"run": name, **trained_ranks(folder / "runs" / name, windows)},
+            "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
+            "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
+            "train_seconds": _seconds(runs),
+        }

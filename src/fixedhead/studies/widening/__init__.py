@@ -56,7 +56,7 @@ from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import RULE_STDS
-from ..kit.study import Pending, Point, Study, run_study
+from ..kit.study import Pending, Point, StateStudy, run_study
 from .arms import make_arms, max_logit_change, write_start
 from .report import PLOT_FILE, report_markdown, summarize, write_plots
 
@@ -239,7 +239,77 @@ def _grid(o: WideningOptions, p: WideningPreset) -> dict | None:
     return {"grid": rates, "max_extensions": o.max_extensions, "validation_fraction": p.data.validation_fraction}
 
 
-class WideningStudy(Study):
+def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
+    """What the summary, report and plots read, from the options and the per-point ``results``: ``meta``
+    (settings, seeds, n, wide size, arms, rule, data, the rate grid's record; a record written before the
+    kit keeps its own), ``unigram_perplexity``, ``base``, ``runs`` (``{run key: run}``) and, with a rate
+    grid, ``tuning`` (per arm)."""
+    p, wide = spec(o)
+    results = list(results)
+    base = next((r for r in results if "base" in r), None)
+    n, grid = p.data.max_seq_length, _grid(o, p)
+    probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
+    computed = {
+        "settings": settings_record(p, wide, grid),
+        "seeds": list(p.seeds),
+        "n": n,
+        "wide_head_dim": wide,
+        "causal_threshold": causal_threshold(n),
+        "arms": base["arms"] if base else [asdict(a) for a in make_arms(probe, wide)],
+        "rule": {"stds": RULE_STDS},
+        "continuation_tokens": p.continuation.max_steps * p.continuation.batch_size * n,
+        "data_info": base["data_info"] if base else {},
+        **({"learning_rate_selection": selection_record(**grid, seed=p.seeds[0])} if grid else {}),
+    }
+    state = {
+        "meta": computed | (meta or {}),
+        "unigram_perplexity": base["unigram_perplexity"] if base else None,
+        "base": base["base"] if base else None,
+        "runs": {k: v for r in results for k, v in r.get("runs", {}).items()},
+    }
+    if grid:
+        state["tuning"] = {r["arm"]: r["tuning"] for r in results if "tuning" in r}
+    return state
+
+
+def run_widening(
+    options: WideningOptions | None = None,
+    output_dir: str | Path | None = None,
+    quick: bool = False,
+    grow: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    cache_dir=None,
+    command: str = "",
+) -> dict:
+    """Train the base, continue it in every arm for every seed (finished points are reused); write the
+    results, the report and the plot (:func:`~fixedhead.studies.kit.study.run_study` of
+    :class:`WideningStudy`; default folder ``runs/widen-experiment-PRESET``).
+
+    Returns:
+        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``base``: the base run, the
+        unigram reference, the arms and the data; one per (arm, seed): its continuation runs at every rate
+        tried and, on the first seed with a rate grid, the arm's ``tuning``) and ``summary`` (one row per arm).
+
+    Raises:
+        ValueError: bad options (:class:`WideningOptions`, :func:`spec`).
+        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
+            or another plan (without ``grow``).
+        FileNotFoundError: a missing corpus.
+    """
+    return run_study(
+        WideningStudy(cache_dir),
+        options,
+        output_dir,
+        quick=quick,
+        grow=grow,
+        overwrite=overwrite,
+        progress=progress,
+        command=command,
+    )
+
+
+class WideningStudy(StateStudy):
     """The study on the kit (:mod:`fixedhead.studies.kit.study`): the point ``base`` trains the base
     model, then one point per (arm, seed), seed-major, continues it. With a rate grid an arm's first
     seed trains every rate and keeps the best on the validation split; its other seeds train at that rate."""
@@ -249,6 +319,10 @@ class WideningStudy(Study):
     quick = WideningOptions(preset="tiny")
     files = (PLOT_FILE, "learning_rates.png", "base", "start", "continue")
     points_only = ("seeds",)
+    state_of = staticmethod(state_of)
+    summarise_state = staticmethod(summarize)
+    report_state = staticmethod(report_markdown)
+    write_state = staticmethod(write_plots)
 
     def __init__(self, cache_dir=None):
         self.cache_dir, self._loaded = cache_dir, None
@@ -367,82 +441,3 @@ class WideningStudy(Study):
                 raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
             continue_arm(done[first]["tuning"]["chosen"])
         return out | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
-
-    def summarise(self, o, results):
-        return summarize(state_of(o, results))
-
-    def report(self, o, record):
-        return report_markdown(state_of(o, record["runs"].values(), record["meta"]))
-
-    def write_files(self, o, record, folder):
-        write_plots(state_of(o, record["runs"].values(), record["meta"]), folder)
-
-
-def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
-    """What the summary, report and plots read, from the options and the per-point ``results``: ``meta``
-    (settings, seeds, n, wide size, arms, rule, data, the rate grid's record; a record written before the
-    kit keeps its own), ``unigram_perplexity``, ``base``, ``runs`` (``{run key: run}``) and, with a rate
-    grid, ``tuning`` (per arm)."""
-    p, wide = spec(o)
-    results = list(results)
-    base = next((r for r in results if "base" in r), None)
-    n, grid = p.data.max_seq_length, _grid(o, p)
-    probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
-    computed = {
-        "settings": settings_record(p, wide, grid),
-        "seeds": list(p.seeds),
-        "n": n,
-        "wide_head_dim": wide,
-        "causal_threshold": causal_threshold(n),
-        "arms": base["arms"] if base else [asdict(a) for a in make_arms(probe, wide)],
-        "rule": {"stds": RULE_STDS},
-        "continuation_tokens": p.continuation.max_steps * p.continuation.batch_size * n,
-        "data_info": base["data_info"] if base else {},
-        **({"learning_rate_selection": selection_record(**grid, seed=p.seeds[0])} if grid else {}),
-    }
-    state = {
-        "meta": computed | (meta or {}),
-        "unigram_perplexity": base["unigram_perplexity"] if base else None,
-        "base": base["base"] if base else None,
-        "runs": {k: v for r in results for k, v in r.get("runs", {}).items()},
-    }
-    if grid:
-        state["tuning"] = {r["arm"]: r["tuning"] for r in results if "tuning" in r}
-    return state
-
-
-def run_widening(
-    options: WideningOptions | None = None,
-    output_dir: str | Path | None = None,
-    quick: bool = False,
-    grow: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    cache_dir=None,
-    command: str = "",
-) -> dict:
-    """Train the base, continue it in every arm for every seed (finished points are reused); write the
-    results, the report and the plot (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`WideningStudy`; default folder ``runs/widen-experiment-PRESET``).
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``base``: the base run, the
-        unigram reference, the arms and the data; one per (arm, seed): its continuation runs at every rate
-        tried and, on the first seed with a rate grid, the arm's ``tuning``) and ``summary`` (one row per arm).
-
-    Raises:
-        ValueError: bad options (:class:`WideningOptions`, :func:`spec`).
-        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
-            or another plan (without ``grow``).
-        FileNotFoundError: a missing corpus.
-    """
-    return run_study(
-        WideningStudy(cache_dir),
-        options,
-        output_dir,
-        quick=quick,
-        grow=grow,
-        overwrite=overwrite,
-        progress=progress,
-        command=command,
-    )
