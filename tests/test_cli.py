@@ -160,7 +160,6 @@ def test_study_commands_share_one_group_of_options():
     parser = build_parser()
     shared = ["--seeds", "3", "--steps", "5", "--threads", "1", "--overwrite", "--output-dir", "o"]
     for command, preset in [
-        ("compare", "tiny"),
         ("sweep", "cpu-clm"),
         ("widen-experiment", "cpu"),
     ]:
@@ -186,7 +185,7 @@ def test_study_commands_share_one_group_of_options():
     assert (args.seeds, args.threads, args.output_dir) == ([3], 1, "o")
     # the names these options had before, still accepted
     args = parser.parse_args(["compare", "--max-steps", "7", "--seed", "2"])
-    assert (args.steps, args.seeds) == (7, [2])
+    assert (args.steps, args.seed) == (7, 2)
     assert parser.parse_args(["sweep", "--max-steps", "7"]).steps == 7
 
 
@@ -241,26 +240,6 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 
 
 @pytest.mark.parametrize(
-    "command, module, function, out",
-    [
-        ("compare", "compare", "run_compare", "runs/compare-quick"),  # never the real runs/compare
-    ],
-)
-def test_quick_means_the_tiny_preset_in_the_studies_without_a_quick_one(command, module, function, out, monkeypatch):
-    import importlib
-
-    called = {}
-
-    def capture(preset, out, **kw):
-        called.update(preset=preset, out=out)
-        raise ValueError("captured")
-
-    monkeypatch.setattr(importlib.import_module(f"fixedhead.studies.{module}"), function, capture)
-    assert main([command, "--quick"]) == 2
-    assert called == {"preset": "tiny", "out": Path(out)}
-
-
-@pytest.mark.parametrize(
     "command, module, function, folder",
     [
         ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
@@ -286,8 +265,8 @@ def test_the_command_line_and_python_take_one_default_folder(command, module, fu
     assert claimed == [Path(folder), Path(folder)]
 
 
-def test_scaling_takes_one_default_folder_from_the_command_line_and_python(monkeypatch):
-    """runs/scaling-PRESET from both; --quick: runs/scaling-quick, never the real folder."""
+def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(monkeypatch):
+    """runs/scaling-PRESET from both; --quick: runs/scaling-quick, never the real folder; compare: runs/compare."""
     import fixedhead.studies.kit.study as kit_study
     from fixedhead.studies.scaling import run_scaling
 
@@ -304,6 +283,16 @@ def test_scaling_takes_one_default_folder_from_the_command_line_and_python(monke
     assert claimed == [
         Path(p) for p in ("runs/scaling-cpu", "runs/scaling-gpu", "runs/scaling-quick", "runs/scaling-cpu")
     ]
+    # compare (make run) writes to runs/compare whatever its preset, never to it with --quick
+    from fixedhead.studies.compare import run_compare
+
+    claimed.clear()
+    assert (
+        main(["compare"]) == 2 and main(["compare", "--preset", "cpu-mlm"]) == 2 and main(["compare", "--quick"]) == 2
+    )
+    with pytest.raises(ValueError, match="claimed"):
+        run_compare()
+    assert claimed == [Path(p) for p in ("runs/compare", "runs/compare", "runs/compare-quick", "runs/compare")]
 
 
 def _subparser(command):

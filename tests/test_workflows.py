@@ -302,7 +302,7 @@ def test_a_corpus_whose_text_changed_is_not_the_runs(small_real_corpus, prepared
         (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
         (["sweep", "--seeds", "0", "-1"], "seed must be an int >= 0, got -1"),
         (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
-        (["compare", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
+        (["compare", "--max-steps", "0"], "--steps must be a positive int, got 0"),
     ],
 )
 def test_cli_numbers_are_refused_naming_the_value(argv, message, run, tmp_path, capsys):

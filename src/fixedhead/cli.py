@@ -238,7 +238,8 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
         s = study()
         add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
         g = p.add_argument_group("running it")
-        where = f"runs/{s.name}-PRESET" if any(f.name == "preset" for f in dataclasses.fields(s.Options)) else ""
+        presets = s.folder_by_preset and any(f.name == "preset" for f in dataclasses.fields(s.Options))
+        where = f"runs/{s.name}-PRESET" if presets else ""
         g.add_argument(
             "--output-dir",
             metavar="DIR",
@@ -324,6 +325,11 @@ class _Removed(argparse.Action):
 
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
+    "compare": (
+        "compare",
+        "CompareStudy",
+        "train standard vs fixed-head models on the same text and compare (make run)",
+    ),
     "coordcheck": (
         "coordcheck",
         "CoordCheckStudy",
@@ -434,37 +440,6 @@ def _one_seed(args, command):
     if args.seeds is not None and len(args.seeds) != 1:
         raise ValueError(f"{command} trains every model with one seed; pass one (--seeds {args.seeds[0]})")
     return None if args.seeds is None else args.seeds[0]
-
-
-def _compare_options(p):
-    from .data.lm import OBJECTIVES
-    from .studies.compare import COMPARE_PRESETS
-
-    g = add_study_options(p, COMPARE_PRESETS, "cpu", "runs/compare[-quick]", quick=True, steps_alias=("--max-steps",))
-    g.add_argument(
-        "--seed", dest="seeds", type=int, nargs=1, metavar="S", help="one seed for every model (as --seeds S)"
-    )
-    p.add_argument("--corpus", help="a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name")
-    p.add_argument(
-        "--objective", choices=OBJECTIVES, help="train every model as a masked or causal LM (default: the preset's)"
-    )
-    _architecture_option(p)
-    p.add_argument("--batch-size", type=int, metavar="N", help="override the preset's batch size")
-    p.add_argument("--learning-rate", type=float, metavar="X", help="override the preset's peak learning rate")
-    p.add_argument("--models", nargs="+", metavar="NAME", help="train only these of the preset's models")
-    _learning_rate_options(p)
-
-
-def _compare(args):
-    """train standard vs fixed-head models on the same text and compare (make run)"""
-    from .studies.compare import run_compare
-
-    options = _pick(args, "corpus", "batch_size", "learning_rate", "overwrite", "objective", "architecture")
-    options |= _pick(args, "learning_rates", "max_extensions", "models")
-    options |= dict(max_steps=args.steps, seed=_one_seed(args, "compare"), progress=not args.no_progress)
-    options["command"] = args.command_line
-    out = output_folder(args.output_dir, "compare", quick=args.quick)
-    run_compare(_study_preset(args), out, **options)
 
 
 def _sweep_options(p):
@@ -585,7 +560,7 @@ COMMANDS = {
     "count": (_count_options, _count),
     "pretrain": (_pretrain_options, _pretrain),
     "evaluate": (_evaluate_options, _evaluate),
-    "compare": (_compare_options, _compare),
+    "compare": _kit_study(*KIT_STUDIES["compare"]),
     "bottleneck": _kit_study(*KIT_STUDIES["bottleneck"]),
     "analyze": (_analyze_options, _analyze),
     "rank-intervention": (_rank_intervention_options, _rank_intervention),

@@ -59,7 +59,7 @@ def field_docs(cls) -> dict[str, str]:
 
 #: argparse types the annotation does not say, and second names kept for options
 _TYPES = {"head_dim": parse_head_dim}
-_ALIASES = {"gradient_checkpointing": ("--activation-checkpointing",)}
+_ALIASES = {"gradient_checkpointing": ("--activation-checkpointing",), "steps": ("--max-steps",)}
 
 
 def add_options(parser, cls, skip=(), title: str | None = None):
@@ -96,7 +96,7 @@ def add_options(parser, cls, skip=(), title: str | None = None):
                 if not fixed and inner and inner[0] in (int, float):  # "1e-3 2e-3" or "1e-3,2e-3"
                     kw["action"], kw["type"] = _Words, _words(inner[0])
             kw.setdefault("type", _TYPES.get(f.name) or (inner[0] if inner else hint))
-            kw["metavar"] = {int: "N", float: "X"}.get(kw["type"])
+            kw["metavar"] = {int: "N", float: "X"}.get(inner[0] if inner else kw["type"])
             if "choices" in f.metadata:
                 kw["choices"], kw["metavar"] = f.metadata["choices"], None
         group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})

@@ -25,13 +25,15 @@ def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, monkey
     )
     assert rc == 0
     saved = json.loads((tmp_path / "c" / "results.json").read_text())
-    results = saved["results"]
+    results = list(saved["runs"].values())
     assert all(0 < r["heldout_bits_per_character"] < 10 for r in results)
     # one tokenizer for every model, recorded beside the corpus, with the versions that trained them
-    tokenizer = saved["meta"]["data_info"]["tokenizer_sha256"]
-    assert len(tokenizer) == 64 and saved["meta"]["data_info"]["corpus_sha256"]
+    tokenizer = results[0]["data_info"]["tokenizer_sha256"]
+    assert len(tokenizer) == 64 and results[0]["data_info"]["corpus_sha256"]
     assert {r["reproducibility"]["tokenizer_sha256"] for r in results} == {tokenizer}
     assert saved["meta"]["other_versions"]["accelerate"]
+    assert [r["heldout_perplexity"] for r in saved["summary"]] == [r["heldout_perplexity"] for r in results]
+    assert (tmp_path / "c" / "report.md").read_text().count("| standard") == 2  # the table and standard-wide
     assert saved["meta"]["command"].startswith("fixedhead compare --preset tiny --corpus ")
     assert [r["name"] for r in results] == ["standard", "fixed", "standard-wide"]
     assert results[1]["head_dim"] == 16 and results[0]["head_dim"] == 4
@@ -66,10 +68,11 @@ def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_
     new = dict(base, name="new", heldout_bits_per_character=1.23456)
     old = dict(base, name="old")  # a results file from before bits per character was measured
     lines = format_table([new, old], unigram_perplexity=200.0).splitlines()
-    end = lines[0].index("bits/char") + len("bits/char")  # cells are right-aligned under their header
-    assert lines[0][:end].endswith("held-out ppl  bits/char")
-    assert lines[2][:end].split()[-2:] == ["100.00", "1.235"]
-    assert lines[3][:end].split()[-2:] == ["100.00", "-"]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    column = header.index("bits/char")
+    assert header[column - 1] == "held-out ppl"
+    assert [c.strip() for c in lines[2].strip("|").split("|")][column - 1 : column + 1] == ["100.00", "1.235"]
+    assert [c.strip() for c in lines[3].strip("|").split("|")][column - 1 : column + 1] == ["100.00", "-"]
     write_results([new, old], tmp_path, {"description": "test"})
     with open(tmp_path / "results.csv") as f:
         rows = list(csv.DictReader(f))
@@ -81,7 +84,7 @@ def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
 
     preset = compare.get_compare_preset("tiny")
     preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
-    monkeypatch.setattr(compare, "get_compare_preset", lambda name: preset)
+    monkeypatch.setitem(compare.COMPARE_PRESETS, "tiny", lambda: preset)
     rc = main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "c")])
     assert rc == 2
     err = capsys.readouterr().err
@@ -95,11 +98,11 @@ def test_compare_refuses_foreign_output_dir_and_zero_steps(tmp_path, capsys):
     assert "notes.txt" in capsys.readouterr().err
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     assert main(["compare", "--preset", "tiny", "--max-steps", "0", "--output-dir", str(tmp_path / "z")]) == 2
-    assert "max_steps" in capsys.readouterr().err
+    assert "--steps must be a positive int, got 0" in capsys.readouterr().err
     # a rate and a grid: the grid would silently win; refused before any work
     argv = ["compare", "--preset", "tiny", "--learning-rate", "5e-4", "--learning-rates", "1e-3,2e-3"]
     assert main([*argv, "--output-dir", str(tmp_path / "g")]) == 2
-    assert "learning_rate 0.0005" in capsys.readouterr().err and not (tmp_path / "g").exists()
+    assert "--learning-rate = 0.0005" in capsys.readouterr().err and not (tmp_path / "g").exists()
     # another study's results.json (farthest-point writes one too): not compare's folder
     (tmp_path / "fp").mkdir()
     (tmp_path / "fp" / "results.json").write_text('{"meta": {"study": "farthest-point"}, "runs": {}}')
@@ -133,10 +136,11 @@ def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_pa
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     tiny = compare.get_compare_preset("tiny")
     tiny.train = __import__("dataclasses").replace(tiny.train, mlm_probability=0.4)
-    results = compare.run_compare(
-        tiny, tmp_path / "c", corpus=str(small_real_corpus), max_steps=2, objective="clm", progress=False
-    )
-    assert {r["objective"] for r in results} == {"clm"}
+    monkeypatch.setitem(compare.COMPARE_PRESETS, "tiny", lambda: tiny)
+    options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus), steps=2, objective="clm")
+    record = compare.run_compare(options, tmp_path / "c", progress=False)
+    assert {r["objective"] for r in record["runs"].values()} == {"clm"}
+    assert "trained as clm instead of the preset's mlm" in record["meta"]["description"]
 
 
 def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real_corpus, tmp_path, monkeypatch):
@@ -146,11 +150,14 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     from fixedhead.studies.kit.learning_rate import VALIDATION_FRACTION
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    kw = dict(corpus=str(small_real_corpus), max_steps=3, progress=False, learning_rates=[1e-3, 4e-3], max_extensions=1)
-    results = compare.run_compare("tiny", tmp_path / "c", **kw)
-    saved = json.loads((tmp_path / "c" / "results.json").read_text())
-    selection = saved["meta"]["learning_rate_selection"]
-    assert saved["meta"]["data"]["validation_fraction"] == VALIDATION_FRACTION
+    options = compare.CompareOptions(
+        preset="tiny", corpus=str(small_real_corpus), steps=3, learning_rates=(1e-3, 4e-3), max_extensions=1
+    )
+    record = compare.run_compare(options, tmp_path / "c", progress=False)
+    results = list(record["runs"].values())
+    state = compare.state_of(options, results, record["meta"])
+    selection = state["meta"]["learning_rate_selection"]
+    assert state["meta"]["data"]["validation_fraction"] == VALIDATION_FRACTION
     for r in results:
         chosen = selection["models"][r["name"]]
         losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}
@@ -166,8 +173,8 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     assert (tmp_path / "c" / "learning_rates.png").read_bytes()[:4] == b"\x89PNG"
     assert "learning_rate" in (tmp_path / "c" / "results.csv").read_text().splitlines()[0].split(",")
     # the same command again trains nothing: every run of the grid is reused
-    again = compare.run_compare("tiny", tmp_path / "c", **kw)
-    assert [r["train_seconds"] for r in again] == [r["train_seconds"] for r in results]
+    again = compare.run_compare(options, tmp_path / "c", progress=False)
+    assert [r["train_seconds"] for r in again["runs"].values()] == [r["train_seconds"] for r in results]
 
 
 def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, monkeypatch):
@@ -183,21 +190,29 @@ def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, mo
     out = tmp_path / "c"
     argv = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(out)]
     assert main(argv) == 130
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["results"] == []
-    plan = saved["meta"]["plan"]
-    assert list(plan["models"]) == ["standard", "fixed", "standard-wide"]
+    assert not (out / "results.json").is_file() or not json.loads((out / "results.json").read_text())["runs"]
+    plan = json.loads((out / "plan.json").read_text())["plan"]
+    assert plan["points"] == ["standard", "fixed", "standard-wide"]
     assert plan["models"]["fixed"]["head_dim"] == 16
-    # the widened model keeps the preset's feed-forward ratio (tiny: 64 for d = 32)
-    wide_fields = plan["models"]["standard-wide"]
-    assert wide_fields["hidden_size"] > 32 and wide_fields["intermediate_size"] == 2 * wide_fields["hidden_size"]
-    assert plan["learning_rates"] == {name: 3e-3 for name in plan["models"]}  # the tiny recipe's rate
-    # --models trains a subset; the widened model is still sized against the fixed one
+    assert plan["rates"] == {name: 3e-3 for name in plan["models"]}  # the tiny recipe's rate
+    # the widened model keeps the preset's feed-forward ratio (tiny: 64 for d = 32), sized once the
+    # tokenizer is trained; --models trains a subset, the widened model still sized against the fixed one
+    monkeypatch.setattr(
+        compare,
+        "train_or_reuse",
+        lambda config, *a, **k: (_ for _ in ()).throw(RuntimeError(f"{config.hidden_size} {config.intermediate_size}")),
+    )
     wide = tmp_path / "w"
     argv = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(wide)]
-    assert main([*argv, "--models", "standard-wide"]) == 130
-    only = json.loads((wide / "results.json").read_text())["meta"]["plan"]["models"]
-    assert list(only) == ["standard-wide"] and only["standard-wide"] == plan["models"]["standard-wide"]
+    with pytest.raises(RuntimeError) as sized:
+        compare.run_compare(
+            compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus), models=("standard-wide",)),
+            wide,
+            progress=False,
+        )
+    d, f = map(int, str(sized.value).split())
+    assert d > 32 and f == 2 * d
+    assert json.loads((wide / "plan.json").read_text())["plan"]["points"] == ["standard-wide"]
     assert main([*argv, "--models", "fixd"]) == 2
 
 
@@ -213,7 +228,7 @@ def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpu
     assert not out.exists()
     assert main([*common, "--objective", "clm", "--output-dir", str(out), "--max-steps", "4", "--no-progress"]) == 0
     saved = json.loads((out / "results.json").read_text())
-    results = {r["name"]: r for r in saved["results"]}
+    results = saved["runs"]
     assert "LlamaForCausalLM" in saved["meta"]["description"]
     for name, head_dim in (("standard", 4), ("fixed", 16), ("standard-wide", None)):
         config = json.loads((out / name / "config.json").read_text())
@@ -230,7 +245,7 @@ def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpu
 def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     from dataclasses import replace
 
-    from fixedhead.studies.compare import get_compare_preset, match_hidden_size, run_compare
+    from fixedhead.studies.compare import CompareOptions, get_compare_preset, match_hidden_size, run_compare
     from fixedhead.studies.kit.recipes import get_recipe
 
     cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
@@ -249,7 +264,7 @@ def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     d = match_hidden_size(llama.models["standard-wide"], target, v)
     assert d % (2 * h) == 0 and params(d, d, 4 * d) >= target > params(d - 2 * h, d - 2 * h, 4 * (d - 2 * h))
     with pytest.raises(ValueError, match="parametrization='mup' is an option of fixedhead's attention only"):
-        run_compare("cpu-mup", tmp_path / "m", architecture="llama", progress=False)
+        run_compare(CompareOptions(preset="cpu-mup", architecture="llama"), tmp_path / "m", progress=False)
     assert not (tmp_path / "m").exists()
 
 
@@ -269,9 +284,12 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(compare, "train_or_reuse", record)
     rates = {"standard": 1e-3, "fixed": 4e-3, "standard-wide": 2e-3}
-    preset = compare._preset("tiny", 32, 8, 16, "a smoke test", rates=rates)
+    monkeypatch.setitem(
+        compare.COMPARE_PRESETS, "tiny", lambda: compare._preset("tiny", 32, 8, 16, "a smoke test", rates=rates)
+    )
+    options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus))
     with pytest.raises(KeyboardInterrupt):
-        compare.run_compare(preset, tmp_path / "c", corpus=str(small_real_corpus), progress=False)
+        compare.run_compare(options, tmp_path / "c", progress=False)
     assert seen == {"standard": (1e-3, True)}
-    meta = json.loads((tmp_path / "c" / "results.json").read_text())["meta"]
-    assert meta["plan"]["learning_rates"] == rates and meta["data"]["validation_fraction"] == 0.05
+    assert json.loads((tmp_path / "c" / "plan.json").read_text())["plan"]["rates"] == rates
+    assert compare.resolve(options).data.validation_fraction == 0.05

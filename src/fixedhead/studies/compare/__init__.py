@@ -23,12 +23,11 @@ used by default because on a CPU budget it is the objective that leaves the word
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from ...checks import non_negative_int, positive_float, positive_int
 from ...data import DataSettings, prepare_data
 from ...data.lm import unigram_perplexity
 from ...model.architectures import (
@@ -39,7 +38,7 @@ from ...model.architectures import (
     is_fixed_head,
 )
 from ...model.sizes import parameter_count
-from ...runs import claim_output_dir, environment_info, invocation_commands, staged_outputs, write_json_atomic
+from ...runs import staged_outputs
 from ...theory import causal_threshold
 from ...training.pretrain import train_or_reuse
 from ...training.settings import TrainSettings
@@ -49,10 +48,12 @@ from ..kit.learning_rate import (
     choose_on_validation,
     parse_rates,
     plot_learning_rates,
+    selection_markdown,
     selection_record,
     with_validation_split,
 )
 from ..kit.recipes import get_recipe
+from ..kit.study import Point, StateStudy, run_study
 
 
 @dataclass
@@ -131,7 +132,7 @@ COMPARE_PRESETS = {
 }
 
 
-OUTPUT_FILES = ("results.json", "results.csv", "learning_curves.png", "learning_rates.png")
+OUTPUT_FILES = ("results.csv", "learning_curves.png", "learning_rates.png")
 
 
 def get_compare_preset(name: str) -> ComparePreset:
@@ -162,178 +163,309 @@ def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int
         d += step
 
 
-def run_compare(
-    preset: str | ComparePreset = "cpu",
-    output_dir: str | Path = "runs/compare",
-    corpus: str | None = None,
-    max_steps: int | None = None,
-    learning_rate: float | None = None,
-    batch_size: int | None = None,
-    seed: int | None = None,
-    overwrite: bool = False,
-    cache_dir=None,
-    progress: bool = True,
-    command: str | None = None,
-    objective: str | None = None,
-    learning_rates: list[float] | None = None,
-    max_extensions: int = 3,
-    architecture: str | None = None,
-    models: list[str] | None = None,
-) -> list[dict]:
-    """Train and score every model of a compare preset; write results.json/.csv and learning_curves.png.
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``fixedhead compare`` trains: a preset (data, recipe, models) and what a run changes of it."""
 
-    Models whose run directory already holds finished metrics with the same settings are not
-    retrained (an interrupted compare resumes where it stopped).
+    preset: str = field(default="cpu", metadata={"choices": tuple(COMPARE_PRESETS)})
+    """the data, recipe and models (COMPARE_PRESETS: cpu is make run's)"""
+    seed: int | None = None
+    """one seed for every model: its initialisation and data order (None: the recipe's)"""
+    steps: int | None = None
+    """training steps of every model (None: the preset's)"""
+    batch_size: int | None = None
+    """sequences per step of every model (None: the preset's)"""
+    learning_rate: float | None = None
+    """one peak learning rate for every model (None: the preset's, each model's own where it names them)"""
+    objective: str | None = field(default=None, metadata={"choices": ("mlm", "clm")})
+    """train every model as a masked or causal LM (None: the preset's)"""
+    architecture: str | None = field(default=None, metadata={"choices": ("fixedhead", "llama")})
+    """train every model as this family (llama: transformers' LlamaForCausalLM, causal only; None: each model's)"""
+    corpus: str | None = None
+    """another corpus: a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name"""
+    models: tuple[str, ...] = ()
+    """train only these of the preset's models (empty: all; the widened one is still sized against its reference)"""
+    learning_rates: tuple[float, ...] = ()
+    """a grid each model chooses its own rate from on a validation split (empty: no choice)"""
+    max_extensions: int = 3
+    """how often the rate grid grows past an edge"""
 
-    ``learning_rates``: a grid (at least 2 rates, e.g. :func:`~fixedhead.studies.kit.learning_rate.rate_grid`)
-    over which each model chooses its own rate on a validation split of the training documents
-    (:mod:`fixedhead.studies.kit.learning_rate`: extended past an edge up to ``max_extensions`` times);
-    every run goes to ``OUTPUT_DIR/lr-grid/MODEL-lrRATE``, the chosen one is each model's result,
-    and ``learning_rates.png`` shows validation loss against rate per model. ``models``: train only
-    these of the preset's models (the widened one is still sized against its reference).
+    def __post_init__(self):
+        p = get_compare_preset(self.preset)  # refused by name
+        unknown = sorted(set(self.models) - set(p.models))
+        if unknown:
+            raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
+        if self.seed is not None:
+            non_negative_int("seed", self.seed)
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.learning_rate is not None:
+            positive_float("learning_rate", self.learning_rate)
+        non_negative_int("max_extensions", self.max_extensions)
+        if self.learning_rates:
+            parse_rates(self.learning_rates)
+            if self.learning_rate is not None:
+                raise ValueError(
+                    f"learning_rate = {self.learning_rate!r} and a learning-rate grid were both given: the grid "
+                    "chooses each model's rate; pass one of them"
+                )
 
-    ``architecture``: train every model of the preset as this family
-    (:mod:`fixedhead.model.architectures`: ``"llama"`` for transformers' ``LlamaForCausalLM`` with the
-    same d, h, d_p, feed-forward width and depth; causal only); default: each model's own.
-    ``command``: the command line results.json records (default: this process's arguments).
 
-    Returns:
-        one result dict per model (see :func:`fixedhead.training.pretrain`), in preset order.
+@dataclass
+class Plan:
+    """A comparison resolved from its options: the data and training settings, each model's config
+    fields (the widened one not yet sized: that needs the trained tokenizer), each model's rate (or the
+    grid's), and the description."""
 
-    Raises:
-        FileNotFoundError: the corpus is missing (the message says how to pass another).
-        FileExistsError: ``output_dir`` holds runs with other settings (without ``overwrite``).
-        ValueError: a model the architecture cannot build or train (a μP-style or masked Llama model).
-    """
-    p = get_compare_preset(preset) if isinstance(preset, str) else preset
-    unknown = sorted(set(models or ()) - set(p.models))
-    if unknown:
-        raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
-    data_settings = replace(p.data, corpus=corpus) if corpus else p.data
-    if learning_rates is not None:
-        if learning_rate is not None:
-            raise ValueError(
-                f"learning_rate {learning_rate!r} and a learning-rate grid were both given: the grid chooses each "
-                "model's rate; pass one of them"
-            )
-        learning_rates = parse_rates(learning_rates)
+    preset: ComparePreset
+    data: DataSettings
+    train: TrainSettings
+    configs: dict[str, dict]
+    rates: dict[str, float]
+    grid: list[float] | None
+    description: str
+
+
+def resolve(o: CompareOptions, preset: ComparePreset | None = None) -> Plan:
+    """The :class:`Plan` of ``o`` (of ``preset`` instead of ``o.preset`` where given: seq-len's)."""
+    p = preset or get_compare_preset(o.preset)
+    data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
+    grid = parse_rates(o.learning_rates) if o.learning_rates else None
+    if grid:
         data_settings = with_validation_split(data_settings)  # rates are chosen on text no model trains on
-    overrides = dict(max_steps=max_steps, batch_size=batch_size, seed=seed, learning_rate=learning_rate)
-    train = replace(p.train, **{k: v for k, v in overrides.items() if v is not None})  # validated by TrainSettings
+    overrides = dict(max_steps=o.steps, batch_size=o.batch_size, seed=o.seed, learning_rate=o.learning_rate)
+    train = replace(p.train, **{k: v for k, v in overrides.items() if v is not None})
     description = p.description
     if (train.max_steps, train.batch_size) != (p.train.max_steps, p.train.batch_size):  # the text names the preset's
         description += f" (here {train.max_steps} steps of batch {train.batch_size}, overriding the preset's)"
-    if objective is not None and objective != train.objective:  # the masking rate is the masked objective's
-        description += f" (trained as {objective} instead of the preset's {train.objective}: same sizes and recipe)"
-        train = replace(train, objective=objective, mlm_probability=0.15)
-    train = replace(train, progress=progress)
-    if learning_rates is not None:
-        grid = ", ".join(f"{x:g}" for x in learning_rates)
-        description += f"; each model at the best rate of the grid {grid} on a validation split"
-    elif learning_rate is None and p.learning_rates:
+    if o.objective is not None and o.objective != train.objective:  # the masking rate is the masked objective's
+        description += f" (trained as {o.objective} instead of the preset's {train.objective}: same sizes and recipe)"
+        train = replace(train, objective=o.objective, mlm_probability=0.15)
+    if grid:
+        description += (
+            f"; each model at the best rate of the grid {', '.join(f'{x:g}' for x in grid)} on a validation split"
+        )
+    elif o.learning_rate is None and p.learning_rates:
         own = ", ".join(f"{name} {lr:g}" for name, lr in p.learning_rates.items())
         description += f"; each model at its own learning rate ({own}), chosen on a validation split"
     else:
         description += f"; learning rate {train.learning_rate:g}"
     configs = {name: dict(fields) for name, fields in p.models.items()}
-    if architecture is not None and any(f.get("architecture", "fixedhead") != architecture for f in configs.values()):
-        description += _as(check_architecture(architecture))
+    if o.architecture is not None and any(
+        f.get("architecture", "fixedhead") != o.architecture for f in configs.values()
+    ):
+        description += _as(check_architecture(o.architecture))
         for fields in configs.values():
-            fields["architecture"] = architecture
-    for fields in configs.values():  # every model buildable and trainable before any slow work
-        check_objective_for(build_config({**fields, "vocab_size": data_settings.vocab_size}), train.objective)
-    out = Path(output_dir)
-    owned = (*p.models, *OUTPUT_FILES, "lr-grid", ".results.*", ".learning_curves.png.*", ".learning_rates.png.*")
-    claim_output_dir(out, ("results.json", *p.models), owned, "compare", create=False, results_file="results.json")
-    t_start = time.time()
-    data = prepare_data(data_settings, cache_dir=cache_dir, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)  # only once the data is good: a bad corpus leaves nothing behind
-    vocab = len(data.tokenizer)
+            fields["architecture"] = o.architecture
+    own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
+    rates = {name: own.get(name, train.learning_rate) for name in configs}
+    return Plan(p, data_settings, train, configs, rates, grid, description)
 
-    if p.widen and p.match_to:
-        target = parameter_count(build_config({**configs[p.match_to], "vocab_size": vocab}))
-        d = match_hidden_size(configs[p.widen], target, vocab)
-        configs[p.widen].update(hidden_size=d, intermediate_size=widened_ffn(configs[p.widen], d))
-    if models:
-        configs = {name: fields for name, fields in configs.items() if name in models}
-    own = p.learning_rates if learning_rate is None else {}  # without a grid: a given rate, else each model's own
-    rate_of = {name: own.get(name, train.learning_rate) for name in configs}
 
-    meta = {
-        "study": "compare",
-        "command": invocation_commands(command, {})[0],
-        "preset": preset if isinstance(preset, str) else "custom",
-        "objective": train.objective,
-        # the context-free reference on the same held-out tokens: how far below it the models are is
-        # how much they learnt beyond word frequencies (see unigram_perplexity)
-        "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),
-        "description": description,
-        "data": data_settings.record(),
-        "data_info": data.info,
-        "train": asdict(train),
-        # decided before any training: the models, each one's rate or the grid it chooses from, the rule
+def sized_fields(plan: Plan, name: str, vocab: int) -> dict:
+    """Model ``name``'s config fields, the widened model sized to its reference's parameter count at this
+    vocabulary (:func:`match_hidden_size`)."""
+    fields = dict(plan.configs[name])
+    p = plan.preset
+    if name == p.widen and p.match_to:
+        target = parameter_count(build_config({**plan.configs[p.match_to], "vocab_size": vocab}))
+        d = match_hidden_size(fields, target, vocab)
+        fields.update(hidden_size=d, intermediate_size=widened_ffn(fields, d))
+    return fields
+
+
+def train_model(
+    plan: Plan, name: str, data, out: Path, max_extensions: int = 3, overwrite: bool = False, progress: bool = True
+) -> dict:
+    """Train (or reuse) model ``name`` of ``plan`` in ``out/NAME``, or, with a rate grid, at every rate of it
+    in ``out/lr-grid/NAME-lrRATE`` keeping the best on the validation split. Returns its result
+    (:func:`fixedhead.training.pretrain`) with ``name``, ``fields`` (its config fields), ``run`` (its folder
+    inside ``out``), ``learning_rate`` where models have their own, and ``selection`` with a grid."""
+    fields = sized_fields(plan, name, len(data.tokenizer))
+    config = build_config({**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id})
+    train = replace(plan.train, progress=progress)
+    if progress:
+        print(
+            f"\n{name} ({config.model_type}): d={config.hidden_size}, h={config.num_attention_heads}, "
+            f"d_p={head_size_label(config)} ({'fixed' if is_fixed_head(config) else 'standard'}), "
+            f"{parameter_count(config):,} parameters, {train.max_steps} steps",
+            flush=True,
+        )
+    if plan.grid is None:
+        lr = plan.rates[name]
+        result = train_or_reuse(config, data, out / name, replace(train, learning_rate=lr), overwrite)
+        own = {"learning_rate": lr} if plan.preset.learning_rates else {}
+        return {**result, "name": name, "fields": fields, "run": name, **own}
+    runs = {}
+
+    def train_at(lr):
+        run_dir = out / "lr-grid" / core.run_key(name, lr)
+        if progress:
+            print(f"{name} at lr {lr:g} ({run_dir})", flush=True)
+        runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
+        return runs[lr]
+
+    choice = choose_on_validation(train_at, plan.grid, max_extensions)
+    best = choice["chosen"]
+    if progress:
+        edge = "" if choice["bracketed"] else " (at an edge of the grid)"
+        print(f"{name}: lr {best:g} chosen on the validation split{edge}")
+    selection = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
+    run = f"lr-grid/{core.run_key(name, best)}"
+    return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "selection": selection}
+
+
+def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
+    """What the table, report and figures read: ``meta`` (description, data, training settings, the plan,
+    the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
+    and ``results`` (one per model, in plan order)."""
+    plan = resolve(o)
+    results = list(results)
+    first = results[0] if results else {}
+    computed = {
+        "description": plan.description,
+        "objective": plan.train.objective,
+        "unigram_perplexity": first.get("unigram_perplexity"),
+        "data": plan.data.record(),
+        "data_info": first.get("data_info", {}),
+        "train": asdict(plan.train),
         "plan": {
-            "models": configs,
-            "seed": train.seed,
+            "models": {r["name"]: r["fields"] for r in results},
+            "seed": plan.train.seed,
             **(
-                {"grid": learning_rates, "max_extensions": max_extensions, "rule": RULE}
-                if learning_rates is not None
-                else {"learning_rates": rate_of}
+                {"grid": plan.grid, "max_extensions": o.max_extensions, "rule": RULE}
+                if plan.grid
+                else {"learning_rates": plan.rates}
             ),
         },
     }
-    if not (out / "results.json").is_file():  # a finished comparison's results stay until replaced
-        write_json_atomic(out / "results.json", {"meta": meta, "results": []})
-    results, run_dirs, selection = [], {}, {}
-    for i, (name, fields) in enumerate(configs.items(), 1):
-        config = build_config({**fields, "vocab_size": vocab, "pad_token_id": data.tokenizer.pad_token_id})
-        if progress:
-            print(
-                f"\n[{i}/{len(configs)}] {name} ({config.model_type}): d={config.hidden_size}, "
-                f"h={config.num_attention_heads}, d_p={head_size_label(config)} "
-                f"({'fixed' if is_fixed_head(config) else 'standard'}), "
-                f"{parameter_count(config):,} parameters, {train.max_steps} steps",
-                flush=True,
-            )
-        if learning_rates is None:
-            lr = rate_of[name]
-            run_dirs[name] = out / name
-            result = train_or_reuse(config, data, run_dirs[name], replace(train, learning_rate=lr), overwrite)
-            results.append({**result, "name": name, **({"learning_rate": lr} if p.learning_rates else {})})
-            continue
-        runs = {}
-
-        def train_at(lr, name=name, config=config, runs=runs):
-            run_dir = out / "lr-grid" / core.run_key(name, lr)
-            if progress:
-                print(f"{name} at lr {lr:g} ({run_dir})", flush=True)
-            runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
-            return runs[lr]
-
-        choice = choose_on_validation(train_at, learning_rates, max_extensions)
-        best = choice["chosen"]
-        run_dirs[name] = out / "lr-grid" / core.run_key(name, best)
-        results.append({**runs[best], "name": name, "learning_rate": best})
-        selection[name] = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
-        if progress:
-            edge = "" if choice["bracketed"] else " (at an edge of the grid)"
-            print(f"{name}: lr {best:g} chosen on the validation split{edge}")
-    if train.objective == "clm":  # what a causal model says: the sensible-output check of the README
-        for r in results:
-            r["samples"] = continuations(run_dirs[r["name"]], seed=train.seed)
-    if selection:
-        meta["learning_rate_selection"] = selection_record(
-            learning_rates, max_extensions, train.seed, data_settings.validation_fraction, models=selection
+    if plan.grid:
+        selection = {r["name"]: r["selection"] for r in results if "selection" in r}
+        computed["learning_rate_selection"] = selection_record(
+            plan.grid, o.max_extensions, plan.train.seed, plan.data.validation_fraction, models=selection
         )
-    meta.update(total_seconds=round(time.time() - t_start, 1), **environment_info())
-    write_results(results, out, meta)
-    print()  # the results, with or without progress bars
-    print(format_table(results, meta["unigram_perplexity"]))
-    for r in results:
-        for prompt, text in r.get("samples", {}).items():
-            print(f"{r['name']:>14}: {prompt} | {text}")
-    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'learning_curves.png'}")
-    return results
+    return {"meta": computed | (meta or {}), "results": results}
+
+
+def report_markdown(state: dict) -> str:
+    """The comparison's report: the description, what was run, the table, the samples and the rates."""
+    meta, results = state["meta"], state["results"]
+    lines = render.head(
+        "Standard against fixed head size (`fixedhead compare`)", meta, [], "![learning curves](learning_curves.png)"
+    )
+    lines += ["", "## Held-out scores", "", *format_table(results, meta.get("unigram_perplexity")).splitlines(), ""]
+    samples = [(r["name"], prompt, text) for r in results for prompt, text in r.get("samples", {}).items()]
+    if samples:
+        lines += ["## What the models say (sampled continuations)", ""]
+        lines += render.table(["model", "prompt", "continuation"], [[n, f"{p} …", t] for n, p, t in samples]) + [""]
+    if "learning_rate_selection" in meta:
+        models = {r["name"]: r["selection"] for r in results if "selection" in r}
+        lines += selection_markdown(meta["learning_rate_selection"], models, "model")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def summarise(state: dict) -> list[dict]:
+    """One row per model: its name, sizes, rate and held-out scores (the table's columns)."""
+    return [
+        {k: r.get(k) for k, _, _ in _columns(state["results"])} | {"heldout_loss": r["heldout_loss"]}
+        for r in state["results"]
+    ]
+
+
+def write_files(state: dict, out: Path) -> None:
+    """``results.csv``, ``learning_curves.png`` and, where models chose their rates, ``learning_rates.png``."""
+    write_results(state["results"], out, state["meta"])
+
+
+class CompareStudy(StateStudy):
+    """The comparison on the kit (:mod:`fixedhead.studies.kit.study`): one point per model of the preset,
+    each trained (or, with a rate grid, trained at every rate and the best kept) in ``FOLDER/MODEL``."""
+
+    name = "compare"
+    Options = CompareOptions
+    quick = CompareOptions(preset="tiny")
+    files = (*OUTPUT_FILES, *COMPARE_PRESETS["cpu"]().models, "lr-grid")
+    points_only = ("models",)
+    folder_by_preset = False
+    state_of = staticmethod(state_of)
+    summarise_state = staticmethod(summarise)
+    report_state = staticmethod(report_markdown)
+    write_state = staticmethod(write_files)
+
+    def __init__(self, cache_dir=None):
+        self.cache_dir, self._data = cache_dir, None
+
+    def describe(self, o):
+        return resolve(o).description
+
+    def check(self, o):
+        plan = resolve(o)
+        for fields in plan.configs.values():  # every model buildable and trainable before any slow work
+            check_objective_for(build_config({**fields, "vocab_size": plan.data.vocab_size}), plan.train.objective)
+
+    def plan(self, o):
+        return [Point(name) for name in get_compare_preset(o.preset).models if not o.models or name in o.models]
+
+    def plan_record(self, o):
+        plan = resolve(o)
+        return {
+            "models": {name: plan.configs[name] for name in plan.configs if not o.models or name in o.models},
+            "rates": {"grid": plan.grid, "max_extensions": o.max_extensions} if plan.grid else plan.rates,
+            "pairing": "every model trains on the same batches in the same order (one seed) and is scored on "
+            "the same held-out tokens",
+        }
+
+    def run(self, o, point, folder, done, progress):
+        plan = resolve(o)
+        if self._data is None:
+            self._data = prepare_data(plan.data, cache_dir=self.cache_dir, progress=progress)
+        data = self._data
+        result = train_model(plan, point.key, data, folder, o.max_extensions, self.overwriting, progress)
+        if plan.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
+            result["samples"] = continuations(folder / result["run"], seed=plan.train.seed)
+        return result | {
+            "unigram_perplexity": unigram_perplexity(data, plan.train.eval_seed, plan.train.objective),
+            "data_info": data.info,
+        }
+
+
+def run_compare(
+    options: CompareOptions | None = None,
+    output_dir: str | Path | None = None,
+    quick: bool = False,
+    grow: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    cache_dir=None,
+    command: str = "",
+) -> dict:
+    """Train and score every model of a compare preset (finished models are reused); write results.json,
+    report.md, results.csv and learning_curves.png (:func:`~fixedhead.studies.kit.study.run_study` of
+    :class:`CompareStudy`; default folder ``runs/compare``, ``runs/compare-quick`` with ``quick``).
+
+    Returns:
+        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per model: its result,
+        :func:`fixedhead.training.pretrain`, with its ``fields``, ``run`` folder, ``learning_rate`` where
+        models have their own, ``selection`` with a rate grid and ``samples`` for causal models) and
+        ``summary`` (one row per model).
+
+    Raises:
+        FileNotFoundError: the corpus is missing (the message says how to pass another).
+        FileExistsError: ``output_dir`` holds something else, or models of other settings (without ``overwrite``).
+        ValueError: bad options (:class:`CompareOptions`); a model the architecture cannot build or train
+            (a μP-style or masked Llama model).
+    """
+    return run_study(
+        CompareStudy(cache_dir),
+        options,
+        output_dir,
+        quick=quick,
+        grow=grow,
+        overwrite=overwrite,
+        progress=progress,
+        command=command,
+    )
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)
@@ -405,8 +537,8 @@ def _cell(r: dict, key: str, fmt: str) -> str:
 
 
 def format_table(results: list[dict], unigram_perplexity: float | None = None) -> str:
-    """A plain-text table of the comparison (one row per model); with the unigram reference, a column
-    of how far below it each model's held-out loss is (nats) and a closing line naming it."""
+    """The comparison's table (markdown, one row per model); with the unigram reference, a column of how
+    far below it each model's held-out loss is (nats) and a closing line naming it."""
     columns = _columns(results)
     results = [dict(r) for r in results]
     if unigram_perplexity:
@@ -414,28 +546,22 @@ def format_table(results: list[dict], unigram_perplexity: float | None = None) -
         for r in results:
             r["below_unigram"] = math.log(unigram_perplexity) - r["heldout_loss"]
     rows = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in results]
-    headers = [h for _, h, _ in columns]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-
-    lines = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    lines = render.table([h for _, h, _ in columns], rows)
     if unigram_perplexity:
         objective = results[0].get("objective", "mlm") if results else "mlm"
         scored = "masked tokens" if objective == "mlm" else "next tokens"
-        lines.append(
-            f"unigram reference (training-set word frequencies, no context) on the same held-out {scored}: "
-            f"ppl {unigram_perplexity:.1f}; 'below unigram' is its log minus the model's loss, in nats"
-        )
+        lines += [
+            "",
+            f"Unigram reference (training-set word frequencies, no context) on the same held-out {scored}: "
+            f"ppl {unigram_perplexity:.1f}; *below unigram* is its log minus the model's loss, in nats.",
+        ]
     return "\n".join(lines)
 
 
 def write_results(results: list[dict], out: Path, meta: dict) -> None:
-    """results.json (everything, curves included), results.csv (the table) and learning_curves.png,
-    written together or not at all (see :func:`fixedhead.runs.staged_outputs`)."""
+    """results.csv (the table), learning_curves.png and, where models chose their rates,
+    learning_rates.png, written together or not at all (see :func:`fixedhead.runs.staged_outputs`)."""
     with staged_outputs(out) as stage:
-        stage("results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
         keys = [k for k, _, _ in _columns(results)] + ["heldout_loss", "fixed_head", "num_hidden_layers"]
         render.write_csv(stage("results.csv"), keys, results)
         render.plot_learning_curves(results, stage("learning_curves.png"), meta.get("description", ""))

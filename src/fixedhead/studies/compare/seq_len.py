@@ -214,8 +214,9 @@ class SeqLenStudy(Study):
         return plan_record(o)
 
     def run(self, o, point, folder, done, progress):
+        from ...data import prepare_data
         from ...intervention import run_rank_curve
-        from . import run_compare
+        from . import CompareOptions, resolve, train_model
 
         n, arch, seed = point.spec
         first = seed == o.seeds[0]
@@ -224,19 +225,14 @@ class SeqLenStudy(Study):
         if not first and first_key not in done:
             raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
-        results = run_compare(
-            compare_preset(o, n, arch, chosen),
-            folder / point.key,
-            seed=seed,
-            learning_rates=grid,
-            progress=progress,
-            cache_dir=self.cache_dir,
-            overwrite=self.overwriting,
-        )
+        plan = resolve(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
+        data = prepare_data(plan.data, cache_dir=self.cache_dir, progress=progress)
+        results = [
+            train_model(plan, name, data, folder / point.key, 3, self.overwriting, progress) for name in plan.configs
+        ]
         models = []
         for r in results:
-            name = core.run_key(r["name"], r["learning_rate"]) if grid else r["name"]
-            run_dir = folder / point.key / ("lr-grid" if grid else "") / name
+            run_dir = folder / point.key / r["run"]
             curve = run_rank_curve(
                 run_dir, o.max_eval_tokens, o.ranks or None, progress=progress, per_layer=o.per_layer
             )

@@ -63,6 +63,8 @@ class Study:
     points_only: ClassVar[tuple[str, ...]] = ()
     """Options fields that only choose which points exist (seeds, lengths) or only enter the summary: a
     stored point stays valid when they change (see :func:`settings_sha256`)"""
+    folder_by_preset: ClassVar[bool] = True
+    """the default folder of options with a ``preset`` is ``runs/NAME-PRESET`` (False: ``runs/NAME``)"""
     states_plan: ClassVar[bool] = False
     """the report states the plan's hash and growth itself (else the kit adds a line)"""
     overwriting: bool = False
@@ -139,7 +141,8 @@ def study_folder(study: Study, options, output_dir=None, quick: bool = False) ->
     """Where a study writes: ``output_dir`` when given, else ``runs/NAME`` (``runs/NAME-PRESET`` for
     options with a ``preset``), ``runs/NAME-quick`` for the quick plan
     (:func:`~fixedhead.studies.kit.core.output_folder`; the command line reads it from here too)."""
-    return core.output_folder(output_dir, study.name, None if quick else getattr(options, "preset", None), quick)
+    preset = getattr(options, "preset", None) if study.folder_by_preset and not quick else None
+    return core.output_folder(output_dir, study.name, preset, quick)
 
 
 def plan_file(study: Study, options) -> dict:
