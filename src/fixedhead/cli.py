@@ -258,7 +258,11 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
             action="store_true",
             help="accept a plan that differs from the folder's after results exist (the report says so)",
         )
-        g.add_argument("--overwrite", action="store_true", help="run finished points again (the plan is kept)")
+        g.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="run every point again with these options (the plan and the stored results are replaced)",
+        )
         g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
         g.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -241,6 +241,10 @@ def test_the_default_grid():
     assert len(p.seeds) >= 3
     with pytest.raises(ValueError, match="seeds must be distinct"):
         S.FarthestPointOptions(seeds=(1, 1))
+    with pytest.raises(ValueError, match="ranks must hold at least one value"):
+        S.FarthestPointOptions(ranks=())
+    with pytest.raises(ValueError, match="more_heads must be a positive int, got 0"):
+        S.FarthestPointOptions(more_heads=(0, 8))
     with pytest.raises(ValueError, match="curve_points = 20 is more than steps = 5"):
         S.FarthestPointOptions(recipe=M.FarthestPointRecipe(steps=5))
 
@@ -267,8 +271,15 @@ def test_quick_grid_end_to_end_and_resume(tmp_path, monkeypatch):
     again = S.run_farthest_point(S.QUICK, out, progress=False, command="test")  # resumes: everything reused
     assert again["runs"] == record["runs"]
     shorter = replace(S.QUICK, recipe=replace(S.QUICK.recipe, steps=4))
-    with pytest.raises(FileExistsError, match="other settings"):
+    with pytest.raises(FileExistsError, match=r"other settings \(--steps: 40 → 4\)"):
         S.run_farthest_point(shorter, out, progress=False)
+    # another rank adds cells: only those train, with --grow
+    monkeypatch.undo()
+    wider = replace(S.QUICK, ranks=(2, 4, 8))
+    with pytest.raises(FileExistsError, match="pass --grow"):
+        S.run_farthest_point(wider, out, progress=False)
+    grown = S.run_farthest_point(wider, out, grow=True, progress=False)
+    assert set(grown["runs"]) - set(record["runs"]) == {f"r8-dp{dp}-h4-s0" for dp in (2, 4)}
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):

@@ -122,9 +122,11 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert report.startswith("# Scaling") and "Incomplete" not in report and record["plan_sha256"] in report
     assert set(record["summary"]) == {"standard", "threshold"} and "fit_flops" in record["summary"]["threshold"]
-    # the same command reuses every run; the committed-report path renders the same report
+    # the same command reuses every run, also with the preset's seeds and grid written out; the
+    # committed-report path renders the same report
     before = {k: r["train_seconds"] for k, r in state["runs"].items()}
-    assert main([*argv, "--no-progress"]) == 0
+    assert main([*argv, "--no-progress", "--seeds", "0", "1", "--learning-rates", "2e-3", "4e-3"]) == 0
+    assert "grew" not in (out / "report.md").read_text()
     again = json.loads((out / "results.json").read_text())
     assert {k: r["train_seconds"] for r in again["runs"].values() for k, r in r["runs"].items()} == before
     assert regenerate(scaling.ScalingStudy(), out)[1] == (out / "report.md").read_text()
@@ -169,7 +171,7 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
     i = h * dp
     assert non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
     with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
-        scaling.run_scaling("tiny", tmp_path / "s", architecture="llama", progress=False)
+        scaling.run_scaling(scaling.ScalingOptions(preset="tiny", architecture="llama"), tmp_path / "s", progress=False)
     assert not (tmp_path / "s").exists()
 
 

@@ -100,11 +100,12 @@ def test_a_changed_plan_is_refused_after_results_unless_the_study_grows(tmp_path
 def test_points_of_other_settings_are_refused_and_overwrite_runs_them_again(tmp_path):
     out = tmp_path / "toy"
     run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
-    with pytest.raises(FileExistsError, match=r"other settings \(scale: 2.0 → 3.0\); pass --overwrite"):
+    with pytest.raises(FileExistsError, match=r"other settings \(--scale: 2.0 → 3.0\); pass --overwrite"):
         run_study(Toy(), ToyOptions(seeds=(0,), scale=3.0), out, grow=True, progress=False)
     toy = Toy()
     again = run_study(toy, ToyOptions(seeds=(0,), scale=3.0), out, overwrite=True, progress=False)
     assert toy.ran == ["standard-s0", "fixed-s0"] and again["runs"]["fixed-s0"]["loss"] == 3.0
+    assert again["plan_history"] == []  # every point ran again: a new study, not a grown one
 
 
 def test_a_plan_written_before_plans_carried_their_settings_hash_grows_under_the_same_settings(tmp_path):
@@ -127,7 +128,7 @@ def test_a_plan_written_before_plans_carried_their_settings_hash_grows_under_the
     plan = json.loads((out / "plan.json").read_text())
     del plan["plan"]["settings_sha256"]
     (out / "plan.json").write_text(json.dumps(plan))
-    with pytest.raises(FileExistsError, match=r"other settings \(scale: 2.0 → 3.0\)"):
+    with pytest.raises(FileExistsError, match=r"other settings \(--scale: 2.0 → 3.0\)"):
         run_study(Toy(), ToyOptions(seeds=(0, 1, 2), scale=3.0), out, grow=True, progress=False)
 
 

@@ -386,7 +386,7 @@ class CompareStudy(StateStudy):
     Options = CompareOptions
     quick = CompareOptions(preset="tiny")
     files = (*OUTPUT_FILES, *COMPARE_PRESETS["cpu"]().models, "lr-grid")
-    points_only = ("models",)
+    points_only = ("models", "corpus")
     folder_by_preset = False
     state_of = staticmethod(state_of)
     summarise_state = staticmethod(summarise)
@@ -395,6 +395,10 @@ class CompareStudy(StateStudy):
 
     def __init__(self, cache_dir=None):
         self.cache_dir, self._data = cache_dir, None
+
+    def resolve(self, o):
+        train = resolve(o).train
+        return replace(o, seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
 
     def describe(self, o):
         return resolve(o).description

@@ -204,7 +204,7 @@ class SeqLenStudy(Study):
         self.cache_dir = cache_dir
 
     def first_seed(self, o):
-        return o.seeds[0]
+        return o.seeds[0] if o.learning_rates else None
 
     def plan(self, o):
         pairs = core.seed_major([(n, a) for n in o.lengths for a in o.architectures], o.seeds)

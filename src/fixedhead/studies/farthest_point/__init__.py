@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int
+from ...checks import non_negative_int, positive_int
 from ...data.synthetic import FarthestPointTask
 from ...plotting import pyplot, save_figure
 from ..kit import core, render
@@ -81,6 +81,15 @@ class FarthestPointOptions:
     """the training recipe every cell gets"""
 
     def __post_init__(self):
+        positive_int("dim", self.dim)
+        positive_int("num_points", self.num_points)
+        for name in ("ranks", "head_dims", "more_heads"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must hold at least one value, got none")
+            for value in getattr(self, name):
+                positive_int(name, value)
+        for name in ("grid_heads", "more_heads_rank", "more_heads_head_dim"):
+            positive_int(name, getattr(self, name))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
         for seed in self.seeds:
@@ -472,7 +481,8 @@ class FarthestPointStudy(StateStudy):
     Options = FarthestPointOptions
     quick = QUICK
     files = OUTPUT_FILES
-    points_only = ("seeds",)
+    # the grid's axes only choose which cells exist: each cell's key holds its rank, head size and heads
+    points_only = ("seeds", "ranks", "head_dims", "grid_heads", "more_heads_rank", "more_heads_head_dim", "more_heads")
     state_of = staticmethod(state_of)
     summarise_state = staticmethod(verdicts)
     report_state = staticmethod(report_markdown)
@@ -489,7 +499,7 @@ class FarthestPointStudy(StateStudy):
             )
 
     def first_seed(self, o):
-        return o.seeds[0]
+        return o.seeds[0] if o.learning_rates else None
 
     def plan(self, o):
         return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]

@@ -61,14 +61,20 @@ class Study:
     """glob patterns of what the study writes besides plan.json, results.json and report.md (its run
     folders, tables, figures)"""
     points_only: ClassVar[tuple[str, ...]] = ()
-    """Options fields that only choose which points exist (seeds, lengths) or only enter the summary: a
-    stored point stays valid when they change (see :func:`settings_sha256`)"""
+    """Options fields that only choose which points exist (seeds, lengths) or only enter the summary, or that
+    each run checks itself (a corpus path: a run compares the corpus text by its digest): a stored point
+    stays valid when they change (see :func:`settings_sha256`), and other points need only ``grow``"""
     folder_by_preset: ClassVar[bool] = True
     """the default folder of options with a ``preset`` is ``runs/NAME-PRESET`` (False: ``runs/NAME``)"""
     states_plan: ClassVar[bool] = False
     """the report states the plan's hash and growth itself (else the kit adds a line)"""
     overwriting: bool = False
     """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
+
+    def resolve(self, options):
+        """The options with every value that stands for another written out (empty seeds: the preset's), so
+        that giving a default explicitly is the same study; the options themselves by default."""
+        return options
 
     def describe(self, options) -> str:
         """One line on what the study trains, recorded as ``meta.description`` (the study's name by default)."""
@@ -124,12 +130,19 @@ class StateStudy(Study):
     def summarise(self, options, results):
         return type(self).summarise_state(type(self).state_of(options, results))
 
+    def _state(self, options, record) -> dict:
+        """The view of the plan's points (a grown-then-shrunk plan's other stored points left out, as the
+        summary leaves them)."""
+        keys = {p.key for p in self.plan(options)}
+        planned = [v for k, v in record["runs"].items() if k in keys]
+        return type(self).state_of(options, planned, record["meta"])
+
     def report(self, options, record):
-        return type(self).report_state(type(self).state_of(options, record["runs"].values(), record["meta"]))
+        return type(self).report_state(self._state(options, record))
 
     def write_files(self, options, record, folder):
         if type(self).write_state is not None:
-            type(self).write_state(type(self).state_of(options, record["runs"].values(), record["meta"]), folder)
+            type(self).write_state(self._state(options, record), folder)
 
 
 def options_of(study: Study, options=None, quick: bool = False):
@@ -207,14 +220,13 @@ def write_plan(
         # the stored options read through today's Options (a field added since takes its default, which keeps
         # what the stored points ran); the stored hash only where they no longer read (a field gone since)
         try:
-            was_settings = settings_sha256(study, options_from_dict(study.Options, old["plan"]["options"]))
+            was_settings = settings_sha256(
+                study, study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
+            )
         except (TypeError, ValueError):
             was_settings = old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
-            was, now = old["plan"]["options"], new["plan"]["options"]
-            changed = [
-                f"{k}: {was.get(k)!r} → {v!r}" for k, v in now.items() if was.get(k) != v and k not in study.points_only
-            ]
+            changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
             raise FileExistsError(
                 f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:4])}); pass "
                 "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
@@ -237,9 +249,25 @@ def write_plan(
         history = old.get("history", []) + (
             [{"sha256": old["sha256"], "replaced": replaced, "runs_done": done}] if done else []
         )
+        if overwrite:  # every point runs again: a new study, not a grown one
+            history = []
     record = new | {"history": history}
     write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def _changed(was: dict, now: dict, skip=()) -> list[str]:
+    """The options that differ between two plans' options, as ``--option: old → new`` (nested options by
+    their own name: ``--steps`` for ``recipe.steps``)."""
+    out = []
+    for k, v in now.items():
+        if k in skip or was.get(k) == v:
+            continue
+        if isinstance(v, dict) and isinstance(was.get(k), dict):
+            out += _changed(was[k], v)
+        else:
+            out.append(f"--{k.replace('_', '-')}: {was.get(k)!r} → {v!r}")
+    return out
 
 
 def _stored(folder: Path) -> dict:
@@ -300,7 +328,7 @@ def run_study(
     """
     from tqdm.auto import tqdm
 
-    options = options_of(study, options, quick)
+    options = study.resolve(options_of(study, options, quick))
     study.check(options)
     new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
@@ -309,7 +337,8 @@ def run_study(
     plan = write_plan(folder, study, options, grow, overwrite, new)
     points = study.plan(options)
     previous = _stored(folder)
-    meta = core.start_meta("custom", study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
+    preset = getattr(options, "preset", "custom")
+    meta = core.start_meta(preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
     study.overwriting = overwrite
     state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
     fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)
@@ -330,11 +359,11 @@ def run_study(
             except Pending:
                 continue
             result.setdefault("train_seconds", round(time.time() - start, 1))
+            fresh.add(point.key)
+            state["runs"][point.key] = result
+            _save(folder, state, overwrite, fresh)  # saved before the lock goes: no other worker reruns it
         finally:
             lock.unlink(missing_ok=True)
-        fresh.add(point.key)
-        state["runs"][point.key] = result
-        _save(folder, state, overwrite, fresh)
     with core.one_writer(folder / RESULTS_FILE):
         runs = _save(folder, state, overwrite, fresh, locked=True)
         record = _record(study, options, state["meta"], plan, runs, points)

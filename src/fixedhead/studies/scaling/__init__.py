@@ -17,8 +17,9 @@ parameter (Chinchilla's ~20 by default), at least ``min_steps`` and at most ``ma
 (:mod:`fixedhead.studies.kit.learning_rate`), and the other seeds train at that rate. Every run is
 scored on the same held-out documents (loss in nats per token and bits per character).
 
-Outputs in the study folder: ``results.json`` (the plan, written before any training, then one
-row per run after each), ``report.md`` (the table, the fitted power laws L = a·X^(−b) against
+Outputs in the study folder (:mod:`fixedhead.studies.kit.study`): ``plan.json`` (the options and the
+points, hashed, written before any training), ``results.json`` (one entry per (family, size, seed)
+point, saved after each), ``report.md`` (the table, the fitted power laws L = a·X^(−b) against
 non-embedding parameters N and training FLOPs C, their exponents over seeds, the compute
 multiplier of each family against ``standard`` at each size, and the per-size loss differences
 with Welch's test), and ``scaling.png``. Training FLOPs are Kaplan et al.'s estimate
@@ -270,23 +271,20 @@ def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
 
 
 def run_scaling(
-    preset: str = "cpu",
+    options: ScalingOptions | None = None,
     output_dir: str | Path | None = None,
-    seeds: list[int] | None = None,
+    quick: bool = False,
+    grow: bool = False,
     overwrite: bool = False,
     progress: bool = True,
     cache_dir=None,
     command: str = "",
-    learning_rates: str | list[float] | None = None,
-    corpus: str | None = None,
-    architecture: str = "fixedhead",
-    grow: bool = False,
 ) -> dict:
     """Train every point of the preset for every seed (finished points are reused; workers may share the
     folder, each taking the points no other holds), choosing each point's learning rate on the validation
     split with the first seed (every run trains without that split); write ``results.json``,
     ``report.md``, ``scaling.png`` and ``ranks.png`` (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`ScalingStudy`; default folder ``runs/scaling-PRESET``).
+    :class:`ScalingStudy`; default folder ``runs/scaling-PRESET``, ``runs/scaling-quick`` with ``quick``).
 
     Returns:
         the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (family, size, seed)
@@ -299,16 +297,15 @@ def run_scaling(
             or another plan (without ``grow``).
         FileNotFoundError: a missing corpus.
     """
-    o = ScalingOptions(
-        preset=preset,
-        seeds=tuple(seeds or ()),
-        learning_rates=tuple(parse_rates(learning_rates)) if learning_rates is not None else (),
-        corpus=corpus,
-        architecture=architecture,
-    )
-    ScalingStudy(cache_dir).check(o)
     return run_study(
-        ScalingStudy(cache_dir), o, output_dir, grow=grow, overwrite=overwrite, progress=progress, command=command
+        ScalingStudy(cache_dir),
+        options,
+        output_dir,
+        quick=quick,
+        grow=grow,
+        overwrite=overwrite,
+        progress=progress,
+        command=command,
     )
 
 
@@ -340,7 +337,7 @@ class ScalingStudy(StateStudy):
     Options = ScalingOptions
     quick = ScalingOptions(preset="tiny")
     files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
-    points_only = ("seeds",)
+    points_only = ("seeds", "corpus")
     state_of = staticmethod(state_of)
     summarise_state = staticmethod(summarize)
     report_state = staticmethod(report_markdown)
@@ -352,8 +349,12 @@ class ScalingStudy(StateStudy):
     def describe(self, o):
         return describe(spec(o))
 
+    def resolve(self, o):
+        p = spec(o)
+        return replace(o, seeds=tuple(p.seeds), learning_rates=tuple(p.learning_rates))
+
     def first_seed(self, o):
-        return spec(o).seeds[0]
+        return spec(o).seeds[0] if spec(o).learning_rates else None
 
     def plan(self, o):
         p = spec(o)

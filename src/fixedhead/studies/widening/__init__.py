@@ -318,7 +318,7 @@ class WideningStudy(StateStudy):
     Options = WideningOptions
     quick = WideningOptions(preset="tiny")
     files = (PLOT_FILE, "learning_rates.png", "base", "start", "continue")
-    points_only = ("seeds",)
+    points_only = ("seeds", "corpus")
     state_of = staticmethod(state_of)
     summarise_state = staticmethod(summarize)
     report_state = staticmethod(report_markdown)
@@ -333,8 +333,12 @@ class WideningStudy(StateStudy):
     def check(self, o):
         spec(o)
 
+    def resolve(self, o):
+        p, wide = spec(o)
+        return replace(o, seeds=tuple(p.seeds), head_dim=wide)
+
     def first_seed(self, o):
-        return spec(o)[0].seeds[0]
+        return spec(o)[0].seeds[0] if o.learning_rates else None
 
     def plan(self, o):
         p, wide = spec(o)

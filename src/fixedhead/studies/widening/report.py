@@ -187,11 +187,14 @@ def report_markdown(state: dict) -> str:
     model = settings["model"]
     title = "Does widening the heads of a trained standard-head model help?"
     L = render.head(title, meta, [], f"![held-out loss per arm and training curves]({PLOT_FILE})")
+    info = meta["data_info"]
     L += [
-        f"- data: {Path(settings['data']['corpus']).name}, {meta['data_info']['train_documents']} training "
-        f"documents ({meta['data_info']['train_sequences']:,} sequences of n = {meta['n']}), held out: "
-        f"{'; '.join(meta['data_info']['heldout_documents'])} ({meta['data_info']['heldout_sequences']:,} "
-        f"sequences, every next token scored); WordPiece vocabulary {meta['data_info']['vocab_size']:,}",
+        f"- data: {Path(settings['data']['corpus']).name}, {info['train_documents']} training "
+        f"documents ({info['train_sequences']:,} sequences of n = {meta['n']}), held out: "
+        f"{'; '.join(info['heldout_documents'])} ({info['heldout_sequences']:,} "
+        f"sequences, every next token scored); WordPiece vocabulary {info['vocab_size']:,}"
+        if info
+        else f"- data: {Path(settings['data']['corpus']).name} (not prepared yet: the base has not run)",
         f"- base: a causal LM with standard heads, d = {model['hidden_size']}, h = {model['num_attention_heads']}, "
         f"d_p = d/h = {model['hidden_size'] // model['num_attention_heads']}, {model['num_hidden_layers']} layers, "
         f"FFN {model['intermediate_size']}, dropout {model.get('hidden_dropout_prob', 0.1)}; "
