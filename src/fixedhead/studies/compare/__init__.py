@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ...checks import non_negative_int, positive_float, positive_int
-from ...data import DataSettings, prepare_data
+from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.architectures import (
     build_config,
@@ -393,9 +393,6 @@ class CompareStudy(StateStudy):
     report_state = staticmethod(report_markdown)
     write_state = staticmethod(write_files)
 
-    def __init__(self, cache_dir=None):
-        self.cache_dir, self._data = cache_dir, None
-
     def resolve(self, o):
         train = resolve(o).train
         return replace(o, seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
@@ -422,9 +419,7 @@ class CompareStudy(StateStudy):
 
     def run(self, o, point, folder, done, progress):
         plan = resolve(o)
-        if self._data is None:
-            self._data = prepare_data(plan.data, cache_dir=self.cache_dir, progress=progress)
-        data = self._data
+        data = self.data(plan.data, progress)
         result = train_model(plan, point.key, data, folder, o.max_extensions, self.overwriting, progress)
         if plan.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
             result["samples"] = continuations(folder / result["run"], seed=plan.train.seed)
@@ -435,18 +430,15 @@ class CompareStudy(StateStudy):
 
 
 def run_compare(
-    options: CompareOptions | None = None,
-    output_dir: str | Path | None = None,
-    quick: bool = False,
-    grow: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    cache_dir=None,
-    command: str = "",
+    options: CompareOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
 ) -> dict:
     """Train and score every model of a compare preset (finished models are reused); write results.json,
     report.md, results.csv and learning_curves.png (:func:`~fixedhead.studies.kit.study.run_study` of
     :class:`CompareStudy`; default folder ``runs/compare``, ``runs/compare-quick`` with ``quick``).
+
+    Args:
+        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
+            and ``command``.
 
     Returns:
         the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per model: its result,
@@ -460,16 +452,7 @@ def run_compare(
         ValueError: bad options (:class:`CompareOptions`); a model the architecture cannot build or train
             (a μP-style or masked Llama model).
     """
-    return run_study(
-        CompareStudy(cache_dir),
-        options,
-        output_dir,
-        quick=quick,
-        grow=grow,
-        overwrite=overwrite,
-        progress=progress,
-        command=command,
-    )
+    return run_study(CompareStudy(cache_dir), options, output_dir, **kw)
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)

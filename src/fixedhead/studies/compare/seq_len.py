@@ -200,9 +200,6 @@ class SeqLenStudy(Study):
     points_only = ("lengths", "seeds", "architectures", "target")
     states_plan = True
 
-    def __init__(self, cache_dir=None):
-        self.cache_dir = cache_dir
-
     def first_seed(self, o):
         return o.seeds[0] if o.learning_rates else None
 
@@ -214,7 +211,6 @@ class SeqLenStudy(Study):
         return plan_record(o)
 
     def run(self, o, point, folder, done, progress):
-        from ...data import prepare_data
         from ...intervention import run_rank_curve
         from . import CompareOptions, resolve, train_model
 
@@ -226,7 +222,7 @@ class SeqLenStudy(Study):
             raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
         plan = resolve(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
-        data = prepare_data(plan.data, cache_dir=self.cache_dir, progress=progress)
+        data = self.data(plan.data, progress)
         results = [
             train_model(plan, name, data, folder / point.key, 3, self.overwriting, progress) for name in plan.configs
         ]

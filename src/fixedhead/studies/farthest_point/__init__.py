@@ -190,13 +190,7 @@ def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict
 
 
 def run_farthest_point(
-    options: FarthestPointOptions | None = None,
-    output_dir: str | Path | None = None,
-    quick: bool = False,
-    grow: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    command: str = "",
+    options: FarthestPointOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
 ) -> dict:
     """Train (or reuse) every (cell, seed) of the grid; write results, plots and the report
     (:func:`fixedhead.studies.kit.study.run_study` of :class:`FarthestPointStudy`; default folder
@@ -204,6 +198,10 @@ def run_farthest_point(
 
     Runs take seconds to a minute and are not checkpointed; ``results.json`` is rewritten after every
     point, so an interrupted grid loses at most the point in progress.
+
+    Args:
+        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
+            and ``command``.
 
     Returns:
         the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (cell, seed): its
@@ -215,16 +213,7 @@ def run_farthest_point(
         FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
             or another plan (without ``grow``).
     """
-    return run_study(
-        FarthestPointStudy(),
-        options,
-        output_dir,
-        quick=quick,
-        grow=grow,
-        overwrite=overwrite,
-        progress=progress,
-        command=command,
-    )
+    return run_study(FarthestPointStudy(cache_dir), options, output_dir, **kw)
 
 
 # ----------------------------------------------------------------------------------- outputs

@@ -71,6 +71,19 @@ class Study:
     overwriting: bool = False
     """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
 
+    def __init__(self, cache_dir=None):
+        self.cache_dir, self._prepared = cache_dir, {}
+
+    def data(self, settings, progress: bool = True):
+        """:func:`fixedhead.data.prepare_data` of ``settings`` (a DataSettings) in ``cache_dir``, once per
+        settings in this process (the points of one study share their tokenizer and data)."""
+        from ...data import prepare_data
+
+        key = json.dumps(settings.record(), sort_keys=True, default=str)
+        if key not in self._prepared:
+            self._prepared[key] = prepare_data(settings, cache_dir=self.cache_dir, progress=progress)
+        return self._prepared[key]
+
     def resolve(self, options):
         """The options with every value that stands for another written out (empty seeds: the preset's), so
         that giving a default explicitly is the same study; the options themselves by default."""

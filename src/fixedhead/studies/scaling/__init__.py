@@ -38,7 +38,6 @@ import torch
 
 from ...analysis import analyze_model, load_encoder
 from ...checks import non_negative_int, positive_float, positive_int
-from ...data import prepare_data
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
@@ -246,6 +245,13 @@ def _seconds(runs: dict) -> float:
     return round(sum(r.get("train_seconds", 0) for r in runs.values()), 1)
 
 
+def data_settings(o: ScalingOptions):
+    """The recipe's data (another corpus where ``o`` names one), with the validation split every run trains
+    without."""
+    recipe = get_recipe(spec(o).recipe)
+    return with_validation_split(replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data)
+
+
 def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
     """The study's state as its summary and report read it, from its options and per-point ``results``:
     ``meta`` (with ``plan``: points, seeds, grid, rules; ``n``, ``objective``), ``unigram_perplexity``,
@@ -271,20 +277,17 @@ def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
 
 
 def run_scaling(
-    options: ScalingOptions | None = None,
-    output_dir: str | Path | None = None,
-    quick: bool = False,
-    grow: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    cache_dir=None,
-    command: str = "",
+    options: ScalingOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
 ) -> dict:
     """Train every point of the preset for every seed (finished points are reused; workers may share the
     folder, each taking the points no other holds), choosing each point's learning rate on the validation
     split with the first seed (every run trains without that split); write ``results.json``,
     ``report.md``, ``scaling.png`` and ``ranks.png`` (:func:`~fixedhead.studies.kit.study.run_study` of
     :class:`ScalingStudy`; default folder ``runs/scaling-PRESET``, ``runs/scaling-quick`` with ``quick``).
+
+    Args:
+        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
+            and ``command``.
 
     Returns:
         the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (family, size, seed)
@@ -297,16 +300,7 @@ def run_scaling(
             or another plan (without ``grow``).
         FileNotFoundError: a missing corpus.
     """
-    return run_study(
-        ScalingStudy(cache_dir),
-        options,
-        output_dir,
-        quick=quick,
-        grow=grow,
-        overwrite=overwrite,
-        progress=progress,
-        command=command,
-    )
+    return run_study(ScalingStudy(cache_dir), options, output_dir, **kw)
 
 
 def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
@@ -343,9 +337,6 @@ class ScalingStudy(StateStudy):
     report_state = staticmethod(report_markdown)
     write_state = staticmethod(write_plots)
 
-    def __init__(self, cache_dir=None):
-        self.cache_dir, self._data = cache_dir, None
-
     def describe(self, o):
         return describe(spec(o))
 
@@ -369,14 +360,6 @@ class ScalingStudy(StateStudy):
             "verdict_rule": VERDICT_RULE,
         }
 
-    def data(self, o, progress):
-        """The recipe's data (with the validation split every run trains without), prepared once."""
-        if self._data is None:
-            recipe = get_recipe(spec(o).recipe)
-            settings = replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data
-            self._data = prepare_data(with_validation_split(settings), cache_dir=self.cache_dir, progress=progress)
-        return self._data
-
     def check(self, o):
         """Every model buildable and trainable (a Llama model is causal) before any slow work."""
         p = spec(o)
@@ -388,7 +371,7 @@ class ScalingStudy(StateStudy):
         pt, seed = point.spec
         p = spec(o)
         recipe = get_recipe(p.recipe)
-        data = self.data(o, progress)
+        data = self.data(data_settings(o), progress)
         train = replace(recipe.train, progress=progress)
         runs: dict[str, dict] = {}
 

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ...checks import non_negative_int, positive_int
-from ...data import DataSettings, prepare_data
+from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
 from ...model.sizes import count_parameters, training_flops
@@ -273,18 +273,15 @@ def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
 
 
 def run_widening(
-    options: WideningOptions | None = None,
-    output_dir: str | Path | None = None,
-    quick: bool = False,
-    grow: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    cache_dir=None,
-    command: str = "",
+    options: WideningOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
 ) -> dict:
     """Train the base, continue it in every arm for every seed (finished points are reused); write the
     results, the report and the plot (:func:`~fixedhead.studies.kit.study.run_study` of
     :class:`WideningStudy`; default folder ``runs/widen-experiment-PRESET``).
+
+    Args:
+        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
+            and ``command``.
 
     Returns:
         the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``base``: the base run, the
@@ -297,16 +294,7 @@ def run_widening(
             or another plan (without ``grow``).
         FileNotFoundError: a missing corpus.
     """
-    return run_study(
-        WideningStudy(cache_dir),
-        options,
-        output_dir,
-        quick=quick,
-        grow=grow,
-        overwrite=overwrite,
-        progress=progress,
-        command=command,
-    )
+    return run_study(WideningStudy(cache_dir), options, output_dir, **kw)
 
 
 class WideningStudy(StateStudy):
@@ -323,9 +311,6 @@ class WideningStudy(StateStudy):
     summarise_state = staticmethod(summarize)
     report_state = staticmethod(report_markdown)
     write_state = staticmethod(write_plots)
-
-    def __init__(self, cache_dir=None):
-        self.cache_dir, self._loaded = cache_dir, None
 
     def describe(self, o):
         return spec(o)[0].description
@@ -353,12 +338,9 @@ class WideningStudy(StateStudy):
         }
 
     def _data_and_config(self, o, progress):
-        if self._loaded is None:
-            p, _ = spec(o)
-            data = prepare_data(p.data, cache_dir=self.cache_dir, progress=progress)
-            config = lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
-            self._loaded = data, config
-        return self._loaded
+        p, _ = spec(o)
+        data = self.data(p.data, progress)
+        return data, lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
 
     def run(self, o, point, folder, done, progress):
         p, wide = spec(o)
