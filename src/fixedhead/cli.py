@@ -582,20 +582,12 @@ COMMANDS = {
     "scaling": _kit_study(*KIT_STUDIES["scaling"]),
 }
 
-#: what to do after Ctrl-C, for the commands that keep their finished work
+#: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
-    "compare": "rerun the same command to continue (finished models are reused)",
     "sweep": "rerun the same command to continue (finished points are reused)",
     "finetune-sweep": "rerun the same command to continue (finished fine-tuning runs are reused)",
-    "farthest-point": "rerun the same command to continue (finished runs are reused)",
-    "widen-experiment": "rerun the same command to continue (finished runs are reused)",
-    "scaling": "rerun the same command to continue (finished runs are reused)",
-    "seq-len": "rerun the same command to continue (finished runs are reused)",
-    "bottleneck": "rerun the same command to continue (finished points are reused)",
-    "coordcheck": "rerun the same command to continue (finished points are reused)",
-    "known-rank": "rerun the same command to continue (finished points are reused)",
-}
+} | {name: "rerun the same command to continue (finished points are reused)" for name in KIT_STUDIES}
 
 
 class _OneLineErrors(argparse.ArgumentParser):
