@@ -421,7 +421,7 @@ def plot(rows: list[dict], o: SeqLenOptions, path: Path) -> None:
     small = o.head_dims[0]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for j, arch in enumerate(o.architectures):
-        rs = [r for r in rows if r["architecture"] == arch]
+        rs = sorted((r for r in rows if r["architecture"] == arch), key=lambda r: r["ratio"])  # lines left to right
         if not rs:
             continue
         x = [r["ratio"] for r in rs]
