@@ -410,8 +410,14 @@ class CompareStudy(StateStudy):
 
     def plan_record(self, o):
         plan = resolve(o)
+        widen, match = plan.preset.widen, plan.preset.match_to
+        sized = {"hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained"}
         return {
-            "models": {name: plan.configs[name] for name in plan.configs if not o.models or name in o.models},
+            "models": {
+                name: plan.configs[name] | (sized if name == widen else {})
+                for name in plan.configs
+                if not o.models or name in o.models
+            },
             "rates": {"grid": plan.grid, "max_extensions": o.max_extensions} if plan.grid else plan.rates,
             "pairing": "every model trains on the same batches in the same order (one seed) and is scored on "
             "the same held-out tokens",
