@@ -411,7 +411,10 @@ class CompareStudy(StateStudy):
     def plan_record(self, o):
         plan = resolve(o)
         widen, match = plan.preset.widen, plan.preset.match_to
-        sized = {"hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained"}
+        sized = {
+            "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
+            "intermediate_size": "the same ratio to hidden_size as written here",
+        }
         return {
             "models": {
                 name: plan.configs[name] | (sized if name == widen else {})
