@@ -292,4 +292,4 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
         compare.run_compare(options, tmp_path / "c", progress=False)
     assert seen == {"standard": (1e-3, True)}
     assert json.loads((tmp_path / "c" / "plan.json").read_text())["plan"]["rates"] == rates
-    assert compare.resolve(options).data.validation_fraction == 0.05
+    assert compare.compare_plan(options).data.validation_fraction == 0.05

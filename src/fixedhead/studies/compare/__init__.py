@@ -227,7 +227,7 @@ class Plan:
     description: str
 
 
-def resolve(o: CompareOptions, preset: ComparePreset | None = None) -> Plan:
+def compare_plan(o: CompareOptions, preset: ComparePreset | None = None) -> Plan:
     """The :class:`Plan` of ``o`` (of ``preset`` instead of ``o.preset`` where given: seq-len's)."""
     p = preset or get_compare_preset(o.preset)
     data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
@@ -320,7 +320,7 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
     """What the table, report and figures read: ``meta`` (description, data, training settings, the plan,
     the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
-    plan = resolve(o)
+    plan = compare_plan(o)
     results = list(results)
     first = results[0] if results else {}
     computed = {
@@ -394,14 +394,14 @@ class CompareStudy(StateStudy):
     write_state = staticmethod(write_files)
 
     def resolve(self, o):
-        train = resolve(o).train
+        train = compare_plan(o).train
         return replace(o, seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
 
     def describe(self, o):
-        return resolve(o).description
+        return compare_plan(o).description
 
     def check(self, o):
-        plan = resolve(o)
+        plan = compare_plan(o)
         for fields in plan.configs.values():  # every model buildable and trainable before any slow work
             check_objective_for(build_config({**fields, "vocab_size": plan.data.vocab_size}), plan.train.objective)
 
@@ -409,7 +409,7 @@ class CompareStudy(StateStudy):
         return [Point(name) for name in get_compare_preset(o.preset).models if not o.models or name in o.models]
 
     def plan_record(self, o):
-        plan = resolve(o)
+        plan = compare_plan(o)
         widen, match = plan.preset.widen, plan.preset.match_to
         sized = {
             "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
@@ -427,7 +427,7 @@ class CompareStudy(StateStudy):
         }
 
     def run(self, o, point, folder, done, progress):
-        plan = resolve(o)
+        plan = compare_plan(o)
         data = self.data(plan.data, progress)
         result = train_model(plan, point.key, data, folder, o.max_extensions, self.overwriting, progress)
         if plan.train.objective == "clm":  # what a causal model says: the sensible-output check of the README

@@ -212,7 +212,7 @@ class SeqLenStudy(Study):
 
     def run(self, o, point, folder, done, progress):
         from ...intervention import run_rank_curve
-        from . import CompareOptions, resolve, train_model
+        from . import CompareOptions, compare_plan, train_model
 
         n, arch, seed = point.spec
         first = seed == o.seeds[0]
@@ -221,7 +221,9 @@ class SeqLenStudy(Study):
         if not first and first_key not in done:
             raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
-        plan = resolve(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
+        plan = compare_plan(
+            CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen)
+        )
         data = self.data(plan.data, progress)
         results = [
             train_model(plan, name, data, folder / point.key, 3, self.overwriting, progress) for name in plan.configs

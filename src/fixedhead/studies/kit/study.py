@@ -233,19 +233,18 @@ def write_plan(
         # the stored options read through today's Options (a field added since takes its default, which keeps
         # what the stored points ran); the stored hash only where they no longer read (a field gone since)
         try:
-            was_settings = settings_sha256(
-                study, study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
-            )
+            was_options = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
         except (TypeError, ValueError):
-            was_settings = old["plan"].get("settings_sha256")
+            was_options = None
+        was_settings = settings_sha256(study, was_options) if was_options else old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
             raise FileExistsError(
                 f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:4])}); pass "
                 "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
             )
-        if done and not overwrite:
-            was = study.first_seed(options_from_dict(study.Options, old["plan"]["options"]))
+        if done and not overwrite and was_options is not None:
+            was = study.first_seed(was_options)
             if was is not None and was != study.first_seed(options):
                 raise FileExistsError(
                     f"{folder}: the stored points chose their rates with seed {was}, this plan's first seed is "
