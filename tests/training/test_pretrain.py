@@ -1,8 +1,6 @@
 """fixedhead.training.pretrain: a seconds-long masked-LM run on real text, scored again from disk,
 and which settings make a run the same run."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -142,6 +140,7 @@ def test_a_corpus_in_another_folder_is_compared_by_its_text_not_its_path(tmp_pat
     the settings still match (the text is compared by digest on reuse, see the workflow tests);
     a corpus of another name does not."""
     from fixedhead.studies import widening
+    from fixedhead.studies.kit.study import settings_sha256
     from fixedhead.training.identity import run_settings_record, settings_differences
 
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
@@ -156,8 +155,8 @@ def test_a_corpus_in_another_folder_is_compared_by_its_text_not_its_path(tmp_pat
     assert settings_differences(here, other) == [
         "data.corpus: '/work/shared/data/books.jsonl.gz' → '/work/shared/data/wiki.jsonl.gz'"
     ]
-    study = widening.settings_record(widening.get_widening_preset("cpu"), 32)
-    elsewhere = {**study, "data": {**study["data"], "corpus": "/elsewhere/" + Path(study["data"]["corpus"]).name}}
-    assert widening.same_settings(elsewhere, study)
-    renamed = {**study, "data": {**study["data"], "corpus": study["data"]["corpus"] + ".old"}}
-    assert not widening.same_settings(renamed, study)
+    # a study folder's plan leaves the corpus path to each run's digest check: a moved corpus is the same study
+    study = widening.WideningStudy()
+    elsewhere = widening.WideningOptions(corpus="/elsewhere/books.jsonl.gz")
+    assert settings_sha256(study, elsewhere) == settings_sha256(study, widening.WideningOptions())
+    assert settings_sha256(study, widening.WideningOptions(head_dim=32)) != settings_sha256(study, elsewhere)

@@ -49,7 +49,6 @@ from ...model.sizes import count_parameters, training_flops
 from ...runs import PRETRAIN_FILE, open_run
 from ...theory import causal_threshold
 from ...training.evaluate import load_run
-from ...training.identity import same_corpus_path, with_later_defaults
 from ...training.pretrain import lm_config, pretrain, train_or_reuse
 from ...training.settings import TrainSettings
 from ..kit import core
@@ -147,23 +146,6 @@ def settings_record(p: WideningPreset, wide_head_dim: int, selection: dict | Non
         **({"learning_rate_selection": selection} if selection else {}),
     }
     return json.loads(json.dumps(record, default=str))
-
-
-def same_settings(saved: dict | None, settings: dict) -> bool:
-    """A saved settings record against the current one, training fields added since compared at
-    their old default (:func:`fixedhead.training.identity.with_later_defaults`) and the corpus by
-    :func:`~fixedhead.training.identity.same_corpus_path` (a moved checkout still matches)."""
-
-    def normal(f):
-        return {k: with_later_defaults(v) if k in ("base", "continuation") else v for k, v in f.items()}
-
-    if not isinstance(saved, dict):
-        return False
-    old, now = normal(saved), normal(settings)
-    old_corpus, now_corpus = (old.get("data") or {}).get("corpus"), (now.get("data") or {}).get("corpus")
-    if same_corpus_path(old_corpus, now_corpus):  # each run's corpus text is compared by digest on reuse
-        old = {**old, "data": {**old["data"], "corpus": now_corpus}}
-    return old == now
 
 
 @dataclass(frozen=True)
