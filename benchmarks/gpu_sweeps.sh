@@ -4,7 +4,7 @@
 #   * the causal sweep of the LM1B claims:      fixedhead sweep --preset cpu-clm  (5 models x seeds 2-5, 0, 1)
 #   * the LM1B-style pair at d = 256, n = 128:  benchmarks/gpu_lm1b_pair.py
 # Each sweep runs as several workers sharing one output folder (a worker skips a run another holds;
-# sweep.json is rewritten after every finished run), so whatever finishes before the deadline is
+# results.json is rewritten after every finished run), so whatever finishes before the deadline is
 # kept, seeds in the order given. The presets are the CPU sweeps' own: same data, models, steps.
 #
 # Usage: benchmarks/gpu_sweeps.sh OUT_DIR [DEADLINE_SECONDS]
@@ -54,13 +54,13 @@ timeout "$deadline" $py benchmarks/gpu_lm1b_pair.py --workers 4 --output-dir "$r
 names+=(pair) pids+=($!)
 for i in $(seq 1 "${MLM_WORKERS:-8}"); do
   timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-mlm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} ${mup[@]+"${mup[@]}"} --threads 1 \
-    --no-report --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
+    --output-dir "$runs/sweep-mlm" > "$runs/logs/mlm-$i.log" 2>&1 &
   names+=("mlm-$i") pids+=($!)
   sleep 1  # stagger the starts (data preparation, then the folder claim)
 done
 for i in $(seq 1 "${CLM_WORKERS:-5}"); do
   timeout "$deadline" $py -m fixedhead.cli sweep --preset cpu-clm ${quick[@]+"${quick[@]}"} ${rates[@]+"${rates[@]}"} ${mup[@]+"${mup[@]}"} --threads 1 \
-    --no-report --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
+    --seeds 2 3 4 5 0 1 --output-dir "$runs/sweep-clm" > "$runs/logs/clm-$i.log" 2>&1 &
   names+=("clm-$i") pids+=($!)
   sleep 1
 done
@@ -71,7 +71,7 @@ done
 echo "all jobs ended after $(($(date +%s) - start)) s (deadline $deadline s)" >> "$out/gpu.txt"
 
 status=0
-for pair in "sweep-mlm:$runs/sweep-mlm/sweep.json" "sweep-clm:$runs/sweep-clm/sweep.json" "pair:$runs/lm1b-pair/summary.json"; do
+for pair in "sweep-mlm:$runs/sweep-mlm/results.json" "sweep-clm:$runs/sweep-clm/results.json" "pair:$runs/lm1b-pair/summary.json"; do
   name=${pair%%:*} src=${pair#*:}
   if [ -f "$src" ]; then
     cp "$src" "$out/$name.json"

@@ -196,31 +196,35 @@ COMMAND = re.compile(
 )
 
 
-def documented_commands() -> list[str]:
+def documented_commands() -> set[tuple[str, bool]]:
     """Every `fixedhead ...` command line in the README, the Makefile, docs/ (prose, recorded
-    commands in results) and examples/, without synopses ([--option], {a,b}, ..., $VARS)."""
+    commands in results) and examples/, without synopses ([--option], {a,b}, ..., $VARS), as ``(command,
+    recorded)``: recorded = read from a study's record (its results or report), where an option the command
+    has since dropped stays as it was run."""
     files = ["README.md", "Makefile", *(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.json")]
     found = set()
     for path in [ROOT / f for f in files] + sorted((ROOT / "examples").glob("*.py")):
         text = Path(path).read_text(encoding="utf-8").replace("\\\n", " ")
+        recorded = Path(path).name in ("results.json", "report.md")
         for m in COMMAND.finditer(text):
             command = re.split(r"\s#|\s&&|\s\||;|\s\(|\)", m.group(1))[0].strip()
             if not re.search(r"[\[\]{}$<>…]|\.\.\.", command):
-                found.add(command)
-    return sorted(found)
+                found.add((command, recorded))
+    return found
 
 
 def test_every_documented_command_line_parses(capsys):
     """Prose may name a command without its required arguments (`fixedhead analyze`); every option
     and value written in the docs must still be accepted."""
     commands = documented_commands()
-    assert len(commands) > 30 and any("--init-from" in c for c in commands)
-    for command in commands:
+    assert len(commands) > 30 and any("--init-from" in c for c, _ in commands)
+    for command, recorded in sorted(commands):
         try:
             build_parser().parse_args(command.split())
         except SystemExit:
             err = capsys.readouterr().err
-            assert re.search(r"arguments are required|expected one argument \(see", err), (command, err)
+            allowed = r"arguments are required|expected one argument \(see" + (r"| is gone: " if recorded else "")
+            assert re.search(allowed, err), (command, err)
 
 
 @pytest.mark.parametrize(
@@ -237,32 +241,6 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
     monkeypatch.setattr(command, "prepare_data", prepared_anyway)
     assert main(["pretrain", "--output-dir", str(tmp_path / "run"), "--max-steps", "1", *flags]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(
-    "command, module, function, folder",
-    [
-        ("sweep", "sweep", "run_sweep", "runs/sweep-cpu-mlm"),
-    ],
-)
-def test_the_command_line_and_python_take_one_default_folder(command, module, function, folder, monkeypatch):
-    """With no --output-dir (no output_dir=), the command and the Python function claim the same
-    folder, runs/STUDY-PRESET (they used to differ: runs/sweep-cpu-mlm against runs/sweep)."""
-    import importlib
-
-    from fixedhead.studies.kit import core
-
-    claimed = []
-
-    def claim(out, *args, **kw):
-        claimed.append(Path(out))
-        raise ValueError("claimed")
-
-    monkeypatch.setattr(core, "claim", claim)
-    assert main([command]) == 2
-    with pytest.raises(ValueError, match="claimed"):
-        getattr(importlib.import_module(f"fixedhead.studies.{module}"), function)()
-    assert claimed == [Path(folder), Path(folder)]
 
 
 def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(monkeypatch):
@@ -293,6 +271,16 @@ def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(mo
     with pytest.raises(ValueError, match="claimed"):
         run_compare()
     assert claimed == [Path(p) for p in ("runs/compare", "runs/compare", "runs/compare-quick", "runs/compare")]
+    # sweep: runs/sweep-PRESET (it used to be runs/sweep from Python)
+    from fixedhead.studies.sweep import run_sweep
+
+    claimed.clear()
+    assert main(["sweep"]) == 2 and main(["sweep", "--preset", "cpu-clm"]) == 2 and main(["sweep", "--quick"]) == 2
+    with pytest.raises(ValueError, match="claimed"):
+        run_sweep()
+    assert claimed == [
+        Path(p) for p in ("runs/sweep-cpu-mlm", "runs/sweep-cpu-clm", "runs/sweep-quick", "runs/sweep-cpu-mlm")
+    ]
 
 
 def _subparser(command):

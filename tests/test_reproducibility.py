@@ -101,14 +101,11 @@ def _with_extra_piece(tokenizer, folder):
 def test_sweep_refuses_to_merge_runs_of_another_tokenizer(tmp_path):
     from fixedhead.studies.sweep import check_same_tokenizer
 
-    state = {"meta": {"data_info": {"tokenizer_sha256": "a" * 64}}, "runs": {}}
-    check_same_tokenizer(state, "a" * 64, tmp_path / "sweep.json")
-    check_same_tokenizer({}, "a" * 64, tmp_path / "sweep.json")  # a new sweep
-    with pytest.raises(FileExistsError, match="another tokenizer.*another --output-dir"):
-        check_same_tokenizer(state, "b" * 64, tmp_path / "sweep.json")
-    runs_only = {"meta": {}, "runs": {"x-s0": {"reproducibility": {"tokenizer_sha256": "c" * 64}}}}
-    with pytest.raises(FileExistsError, match="cccccccccccc"):
-        check_same_tokenizer(runs_only, "a" * 64, tmp_path / "sweep.json")
+    runs = [{"reproducibility": {"tokenizer_sha256": "a" * 64}}, {"key": "a result from before the record"}]
+    check_same_tokenizer(runs, "a" * 64, tmp_path)
+    check_same_tokenizer([], "a" * 64, tmp_path)  # a new sweep
+    with pytest.raises(FileExistsError, match="another tokenizer \\(aaaaaaaaaaaa\\).*another --output-dir"):
+        check_same_tokenizer(runs, "b" * 64, tmp_path)
 
 
 _TINY_RUN_IN_SUBPROCESS = """

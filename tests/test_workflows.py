@@ -25,6 +25,7 @@ from fixedhead.cli import main
 from fixedhead.data import read_corpus, split_documents
 from fixedhead.data.glue import glue_path
 from fixedhead.runs import write_json_atomic
+from fixedhead.studies.sweep import load_sweep
 from fixedhead.training import DataSettings, pretrain
 from fixedhead.training.finetune import FINETUNE_FILE
 
@@ -131,7 +132,7 @@ def test_other_writing_commands_refuse_a_users_folder(command, run, prepared, tm
     text.write_text("some words to look at. " * 40)
     sweep_dir = tmp_path / "sw"
     sweep_dir.mkdir()
-    write_json_atomic(sweep_dir / "sweep.json", {"meta": {}, "runs": {"x": {}}, "points": []})
+    write_json_atomic(sweep_dir / "sweep.json", {"meta": {}, "runs": {"x": {}}, "points": []})  # before the kit
     argv = {
         "analyze": ["analyze", str(run), "--text", str(text), "--output-dir", str(mine)],
         "bottleneck": ["bottleneck", "--n", "4", "--seeds", "0", "--output-dir", str(mine), "--no-progress"],
@@ -171,8 +172,8 @@ def test_finetune_result_follows_the_model_not_the_folder(run, prepared, glue, t
     assert second["fingerprint"]["model"] != first["fingerprint"]["model"]
 
 
-# ---------------------------------- 3. sweep results from other invocations are merged
-def test_sweeps_with_other_seeds_merge_into_one_results_file(small_real_corpus, tmp_path, monkeypatch, capsys):
+# ---------------------------------- 3. sweep results from other invocations are kept
+def test_a_sweep_grown_by_a_seed_keeps_its_results(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
     base = [
@@ -191,8 +192,10 @@ def test_sweeps_with_other_seeds_merge_into_one_results_file(small_real_corpus, 
         "1",
     ]
     assert main(base + ["--seeds", "0"]) == 0
-    assert main(base + ["--seeds", "1"]) == 0
-    state = json.loads((out / "sweep.json").read_text())
+    assert main(base + ["--seeds", "0", "1"]) == 2  # more seeds once results exist: asked for
+    assert "--grow" in _one_error_line(capsys)
+    assert main(base + ["--seeds", "0", "1", "--grow"]) == 0
+    state = load_sweep(out)
     assert sorted(state["runs"]) == sorted(f"{k}-s{s}" for k in ("d32-h4-dp16-fixed", "d32-h4-dp8") for s in (0, 1))
     assert state["meta"]["seeds"] == [0, 1]
     assert "seeds: [0, 1]" in (out / "report.md").read_text()
@@ -204,8 +207,8 @@ def test_sweeps_with_other_seeds_merge_into_one_results_file(small_real_corpus, 
     shutil.copy(other, other2 / "a.txt")
     (other2 / "b.txt").write_text("And yet more words. " * 2000)
     capsys.readouterr()
-    assert main(base[:3] + [str(other2)] + base[4:] + ["--seeds", "2"]) == 2
-    assert "other data" in _one_error_line(capsys)
+    assert main(base[:3] + [str(other2)] + base[4:] + ["--seeds", "0", "1", "2", "--grow"]) == 2
+    assert "run with other settings (--corpus: " in _one_error_line(capsys)
 
 
 # --------------------------------------------------- 4. paths are recorded resolved
@@ -300,7 +303,7 @@ def test_a_corpus_whose_text_changed_is_not_the_runs(small_real_corpus, prepared
         (["evaluate", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 32, got 0"),  # the run's n
         (["analyze", "--max-sequences", "0"], "max_sequences must be a positive int, got 0"),
         (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
-        (["sweep", "--seeds", "0", "-1"], "seed must be an int >= 0, got -1"),
+        (["sweep", "--seeds", "0", "-1"], "--seeds must be an int >= 0, got -1"),
         (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
         (["compare", "--max-steps", "0"], "--steps must be a positive int, got 0"),
     ],

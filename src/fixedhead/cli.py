@@ -29,7 +29,6 @@ from .options import (
     options_from,
     parse_head_dim,
 )
-from .studies.kit.core import output_folder
 
 
 def _allow_pickle(p):
@@ -329,6 +328,12 @@ class _Removed(argparse.Action):
 
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
+    "sweep": (
+        "sweep",
+        "SweepStudy",
+        "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table",
+        {"--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"},
+    ),
     "compare": (
         "compare",
         "CompareStudy",
@@ -414,81 +419,10 @@ def _rates(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _learning_rate_options(p):
-    g = p.add_argument_group("a learning rate per model")
-    g.add_argument(
-        "--learning-rates",
-        type=_rates,
-        metavar="X,X,...",
-        help="a grid (e.g. 5e-4,1e-3,2e-3,4e-3): each model (arm) trains at every rate with the first seed and "
-        "keeps the one with the lowest loss on a validation split of the training documents (the grid grows "
-        "past an edge); every seed then trains at that rate",
-    )
-    g.add_argument(
-        "--max-extensions", type=int, default=3, metavar="N", help="rates added past an edge at most (default 3)"
-    )
-
-
-def _architecture_option(p):
-    from .model.architectures import ARCHITECTURES
-
-    p.add_argument(
-        "--architecture",
-        choices=ARCHITECTURES,
-        help="train every model as this family: fixedhead (post-LN BERT-style) or llama (transformers' "
-        "LlamaForCausalLM: pre-norm, rotary, SwiGLU; causal only) with the same d, h, d_p (default: the preset's)",
-    )
-
-
 def _one_seed(args, command):
     if args.seeds is not None and len(args.seeds) != 1:
         raise ValueError(f"{command} trains every model with one seed; pass one (--seeds {args.seeds[0]})")
     return None if args.seeds is None else args.seeds[0]
-
-
-def _sweep_options(p):
-    from .studies.sweep.presets import EXPERIMENTS, SWEEP_PRESETS
-
-    p.description = (
-        "Train every model of a sweep preset with several seeds (several workers may share one --output-dir: each "
-        "skips runs another holds), score held-out perplexity, fine-tune (masked presets) and write OUT/report.md "
-        "with a paper-claim table. Presets: cpu-mlm (default) = the BERT claims with the masked-LM recipe, 8 models "
-        "x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1, no "
-        "fine-tuning; cpu = the original 300-step masked sweep."
-    )
-    add_study_options(
-        p, SWEEP_PRESETS, "cpu-mlm", "runs/sweep-PRESET[-quick]", quick=True, steps_alias=("--max-steps",)
-    )
-    p.add_argument("--corpus", help="the preset's corpus at another path, or another corpus")
-    p.add_argument("--experiments", nargs="*", choices=EXPERIMENTS)
-    p.add_argument("--finetune-task", help="GLUE task for each checkpoint (default: the preset's, sst2; cpu-clm none)")
-    p.add_argument("--skip-finetune", action="store_true")
-    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    _architecture_option(p)
-    p.add_argument(
-        "--mup-base-head-dim",
-        type=int,
-        metavar="K",
-        help="train every model under the μP-style parametrization based at head size K (logits √K/d_p, the "
-        "output projection's initialisation and rate × K/d_p; fixedhead models only; runs KEY-mupK)",
-    )
-    p.add_argument(
-        "--models", nargs="+", metavar="KEY", help="train only these of the preset's models (keys such as d128-h32-dp4)"
-    )
-    _learning_rate_options(p)
-
-
-def _sweep(args):
-    """the paper's head / embedding-size / head-size sweeps with seeds, then a report"""
-    from .studies.sweep import run_sweep
-    from .studies.sweep.report import write_report
-
-    out = output_folder(args.output_dir, "sweep", args.preset, args.quick)
-    options = _pick(args, "quick", "corpus", "seeds", "experiments", "finetune_task", "skip_finetune", "overwrite")
-    options |= _pick(args, "learning_rates", "max_extensions", "architecture", "mup_base_head_dim", "models")
-    run_sweep(args.preset, out, max_steps=args.steps, progress=not args.no_progress, **options)
-    if not args.no_report:
-        print(f"report: {write_report(out)}")
 
 
 def _report_options(p):
@@ -572,7 +506,7 @@ COMMANDS = {
     "seq-len": _kit_study(*KIT_STUDIES["seq-len"]),
     "finetune": (_finetune_options, _finetune),
     "export-onnx": (_export_onnx_options, _export_onnx),
-    "sweep": (_sweep_options, _sweep),
+    "sweep": _kit_study(*KIT_STUDIES["sweep"]),
     "report": (_report_options, _report),
     "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),
     "farthest-point": _kit_study(*KIT_STUDIES["farthest-point"]),
@@ -585,7 +519,6 @@ COMMANDS = {
 #: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
-    "sweep": "rerun the same command to continue (finished points are reused)",
     "finetune-sweep": "rerun the same command to continue (finished fine-tuning runs are reused)",
 } | {name: "rerun the same command to continue (finished points are reused)" for name in KIT_STUDIES}
 

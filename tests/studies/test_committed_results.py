@@ -95,23 +95,29 @@ def test_scaling_report_regenerates(folder):
 
 @pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup", "sweep-mlm-mup"])
 def test_sweep_report_regenerates(folder, tmp_path):
+    """The claim table is recomputed from the per-run results; no data is read (a sweep that fine-tunes records
+    its majority-class rate, which the report shows). ``fixedhead report`` writes the same report elsewhere."""
     import shutil
 
+    from fixedhead.studies.kit.study import regenerate
+    from fixedhead.studies.sweep import SweepStudy
     from fixedhead.studies.sweep.report import write_report
 
-    # no data read: a sweep that fine-tunes records its majority-class rate, which the report shows
-    shutil.copy(RESULTS / folder / "sweep.json", tmp_path / "sweep.json")
-    assert write_report(tmp_path).read_text() == (RESULTS / folder / "report.md").read_text()
+    record, report = regenerate(SweepStudy(), RESULTS / folder)
+    assert _same(record["summary"], _state(folder)["summary"]) and not record["missing"]
+    assert report == (RESULTS / folder / "report.md").read_text()
+    shutil.copy(RESULTS / folder / "results.json", tmp_path / "results.json")
+    assert write_report(tmp_path, tmp_path / "report").read_text() == report
 
 
 @pytest.mark.parametrize("task", ["sst2", "cola"])
 def test_finetune_sweep_report_regenerates(task):
+    from fixedhead.studies.sweep import load_sweep
     from fixedhead.studies.sweep.finetune_seeds import report_markdown
 
     folder = RESULTS / "sweep-mlm-lr"
-    sweep = json.loads((folder / "sweep.json").read_text())
     state = json.loads((folder / f"finetune-{task}" / "finetune.json").read_text())
-    assert report_markdown(sweep, state) == (folder / f"finetune-{task}" / "report.md").read_text()
+    assert report_markdown(load_sweep(folder), state) == (folder / f"finetune-{task}" / "report.md").read_text()
 
 
 def test_gpu_lm1b_pair_summary_regenerates():

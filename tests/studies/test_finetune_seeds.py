@@ -7,7 +7,7 @@ from scipy.stats import spearmanr
 
 from _tiny_run import TINY
 from fixedhead.cli import main
-from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
+from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
 from fixedhead.studies.sweep.claims import claims
 from fixedhead.studies.sweep.finetune_seeds import (
     RESULTS_FILE,
@@ -16,7 +16,7 @@ from fixedhead.studies.sweep.finetune_seeds import (
     run_finetune_seeds,
     write_report,
 )
-from fixedhead.studies.sweep.presets import SweepPoint, SweepPreset
+from fixedhead.studies.sweep.presets import SWEEP_PRESETS, SweepPoint, SweepPreset
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 
 FT = FinetuneSettings(
@@ -45,15 +45,17 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
         seeds=(0, 1),
         finetune=None,
     )
-    run_sweep(preset, root / "sweep", progress=False, cache_dir=root / "cache")
-    return root / "sweep"
+    with pytest.MonkeyPatch.context() as mp:  # the preset stays known while the module's tests read the sweep
+        mp.setitem(SWEEP_PRESETS, "test-ft", lambda: preset)
+        run_sweep(SweepOptions(preset="test-ft"), root / "sweep", progress=False, cache_dir=root / "cache")
+        yield root / "sweep"
 
 
 def test_each_checkpoint_chooses_its_rate_then_every_seed_trains_at_it(masked_sweep, tmp_path):
     out = tmp_path / "ft"
     kw = dict(seeds=[0, 1], learning_rates=[1e-4, 1e-3], max_extensions=0, settings=FT, progress=False)
     state = run_finetune_seeds(masked_sweep, "sst2", out, **kw)
-    sweep = json.loads((masked_sweep / SWEEP_FILE).read_text())
+    sweep = load_sweep(masked_sweep)
     assert sorted(state["tuning"]) == sorted(sweep["runs"])
     for name, t in state["tuning"].items():
         at = {r["learning_rate"]: r for r in state["runs"].values() if r["checkpoint"] == name and r["seed"] == 0}
@@ -101,11 +103,11 @@ def test_bad_input_fails_before_any_work(masked_sweep, tmp_path, capsys):
         run_finetune_seeds(masked_sweep, "sst3", tmp_path / "a")
     with pytest.raises(ValueError, match="at least 2 rates"):
         run_finetune_seeds(masked_sweep, "sst2", tmp_path / "b", learning_rates=[1e-3])
-    with pytest.raises(FileNotFoundError, match="sweep.json"):
+    with pytest.raises(FileNotFoundError, match="no sweep results"):
         run_finetune_seeds(tmp_path, "sst2", tmp_path / "c")
     assert not any((tmp_path / d).exists() for d in "abc")
     assert main(["finetune-sweep", str(tmp_path), "--task", "sst2"]) == 2
-    assert "sweep.json" in capsys.readouterr().err
+    assert "holds no sweep results (results.json)" in capsys.readouterr().err
 
 
 def _fake_sweep(root, qualities):
@@ -120,7 +122,7 @@ def _fake_sweep(root, qualities):
             runs[name] = {"key": key, "seed": seed, "heldout_perplexity": 300.0 - 100 * q - seed}
             runs[name] |= {"head_dim": 16 // 2 ** (i + 1), "parameters": 1000}
     meta = {"objective": "mlm", "first_started": 1.0, "finetune": {"max_steps": 2, "validation_size": 16}}
-    (root / SWEEP_FILE).write_text(json.dumps({"meta": meta, "points": points, "runs": runs}))
+    (root / LEGACY_FILE).write_text(json.dumps({"meta": meta, "points": points, "runs": runs}))
     return root
 
 
@@ -168,7 +170,7 @@ def test_the_rate_is_chosen_on_validation_not_dev_and_a_diverged_rate_is_the_wor
     assert all(lr == 1e-3 for _, lr, seed in calls if seed != 0)
     # each checkpoint's fine-tuning score rises exactly as its perplexity falls: rho = -1, and the
     # claim "lower perplexity goes with better fine-tuning" agrees
-    sweep = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    sweep = json.loads((sweep_dir / LEGACY_FILE).read_text())
     rho = rank_correlation(sweep, state, resamples=200)
     assert rho["checkpoints"] == 9 and rho["rho"] == pytest.approx(-1.0)
     assert rho["low"] == pytest.approx(-1.0) and rho["high"] == pytest.approx(-1.0)
@@ -193,9 +195,9 @@ def test_a_bad_extension_count_or_a_causal_sweep_is_refused_before_the_folder_ex
     sweep_dir = _fake_sweep(tmp_path / "sweep", quality)
     with pytest.raises(ValueError, match="max_extensions"):
         run_finetune_seeds(sweep_dir, "sst2", tmp_path / "a", max_extensions=-1)
-    state = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    state = json.loads((sweep_dir / LEGACY_FILE).read_text())
     state["meta"]["objective"] = "clm"
-    (sweep_dir / SWEEP_FILE).write_text(json.dumps(state))
+    (sweep_dir / LEGACY_FILE).write_text(json.dumps(state))
     with pytest.raises(ValueError, match="'clm' sweep"):
         run_finetune_seeds(sweep_dir, "sst2", tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -9,9 +9,10 @@ import pytest
 from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
-from fixedhead.studies.sweep import SWEEP_FILE, run_sweep
+from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
 from fixedhead.studies.sweep.claims import PointStats, claims, collect_points
 from fixedhead.studies.sweep.presets import (
+    SWEEP_PRESETS,
     SweepPoint,
     SweepPreset,
     canonical_fields,
@@ -69,9 +70,16 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
     plan = plan_runs(preset)
     assert len({k for k, _, _ in plan}) == 8 and len(preset.seeds) >= 3
     assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
-    assert get_sweep_preset("cpu-mlm", quick=True).train.mlm_probability == 0.4
+    assert get_sweep_preset("tiny").train.mlm_probability == 0.4
     with pytest.raises(ValueError, match="'cpu-clm' has no fine-tuning.*'cola'"):
-        run_sweep("cpu-clm", "/nonexistent/never-written", quick=True, finetune_task="cola")
+        run_sweep(SweepOptions(preset="cpu-clm", finetune_task="cola"), "/nonexistent/never-written")
+    assert not Path("/nonexistent/never-written").exists()
+
+
+def _register(monkeypatch, preset: SweepPreset, name: str = "test", **options) -> SweepOptions:
+    """A sweep of ``preset`` (a test's own points and recipe), registered as preset ``name``."""
+    monkeypatch.setitem(SWEEP_PRESETS, name, lambda: preset)
+    return SweepOptions(preset=name, **options)
 
 
 def _tiny_preset(corpus):
@@ -111,15 +119,15 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
 
     if not glue_path("sst2", "train").is_file():
         pytest.skip("shared GLUE data not found")
-    preset = _tiny_preset(small_real_corpus)
+    options = _register(monkeypatch, _tiny_preset(small_real_corpus))
     out = tmp_path / "sweep"
-    state = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    state = run_sweep(options, out, progress=False, cache_dir=tmp_path / "cache", command="test")
     # 3 distinct models (h=2 std, h=4 std = d_p 4, h=4 d_p=8 fixed) x 2 seeds
     assert sorted(state["runs"]) == sorted(
         f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed") for s in (0, 1)
     )
-    saved = json.loads((out / SWEEP_FILE).read_text())
-    assert saved["runs"].keys() == state["runs"].keys()
+    saved = load_sweep(out)  # the state the claims and the report read: runs by their folder
+    assert saved["runs"].keys() == state["runs"].keys() and not state["missing"]
     assert all("finetune" in r and 0 <= r["finetune"]["score"] <= 1 for r in saved["runs"].values())
     assert not list(out.glob("runs/*/checkpoint-*")), "pretraining checkpoints are removed after each run"
     # the context-free reference: better than a uniform guess over the vocabulary, worse than certainty
@@ -144,7 +152,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     unmeasured = [m for _, m, _ in claims(no_ft) if m == "not measured (this sweep has no fine-tuning)"]
     assert len(unmeasured) == 5
     (tmp_path / "no-ft").mkdir()
-    (tmp_path / "no-ft" / SWEEP_FILE).write_text(json.dumps(no_ft))
+    (tmp_path / "no-ft" / LEGACY_FILE).write_text(json.dumps(no_ft))  # a sweep from before the kit reads too
     write_report(tmp_path / "no-ft")
     assert not (tmp_path / "no-ft" / "finetune_vs_perplexity.png").exists()
     # a sweep of one experiment (--experiments head_size) draws and links only that experiment's plot
@@ -152,13 +160,14 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     only["points"] = [p for p in only["points"] if p["experiment"] == "head_size"]
     assert only["points"] and len(only["points"]) < len(saved["points"])
     (tmp_path / "head-size").mkdir()
-    (tmp_path / "head-size" / SWEEP_FILE).write_text(json.dumps(only))
+    (tmp_path / "head-size" / LEGACY_FILE).write_text(json.dumps(only))
     text = write_report(tmp_path / "head-size").read_text()
     assert (tmp_path / "head-size" / "head_size.png").exists() and "(head_size.png)" in text
     for png in ("heads.png", "params.png"):
         assert not (tmp_path / "head-size" / png).exists() and f"({png})" not in text
 
-    # resume: finished runs are neither pretrained nor fine-tuned again; an unfinished one is
+    # resume: finished points are neither pretrained nor fine-tuned again; an unfinished one (its result not
+    # saved, its training not finished) is
     calls = []
     trainer = P.atomic_checkpoint_trainer
 
@@ -174,7 +183,10 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     ft_file = out / "runs" / "d16-h2-dp8-s0" / "finetune-sst2" / FINETUNE_FILE
     mtime = ft_file.stat().st_mtime_ns
     (out / "runs" / "d16-h4-dp4-s1" / "metrics.json").unlink()
-    again = run_sweep(preset, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    record = json.loads((out / "results.json").read_text())
+    del record["runs"]["d16-h4-dp4-s1"]
+    (out / "results.json").write_text(json.dumps(record))
+    again = run_sweep(options, out, progress=False, cache_dir=tmp_path / "cache", command="test")
     assert calls == ["d16-h4-dp4-s1"]
     assert ft_file.stat().st_mtime_ns == mtime
     assert again["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"] == state["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"]
@@ -182,7 +194,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
 
 def test_cli_report_errors(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
-    assert "sweep.json" in capsys.readouterr().err
+    assert "holds no sweep results (results.json)" in capsys.readouterr().err
 
 
 def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
@@ -208,12 +220,12 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
         ]
     )
     assert rc == 0
-    state = json.loads((out / SWEEP_FILE).read_text())
+    state = load_sweep(out)
     assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-s0", "d32-h4-dp8-s0"]
     assert state["meta"]["quick"] and state["meta"]["train"]["max_steps"] == 2
-    assert (out / "report.md").is_file()
+    assert "Sweep report: tiny (--quick)" in (out / "report.md").read_text()
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0
-    assert (tmp_path / "r" / "report.md").is_file()
+    assert (tmp_path / "r" / "report.md").read_text() == (out / "report.md").read_text()
     assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 0  # its own folder again
     # another study's folder also holds a report.md: refused, nothing replaced
     (tmp_path / "other").mkdir()
@@ -243,66 +255,64 @@ def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
     assert "| 1.500 (1 of 2 seeds) | `k3` |" in lines[4]
 
 
-def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate(small_real_corpus, tmp_path):
+def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate(
+    small_real_corpus, tmp_path, monkeypatch
+):
     preset = replace(_tiny_preset(small_real_corpus), finetune=None)
     preset = replace(preset, points=preset.points[:3])  # two models: h=2, h=4 standard and h=4 fixed
+    options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=1)
     out = tmp_path / "sweep"
-    kw = dict(progress=False, cache_dir=tmp_path / "cache", learning_rates=[1e-3, 4e-3], max_extensions=1)
-    state = run_sweep(preset, out, **kw)
-    saved = json.loads((out / SWEEP_FILE).read_text())
+    kw = dict(progress=False, cache_dir=tmp_path / "cache")
+    record = run_sweep(options, out, **kw)
+    saved = load_sweep(out)
     assert saved["meta"]["learning_rate_selection"]["grid"] == [1e-3, 4e-3]
-    assert saved["meta"]["verdict"] == {"test": "welch", "alpha": 0.01, "correction": "holm"}  # fixed before training
+    assert saved["meta"]["verdict"] == {"test": "welch", "alpha": 0.01, "correction": "holm"}
+    assert json.loads((out / "plan.json").read_text())["plan"]["verdict_rule"].startswith("Welch")  # before training
     assert saved["meta"]["data"]["validation_fraction"] > 0
     for key, chosen in saved["tuning"].items():
         losses = {float(lr): v for lr, v in chosen["validation_loss"].items()}
         assert chosen["chosen"] == min(losses, key=lambda lr: losses[lr])
         # each seed trained at the chosen rate; only those runs count in the results
-        at_rate = {k: r for k, r in state["runs"].items() if r["key"] == key}
+        at_rate = {k: r for k, r in saved["runs"].items() if r["key"] == key}
         assert sorted(r["seed"] for r in at_rate.values()) == [0, 1]
         assert {r["learning_rate"] for r in at_rate.values()} == {chosen["chosen"]}
         assert set(at_rate) == {f"{key}-lr{chosen['chosen']:g}-s{s}" for s in (0, 1)}
     assert not list(out.glob("runs/*/checkpoint-*")), "the grid's runs keep no Trainer checkpoints either"
     # the report names each model's rate in its table and plots the validation curves
-    write_report(out)
     assert (out / "learning_rates.png").is_file()
     for pts in collect_points(saved).values():
         lines = points_table(pts, "h", None)
         lr_col = lines[0].split(" | ").index("lr")
         for q, line in zip(pts, lines[2:], strict=True):
             assert line.split(" | ")[lr_col] == f"{saved['tuning'][q.key]['chosen']:g}"
-    # rates chosen with seed 0 stay chosen: another first seed (or grid) in this folder is refused
-    with pytest.raises(FileExistsError, match="first of --seeds"):
-        run_sweep(preset, out, **kw | {"seeds": [1, 0]})
-    with pytest.raises(FileExistsError, match="choose another --output-dir"):  # a shared-rate call
-        run_sweep(preset, out, **{k: v for k, v in kw.items() if k not in ("learning_rates", "max_extensions")})
-    again = run_sweep(preset, out, **kw)  # everything reused
-    assert {k: r["heldout_loss"] for k, r in again["runs"].items()} == {
-        k: r["heldout_loss"] for k, r in state["runs"].items()
-    }
-    assert {k: r["train_seconds"] for k, r in again["runs"].items()} == {
-        k: r["train_seconds"] for k, r in state["runs"].items()
-    }
+    # rates chosen with seed 0 stay chosen: another first seed (or no grid) in this folder is refused
+    with pytest.raises(FileExistsError, match="chose their rates with seed 0"):
+        run_sweep(replace(options, seeds=(1, 0)), out, **kw)
+    with pytest.raises(FileExistsError, match="other settings.*--learning-rates"):  # a shared-rate call
+        run_sweep(replace(options, learning_rates=()), out, **kw)
+    again = run_sweep(options, out, **kw)  # everything reused
+    assert again["runs"] == record["runs"]
 
 
-def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpus, tmp_path):
-    """Workers sharing a folder: one that finds a model's rate being chosen by another live process
-    trains none of that model's runs; once the lock is gone the model is tuned and trained."""
-    import os
+def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpus, tmp_path, monkeypatch):
+    """Workers sharing a folder: a model's first seed that another live worker holds is left to it, and so
+    is its second seed (it trains at the rate the first chooses); once the lock is gone both run."""
+    from fixedhead.studies.kit import core
 
     preset = replace(_tiny_preset(small_real_corpus), finetune=None)
-    preset = replace(preset, points=preset.points[:2], seeds=(0,))
-    out = tmp_path / "sweep"
-    kw = dict(progress=False, cache_dir=tmp_path / "cache", learning_rates=[1e-3, 4e-3], max_extensions=0)
+    preset = replace(preset, points=preset.points[:2])
+    options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=0)
     keys = [run_key({**preset.common, **pt.model}) for pt in preset.points]
-    run_sweep(replace(preset, points=preset.points[1:]), out, **kw)  # the second model alone
-    busy = out / "runs" / f"{keys[0]}-rate.lock"
-    busy.write_text(str(os.getppid()))  # a live process that is not this one
-    state = run_sweep(preset, out, **kw)
-    assert {r["key"] for r in state["runs"].values()} == {keys[1]}
-    assert not any(p.name.startswith(keys[0]) for p in (out / "runs").iterdir() if p != busy)
-    busy.unlink()
-    state = run_sweep(preset, out, **kw)
-    assert {r["key"] for r in state["runs"].values()} == set(keys)
+    out, kw = tmp_path / "sweep", dict(progress=False, cache_dir=tmp_path / "cache")
+    real_lock = core.try_lock
+    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == f"{keys[0]}-s0" else real_lock(path))
+    record = run_sweep(options, out, **kw)
+    assert record["missing"] == [f"{keys[0]}-s0", f"{keys[0]}-s1"]
+    assert not any(p.name.startswith(keys[0]) for p in (out / "runs").iterdir())
+    assert "Incomplete: 2 point(s)" in (out / "report.md").read_text()
+    monkeypatch.setattr(core, "try_lock", real_lock)
+    record = run_sweep(options, out, **kw)
+    assert {r["key"] for r in record["runs"].values()} == set(keys) and not record["missing"]
 
 
 def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
@@ -327,9 +337,13 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
     assert main([*common, "--architecture", "llama"]) == 2
     assert "architecture 'llama' trains causal LMs only; got objective 'mlm'" in capsys.readouterr().err
     assert not out.exists()
-    args = ["--preset", "cpu-clm", "--architecture", "llama", "--experiments", "head_size", "--seeds", "0"]
-    assert main([*common, *args, "--max-steps", "2", "--no-report"]) == 0
-    state = json.loads((out / SWEEP_FILE).read_text())
+    args = ["--preset", "tiny-clm", "--architecture", "llama", "--experiments", "head_size", "--seeds", "0"]
+    with pytest.raises(SystemExit) as exit:  # the report is always written: said so
+        main([*common, *args, "--no-report"])
+    assert exit.value.code == 2
+    assert "--no-report is gone: the report is written" in capsys.readouterr().err
+    assert main([*common, *args, "--max-steps", "2"]) == 0
+    state = load_sweep(out)
     assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-llama-s0", "d32-h4-dp8-llama-s0"]
     for name, head_dim in (("d32-h4-dp16-fixed-llama-s0", 16), ("d32-h4-dp8-llama-s0", 8)):
         saved = json.loads((out / "runs" / name / "config.json").read_text())
@@ -379,12 +393,12 @@ def test_cli_quick_sweep_under_mup_and_no_mixing_in_one_folder(small_real_corpus
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
     common = ["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--threads", "1"]
-    common += ["--preset", "cpu-clm", "--experiments", "head_size", "--seeds", "0", "--max-steps", "2", "--no-report"]
+    common += ["--preset", "tiny-clm", "--experiments", "head_size", "--seeds", "0", "--max-steps", "2"]
     # Llama has no μP option here: refused before any folder is written
     assert main([*common, "--architecture", "llama", "--mup-base-head-dim", "8"]) == 2
     assert "parametrization" in capsys.readouterr().err and not out.exists()
     assert main([*common, "--mup-base-head-dim", "8"]) == 0
-    state = json.loads((out / SWEEP_FILE).read_text())
+    state = load_sweep(out)
     assert sorted(state["runs"]) == ["d32-h4-dp16-fixed-mup8-s0", "d32-h4-dp8-mup8-s0"]
     for name, head_dim in (("d32-h4-dp16-fixed-mup8-s0", 16), ("d32-h4-dp8-mup8-s0", 8)):
         model = load_run(out / "runs" / name)[0]
@@ -395,30 +409,31 @@ def test_cli_quick_sweep_under_mup_and_no_mixing_in_one_folder(small_real_corpus
     # the same points without μP in that folder would put two models at each point of one report
     assert main(common) == 2
     err = capsys.readouterr().err
-    assert "holds a sweep of other models (d32-h4-dp8-mup8 where this call trains d32-h4-dp8:" in err
-    assert sorted(json.loads((out / SWEEP_FILE).read_text())["runs"]) == sorted(state["runs"])
+    assert "run with other settings (--mup-base-head-dim: 8 → None)" in err
+    assert sorted(load_sweep(out)["runs"]) == sorted(state["runs"])
 
 
-def test_a_resumed_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_path):
-    """The embedding experiment's fixed models share x = d (one per h): resuming such a sweep in
-    its own folder is not "another architecture" (the full cpu-mlm preset has two such points), nor is
-    adding the second model to a folder that holds the first (``--models`` one call at a time)."""
-    quick = get_sweep_preset("cpu-mlm", quick=True)
+def test_a_grown_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_path, monkeypatch):
+    """The embedding experiment's fixed models share x = d (one per h): a sweep run one model at a time
+    (``--models``) grows to both (the report says it grew), and resuming it trains nothing again."""
     points = [
         SweepPoint("embedding", "fixed", 32, dict(hidden_size=32, num_attention_heads=h, head_dim=16)) for h in (2, 4)
     ]
-    preset = replace(quick, points=points, seeds=(0,), finetune=None)
-    kw = dict(corpus=str(small_real_corpus), max_steps=2, progress=False, cache_dir=tmp_path / "cache")
-    run_sweep(preset, tmp_path / "s", models=["d32-h2-dp16"], **kw)
-    run_sweep(preset, tmp_path / "s", models=["d32-h4-dp16-fixed"], **kw)  # the other model at the same x
-    state = run_sweep(preset, tmp_path / "s", **kw)  # resumes: both runs reused, nothing refused
-    assert sorted(state["runs"]) == ["d32-h2-dp16-s0", "d32-h4-dp16-fixed-s0"]
-    # a preset whose point at that x is another model would put two models at one point: refused
-    other = replace(
-        preset, points=[SweepPoint("embedding", "fixed", 32, dict(hidden_size=32, num_attention_heads=8, head_dim=16))]
+    preset = replace(get_sweep_preset("tiny"), points=points, seeds=(0,), finetune=None)
+    options = _register(monkeypatch, preset, corpus=str(small_real_corpus), steps=2)
+    kw = dict(progress=False, cache_dir=tmp_path / "cache")
+    run_sweep(replace(options, models=("d32-h2-dp16",)), tmp_path / "s", **kw)
+    with pytest.raises(FileExistsError, match="--grow"):
+        run_sweep(replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", **kw)
+    run_sweep(replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", grow=True, **kw)
+    record = run_sweep(options, tmp_path / "s", grow=True, **kw)  # both stored: nothing trains
+    assert sorted(record["runs"]) == ["d32-h2-dp16-s0", "d32-h4-dp16-fixed-s0"] and not record["missing"]
+    assert (
+        len(record["plan_history"]) == 2 and "grew after results existed" in (tmp_path / "s" / "report.md").read_text()
     )
-    with pytest.raises(FileExistsError, match="holds a sweep of other models"):
-        run_sweep(other, tmp_path / "s", **kw)
+    # another preset's models in that folder would put two models at one point: refused
+    with pytest.raises(FileExistsError, match="other settings"):
+        run_sweep(replace(options, preset="tiny"), tmp_path / "s", **kw)
 
 
 def _claims_state(std_ppl: list[float], fix_ppl: list[float], verdict: dict | None) -> dict:

@@ -1,6 +1,6 @@
 """A sweep's results as the paper's claims: points (mean ± std over seeds) and the claim table.
 
-Reads the state in ``SWEEP_DIR/sweep.json`` (:func:`fixedhead.studies.sweep.run_sweep`). Every
+Reads a sweep's state (:func:`fixedhead.studies.sweep.load_sweep`). Every
 point is summarised as mean ± sample standard deviation over its seeds. A paper claim is judged
 with Welch's two-sample t-test on the seeds by the rule the sweep recorded before training
 (``meta.verdict``: p < 0.01 after Holm's correction over the claims tested; sweeps that recorded
@@ -16,13 +16,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
 
 from ...model.paper_presets import PAPER_PRESETS
 from ...model.sizes import count_parameters
-from ...runs import load_json_file
 from ..kit.stats import CANNOT_TELL, LEGACY_RULE, holm, mean_std, pm, spearman, welch, welch_verdict
-from . import SWEEP_FILE
 
 
 @dataclass
@@ -57,17 +54,6 @@ class PointStats:
     @property
     def head_dim(self) -> int:
         return self.runs[0]["head_dim"] if self.runs else 0
-
-
-def load_sweep(sweep_dir: str | Path) -> dict:
-    """Read ``sweep.json``. Raises FileNotFoundError naming the path when it is missing."""
-    path = Path(sweep_dir) / SWEEP_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {sweep_dir} is not a sweep directory (run `fixedhead sweep` first)")
-    state = load_json_file(path)  # a truncated or damaged file is named
-    if not isinstance(state.get("runs"), dict) or not isinstance(state.get("meta"), dict):
-        raise ValueError(f"{path} is not a sweep results file (no 'meta' and 'runs')")
-    return state
 
 
 def collect_points(state: dict) -> dict[tuple[str, str], list[PointStats]]:

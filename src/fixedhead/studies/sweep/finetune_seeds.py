@@ -29,7 +29,8 @@ from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
 from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
-from .claims import claims, load_sweep, verdict_rule
+from . import load_sweep
+from .claims import claims, verdict_rule
 from .presets import get_sweep_preset
 
 RESULTS_FILE = "finetune.json"

@@ -1,6 +1,6 @@
 """`fixedhead report SWEEP_DIR`: markdown tables, PNG plots and the paper-claim table of a sweep.
 
-Reads ``SWEEP_DIR/sweep.json`` (written by :func:`fixedhead.studies.sweep.run_sweep`) and
+Reads a sweep's results (:func:`fixedhead.studies.sweep.load_sweep`) and
 writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png``,
 ``finetune_vs_perplexity.png`` and, where each model chose its rate, ``learning_rates.png`` into
 the output folder (default: the sweep folder). The claims and the verdict rule they are judged by
@@ -18,8 +18,10 @@ from ...runs import claim_output_dir, write_text_atomic
 from ..kit import render
 from ..kit.learning_rate import plot_learning_rates, selection_markdown
 from ..kit.stats import pm, rule_text
-from .claims import PointStats, claims, collect_points, load_sweep, power_sentence, verdict_rule
+from .claims import PointStats, claims, collect_points, power_sentence, verdict_rule
 
+#: the figures a sweep's report links, each drawn where the sweep has what it shows
+PLOT_FILES = ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png", "learning_rates.png")
 REPORT_MARKERS = ("report.md",)
 REPORT_OWNED = ("report.md", ".report.md.*", "*.png")
 
@@ -158,51 +160,72 @@ def _majority_rate(meta: dict, task: str) -> float | None:
         return None
 
 
+def write_plots(state: dict, out: Path) -> None:
+    """The sweep's figures in ``out``: each experiment's and fine-tuning's where the sweep has them, and the
+    rate each model chose where it chose one (:data:`PLOT_FILES`)."""
+    meta = state["meta"]
+    causal = meta.get("objective") == "clm" or (meta.get("train") or {}).get("objective") == "clm"
+    task, uni = meta.get("finetune_task") or "sst2", meta.get("unigram_perplexity")
+    series, lm = collect_points(state), "causal-LM" if causal else "MLM"
+    if any(series.get(("heads", kind)) for kind in ("standard", "fixed")):
+        plot_heads(series, out / "heads.png", uni, lm)
+    if any(series.get(("embedding", kind)) for kind in ("standard", "fixed")):
+        plot_params(series, out / "params.png", uni, lm)
+    if series.get(("head_size", "fixed")):
+        plot_head_size(series, out / "head_size.png")
+    if any("finetune" in r for r in state["runs"].values()):
+        plot_finetune(state, out / "finetune_vs_perplexity.png", task, _majority_rate(meta, task), uni)
+    if tuning := state.get("tuning"):
+        fraction = meta["learning_rate_selection"]["validation_fraction"]
+        plot_learning_rates({"models": tuning, "validation_fraction": fraction}, out / "learning_rates.png")
+
+
 def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) -> Path:
-    """Write ``report.md`` and the four PNG plots for the sweep in ``sweep_dir``; return the report path.
+    """Write ``report.md`` and the plots of the sweep in ``sweep_dir`` (:func:`fixedhead.studies.sweep.load_sweep`)
+    into ``output_dir`` (default: the sweep's folder); return the report's path.
 
     Raises:
-        FileNotFoundError: ``sweep_dir`` holds no ``sweep.json``.
+        FileNotFoundError: ``sweep_dir`` holds no sweep results.
         ValueError: the sweep has no finished run yet.
+        FileExistsError: ``output_dir`` holds another study's files.
     """
+    from . import SweepStudy, load_sweep
+
     state = load_sweep(sweep_dir)
     if not state.get("runs"):
         raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")
     out = Path(output_dir) if output_dir else Path(sweep_dir)
     if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
         claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report", exclusive=True)  # report.md: every study's
+    if (Path(sweep_dir) / "results.json").is_file():  # on the kit: its report, with the kit's notes
+        from ..kit.study import regenerate
+
+        text = regenerate(SweepStudy(), Path(sweep_dir))[1]
+    else:
+        text = report_markdown(state)
+    write_plots(state, out)
+    report = out / "report.md"
+    write_text_atomic(report, text)
+    return report
+
+
+def report_markdown(state: dict) -> str:
+    """The sweep's report: what was run, the references (unigram guess, majority class), the rates chosen, the
+    paper-claim table and each experiment's points."""
     meta = state["meta"]
     causal = (meta.get("objective") or (meta.get("train") or {}).get("objective")) == "clm"
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
-    lm = "causal-LM" if causal else "MLM"
     uni = meta.get("unigram_perplexity")  # the unigram guess's perplexity: the plots' and the text's reference
-    # each experiment and fine-tuning are plotted only where the sweep has them
-    if any(series.get(("heads", kind)) for kind in ("standard", "fixed")):
-        plot_heads(series, out / "heads.png", uni, lm)
-    if any(series.get(("embedding", kind)) for kind in ("standard", "fixed")):
-        plot_params(series, out / "params.png", uni, lm)
     has_head_size = bool(series.get(("head_size", "fixed")))
     has_finetune = any("finetune" in r for r in state["runs"].values())
     majority = _majority_rate(meta, task)
-    if has_head_size:
-        plot_head_size(series, out / "head_size.png")
-    if has_finetune:
-        plot_finetune(state, out / "finetune_vs_perplexity.png", task, majority, uni)
-
-    n_runs = len(state["runs"])
-    expected = len({p["key"] for p in state["points"]}) * len(meta["seeds"])
     d, tr, ft = meta["data"], meta["train"], meta.get("finetune") or {}
     info = meta.get("data_info", {})
-    note = [
-        f"**Incomplete sweep: {n_runs} of {expected} runs finished.** Points below show what finished; "
-        f"rerunning the same command resumes the rest.",
-        "",
-    ]
     L = render.head(
         f"Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}",
         meta,
-        note if n_runs < expected else [],
+        [],
         several=" (workers sharing the plan, or resumed invocations)",
         work="training + fine-tuning" if has_finetune else "training",
         on="on ",
@@ -275,11 +298,7 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             "",
         ]
     if tuning := state.get("tuning"):  # the rate each model chose, plotted and tabled
-        selection = meta["learning_rate_selection"]
-        plot_learning_rates(
-            {"models": tuning, "validation_fraction": selection["validation_fraction"]}, out / "learning_rates.png"
-        )
-        L += selection_markdown(selection, tuning)
+        L += selection_markdown(meta["learning_rate_selection"], tuning)
     L += [
         "## Paper claim → our measurement",
         "",
@@ -314,6 +333,4 @@ def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) ->
             "![fine-tuning vs perplexity](finetune_vs_perplexity.png)",
             "",
         ]
-    report = out / "report.md"
-    write_text_atomic(report, "\n".join(L) + "\n")
-    return report
+    return "\n".join(L) + "\n"
