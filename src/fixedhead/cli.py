@@ -23,7 +23,6 @@ from .checks import positive_int
 from .options import (
     add_nested_options,
     add_options,
-    add_study_options,
     given,
     in_option_words,
     options_from,
@@ -238,11 +237,12 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
         add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
         g = p.add_argument_group("running it")
         presets = s.folder_by_preset and any(f.name == "preset" for f in dataclasses.fields(s.Options))
-        where = f"runs/{s.name}-PRESET" if presets else ""
+        where = f"runs/{s.name}-PRESET" if presets else f"runs/{s.name}"
+        quick_where = f"runs/{s.name}-quick"
+        if s.folder_text:  # a study with its own default folder
+            where, quick_where = s.folder_text, f"{s.folder_text}-quick"
         g.add_argument(
-            "--output-dir",
-            metavar="DIR",
-            help=f"where the study writes (default: {where or f'runs/{s.name}'}; --quick: runs/{s.name}-quick)",
+            "--output-dir", metavar="DIR", help=f"where the study writes (default: {where}; --quick: {quick_where})"
         )
         for flag, why in (removed or {}).items():
             p.add_argument(flag, nargs="*", action=_Removed, help=argparse.SUPPRESS, why=why)
@@ -328,6 +328,12 @@ class _Removed(argparse.Action):
 
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
+    "finetune-sweep": (
+        "sweep.finetune_seeds",
+        "FinetuneSweepStudy",
+        "fine-tuning claims with several fine-tuning seeds per checkpoint of a masked sweep, each checkpoint at its "
+        "own rate (chosen with the first seed on the split carved out of GLUE train)",
+    ),
     "sweep": (
         "sweep",
         "SweepStudy",
@@ -432,41 +438,9 @@ def _report_options(p):
 
 def _report(args):
     """markdown tables, plots and the paper-claim table of a sweep directory"""
-    from .studies.sweep.report import write_report
+    from .studies.sweep import write_report
 
     print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
-
-
-def _finetune_sweep_options(p):
-    p.description = (
-        "Fine-tune every checkpoint of a masked sweep on one GLUE task with several seeds, each checkpoint at its own "
-        "fine-tuning rate (chosen with the first seed on the split carved out of GLUE train), and write "
-        "OUT/report.md: the fine-tuning claims over pretraining seeds and Spearman's rho with a bootstrap interval."
-    )
-    p.add_argument("sweep_dir", help="a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)")
-    p.add_argument("--task", default="sst2", help="GLUE task (default: %(default)s)")
-    add_study_options(p, output_dir="SWEEP_DIR/finetune-TASK")
-    g = p.add_argument_group("a fine-tuning rate per checkpoint")
-    g.add_argument("--learning-rates", type=_rates, metavar="X,X,...", help="the grid (default: 3e-4,1e-3,3e-3)")
-    g.add_argument("--max-extensions", type=int, default=1, metavar="N", help="rates added past an edge (default 1)")
-
-
-def _finetune_sweep(args):
-    """fine-tuning claims with several fine-tuning seeds per checkpoint of a sweep"""
-    from .studies.sweep.finetune_seeds import DEFAULT_RATES, run_finetune_seeds, write_report
-
-    out = args.output_dir or f"{args.sweep_dir.rstrip('/')}/finetune-{args.task}"
-    run_finetune_seeds(
-        args.sweep_dir,
-        args.task,
-        out,
-        seeds=args.seeds,
-        learning_rates=args.learning_rates or DEFAULT_RATES,
-        max_steps=args.steps,
-        progress=not args.no_progress,
-        **_pick(args, "max_extensions", "overwrite"),
-    )
-    print(f"report: {write_report(args.sweep_dir, out)}")
 
 
 # ---------------------------------------------------------------------------------- export-onnx
@@ -508,7 +482,7 @@ COMMANDS = {
     "export-onnx": (_export_onnx_options, _export_onnx),
     "sweep": _kit_study(*KIT_STUDIES["sweep"]),
     "report": (_report_options, _report),
-    "finetune-sweep": (_finetune_sweep_options, _finetune_sweep),
+    "finetune-sweep": _kit_study(*KIT_STUDIES["finetune-sweep"]),
     "farthest-point": _kit_study(*KIT_STUDIES["farthest-point"]),
     "widen": (_widen_options, _widen),
     "widen-experiment": _kit_study(*KIT_STUDIES["widen-experiment"]),
@@ -519,7 +493,6 @@ COMMANDS = {
 #: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
-    "finetune-sweep": "rerun the same command to continue (finished fine-tuning runs are reused)",
 } | {name: "rerun the same command to continue (finished points are reused)" for name in KIT_STUDIES}
 
 

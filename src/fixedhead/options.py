@@ -66,7 +66,8 @@ def add_options(parser, cls, skip=(), title: str | None = None):
     """One option per field of the dataclass ``cls`` (``--max-steps`` for ``max_steps``): its type
     from the annotation (``X | None`` takes an X, ``list[str]`` any number of words, a bool is a
     flag: ``--name``, or ``--no-name`` when it defaults to True), choices from
-    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default.
+    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default; a field with
+    ``metadata={"positional": True}`` is a required positional argument instead.
 
     An option left out is absent from the parsed namespace (``argparse.SUPPRESS``), so the
     dataclass's own default applies (:func:`given`) and a command can tell what was given.
@@ -81,6 +82,9 @@ def add_options(parser, cls, skip=(), title: str | None = None):
         text = docs.get(f.name, "")
         if not (shown is None or shown == "" or isinstance(shown, bool)):
             text += f" (default: {shown})"
+        if f.metadata.get("positional"):  # a required argument, named by its metavar
+            group.add_argument(f.name, metavar=f.name.upper(), help=text.replace("%", "%%"))
+            continue
         flag = f"--{f.name.replace('_', '-')}"
         kw = dict(dest=f.name, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         hint = hints[f.name]

@@ -100,8 +100,7 @@ def test_sweep_report_regenerates(folder, tmp_path):
     import shutil
 
     from fixedhead.studies.kit.study import regenerate
-    from fixedhead.studies.sweep import SweepStudy
-    from fixedhead.studies.sweep.report import write_report
+    from fixedhead.studies.sweep import SweepStudy, write_report
 
     record, report = regenerate(SweepStudy(), RESULTS / folder)
     assert _same(record["summary"], _state(folder)["summary"]) and not record["missing"]
@@ -112,12 +111,14 @@ def test_sweep_report_regenerates(folder, tmp_path):
 
 @pytest.mark.parametrize("task", ["sst2", "cola"])
 def test_finetune_sweep_report_regenerates(task):
-    from fixedhead.studies.sweep import load_sweep
-    from fixedhead.studies.sweep.finetune_seeds import report_markdown
+    """Regenerated with the sweep it sits in (its recorded sweep folder, runs/sweep-mlm-lr, is not committed)."""
+    from fixedhead.studies.kit.study import regenerate
+    from fixedhead.studies.sweep.finetune_seeds import FinetuneSweepStudy
 
-    folder = RESULTS / "sweep-mlm-lr"
-    state = json.loads((folder / f"finetune-{task}" / "finetune.json").read_text())
-    assert report_markdown(load_sweep(folder), state) == (folder / f"finetune-{task}" / "report.md").read_text()
+    folder = RESULTS / "sweep-mlm-lr" / f"finetune-{task}"
+    record, report = regenerate(FinetuneSweepStudy(), folder)
+    assert _same(record["summary"], _state(f"sweep-mlm-lr/finetune-{task}")["summary"]) and not record["missing"]
+    assert report == (folder / "report.md").read_text()
 
 
 def test_gpu_lm1b_pair_summary_regenerates():

@@ -10,11 +10,12 @@ from fixedhead.cli import main
 from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
 from fixedhead.studies.sweep.claims import claims
 from fixedhead.studies.sweep.finetune_seeds import (
-    RESULTS_FILE,
+    FinetuneSweepOptions,
+    FinetuneSweepStudy,
     as_sweep_state,
     rank_correlation,
     run_finetune_seeds,
-    write_report,
+    state_of,
 )
 from fixedhead.studies.sweep.presets import SWEEP_PRESETS, SweepPoint, SweepPreset
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
@@ -27,7 +28,7 @@ FT = FinetuneSettings(
 
 @pytest.fixture(scope="module")
 def masked_sweep(small_real_corpus, tmp_path_factory):
-    """Two tiny masked models (standard and fixed at h = 4) x seeds 0, 1: four checkpoints, no fine-tuning."""
+    """Two tiny masked models (standard and fixed at h = 4) x seeds 0, 1: four checkpoints, each fine-tuned once."""
     from fixedhead.data.glue import glue_path
 
     if not glue_path("sst2", "train").is_file():
@@ -43,7 +44,7 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
             SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
         ],
         seeds=(0, 1),
-        finetune=None,
+        finetune=FT,  # the sweep's fine-tuning budget, which the study fine-tunes every checkpoint with
     )
     with pytest.MonkeyPatch.context() as mp:  # the preset stays known while the module's tests read the sweep
         mp.setitem(SWEEP_PRESETS, "test-ft", lambda: preset)
@@ -51,10 +52,23 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
         yield root / "sweep"
 
 
+def _state(options, out) -> dict:
+    """The study's state (what its report reads) from its folder's results."""
+    record = json.loads((out / "results.json").read_text())
+    return state_of(FinetuneSweepStudy().resolve(options), record["runs"].values(), record["meta"])
+
+
+def _run(sweep_dir, out, **options) -> dict:
+    o = FinetuneSweepOptions(sweep_dir=str(sweep_dir), **options)
+    run_finetune_seeds(o, out, progress=False)
+    return _state(o, out)
+
+
 def test_each_checkpoint_chooses_its_rate_then_every_seed_trains_at_it(masked_sweep, tmp_path):
     out = tmp_path / "ft"
-    kw = dict(seeds=[0, 1], learning_rates=[1e-4, 1e-3], max_extensions=0, settings=FT, progress=False)
-    state = run_finetune_seeds(masked_sweep, "sst2", out, **kw)
+    kw = dict(seeds=(0, 1), learning_rates=(1e-4, 1e-3), max_extensions=0)
+    state = _run(masked_sweep, out, **kw)
+    assert state["meta"]["settings"]["finetune"]["max_steps"] == FT.max_steps  # the sweep's budget
     sweep = load_sweep(masked_sweep)
     assert sorted(state["tuning"]) == sorted(sweep["runs"])
     for name, t in state["tuning"].items():
@@ -82,29 +96,34 @@ def test_each_checkpoint_chooses_its_rate_then_every_seed_trains_at_it(masked_sw
     assert rho["checkpoints"] == 4
     if expected == expected:  # all scores equal (every model at the majority class): rho is undefined
         assert rho["rho"] == pytest.approx(expected) and rho["low"] <= rho["rho"] <= rho["high"]
-    report = write_report(masked_sweep, out)
-    assert "| paper claim | our measurement | verdict |" in report.read_text()
+    assert "| paper claim | our measurement | verdict |" in (out / "report.md").read_text()
     assert (out / "learning_rates.png").stat().st_size > 5000
 
     # a rerun reuses every fine-tuning run
     ft_file = next(out.glob(f"runs/*/{FINETUNE_FILE}"))
     mtime = ft_file.stat().st_mtime_ns
-    again = run_finetune_seeds(masked_sweep, "sst2", out, **kw)
+    again = _run(masked_sweep, out, **kw)
     assert ft_file.stat().st_mtime_ns == mtime
     assert again["runs"] == state["runs"]
-    # another plan in the same folder is refused rather than mixed in
-    with pytest.raises(FileExistsError, match="fine-tuning plan"):
-        run_finetune_seeds(masked_sweep, "sst2", out, **kw | {"seeds": [2, 0]})
-    assert json.loads((out / RESULTS_FILE).read_text())["runs"] == state["runs"]
+    # rates chosen with another first seed in the same folder are refused rather than mixed in
+    with pytest.raises(FileExistsError, match="chose their rates with seed 0"):
+        _run(masked_sweep, out, **kw | {"seeds": (2, 0)})
+    assert _state(FinetuneSweepOptions(sweep_dir=str(masked_sweep), **kw), out)["runs"] == state["runs"]
+    # the default folder is the sweep's own finetune-TASK
+    from fixedhead.studies.kit.study import study_folder
+
+    options = FinetuneSweepOptions(sweep_dir=str(masked_sweep), task="cola")
+    assert study_folder(FinetuneSweepStudy(), options) == masked_sweep / "finetune-cola"
+    assert study_folder(FinetuneSweepStudy(), options, quick=True) == masked_sweep / "finetune-cola-quick"
 
 
 def test_bad_input_fails_before_any_work(masked_sweep, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown GLUE task 'sst3'"):
-        run_finetune_seeds(masked_sweep, "sst3", tmp_path / "a")
+        _run(masked_sweep, tmp_path / "a", task="sst3")
     with pytest.raises(ValueError, match="at least 2 rates"):
-        run_finetune_seeds(masked_sweep, "sst2", tmp_path / "b", learning_rates=[1e-3])
+        _run(masked_sweep, tmp_path / "b", learning_rates=(1e-3,))
     with pytest.raises(FileNotFoundError, match="no sweep results"):
-        run_finetune_seeds(tmp_path, "sst2", tmp_path / "c")
+        _run(tmp_path, tmp_path / "c")
     assert not any((tmp_path / d).exists() for d in "abc")
     assert main(["finetune-sweep", str(tmp_path), "--task", "sst2"]) == 2
     assert "holds no sweep results (results.json)" in capsys.readouterr().err
@@ -158,8 +177,7 @@ def fake_finetune(monkeypatch, tmp_path):
 def test_the_rate_is_chosen_on_validation_not_dev_and_a_diverged_rate_is_the_worst(fake_finetune, tmp_path):
     quality, calls = fake_finetune
     sweep_dir = _fake_sweep(tmp_path / "sweep", quality)
-    kw = dict(seeds=[0, 1, 2], learning_rates=[1e-4, 1e-3, 3e-3], max_extensions=1, progress=False)
-    state = run_finetune_seeds(sweep_dir, "sst2", tmp_path / "ft", **kw)
+    state = _run(sweep_dir, tmp_path / "ft", seeds=(0, 1, 2), learning_rates=(1e-4, 1e-3, 3e-3), max_extensions=1)
     assert len(state["tuning"]) == 9
     for t in state["tuning"].values():
         # 1e-3 has the best validation score, 1e-4 the best dev score; 3e-3 diverged: recorded as None
@@ -181,9 +199,7 @@ def test_the_rate_is_chosen_on_validation_not_dev_and_a_diverged_rate_is_the_wor
 def test_the_grid_grows_one_of_its_own_steps_past_an_edge(fake_finetune, tmp_path):
     quality, calls = fake_finetune
     sweep_dir = _fake_sweep(tmp_path / "sweep", {"d16-h2-dp8": quality["d16-h2-dp8"]})
-    state = run_finetune_seeds(
-        sweep_dir, "sst2", tmp_path / "ft", seeds=[0], learning_rates=[3e-5, 9e-5], max_extensions=1, progress=False
-    )
+    state = _run(sweep_dir, tmp_path / "ft", seeds=(0,), learning_rates=(3e-5, 9e-5), max_extensions=1)
     # best at the top edge (9e-5); the grid's step is x3: 2.7e-4 is trained, and is still the edge
     for t in state["tuning"].values():
         assert list(t["validation_score"]) == ["3e-05", "9e-05", "0.00027"]
@@ -194,10 +210,10 @@ def test_a_bad_extension_count_or_a_causal_sweep_is_refused_before_the_folder_ex
     quality, _ = fake_finetune
     sweep_dir = _fake_sweep(tmp_path / "sweep", quality)
     with pytest.raises(ValueError, match="max_extensions"):
-        run_finetune_seeds(sweep_dir, "sst2", tmp_path / "a", max_extensions=-1)
+        _run(sweep_dir, tmp_path / "a", max_extensions=-1)
     state = json.loads((sweep_dir / LEGACY_FILE).read_text())
     state["meta"]["objective"] = "clm"
     (sweep_dir / LEGACY_FILE).write_text(json.dumps(state))
     with pytest.raises(ValueError, match="'clm' sweep"):
-        run_finetune_seeds(sweep_dir, "sst2", tmp_path / "b")
+        _run(sweep_dir, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

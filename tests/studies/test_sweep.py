@@ -9,7 +9,7 @@ import pytest
 from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
-from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
+from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep, write_report
 from fixedhead.studies.sweep.claims import PointStats, claims, collect_points
 from fixedhead.studies.sweep.presets import (
     SWEEP_PRESETS,
@@ -20,7 +20,7 @@ from fixedhead.studies.sweep.presets import (
     plan_runs,
     run_key,
 )
-from fixedhead.studies.sweep.report import points_table, write_report
+from fixedhead.studies.sweep.report import points_table
 from fixedhead.training.evaluate import load_run
 from fixedhead.training.finetune import FINETUNE_FILE, FinetuneSettings
 

@@ -70,6 +70,9 @@ class Study:
     """the report states the plan's hash and growth itself (else the kit adds a line)"""
     overwriting: bool = False
     """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
+    folder: Path | None = None
+    """set by :func:`run_study` and :func:`regenerate`: the study's output folder (a study whose report reads
+    another folder's results finds them from here when they moved with it)"""
 
     def __init__(self, cache_dir=None):
         self.cache_dir, self._prepared = cache_dir, {}
@@ -88,6 +91,14 @@ class Study:
         """The options with every value that stands for another written out (empty seeds: the preset's), so
         that giving a default explicitly is the same study; the options themselves by default."""
         return options
+
+    folder_text: ClassVar[str | None] = None
+    """how the command's help names :meth:`default_folder` where the study has its own (``SWEEP_DIR/...``)"""
+
+    def default_folder(self, options, quick: bool) -> Path | None:
+        """Where the study writes when no folder is given; None (the default): :func:`study_folder`'s
+        ``runs/NAME[-PRESET|-quick]``."""
+        return None
 
     def describe(self, options) -> str:
         """One line on what the study trains, recorded as ``meta.description`` (the study's name by default)."""
@@ -164,9 +175,11 @@ def options_of(study: Study, options=None, quick: bool = False):
 
 
 def study_folder(study: Study, options, output_dir=None, quick: bool = False) -> Path:
-    """Where a study writes: ``output_dir`` when given, else ``runs/NAME`` (``runs/NAME-PRESET`` for
-    options with a ``preset``), ``runs/NAME-quick`` for the quick plan
+    """Where a study writes: ``output_dir`` when given, else the study's :meth:`Study.default_folder`, else
+    ``runs/NAME`` (``runs/NAME-PRESET`` for options with a ``preset``), ``runs/NAME-quick`` for the quick plan
     (:func:`~fixedhead.studies.kit.core.output_folder`; the command line reads it from here too)."""
+    if output_dir is None and (own := study.default_folder(options, quick)) is not None:
+        return Path(own)
     preset = getattr(options, "preset", None) if study.folder_by_preset and not quick else None
     return core.output_folder(output_dir, study.name, preset, quick)
 
@@ -351,7 +364,7 @@ def run_study(
     previous = _stored(folder)
     preset = getattr(options, "preset", "custom")
     meta = core.start_meta(preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
-    study.overwriting = overwrite
+    study.overwriting, study.folder = overwrite, folder
     state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
     fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)
     todo = [p for p in points if overwrite or p.key not in state["runs"]]
@@ -443,6 +456,7 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     per-point results and the report rendered from it, with the options its ``plan.json`` names (or,
     for a folder written before plans were hashed, its ``results.json``)."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
+    study.folder = Path(folder)
     path = folder / PLAN_FILE
     plan = load_json_file(path, f"{study.name} plan") if path.is_file() else None
     values = plan["plan"]["options"] if plan else stored["options"]

@@ -33,7 +33,7 @@ from ...data.glue import get_glue_task, majority_class_accuracy
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
 from ...model.sizes import parameter_count
-from ...runs import load_json_file
+from ...runs import claim_output_dir, load_json_file, write_text_atomic
 from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ...training.pretrain import train_or_reuse
 from ..kit import core
@@ -384,3 +384,29 @@ def load_sweep(folder: str | Path) -> dict:
     if not isinstance(state.get("runs"), dict) or not isinstance(state.get("meta"), dict):
         raise ValueError(f"{path} is not a sweep results file (no 'meta' and 'runs')")
     return state
+
+
+def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) -> Path:
+    """Write ``report.md`` and the plots of the sweep in ``sweep_dir`` (:func:`fixedhead.studies.sweep.load_sweep`)
+    into ``output_dir`` (default: the sweep's folder); return the report's path.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` holds no sweep results.
+        ValueError: the sweep has no finished run yet.
+        FileExistsError: ``output_dir`` holds another study's files.
+    """
+    state = load_sweep(sweep_dir)
+    if not state.get("runs"):
+        raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")
+    out = Path(output_dir) if output_dir else Path(sweep_dir)
+    if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
+        # report.md: every study's marker
+        claim_output_dir(out, ("report.md",), ("report.md", ".report.md.*", "*.png"), "report", exclusive=True)
+    if (Path(sweep_dir) / RESULTS_FILE).is_file():  # on the kit: its report, with the kit's notes
+        text = regenerate(SweepStudy(), Path(sweep_dir))[1]
+    else:
+        text = report_markdown(state)
+    write_plots(state, out)
+    report = out / "report.md"
+    write_text_atomic(report, text)
+    return report

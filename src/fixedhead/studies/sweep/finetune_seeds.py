@@ -10,160 +10,269 @@ score over its fine-tuning seeds, so a claim compares pretraining seeds with les
 The claims are judged by :func:`fixedhead.studies.sweep.claims.claims` under the rule this study records
 before training (:data:`~fixedhead.studies.kit.stats.CLAIMS_RULE`; Holm counts the sweep's pretraining
 claims too), and whether fine-tuning tracks pretraining is Spearman's ρ over checkpoints with a
-bootstrap 95% interval.
+bootstrap 95% interval. The study runs on the kit (:mod:`fixedhead.studies.kit.study`): one point per
+(checkpoint, fine-tuning seed), ``plan.json`` before the first, ``results.json`` after each, then
+``report.md`` and ``learning_rates.png``, by default in ``SWEEP_DIR/finetune-TASK``.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, replace
-from functools import partial
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int
+from ...checks import non_negative_int, positive_int
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
-from ...runs import load_json_file, write_text_atomic
 from ...training.evaluate import DivergedError
 from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
 from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
+from ..kit.study import Pending, Point, StateStudy, run_study
 from . import load_sweep
 from .claims import claims, verdict_rule
 from .presets import get_sweep_preset
 
-RESULTS_FILE = "finetune.json"
-OWNED = ("runs", "report.md", ".report.md.*", "*.png")
 #: the grid each checkpoint chooses its rate from by default (the masked sweep fine-tunes at 1e-3)
 DEFAULT_RATES = (3e-4, 1e-3, 3e-3)
 #: the fine-tuning seeds of every checkpoint when none are given (the command line's and Python's)
 DEFAULT_SEEDS = (0, 1, 2)
+PLOT_FILE = "learning_rates.png"
 
 
-def run_finetune_seeds(
-    sweep_dir: str | Path,
-    task: str = "sst2",
-    output_dir: str | Path | None = None,
-    seeds: list[int] | tuple[int, ...] | None = None,
-    learning_rates: str | list[float] = DEFAULT_RATES,
-    max_extensions: int = 1,
-    settings: FinetuneSettings | None = None,
-    max_steps: int | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    command: str | None = None,
-) -> dict:
-    """Fine-tune every checkpoint of the sweep in ``sweep_dir`` on GLUE ``task`` with ``seeds``
-    (default :data:`DEFAULT_SEEDS`, as on the command line), each checkpoint at its own rate;
-    return the state written to ``OUTPUT_DIR/finetune.json`` (default ``SWEEP_DIR/finetune-TASK``).
+@dataclass(frozen=True)
+class FinetuneSweepOptions:
+    """What ``fixedhead finetune-sweep`` fine-tunes: the checkpoints of one masked sweep, on one GLUE task."""
 
-    ``settings``: the fine-tuning budget (default: the sweep's recorded fine-tuning settings, else
-    the masked sweep's (``cpu-mlm``); ``max_steps`` replaces its steps); its rate and seed are this
-    study's. Finished fine-tuning runs are reused (:func:`fixedhead.training.finetune.finetune`),
-    so a rerun resumes; ``overwrite`` starts the study afresh and trains every run again. Past an
-    edge of the grid the next rate is one grid step further (the smallest ratio between
-    neighbouring rates: ×3 for the default grid). A run whose loss becomes non-finite counts as the
-    worst rate.
+    sweep_dir: str = field(default="", metadata={"positional": True})
+    """a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)"""
+    task: str = "sst2"
+    """the GLUE task"""
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    """fine-tuning seeds of every checkpoint; the first chooses its rate"""
+    learning_rates: tuple[float, ...] = DEFAULT_RATES
+    """the grid each checkpoint chooses its fine-tuning rate from (highest validation score)"""
+    max_extensions: int = 1
+    """rates added past an edge of the grid (one grid step each)"""
+    steps: int | None = None
+    """fine-tuning steps of every run (None: the sweep's fine-tuning settings)"""
+    checkpoints: tuple[str, ...] = ()
+    """fine-tune only these of the sweep's checkpoints, by run folder (empty: every saved one)"""
 
-    Raises:
-        FileNotFoundError: ``sweep_dir`` has no ``sweep.json``, or the GLUE files are missing.
-        ValueError: an unknown task, no seeds, a grid of fewer than 2 rates, a negative
-            ``max_extensions``, a causal sweep, a sweep without a finished checkpoint.
-        FileExistsError: the output folder holds another study's files, or this study's with
-            other seeds, grid, settings or sweep (without ``overwrite``).
-    """
-    get_glue_task(task)  # an unknown task fails before any work
-    sweep = load_sweep(sweep_dir)
-    seeds = core.seeds_override(seeds, DEFAULT_SEEDS)
-    rates = parse_rates(learning_rates)
-    non_negative_int("max_extensions", max_extensions)
-    if (objective := sweep["meta"].get("objective", "mlm")) != "mlm":
-        raise ValueError(f"{sweep_dir} is a {objective!r} sweep; only masked LMs are fine-tuned on GLUE")
-    for split in ("train", "dev"):
-        if not glue_path(task, split).is_file():
-            raise FileNotFoundError(f"GLUE {task} {split} data not found at {glue_path(task, split)}")
-    checkpoints = {name: Path(sweep_dir) / "runs" / name for name in sorted(sweep["runs"])}
-    checkpoints = {n: d for n, d in checkpoints.items() if (d / "model.safetensors").is_file()}
-    if not checkpoints:
-        raise ValueError(f"{sweep_dir}: no finished checkpoint (runs/NAME/model.safetensors) to fine-tune")
-    recorded = sweep["meta"].get("finetune") or asdict(get_sweep_preset("cpu-mlm").finetune)
-    base = settings or FinetuneSettings(
-        **{k: v for k, v in recorded.items() if k in FinetuneSettings.__dataclass_fields__}
-    )
-    base = replace(base, progress=False, save_model=False)
-    if max_steps is not None:
-        base = replace(base, max_steps=core.steps_override("max_steps", max_steps, base.max_steps))
-    out = core.claim(Path(output_dir or Path(sweep_dir) / f"finetune-{task}"), RESULTS_FILE, OWNED, "finetune-sweep")
-    plan = {
-        "task": task,
-        "seeds": list(seeds),
-        "grid": rates,
-        "max_extensions": max_extensions,
-        # which sweep (its start time names it wherever the folder moves): its checkpoints' results only
-        "sweep_started": sweep["meta"].get("first_started"),
-        "finetune": {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")},
+    def __post_init__(self):
+        for seed in self.seeds:
+            non_negative_int("seeds", seed)
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must name distinct seeds, got {list(self.seeds)}")
+        parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
+        non_negative_int("max_extensions", self.max_extensions)
+        if self.steps is not None:
+            positive_int("steps", self.steps)
+
+
+def saved_checkpoints(sweep: dict, sweep_dir: Path) -> list[str]:
+    """The sweep's run folders that hold a model (``runs/NAME/model.safetensors``), by name."""
+    return [n for n in sorted(sweep["runs"]) if (sweep_dir / "runs" / n / "model.safetensors").is_file()]
+
+
+def state_of(o: FinetuneSweepOptions, results, meta: dict | None = None) -> dict:
+    """The study's state as its report reads it: ``meta`` (``settings``: task, seeds, grid, fine-tuning
+    settings; the sweep, its checkpoints and the verdict rule; a stored ``meta``'s values win, so a study
+    recorded before the kit reads as it was), ``tuning`` (``{checkpoint: its rate's choice}``) and ``runs``
+    (every fine-tuning run, the first seed's at every rate)."""
+    order = {(c, s): i for i, (c, s) in enumerate((c, s) for c in o.checkpoints for s in o.seeds)}
+    results = sorted(results, key=lambda r: order.get((r["checkpoint"], r["seed"]), len(order)))  # by checkpoint
+    first = next((r for r in results if "tuning" in r), {})
+    settings = {
+        "task": o.task,
+        "seeds": list(o.seeds),
+        "grid": parse_rates(o.learning_rates),
+        "max_extensions": o.max_extensions,
+        "finetune": first.get("finetune", {}),
     }
-    previous, meta = core.resume(
-        out / RESULTS_FILE,
-        "custom",
-        f"Every checkpoint of {Path(sweep_dir).name} fine-tuned on GLUE {task} with seeds {list(seeds)}, each "
-        "checkpoint at its own rate",
-        command,
-        plan,
-        "fine-tuning plan or sweep",
-        overwrite=overwrite,
-        study="finetune-sweep",
-        sweep=str(sweep_dir),
-        checkpoints=list(checkpoints),
-    )
-    rule = previous.get("meta", {}).get("verdict") or dict(CLAIMS_RULE)  # fixed when the study began
-    meta |= {"verdict": rule, "verdict_rule": rule_text(rule)}
-    # a checkpoint the sweep no longer has (a run deleted there) leaves the study
-    tuning = {n: t for n, t in previous.get("tuning", {}).items() if n in checkpoints}
-    runs = {k: r for k, r in previous.get("runs", {}).items() if r["checkpoint"] in checkpoints}
-    state = {"meta": meta, "tuning": tuning, "runs": runs}
-    core.claim(out, RESULTS_FILE, OWNED, "finetune-sweep", create=True)
-    core.save_state(out / RESULTS_FILE, state, [])
-    t0 = time.time()
+    computed = {
+        "settings": settings,
+        "sweep": o.sweep_dir,
+        "checkpoints": list(o.checkpoints),
+        "verdict": dict(CLAIMS_RULE),
+        "verdict_rule": rule_text(CLAIMS_RULE),
+    }
+    return {
+        "meta": {**computed, **(meta or {})},
+        "tuning": {r["checkpoint"]: r["tuning"] for r in results if "tuning" in r},
+        "runs": {k: v for r in results for k, v in r["runs"].items()},
+    }
 
-    def run(name: str, lr: float, seed: int) -> dict:
-        key = core.run_key(name, lr, seed)
-        if progress:
-            print(f"{key} ({time.time() - t0:.0f} s)", flush=True)
-        ft = replace(base, learning_rate=lr, seed=seed)
-        result = finetune(checkpoints[name], task, out / "runs" / key, ft, overwrite=overwrite)
-        state["runs"][key] = {
-            "checkpoint": name,
-            "learning_rate": lr,
-            "seed": seed,
-            "metric": result["metric"],
-            "score": result["score"],
-            "validation_score": result["validation"][result["metric"]],
-            "train_seconds": result["train_seconds"],
+
+class FinetuneSweepStudy(StateStudy):
+    """The fine-tuning seeds on the kit (:mod:`fixedhead.studies.kit.study`): one point per (checkpoint,
+    fine-tuning seed), seed-major; a checkpoint's first seed chooses its rate on the grid, the other seeds
+    train at it. Its default folder is ``SWEEP_DIR/finetune-TASK``."""
+
+    name = "finetune-sweep"
+    Options = FinetuneSweepOptions
+    quick = FinetuneSweepOptions(seeds=(0,), learning_rates=(1e-3, 3e-3), max_extensions=0, steps=4)
+    files = ("runs", PLOT_FILE)
+    points_only = ("seeds", "checkpoints")
+    state_of = staticmethod(state_of)
+    folder_text = "SWEEP_DIR/finetune-TASK"
+
+    def default_folder(self, o, quick):
+        return Path(o.sweep_dir) / f"finetune-{o.task}{'-quick' if quick else ''}"
+
+    def describe(self, o):
+        return (
+            f"Every checkpoint of {Path(o.sweep_dir).name} fine-tuned on GLUE {o.task} with seeds {list(o.seeds)}, "
+            "each checkpoint at its own rate"
+        )
+
+    def sweep_dir(self, o) -> Path:
+        """The sweep: ``o.sweep_dir``, else (moved together) the folder this study's folder sits in."""
+        path = Path(o.sweep_dir)
+        if not (path / "results.json").is_file() and not (path / "sweep.json").is_file() and self.folder:
+            return self.folder.parent
+        return path
+
+    def resolve(self, o):
+        if o.checkpoints or not o.sweep_dir:
+            return o
+        return replace(o, checkpoints=tuple(saved_checkpoints(load_sweep(o.sweep_dir), Path(o.sweep_dir))))
+
+    def check(self, o):
+        """The task, its GLUE files and the sweep (masked, with saved checkpoints), before any work."""
+        get_glue_task(o.task)  # an unknown task fails before any work
+        if not o.sweep_dir:
+            raise ValueError("sweep_dir names no folder: pass the sweep to fine-tune (fixedhead sweep's output)")
+        sweep = load_sweep(o.sweep_dir)
+        if (objective := sweep["meta"].get("objective", "mlm")) != "mlm":
+            raise ValueError(f"{o.sweep_dir} is a {objective!r} sweep; only masked LMs are fine-tuned on GLUE")
+        for split in ("train", "dev"):
+            if not glue_path(o.task, split).is_file():
+                raise FileNotFoundError(f"GLUE {o.task} {split} data not found at {glue_path(o.task, split)}")
+        saved = saved_checkpoints(sweep, Path(o.sweep_dir))
+        if not o.checkpoints:
+            raise ValueError(f"{o.sweep_dir}: no finished checkpoint (runs/NAME/model.safetensors) to fine-tune")
+        if (bad := core.first_unknown(o.checkpoints, saved)) is not None:
+            raise ValueError(f"checkpoint {bad!r} is not a saved run of {o.sweep_dir} (its checkpoints: {saved})")
+
+    def first_seed(self, o):
+        return o.seeds[0]
+
+    def plan(self, o):
+        return [Point(core.run_key(f"{c}-ft", seed=s), (c, s)) for c, s in core.seed_major(o.checkpoints, o.seeds)]
+
+    def plan_record(self, o):
+        return {
+            "rate_rule": "each checkpoint's highest validation score (the split carved out of GLUE train)",
+            "rates_chosen_with_seed": o.seeds[0],
+            "verdict_rule": rule_text(CLAIMS_RULE) + "; Holm counts the sweep's pretraining claims too",
         }
-        core.save_state(out / RESULTS_FILE, state, state["runs"].values())
-        return result
 
-    def validation_cost(name: str, lr: float) -> float:
-        # the best validation score is the lowest loss choose_rate looks for
-        try:
-            return -run(name, lr, seeds[0])["validation"][MAIN_METRIC[task]]
-        except DivergedError:
-            return DIVERGED
+    def settings(self, o) -> FinetuneSettings:
+        """The fine-tuning budget: the sweep's recorded settings (the masked sweep's where it recorded none),
+        with ``o.steps``; each run's rate and seed are this study's."""
+        recorded = load_sweep(self.sweep_dir(o))["meta"].get("finetune") or asdict(get_sweep_preset("cpu-mlm").finetune)
+        base = FinetuneSettings(**{k: v for k, v in recorded.items() if k in FinetuneSettings.__dataclass_fields__})
+        base = replace(base, progress=False, save_model=False)
+        return base if o.steps is None else replace(base, max_steps=o.steps)
 
-    step = min(b / a for a, b in zip(rates, rates[1:], strict=False))
-    for name in checkpoints:
-        best, scores, bracketed = choose_rate(partial(validation_cost, name), rates, max_extensions, step)
-        state["tuning"][name] = {
+    def run(self, o, point, folder, done, progress):
+        name, seed = point.spec
+        base, checkpoint = self.settings(o), self.sweep_dir(o) / "runs" / name
+        runs: dict[str, dict] = {}
+
+        def run_at(lr: float, s: int) -> dict:
+            key = core.run_key(name, lr, s)
+            if progress:
+                print(key, flush=True)
+            ft = replace(base, learning_rate=lr, seed=s)
+            result = finetune(checkpoint, o.task, folder / "runs" / key, ft, overwrite=self.overwriting)
+            runs[key] = {
+                "checkpoint": name,
+                "learning_rate": lr,
+                "seed": s,
+                "metric": result["metric"],
+                "score": result["score"],
+                "validation_score": result["validation"][result["metric"]],
+                "train_seconds": result["train_seconds"],
+            }
+            return result
+
+        def seconds() -> float:
+            return round(sum(r["train_seconds"] for r in runs.values()), 1)
+
+        out = {"checkpoint": name, "seed": seed}
+        if seed != o.seeds[0]:
+            first = done.get(core.run_key(f"{name}-ft", seed=o.seeds[0]))
+            if first is None:
+                raise Pending(f"{point.key} waits for its checkpoint's rate")
+            run_at(first["chosen"], seed)
+            return out | {"chosen": first["chosen"], "runs": runs, "train_seconds": seconds()}
+
+        def validation_cost(lr: float) -> float:  # the best validation score is the lowest loss choose_rate seeks
+            try:
+                return -run_at(lr, seed)["validation"][MAIN_METRIC[o.task]]
+            except DivergedError:
+                return DIVERGED
+
+        rates = parse_rates(o.learning_rates)
+        step = min(b / a for a, b in zip(rates, rates[1:], strict=False))
+        best, scores, bracketed = choose_rate(validation_cost, rates, o.max_extensions, step)
+        tuning = {
             "chosen": best,
             "bracketed": bracketed,
             "validation_score": {lr: -v if v is not None else None for lr, v in losses_record(scores).items()},
         }
-        for seed in seeds[1:]:
-            run(name, best, seed)
-    core.save_state(out / RESULTS_FILE, state, state["runs"].values())
-    return state
+        finetune_record = {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")}
+        return out | {
+            "chosen": best,
+            "tuning": tuning,
+            "finetune": finetune_record,
+            "runs": runs,
+            "train_seconds": seconds(),
+        }
+
+    def summarise(self, o, results):
+        state = state_of(o, results)
+        sweep = load_sweep(self.sweep_dir(o))
+        return {
+            "scores": checkpoint_scores(state),
+            "rank_correlation": rank_correlation(sweep, state),
+            "claims": [
+                dict(claim=c, measurement=m, verdict=v)
+                for c, m, v in claims(as_sweep_state(sweep, state))
+                if "fine-tun" in c
+            ],
+        }
+
+    def report(self, o, record):
+        return report_markdown(load_sweep(self.sweep_dir(o)), self._state(o, record))
+
+    def write_files(self, o, record, folder):
+        write_plot(self._state(o, record), folder / PLOT_FILE)
+
+
+def run_finetune_seeds(options: FinetuneSweepOptions | None = None, output_dir: str | Path | None = None, **kw) -> dict:
+    """Fine-tune every checkpoint of a masked sweep on one GLUE task with several seeds, each checkpoint at
+    its own rate, and write ``results.json``, ``report.md`` and ``learning_rates.png``
+    (:func:`~fixedhead.studies.kit.study.run_study` of :class:`FinetuneSweepStudy`; default folder
+    ``SWEEP_DIR/finetune-TASK``). Finished fine-tuning runs are reused
+    (:func:`fixedhead.training.finetune.finetune`), so a rerun resumes. Past an edge of the grid the next
+    rate is one grid step further (the smallest ratio between neighbouring rates: ×3 for the default grid).
+    A run whose loss becomes non-finite counts as the worst rate.
+
+    Args:
+        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
+            and ``command``.
+
+    Raises:
+        FileNotFoundError: the sweep has no results, or the GLUE files are missing.
+        ValueError: an unknown task, bad seeds, a grid of fewer than 2 rates, a negative ``max_extensions``, a
+            causal sweep, a sweep without a saved checkpoint.
+        FileExistsError: the output folder holds another study's files, or this study's with other settings
+            (without ``overwrite``), another plan (without ``grow``) or another first seed.
+    """
+    return run_study(FinetuneSweepStudy(), options, output_dir, **kw)
 
 
 # ------------------------------------------------------------------------------------- summary
@@ -229,12 +338,11 @@ def report_markdown(sweep: dict, state: dict) -> str:
     meta, plan = state["meta"], state["meta"]["settings"]
     task, scores = plan["task"], checkpoint_scores(state)
     ft = plan["finetune"]
-    done = sum(len(v) for v in scores.values())
     n_checkpoints = len(meta["checkpoints"])  # the sweep's runs that had saved weights
     L = render.head(
         f"Fine-tuning with seeds: {task} on the checkpoints of {Path(meta['sweep']).name}",
         meta,
-        render.incomplete(done, n_checkpoints * len(plan["seeds"]), "fine-tuning runs at the chosen rates"),
+        [],
         work="fine-tuning",
     )
     L += [
@@ -282,15 +390,11 @@ def report_markdown(sweep: dict, state: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def write_report(sweep_dir: str | Path, output_dir: str | Path) -> Path:
-    """Write ``report.md`` and ``learning_rates.png`` for the study in ``output_dir``; return the report path."""
-    out = Path(output_dir)
-    state, sweep = load_json_file(out / RESULTS_FILE), load_sweep(sweep_dir)
+def write_plot(state: dict, path: Path) -> None:
+    """Each checkpoint's validation score against its fine-tuning rate."""
     plot_learning_rates(
         {"models": {n: {**t, "validation_loss": t["validation_score"]} for n, t in state["tuning"].items()}},
-        out / "learning_rates.png",
+        path,
         ylabel=f"validation {MAIN_METRIC[state['meta']['settings']['task']]} (higher is better)",
         title="each checkpoint's fine-tuning rate, chosen on the split carved out of GLUE train",
     )
-    write_text_atomic(out / "report.md", report_markdown(sweep, state))
-    return out / "report.md"

@@ -1,10 +1,8 @@
-"""`fixedhead report SWEEP_DIR`: markdown tables, PNG plots and the paper-claim table of a sweep.
-
-Reads a sweep's results (:func:`fixedhead.studies.sweep.load_sweep`) and
-writes ``report.md`` plus ``heads.png``, ``params.png``, ``head_size.png``,
-``finetune_vs_perplexity.png`` and, where each model chose its rate, ``learning_rates.png`` into
-the output folder (default: the sweep folder). The claims and the verdict rule they are judged by
-live in :mod:`fixedhead.studies.sweep.claims`.
+"""A sweep's report: markdown tables and the paper-claim table (:func:`report_markdown`) and the PNG plots
+(:func:`write_plots`: ``heads.png``, ``params.png``, ``head_size.png``, ``finetune_vs_perplexity.png`` and,
+where each model chose its rate, ``learning_rates.png``), of a sweep's state
+(:func:`fixedhead.studies.sweep.load_sweep`). The claims and the verdict rule they are judged by live in
+:mod:`fixedhead.studies.sweep.claims`.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from pathlib import Path
 
 from ...data.glue import majority_class_accuracy
 from ...plotting import pyplot, save_figure
-from ...runs import claim_output_dir, write_text_atomic
 from ..kit import render
 from ..kit.learning_rate import plot_learning_rates, selection_markdown
 from ..kit.stats import pm, rule_text
@@ -22,8 +19,6 @@ from .claims import PointStats, claims, collect_points, power_sentence, verdict_
 
 #: the figures a sweep's report links, each drawn where the sweep has what it shows
 PLOT_FILES = ("heads.png", "params.png", "head_size.png", "finetune_vs_perplexity.png", "learning_rates.png")
-REPORT_MARKERS = ("report.md",)
-REPORT_OWNED = ("report.md", ".report.md.*", "*.png")
 
 
 def _nats_range(lo: float, hi: float) -> str:
@@ -178,35 +173,6 @@ def write_plots(state: dict, out: Path) -> None:
     if tuning := state.get("tuning"):
         fraction = meta["learning_rate_selection"]["validation_fraction"]
         plot_learning_rates({"models": tuning, "validation_fraction": fraction}, out / "learning_rates.png")
-
-
-def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) -> Path:
-    """Write ``report.md`` and the plots of the sweep in ``sweep_dir`` (:func:`fixedhead.studies.sweep.load_sweep`)
-    into ``output_dir`` (default: the sweep's folder); return the report's path.
-
-    Raises:
-        FileNotFoundError: ``sweep_dir`` holds no sweep results.
-        ValueError: the sweep has no finished run yet.
-        FileExistsError: ``output_dir`` holds another study's files.
-    """
-    from . import SweepStudy, load_sweep
-
-    state = load_sweep(sweep_dir)
-    if not state.get("runs"):
-        raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")
-    out = Path(output_dir) if output_dir else Path(sweep_dir)
-    if out.resolve() != Path(sweep_dir).resolve():  # the sweep's own folder is the report's home
-        claim_output_dir(out, REPORT_MARKERS, REPORT_OWNED, "report", exclusive=True)  # report.md: every study's
-    if (Path(sweep_dir) / "results.json").is_file():  # on the kit: its report, with the kit's notes
-        from ..kit.study import regenerate
-
-        text = regenerate(SweepStudy(), Path(sweep_dir))[1]
-    else:
-        text = report_markdown(state)
-    write_plots(state, out)
-    report = out / "report.md"
-    write_text_atomic(report, text)
-    return report
 
 
 def report_markdown(state: dict) -> str:
