@@ -1,102 +1,49 @@
-"""fixedhead.studies.kit.core: the skeleton, exercised by a toy study that is only a plan, a run and a
-rendering (a learning-rate grid per arm, the kind of study the skeleton is for)."""
+"""fixedhead.studies.kit.core: the pieces the Study kit is built of (the toy study on the kit itself is in
+test_study.py)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from fixedhead.runs import claim_output_dir
 from fixedhead.studies.kit import core, render
 
 RESULTS = "results.json"
 
 
-def toy_study(out, rates, seeds=None, command="toy", arm_scale=None, trained=None) -> dict:
-    """A learning-rate grid per arm on the skeleton: the plan is (arm, rate) items times seeds, one
-    run is a number computed from them, the rendering a markdown table."""
-    arm_scale = arm_scale or {"standard": 1.0, "fixed": 2.0}
-    seeds = core.seeds_override(seeds, (0, 1))
-    out = core.claim(out, RESULTS, ("report.md",), "toy")
-    previous, meta = core.resume(
-        out / RESULTS,
-        "grid",
-        "a toy grid",
-        command,
-        {"arm_scale": arm_scale},
-        "arm scales",
-        study="toy",
-        seeds=list(seeds),
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    state = {"meta": meta, "runs": previous.get("runs", {})}
-    plan = core.seed_major([(arm, lr) for arm in arm_scale for lr in rates], seeds)
-
-    def key(item, seed):
-        return f"{item[0]}-lr{item[1]:g}-s{seed}"
-
-    for (arm, lr), seed in plan:
-        if key((arm, lr), seed) in state["runs"]:
-            continue
-        (trained if trained is not None else []).append(key((arm, lr), seed))
-        state["runs"][key((arm, lr), seed)] = {"loss": arm_scale[arm] * lr + seed, "train_seconds": 1.0}
-        core.save_state(out / RESULTS, state, state["runs"].values())
-    rows = [[k, f"{r['loss']:.3f}"] for k, r in sorted(state["runs"].items())]
-    (out / "report.md").write_text("\n".join(render.head("Toy", meta, []) + render.table(["run", "loss"], rows)))
-    return state
+def claim(out, create=False, **kw):
+    """The folder claim every study makes (:func:`fixedhead.runs.claim_output_dir` with its results file)."""
+    return claim_output_dir(out, (RESULTS,), ("report.md", RESULTS), "toy", create=create, results_file=RESULTS, **kw)
 
 
-def test_a_new_study_is_a_plan_a_run_and_a_rendering(tmp_path):
-    trained = []
-    state = toy_study(tmp_path / "grid", rates=(1e-3, 2e-3), trained=trained)
-    # seed-major: every (arm, rate) once before any second seed
-    assert trained == [
-        "standard-lr0.001-s0",
-        "standard-lr0.002-s0",
-        "fixed-lr0.001-s0",
-        "fixed-lr0.002-s0",
-        "standard-lr0.001-s1",
-        "standard-lr0.002-s1",
-        "fixed-lr0.001-s1",
-        "fixed-lr0.002-s1",
-    ]
-    saved = json.loads((tmp_path / "grid" / RESULTS).read_text())
-    assert saved["runs"] == state["runs"] and saved["meta"]["compute_seconds"] == 8.0
-    assert saved["meta"]["settings"] == {"arm_scale": {"standard": 1.0, "fixed": 2.0}}
-    assert saved["meta"]["torch"] and saved["meta"]["commands"] == ["toy"]
-    # the report names the machine, down to the kernels torch used (runs of other CPUs round differently)
+def test_the_report_names_the_machine_down_to_its_kernels(tmp_path):
+    """Runs of other CPUs round differently: the head of every report says which one ran."""
     import torch
 
-    report = (tmp_path / "grid" / "report.md").read_text()
+    meta = core.start_meta("grid", "a toy grid", "toy", {}, "toy")
+    core.save_state(tmp_path / RESULTS, {"meta": meta, "runs": {"a": {"train_seconds": 2.0}}}, [{"train_seconds": 2.0}])
+    saved = json.loads((tmp_path / RESULTS).read_text())
+    assert saved["meta"]["compute_seconds"] == 2.0 and saved["meta"]["commands"] == ["toy"]
+    report = "\n".join(render.head("Toy", saved["meta"], []))
     assert f"torch kernels {torch.backends.cpu.get_cpu_capability()};" in report
     assert saved["meta"]["cpu"] and saved["meta"]["cpu"] in report
-
-    # a rate added to the plan: only its runs are trained; both invocations' commands are recorded
-    trained.clear()
-    again = toy_study(tmp_path / "grid", rates=(1e-3, 2e-3, 4e-3), command="toy --more", trained=trained)
-    assert trained == ["standard-lr0.004-s0", "fixed-lr0.004-s0", "standard-lr0.004-s1", "fixed-lr0.004-s1"]
-    assert len(again["runs"]) == 12 and again["meta"]["commands"] == ["toy", "toy --more"]
-    assert again["meta"]["first_started"] == saved["meta"]["first_started"]
-
-    # other settings are refused, naming them; nothing is changed
-    with pytest.raises(FileExistsError, match=r"other settings \(arm scales\).*--overwrite"):
-        toy_study(tmp_path / "grid", rates=(1e-3,), arm_scale={"standard": 3.0})
-    assert json.loads((tmp_path / "grid" / RESULTS).read_text())["runs"] == again["runs"]
 
 
 def test_the_folder_claim_refuses_what_the_study_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="notes.txt"):
-        toy_study(tmp_path, rates=(1e-3,))
+        claim(tmp_path, create=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_the_folder_claim_names_the_root_and_a_folder_below_a_file(tmp_path):
     """The root has no parent to look at: it is refused like any folder holding foreign files."""
     with pytest.raises(FileExistsError, match=r"--output-dir '/' holds files"):
-        core.claim(Path("/"), RESULTS, (), "toy")
+        claim(Path("/"))
     (tmp_path / "f").write_text("x")
     with pytest.raises(FileExistsError, match=r"lies below '.*/f', which is a file"):
-        core.claim(tmp_path / "f" / "out", RESULTS, (), "toy")
+        claim(tmp_path / "f" / "out")
 
 
 def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrite(tmp_path):
@@ -105,25 +52,20 @@ def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrit
     (tmp_path / RESULTS).write_text(json.dumps(other))
     for overwrite in (False, True):
         with pytest.raises(FileExistsError, match="fixedhead compare"):
-            core.claim(tmp_path, RESULTS, ("report.md",), "toy", create=True, overwrite=overwrite)
+            claim(tmp_path, create=True, overwrite=overwrite)
     assert json.loads((tmp_path / RESULTS).read_text()) == other
     # a results file from before meta.study: its recorded command names the study
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / RESULTS).write_text(json.dumps({"meta": {"command": "fixedhead scaling --preset cpu"}}))
     with pytest.raises(FileExistsError, match="fixedhead scaling"):
-        core.claim(tmp_path / "old", RESULTS, ("report.md",), "toy", create=True, overwrite=True)
-    toy_study(tmp_path / "mine", rates=(1e-3,))  # its own folder: taken again, resumed
+        claim(tmp_path / "old", create=True, overwrite=True)
+    (tmp_path / "mine").mkdir()  # its own folder: taken again
+    (tmp_path / "mine" / RESULTS).write_text(json.dumps({"meta": {"study": "toy"}}))
+    claim(tmp_path / "mine", create=True)
     assert json.loads((tmp_path / "mine" / RESULTS).read_text())["meta"]["study"] == "toy"
-    assert core.claim(tmp_path / "mine", RESULTS, ("report.md",), "toy") == tmp_path / "mine"
 
 
 def test_overrides_have_one_policy():
-    assert core.seeds_override(None, (0, 1)) == (0, 1)
-    assert core.seeds_override([3, 1, 3], (0,)) == (3, 1)  # repeats add nothing, order kept
-    with pytest.raises(ValueError, match="at least one seed"):
-        core.seeds_override([], (0,))
-    with pytest.raises(ValueError, match="seed must be an int >= 0, got -1"):
-        core.seeds_override([-1], (0,))
     assert core.steps_override("steps", None, 40) == 40 and core.steps_override("steps", 7, 40) == 7
     with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
         core.steps_override("steps", 0, 40)

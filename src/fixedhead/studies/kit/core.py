@@ -1,11 +1,6 @@
-"""The skeleton every study stands on: a named preset, seed and step overrides with one policy, an
-output folder claimed once, a results file (meta, environment, commands, timing) written
-atomically after every run, and a seed-major plan that skips finished runs.
-
-A study is then its plan (what to train), its one run (train one item with one seed), its summary
-and its rendering. A new axis is a plan-level addition: a learning-rate grid per arm is
-``seed_major([(arm, lr) for arm in arms for lr in rates], seeds)``, each item trained by the same
-run function with its own rate.
+"""The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset, the step override, the
+default output folder, a results file's meta (environment, commands, timing) written atomically, run
+keys, a seed-major plan, and the locks workers sharing a folder take.
 """
 
 from __future__ import annotations
@@ -18,29 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...checks import non_negative_int, positive_int
+from ...checks import positive_int
 from ...model.paper_presets import lookup
-from ...runs import claim_output_dir, environment_info, invocation_commands, load_json_file, write_json_atomic
+from ...runs import environment_info, invocation_commands, write_json_atomic
 
 
 def pick(table: dict[str, Callable], name: str, kind: str, *args):
     """``table[name](*args)``: a fresh preset of a study's table. Raises ValueError naming ``kind``
     and listing the known names."""
     return lookup(table, name, kind)(*args)
-
-
-def seeds_override(seeds: Iterable[int] | None, default: tuple[int, ...]) -> tuple[int, ...]:
-    """``seeds`` (None: ``default``) as a tuple of distinct ints >= 0, in the order given.
-
-    Raises:
-        ValueError: no seed, or a seed that is not an int >= 0 (named).
-    """
-    if seeds is None:
-        return tuple(default)
-    seeds = list(seeds)
-    if not seeds:
-        raise ValueError("seeds must name at least one seed")
-    return tuple(dict.fromkeys(non_negative_int("seed", s) for s in seeds))
 
 
 def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
@@ -63,54 +44,6 @@ def output_folder(output_dir, study: str, preset=None, quick: bool = False) -> P
 def steps_override(name: str, steps: int | None, default: int) -> int:
     """``steps`` (None: ``default``) as a positive int. Raises ValueError naming ``name`` and the value."""
     return default if steps is None else positive_int(name, steps)
-
-
-def claim(out: Path, results_file: str, owned: tuple[str, ...], command: str, create: bool = False, **kw) -> Path:
-    """:func:`fixedhead.runs.claim_output_dir` for a study whose marker is its results file: a new or
-    empty folder, or one this study wrote (its ``meta.study``, :func:`start_meta`, is ``command``, or
-    unrecorded); ``create=False`` checks only, before the slow work."""
-    return claim_output_dir(
-        out,
-        (results_file,),
-        (*owned, results_file, f".{results_file}.*"),
-        command,
-        create=create,
-        results_file=results_file,
-        **kw,
-    )
-
-
-def resume(
-    path: Path,
-    preset,
-    description: str,
-    command: str | None,
-    settings: dict,
-    what: str,
-    same: Callable[[Any, dict], bool] | None = None,
-    overwrite: bool = False,
-    *,
-    study: str,
-    **fields,
-) -> tuple[dict, dict]:
-    """The results a study left at ``path`` ({} for none, or with ``overwrite``) and this
-    invocation's :func:`start_meta`, with ``settings`` (the record stored runs are reused under)
-    first among the study's ``fields``.
-
-    Raises:
-        FileExistsError: the stored ``meta.settings`` differ from ``settings`` (``same``: the
-            comparison, default equality); ``what`` names the settings in the message.
-        ValueError: a damaged results file (named).
-    """
-    previous = {}
-    if path.is_file() and not overwrite:
-        previous = load_json_file(path, f"{path.parent.name} results")
-        if not (same or (lambda a, b: a == b))(previous.get("meta", {}).get("settings"), settings):
-            raise FileExistsError(
-                f"{path} holds runs of other settings ({what}); pass --overwrite to replace them or choose "
-                f"another --output-dir"
-            )
-    return previous, start_meta(preset, description, command, previous, study, settings=settings, **fields)
 
 
 def start_meta(preset, description: str, command: str | None, previous: dict, study: str, **fields) -> dict:
