@@ -328,27 +328,10 @@ class _Removed(argparse.Action):
 
 #: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
 KIT_STUDIES = {
-    "finetune-sweep": (
-        "sweep.finetune_seeds",
-        "FinetuneSweepStudy",
-        "fine-tuning claims with several fine-tuning seeds per checkpoint of a masked sweep, each checkpoint at its "
-        "own rate (chosen with the first seed on the split carved out of GLUE train)",
-    ),
-    "sweep": (
-        "sweep",
-        "SweepStudy",
-        "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table",
-        {"--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"},
-    ),
     "compare": (
         "compare",
         "CompareStudy",
         "train standard vs fixed-head models on the same text and compare (make run)",
-    ),
-    "coordcheck": (
-        "coordcheck",
-        "CoordCheckStudy",
-        "coordinate check: how far one learning rate moves the attention's activations at each head size",
     ),
     "bottleneck": ("bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1)"),
     "known-rank": (
@@ -360,6 +343,18 @@ KIT_STUDIES = {
         "compare.seq_len",
         "SeqLenStudy",
         "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
+    ),
+    "sweep": (
+        "sweep",
+        "SweepStudy",
+        "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table",
+        {"--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"},
+    ),
+    "finetune-sweep": (
+        "sweep.finetune_seeds",
+        "FinetuneSweepStudy",
+        "fine-tuning claims with several fine-tuning seeds per checkpoint of a masked sweep, each checkpoint at its "
+        "own rate (chosen with the first seed on the split carved out of GLUE train)",
     ),
     "farthest-point": (
         "farthest_point",
@@ -373,6 +368,11 @@ KIT_STUDIES = {
         "WideningStudy",
         "does widening help? a trained standard-head causal LM continued as is, widened (all, early, late "
         "layers) and with a parameter-matched wider FFN, with seeds; report and plot",
+    ),
+    "coordcheck": (
+        "coordcheck",
+        "CoordCheckStudy",
+        "coordinate check: how far one learning rate moves the attention's activations at each head size",
     ),
     "scaling": (
         "scaling",
@@ -468,27 +468,18 @@ def _export_onnx(args):
 
 # ---------------------------------------------------------------------------------------- main
 #: command -> (its options, the function that calls one library function; its docstring is the help)
+#: every command: the tools (train, score, inspect, export one model), then the studies on the kit
 COMMANDS = {
     "count": (_count_options, _count),
     "pretrain": (_pretrain_options, _pretrain),
     "evaluate": (_evaluate_options, _evaluate),
-    "compare": _kit_study(*KIT_STUDIES["compare"]),
-    "bottleneck": _kit_study(*KIT_STUDIES["bottleneck"]),
     "analyze": (_analyze_options, _analyze),
     "rank-intervention": (_rank_intervention_options, _rank_intervention),
-    "known-rank": _kit_study(*KIT_STUDIES["known-rank"]),
-    "seq-len": _kit_study(*KIT_STUDIES["seq-len"]),
     "finetune": (_finetune_options, _finetune),
     "export-onnx": (_export_onnx_options, _export_onnx),
-    "sweep": _kit_study(*KIT_STUDIES["sweep"]),
-    "report": (_report_options, _report),
-    "finetune-sweep": _kit_study(*KIT_STUDIES["finetune-sweep"]),
-    "farthest-point": _kit_study(*KIT_STUDIES["farthest-point"]),
     "widen": (_widen_options, _widen),
-    "widen-experiment": _kit_study(*KIT_STUDIES["widen-experiment"]),
-    "coordcheck": _kit_study(*KIT_STUDIES["coordcheck"]),
-    "scaling": _kit_study(*KIT_STUDIES["scaling"]),
-}
+    "report": (_report_options, _report),
+} | {name: _kit_study(*study) for name, study in KIT_STUDIES.items()}
 
 #: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
