@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fixedhead.cli import build_parser, main
+from fixedhead.cli import KIT_STUDIES, build_parser, main
 from fixedhead.training import TrainSettings
 from fixedhead.training.settings import report_to_integrations
 
@@ -291,28 +291,34 @@ def _dataclasses_of(command):
     """The dataclasses a command's options are read from (kit studies: their Options and nested recipes)."""
     import importlib
 
-    from fixedhead.cli import KIT_STUDIES
     from fixedhead.data import DataSettings
     from fixedhead.options import nested
     from fixedhead.training import ModelSettings
     from fixedhead.training.finetune import FinetuneSettings
 
     if command in KIT_STUDIES:
-        module, cls, _ = KIT_STUDIES[command]
+        module, cls = KIT_STUDIES[command][:2]
         options = getattr(importlib.import_module(f"fixedhead.studies.{module}"), cls).Options
         return [options, *nested(options).values()]
+    from fixedhead.analysis import AnalyzeOptions
+    from fixedhead.intervention import RankInterventionOptions
     from fixedhead.training.export import OnnxExportOptions
+    from fixedhead.training.widen import WidenOptions
 
     return {
         "pretrain": [TrainSettings, DataSettings, ModelSettings],
         "finetune": [FinetuneSettings],
         "export-onnx": [OnnxExportOptions],
+        "analyze": [AnalyzeOptions],
+        "rank-intervention": [RankInterventionOptions],
+        "widen": [WidenOptions],
     }[command]
 
 
-@pytest.mark.parametrize(
-    "command", ["pretrain", "finetune", "export-onnx", "bottleneck", "coordcheck", "known-rank", "seq-len"]
-)
+_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *KIT_STUDIES]
+
+
+@pytest.mark.parametrize("command", _WITH_DATACLASS)
 def test_every_option_shows_its_dataclass_fields_default(command):
     """`fixedhead COMMAND --help` shows each field's default as the dataclass has it (read, not copied)."""
     import dataclasses

@@ -450,7 +450,28 @@ def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> 
     return {"json": out / ANALYSIS_FILE, "heatmap": out / HEATMAP_FILE}
 
 
-def analyze_to_folder(model_path, text_path, output_dir=None, max_sequences: int = 8, max_seq_length=None, **kw):
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """What ``fixedhead analyze`` reads of a text (its command line)."""
+
+    tokenizer: str | None = None
+    """tokenizer directory (None: the model's)"""
+    max_sequences: int = 8
+    """windows of the text to analyse"""
+    max_seq_length: int | None = None
+    """n (None: the model's max_position_embeddings, at most 512)"""
+    rtol: float = DEFAULT_RTOL
+    """relative singular-value tolerance of the logit rank"""
+
+
+def analyze_to_folder(
+    model_path,
+    text_path,
+    output_dir=None,
+    max_sequences: int = AnalyzeOptions.max_sequences,
+    max_seq_length=None,
+    **kw,
+):
     """``fixedhead analyze``: check the numbers and refuse an occupied ``output_dir`` (default
     ``runs/analysis/<model folder name>``) before the work, then :func:`analyze` and
     :func:`write_analysis`. Returns ``(result, paths)``.

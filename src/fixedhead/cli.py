@@ -163,10 +163,9 @@ def _finetune(args):
 def _analyze_options(p):
     p.add_argument("model", help="a fixedhead run or a local transformers checkpoint (BERT, GPT-2, Llama, ...)")
     p.add_argument("--text", required=True, help="a .txt or .jsonl (text field) file, optionally .gz")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: MODEL)")
-    p.add_argument("--max-sequences", type=int, default=8, help="windows of the text to analyse (default 8)")
-    p.add_argument("--max-seq-length", type=int, help="n (default: the model's max_position_embeddings, <= 512)")
-    p.add_argument("--rtol", type=float, help="relative singular-value tolerance of the logit rank (default 1e-5)")
+    from .analysis import AnalyzeOptions
+
+    add_options(p, AnalyzeOptions, title="the analysis")
     p.add_argument(
         "--output-dir",
         help="where analysis.json and attention_heatmap.png go (default: runs/analysis/<model directory name>); "
@@ -177,11 +176,19 @@ def _analyze_options(p):
 
 def _analyze(args):
     """per-head rank of attention logits, min_head_dim and entropy on a text"""
-    from .analysis import DEFAULT_RTOL, analyze_to_folder, format_table
+    from .analysis import AnalyzeOptions, analyze_to_folder, format_table
 
-    rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    options = _pick(args, "output_dir", "max_sequences", "max_seq_length", "allow_pickle")
-    result, paths = analyze_to_folder(args.model, args.text, tokenizer_path=args.tokenizer, rtol=rtol, **options)
+    o = AnalyzeOptions(**given(args, AnalyzeOptions))
+    options = _pick(args, "output_dir", "allow_pickle")
+    result, paths = analyze_to_folder(
+        args.model,
+        args.text,
+        tokenizer_path=o.tokenizer,
+        rtol=o.rtol,
+        max_sequences=o.max_sequences,
+        max_seq_length=o.max_seq_length,
+        **options,
+    )
     print(format_table(result))
     print(f"wrote {paths['json']} and {paths['heatmap']}")
 
@@ -199,23 +206,22 @@ def _rank_intervention_options(p):
         default="runs/rank-intervention",
         help="a new, empty or earlier rank-intervention folder (default: runs/rank-intervention)",
     )
-    p.add_argument(
-        "--band",
-        type=float,
-        help="tolerance in nats of the needed rank (default: the seed spread "
-        "of the full-rank loss over runs of one name, or 0.01 for a single run)",
-    )
-    p.add_argument("--max-eval-tokens", type=int, default=32_768, help="held-out tokens scored (default 32768)")
+    from .intervention import RankInterventionOptions
+
+    add_options(p, RankInterventionOptions, title="the intervention")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier rank-intervention output")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def _rank_intervention(args):
     """the logit rank a trained model needs: each head's logits cut to rank k, held-out loss against k"""
-    from .intervention import intervene_runs, report_markdown
+    from .intervention import RankInterventionOptions, intervene_runs, report_markdown
 
-    options = _pick(args, "output_dir", "band", "max_eval_tokens", "overwrite", "progress")
-    results = intervene_runs(args.runs, command=args.command_line, **options)
+    o = RankInterventionOptions(**given(args, RankInterventionOptions))
+    options = _pick(args, "output_dir", "overwrite", "progress")
+    results = intervene_runs(
+        args.runs, band=o.band, max_eval_tokens=o.max_eval_tokens, command=args.command_line, **options
+    )
     print(report_markdown(results, args.command_line))
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
@@ -397,18 +403,20 @@ def _widen_options(p):
         help="new head size d_p' >= the current one, or one per layer (64,64,128,128)",
     )
     p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier widen output)")
-    p.add_argument("--init-std", type=float, help="std of the new random rows (default: initializer_range)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows (default 0)")
+    from .training.widen import WidenOptions
+
+    add_options(p, WidenOptions, title="the new rows")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead widen` output there")
     _allow_pickle(p)
 
 
 def _widen(args):
     """grow every head of a run to a larger head size d_p' with the same function (exactly)"""
-    from .training.widen import widen_run
+    from .training.widen import WidenOptions, widen_run
 
-    options = _pick(args, "init_std", "seed", "overwrite", "allow_pickle")
-    record = widen_run(args.run_dir, args.head_dim, args.output_dir, **options)
+    o = WidenOptions(**given(args, WidenOptions))
+    options = _pick(args, "overwrite", "allow_pickle")
+    record = widen_run(args.run_dir, args.head_dim, args.output_dir, init_std=o.init_std, seed=o.seed, **options)
     print(
         f"widened {args.run_dir}: head sizes {record['old_head_dims']} -> {record['new_head_dims']}; "
         f"wrote {args.output_dir}"

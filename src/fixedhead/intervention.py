@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -474,11 +475,22 @@ def plot_curves(results: list[dict], path) -> None:
     save_figure(fig, path, axes[0])
 
 
+@dataclass(frozen=True)
+class RankInterventionOptions:
+    """How ``fixedhead rank-intervention`` scores each run (its command line)."""
+
+    band: float | None = None
+    """tolerance in nats of the needed rank (None: the seed spread of the full-rank loss over runs of one name,
+    or 0.01 for a single run)"""
+    max_eval_tokens: int | None = 32_768
+    """held-out tokens scored"""
+
+
 def intervene_runs(
     run_dirs: list,
     output_dir,
     band: float | None = None,
-    max_eval_tokens: int | None = 32_768,
+    max_eval_tokens: int | None = RankInterventionOptions.max_eval_tokens,
     overwrite: bool = False,
     progress: bool = True,
     command: str = "",

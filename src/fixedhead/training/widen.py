@@ -8,6 +8,7 @@ the widened model, its tokenizer and ``widen.json`` there.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import non_negative_int
@@ -32,13 +33,23 @@ WIDEN_OWNED = (
 )
 
 
+@dataclass(frozen=True)
+class WidenOptions:
+    """How ``fixedhead widen`` fills the new rows (its command line)."""
+
+    init_std: float | None = None
+    """std of the new random rows (None: the config's initializer_range)"""
+    seed: int = 0
+    """seed of the new random rows"""
+
+
 def widen_run(
     run_dir: str | os.PathLike,
     head_dim,
     output_dir: str | os.PathLike,
     *,
     init_std: float | None = None,
-    seed: int = 0,
+    seed: int = WidenOptions.seed,
     overwrite: bool = False,
     allow_pickle: bool = False,
 ) -> dict:
