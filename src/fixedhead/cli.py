@@ -3,10 +3,11 @@ to its options and the one library function it calls.
 
 Options of a settings dataclass (``ModelSettings``, ``DataSettings``, ``TrainSettings``,
 ``FinetuneSettings``) are derived from its fields (:func:`fixedhead.options.add_options`): name,
-type, default and help (the field's attribute docstring) are defined once, on the field. The study
-commands share one group of options (:func:`fixedhead.options.add_study_options`) with one
-meaning each. User errors (ValueError) and file-system errors (OSError: a missing or occupied path,
-a full disk, a read-only folder) become a one-line message and exit status 2.
+type, default and help (the field's attribute docstring) are defined once, on the field; so are a study's,
+from its ``Options`` dataclass (:data:`KIT_STUDIES`, :func:`_kit_study`), with the options every study
+shares (``--output-dir``, ``--quick``, ``--grow``, ``--overwrite``, ``--threads``). User errors (ValueError)
+and file-system errors (OSError: a missing or occupied path, a full disk, a read-only folder) become a
+one-line message and exit status 2.
 """
 
 from __future__ import annotations
@@ -37,11 +38,6 @@ def _allow_pickle(p):
 def _pick(args, *names) -> dict:
     """The options ``names`` as keyword arguments of the same names."""
     return {name: getattr(args, name) for name in names}
-
-
-def _study_preset(args, quick: str = "tiny") -> str:
-    """The preset a study command trains: ``quick`` (its CI-sized one) with ``--quick``, else ``--preset``."""
-    return quick if args.quick else args.preset
 
 
 def _print_json(result: dict, drop=lambda key: False):
@@ -424,21 +420,6 @@ def _widen(args):
 
 
 # ------------------------------------------------------------------------------------ studies
-def _rates(text):
-    from .studies.kit.learning_rate import parse_rates
-
-    try:
-        return parse_rates(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _one_seed(args, command):
-    if args.seeds is not None and len(args.seeds) != 1:
-        raise ValueError(f"{command} trains every model with one seed; pass one (--seeds {args.seeds[0]})")
-    return None if args.seeds is None else args.seeds[0]
-
-
 def _report_options(p):
     p.add_argument("sweep_dir")
     p.add_argument("--output-dir", help="default: SWEEP_DIR")

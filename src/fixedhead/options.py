@@ -175,37 +175,3 @@ def options_from(args, base):
         if sub_given := given(args, sub):
             changes[name] = dataclasses.replace(getattr(base, name), **sub_given)
     return dataclasses.replace(base, **changes) if changes else base
-
-
-def add_study_options(
-    p, presets=None, default=None, output_dir="", quick=False, steps=True, overwrite=True, steps_alias=()
-):
-    """The options every study command shares, each with one meaning: ``--preset`` (the study's
-    recipe), ``--output-dir``, ``--seeds`` (which seeds, in that order), ``--steps`` (training steps
-    of each run), ``--threads``, ``--overwrite`` (train finished runs again), ``--quick`` (the
-    CI-sized version of the preset), ``--no-progress``. ``steps_alias``: an older name of ``--steps``."""
-    g = p.add_argument_group("study options")
-    if presets is not None:
-        g.add_argument(
-            "--preset", default=default, choices=sorted(presets), help="the study's recipe (default: %(default)s)"
-        )
-    g.add_argument("--output-dir", metavar="DIR", help=f"where the study writes (default: {output_dir})")
-    whose = "preset" if presets is not None else "study"
-    g.add_argument(
-        "--seeds", type=int, nargs="+", metavar="S", help=f"seeds to run, in this order (default: the {whose}'s)"
-    )
-    if steps:
-        g.add_argument(
-            "--steps", *steps_alias, type=int, metavar="N", help="training steps of each run (default: the preset's)"
-        )
-    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
-    if overwrite:
-        g.add_argument("--overwrite", action="store_true", help="train finished runs again instead of reusing them")
-    if quick:
-        g.add_argument(
-            "--quick",
-            action="store_true",
-            help="the seconds-sized version of the study (numbers mean nothing), in its own -quick folder",
-        )
-    g.add_argument("--no-progress", action="store_true", help="no progress bars (results are still printed)")
-    return g

@@ -1,6 +1,6 @@
-"""What the studies' reports share: markdown tables, the "What was run" lines, the incomplete-study
-note, the learning-curve plot of language-model runs and small figure helpers. Each study's own
-prose and plots stay in its module; everything here reads a results file's ``meta`` and runs only.
+"""What the studies' reports share: markdown tables, the "What was run" lines, the learning-curve plot of
+language-model runs and small figure helpers. Each study's own prose and plots stay in its module; everything
+here reads a results file's ``meta`` and runs only.
 """
 
 from __future__ import annotations
@@ -22,18 +22,8 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     ]
 
 
-def incomplete(
-    done: int, planned: int, what: str = "runs", finished: bool | None = None, rerun: str = "the same command"
-) -> list[str]:
-    """The note at the top of a report whose study has not finished (empty when it has: ``finished``,
-    by default all ``planned`` runs ``done``); ``rerun``: what finishes it."""
-    if done >= planned if finished is None else finished:
-        return []
-    return [f"**Incomplete: {done} of {planned} {what} finished.** Rerun {rerun} to finish.", ""]
-
-
 def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
-    """A report's opening: the title, the study's description, ``note`` (e.g. :func:`incomplete`),
+    """A report's opening: the title, the study's description, ``note`` (a study's own opening note),
     the main ``figure`` line, and the first "What was run" lines (commands, wall time, software;
     ``several`` and ``wall`` as in :func:`commands_line` and :func:`wall_time_line`)."""
     return [
