@@ -126,6 +126,18 @@ class FinetuneSweepStudy(StateStudy):
             "each checkpoint at its own rate"
         )
 
+    def __init__(self, cache_dir=None):
+        super().__init__(cache_dir)
+        self._sweeps: dict[str, dict] = {}
+
+    def sweep(self, path) -> dict:
+        """:func:`~fixedhead.studies.sweep.load_sweep` of ``path``, read once per study object (every point and
+        the report read the same sweep)."""
+        key = str(Path(path).resolve())
+        if key not in self._sweeps:
+            self._sweeps[key] = load_sweep(path)
+        return self._sweeps[key]
+
     def sweep_dir(self, o) -> Path:
         """The sweep: ``o.sweep_dir``, else (moved together) the folder this study's folder sits in."""
         path = Path(o.sweep_dir)
@@ -136,14 +148,14 @@ class FinetuneSweepStudy(StateStudy):
     def resolve(self, o):
         if o.checkpoints or not o.sweep_dir:
             return o
-        return replace(o, checkpoints=tuple(saved_checkpoints(load_sweep(o.sweep_dir), Path(o.sweep_dir))))
+        return replace(o, checkpoints=tuple(saved_checkpoints(self.sweep(o.sweep_dir), Path(o.sweep_dir))))
 
     def check(self, o):
         """The task, its GLUE files and the sweep (masked, with saved checkpoints), before any work."""
         get_glue_task(o.task)  # an unknown task fails before any work
         if not o.sweep_dir:
             raise ValueError("sweep_dir names no folder: pass the sweep to fine-tune (fixedhead sweep's output)")
-        sweep = load_sweep(o.sweep_dir)
+        sweep = self.sweep(o.sweep_dir)
         if (objective := sweep["meta"].get("objective", "mlm")) != "mlm":
             raise ValueError(f"{o.sweep_dir} is a {objective!r} sweep; only masked LMs are fine-tuned on GLUE")
         for split in ("train", "dev"):
@@ -171,7 +183,7 @@ class FinetuneSweepStudy(StateStudy):
     def settings(self, o) -> FinetuneSettings:
         """The fine-tuning budget: the sweep's recorded settings (the masked sweep's where it recorded none),
         with ``o.steps``; each run's rate and seed are this study's."""
-        recorded = load_sweep(self.sweep_dir(o))["meta"].get("finetune") or asdict(get_sweep_preset("cpu-mlm").finetune)
+        recorded = self.sweep(self.sweep_dir(o))["meta"].get("finetune") or asdict(get_sweep_preset("cpu-mlm").finetune)
         base = FinetuneSettings(**{k: v for k, v in recorded.items() if k in FinetuneSettings.__dataclass_fields__})
         base = replace(base, progress=False, save_model=False)
         return base if o.steps is None else replace(base, max_steps=o.steps)
@@ -234,7 +246,7 @@ class FinetuneSweepStudy(StateStudy):
 
     def summarise(self, o, results):
         state = state_of(o, results)
-        sweep = load_sweep(self.sweep_dir(o))
+        sweep = self.sweep(self.sweep_dir(o))
         return {
             "scores": checkpoint_scores(state),
             "rank_correlation": rank_correlation(sweep, state),
@@ -246,7 +258,7 @@ class FinetuneSweepStudy(StateStudy):
         }
 
     def report(self, o, record):
-        return report_markdown(load_sweep(self.sweep_dir(o)), self._state(o, record))
+        return report_markdown(self.sweep(self.sweep_dir(o)), self._state(o, record))
 
     def write_files(self, o, record, folder):
         write_plot(self._state(o, record), folder / PLOT_FILE)
