@@ -251,8 +251,12 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
         g.add_argument(
             "--quick",
             action="store_true",
-            help="the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; "
-            f"options given still apply (it sets {_quick_values(s)})".replace("%", "%%"),
+            help=(
+                "the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; "
+                f"options given still apply (it sets {_quick_values(s)}"
+                + (f"; --preset may also be {', '.join(s.quick_presets)}" if s.quick_presets else "")
+                + ")"
+            ).replace("%", "%%"),
         )
         g.add_argument(
             "--grow",
@@ -271,6 +275,13 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
         from .studies.kit.study import run_study, study_folder
 
         s = study()
+        quick_preset = getattr(s.quick, "preset", None) if args.quick else None
+        if quick_preset and getattr(args, "preset", quick_preset) not in (quick_preset, *s.quick_presets):
+            allowed = ", ".join((quick_preset, *s.quick_presets))
+            raise ValueError(
+                f"--quick trains preset {quick_preset}; with --preset {args.preset} it would train that full preset: "
+                f"drop --quick, or pass a quick preset ({allowed})"
+            )
         try:
             options = options_from(args, s.quick if args.quick else s.Options())
         except ValueError as e:

@@ -7,6 +7,7 @@ from scipy.stats import spearmanr
 
 from _tiny_run import TINY
 from fixedhead.cli import main
+from fixedhead.runs import model_fingerprint
 from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
 from fixedhead.studies.sweep.claims import claims
 from fixedhead.studies.sweep.finetune_seeds import (
@@ -168,7 +169,10 @@ def fake_finetune(monkeypatch, tmp_path):
         val, dev = (0.8, 0.5 + q) if lr == 1e-3 else (0.6, 0.99)
         if lr < 1e-4:  # the extension test: validation rises with the rate up to 1e-2
             val, dev = 0.9 - abs(math.log(lr / 1e-2)), 0.5
-        return {"metric": "accuracy", "score": dev, "validation": {"accuracy": val}, "train_seconds": 1.0}
+        fingerprint = {"model": model_fingerprint(run_dir)}
+        return {"metric": "accuracy", "score": dev, "validation": {"accuracy": val}, "train_seconds": 1.0} | {
+            "fingerprint": fingerprint
+        }
 
     monkeypatch.setattr(FS, "finetune", fake)
     return quality, calls
@@ -217,3 +221,22 @@ def test_a_bad_extension_count_or_a_causal_sweep_is_refused_before_the_folder_ex
     with pytest.raises(ValueError, match="'clm' sweep"):
         _run(sweep_dir, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_retrained_checkpoint_is_not_read_from_an_old_result_and_a_moved_sweep_resumes(fake_finetune, tmp_path):
+    """Each point records its checkpoint's fingerprint: a sweep moved with its fine-tuning folder resumes
+    without fine-tuning anything again; a checkpoint retrained in place makes the stored points stale."""
+    import shutil
+
+    quality, calls = fake_finetune
+    sweep_dir = _fake_sweep(tmp_path / "a" / "sweep", quality)
+    kw = dict(seeds=(0, 1), learning_rates=(1e-3, 3e-3), max_extensions=0)
+    first = _run(sweep_dir, sweep_dir / "finetune-sst2", **kw)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = tmp_path / "b" / "sweep"
+    calls.clear()
+    assert _run(moved, moved / "finetune-sst2", **kw)["runs"] == first["runs"] and calls == []
+    (moved / "runs" / "d16-h4-dp4-s1" / "model.safetensors").write_bytes(b"retrained")
+    with pytest.raises(FileExistsError, match=r"inputs that have changed since \(d16-h4-dp4-s1-ft-s0.*--overwrite"):
+        _run(moved, moved / "finetune-sst2", **kw)
+    assert calls == []

@@ -545,3 +545,22 @@ def test_chance_bar_refuses_mixed_dev_sets():
     state["runs"]["h8-0"]["finetune"]["dev_examples"] = 500
     with pytest.raises(ValueError, match=r"different dev-set sizes \[500, 1043\]"):
         chance_bar(state)
+
+
+def test_a_default_given_explicitly_is_the_same_sweep(tmp_path, capsys):
+    """The preset's own task, architecture and corpus (by any path to it), or extensions without a grid, resolve
+    to the plan of the defaults; --quick never runs a full preset."""
+    from fixedhead.studies.kit.study import plan_file
+    from fixedhead.studies.sweep import SweepStudy
+
+    study = SweepStudy()
+    corpus = get_sweep_preset("cpu-mlm").data.corpus
+    explicit = SweepOptions(finetune_task="sst2", architecture="fixedhead", corpus=corpus, max_extensions=1)
+    assert plan_file(study, study.resolve(explicit)) == plan_file(study, study.resolve(SweepOptions()))
+    other = SweepOptions(finetune_task="cola")
+    assert plan_file(study, study.resolve(other))["sha256"] != plan_file(study, study.resolve(SweepOptions()))["sha256"]
+    out = tmp_path / "q"
+    assert main(["sweep", "--quick", "--preset", "cpu-clm", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--quick trains preset tiny; with --preset cpu-clm it would train that full preset" in err
+    assert not out.exists()

@@ -60,6 +60,12 @@ class Study:
     files: ClassVar[tuple[str, ...]] = ()
     """glob patterns of what the study writes besides plan.json, results.json and report.md (its run
     folders, tables, figures)"""
+    paths: ClassVar[tuple[str, ...]] = ()
+    """Options fields that only say where an input lies (a sweep's folder): moved, the same study (neither its
+    settings nor its plan change; each point checks its input itself, :meth:`still_valid`)"""
+    quick_presets: ClassVar[tuple[str, ...]] = ()
+    """presets besides ``quick``'s own that ``--quick`` may run (a causal quick sweep); with ``--quick`` any other
+    ``--preset`` is refused: it would train a full study in the quick folder"""
     points_only: ClassVar[tuple[str, ...]] = ()
     """Options fields that only choose which points exist (seeds, lengths) or only enter the summary, or that
     each run checks itself (a corpus path: a run compares the corpus text by its digest): a stored point
@@ -99,6 +105,11 @@ class Study:
         """Where the study writes when no folder is given; None (the default): :func:`study_folder`'s
         ``runs/NAME[-PRESET|-quick]``."""
         return None
+
+    def still_valid(self, options, point: Point, result: dict) -> bool:
+        """Whether a stored point's ``result`` still holds for the inputs it read (a checkpoint retrained since
+        makes a result computed from it stale; :func:`run_study` then refuses to reuse it); True by default."""
+        return True
 
     def describe(self, options) -> str:
         """One line on what the study trains, recorded as ``meta.description`` (the study's name by default)."""
@@ -214,7 +225,7 @@ def settings_sha256(study: Study, options) -> str:
     """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
     that only choose which points exist or only enter the summary). A stored point is reused only under
     the same settings."""
-    values = {k: v for k, v in dataclasses.asdict(options).items() if k not in study.points_only}
+    values = {k: v for k, v in dataclasses.asdict(options).items() if k not in study.points_only + study.paths}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -242,6 +253,10 @@ def write_plan(
             )
         if old["sha256"] == new["sha256"]:
             return old
+        if study.paths and _without(old["plan"], study.paths) == _without(new["plan"], study.paths):
+            record = new | {"history": old.get("history", [])}  # an input moved: the same plan, written with it
+            write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+            return record
         done = sorted(stored_runs(folder))
         # the stored options read through today's Options (a field added since takes its default, which keeps
         # what the stored points ran); the stored hash only where they no longer read (a field gone since)
@@ -267,8 +282,9 @@ def write_plan(
         if done and not (grow or overwrite):
             raise FileExistsError(
                 f"{path} holds another plan (sha256 {old['sha256'][:12]}, this one {new['sha256'][:12]}) and "
-                f"{len(done)} finished point(s); pass --grow to extend the study (its report then says so; stored "
-                "results are kept), or choose another --output-dir (nothing was changed)"
+                f"{len(done)} finished point(s); pass --grow to extend the study (the report covers this plan's "
+                "points, so give all of them, e.g. every seed; it says the study grew; stored results are kept), or "
+                "choose another --output-dir (nothing was changed)"
             )
         replaced = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         history = old.get("history", []) + (
@@ -279,6 +295,12 @@ def write_plan(
     record = new | {"history": history}
     write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def _without(plan: dict, fields) -> dict:
+    """A plan record without the options ``fields`` and its settings hash (which leaves them out anyway)."""
+    options = {k: v for k, v in plan.get("options", {}).items() if k not in fields}
+    return {k: v for k, v in plan.items() if k not in ("options",)} | {"options": options}
 
 
 def _changed(was: dict, now: dict, skip=()) -> list[str]:
@@ -359,12 +381,19 @@ def run_study(
     folder = study_folder(study, options, output_dir, quick)
     owned = output_files(study) + tuple(study.files)
     claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
+    study.overwriting, study.folder = overwrite, folder
+    points, previous = study.plan(options), _stored(folder)
+    stored = {} if overwrite else previous.get("runs", {})
+    changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
+    if changed:
+        raise FileExistsError(
+            f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
+            f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all again, "
+            "or choose another --output-dir (nothing was changed)"
+        )
     plan = write_plan(folder, study, options, grow, overwrite, new)
-    points = study.plan(options)
-    previous = _stored(folder)
     preset = getattr(options, "preset", "custom")
     meta = core.start_meta(preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
-    study.overwriting, study.folder = overwrite, folder
     state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
     fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)
     todo = [p for p in points if overwrite or p.key not in state["runs"]]

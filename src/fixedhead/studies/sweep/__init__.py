@@ -66,11 +66,11 @@ class SweepOptions:
     changes of it."""
 
     preset: str = field(default="cpu-mlm", metadata={"choices": tuple(SWEEP_PRESETS)})
-    """the points, recipe and fine-tuning (SWEEP_PRESETS: cpu-mlm = the BERT claims with the masked-LM recipe,
+    """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
     8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1;
     cpu = the original 300-step masked sweep; tiny, tiny-clm = --quick's)"""
     seeds: tuple[int, ...] = ()
-    """seeds, paired across models; the first chooses each model's rate (empty: the preset's)"""
+    """seeds, paired across models (empty: the preset's); with --learning-rates the first chooses each model's rate"""
     experiments: tuple[str, ...] = field(default=(), metadata={"choices": EXPERIMENTS})
     """train only these experiments' points (empty: every experiment of the preset)"""
     models: tuple[str, ...] = ()
@@ -134,8 +134,8 @@ def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
 
 def spec(o: SweepOptions) -> SimpleNamespace:
     """What ``o`` trains: ``preset`` (the preset's points restricted to ``o``'s experiments and models, as
-    ``o``'s architecture and parametrization, with ``o``'s seeds), ``whole`` (every point of the preset, in
-    that architecture), ``data``, ``train``, ``finetune`` (None: no fine-tuning) and ``task``.
+    ``o``'s architecture and parametrization, with ``o``'s seeds), ``data``, ``train``, ``finetune`` (None: no
+    fine-tuning) and ``task``.
 
     Raises:
         ValueError: a model key the preset's experiments do not have, a fine-tuning task for a preset
@@ -149,7 +149,6 @@ def spec(o: SweepOptions) -> SimpleNamespace:
         p = as_architecture(p, o.architecture)
     if o.mup_base_head_dim is not None:
         p = as_mup(p, o.mup_base_head_dim)
-    whole = p
     p = replace(p, points=points, seeds=tuple(o.seeds) or p.seeds)
     data = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     if o.learning_rates:
@@ -159,12 +158,10 @@ def spec(o: SweepOptions) -> SimpleNamespace:
         train = replace(train, max_steps=o.steps, save_steps=o.steps, eval_steps=max(1, o.steps // 2))
     if o.finetune_task and p.finetune is None:
         raise ValueError(
-            f"sweep preset {o.preset!r} has no fine-tuning, so finetune_task = {o.finetune_task!r} does not apply"
+            f"sweep preset {o.preset!r} has no fine-tuning, so --finetune-task {o.finetune_task!r} does not apply"
         )
     ft = None if o.skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
-    return SimpleNamespace(
-        preset=p, whole=whole, data=data, train=train, finetune=ft, task=o.finetune_task or p.finetune_task
-    )
+    return SimpleNamespace(preset=p, data=data, train=train, finetune=ft, task=o.finetune_task or p.finetune_task)
 
 
 def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
@@ -180,7 +177,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
         "quick": o.preset in QUICK_PRESETS,
         "data": s.data.record(),
         "data_info": first.get("data_info", {}),
-        "train": asdict(s.train),
+        "train": {k: v for k, v in asdict(s.train).items() if k != "progress"},
         "finetune": asdict(s.finetune) if s.finetune else None,
         "finetune_task": s.task if s.finetune else None,
         "seeds": list(s.preset.seeds),
@@ -232,7 +229,8 @@ class SweepStudy(StateStudy):
     name = "sweep"
     Options = SweepOptions
     quick = SweepOptions(preset="tiny")
-    files = ("runs", *PLOT_FILES)
+    quick_presets = ("tiny-clm",)
+    files = ("runs", *PLOT_FILES, LEGACY_FILE)  # sweep.json: the record before the kit (its runs are reused)
     # not the corpus: another corpus's results do not compare with these (a point reused elsewhere checks it too)
     points_only = ("seeds", "experiments", "models", "keep_checkpoints")
     state_of = staticmethod(state_of)
@@ -244,10 +242,31 @@ class SweepStudy(StateStudy):
         return describe(o)
 
     def resolve(self, o):
-        present = {pt.experiment for pt in get_sweep_preset(o.preset).points}
+        """Every default written out or dropped, so that giving it explicitly is the same sweep: the preset's
+        seeds and experiments; a fine-tuning task, architecture or corpus equal to the preset's as None (a corpus
+        path as the file it names); the grid's extensions at their default without a grid."""
+        preset = get_sweep_preset(o.preset)
+        present = {pt.experiment for pt in preset.points}
         experiments = [e for e in EXPERIMENTS if e in (o.experiments or present)]
-        models = tuple(sorted(o.models))
-        return replace(o, seeds=tuple(spec(o).preset.seeds), experiments=tuple(experiments), models=models)
+        corpus = o.corpus
+        if corpus is not None and Path(corpus).exists():
+            corpus = str(Path(corpus).resolve())
+            if Path(preset.data.corpus).exists() and str(Path(preset.data.corpus).resolve()) == corpus:
+                corpus = None
+        same = {
+            "finetune_task": o.finetune_task in (None, preset.finetune_task) and preset.finetune is not None,
+            "architecture": o.architecture in (None, preset.common.get("architecture", "fixedhead")),
+        }
+        return replace(
+            o,
+            seeds=tuple(spec(o).preset.seeds),
+            experiments=tuple(experiments),
+            models=tuple(sorted(o.models)),
+            corpus=corpus,
+            finetune_task=None if same["finetune_task"] else o.finetune_task,
+            architecture=None if same["architecture"] else o.architecture,
+            max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
+        )
 
     def first_seed(self, o):
         return spec(o).preset.seeds[0] if o.learning_rates else None
@@ -284,7 +303,11 @@ class SweepStudy(StateStudy):
         )
         rates, first = parse_rates(o.learning_rates) if o.learning_rates else None, s.preset.seeds[0]
 
+        trained: dict[float, dict] = {}  # this point's runs by rate (the chosen one is not trained twice)
+
         def train_at(lr, why=""):
+            if lr in trained:
+                return trained[lr]
             run_dir = folder / "runs" / core.run_key(key, lr if rates else None, seed)
             if progress:
                 print(
@@ -297,6 +320,7 @@ class SweepStudy(StateStudy):
             )
             for ckpt in () if o.keep_checkpoints else run_dir.glob("checkpoint-*"):
                 shutil.rmtree(ckpt, ignore_errors=True)  # a finished run is reused from its metrics
+            trained[lr] = result
             return result
 
         tuning, lr = None, train.learning_rate

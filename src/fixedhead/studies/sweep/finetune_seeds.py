@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...checks import non_negative_int, positive_int
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
+from ...runs import model_fingerprint
 from ...training.evaluate import DivergedError
 from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
@@ -112,8 +113,9 @@ class FinetuneSweepStudy(StateStudy):
     name = "finetune-sweep"
     Options = FinetuneSweepOptions
     quick = FinetuneSweepOptions(seeds=(0,), learning_rates=(1e-3, 3e-3), max_extensions=0, steps=4)
-    files = ("runs", PLOT_FILE)
+    files = ("runs", PLOT_FILE, "finetune.json")  # finetune.json: the record before the kit (its runs are reused)
     points_only = ("seeds", "checkpoints")
+    paths = ("sweep_dir",)  # a moved sweep is the same input: each point checks its checkpoint's fingerprint
     state_of = staticmethod(state_of)
     folder_text = "SWEEP_DIR/finetune-TASK"
 
@@ -128,22 +130,23 @@ class FinetuneSweepStudy(StateStudy):
 
     def __init__(self, cache_dir=None):
         super().__init__(cache_dir)
-        self._sweeps: dict[str, dict] = {}
+        self._read: dict = {}  # sweeps and checkpoint fingerprints, read once
 
     def sweep(self, path) -> dict:
         """:func:`~fixedhead.studies.sweep.load_sweep` of ``path``, read once per study object (every point and
         the report read the same sweep)."""
         key = str(Path(path).resolve())
-        if key not in self._sweeps:
-            self._sweeps[key] = load_sweep(path)
-        return self._sweeps[key]
+        if key not in self._read:
+            self._read[key] = load_sweep(path)
+        return self._read[key]
 
     def sweep_dir(self, o) -> Path:
-        """The sweep: ``o.sweep_dir``, else (moved together) the folder this study's folder sits in."""
-        path = Path(o.sweep_dir)
-        if not (path / "results.json").is_file() and not (path / "sweep.json").is_file() and self.folder:
-            return self.folder.parent
-        return path
+        """The sweep: the folder this study's folder sits in where it is in its default place
+        (``SWEEP_DIR/finetune-TASK``, so the two move together), else ``o.sweep_dir``."""
+        parent = self.folder.parent if self.folder and self.folder.name.startswith("finetune-") else None
+        if parent is not None and any((parent / f).is_file() for f in ("results.json", "sweep.json")):
+            return parent
+        return Path(o.sweep_dir)
 
     def resolve(self, o):
         if o.checkpoints or not o.sweep_dir:
@@ -192,6 +195,7 @@ class FinetuneSweepStudy(StateStudy):
         name, seed = point.spec
         base, checkpoint = self.settings(o), self.sweep_dir(o) / "runs" / name
         runs: dict[str, dict] = {}
+        models: set[str] = set()  # the checkpoint's fingerprint as each fine-tuning run read it
 
         def run_at(lr: float, s: int) -> dict:
             key = core.run_key(name, lr, s)
@@ -199,6 +203,7 @@ class FinetuneSweepStudy(StateStudy):
                 print(key, flush=True)
             ft = replace(base, learning_rate=lr, seed=s)
             result = finetune(checkpoint, o.task, folder / "runs" / key, ft, overwrite=self.overwriting)
+            models.add(result["fingerprint"]["model"])
             runs[key] = {
                 "checkpoint": name,
                 "learning_rate": lr,
@@ -213,13 +218,22 @@ class FinetuneSweepStudy(StateStudy):
         def seconds() -> float:
             return round(sum(r["train_seconds"] for r in runs.values()), 1)
 
+        def model() -> dict:
+            if len(models) != 1:  # the checkpoint changed while its grid ran
+                raise RuntimeError(f"{checkpoint} changed while {point.key} fine-tuned it; run it again")
+            return {"model": models.pop()}
+
         out = {"checkpoint": name, "seed": seed}
         if seed != o.seeds[0]:
             first = done.get(core.run_key(f"{name}-ft", seed=o.seeds[0]))
             if first is None:
                 raise Pending(f"{point.key} waits for its checkpoint's rate")
+            if first.get("model") not in (None, self.fingerprint(checkpoint)):
+                raise FileExistsError(
+                    f"{checkpoint} was retrained after its rate was chosen; pass --overwrite to fine-tune it again"
+                )
             run_at(first["chosen"], seed)
-            return out | {"chosen": first["chosen"], "runs": runs, "train_seconds": seconds()}
+            return out | {"chosen": first["chosen"], "runs": runs, "train_seconds": seconds(), **model()}
 
         def validation_cost(lr: float) -> float:  # the best validation score is the lowest loss choose_rate seeks
             try:
@@ -242,7 +256,21 @@ class FinetuneSweepStudy(StateStudy):
             "finetune": finetune_record,
             "runs": runs,
             "train_seconds": seconds(),
+            **model(),
         }
+
+    def still_valid(self, o, point, result):
+        """A point holds while its checkpoint is the model it fine-tuned (results from before the fingerprint was
+        recorded hold)."""
+        name, _ = point.spec
+        return result.get("model") in (None, self.fingerprint(self.sweep_dir(o) / "runs" / name))
+
+    def fingerprint(self, checkpoint: Path) -> str:
+        """:func:`fixedhead.runs.model_fingerprint`, once per checkpoint and study object."""
+        key = f"model:{checkpoint.resolve()}"
+        if key not in self._read:
+            self._read[key] = model_fingerprint(checkpoint)
+        return self._read[key]
 
     def summarise(self, o, results):
         state = state_of(o, results)
