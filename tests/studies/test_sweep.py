@@ -564,3 +564,9 @@ def test_a_default_given_explicitly_is_the_same_sweep(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--quick trains preset tiny; with --preset cpu-clm it would train that full preset" in err
     assert not out.exists()
+
+
+def test_a_missing_corpus_is_named_before_the_folder_is_made(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["sweep", "--quick", "--corpus", str(tmp_path / "nope.txt"), "--output-dir", str(out)]) == 2
+    assert f"corpus '{tmp_path / 'nope.txt'}' does not exist" in capsys.readouterr().err and not out.exists()

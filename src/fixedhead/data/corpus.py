@@ -92,6 +92,28 @@ def _read_file(path: Path, text_field: str) -> list[Document]:
     return docs
 
 
+def check_corpus_source(source: str | os.PathLike) -> None:
+    """Refuse a path-like corpus ``source`` (with a separator, a corpus suffix or a leading dot) that does not
+    exist, before any work; an existing path or a dataset name passes (:func:`read_corpus`).
+
+    Raises:
+        FileNotFoundError: naming the source and how to pass another.
+    """
+    path = Path(source).expanduser()
+    if path.exists() or not (os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith(".")):
+        return
+    where = (
+        " (the default: the project's shared data beside the repository, or $FIXEDHEAD_DATA_DIR)"
+        if path == DEFAULT_CORPUS
+        else ""
+    )
+    raise FileNotFoundError(
+        f"corpus {str(source)!r} does not exist{where}; set $FIXEDHEAD_DATA_DIR to the folder that holds the "
+        "project's data or, where the command takes one, pass --corpus PATH (a .txt/.jsonl(.gz) file or a "
+        "directory of them) or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
+    )
+
+
 def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str = "train") -> list[Document]:
     """Read documents from ``source``.
 
@@ -123,18 +145,8 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
         if not path.name.endswith(_SUFFIXES):
             raise ValueError(f"{path}: unsupported corpus file type; expected one of {', '.join(_SUFFIXES)}")
         docs = _read_file(path, text_field)
-    elif os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith("."):
-        where = (
-            " (the default: the project's shared data beside the repository, or $FIXEDHEAD_DATA_DIR)"
-            if path == DEFAULT_CORPUS
-            else ""
-        )
-        raise FileNotFoundError(
-            f"corpus {str(source)!r} does not exist{where}; set $FIXEDHEAD_DATA_DIR to the folder that holds the "
-            "project's data or, where the command takes one, pass --corpus PATH (a .txt/.jsonl(.gz) file or a "
-            "directory of them) or --corpus DATASET_NAME (a Hugging Face dataset with a 'text' column)"
-        )
     else:
+        check_corpus_source(source)  # a path-like source that does not exist: refused with a hint
         docs = _read_hub_dataset(str(source), text_field, split)
     docs = [d for d in docs if d.text.strip()]
     if not docs:

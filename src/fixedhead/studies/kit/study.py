@@ -376,6 +376,10 @@ def run_study(
     from tqdm.auto import tqdm
 
     options = study.resolve(options_of(study, options, quick))
+    if getattr(options, "corpus", None):  # a corpus path that does not exist, named before the folder is touched
+        from ...data.corpus import check_corpus_source
+
+        check_corpus_source(options.corpus)
     study.check(options)
     new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
