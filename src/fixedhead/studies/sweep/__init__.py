@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ...checks import non_negative_int, positive_int
-from ...data.glue import get_glue_task, majority_class_accuracy
+from ...data.glue import MAIN_METRIC, get_glue_task, majority_class_accuracy
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
 from ...model.sizes import parameter_count
@@ -79,7 +79,7 @@ class SweepOptions:
     """training steps of every run (None: the preset's)"""
     corpus: str | None = None
     """the preset's corpus at another path, or another corpus (a .txt/.jsonl(.gz) file or a directory)"""
-    finetune_task: str | None = None
+    finetune_task: str | None = field(default=None, metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task each checkpoint is fine-tuned on (None: the preset's, sst2; the causal presets fine-tune none)"""
     skip_finetune: bool = False
     """pretrain only"""

@@ -47,7 +47,7 @@ class FinetuneSweepOptions:
 
     sweep_dir: str = field(default="", metadata={"positional": True})
     """a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)"""
-    task: str = "sst2"
+    task: str = field(default="sst2", metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task"""
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     """fine-tuning seeds of every checkpoint; the first chooses its rate"""
