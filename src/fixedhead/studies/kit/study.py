@@ -223,8 +223,8 @@ def plan_file(study: Study, options) -> dict:
 
 def settings_sha256(study: Study, options) -> str:
     """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
-    that only choose which points exist or only enter the summary). A stored point is reused only under
-    the same settings."""
+    that only choose which points exist or only enter the summary) and ``study.paths``. A stored point is
+    reused only under the same settings."""
     values = {k: v for k, v in dataclasses.asdict(options).items() if k not in study.points_only + study.paths}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -298,9 +298,8 @@ def write_plan(
 
 
 def _without(plan: dict, fields) -> dict:
-    """A plan record without the options ``fields`` and its settings hash (which leaves them out anyway)."""
-    options = {k: v for k, v in plan.get("options", {}).items() if k not in fields}
-    return {k: v for k, v in plan.items() if k not in ("options",)} | {"options": options}
+    """A plan record without the options ``fields`` (its settings hash leaves them out already)."""
+    return plan | {"options": {k: v for k, v in plan.get("options", {}).items() if k not in fields}}
 
 
 def _changed(was: dict, now: dict, skip=()) -> list[str]:
