@@ -93,7 +93,7 @@ def test_scaling_report_regenerates(folder):
     assert report == (RESULTS / folder / "report.md").read_text()
 
 
-@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup", "sweep-mlm-mup"])
+@pytest.mark.parametrize("folder", ["sweep-clm-lr", "sweep-mlm-lr", "sweep-clm-mup", "sweep-mlm-mup", "table2b-seeds"])
 def test_sweep_report_regenerates(folder, tmp_path):
     """The claim table is recomputed from the per-run results; no data is read (a sweep that fine-tunes records
     its majority-class rate, which the report shows). ``fixedhead report`` writes the same report elsewhere."""
