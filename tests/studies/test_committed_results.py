@@ -134,7 +134,7 @@ def test_gpu_lm1b_pair_summary_regenerates():
     assert text in (RESULTS / "gpu-lm1b-pair" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("folder", ["seq-len-pilot", "seq-len-long"])
+@pytest.mark.parametrize("folder", ["seq-len-pilot", "seq-len-long", "seq-len-lr"])
 def test_seq_len_report_regenerates(folder):
     """The committed report is what the code renders from the committed runs and plan: the summary is
     recomputed from the per-run results, not read back."""
