@@ -6,16 +6,12 @@ from pathlib import Path
 from fixedhead.studies.kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for, welch
 
 R = Path("docs/results")
-mr = {}  # make run: model -> {seed: held-out loss}
-for seed, f in [(0, "make-run/results.json"), (1, "make-run/seed-1/results.json"), (2, "make-run/seed-2/results.json")]:
-    for r in json.load(open(R / f))["results"]:
+mr = {}  # make run: model -> {seed: held-out loss}; seed 0 in make-run/, seed S in make-run/seed-S/
+for f in [R / "make-run/results.json", *sorted(R.glob("make-run/seed-*/results.json"))]:
+    stored = json.load(open(f))
+    seed = 0 if f.parent.name == "make-run" else int(f.parent.name.removeprefix("seed-"))
+    for r in stored["runs"].values() if "runs" in stored else stored["results"]:  # the kit's record or the older one
         mr.setdefault(r["name"], {})[seed] = r["heldout_loss"]
-for d in sorted(R.glob("make-run/seed-*/results.json")):
-    stored = json.load(open(d))
-    if "runs" in stored:  # the study kit's record: one folder per seed
-        seed = int(d.parent.name.split("-")[1])
-        for name, r in stored["runs"].items():
-            mr.setdefault(name, {})[seed] = r["heldout_loss"]
 t2b = {}  # Table 2B: model key -> {seed: held-out loss}
 for r in json.load(open(R / "table2b-seeds/results.json"))["runs"].values():
     t2b.setdefault(r["key"], {})[r["seed"]] = r["heldout_loss"]
@@ -33,7 +29,7 @@ for label, a, b in rows:
 adjusted = holm([d["p"] for *_, d in done])
 HEADER = ["comparison", "seeds", "per-seed differences", "Δ nats [95% interval]", "paired p (Holm)", "Welch p", "sd"]
 print("| " + " | ".join(HEADER + ["seeds for 0.02", "word"]) + " |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("|---" * (len(HEADER) + 2) + "|")
 for (label, seeds, x, y, d), q in zip(done, adjusted, strict=True):
     diffs = [v - u for u, v in zip(x, y, strict=True)]
     sd = mean_std(diffs)[1]

@@ -23,14 +23,16 @@ for run_dir in sys.argv[1:]:
     with torch.no_grad():
         for i in range(0, ids.shape[0], 256):
             x, y = ids[i : i + 256], labels[i : i + 256]
-            logp = torch.log_softmax(model(input_ids=x).logits.float(), -1)
-            for b, t in (y != -100).nonzero().tolist():
-                target = y[b, t]
-                visible = (x[b] == target).clone()
-                visible[t] = False
-                copy = bool(visible.any())
-                sums[copy][0] -= float(logp[b, t, target])
-                sums[copy][1] += 1
+            loss = torch.nn.functional.cross_entropy(
+                model(input_ids=x).logits.float().transpose(1, 2), y, reduction="none"
+            )
+            same = x[:, None, :] == y[:, :, None]  # [batch, query t, key s]: token s of the input is the target at t
+            same &= ~torch.eye(x.shape[1], dtype=torch.bool)  # the masked position itself does not count
+            copyable, scored = same.any(-1), y != -100
+            for copy in (True, False):
+                chosen = scored & (copyable == copy)
+                sums[copy][0] += float(loss[chosen].sum())
+                sums[copy][1] += int(chosen.sum())
     print(
         run_dir,
         {("copyable" if k else "not copyable"): (round(v[0] / v[1], 4), v[1]) for k, v in sums.items()},
