@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fixedhead.cli import KIT_STUDIES, build_parser, main
+from fixedhead.cli import build_parser, main
+from fixedhead.studies import STUDIES, study_class
 from fixedhead.training import TrainSettings
 from fixedhead.training.settings import report_to_integrations
 
@@ -246,7 +247,7 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(monkeypatch):
     """runs/scaling-PRESET from both; --quick: runs/scaling-quick, never the real folder; compare: runs/compare."""
     import fixedhead.studies.kit.study as kit_study
-    from fixedhead.studies.scaling import run_scaling
+    from fixedhead.studies.scaling import ScalingStudy
 
     claimed = []
 
@@ -257,27 +258,27 @@ def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(mo
     monkeypatch.setattr(kit_study, "claim_output_dir", claim)
     assert main(["scaling"]) == 2 and main(["scaling", "--preset", "gpu"]) == 2 and main(["scaling", "--quick"]) == 2
     with pytest.raises(ValueError, match="claimed"):
-        run_scaling()
+        kit_study.run_study(ScalingStudy())
     assert claimed == [
         Path(p) for p in ("runs/scaling-cpu", "runs/scaling-gpu", "runs/scaling-quick", "runs/scaling-cpu")
     ]
     # compare (make run) writes to runs/compare whatever its preset, never to it with --quick
-    from fixedhead.studies.compare import run_compare
+    from fixedhead.studies.compare import CompareStudy
 
     claimed.clear()
     assert (
         main(["compare"]) == 2 and main(["compare", "--preset", "cpu-mlm"]) == 2 and main(["compare", "--quick"]) == 2
     )
     with pytest.raises(ValueError, match="claimed"):
-        run_compare()
+        kit_study.run_study(CompareStudy())
     assert claimed == [Path(p) for p in ("runs/compare", "runs/compare", "runs/compare-quick", "runs/compare")]
     # sweep: runs/sweep-PRESET (it used to be runs/sweep from Python)
-    from fixedhead.studies.sweep import run_sweep
+    from fixedhead.studies.sweep import SweepStudy
 
     claimed.clear()
     assert main(["sweep"]) == 2 and main(["sweep", "--preset", "cpu-clm"]) == 2 and main(["sweep", "--quick"]) == 2
     with pytest.raises(ValueError, match="claimed"):
-        run_sweep()
+        kit_study.run_study(SweepStudy())
     assert claimed == [
         Path(p) for p in ("runs/sweep-cpu-mlm", "runs/sweep-cpu-clm", "runs/sweep-quick", "runs/sweep-cpu-mlm")
     ]
@@ -289,16 +290,14 @@ def _subparser(command):
 
 def _dataclasses_of(command):
     """The dataclasses a command's options are read from (kit studies: their Options and nested recipes)."""
-    import importlib
 
     from fixedhead.data import DataSettings
     from fixedhead.options import nested
     from fixedhead.training import ModelSettings
     from fixedhead.training.finetune import FinetuneSettings
 
-    if command in KIT_STUDIES:
-        module, cls = KIT_STUDIES[command][:2]
-        options = getattr(importlib.import_module(f"fixedhead.studies.{module}"), cls).Options
+    if command in STUDIES:
+        options = study_class(command).Options
         return [options, *nested(options).values()]
     from fixedhead.analysis import AnalyzeOptions
     from fixedhead.intervention import RankInterventionOptions
@@ -315,7 +314,7 @@ def _dataclasses_of(command):
     }[command]
 
 
-_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *KIT_STUDIES]
+_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *STUDIES]
 
 
 @pytest.mark.parametrize("command", _WITH_DATACLASS)

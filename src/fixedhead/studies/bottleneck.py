@@ -100,6 +100,7 @@ class BottleneckStudy(Study):
     size fitted; the summary is the printed table, the files the CSV and the PNG."""
 
     name = "bottleneck"
+    help = "one head's low-rank bottleneck against head size (Theorem 1)"
     Options = BottleneckOptions
     quick = QUICK
     files = ("bottleneck.csv", "bottleneck.png")
@@ -120,9 +121,9 @@ class BottleneckStudy(Study):
             rows.append(dict(zip(SWEEP_COLUMNS, values, strict=True)))
         return {"rows": rows}
 
-    def summarise(self, o, results):
+    def summarise(self, state):
         """Per mask, n and head size 1, n/2, threshold − 1, threshold and n: the mean logit and KL errors."""
-        rows = [r for res in results for r in res["rows"]]
+        rows = [r for res in state["results"] for r in res["rows"]]
         out = []
         for mask in dict.fromkeys(r["mask"] for r in rows):
             for n in sorted({r["n"] for r in rows}):
@@ -134,7 +135,8 @@ class BottleneckStudy(Study):
                     out.append({"mask": mask, "n": n, "head_dim": k, "threshold": t, "logit_error": le, "kl_fit": kl})
         return out
 
-    def report(self, o, record):
+    def report(self, state):
+        o, record = state["options"], state
         rows = [
             [r["mask"], r["n"], r["head_dim"], r["threshold"], f"{r['logit_error']:.3e}", f"{r['kl_fit']:.3e}"]
             for r in record["summary"]
@@ -156,10 +158,10 @@ class BottleneckStudy(Study):
             ]
         )
 
-    def write_files(self, o, record, folder):
-        rows = [r for res in record["runs"].values() for r in res["rows"]]
+    def write_files(self, state, folder):
+        rows = [r for res in state["runs"].values() for r in res["rows"]]
         render.write_csv(folder / "bottleneck.csv", SWEEP_COLUMNS, rows)
-        _plot_sweep(rows, list(o.n), folder / "bottleneck.png")
+        _plot_sweep(rows, list(state["options"].n), folder / "bottleneck.png")
 
 
 def bottleneck_sweep(

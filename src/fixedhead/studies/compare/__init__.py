@@ -53,7 +53,7 @@ from ..kit.learning_rate import (
     with_validation_split,
 )
 from ..kit.recipes import get_recipe
-from ..kit.study import Point, StateStudy, run_study
+from ..kit.study import Point, Study
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _preset(
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
     if architecture != "fixedhead":
         extra["architecture"] = architecture
-    recipe_text = r.describe().rsplit(" at lr ", 1)[0]  # the rate is named by run_compare (shared, own, grid)
+    recipe_text = r.describe().rsplit(" at lr ", 1)[0]  # the rate is named by the study (shared, own, grid)
     return ComparePreset(
         description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"
@@ -378,20 +378,22 @@ def write_files(state: dict, out: Path) -> None:
     write_results(state["results"], out, state["meta"])
 
 
-class CompareStudy(StateStudy):
+class CompareStudy(Study):
     """The comparison on the kit (:mod:`fixedhead.studies.kit.study`): one point per model of the preset,
     each trained (or, with a rate grid, trained at every rate and the best kept) in ``FOLDER/MODEL``."""
 
     name = "compare"
+    help = "train standard vs fixed-head models on the same text and compare (make run)"
     Options = CompareOptions
     quick = CompareOptions(preset="tiny")
     files = (*OUTPUT_FILES, *COMPARE_PRESETS["cpu"]().models, "lr-grid")
     points_only = ("models", "corpus")
-    folder_by_preset = False
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarise)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_files)
+    summarise = staticmethod(summarise)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_files)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def resolve(self, o):
         train = compare_plan(o).train
@@ -436,32 +438,6 @@ class CompareStudy(StateStudy):
             "unigram_perplexity": unigram_perplexity(data, plan.train.eval_seed, plan.train.objective),
             "data_info": data.info,
         }
-
-
-def run_compare(
-    options: CompareOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train and score every model of a compare preset (finished models are reused); write results.json,
-    report.md, results.csv and learning_curves.png (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`CompareStudy`; default folder ``runs/compare``, ``runs/compare-quick`` with ``quick``).
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per model: its result,
-        :func:`fixedhead.training.pretrain`, with its ``fields``, ``run`` folder, ``learning_rate`` where
-        models have their own, ``selection`` with a rate grid and ``samples`` for causal models) and
-        ``summary`` (one row per model).
-
-    Raises:
-        FileNotFoundError: the corpus is missing (the message says how to pass another).
-        FileExistsError: ``output_dir`` holds something else, or models of other settings (without ``overwrite``).
-        ValueError: bad options (:class:`CompareOptions`); a model the architecture cannot build or train
-            (a μP-style or masked Llama model).
-    """
-    return run_study(CompareStudy(cache_dir), options, output_dir, **kw)
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)

@@ -33,7 +33,7 @@ from ..kit import core
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
-from ..kit.study import Pending, Point, Study, run_study
+from ..kit.study import Pending, Point, Study
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,7 @@ class SeqLenStudy(Study):
     chooses each arm's rate on the grid; the other seeds train at it."""
 
     name = "seq-len"
+    help = "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"
     Options = SeqLenOptions
     quick = QUICK
     files = ("seq_len.png", "seq_len.csv", "n*-*")
@@ -251,19 +252,19 @@ class SeqLenStudy(Study):
         rates = {r["name"]: r["learning_rate"] for r in results} if grid else chosen
         return {"models": models, "rates": rates, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
 
-    def summarise(self, o, results):
-        return summarise(models(results), o)
+    def summarise(self, state):
+        return summarise(models(state["results"]), state["options"])
 
-    def report(self, o, record):
-        return report_markdown(record, o)
+    def report(self, state):
+        return report_markdown(state, state["options"])
 
-    def write_files(self, o, record, folder):
+    def write_files(self, state, folder):
         from ..kit.render import write_csv
 
-        rows = record["summary"]
+        rows = state["summary"]
         if rows:
             write_csv(folder / "seq_len.csv", list(rows[0]), rows)
-        plot(rows, o, folder / "seq_len.png")
+        plot(rows, state["options"], folder / "seq_len.png")
 
 
 def models(results: list[dict]) -> list[dict]:
@@ -273,32 +274,6 @@ def models(results: list[dict]) -> list[dict]:
 
     rows = [m for r in results for m in r["models"]]
     return [m | {"curve": c} for m, c in zip(rows, summarise_curves([m["curve"] for m in rows]), strict=True)]
-
-
-def run_seq_len(
-    output_dir: str | Path | None = None,
-    options: SeqLenOptions | None = None,
-    grow: bool = False,
-    progress: bool = True,
-    command: str = "",
-    cache_dir=None,
-    quick: bool = False,
-) -> dict:
-    """Train every (n, architecture, seed), run the rank intervention on every model, write the report
-    (:func:`fixedhead.studies.kit.study.run_study` of :class:`SeqLenStudy`).
-
-    Returns:
-        the results record (also ``results.json``): ``meta`` (command, versions), ``plan_sha256``,
-        ``plan_history``, ``runs`` (one per (n, architecture, seed): its models with n, architecture,
-        head_dim, seed, learning_rate, heldout_loss and rank curve) and ``summary`` (:func:`summarise`).
-
-    Raises:
-        FileExistsError: the folder holds something else, or another plan with results (without ``grow``).
-        ValueError: bad options (:class:`SeqLenOptions`).
-    """
-    return run_study(
-        SeqLenStudy(cache_dir), options, output_dir, quick=quick, grow=grow, progress=progress, command=command
-    )
 
 
 # -------------------------------------------------------------------------------- summarise

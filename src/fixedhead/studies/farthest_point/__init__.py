@@ -44,7 +44,7 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
-from ..kit.study import Pending, Point, StateStudy, run_study
+from ..kit.study import Pending, Point, Study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 
 
@@ -187,33 +187,6 @@ def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict
         state["tuning"] = {r["run"]["key"]: r["tuning"] for r in results if "tuning" in r}
         state["lr_grid"] = {k: v for r in results for k, v in r.get("lr_grid", {}).items()}
     return state
-
-
-def run_farthest_point(
-    options: FarthestPointOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train (or reuse) every (cell, seed) of the grid; write results, plots and the report
-    (:func:`fixedhead.studies.kit.study.run_study` of :class:`FarthestPointStudy`; default folder
-    ``runs/farthest-point``, ``runs/farthest-point-quick`` with ``quick``).
-
-    Runs take seconds to a minute and are not checkpointed; ``results.json`` is rewritten after every
-    point, so an interrupted grid loses at most the point in progress.
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (cell, seed): its
-        ``run``, and on the first seed the rank's attention-free ``reference`` and, with a rate grid, the
-        cell's ``tuning`` and ``lr_grid``) and ``summary`` (each cell's verdict).
-
-    Raises:
-        ValueError: bad options (:class:`FarthestPointOptions`), sizes the task or model refuse.
-        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
-            or another plan (without ``grow``).
-    """
-    return run_study(FarthestPointStudy(cache_dir), options, output_dir, **kw)
 
 
 # ----------------------------------------------------------------------------------- outputs
@@ -461,21 +434,28 @@ def report_markdown(state: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-class FarthestPointStudy(StateStudy):
+class FarthestPointStudy(Study):
     """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
     With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
     learning-curve sets; its other seeds train at that rate."""
 
     name = "farthest-point"
+    help = (
+        "the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r, "
+        "d_p) and heads, with seeds (minutes on a CPU)"
+    )
+    removed = {"--preset": "--quick for the seconds-sized grid (the full grid needs no option)"}
     Options = FarthestPointOptions
     quick = QUICK
     files = OUTPUT_FILES
     # the grid's axes only choose which cells exist: each cell's key holds its rank, head size and heads
     points_only = ("seeds", "ranks", "head_dims", "grid_heads", "more_heads_rank", "more_heads_head_dim", "more_heads")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(verdicts)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_outputs)
+    summarise = staticmethod(verdicts)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_outputs)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return o.description

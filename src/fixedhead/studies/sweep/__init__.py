@@ -39,7 +39,7 @@ from ...training.pretrain import train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.stats import CLAIMS_RULE, rule_text
-from ..kit.study import RESULTS_FILE, Pending, Point, StateStudy, options_from_dict, regenerate, run_study
+from ..kit.study import RESULTS_FILE, Pending, Point, Study, options_from_dict, record_state, regenerate
 from .claims import claims
 from .presets import (
     EXPERIMENTS,
@@ -220,23 +220,30 @@ def describe(o: SweepOptions) -> str:
     return text
 
 
-class SweepStudy(StateStudy):
+class SweepStudy(Study):
     """The sweep on the kit (:mod:`fixedhead.studies.kit.study`): one point per (model, seed), seed-major. With
     a rate grid a model's first seed chooses its rate on the validation split (its grid runs in
     ``FOLDER/runs/KEY-lrRATE-sSEED``) and the other seeds train at that rate; every run is then fine-tuned
     where the preset fine-tunes."""
 
     name = "sweep"
+    help = "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table"
+    removed = {
+        "--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"
+    }
+    default_dir = "runs/{name}-{preset}"
     Options = SweepOptions
     quick = SweepOptions(preset="tiny")
     quick_presets = ("tiny-clm",)
     files = ("runs", *PLOT_FILES, LEGACY_FILE)  # sweep.json: the record before the kit (its runs are reused)
     # not the corpus: another corpus's results do not compare with these (a point reused elsewhere checks it too)
     points_only = ("seeds", "experiments", "models", "keep_checkpoints")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarize)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_plots)
+    summarise = staticmethod(summarize)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_plots)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return describe(o)
@@ -359,32 +366,6 @@ class SweepStudy(StateStudy):
         return entry
 
 
-def run_sweep(options: SweepOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw) -> dict:
-    """Train (or resume) every (model, seed) point of a sweep, fine-tune each checkpoint where the preset
-    fine-tunes, and write ``results.json``, ``report.md`` and the plots
-    (:func:`~fixedhead.studies.kit.study.run_study` of :class:`SweepStudy`; default folder
-    ``runs/sweep-PRESET``, ``runs/sweep-quick`` with ``quick``). Finished runs are reused; workers may share
-    the folder, each taking the points no other holds.
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``{KEY-sSEED: the run's result,
-        its fine-tuning, and on the first seed the rate's choice and the data's facts}``) and ``summary``
-        (:func:`summarize`: the paper-claim table).
-
-    Raises:
-        FileNotFoundError: the corpus or the GLUE data is missing.
-        ValueError: bad options: an unknown preset, experiment, task, architecture or model key, or a model the
-            architecture cannot build or train (a masked Llama model, a Llama model under μP).
-        FileExistsError: the folder holds something else, points of other settings (without ``overwrite``) or
-            another plan (without ``grow``).
-    """
-    return run_study(SweepStudy(cache_dir), options, output_dir, **kw)
-
-
 def load_sweep(folder: str | Path) -> dict:
     """The state of the sweep in ``folder`` (:func:`state_of`: what its claims, report and plots read), from its
     ``results.json``; a folder written before the sweep ran on the kit reads from its ``sweep.json``.
@@ -400,7 +381,7 @@ def load_sweep(folder: str | Path) -> dict:
             raise ValueError(f"{folder / RESULTS_FILE} holds the results of `fixedhead {study}`, not of a sweep")
         study = SweepStudy()
         record, _ = regenerate(study, folder)
-        return study._state(options_from_dict(SweepOptions, record["options"]), record)
+        return record_state(study, options_from_dict(SweepOptions, record["options"]), record)
     path = folder / LEGACY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no sweep results ({RESULTS_FILE}): run `fixedhead sweep` first")

@@ -1,7 +1,7 @@
 """The sweep's presets: the paper's three experiments as lists of points (model configurations),
 the CPU recipes they train with, and the transforms a command applies to a preset (another
 architecture, the μP-style parametrization, a subset of the models) before
-:func:`fixedhead.studies.sweep.run_sweep` plans its runs.
+:class:`fixedhead.studies.sweep.SweepStudy` plans its runs.
 """
 
 from __future__ import annotations
