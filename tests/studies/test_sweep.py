@@ -575,3 +575,17 @@ def test_a_missing_corpus_is_named_before_the_folder_is_made(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["sweep", "--quick", "--corpus", str(tmp_path / "nope.txt"), "--output-dir", str(out)]) == 2
     assert f"corpus '{tmp_path / 'nope.txt'}' does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_description_is_written_from_the_settings_the_runs_train_with():
+    """The steps and the rate a sweep's runs train at, for every preset (the 300-step masked one too), and the
+    recipe's own where the options leave them."""
+    from fixedhead.studies.sweep import describe
+    from fixedhead.studies.sweep.presets import SWEEP_PRESETS
+
+    for name in SWEEP_PRESETS:
+        steps = get_sweep_preset(name).train.max_steps
+        assert f"{steps} steps of" in describe(SweepOptions(preset=name)), name
+        changed = describe(SweepOptions(preset=name, steps=7, learning_rates=(1e-3, 2e-3)))
+        assert "7 steps of" in changed and "each model's own rate" in changed and " at lr " not in changed, name
+    assert "300 steps of 32x64 tokens at lr 0.002 per run" in describe(SweepOptions(preset="cpu"))

@@ -92,7 +92,7 @@ def _preset(
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
     if architecture != "fixedhead":
         extra["architecture"] = architecture
-    recipe_text = r.describe().rsplit(" at lr ", 1)[0]  # the rate is named by the study (shared, own, grid)
+    recipe_text = r.describe(rate=False)  # compare_plan names the rate (shared, each model's own, a grid)
     return ComparePreset(
         description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"

@@ -38,6 +38,7 @@ from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_reco
 from ...training.pretrain import train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
+from ..kit.recipes import training_text
 from ..kit.stats import CLAIMS_RULE, rule_text
 from ..kit.study import RESULTS_FILE, Pending, Point, Study, options_from_dict, record_state, regenerate
 from .claims import claims
@@ -210,14 +211,11 @@ def summarize(state: dict) -> dict:
 
 
 def describe(o: SweepOptions) -> str:
-    """The preset's description, with the steps and rate the runs train at where ``o`` changes them."""
+    """The preset's description with the training settings and rate ``o``'s runs train with (:func:`spec`)."""
     s = spec(o)
-    text = s.preset.description
-    if o.steps is not None:
-        text = text.replace(f"{get_sweep_preset(o.preset).train.max_steps} steps of", f"{o.steps} steps of")
-    if o.learning_rates:  # the recipe's one rate is not what the models train at
-        text = text.replace(f" at lr {s.train.learning_rate:g}", " at each model's own rate")
-    return text
+    rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
+    layers = s.preset.common.get("num_hidden_layers", 2)
+    return s.preset.description.replace("{training}", training_text(s.data, s.train, layers) + rate)
 
 
 class SweepStudy(Study):

@@ -40,6 +40,8 @@ class SweepPreset:
     """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
 
     description: str
+    """what the sweep trains; ``{training}`` stands for the runs' training settings and rate, written from the
+    settings a sweep trains with (:func:`fixedhead.studies.sweep.describe`)"""
     data: DataSettings
     train: TrainSettings
     common: dict
@@ -118,7 +120,7 @@ def _quick(description: str, **train) -> SweepPreset:
     r = get_recipe("tiny")
     r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
-        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {r.describe()}",
+        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {{training}}",
         data=r.data,
         train=r.train,
         common=_common(r.layers, r.data.max_seq_length),
@@ -151,8 +153,8 @@ def _cpu_sweep() -> SweepPreset:
         batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description=f"masked LMs, 2 layers, n=64, vocabulary 8192, {train.max_steps} steps of 32x64 tokens per run; "
-        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, 4-32 heads; "
+        description="{training} per run; heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
+        "fixed d=128, d_p=32, 4-32 heads; "
         "head size 8-64 at d=128, 8 heads",
         data=data,
         train=train,
@@ -171,7 +173,7 @@ def _cpu_clm_sweep() -> SweepPreset:
     d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
-        description=f"{r.describe()} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
+        description="{training} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
         "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
         data=r.data,
         train=replace(r.train, logging_steps=25, report_to=[]),
@@ -191,7 +193,7 @@ def _cpu_mlm_sweep() -> SweepPreset:
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
-        description=f"{r.describe()} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
+        description="{training} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
         f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
         f"{n} tokens",
         data=r.data,
