@@ -239,3 +239,18 @@ def test_every_study_is_one_registry_line_with_its_help_and_default_folder():
     assert texts["sweep"] == ("runs/sweep-PRESET", "runs/sweep-quick")
     assert texts["compare"] == ("runs/compare", "runs/compare-quick")
     assert texts["finetune-sweep"] == ("SWEEP_DIR/finetune-TASK", "SWEEP_DIR/finetune-TASK-quick")
+
+
+def test_a_plan_written_before_an_option_existed_resumes_as_the_same_plan(tmp_path):
+    """A folder whose plan.json lacks a field added to the Options since (read at its default) is the same plan:
+    it resumes without --grow, nothing runs again, and its history stays."""
+    out = tmp_path / "toy"
+    record = run_study(Toy(), output_dir=out, progress=False)
+    stored = json.loads((out / "plan.json").read_text())
+    del stored["plan"]["options"]["scale"]  # as written before `scale` existed (its default: 2.0)
+    stored["sha256"] = "0" * 64
+    (out / "plan.json").write_text(json.dumps(stored))
+    toy = Toy()
+    again = run_study(toy, output_dir=out, progress=False)
+    assert toy.ran == [] and again["runs"] == record["runs"] and again["plan_history"] == []
+    assert json.loads((out / "plan.json").read_text())["sha256"] == record["plan_sha256"]

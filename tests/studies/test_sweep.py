@@ -18,8 +18,8 @@ from fixedhead.studies.sweep.presets import (
     SweepPreset,
     canonical_fields,
     get_sweep_preset,
+    model_key,
     plan_runs,
-    run_key,
 )
 from fixedhead.studies.sweep.report import points_table
 from fixedhead.training.evaluate import load_run
@@ -31,9 +31,9 @@ P = importlib.import_module("fixedhead.training.pretrain")  # the module, not th
 def test_same_architecture_is_one_run():
     # a fixed head size equal to d/h is the standard layer: one key, one run
     assert canonical_fields(dict(hidden_size=128, num_attention_heads=4, head_dim=32))["head_dim"] is None
-    assert run_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
-    assert run_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
-    assert run_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
+    assert model_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
+    assert model_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
+    assert model_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
 
 
 def test_cpu_plan_is_deduplicated_and_seed_major():
@@ -303,7 +303,7 @@ def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpu
     preset = replace(_tiny_preset(small_real_corpus), finetune=None)
     preset = replace(preset, points=preset.points[:2])
     options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=0)
-    keys = [run_key({**preset.common, **pt.model}) for pt in preset.points]
+    keys = [model_key({**preset.common, **pt.model}) for pt in preset.points]
     out, kw = tmp_path / "sweep", dict(progress=False)
     real_lock = core.try_lock
     monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == f"{keys[0]}-s0" else real_lock(path))
@@ -589,3 +589,29 @@ def test_the_description_is_written_from_the_settings_the_runs_train_with():
         changed = describe(SweepOptions(preset=name, steps=7, learning_rates=(1e-3, 2e-3)))
         assert "7 steps of" in changed and "each model's own rate" in changed and " at lr " not in changed, name
     assert "300 steps of 32x64 tokens at lr 0.002 per run" in describe(SweepOptions(preset="cpu"))
+
+
+def test_the_fine_tuning_seed_is_its_own_option(small_real_corpus, tmp_path, monkeypatch):
+    """By default each checkpoint is fine-tuned with its pretraining seed; --finetune-seed fixes another, and a
+    bad one is named."""
+    from fixedhead.data.glue import glue_path
+
+    if not glue_path("sst2", "train").is_file():
+        pytest.skip("shared GLUE data not found")
+    S = importlib.import_module("fixedhead.studies.sweep")
+    seen = []
+
+    def fake_finetune(run_dir, task, out, settings, overwrite=False):
+        seen.append((Path(run_dir).name, settings.seed))
+        return {"score": 0.5, "dev_examples": 24, "train_seconds": 0.0}
+
+    monkeypatch.setattr(S, "finetune", fake_finetune)
+    preset = _tiny_preset(small_real_corpus)
+    options = _register(monkeypatch, preset, models=("d16-h2-dp8",))
+    run_study(SweepStudy(tmp_path / "cache"), options, tmp_path / "a", progress=False)
+    assert seen == [("d16-h2-dp8-s0", 0), ("d16-h2-dp8-s1", 1)]
+    seen.clear()
+    run_study(SweepStudy(tmp_path / "cache"), replace(options, finetune_seed=7), tmp_path / "b", progress=False)
+    assert seen == [("d16-h2-dp8-s0", 7), ("d16-h2-dp8-s1", 7)]
+    with pytest.raises(ValueError, match="finetune_seed"):
+        replace(options, finetune_seed=-1)

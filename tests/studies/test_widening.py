@@ -142,7 +142,7 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
     for r in runs.values():
         assert r["start_max_logit_change"] <= 1e-5 and math.isfinite(r["heldout_loss"])
         assert r["init_from"]["model_sha256"] and r["training_tokens"] == 2 * 8 * 16
-    rows = {r["arm"]: r for r in WR.summarize(state)}
+    rows = {r["arm"]: r for r in WR.summarise(state)}
     assert rows["wide-early"]["parameters"] == rows["wide-late"]["parameters"]
     assert rows["as-is"]["flops_ratio"] == 1.0 and rows["wide-all"]["flops_ratio"] > 1.0
     assert rows["ffn-matched"]["intermediate_size"] > 32
@@ -208,7 +208,7 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         assert runs[f"{arm}-lr{chosen:g}-s2"]["learning_rate"] == chosen
     assert len(runs) == len(arms) * 3 - 1  # seed 2 only at each arm's chosen rate; the diverged run left none
     # results: each arm's seeds at its chosen rate only
-    rows = {r["arm"]: r for r in WR.summarize(state)}
+    rows = {r["arm"]: r for r in WR.summarise(state)}
     for arm in arms:
         chosen = tuning[arm]["chosen"]
         expected = [runs[f"{arm}-lr{chosen:g}-s{s}"]["heldout_loss"] for s in (1, 2)]

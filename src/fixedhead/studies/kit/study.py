@@ -251,6 +251,10 @@ def write_plan(
             was_options = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
         except (TypeError, ValueError):
             was_options = None
+        if was_options is not None and plan_file(study, was_options)["sha256"] == new["sha256"]:
+            record = new | {"history": old.get("history", [])}  # the same plan, its options read through today's
+            write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")  # (a field added since)
+            return record
         was_settings = settings_sha256(study, was_options) if was_options else old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)

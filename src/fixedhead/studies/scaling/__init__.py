@@ -47,7 +47,7 @@ from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.study import Pending, Point, Study
-from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarize, write_plots
+from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise, write_plots
 
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
 #: (float32 resolution, 1e-5, fills every head's structural rank and says nothing), on this many
@@ -314,7 +314,7 @@ class ScalingStudy(Study):
     quick = ScalingOptions(preset="tiny")
     files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
     points_only = ("seeds", "corpus")
-    summarise = staticmethod(summarize)
+    summarise = staticmethod(summarise)
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 

@@ -49,9 +49,9 @@ from .presets import (
     as_architecture,
     as_mup,
     get_sweep_preset,
+    model_key,
     only_models,
     plan_runs,
-    run_key,
 )
 from .report import PLOT_FILES, report_markdown, write_plots
 
@@ -82,6 +82,9 @@ class SweepOptions:
     """the preset's corpus at another path, or another corpus (a .txt/.jsonl(.gz) file or a directory)"""
     finetune_task: str | None = field(default=None, metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task each checkpoint is fine-tuned on (None: the preset's, sst2; the causal presets fine-tune none)"""
+    finetune_seed: int | None = None
+    """the fine-tuning seed: the classifier head's initialisation and the data order (None: each checkpoint's
+    pretraining seed)"""
     skip_finetune: bool = False
     """pretrain only"""
     architecture: str | None = field(default=None, metadata={"choices": ("fixedhead", "llama")})
@@ -107,6 +110,8 @@ class SweepOptions:
             raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
         if self.steps is not None:
             positive_int("steps", self.steps)
+        if self.finetune_seed is not None:
+            non_negative_int("finetune_seed", self.finetune_seed)
         if self.architecture is not None:
             check_architecture(self.architecture)
         if self.mup_base_head_dim is not None:
@@ -196,7 +201,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
         )
     state = {
         "meta": {**computed, **(meta or {})},
-        "points": [asdict(pt) | {"key": run_key({**s.preset.common, **pt.model})} for pt in s.preset.points],
+        "points": [asdict(pt) | {"key": model_key({**s.preset.common, **pt.model})} for pt in s.preset.points],
         "runs": {r["name"]: {k: v for k, v in r.items() if k not in _DATA_FIELDS} for r in results},
     }
     if tuning := {r["key"]: r["tuning"] for r in results if r.get("tuning")}:
@@ -204,7 +209,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
     return state
 
 
-def summarize(state: dict) -> dict:
+def summarise(state: dict) -> dict:
     """The paper-claim table (:func:`fixedhead.studies.sweep.claims.claims`) and the count of finished runs."""
     rows = claims(state) if state["runs"] else []
     return {"runs": len(state["runs"]), "claims": [dict(claim=c, measurement=m, verdict=v) for c, m, v in rows]}
@@ -236,7 +241,7 @@ class SweepStudy(Study):
     files = ("runs", *PLOT_FILES, LEGACY_FILE)  # sweep.json: the record before the kit (its runs are reused)
     # not the corpus: another corpus's results do not compare with these (a point reused elsewhere checks it too)
     points_only = ("seeds", "experiments", "models", "keep_checkpoints")
-    summarise = staticmethod(summarize)
+    summarise = staticmethod(summarise)
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 
@@ -343,7 +348,8 @@ class SweepStudy(Study):
         if rates:
             entry["learning_rate"] = lr
         if s.finetune is not None:
-            run_dir, ft = folder / "runs" / name, replace(s.finetune, seed=seed)
+            ft_seed = seed if o.finetune_seed is None else o.finetune_seed
+            run_dir, ft = folder / "runs" / name, replace(s.finetune, seed=ft_seed)
             ft_dir = run_dir / f"finetune-{s.task}"
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
             stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(

@@ -65,7 +65,7 @@ def canonical_fields(fields: dict) -> dict:
     return f
 
 
-def run_key(fields: dict) -> str:
+def model_key(fields: dict) -> str:
     """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``,
     with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`) and ``-mupK`` under
     the μP-style parametrization based at d_p = K (:mod:`fixedhead.model.parametrization`)."""
@@ -259,13 +259,13 @@ def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
 
 
 def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
-    """The preset restricted to the points whose model key (:func:`run_key`) is one of ``models``.
+    """The preset restricted to the points whose model key (:func:`model_key`) is one of ``models``.
 
     Raises:
         ValueError: an empty ``models`` or a key that is none of the preset's points (of ``experiments``
             where given), named with the known keys.
     """
-    key = lambda pt: run_key({**preset.common, **pt.model})  # noqa: E731
+    key = lambda pt: model_key({**preset.common, **pt.model})  # noqa: E731
     known = {key(pt) for pt in preset.points if not experiments or pt.experiment in experiments}
     if (bad := core.first_unknown(models, known)) is not None:
         where = f"experiments {', '.join(experiments)} of " if experiments else ""
@@ -288,5 +288,5 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
     for p in preset.points:
         if not experiments or p.experiment in experiments:
             fields = canonical_fields({**preset.common, **p.model})
-            models.setdefault(run_key(fields), fields)
+            models.setdefault(model_key(fields), fields)
     return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]

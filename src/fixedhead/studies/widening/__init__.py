@@ -57,7 +57,7 @@ from ..kit.recipes import get_recipe
 from ..kit.stats import RULE_STDS
 from ..kit.study import Pending, Point, Study
 from .arms import make_arms, max_logit_change, write_start
-from .report import PLOT_FILE, report_markdown, summarize, write_plots
+from .report import PLOT_FILE, report_markdown, summarise, write_plots
 
 
 # ----------------------------------------------------------------------------------- design
@@ -269,7 +269,7 @@ class WideningStudy(Study):
     quick = WideningOptions(preset="tiny")
     files = (PLOT_FILE, "learning_rates.png", "base", "start", "continue")
     points_only = ("seeds", "corpus")
-    summarise = staticmethod(summarize)
+    summarise = staticmethod(summarise)
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 
