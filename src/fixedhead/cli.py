@@ -402,7 +402,7 @@ def _export_onnx(args):
 
 # ---------------------------------------------------------------------------------------- main
 #: command -> (its options, the function that calls one library function; its docstring is the help)
-#: every command: the tools (train, score, inspect, export one model), then the studies on the kit
+#: the tools (train, score, inspect, export one model); the studies follow, from fixedhead.studies.STUDIES
 COMMANDS = {
     "count": (_count_options, _count),
     "pretrain": (_pretrain_options, _pretrain),
@@ -413,12 +413,12 @@ COMMANDS = {
     "export-onnx": (_export_onnx_options, _export_onnx),
     "widen": (_widen_options, _widen),
     "report": (_report_options, _report),
-} | {name: _kit_study(name) for name in STUDIES}
+}
 
 #: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
-} | {name: "rerun the same command to continue (finished points are reused)" for name in STUDIES}
+}
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -435,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
-    for name, (add, func) in COMMANDS.items():
+    studies = {name: _kit_study(name) for name in STUDIES}  # read here: a study registered later is a command too
+    for name, (add, func) in (COMMANDS | studies).items():
         text = " ".join((func.__doc__ or study_class(name).help).split())  # a study's help is on its class
         p = sub.add_parser(name, help=text, description=text)
         add(p)
@@ -490,7 +491,9 @@ def main(argv=None) -> int:
         print(f"fixedhead {args.command}: error: {_error_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = f"; {_RESUME_HINTS[args.command]}" if args.command in _RESUME_HINTS else ""
+        again = "rerun the same command to continue (finished points are reused)"
+        hints = _RESUME_HINTS | dict.fromkeys(STUDIES, again)
+        hint = f"; {hints[args.command]}" if args.command in hints else ""
         print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
