@@ -4,6 +4,7 @@ front a module are tested with it (``analyze`` in test_analysis.py, ``bottleneck
 test_theory.py, ``sweep``/``report`` in test_sweep.py, ...); bad values on the command line are
 part of the table in test_bad_input.py."""
 
+import argparse
 import re
 import runpy
 import sys
@@ -377,3 +378,43 @@ def test_quick_says_what_it_sets(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert expected in " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+
+
+def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
+    """check_fields reads a field's metadata (each value of a tuple, None passing); --help says the same."""
+    import dataclasses
+
+    from fixedhead.checks import check_fields
+    from fixedhead.options import add_options
+
+    @dataclasses.dataclass(frozen=True)
+    class Opts:
+        seeds: tuple[int, ...] = dataclasses.field(
+            default=(0,), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+        )
+        """seeds"""
+        steps: int | None = dataclasses.field(default=None, metadata={"check": "positive"})
+        """steps"""
+        rate: float = dataclasses.field(default=1.0, metadata={"check": "positive_float"})
+        """rate"""
+
+        def __post_init__(self):
+            check_fields(self)
+
+    Opts()
+    for bad, message in [
+        (dict(seeds=()), "seeds must hold at least one value, got none"),
+        (dict(seeds=(1, 1)), "seeds must be distinct, got [1, 1]"),
+        (dict(seeds=(0, -1)), "seeds must be an int >= 0, got -1"),
+        (dict(steps=0), "steps must be a positive int, got 0"),
+        (dict(rate=float("nan")), "rate must be a positive finite number, got nan"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            Opts(**bad)
+        assert str(e.value) == message
+    parser = argparse.ArgumentParser()
+    add_options(parser, Opts)
+    text = " ".join(parser.format_help().split())
+    assert "seeds; an int >= 0, nonempty, distinct" in text and "steps; a positive int" in text
+    # a study's options say so too
+    assert "an int >= 0, distinct" in " ".join(_subparser("sweep").format_help().split())

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_float, positive_int
+from ...checks import check_fields
 from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.architectures import (
@@ -169,13 +169,13 @@ class CompareOptions:
 
     preset: str = field(default="cpu", metadata={"choices": tuple(COMPARE_PRESETS)})
     """the data, recipe and models (COMPARE_PRESETS: cpu is make run's)"""
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata={"check": "non_negative"})
     """one seed for every model: its initialisation and data order (None: the recipe's)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """training steps of every model (None: the preset's)"""
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata={"check": "positive"})
     """sequences per step of every model (None: the preset's)"""
-    learning_rate: float | None = None
+    learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
     """one peak learning rate for every model (None: the preset's, each model's own where it names them)"""
     objective: str | None = field(default=None, metadata={"choices": ("mlm", "clm")})
     """train every model as a masked or causal LM (None: the preset's)"""
@@ -187,22 +187,15 @@ class CompareOptions:
     """train only these of the preset's models (empty: all; the widened one is still sized against its reference)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each model chooses its own rate from on a validation split (empty: no choice)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
     def __post_init__(self):
+        check_fields(self)
         p = get_compare_preset(self.preset)  # refused by name
         unknown = sorted(set(self.models) - set(p.models))
         if unknown:
             raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
-        if self.seed is not None:
-            non_negative_int("seed", self.seed)
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
-        if self.learning_rate is not None:
-            positive_float("learning_rate", self.learning_rate)
-        non_negative_int("max_extensions", self.max_extensions)
         if self.learning_rates:
             parse_rates(self.learning_rates)
             if self.learning_rate is not None:

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields, positive_int
 from ...data import DataSettings
 from ...training.settings import TrainSettings
 from ..kit import core
@@ -42,29 +42,29 @@ class SeqLenOptions:
 
     lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     """sequence lengths n (each trained at the same number of tokens per step)"""
-    hidden_size: int = 64
+    hidden_size: int = field(default=64, metadata={"check": "positive"})
     """d, the same for every model"""
-    num_attention_heads: int = 8
+    num_attention_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the same for every model"""
-    head_dims: list[int] = field(default_factory=lambda: [8, 32])
+    head_dims: list[int] = field(default_factory=lambda: [8, 32], metadata={"check": "positive"})
     """the head sizes compared: the first is the small one (the standard d/h), the last the large one"""
     architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"])
     """model families: fixedhead (learned positions, post-LN) and/or llama (rotary, pre-norm)"""
-    tokens_per_step: int = 2048
+    tokens_per_step: int = field(default=2048, metadata={"check": "positive"})
     """batch size × n, the same at every n"""
-    steps: int = 700
+    steps: int = field(default=700, metadata={"check": "positive"})
     """training steps of every run"""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"check": "non_negative"})
     """seeds, paired across arms (one seed: the same batches for every arm of one n)"""
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
     """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate)"""
-    shared_rate: float = 2e-3
+    shared_rate: float = field(default=2e-3, metadata={"check": "positive_float"})
     """the rate of every arm when learning_rates is empty (a pilot), as make run's models chose at n = 64"""
     target: float = 0.02
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
-    max_eval_tokens: int = 32768
+    max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})
     """held-out tokens the rank intervention scores per model"""
-    ranks: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list, metadata={"check": "positive"})
     """the ranks k the intervention tries (empty: every k up to d_p)"""
     per_layer: bool = True
     """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""
@@ -72,8 +72,7 @@ class SeqLenOptions:
     """the data and training recipe (corpus, vocabulary, optimizer, schedule) the runs share"""
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_attention_heads", "tokens_per_step", "steps", "max_eval_tokens"):
-            positive_int(name, getattr(self, name))
+        check_fields(self)
         if not self.lengths or not self.seeds or len(self.head_dims) < 2:
             raise ValueError(
                 f"give lengths, seeds and at least two head_dims, got lengths={self.lengths}, "
@@ -82,14 +81,6 @@ class SeqLenOptions:
         for n in self.lengths:
             if positive_int("lengths", n) > self.tokens_per_step or self.tokens_per_step % n:
                 raise ValueError(f"tokens_per_step = {self.tokens_per_step} is not a multiple of n = {n}")
-        for dp in self.head_dims:
-            positive_int("head_dims", dp)
-        for k in self.ranks:
-            positive_int("ranks", k)
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if not (self.shared_rate > 0 and math.isfinite(self.shared_rate)):
-            raise ValueError(f"shared_rate must be a positive number, got {self.shared_rate}")
         get_recipe(self.recipe)  # an unknown recipe is refused by name
         bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]
         if bad or not self.architectures:

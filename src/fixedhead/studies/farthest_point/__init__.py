@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.synthetic import FarthestPointTask
 from ...plotting import pyplot, save_figure
 from ..kit import core, render
@@ -54,47 +54,36 @@ class FarthestPointOptions:
     ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds, the rate grid and the
     recipe (the defaults: the committed grid)."""
 
-    dim: int = 32
+    dim: int = field(default=32, metadata={"check": "positive"})
     """d, the dimension of the points"""
-    num_points: int = 16
+    num_points: int = field(default=16, metadata={"check": "positive"})
     """N, the points per set"""
-    ranks: tuple[int, ...] = (4, 8, 16, 32)
+    ranks: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
     """the grid's ranks r of the needed logit"""
-    head_dims: tuple[int, ...] = (4, 8, 16, 32)
+    head_dims: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
     """the grid's head sizes d_p"""
-    grid_heads: int = 8
+    grid_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the heads of every grid cell"""
-    more_heads_rank: int = 16
+    more_heads_rank: int = field(default=16, metadata={"check": "positive"})
     """the rank r of the more-heads row"""
-    more_heads_head_dim: int = 4
+    more_heads_head_dim: int = field(default=4, metadata={"check": "positive"})
     """the head size d_p of the more-heads row"""
-    more_heads: tuple[int, ...] = (8, 16, 32, 64)
+    more_heads: tuple[int, ...] = field(default=(8, 16, 32, 64), metadata={"check": "positive", "nonempty": True})
     """the head counts h of the more-heads row"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """seeds (each a task instance U, an initialisation and a data stream), in this order"""
     learning_rates: tuple[float, ...] = ()
     """a grid each cell chooses its rate from with the first seed, on the learning-curve sets (empty: every
     cell at the recipe's learning_rate)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
     """the training recipe every cell gets"""
 
     def __post_init__(self):
-        positive_int("dim", self.dim)
-        positive_int("num_points", self.num_points)
-        for name in ("ranks", "head_dims", "more_heads"):
-            if not getattr(self, name):
-                raise ValueError(f"{name} must hold at least one value, got none")
-            for value in getattr(self, name):
-                positive_int(name, value)
-        for name in ("grid_heads", "more_heads_rank", "more_heads_head_dim"):
-            positive_int(name, getattr(self, name))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        non_negative_int("max_extensions", self.max_extensions)
+        check_fields(self)
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
         if self.recipe.curve_points > self.recipe.steps:

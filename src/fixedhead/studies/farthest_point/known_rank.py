@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields, positive_int
 from ...data.synthetic import FarthestPointTask
 from ...intervention import attention_modules, needed_rank, truncated_logits
 from ..kit.core import run_key
@@ -41,32 +41,27 @@ class KnownRankCheck:
     """What the check trains: the farthest-point task of rank ``rank`` (d = ``dim``, N = ``num_points``)
     and one model per (head size in ``head_dims``, seed) with ``num_heads`` heads and ``recipe``."""
 
-    rank: int = 8
+    rank: int = field(default=8, metadata={"check": "positive"})
     """r, the rank the farthest-point task needs (every model must need it)"""
     head_dims: tuple[int, ...] = (8, 16, 32)
     """the head sizes d_p trained (each >= r)"""
-    num_heads: int = 8
+    num_heads: int = field(default=8, metadata={"check": "positive"})
     """h, heads per model"""
-    dim: int = 32
+    dim: int = field(default=32, metadata={"check": "positive"})
     """d, the dimension of the points"""
-    num_points: int = 16
+    num_points: int = field(default=16, metadata={"check": "positive"})
     """N, points per set"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True})
     """seeds, one model per (d_p, seed)"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
     """the training recipe (the farthest-point study's)"""
 
     def __post_init__(self):
-        for name in ("rank", "num_heads", "dim", "num_points"):
-            positive_int(name, getattr(self, name))
+        check_fields(self)
         if not self.head_dims or any(positive_int("head_dims", dp) < self.rank for dp in self.head_dims):
             raise ValueError(
                 f"head_dims must be sizes >= rank = {self.rank} (the models must learn the task), got {self.head_dims}"
             )
-        if not self.seeds:
-            raise ValueError("give at least one seed")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
         if self.rank > self.num_points - 1:
             raise ValueError(
                 f"rank = {self.rank} needs num_points >= rank + 1 = {self.rank + 1} (logits are cut to k <= N - 1), "

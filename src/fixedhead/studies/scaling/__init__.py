@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ...analysis import analyze_model, load_encoder
-from ...checks import non_negative_int, positive_float, positive_int
+from ...checks import check_fields, positive_float, positive_int
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
@@ -198,7 +198,7 @@ class ScalingOptions:
 
     preset: str = field(default="cpu", metadata={"choices": ("cpu", "gpu", "tiny")})
     """the sizes, families, token rule and rate grid (SCALING_PRESETS)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """seeds, paired across points; the first chooses each point's rate (empty: the preset's)"""
     learning_rates: tuple[float, ...] = ()
     """each point's grid, chosen on a validation split with the first seed (empty: the preset's)"""
@@ -208,11 +208,8 @@ class ScalingOptions:
     """every model as this family (llama: transformers' LlamaForCausalLM; causal recipes only)"""
 
     def __post_init__(self):
+        check_fields(self)
         get_scaling_preset(self.preset)  # refused by name
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
         check_architecture(self.architecture)

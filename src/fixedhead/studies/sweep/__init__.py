@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.glue import MAIN_METRIC, get_glue_task, majority_class_accuracy
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
@@ -70,53 +70,43 @@ class SweepOptions:
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
     8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1;
     cpu = the original 300-step masked sweep; tiny, tiny-clm = --quick's)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """seeds, paired across models (empty: the preset's); with --learning-rates the first chooses each model's rate"""
     experiments: tuple[str, ...] = field(default=(), metadata={"choices": EXPERIMENTS})
     """train only these experiments' points (empty: every experiment of the preset)"""
     models: tuple[str, ...] = ()
     """train only these of the preset's models, by key (d128-h32-dp4, d128-h32-dp32-fixed; empty: all)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """training steps of every run (None: the preset's)"""
     corpus: str | None = None
     """the preset's corpus at another path, or another corpus (a .txt/.jsonl(.gz) file or a directory)"""
     finetune_task: str | None = field(default=None, metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task each checkpoint is fine-tuned on (None: the preset's, sst2; the causal presets fine-tune none)"""
-    finetune_seed: int | None = None
+    finetune_seed: int | None = field(default=None, metadata={"check": "non_negative"})
     """the fine-tuning seed: the classifier head's initialisation and the data order (None: each checkpoint's
     pretraining seed)"""
     skip_finetune: bool = False
     """pretrain only"""
     architecture: str | None = field(default=None, metadata={"choices": ("fixedhead", "llama")})
     """train every model as this family (llama: transformers' LlamaForCausalLM, causal presets only; runs KEY-llama)"""
-    mup_base_head_dim: int | None = None
+    mup_base_head_dim: int | None = field(default=None, metadata={"check": "positive"})
     """train every model under the μP-style parametrization based at this head size K (logits √K/d_p, the output
     projection's initialisation and rate × K/d_p; fixedhead models only; runs KEY-mupK)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each model chooses its own rate from with the first seed, on a validation split (empty: the
     recipe's one rate)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
     keep_checkpoints: bool = False
     """keep the Trainer checkpoints of finished runs (by default only the final model stays)"""
 
     def __post_init__(self):
+        check_fields(self)
         get_sweep_preset(self.preset)  # refused by name
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
         if self.experiments and (bad := core.first_unknown(self.experiments, EXPERIMENTS)) is not None:
             raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
-        if self.steps is not None:
-            positive_int("steps", self.steps)
-        if self.finetune_seed is not None:
-            non_negative_int("finetune_seed", self.finetune_seed)
         if self.architecture is not None:
             check_architecture(self.architecture)
-        if self.mup_base_head_dim is not None:
-            positive_int("mup_base_head_dim", self.mup_base_head_dim)
-        non_negative_int("max_extensions", self.max_extensions)
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
 

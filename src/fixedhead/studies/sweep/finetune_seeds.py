@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
 from ...runs import model_fingerprint
 from ...training.evaluate import DivergedError
@@ -49,26 +49,22 @@ class FinetuneSweepOptions:
     """a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)"""
     task: str = field(default="sst2", metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task"""
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    seeds: tuple[int, ...] = field(
+        default=DEFAULT_SEEDS, metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """fine-tuning seeds of every checkpoint; the first chooses its rate"""
     learning_rates: tuple[float, ...] = DEFAULT_RATES
     """the grid each checkpoint chooses its fine-tuning rate from (highest validation score)"""
-    max_extensions: int = 1
+    max_extensions: int = field(default=1, metadata={"check": "non_negative"})
     """rates added past an edge of the grid (one grid step each)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """fine-tuning steps of every run (None: the sweep's fine-tuning settings)"""
     checkpoints: tuple[str, ...] = ()
     """fine-tune only these of the sweep's checkpoints, by run folder (empty: every saved one)"""
 
     def __post_init__(self):
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must name distinct seeds, got {list(self.seeds)}")
+        check_fields(self)
         parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
-        non_negative_int("max_extensions", self.max_extensions)
-        if self.steps is not None:
-            positive_int("steps", self.steps)
 
 
 def saved_checkpoints(sweep: dict, sweep_dir: Path) -> list[str]:

@@ -41,7 +41,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
@@ -155,32 +155,25 @@ class WideningOptions:
 
     preset: str = field(default="cpu", metadata={"choices": ("cpu", "tiny")})
     """the data, base model, both recipes and seeds (WIDENING_PRESETS)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """continuation seeds, in this order; the first chooses each arm's rate (empty: the preset's)"""
-    base_steps: int | None = None
+    base_steps: int | None = field(default=None, metadata={"check": "positive"})
     """the base run's training steps (None: the preset's; cpu: 400)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """each continuation's training steps (None: the preset's; cpu: 100)"""
-    head_dim: int | None = None
+    head_dim: int | None = field(default=None, metadata={"check": "positive"})
     """the widened head size (None: the causal threshold ceil((n - 1)/2), 16 for n = 32)"""
     corpus: str | None = None
     """the preset's corpus at another path (the same text, e.g. moved)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each arm's continuation chooses its rate from on a validation split with the first seed
     (empty: the preset's one rate for every arm)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
     def __post_init__(self):
+        check_fields(self)
         get_widening_preset(self.preset)  # refused by name
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        non_negative_int("max_extensions", self.max_extensions)
-        for name in ("base_steps", "steps", "head_dim"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
         if self.learning_rates:
             parse_rates(self.learning_rates)
 
