@@ -366,15 +366,26 @@ def _widen(args):
 
 # ------------------------------------------------------------------------------------ studies
 def _report_options(p):
-    p.add_argument("sweep_dir")
-    p.add_argument("--output-dir", help="default: SWEEP_DIR")
+    p.add_argument("folder", help="a study's output folder (results.json; a sweep's older sweep.json too)")
+    p.add_argument("--study", choices=tuple(STUDIES), help="the study that wrote it, where its results do not say")
+    p.add_argument("--output-dir", help="default: FOLDER")
 
 
 def _report(args):
-    """markdown tables, plots and the paper-claim table of a sweep directory"""
+    """the report, tables and figures of a study folder, rendered again from its per-point results"""
+    from .runs import load_json_file
+    from .studies.kit.study import RESULTS_FILE, rerender
     from .studies.sweep import write_report
 
-    print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
+    results = Path(args.folder) / RESULTS_FILE
+    meta = load_json_file(results, "study results").get("meta", {}) if results.is_file() else {}
+    name = meta.get("study") or args.study or "sweep"
+    if args.study and name != args.study:
+        raise ValueError(f"{results} holds the results of `fixedhead {name}`, not of `fixedhead {args.study}`")
+    if name == "sweep":  # a sweep written before the kit reads too
+        print(f"wrote {write_report(args.folder, args.output_dir)}")
+    else:
+        print(f"wrote {rerender(study_class(name)(), Path(args.folder), args.output_dir)}")
 
 
 # ---------------------------------------------------------------------------------- export-onnx

@@ -488,11 +488,33 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     study.folder = Path(folder)
     path = folder / PLAN_FILE
     plan = load_json_file(path, f"{study.name} plan") if path.is_file() else None
+    if plan is None and "options" not in stored:
+        raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
     values = plan["plan"]["options"] if plan else stored["options"]
     options = options_from_dict(study.Options, values)
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
     record = _record(study, options, stored["meta"], plan, stored["runs"], study.plan(options))
     return record, _report(study, options, record)
+
+
+def rerender(study: Study, folder: Path, output_dir=None) -> Path:
+    """Write a study folder's report, tables and figures again from its per-point results (:func:`regenerate`;
+    nothing trains, ``results.json`` is left as it is) into ``output_dir`` (default: the folder). Returns the
+    report's path.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds files of something else.
+    """
+    folder = Path(folder)
+    record, text = regenerate(study, folder)
+    out = Path(output_dir) if output_dir is not None else folder
+    if out.resolve() != folder.resolve():  # report.md: every study's marker
+        owned = (REPORT_FILE, f".{REPORT_FILE}.*", *study.files)
+        claim_output_dir(out, (REPORT_FILE,), owned, "report", exclusive=True)
+    options = options_from_dict(study.Options, record["options"])
+    study.write_files(record_state(study, options, record), out)
+    write_text_atomic(out / REPORT_FILE, text)
+    return out / REPORT_FILE
 
 
 def options_from_dict(cls, values: dict):
