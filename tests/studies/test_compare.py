@@ -296,4 +296,4 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
         run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert seen == {"standard": (1e-3, True)}
     assert json.loads((tmp_path / "c" / "plan.json").read_text())["plan"]["rates"] == rates
-    assert compare.compare_plan(options).data.validation_fraction == 0.05
+    assert compare.spec(options).data.validation_fraction == 0.05

@@ -204,7 +204,7 @@ class SeqLenStudy(Study):
 
     def run(self, o, point, folder, done, progress):
         from ...intervention import run_rank_curve
-        from . import CompareOptions, compare_plan, train_model
+        from . import CompareOptions, spec, train_model
 
         n, arch, seed = point.spec
         first = seed == o.seeds[0]
@@ -213,13 +213,9 @@ class SeqLenStudy(Study):
         if not first and first_key not in done:
             raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
-        plan = compare_plan(
-            CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen)
-        )
-        data = self.data(plan.data, progress)
-        results = [
-            train_model(plan, name, data, folder / point.key, 3, self.overwriting, progress) for name in plan.configs
-        ]
+        s = spec(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
+        data = self.data(s.data, progress)
+        results = [train_model(s, name, data, folder / point.key, 3, self.overwriting, progress) for name in s.configs]
         models = []
         for r in results:
             run_dir = folder / point.key / r["run"]
