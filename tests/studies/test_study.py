@@ -254,3 +254,10 @@ def test_a_plan_written_before_an_option_existed_resumes_as_the_same_plan(tmp_pa
     again = run_study(toy, output_dir=out, progress=False)
     assert toy.ran == [] and again["runs"] == record["runs"] and again["plan_history"] == []
     assert json.loads((out / "plan.json").read_text())["sha256"] == record["plan_sha256"]
+
+
+def test_an_empty_folder_option_puts_the_default_folder_here_not_at_the_root():
+    from fixedhead.studies.kit.study import study_folder
+    from fixedhead.studies.sweep.finetune_seeds import FinetuneSweepOptions, FinetuneSweepStudy
+
+    assert study_folder(FinetuneSweepStudy(), FinetuneSweepOptions(sweep_dir="")).as_posix() == "finetune-sst2"

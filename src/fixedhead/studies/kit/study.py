@@ -166,7 +166,9 @@ def study_folder(study: Study, options, output_dir=None, quick: bool = False) ->
     reads it from here too)."""
     if output_dir is not None:
         return Path(output_dir)
-    return Path(_default_dir(study, quick).format(name=study.name, **vars_of(options)))
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    # part by part: an empty folder option is the current folder, never the root
+    return Path(*(part.format(name=study.name, **values) for part in _default_dir(study, quick).split("/")))
 
 
 def default_dir_text(study: Study, quick: bool = False) -> str:
@@ -176,10 +178,6 @@ def default_dir_text(study: Study, quick: bool = False) -> str:
 
 def _default_dir(study: Study, quick: bool) -> str:
     return study.default_dir.replace("-{preset}", "") + "-quick" if quick else study.default_dir
-
-
-def vars_of(options) -> dict:
-    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
 
 
 def plan_file(study: Study, options) -> dict:
