@@ -4,6 +4,7 @@ front a module are tested with it (``analyze`` in test_analysis.py, ``bottleneck
 test_theory.py, ``sweep``/``report`` in test_sweep.py, ...); bad values on the command line are
 part of the table in test_bad_input.py."""
 
+import argparse
 import re
 import runpy
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fixedhead.cli import KIT_STUDIES, build_parser, main
+from fixedhead.cli import build_parser, main
+from fixedhead.studies import STUDIES, study_class
 from fixedhead.training import TrainSettings
 from fixedhead.training.settings import report_to_integrations
 
@@ -246,7 +248,7 @@ def test_pretrain_refuses_contradicting_flags_before_preparing_data(flags, messa
 def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(monkeypatch):
     """runs/scaling-PRESET from both; --quick: runs/scaling-quick, never the real folder; compare: runs/compare."""
     import fixedhead.studies.kit.study as kit_study
-    from fixedhead.studies.scaling import run_scaling
+    from fixedhead.studies.scaling import ScalingStudy
 
     claimed = []
 
@@ -257,27 +259,27 @@ def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(mo
     monkeypatch.setattr(kit_study, "claim_output_dir", claim)
     assert main(["scaling"]) == 2 and main(["scaling", "--preset", "gpu"]) == 2 and main(["scaling", "--quick"]) == 2
     with pytest.raises(ValueError, match="claimed"):
-        run_scaling()
+        kit_study.run_study(ScalingStudy())
     assert claimed == [
         Path(p) for p in ("runs/scaling-cpu", "runs/scaling-gpu", "runs/scaling-quick", "runs/scaling-cpu")
     ]
     # compare (make run) writes to runs/compare whatever its preset, never to it with --quick
-    from fixedhead.studies.compare import run_compare
+    from fixedhead.studies.compare import CompareStudy
 
     claimed.clear()
     assert (
         main(["compare"]) == 2 and main(["compare", "--preset", "cpu-mlm"]) == 2 and main(["compare", "--quick"]) == 2
     )
     with pytest.raises(ValueError, match="claimed"):
-        run_compare()
+        kit_study.run_study(CompareStudy())
     assert claimed == [Path(p) for p in ("runs/compare", "runs/compare", "runs/compare-quick", "runs/compare")]
     # sweep: runs/sweep-PRESET (it used to be runs/sweep from Python)
-    from fixedhead.studies.sweep import run_sweep
+    from fixedhead.studies.sweep import SweepStudy
 
     claimed.clear()
     assert main(["sweep"]) == 2 and main(["sweep", "--preset", "cpu-clm"]) == 2 and main(["sweep", "--quick"]) == 2
     with pytest.raises(ValueError, match="claimed"):
-        run_sweep()
+        kit_study.run_study(SweepStudy())
     assert claimed == [
         Path(p) for p in ("runs/sweep-cpu-mlm", "runs/sweep-cpu-clm", "runs/sweep-quick", "runs/sweep-cpu-mlm")
     ]
@@ -289,16 +291,14 @@ def _subparser(command):
 
 def _dataclasses_of(command):
     """The dataclasses a command's options are read from (kit studies: their Options and nested recipes)."""
-    import importlib
 
     from fixedhead.data import DataSettings
     from fixedhead.options import nested
     from fixedhead.training import ModelSettings
     from fixedhead.training.finetune import FinetuneSettings
 
-    if command in KIT_STUDIES:
-        module, cls = KIT_STUDIES[command][:2]
-        options = getattr(importlib.import_module(f"fixedhead.studies.{module}"), cls).Options
+    if command in STUDIES:
+        options = study_class(command).Options
         return [options, *nested(options).values()]
     from fixedhead.analysis import AnalyzeOptions
     from fixedhead.intervention import RankInterventionOptions
@@ -315,7 +315,7 @@ def _dataclasses_of(command):
     }[command]
 
 
-_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *KIT_STUDIES]
+_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *STUDIES]
 
 
 @pytest.mark.parametrize("command", _WITH_DATACLASS)
@@ -378,3 +378,43 @@ def test_quick_says_what_it_sets(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert expected in " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+
+
+def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
+    """check_fields reads a field's metadata (each value of a tuple, None passing); --help says the same."""
+    import dataclasses
+
+    from fixedhead.checks import check_fields
+    from fixedhead.options import add_options
+
+    @dataclasses.dataclass(frozen=True)
+    class Opts:
+        seeds: tuple[int, ...] = dataclasses.field(
+            default=(0,), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+        )
+        """seeds"""
+        steps: int | None = dataclasses.field(default=None, metadata={"check": "positive"})
+        """steps"""
+        rate: float = dataclasses.field(default=1.0, metadata={"check": "positive_float"})
+        """rate"""
+
+        def __post_init__(self):
+            check_fields(self)
+
+    Opts()
+    for bad, message in [
+        (dict(seeds=()), "seeds must hold at least one value, got none"),
+        (dict(seeds=(1, 1)), "seeds must be distinct, got [1, 1]"),
+        (dict(seeds=(0, -1)), "seeds must be an int >= 0, got -1"),
+        (dict(steps=0), "steps must be a positive int, got 0"),
+        (dict(rate=float("nan")), "rate must be a positive finite number, got nan"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            Opts(**bad)
+        assert str(e.value) == message
+    parser = argparse.ArgumentParser()
+    add_options(parser, Opts)
+    text = " ".join(parser.format_help().split())
+    assert "seeds; an int >= 0, nonempty, distinct" in text and "steps; a positive int" in text
+    # a study's options say so too
+    assert "an int >= 0, distinct" in " ".join(_subparser("sweep").format_help().split())

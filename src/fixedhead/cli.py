@@ -4,7 +4,7 @@ to its options and the one library function it calls.
 Options of a settings dataclass (``ModelSettings``, ``DataSettings``, ``TrainSettings``,
 ``FinetuneSettings``) are derived from its fields (:func:`fixedhead.options.add_options`): name,
 type, default and help (the field's attribute docstring) are defined once, on the field; so are a study's,
-from its ``Options`` dataclass (:data:`KIT_STUDIES`, :func:`_kit_study`), with the options every study
+from its ``Options`` dataclass (:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`), with the options every study
 shares (``--output-dir``, ``--quick``, ``--grow``, ``--overwrite``, ``--threads``). User errors (ValueError)
 and file-system errors (OSError: a missing or occupied path, a full disk, a read-only folder) become a
 one-line message and exit status 2.
@@ -29,6 +29,7 @@ from .options import (
     options_from,
     parse_head_dim,
 )
+from .studies import STUDIES, study_class
 
 
 def _allow_pickle(p):
@@ -223,30 +224,25 @@ def _rank_intervention(args):
 
 
 # ------------------------------------------------------------------------ studies on the kit
-def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | None = None):
-    """A study on the kit (:mod:`fixedhead.studies.kit.study`) as a command: one option per field of its
+def _kit_study(name: str):
+    """The study ``name`` of :data:`fixedhead.studies.STUDIES` as a command: one option per field of its
     ``Options`` dataclass (nested dataclasses flattened: ``--steps`` for ``recipe.steps``) and the options
-    every kit study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report.
-    ``removed``: options the command no longer takes, each refused with what replaces it."""
+    every study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report."""
 
     def study():
-        import importlib
-
-        return getattr(importlib.import_module(f".studies.{module}", __package__), cls)()
+        return study_class(name)()
 
     def add(p):
+        from .studies.kit.study import default_dir_text
+
         s = study()
         add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
         g = p.add_argument_group("running it")
-        presets = s.folder_by_preset and any(f.name == "preset" for f in dataclasses.fields(s.Options))
-        where = f"runs/{s.name}-PRESET" if presets else f"runs/{s.name}"
-        quick_where = f"runs/{s.name}-quick"
-        if s.folder_text:  # a study with its own default folder
-            where, quick_where = s.folder_text, f"{s.folder_text}-quick"
+        where, quick_where = default_dir_text(s), default_dir_text(s, quick=True)
         g.add_argument(
             "--output-dir", metavar="DIR", help=f"where the study writes (default: {where}; --quick: {quick_where})"
         )
-        for flag, why in (removed or {}).items():
+        for flag, why in s.removed.items():
             p.add_argument(flag, nargs="*", action=_Removed, help=argparse.SUPPRESS, why=why)
         g.add_argument(
             "--quick",
@@ -308,7 +304,6 @@ def _kit_study(module: str, cls: str, help_text: str, removed: dict[str, str] | 
             return 1
         return 0
 
-    run.__doc__ = help_text
     return add, run
 
 
@@ -337,67 +332,6 @@ class _Removed(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is gone: {self.why}")
-
-
-#: the commands of the studies on the kit: command -> (module under fixedhead.studies, Study class, help)
-KIT_STUDIES = {
-    "compare": (
-        "compare",
-        "CompareStudy",
-        "train standard vs fixed-head models on the same text and compare (make run)",
-    ),
-    "bottleneck": ("bottleneck", "BottleneckStudy", "one head's low-rank bottleneck against head size (Theorem 1)"),
-    "known-rank": (
-        "farthest_point.known_rank",
-        "KnownRankStudy",
-        "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k",
-    ),
-    "seq-len": (
-        "compare.seq_len",
-        "SeqLenStudy",
-        "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut",
-    ),
-    "sweep": (
-        "sweep",
-        "SweepStudy",
-        "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table",
-        {"--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"},
-    ),
-    "finetune-sweep": (
-        "sweep.finetune_seeds",
-        "FinetuneSweepStudy",
-        "fine-tuning claims with several fine-tuning seeds per checkpoint of a masked sweep, each checkpoint at its "
-        "own rate (chosen with the first seed on the split carved out of GLUE train)",
-    ),
-    "farthest-point": (
-        "farthest_point",
-        "FarthestPointStudy",
-        "the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r, d_p) "
-        "and heads, with seeds (minutes on a CPU)",
-        {"--preset": "--quick for the seconds-sized grid (the full grid needs no option)"},
-    ),
-    "widen-experiment": (
-        "widening",
-        "WideningStudy",
-        "does widening help? a trained standard-head causal LM continued as is, widened (all, early, late "
-        "layers) and with a parameter-matched wider FFN, with seeds; report and plot",
-    ),
-    "coordcheck": (
-        "coordcheck",
-        "CoordCheckStudy",
-        "coordinate check: how far one learning rate moves the attention's activations at each head size",
-    ),
-    "scaling": (
-        "scaling",
-        "ScalingStudy",
-        "does head size matter as models grow? each head-size family at several sizes, each point at its own "
-        "learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers",
-        {
-            "--families": "workers that share one --output-dir split the study point by point (run the same "
-            "command in each)"
-        },
-    ),
-}
 
 
 # -------------------------------------------------------------------------------------- widen
@@ -432,15 +366,26 @@ def _widen(args):
 
 # ------------------------------------------------------------------------------------ studies
 def _report_options(p):
-    p.add_argument("sweep_dir")
-    p.add_argument("--output-dir", help="default: SWEEP_DIR")
+    p.add_argument("folder", help="a study's output folder (results.json; a sweep's older sweep.json too)")
+    p.add_argument("--study", choices=tuple(STUDIES), help="the study that wrote it, where its results do not say")
+    p.add_argument("--output-dir", help="default: FOLDER")
 
 
 def _report(args):
-    """markdown tables, plots and the paper-claim table of a sweep directory"""
+    """the report, tables and figures of a study folder, rendered again from its per-point results"""
+    from .runs import load_json_file
+    from .studies.kit.study import RESULTS_FILE, rerender
     from .studies.sweep import write_report
 
-    print(f"wrote {write_report(args.sweep_dir, args.output_dir)}")
+    results = Path(args.folder) / RESULTS_FILE
+    meta = load_json_file(results, "study results").get("meta", {}) if results.is_file() else {}
+    name = meta.get("study") or args.study or "sweep"
+    if args.study and name != args.study:
+        raise ValueError(f"{results} holds the results of `fixedhead {name}`, not of `fixedhead {args.study}`")
+    if name == "sweep":  # a sweep written before the kit reads too
+        print(f"wrote {write_report(args.folder, args.output_dir)}")
+    else:
+        print(f"wrote {rerender(study_class(name)(), Path(args.folder), args.output_dir)}")
 
 
 # ---------------------------------------------------------------------------------- export-onnx
@@ -468,7 +413,7 @@ def _export_onnx(args):
 
 # ---------------------------------------------------------------------------------------- main
 #: command -> (its options, the function that calls one library function; its docstring is the help)
-#: every command: the tools (train, score, inspect, export one model), then the studies on the kit
+#: the tools (train, score, inspect, export one model); the studies follow, from fixedhead.studies.STUDIES
 COMMANDS = {
     "count": (_count_options, _count),
     "pretrain": (_pretrain_options, _pretrain),
@@ -479,12 +424,12 @@ COMMANDS = {
     "export-onnx": (_export_onnx_options, _export_onnx),
     "widen": (_widen_options, _widen),
     "report": (_report_options, _report),
-} | {name: _kit_study(*study) for name, study in KIT_STUDIES.items()}
+}
 
 #: what to do after Ctrl-C, for the commands that keep their finished work (every study on the kit too)
 _RESUME_HINTS = {
     "pretrain": "rerun with --resume to continue from the newest checkpoint",
-} | {name: "rerun the same command to continue (finished points are reused)" for name in KIT_STUDIES}
+}
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -501,8 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
-    for name, (add, func) in COMMANDS.items():
-        text = " ".join(func.__doc__.split())
+    studies = {name: _kit_study(name) for name in STUDIES}  # read here: a study registered later is a command too
+    for name, (add, func) in (COMMANDS | studies).items():
+        text = " ".join((func.__doc__ or study_class(name).help).split())  # a study's help is on its class
         p = sub.add_parser(name, help=text, description=text)
         add(p)
         p.set_defaults(func=func)
@@ -556,7 +502,9 @@ def main(argv=None) -> int:
         print(f"fixedhead {args.command}: error: {_error_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = f"; {_RESUME_HINTS[args.command]}" if args.command in _RESUME_HINTS else ""
+        again = "rerun the same command to continue (finished points are reused)"
+        hints = _RESUME_HINTS | dict.fromkeys(STUDIES, again)
+        hint = f"; {hints[args.command]}" if args.command in hints else ""
         print(f"fixedhead {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 

@@ -15,6 +15,8 @@ import inspect
 import textwrap
 import typing
 
+from .checks import FIELD_CHECKS
+
 
 def parse_head_dim(text):
     """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
@@ -79,7 +81,7 @@ def add_options(parser, cls, skip=(), title: str | None = None):
             continue
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        text = docs.get(f.name, "")
+        text = docs.get(f.name, "") + _check_words(f)
         if not (shown is None or shown == "" or isinstance(shown, bool)):
             text += f" (default: {shown})"
         if f.metadata.get("positional"):  # a required argument, named by its metavar
@@ -105,6 +107,14 @@ def add_options(parser, cls, skip=(), title: str | None = None):
                 kw["choices"], kw["metavar"] = f.metadata["choices"], None
         group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})
     return group
+
+
+def _check_words(f) -> str:
+    """What the field's metadata checks (:func:`fixedhead.checks.check_fields`), for its help: ``; each a positive
+    int, distinct``."""
+    words = [FIELD_CHECKS[f.metadata["check"]][1]] if "check" in f.metadata else []
+    words += [w for w in ("nonempty", "distinct") if f.metadata.get(w)]
+    return f"; {', '.join(words)}" if words else ""
 
 
 def _words(convert):

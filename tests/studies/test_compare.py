@@ -6,6 +6,7 @@ import json
 import pytest
 
 from fixedhead.cli import main
+from fixedhead.studies.kit.study import run_study
 
 
 def test_compare_tiny_writes_table_and_files(small_real_corpus, tmp_path, monkeypatch):
@@ -138,7 +139,7 @@ def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_pa
     tiny.train = __import__("dataclasses").replace(tiny.train, mlm_probability=0.4)
     monkeypatch.setitem(compare.COMPARE_PRESETS, "tiny", lambda: tiny)
     options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus), steps=2, objective="clm")
-    record = compare.run_compare(options, tmp_path / "c", progress=False)
+    record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert {r["objective"] for r in record["runs"].values()} == {"clm"}
     assert "trained as clm instead of the preset's mlm" in record["meta"]["description"]
 
@@ -153,7 +154,7 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     options = compare.CompareOptions(
         preset="tiny", corpus=str(small_real_corpus), steps=3, learning_rates=(1e-3, 4e-3), max_extensions=1
     )
-    record = compare.run_compare(options, tmp_path / "c", progress=False)
+    record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     results = list(record["runs"].values())
     state = compare.state_of(options, results, record["meta"])
     selection = state["meta"]["learning_rate_selection"]
@@ -173,7 +174,7 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     assert (tmp_path / "c" / "learning_rates.png").read_bytes()[:4] == b"\x89PNG"
     assert "learning_rate" in (tmp_path / "c" / "results.csv").read_text().splitlines()[0].split(",")
     # the same command again trains nothing: every run of the grid is reused
-    again = compare.run_compare(options, tmp_path / "c", progress=False)
+    again = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert [r["train_seconds"] for r in again["runs"].values()] == [r["train_seconds"] for r in results]
 
 
@@ -205,7 +206,8 @@ def test_compare_writes_its_plan_before_training(small_real_corpus, tmp_path, mo
     wide = tmp_path / "w"
     argv = ["compare", "--preset", "tiny", "--corpus", str(small_real_corpus), "--output-dir", str(wide)]
     with pytest.raises(RuntimeError) as sized:
-        compare.run_compare(
+        run_study(
+            compare.CompareStudy(),
             compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus), models=("standard-wide",)),
             wide,
             progress=False,
@@ -245,7 +247,7 @@ def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpu
 def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     from dataclasses import replace
 
-    from fixedhead.studies.compare import CompareOptions, get_compare_preset, match_hidden_size, run_compare
+    from fixedhead.studies.compare import CompareOptions, CompareStudy, get_compare_preset, match_hidden_size
     from fixedhead.studies.kit.recipes import get_recipe
 
     cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
@@ -264,7 +266,9 @@ def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     d = match_hidden_size(llama.models["standard-wide"], target, v)
     assert d % (2 * h) == 0 and params(d, d, 4 * d) >= target > params(d - 2 * h, d - 2 * h, 4 * (d - 2 * h))
     with pytest.raises(ValueError, match="parametrization='mup' is an option of fixedhead's attention only"):
-        run_compare(CompareOptions(preset="cpu-mup", architecture="llama"), tmp_path / "m", progress=False)
+        run_study(
+            CompareStudy(), CompareOptions(preset="cpu-mup", architecture="llama"), tmp_path / "m", progress=False
+        )
     assert not (tmp_path / "m").exists()
 
 
@@ -289,7 +293,7 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
     )
     options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus))
     with pytest.raises(KeyboardInterrupt):
-        compare.run_compare(options, tmp_path / "c", progress=False)
+        run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert seen == {"standard": (1e-3, True)}
     assert json.loads((tmp_path / "c" / "plan.json").read_text())["plan"]["rates"] == rates
-    assert compare.compare_plan(options).data.validation_fraction == 0.05
+    assert compare.spec(options).data.validation_fraction == 0.05

@@ -22,6 +22,7 @@ from fixedhead.data.synthetic import (
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies import farthest_point as S
 from fixedhead.studies.farthest_point import set_attention as M
+from fixedhead.studies.kit.study import run_study
 
 
 def _np_sets(num_sets, n, d, seed):
@@ -252,7 +253,7 @@ def test_the_default_grid():
 # ------------------------------------------------------------------------------ end to end
 def test_quick_grid_end_to_end_and_resume(tmp_path, monkeypatch):
     out = tmp_path / "fp"
-    record = S.run_farthest_point(S.QUICK, out, progress=False, command="test")
+    record = run_study(S.FarthestPointStudy(), S.QUICK, out, progress=False, command="test")
     runs = {k: r["run"] for k, r in record["runs"].items()}
     assert len(runs) == len(S.QUICK.cells()) * len(S.QUICK.seeds) and not record["missing"]
     for r in runs.values():
@@ -268,17 +269,19 @@ def test_quick_grid_end_to_end_and_resume(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_farthest_point(S.QUICK, out, progress=False, command="test")  # resumes: everything reused
+    again = run_study(
+        S.FarthestPointStudy(), S.QUICK, out, progress=False, command="test"
+    )  # resumes: everything reused
     assert again["runs"] == record["runs"]
     shorter = replace(S.QUICK, recipe=replace(S.QUICK.recipe, steps=4))
     with pytest.raises(FileExistsError, match=r"other settings \(--steps: 40 → 4\)"):
-        S.run_farthest_point(shorter, out, progress=False)
+        run_study(S.FarthestPointStudy(), shorter, out, progress=False)
     # another rank adds cells: only those train, with --grow
     monkeypatch.undo()
     wider = replace(S.QUICK, ranks=(2, 4, 8))
     with pytest.raises(FileExistsError, match="pass --grow"):
-        S.run_farthest_point(wider, out, progress=False)
-    grown = S.run_farthest_point(wider, out, grow=True, progress=False)
+        run_study(S.FarthestPointStudy(), wider, out, progress=False)
+    grown = run_study(S.FarthestPointStudy(), wider, out, grow=True, progress=False)
     assert set(grown["runs"]) - set(record["runs"]) == {f"r8-dp{dp}-h4-s0" for dp in (2, 4)}
 
 
@@ -301,7 +304,7 @@ def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
     curve sets (not the eval sets results are scored on), and the other seeds train at that rate."""
     out = tmp_path / "fp"
     options = replace(S.QUICK, seeds=(0, 1), learning_rates=(1e-3, 3e-2), max_extensions=0)
-    record = S.run_farthest_point(options, out, progress=False)
+    record = run_study(S.FarthestPointStudy(), options, out, progress=False)
     state = S.state_of(options, record["runs"].values(), record["meta"])
     cells = options.cells()
     assert set(state["tuning"]) == {c.key for c in cells} and len(state["lr_grid"]) == 2 * len(cells)
@@ -320,7 +323,7 @@ def test_each_cell_chooses_its_rate_on_the_curve_sets(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(S, "train_cell", no_training)
-    again = S.run_farthest_point(options, out, progress=False)
+    again = run_study(S.FarthestPointStudy(), options, out, progress=False)
     assert again["runs"] == record["runs"]
     with pytest.raises(FileExistsError, match="other settings"):
-        S.run_farthest_point(replace(options, learning_rates=(1e-3, 1e-2)), out, progress=False)
+        run_study(S.FarthestPointStudy(), replace(options, learning_rates=(1e-3, 1e-2)), out, progress=False)

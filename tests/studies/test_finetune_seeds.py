@@ -8,14 +8,14 @@ from scipy.stats import spearmanr
 from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.runs import model_fingerprint
-from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep
+from fixedhead.studies.kit.study import run_study
+from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, SweepStudy, load_sweep
 from fixedhead.studies.sweep.claims import claims
 from fixedhead.studies.sweep.finetune_seeds import (
     FinetuneSweepOptions,
     FinetuneSweepStudy,
     as_sweep_state,
     rank_correlation,
-    run_finetune_seeds,
     state_of,
 )
 from fixedhead.studies.sweep.presets import SWEEP_PRESETS, SweepPoint, SweepPreset
@@ -49,7 +49,7 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
     )
     with pytest.MonkeyPatch.context() as mp:  # the preset stays known while the module's tests read the sweep
         mp.setitem(SWEEP_PRESETS, "test-ft", lambda: preset)
-        run_sweep(SweepOptions(preset="test-ft"), root / "sweep", progress=False, cache_dir=root / "cache")
+        run_study(SweepStudy(root / "cache"), SweepOptions(preset="test-ft"), root / "sweep", progress=False)
         yield root / "sweep"
 
 
@@ -61,7 +61,7 @@ def _state(options, out) -> dict:
 
 def _run(sweep_dir, out, **options) -> dict:
     o = FinetuneSweepOptions(sweep_dir=str(sweep_dir), **options)
-    run_finetune_seeds(o, out, progress=False)
+    run_study(FinetuneSweepStudy(), o, out, progress=False)
     return _state(o, out)
 
 

@@ -17,9 +17,9 @@ from fixedhead.studies.farthest_point.known_rank import (
     KnownRankStudy,
     rank_sweep,
     report_markdown,
-    run_known_rank,
 )
 from fixedhead.studies.farthest_point.set_attention import Cell, SetAttentionModel, evaluate, train_cell
+from fixedhead.studies.kit.study import run_study
 
 
 def test_cutting_a_set_model_at_or_above_its_head_size_changes_nothing_and_below_it_does():
@@ -44,7 +44,7 @@ def test_train_cell_returns_the_model_its_metrics_were_scored_on():
 
 
 def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band(tmp_path):
-    record = run_known_rank(tmp_path / "out", QUICK, progress=False, command="test")
+    record = run_study(KnownRankStudy(), QUICK, tmp_path / "out", progress=False, command="test")
     state = record["summary"]
     (m2, m4) = state["models"]
     assert [m["head_dim"] for m in state["models"]] == [2, 4]
@@ -59,7 +59,9 @@ def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band
         assert m["needed_by_hit_rate"] == (min(hits) if hits else None)
     assert state["passed"] == all(m["needed_by_mse"] == 2 == m["needed_by_hit_rate"] for m in state["models"])
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert KnownRankStudy().summarise(QUICK, list(saved["runs"].values())) == state  # from the per-model results
+    assert (
+        KnownRankStudy().summarise({"options": QUICK, "results": list(saved["runs"].values())}) == state
+    )  # from the per-model results
     report = (tmp_path / "out" / "report.md").read_text()
     assert report.startswith(report_markdown(saved, QUICK)) and record["plan_sha256"] in report
     assert len((tmp_path / "out" / "known_rank.csv").read_text().splitlines()) == 1 + 2 + 4
@@ -67,7 +69,7 @@ def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="notes.txt"):
-        run_known_rank(tmp_path / "other", QUICK, progress=False)
+        run_study(KnownRankStudy(), QUICK, tmp_path / "other", progress=False)
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
 
 

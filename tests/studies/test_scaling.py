@@ -11,7 +11,7 @@ from fixedhead.model.sizes import non_embedding_parameters
 from fixedhead.studies import scaling
 from fixedhead.studies.kit import core
 from fixedhead.studies.kit.recipes import get_recipe
-from fixedhead.studies.kit.study import regenerate
+from fixedhead.studies.kit.study import regenerate, run_study
 from fixedhead.studies.scaling import report as scaling_report
 
 
@@ -171,7 +171,12 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
     i = h * dp
     assert non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
     with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
-        scaling.run_scaling(scaling.ScalingOptions(preset="tiny", architecture="llama"), tmp_path / "s", progress=False)
+        run_study(
+            scaling.ScalingStudy(),
+            scaling.ScalingOptions(preset="tiny", architecture="llama"),
+            tmp_path / "s",
+            progress=False,
+        )
     assert not (tmp_path / "s").exists()
 
 

@@ -47,10 +47,11 @@ class Toy(Study):
         self.ran.append(point.key)
         return {"loss": (o.scale if arm == "fixed" else 1.0) * (1 + seed), "train_seconds": 1.0}
 
-    def summarise(self, o, results):
+    def summarise(self, state):
+        results = state["results"]
         return {"mean_loss": sum(r["loss"] for r in results) / len(results), "runs": len(results)}
 
-    def report(self, o, record):
+    def report(self, record):
         rows = [[key, f"{r['loss']:g}"] for key, r in record["runs"].items()]
         return "\n".join(["# Toy", f"plan {record['plan_sha256'][:12]}", *render.table(["run", "loss"], rows)]) + "\n"
 
@@ -210,3 +211,53 @@ def test_a_point_another_worker_finished_meanwhile_is_not_run_again(tmp_path):
     record = run_study(toy, output_dir=tmp_path / "toy", progress=False)
     assert toy.ran == ["standard-s0", "fixed-s0", "fixed-s1"]  # standard-s1 was the other worker's
     assert record["runs"]["standard-s1"] == {"loss": 99.0} and not record["missing"]
+
+
+def test_every_study_is_one_registry_line_with_its_help_and_default_folder():
+    """fixedhead.studies.STUDIES names every Study subclass of the package once, under its own name; the help's
+    default folder is its default_dir (a -{preset} part gives way to -quick)."""
+    import importlib
+    import pkgutil
+
+    import fixedhead.studies as studies
+    from fixedhead.studies import STUDIES, study_class
+    from fixedhead.studies.kit.study import default_dir_text
+
+    found = set()
+    for info in pkgutil.walk_packages(studies.__path__, "fixedhead.studies."):
+        module = importlib.import_module(info.name)
+        found |= {
+            c
+            for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, Study) and c.__module__ == info.name
+        } - {Study}
+    assert {study_class(name) for name in STUDIES} == found and len(found) == len(STUDIES)
+    assert all(study_class(name).name == name and study_class(name).help for name in STUDIES)
+    texts = {
+        name: (default_dir_text(study_class(name)()), default_dir_text(study_class(name)(), True)) for name in STUDIES
+    }
+    assert texts["sweep"] == ("runs/sweep-PRESET", "runs/sweep-quick")
+    assert texts["compare"] == ("runs/compare", "runs/compare-quick")
+    assert texts["finetune-sweep"] == ("SWEEP_DIR/finetune-TASK", "SWEEP_DIR/finetune-TASK-quick")
+
+
+def test_a_plan_written_before_an_option_existed_resumes_as_the_same_plan(tmp_path):
+    """A folder whose plan.json lacks a field added to the Options since (read at its default) is the same plan:
+    it resumes without --grow, nothing runs again, and its history stays."""
+    out = tmp_path / "toy"
+    record = run_study(Toy(), output_dir=out, progress=False)
+    stored = json.loads((out / "plan.json").read_text())
+    del stored["plan"]["options"]["scale"]  # as written before `scale` existed (its default: 2.0)
+    stored["sha256"] = "0" * 64
+    (out / "plan.json").write_text(json.dumps(stored))
+    toy = Toy()
+    again = run_study(toy, output_dir=out, progress=False)
+    assert toy.ran == [] and again["runs"] == record["runs"] and again["plan_history"] == []
+    assert json.loads((out / "plan.json").read_text())["sha256"] == record["plan_sha256"]
+
+
+def test_an_empty_folder_option_puts_the_default_folder_here_not_at_the_root():
+    from fixedhead.studies.kit.study import study_folder
+    from fixedhead.studies.sweep.finetune_seeds import FinetuneSweepOptions, FinetuneSweepStudy
+
+    assert study_folder(FinetuneSweepStudy(), FinetuneSweepOptions(sweep_dir="")).as_posix() == "finetune-sst2"

@@ -9,7 +9,8 @@ import pytest
 from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
-from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, load_sweep, run_sweep, write_report
+from fixedhead.studies.kit.study import run_study
+from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, SweepStudy, load_sweep, write_report
 from fixedhead.studies.sweep.claims import PointStats, claims, collect_points
 from fixedhead.studies.sweep.presets import (
     SWEEP_PRESETS,
@@ -17,8 +18,8 @@ from fixedhead.studies.sweep.presets import (
     SweepPreset,
     canonical_fields,
     get_sweep_preset,
+    model_key,
     plan_runs,
-    run_key,
 )
 from fixedhead.studies.sweep.report import points_table
 from fixedhead.training.evaluate import load_run
@@ -30,9 +31,9 @@ P = importlib.import_module("fixedhead.training.pretrain")  # the module, not th
 def test_same_architecture_is_one_run():
     # a fixed head size equal to d/h is the standard layer: one key, one run
     assert canonical_fields(dict(hidden_size=128, num_attention_heads=4, head_dim=32))["head_dim"] is None
-    assert run_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
-    assert run_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
-    assert run_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
+    assert model_key(dict(hidden_size=128, num_attention_heads=4, head_dim=32)) == "d128-h4-dp32"
+    assert model_key(dict(hidden_size=128, num_attention_heads=4)) == "d128-h4-dp32"
+    assert model_key(dict(hidden_size=128, num_attention_heads=8, head_dim=32)) == "d128-h8-dp32-fixed"
 
 
 def test_cpu_plan_is_deduplicated_and_seed_major():
@@ -72,7 +73,7 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
     assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
     assert get_sweep_preset("tiny").train.mlm_probability == 0.4
     with pytest.raises(ValueError, match="'cpu-clm' has no fine-tuning.*'cola'"):
-        run_sweep(SweepOptions(preset="cpu-clm", finetune_task="cola"), "/nonexistent/never-written")
+        run_study(SweepStudy(), SweepOptions(preset="cpu-clm", finetune_task="cola"), "/nonexistent/never-written")
     assert not Path("/nonexistent/never-written").exists()
 
 
@@ -121,7 +122,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
         pytest.skip("shared GLUE data not found")
     options = _register(monkeypatch, _tiny_preset(small_real_corpus))
     out = tmp_path / "sweep"
-    state = run_sweep(options, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    state = run_study(SweepStudy(tmp_path / "cache"), options, out, progress=False, command="test")
     # 3 distinct models (h=2 std, h=4 std = d_p 4, h=4 d_p=8 fixed) x 2 seeds
     assert sorted(state["runs"]) == sorted(
         f"{k}-s{s}" for k in ("d16-h2-dp8", "d16-h4-dp4", "d16-h4-dp8-fixed") for s in (0, 1)
@@ -186,7 +187,7 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
     record = json.loads((out / "results.json").read_text())
     del record["runs"]["d16-h4-dp4-s1"]
     (out / "results.json").write_text(json.dumps(record))
-    again = run_sweep(options, out, progress=False, cache_dir=tmp_path / "cache", command="test")
+    again = run_study(SweepStudy(tmp_path / "cache"), options, out, progress=False, command="test")
     assert calls == ["d16-h4-dp4-s1"]
     assert ft_file.stat().st_mtime_ns == mtime
     assert again["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"] == state["runs"]["d16-h2-dp8-s0"]["heldout_perplexity"]
@@ -262,8 +263,8 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     preset = replace(preset, points=preset.points[:3])  # two models: h=2, h=4 standard and h=4 fixed
     options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=1)
     out = tmp_path / "sweep"
-    kw = dict(progress=False, cache_dir=tmp_path / "cache")
-    record = run_sweep(options, out, **kw)
+    kw = dict(progress=False)
+    record = run_study(SweepStudy(tmp_path / "cache"), options, out, **kw)
     saved = load_sweep(out)
     assert saved["meta"]["learning_rate_selection"]["grid"] == [1e-3, 4e-3]
     assert saved["meta"]["verdict"] == {"test": "welch", "alpha": 0.01, "correction": "holm"}
@@ -287,10 +288,10 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
             assert line.split(" | ")[lr_col] == f"{saved['tuning'][q.key]['chosen']:g}"
     # rates chosen with seed 0 stay chosen: another first seed (or no grid) in this folder is refused
     with pytest.raises(FileExistsError, match="chose their rates with seed 0"):
-        run_sweep(replace(options, seeds=(1, 0)), out, **kw)
+        run_study(SweepStudy(tmp_path / "cache"), replace(options, seeds=(1, 0)), out, **kw)
     with pytest.raises(FileExistsError, match="other settings.*--learning-rates"):  # a shared-rate call
-        run_sweep(replace(options, learning_rates=()), out, **kw)
-    again = run_sweep(options, out, **kw)  # everything reused
+        run_study(SweepStudy(tmp_path / "cache"), replace(options, learning_rates=()), out, **kw)
+    again = run_study(SweepStudy(tmp_path / "cache"), options, out, **kw)  # everything reused
     assert again["runs"] == record["runs"]
 
 
@@ -302,16 +303,16 @@ def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpu
     preset = replace(_tiny_preset(small_real_corpus), finetune=None)
     preset = replace(preset, points=preset.points[:2])
     options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=0)
-    keys = [run_key({**preset.common, **pt.model}) for pt in preset.points]
-    out, kw = tmp_path / "sweep", dict(progress=False, cache_dir=tmp_path / "cache")
+    keys = [model_key({**preset.common, **pt.model}) for pt in preset.points]
+    out, kw = tmp_path / "sweep", dict(progress=False)
     real_lock = core.try_lock
     monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == f"{keys[0]}-s0" else real_lock(path))
-    record = run_sweep(options, out, **kw)
+    record = run_study(SweepStudy(tmp_path / "cache"), options, out, **kw)
     assert record["missing"] == [f"{keys[0]}-s0", f"{keys[0]}-s1"]
     assert not any(p.name.startswith(keys[0]) for p in (out / "runs").iterdir())
     assert "Incomplete: 2 point(s)" in (out / "report.md").read_text()
     monkeypatch.setattr(core, "try_lock", real_lock)
-    record = run_sweep(options, out, **kw)
+    record = run_study(SweepStudy(tmp_path / "cache"), options, out, **kw)
     assert {r["key"] for r in record["runs"].values()} == set(keys) and not record["missing"]
 
 
@@ -421,19 +422,23 @@ def test_a_grown_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_pa
     ]
     preset = replace(get_sweep_preset("tiny"), points=points, seeds=(0,), finetune=None)
     options = _register(monkeypatch, preset, corpus=str(small_real_corpus), steps=2)
-    kw = dict(progress=False, cache_dir=tmp_path / "cache")
-    run_sweep(replace(options, models=("d32-h2-dp16",)), tmp_path / "s", **kw)
+    kw = dict(progress=False)
+    run_study(SweepStudy(tmp_path / "cache"), replace(options, models=("d32-h2-dp16",)), tmp_path / "s", **kw)
     with pytest.raises(FileExistsError, match="--grow"):
-        run_sweep(replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", **kw)
-    run_sweep(replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", grow=True, **kw)
-    record = run_sweep(options, tmp_path / "s", grow=True, **kw)  # both stored: nothing trains
+        run_study(SweepStudy(tmp_path / "cache"), replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", **kw)
+    run_study(
+        SweepStudy(tmp_path / "cache"), replace(options, models=("d32-h4-dp16-fixed",)), tmp_path / "s", grow=True, **kw
+    )
+    record = run_study(
+        SweepStudy(tmp_path / "cache"), options, tmp_path / "s", grow=True, **kw
+    )  # both stored: nothing trains
     assert sorted(record["runs"]) == ["d32-h2-dp16-s0", "d32-h4-dp16-fixed-s0"] and not record["missing"]
     assert (
         len(record["plan_history"]) == 2 and "grew after results existed" in (tmp_path / "s" / "report.md").read_text()
     )
     # another preset's models in that folder would put two models at one point: refused
     with pytest.raises(FileExistsError, match="other settings"):
-        run_sweep(replace(options, preset="tiny"), tmp_path / "s", **kw)
+        run_study(SweepStudy(tmp_path / "cache"), replace(options, preset="tiny"), tmp_path / "s", **kw)
 
 
 def _claims_state(std_ppl: list[float], fix_ppl: list[float], verdict: dict | None) -> dict:
@@ -570,3 +575,43 @@ def test_a_missing_corpus_is_named_before_the_folder_is_made(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["sweep", "--quick", "--corpus", str(tmp_path / "nope.txt"), "--output-dir", str(out)]) == 2
     assert f"corpus '{tmp_path / 'nope.txt'}' does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_description_is_written_from_the_settings_the_runs_train_with():
+    """The steps and the rate a sweep's runs train at, for every preset (the 300-step masked one too), and the
+    recipe's own where the options leave them."""
+    from fixedhead.studies.sweep import describe
+    from fixedhead.studies.sweep.presets import SWEEP_PRESETS
+
+    for name in SWEEP_PRESETS:
+        steps = get_sweep_preset(name).train.max_steps
+        assert f"{steps} steps of" in describe(SweepOptions(preset=name)), name
+        changed = describe(SweepOptions(preset=name, steps=7, learning_rates=(1e-3, 2e-3)))
+        assert "7 steps of" in changed and "each model's own rate" in changed and " at lr " not in changed, name
+    assert "300 steps of 32x64 tokens at lr 0.002 per run" in describe(SweepOptions(preset="cpu"))
+
+
+def test_the_fine_tuning_seed_is_its_own_option(small_real_corpus, tmp_path, monkeypatch):
+    """By default each checkpoint is fine-tuned with its pretraining seed; --finetune-seed fixes another, and a
+    bad one is named."""
+    from fixedhead.data.glue import glue_path
+
+    if not glue_path("sst2", "train").is_file():
+        pytest.skip("shared GLUE data not found")
+    S = importlib.import_module("fixedhead.studies.sweep")
+    seen = []
+
+    def fake_finetune(run_dir, task, out, settings, overwrite=False):
+        seen.append((Path(run_dir).name, settings.seed))
+        return {"score": 0.5, "dev_examples": 24, "train_seconds": 0.0}
+
+    monkeypatch.setattr(S, "finetune", fake_finetune)
+    preset = _tiny_preset(small_real_corpus)
+    options = _register(monkeypatch, preset, models=("d16-h2-dp8",))
+    run_study(SweepStudy(tmp_path / "cache"), options, tmp_path / "a", progress=False)
+    assert seen == [("d16-h2-dp8-s0", 0), ("d16-h2-dp8-s1", 1)]
+    seen.clear()
+    run_study(SweepStudy(tmp_path / "cache"), replace(options, finetune_seed=7), tmp_path / "b", progress=False)
+    assert seen == [("d16-h2-dp8-s0", 7), ("d16-h2-dp8-s1", 7)]
+    with pytest.raises(ValueError, match="finetune_seed"):
+        replace(options, finetune_seed=-1)

@@ -17,6 +17,7 @@ from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
 from fixedhead.model.surgery import widen_feed_forward
+from fixedhead.studies.kit.study import run_study
 from fixedhead.theory import causal_threshold
 from fixedhead.training.evaluate import DivergedError
 
@@ -122,8 +123,8 @@ def _state(options, record):
 def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monkeypatch):
     out = tmp_path / "wx"
     options = _options(monkeypatch, small_real_corpus)
-    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test")
-    record = W.run_widening(options, out, **kw)
+    kw = dict(progress=False, command="test")
+    record = run_study(W.WideningStudy(tmp_path / "cache"), options, out, **kw)
     state = _state(options, record)
     assert state["meta"]["wide_head_dim"] == 8  # ⌈(16 − 1)/2⌉
     runs = state["runs"]
@@ -141,7 +142,7 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
     for r in runs.values():
         assert r["start_max_logit_change"] <= 1e-5 and math.isfinite(r["heldout_loss"])
         assert r["init_from"]["model_sha256"] and r["training_tokens"] == 2 * 8 * 16
-    rows = {r["arm"]: r for r in WR.summarize(state)}
+    rows = {r["arm"]: r for r in WR.summarise(state)}
     assert rows["wide-early"]["parameters"] == rows["wide-late"]["parameters"]
     assert rows["as-is"]["flops_ratio"] == 1.0 and rows["wide-all"]["flops_ratio"] > 1.0
     assert rows["ffn-matched"]["intermediate_size"] > 32
@@ -155,10 +156,10 @@ def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monk
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(P, "atomic_checkpoint_trainer", no_training)
-    again = _state(options, W.run_widening(options, out, **kw))
+    again = _state(options, run_study(W.WideningStudy(tmp_path / "cache"), options, out, **kw))
     assert {k: v["heldout_loss"] for k, v in again["runs"].items()} == {k: v["heldout_loss"] for k, v in runs.items()}
     with pytest.raises(FileExistsError, match="other settings"):
-        W.run_widening(replace(options, steps=3), out, **kw)
+        run_study(W.WideningStudy(tmp_path / "cache"), replace(options, steps=3), out, **kw)
 
 
 def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
@@ -181,7 +182,7 @@ def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
 def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tmp_path, monkeypatch):
     out = tmp_path / "wx"
     options = _options(monkeypatch, small_real_corpus, seeds=(1, 2), learning_rates=(2e-3, 8e-3), max_extensions=0)
-    kw = dict(progress=False, cache_dir=tmp_path / "cache", command="test")
+    kw = dict(progress=False, command="test")
     real_pretrain = W.pretrain
 
     def wide_all_diverges_at_8e3(config, data, run_dir, train, **k):
@@ -190,7 +191,7 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         return real_pretrain(config, data, run_dir, train, **k)
 
     monkeypatch.setattr(W, "pretrain", wide_all_diverges_at_8e3)
-    record = W.run_widening(options, out, **kw)
+    record = run_study(W.WideningStudy(tmp_path / "cache"), options, out, **kw)
     state = _state(options, record)
     arms = [a["name"] for a in state["meta"]["arms"]]
     runs, tuning = state["runs"], state["tuning"]
@@ -207,7 +208,7 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         assert runs[f"{arm}-lr{chosen:g}-s2"]["learning_rate"] == chosen
     assert len(runs) == len(arms) * 3 - 1  # seed 2 only at each arm's chosen rate; the diverged run left none
     # results: each arm's seeds at its chosen rate only
-    rows = {r["arm"]: r for r in WR.summarize(state)}
+    rows = {r["arm"]: r for r in WR.summarise(state)}
     for arm in arms:
         chosen = tuning[arm]["chosen"]
         expected = [runs[f"{arm}-lr{chosen:g}-s{s}"]["heldout_loss"] for s in (1, 2)]
@@ -221,10 +222,10 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
         raise AssertionError("a finished or diverged run was trained again")
 
     monkeypatch.setattr(W, "pretrain", no_training)
-    again = _state(options, W.run_widening(options, out, **kw))
+    again = _state(options, run_study(W.WideningStudy(tmp_path / "cache"), options, out, **kw))
     assert again["tuning"] == tuning
     with pytest.raises(FileExistsError, match="other settings"):
-        W.run_widening(replace(options, learning_rates=(1e-3, 2e-3)), out, **kw)
+        run_study(W.WideningStudy(tmp_path / "cache"), replace(options, learning_rates=(1e-3, 2e-3)), out, **kw)
 
 
 def test_a_worker_whose_base_another_worker_holds_reports_an_incomplete_study(small_real_corpus, tmp_path, monkeypatch):
@@ -234,7 +235,7 @@ def test_a_worker_whose_base_another_worker_holds_reports_an_incomplete_study(sm
     options = _options(monkeypatch, small_real_corpus)
     real_lock = core.try_lock
     monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == "base" else real_lock(path))
-    record = W.run_widening(options, out, progress=False, cache_dir=tmp_path / "cache")
+    record = run_study(W.WideningStudy(tmp_path / "cache"), options, out, progress=False)
     assert "base" in record["missing"] and not record["runs"]  # every arm waits for the base
     report = (out / "report.md").read_text()
     assert "Incomplete" in report and "not prepared yet: the base has not run" in report

@@ -1,12 +1,33 @@
 """The paper's questions as resumable commands: one kit and one unit per study.
 
-``kit`` is the skeleton every study stands on (``core``: presets, overrides, the output folder, the
-results file, a seed-major plan; ``stats``: differences with intervals and the verdict words;
-``render``: tables, "What was run", figures; ``recipes``: named training settings;
-``learning_rate``: a rate per arm and its record). Each study is one module or package:
-``compare`` (with ``seq_len``, compare across sequence lengths), ``sweep`` (with ``presets``,
-``claims``, ``report`` and ``finetune_seeds``), ``farthest_point`` (with ``set_attention`` and
-``known_rank``), ``widening`` (widen-experiment, with ``arms`` and ``report``), ``scaling`` (with
-``report``), ``bottleneck`` and ``coordcheck``. The kit imports no study and no study imports another;
-nothing below the studies imports them (tests/test_layering.py).
+``kit`` is the skeleton every study stands on (``study``: the Study shape and :func:`run_study`;
+``core``: the results file, run keys, a seed-major plan; ``stats``: differences with intervals and the
+verdict words; ``render``: tables, "What was run", figures; ``recipes``: named training settings;
+``learning_rate``: a rate per arm and its record). Each study is one module or package, registered in
+:data:`STUDIES`. The kit imports no study and no study imports another; nothing below the studies
+imports them (tests/test_layering.py).
 """
+
+from __future__ import annotations
+
+import importlib
+
+#: every study command: its name -> ``module:Class`` of its :class:`~fixedhead.studies.kit.study.Study`
+STUDIES = {
+    "compare": "fixedhead.studies.compare:CompareStudy",
+    "bottleneck": "fixedhead.studies.bottleneck:BottleneckStudy",
+    "known-rank": "fixedhead.studies.farthest_point.known_rank:KnownRankStudy",
+    "seq-len": "fixedhead.studies.compare.seq_len:SeqLenStudy",
+    "sweep": "fixedhead.studies.sweep:SweepStudy",
+    "finetune-sweep": "fixedhead.studies.sweep.finetune_seeds:FinetuneSweepStudy",
+    "farthest-point": "fixedhead.studies.farthest_point:FarthestPointStudy",
+    "widen-experiment": "fixedhead.studies.widening:WideningStudy",
+    "coordcheck": "fixedhead.studies.coordcheck:CoordCheckStudy",
+    "scaling": "fixedhead.studies.scaling:ScalingStudy",
+}
+
+
+def study_class(name: str) -> type:
+    """The Study class of the command ``name`` (:data:`STUDIES`), imported on first use."""
+    module, _, cls = STUDIES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)

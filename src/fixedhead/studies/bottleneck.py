@@ -28,7 +28,7 @@ from ..theory import (
     random_attention,
 )
 from .kit import render
-from .kit.study import Point, Study, run_study
+from .kit.study import Point, Study
 
 SWEEP_COLUMNS = [
     "mask",
@@ -96,10 +96,22 @@ QUICK = BottleneckOptions(n=(4, 6), seeds=(0,), max_iter=20)
 
 
 class BottleneckStudy(Study):
-    """The sweep on the kit (:mod:`fixedhead.studies.kit.study`): one point per (n, mask, seed), every head
-    size fitted; the summary is the printed table, the files the CSV and the PNG."""
+    """One point per (n, mask, seed): P = :func:`random_attention` (generic, so min_head_dim(P) = n − 1) and,
+    for every head size k = 1..n, a ``bottleneck.csv`` row (:data:`SWEEP_COLUMNS`):
+
+    * ``logit_error``: e_k = min_{rank L <= k, c} ||L − (log P + c 1^T)||_F in nats (:func:`logit_errors`;
+      exact, so ``logit_error_lower`` is the same), ``logit_error_rel`` = e_k / e_0;
+    * ``kl_svd``: mean row KL(P || softmax(best rank-k logits)); ``kl_fit``: the same after :func:`fit_head`
+      on X = I_n (``max_iter`` L-BFGS iterations from the SVD start: an achieved value, an upper bound);
+      ``max_abs_error``: max |achieved attention − P|.
+
+    ``causal`` adds ``mask="causal"`` rows for the causal attention of the same logits (threshold ⌈(n − 1)/2⌉):
+    ``logit_error`` reached by :func:`fit_causal_logits` (an upper bound), ``logit_error_lower`` the certified
+    bound of :func:`causal_logit_lower_bounds`, ``kl_svd`` NaN. The summary is the report's table (head sizes
+    1, n/2, threshold − 1, threshold, n); ``bottleneck.png`` draws every head size."""
 
     name = "bottleneck"
+    help = "one head's low-rank bottleneck against head size (Theorem 1)"
     Options = BottleneckOptions
     quick = QUICK
     files = ("bottleneck.csv", "bottleneck.png")
@@ -120,9 +132,9 @@ class BottleneckStudy(Study):
             rows.append(dict(zip(SWEEP_COLUMNS, values, strict=True)))
         return {"rows": rows}
 
-    def summarise(self, o, results):
+    def summarise(self, state):
         """Per mask, n and head size 1, n/2, threshold − 1, threshold and n: the mean logit and KL errors."""
-        rows = [r for res in results for r in res["rows"]]
+        rows = [r for res in state["results"] for r in res["rows"]]
         out = []
         for mask in dict.fromkeys(r["mask"] for r in rows):
             for n in sorted({r["n"] for r in rows}):
@@ -134,7 +146,8 @@ class BottleneckStudy(Study):
                     out.append({"mask": mask, "n": n, "head_dim": k, "threshold": t, "logit_error": le, "kl_fit": kl})
         return out
 
-    def report(self, o, record):
+    def report(self, state):
+        o, record = state["options"], state
         rows = [
             [r["mask"], r["n"], r["head_dim"], r["threshold"], f"{r['logit_error']:.3e}", f"{r['kl_fit']:.3e}"]
             for r in record["summary"]
@@ -156,65 +169,10 @@ class BottleneckStudy(Study):
             ]
         )
 
-    def write_files(self, o, record, folder):
-        rows = [r for res in record["runs"].values() for r in res["rows"]]
+    def write_files(self, state, folder):
+        rows = [r for res in state["runs"].values() for r in res["rows"]]
         render.write_csv(folder / "bottleneck.csv", SWEEP_COLUMNS, rows)
-        _plot_sweep(rows, list(o.n), folder / "bottleneck.png")
-
-
-def bottleneck_sweep(
-    ns=(16, 32, 64),
-    seeds=(0, 1, 2),
-    temperature: float = 1.0,
-    output_dir="runs/bottleneck",
-    max_iter: int = 100,
-    progress: bool = True,
-    causal: bool = False,
-    command: str | None = None,
-) -> list[dict]:
-    """The low-rank bottleneck against head size (paper Theorem 1, sharpened): CSV + PNG.
-
-    For each n and seed, draws P = :func:`random_attention` (n, temperature, seed) — generic, so
-    min_head_dim(P) = n − 1 — and for every head size k = 1..n records a ``mask="bidirectional"`` row:
-
-    * ``logit_error``: e_k = min_{rank L <= k, c} ||L − (log P + c 1^T)||_F in nats
-      (:func:`logit_errors`), ``logit_error_lower`` the same (it is exact), and
-      ``logit_error_rel`` = e_k / e_0;
-    * ``kl_svd``: mean row KL(P || softmax(best rank-k logits)) of that logit-space optimum;
-    * ``kl_fit``: mean row KL(P || achieved attention) after :func:`fit_head` on X = I_n (any
-      rank-n input reaches the same logits), ``max_iter`` L-BFGS iterations from the SVD start;
-      an achieved value, so an upper bound on the minimum (with the default ``max_iter`` = 100
-      it was within 0.6 % of a 1000-iteration fit at every head size checked for n = 64);
-    * ``max_abs_error``: max |achieved attention − P|.
-
-    ``causal=True`` adds, for the causal attention of the same logits
-    (``random_attention(..., causal=True)``, threshold ``min_head_dim(P, causal=True)`` =
-    ⌈(n − 1)/2⌉), ``mask="causal"`` rows: ``logit_error`` is the error e_k reached by
-    :func:`fit_causal_logits` (``max_iter`` L-BFGS-B iterations; an upper bound, exact 0 up to
-    rounding from the threshold on), ``logit_error_lower`` the certified lower bound of
-    :func:`causal_logit_lower_bounds`, ``kl_fit`` and ``max_abs_error`` those of the masked
-    softmax of that fit (no KL optimisation), ``kl_svd`` NaN.
-
-    Writes ``bottleneck.csv`` (columns :data:`SWEEP_COLUMNS`), ``bottleneck.png`` (logit and
-    KL errors against head size, one column per n, the thresholds marked), ``report.md`` (the summary
-    table), ``results.json`` (every row, the command, the software and machine) and ``plan.json`` into
-    ``output_dir`` (:class:`BottleneckStudy` on the study kit; every point is fitted again).
-    About 30 s at the defaults on 2 busy cores; ``causal`` adds ~10 s.
-
-    Args:
-        ns: sequence lengths (each >= 2). seeds: seeds of P. temperature: > 0, lower = more
-            peaked P. output_dir: created if missing. max_iter: L-BFGS iterations per fit.
-        progress: show a tqdm bar on stderr. causal: add the causal rows and curves.
-
-    Returns:
-        The CSV rows as dicts.
-
-    Raises:
-        ValueError: an n < 2, no seeds, a bad temperature or max_iter.
-    """
-    o = BottleneckOptions(tuple(ns), tuple(seeds), temperature, max_iter, causal)
-    record = run_study(BottleneckStudy(), o, output_dir, overwrite=True, progress=progress, command=command or "")
-    return [r for res in record["runs"].values() for r in res["rows"]]
+        _plot_sweep(rows, list(state["options"].n), folder / "bottleneck.png")
 
 
 def _plot_sweep(rows: list[dict], ns: list[int], path) -> None:

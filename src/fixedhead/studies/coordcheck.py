@@ -293,6 +293,7 @@ class CoordCheckStudy(Study):
     width, seed), its measurements stored compactly (:func:`point_curves`); the summary is the slopes."""
 
     name = "coordcheck"
+    help = "coordinate check: how far one learning rate moves the attention's activations at each head size"
     Options = CoordCheckSettings
     quick = QUICK
     files = ("coordcheck_*.png",)
@@ -313,15 +314,15 @@ class CoordCheckStudy(Study):
         rows = measure(s.model_configs(axis, name)[width], batches, eval_ids, s.learning_rate, seed)
         return {"axis": axis, "parametrization": name, "width": width, "seed": seed, "curves": point_curves(rows)}
 
-    def summarise(self, s, results):
-        return result_of(s, results).slopes()
+    def summarise(self, state):
+        return result_of(state["options"], state["results"]).slopes()
 
-    def report(self, s, record):
-        return report_markdown(result_of(s, record["runs"].values(), record["meta"]))
+    def report(self, state):
+        return report_markdown(result_of(state["options"], state["runs"].values(), state["meta"]))
 
-    def write_files(self, s, record, folder):
-        result = result_of(s, record["runs"].values())
-        for axis in s.axes:
+    def write_files(self, state, folder):
+        result = result_of(state["options"], state["runs"].values())
+        for axis in state["options"].axes:
             plot(result, axis, folder / f"coordcheck_{axis}.png")
 
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_float, positive_int
+from ...checks import check_fields
 from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.architectures import (
@@ -53,7 +53,7 @@ from ..kit.learning_rate import (
     with_validation_split,
 )
 from ..kit.recipes import get_recipe
-from ..kit.study import Point, StateStudy, run_study
+from ..kit.study import Point, Study
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _preset(
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
     if architecture != "fixedhead":
         extra["architecture"] = architecture
-    recipe_text = r.describe().rsplit(" at lr ", 1)[0]  # the rate is named by run_compare (shared, own, grid)
+    recipe_text = r.describe(rate=False)  # spec names the rate (shared, each model's own, a grid)
     return ComparePreset(
         description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
         f"vs a parameter-matched wider standard model"
@@ -169,13 +169,13 @@ class CompareOptions:
 
     preset: str = field(default="cpu", metadata={"choices": tuple(COMPARE_PRESETS)})
     """the data, recipe and models (COMPARE_PRESETS: cpu is make run's)"""
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata={"check": "non_negative"})
     """one seed for every model: its initialisation and data order (None: the recipe's)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """training steps of every model (None: the preset's)"""
-    batch_size: int | None = None
+    batch_size: int | None = field(default=None, metadata={"check": "positive"})
     """sequences per step of every model (None: the preset's)"""
-    learning_rate: float | None = None
+    learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
     """one peak learning rate for every model (None: the preset's, each model's own where it names them)"""
     objective: str | None = field(default=None, metadata={"choices": ("mlm", "clm")})
     """train every model as a masked or causal LM (None: the preset's)"""
@@ -187,22 +187,15 @@ class CompareOptions:
     """train only these of the preset's models (empty: all; the widened one is still sized against its reference)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each model chooses its own rate from on a validation split (empty: no choice)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
     def __post_init__(self):
+        check_fields(self)
         p = get_compare_preset(self.preset)  # refused by name
         unknown = sorted(set(self.models) - set(p.models))
         if unknown:
             raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
-        if self.seed is not None:
-            non_negative_int("seed", self.seed)
-        for name in ("steps", "batch_size"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
-        if self.learning_rate is not None:
-            positive_float("learning_rate", self.learning_rate)
-        non_negative_int("max_extensions", self.max_extensions)
         if self.learning_rates:
             parse_rates(self.learning_rates)
             if self.learning_rate is not None:
@@ -213,7 +206,7 @@ class CompareOptions:
 
 
 @dataclass
-class Plan:
+class Spec:
     """A comparison resolved from its options: the data and training settings, each model's config
     fields (the widened one not yet sized: that needs the trained tokenizer), each model's rate (or the
     grid's), and the description."""
@@ -227,8 +220,8 @@ class Plan:
     description: str
 
 
-def compare_plan(o: CompareOptions, preset: ComparePreset | None = None) -> Plan:
-    """The :class:`Plan` of ``o`` (of ``preset`` instead of ``o.preset`` where given: seq-len's)."""
+def spec(o: CompareOptions, preset: ComparePreset | None = None) -> Spec:
+    """The :class:`Spec` of ``o`` (of ``preset`` instead of ``o.preset`` where given: seq-len's)."""
     p = preset or get_compare_preset(o.preset)
     data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     grid = parse_rates(o.learning_rates) if o.learning_rates else None
@@ -260,31 +253,31 @@ def compare_plan(o: CompareOptions, preset: ComparePreset | None = None) -> Plan
             fields["architecture"] = o.architecture
     own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
     rates = {name: own.get(name, train.learning_rate) for name in configs}
-    return Plan(p, data_settings, train, configs, rates, grid, description)
+    return Spec(p, data_settings, train, configs, rates, grid, description)
 
 
-def sized_fields(plan: Plan, name: str, vocab: int) -> dict:
+def sized_fields(s: Spec, name: str, vocab: int) -> dict:
     """Model ``name``'s config fields, the widened model sized to its reference's parameter count at this
     vocabulary (:func:`match_hidden_size`)."""
-    fields = dict(plan.configs[name])
-    p = plan.preset
+    fields = dict(s.configs[name])
+    p = s.preset
     if name == p.widen and p.match_to:
-        target = parameter_count(build_config({**plan.configs[p.match_to], "vocab_size": vocab}))
+        target = parameter_count(build_config({**s.configs[p.match_to], "vocab_size": vocab}))
         d = match_hidden_size(fields, target, vocab)
         fields.update(hidden_size=d, intermediate_size=widened_ffn(fields, d))
     return fields
 
 
 def train_model(
-    plan: Plan, name: str, data, out: Path, max_extensions: int = 3, overwrite: bool = False, progress: bool = True
+    s: Spec, name: str, data, out: Path, max_extensions: int = 3, overwrite: bool = False, progress: bool = True
 ) -> dict:
-    """Train (or reuse) model ``name`` of ``plan`` in ``out/NAME``, or, with a rate grid, at every rate of it
+    """Train (or reuse) model ``name`` of the spec ``s`` in ``out/NAME``, or, with a rate grid, at every rate of it
     in ``out/lr-grid/NAME-lrRATE`` keeping the best on the validation split. Returns its result
     (:func:`fixedhead.training.pretrain`) with ``name``, ``fields`` (its config fields), ``run`` (its folder
     inside ``out``), ``learning_rate`` where models have their own, and ``selection`` with a grid."""
-    fields = sized_fields(plan, name, len(data.tokenizer))
+    fields = sized_fields(s, name, len(data.tokenizer))
     config = build_config({**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id})
-    train = replace(plan.train, progress=progress)
+    train = replace(s.train, progress=progress)
     if progress:
         print(
             f"\n{name} ({config.model_type}): d={config.hidden_size}, h={config.num_attention_heads}, "
@@ -292,10 +285,10 @@ def train_model(
             f"{parameter_count(config):,} parameters, {train.max_steps} steps",
             flush=True,
         )
-    if plan.grid is None:
-        lr = plan.rates[name]
+    if s.grid is None:
+        lr = s.rates[name]
         result = train_or_reuse(config, data, out / name, replace(train, learning_rate=lr), overwrite)
-        own = {"learning_rate": lr} if plan.preset.learning_rates else {}
+        own = {"learning_rate": lr} if s.preset.learning_rates else {}
         return {**result, "name": name, "fields": fields, "run": name, **own}
     runs = {}
 
@@ -306,7 +299,7 @@ def train_model(
         runs[lr] = train_or_reuse(config, data, run_dir, replace(train, learning_rate=lr), overwrite)
         return runs[lr]
 
-    choice = choose_on_validation(train_at, plan.grid, max_extensions)
+    choice = choose_on_validation(train_at, s.grid, max_extensions)
     best = choice["chosen"]
     if progress:
         edge = "" if choice["bracketed"] else " (at an edge of the grid)"
@@ -320,30 +313,30 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
     """What the table, report and figures read: ``meta`` (description, data, training settings, the plan,
     the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
-    plan = compare_plan(o)
+    s = spec(o)
     results = list(results)
     first = results[0] if results else {}
     computed = {
-        "description": plan.description,
-        "objective": plan.train.objective,
+        "description": s.description,
+        "objective": s.train.objective,
         "unigram_perplexity": first.get("unigram_perplexity"),
-        "data": plan.data.record(),
+        "data": s.data.record(),
         "data_info": first.get("data_info", {}),
-        "train": asdict(plan.train),
+        "train": asdict(s.train),
         "plan": {
             "models": {r["name"]: r["fields"] for r in results},
-            "seed": plan.train.seed,
+            "seed": s.train.seed,
             **(
-                {"grid": plan.grid, "max_extensions": o.max_extensions, "rule": RULE}
-                if plan.grid
-                else {"learning_rates": plan.rates}
+                {"grid": s.grid, "max_extensions": o.max_extensions, "rule": RULE}
+                if s.grid
+                else {"learning_rates": s.rates}
             ),
         },
     }
-    if plan.grid:
+    if s.grid:
         selection = {r["name"]: r["selection"] for r in results if "selection" in r}
         computed["learning_rate_selection"] = selection_record(
-            plan.grid, o.max_extensions, plan.train.seed, plan.data.validation_fraction, models=selection
+            s.grid, o.max_extensions, s.train.seed, s.data.validation_fraction, models=selection
         )
     return {"meta": computed | (meta or {}), "results": results}
 
@@ -378,90 +371,66 @@ def write_files(state: dict, out: Path) -> None:
     write_results(state["results"], out, state["meta"])
 
 
-class CompareStudy(StateStudy):
+class CompareStudy(Study):
     """The comparison on the kit (:mod:`fixedhead.studies.kit.study`): one point per model of the preset,
     each trained (or, with a rate grid, trained at every rate and the best kept) in ``FOLDER/MODEL``."""
 
     name = "compare"
+    help = "train standard vs fixed-head models on the same text and compare (make run)"
     Options = CompareOptions
     quick = CompareOptions(preset="tiny")
     files = (*OUTPUT_FILES, *COMPARE_PRESETS["cpu"]().models, "lr-grid")
     points_only = ("models", "corpus")
-    folder_by_preset = False
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarise)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_files)
+    summarise = staticmethod(summarise)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_files)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def resolve(self, o):
-        train = compare_plan(o).train
+        train = spec(o).train
         return replace(o, seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
 
     def describe(self, o):
-        return compare_plan(o).description
+        return spec(o).description
 
     def check(self, o):
-        plan = compare_plan(o)
-        for fields in plan.configs.values():  # every model buildable and trainable before any slow work
-            check_objective_for(build_config({**fields, "vocab_size": plan.data.vocab_size}), plan.train.objective)
+        s = spec(o)
+        for fields in s.configs.values():  # every model buildable and trainable before any slow work
+            check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
     def plan(self, o):
         return [Point(name) for name in get_compare_preset(o.preset).models if not o.models or name in o.models]
 
     def plan_record(self, o):
-        plan = compare_plan(o)
-        widen, match = plan.preset.widen, plan.preset.match_to
+        s = spec(o)
+        widen, match = s.preset.widen, s.preset.match_to
         sized = {
             "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
             "intermediate_size": "the same ratio to hidden_size as written here",
         }
         return {
             "models": {
-                name: plan.configs[name] | (sized if name == widen else {})
-                for name in plan.configs
+                name: s.configs[name] | (sized if name == widen else {})
+                for name in s.configs
                 if not o.models or name in o.models
             },
-            "rates": {"grid": plan.grid, "max_extensions": o.max_extensions} if plan.grid else plan.rates,
+            "rates": {"grid": s.grid, "max_extensions": o.max_extensions} if s.grid else s.rates,
             "pairing": "every model trains on the same batches in the same order (one seed) and is scored on "
             "the same held-out tokens",
         }
 
     def run(self, o, point, folder, done, progress):
-        plan = compare_plan(o)
-        data = self.data(plan.data, progress)
-        result = train_model(plan, point.key, data, folder, o.max_extensions, self.overwriting, progress)
-        if plan.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
-            result["samples"] = continuations(folder / result["run"], seed=plan.train.seed)
+        s = spec(o)
+        data = self.data(s.data, progress)
+        result = train_model(s, point.key, data, folder, o.max_extensions, self.overwriting, progress)
+        if s.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
+            result["samples"] = continuations(folder / result["run"], seed=s.train.seed)
         return result | {
-            "unigram_perplexity": unigram_perplexity(data, plan.train.eval_seed, plan.train.objective),
+            "unigram_perplexity": unigram_perplexity(data, s.train.eval_seed, s.train.objective),
             "data_info": data.info,
         }
-
-
-def run_compare(
-    options: CompareOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train and score every model of a compare preset (finished models are reused); write results.json,
-    report.md, results.csv and learning_curves.png (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`CompareStudy`; default folder ``runs/compare``, ``runs/compare-quick`` with ``quick``).
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per model: its result,
-        :func:`fixedhead.training.pretrain`, with its ``fields``, ``run`` folder, ``learning_rate`` where
-        models have their own, ``selection`` with a rate grid and ``samples`` for causal models) and
-        ``summary`` (one row per model).
-
-    Raises:
-        FileNotFoundError: the corpus is missing (the message says how to pass another).
-        FileExistsError: ``output_dir`` holds something else, or models of other settings (without ``overwrite``).
-        ValueError: bad options (:class:`CompareOptions`); a model the architecture cannot build or train
-            (a μP-style or masked Llama model).
-    """
-    return run_study(CompareStudy(cache_dir), options, output_dir, **kw)
 
 
 #: prompts continued by every causal model of a comparison (public-domain style, not from the books)

@@ -26,14 +26,14 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields, positive_int
 from ...data import DataSettings
 from ...training.settings import TrainSettings
 from ..kit import core
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
-from ..kit.study import Pending, Point, Study, run_study
+from ..kit.study import Pending, Point, Study
 
 
 @dataclass(frozen=True)
@@ -42,29 +42,29 @@ class SeqLenOptions:
 
     lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     """sequence lengths n (each trained at the same number of tokens per step)"""
-    hidden_size: int = 64
+    hidden_size: int = field(default=64, metadata={"check": "positive"})
     """d, the same for every model"""
-    num_attention_heads: int = 8
+    num_attention_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the same for every model"""
-    head_dims: list[int] = field(default_factory=lambda: [8, 32])
+    head_dims: list[int] = field(default_factory=lambda: [8, 32], metadata={"check": "positive"})
     """the head sizes compared: the first is the small one (the standard d/h), the last the large one"""
     architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"])
     """model families: fixedhead (learned positions, post-LN) and/or llama (rotary, pre-norm)"""
-    tokens_per_step: int = 2048
+    tokens_per_step: int = field(default=2048, metadata={"check": "positive"})
     """batch size × n, the same at every n"""
-    steps: int = 700
+    steps: int = field(default=700, metadata={"check": "positive"})
     """training steps of every run"""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"check": "non_negative"})
     """seeds, paired across arms (one seed: the same batches for every arm of one n)"""
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
     """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate)"""
-    shared_rate: float = 2e-3
+    shared_rate: float = field(default=2e-3, metadata={"check": "positive_float"})
     """the rate of every arm when learning_rates is empty (a pilot), as make run's models chose at n = 64"""
     target: float = 0.02
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
-    max_eval_tokens: int = 32768
+    max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})
     """held-out tokens the rank intervention scores per model"""
-    ranks: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list, metadata={"check": "positive"})
     """the ranks k the intervention tries (empty: every k up to d_p)"""
     per_layer: bool = True
     """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""
@@ -72,8 +72,7 @@ class SeqLenOptions:
     """the data and training recipe (corpus, vocabulary, optimizer, schedule) the runs share"""
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_attention_heads", "tokens_per_step", "steps", "max_eval_tokens"):
-            positive_int(name, getattr(self, name))
+        check_fields(self)
         if not self.lengths or not self.seeds or len(self.head_dims) < 2:
             raise ValueError(
                 f"give lengths, seeds and at least two head_dims, got lengths={self.lengths}, "
@@ -82,14 +81,6 @@ class SeqLenOptions:
         for n in self.lengths:
             if positive_int("lengths", n) > self.tokens_per_step or self.tokens_per_step % n:
                 raise ValueError(f"tokens_per_step = {self.tokens_per_step} is not a multiple of n = {n}")
-        for dp in self.head_dims:
-            positive_int("head_dims", dp)
-        for k in self.ranks:
-            positive_int("ranks", k)
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if not (self.shared_rate > 0 and math.isfinite(self.shared_rate)):
-            raise ValueError(f"shared_rate must be a positive number, got {self.shared_rate}")
         get_recipe(self.recipe)  # an unknown recipe is refused by name
         bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]
         if bad or not self.architectures:
@@ -194,6 +185,7 @@ class SeqLenStudy(Study):
     chooses each arm's rate on the grid; the other seeds train at it."""
 
     name = "seq-len"
+    help = "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"
     Options = SeqLenOptions
     quick = QUICK
     files = ("seq_len.png", "seq_len.csv", "n*-*")
@@ -212,7 +204,7 @@ class SeqLenStudy(Study):
 
     def run(self, o, point, folder, done, progress):
         from ...intervention import run_rank_curve
-        from . import CompareOptions, compare_plan, train_model
+        from . import CompareOptions, spec, train_model
 
         n, arch, seed = point.spec
         first = seed == o.seeds[0]
@@ -221,13 +213,9 @@ class SeqLenStudy(Study):
         if not first and first_key not in done:
             raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
-        plan = compare_plan(
-            CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen)
-        )
-        data = self.data(plan.data, progress)
-        results = [
-            train_model(plan, name, data, folder / point.key, 3, self.overwriting, progress) for name in plan.configs
-        ]
+        s = spec(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
+        data = self.data(s.data, progress)
+        results = [train_model(s, name, data, folder / point.key, 3, self.overwriting, progress) for name in s.configs]
         models = []
         for r in results:
             run_dir = folder / point.key / r["run"]
@@ -251,19 +239,19 @@ class SeqLenStudy(Study):
         rates = {r["name"]: r["learning_rate"] for r in results} if grid else chosen
         return {"models": models, "rates": rates, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
 
-    def summarise(self, o, results):
-        return summarise(models(results), o)
+    def summarise(self, state):
+        return summarise(models(state["results"]), state["options"])
 
-    def report(self, o, record):
-        return report_markdown(record, o)
+    def report(self, state):
+        return report_markdown(state, state["options"])
 
-    def write_files(self, o, record, folder):
+    def write_files(self, state, folder):
         from ..kit.render import write_csv
 
-        rows = record["summary"]
+        rows = state["summary"]
         if rows:
             write_csv(folder / "seq_len.csv", list(rows[0]), rows)
-        plot(rows, o, folder / "seq_len.png")
+        plot(rows, state["options"], folder / "seq_len.png")
 
 
 def models(results: list[dict]) -> list[dict]:
@@ -273,32 +261,6 @@ def models(results: list[dict]) -> list[dict]:
 
     rows = [m for r in results for m in r["models"]]
     return [m | {"curve": c} for m, c in zip(rows, summarise_curves([m["curve"] for m in rows]), strict=True)]
-
-
-def run_seq_len(
-    output_dir: str | Path | None = None,
-    options: SeqLenOptions | None = None,
-    grow: bool = False,
-    progress: bool = True,
-    command: str = "",
-    cache_dir=None,
-    quick: bool = False,
-) -> dict:
-    """Train every (n, architecture, seed), run the rank intervention on every model, write the report
-    (:func:`fixedhead.studies.kit.study.run_study` of :class:`SeqLenStudy`).
-
-    Returns:
-        the results record (also ``results.json``): ``meta`` (command, versions), ``plan_sha256``,
-        ``plan_history``, ``runs`` (one per (n, architecture, seed): its models with n, architecture,
-        head_dim, seed, learning_rate, heldout_loss and rank curve) and ``summary`` (:func:`summarise`).
-
-    Raises:
-        FileExistsError: the folder holds something else, or another plan with results (without ``grow``).
-        ValueError: bad options (:class:`SeqLenOptions`).
-    """
-    return run_study(
-        SeqLenStudy(cache_dir), options, output_dir, quick=quick, grow=grow, progress=progress, command=command
-    )
 
 
 # -------------------------------------------------------------------------------- summarise

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.synthetic import FarthestPointTask
 from ...plotting import pyplot, save_figure
 from ..kit import core, render
@@ -44,7 +44,7 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
-from ..kit.study import Pending, Point, StateStudy, run_study
+from ..kit.study import Pending, Point, Study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 
 
@@ -54,47 +54,36 @@ class FarthestPointOptions:
     ``more_heads_head_dim`` at ``more_heads_rank``; dimension d, set size N, seeds, the rate grid and the
     recipe (the defaults: the committed grid)."""
 
-    dim: int = 32
+    dim: int = field(default=32, metadata={"check": "positive"})
     """d, the dimension of the points"""
-    num_points: int = 16
+    num_points: int = field(default=16, metadata={"check": "positive"})
     """N, the points per set"""
-    ranks: tuple[int, ...] = (4, 8, 16, 32)
+    ranks: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
     """the grid's ranks r of the needed logit"""
-    head_dims: tuple[int, ...] = (4, 8, 16, 32)
+    head_dims: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
     """the grid's head sizes d_p"""
-    grid_heads: int = 8
+    grid_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the heads of every grid cell"""
-    more_heads_rank: int = 16
+    more_heads_rank: int = field(default=16, metadata={"check": "positive"})
     """the rank r of the more-heads row"""
-    more_heads_head_dim: int = 4
+    more_heads_head_dim: int = field(default=4, metadata={"check": "positive"})
     """the head size d_p of the more-heads row"""
-    more_heads: tuple[int, ...] = (8, 16, 32, 64)
+    more_heads: tuple[int, ...] = field(default=(8, 16, 32, 64), metadata={"check": "positive", "nonempty": True})
     """the head counts h of the more-heads row"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """seeds (each a task instance U, an initialisation and a data stream), in this order"""
     learning_rates: tuple[float, ...] = ()
     """a grid each cell chooses its rate from with the first seed, on the learning-curve sets (empty: every
     cell at the recipe's learning_rate)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
     """the training recipe every cell gets"""
 
     def __post_init__(self):
-        positive_int("dim", self.dim)
-        positive_int("num_points", self.num_points)
-        for name in ("ranks", "head_dims", "more_heads"):
-            if not getattr(self, name):
-                raise ValueError(f"{name} must hold at least one value, got none")
-            for value in getattr(self, name):
-                positive_int(name, value)
-        for name in ("grid_heads", "more_heads_rank", "more_heads_head_dim"):
-            positive_int(name, getattr(self, name))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct and at least one, got {list(self.seeds)}")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        non_negative_int("max_extensions", self.max_extensions)
+        check_fields(self)
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
         if self.recipe.curve_points > self.recipe.steps:
@@ -187,33 +176,6 @@ def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict
         state["tuning"] = {r["run"]["key"]: r["tuning"] for r in results if "tuning" in r}
         state["lr_grid"] = {k: v for r in results for k, v in r.get("lr_grid", {}).items()}
     return state
-
-
-def run_farthest_point(
-    options: FarthestPointOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train (or reuse) every (cell, seed) of the grid; write results, plots and the report
-    (:func:`fixedhead.studies.kit.study.run_study` of :class:`FarthestPointStudy`; default folder
-    ``runs/farthest-point``, ``runs/farthest-point-quick`` with ``quick``).
-
-    Runs take seconds to a minute and are not checkpointed; ``results.json`` is rewritten after every
-    point, so an interrupted grid loses at most the point in progress.
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (cell, seed): its
-        ``run``, and on the first seed the rank's attention-free ``reference`` and, with a rate grid, the
-        cell's ``tuning`` and ``lr_grid``) and ``summary`` (each cell's verdict).
-
-    Raises:
-        ValueError: bad options (:class:`FarthestPointOptions`), sizes the task or model refuse.
-        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
-            or another plan (without ``grow``).
-    """
-    return run_study(FarthestPointStudy(cache_dir), options, output_dir, **kw)
 
 
 # ----------------------------------------------------------------------------------- outputs
@@ -461,21 +423,28 @@ def report_markdown(state: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-class FarthestPointStudy(StateStudy):
+class FarthestPointStudy(Study):
     """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
     With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
     learning-curve sets; its other seeds train at that rate."""
 
     name = "farthest-point"
+    help = (
+        "the bottleneck in trained models: a synthetic task whose needed rank r is a knob, trained over (r, "
+        "d_p) and heads, with seeds (minutes on a CPU)"
+    )
+    removed = {"--preset": "--quick for the seconds-sized grid (the full grid needs no option)"}
     Options = FarthestPointOptions
     quick = QUICK
     files = OUTPUT_FILES
     # the grid's axes only choose which cells exist: each cell's key holds its rank, head size and heads
     points_only = ("seeds", "ranks", "head_dims", "grid_heads", "more_heads_rank", "more_heads_head_dim", "more_heads")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(verdicts)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_outputs)
+    summarise = staticmethod(verdicts)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_outputs)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return o.description

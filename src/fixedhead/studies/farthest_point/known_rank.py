@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields, positive_int
 from ...data.synthetic import FarthestPointTask
 from ...intervention import attention_modules, needed_rank, truncated_logits
 from ..kit.core import run_key
 from ..kit.stats import SUCCEEDS_AT
-from ..kit.study import Point, Study, run_study
+from ..kit.study import Point, Study
 from .set_attention import Cell, FarthestPointRecipe, evaluate, train_cell
 
 
@@ -42,32 +41,27 @@ class KnownRankCheck:
     """What the check trains: the farthest-point task of rank ``rank`` (d = ``dim``, N = ``num_points``)
     and one model per (head size in ``head_dims``, seed) with ``num_heads`` heads and ``recipe``."""
 
-    rank: int = 8
+    rank: int = field(default=8, metadata={"check": "positive"})
     """r, the rank the farthest-point task needs (every model must need it)"""
     head_dims: tuple[int, ...] = (8, 16, 32)
     """the head sizes d_p trained (each >= r)"""
-    num_heads: int = 8
+    num_heads: int = field(default=8, metadata={"check": "positive"})
     """h, heads per model"""
-    dim: int = 32
+    dim: int = field(default=32, metadata={"check": "positive"})
     """d, the dimension of the points"""
-    num_points: int = 16
+    num_points: int = field(default=16, metadata={"check": "positive"})
     """N, points per set"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True})
     """seeds, one model per (d_p, seed)"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
     """the training recipe (the farthest-point study's)"""
 
     def __post_init__(self):
-        for name in ("rank", "num_heads", "dim", "num_points"):
-            positive_int(name, getattr(self, name))
+        check_fields(self)
         if not self.head_dims or any(positive_int("head_dims", dp) < self.rank for dp in self.head_dims):
             raise ValueError(
                 f"head_dims must be sizes >= rank = {self.rank} (the models must learn the task), got {self.head_dims}"
             )
-        if not self.seeds:
-            raise ValueError("give at least one seed")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
         if self.rank > self.num_points - 1:
             raise ValueError(
                 f"rank = {self.rank} needs num_points >= rank + 1 = {self.rank + 1} (logits are cut to k <= N - 1), "
@@ -103,6 +97,7 @@ class KnownRankStudy(Study):
     scored with its logits cut to every k; the summary reads each model's needed rank both ways."""
 
     name = "known-rank"
+    help = "the rank intervention's known-answer check: farthest-point models that need logit rank r, cut to rank k"
     Options = KnownRankCheck
     quick = QUICK
     files = ("known_rank.csv", "known_rank.png")
@@ -125,10 +120,11 @@ class KnownRankStudy(Study):
         del result["curve"]
         return result | {"ranks": ranks}
 
-    def summarise(self, check, results):
+    def summarise(self, state):
         """``{"models": each result with its ``band``, ``needed_by_mse`` and ``needed_by_hit_rate``,
         "passed": both readings equal r for every model}``."""
-        models = [m | {"ranks": {int(k): v for k, v in m["ranks"].items()}} for m in results]
+        check = state["options"]
+        models = [m | {"ranks": {int(k): v for k, v in m["ranks"].items()}} for m in state["results"]]
         for m in models:
             fulls = [o["mse"] for o in models if o["head_dim"] == m["head_dim"]]
             mean = sum(fulls) / len(fulls)
@@ -138,44 +134,20 @@ class KnownRankStudy(Study):
         passed = bool(models) and all(m["needed_by_mse"] == check.rank == m["needed_by_hit_rate"] for m in models)
         return {"models": models, "passed": passed}
 
-    def report(self, check, record):
-        return report_markdown(record, check)
+    def report(self, state):
+        return report_markdown(state, state["options"])
 
-    def write_files(self, check, record, folder):
+    def write_files(self, state, folder):
         from ...runs import write_text_atomic
 
         lines = ["head_dim,seed,k,mse,hit_rate,nearest_rate"]
-        for m in record["summary"]["models"]:
+        for m in state["summary"]["models"]:
             lines += [
                 f"{m['head_dim']},{m['seed']},{k},{v['mse']:.6f},{v['hit_rate']:.6f},{v['nearest_rate']:.6f}"
                 for k, v in m["ranks"].items()
             ]
         write_text_atomic(folder / "known_rank.csv", "\n".join(lines) + "\n")
-        plot_known_rank(record, check, folder / "known_rank.png")
-
-
-def run_known_rank(
-    output_dir: str | Path | None = None,
-    check: KnownRankCheck | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    command: str = "",
-    quick: bool = False,
-) -> dict:
-    """Train the check's models, cut their logits to every rank k, write ``results.json``, ``report.md``,
-    ``known_rank.csv`` and ``known_rank.png`` (:func:`fixedhead.studies.kit.study.run_study` of
-    :class:`KnownRankStudy`).
-
-    Returns:
-        the record: ``meta``, ``plan_sha256``, ``runs`` (one per (d_p, seed): the training result and
-        ``ranks``: {k: metrics}) and ``summary`` (:meth:`KnownRankStudy.summarise`).
-
-    Raises:
-        FileExistsError: ``output_dir`` holds something else (:func:`fixedhead.runs.claim_output_dir`).
-    """
-    return run_study(
-        KnownRankStudy(), check, output_dir, quick=quick, overwrite=overwrite, progress=progress, command=command
-    )
+        plot_known_rank(state, state["options"], folder / "known_rank.png")
 
 
 def report_markdown(record: dict, check: KnownRankCheck) -> str:

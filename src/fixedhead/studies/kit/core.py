@@ -1,6 +1,6 @@
-"""The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset, the step override, the
-default output folder, a results file's meta (environment, commands, timing) written atomically, run
-keys, a seed-major plan, and the locks workers sharing a folder take.
+"""The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset, the step override, a results
+file's meta (environment, commands, timing) written atomically, run keys, a seed-major plan, and the locks
+workers sharing a folder take.
 """
 
 from __future__ import annotations
@@ -29,16 +29,6 @@ def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
     what a study's subset option (models, families, experiments) names in its error."""
     chosen, known = list(chosen), set(known)
     return next((c for c in chosen if c not in known), None) if chosen else "(none)"
-
-
-def output_folder(output_dir, study: str, preset=None, quick: bool = False) -> Path:
-    """Where a study writes: ``output_dir`` when given, else ``runs/STUDY-PRESET`` (``custom`` for a
-    preset object; no suffix without a preset) with ``-quick`` for a ``--quick`` run, so a quick run
-    never writes into the real one. The command line and the Python functions both take it from here."""
-    if output_dir is not None:
-        return Path(output_dir)
-    name = "" if preset is None else f"-{preset if isinstance(preset, str) else 'custom'}"
-    return Path("runs") / f"{study}{name}{'-quick' if quick else ''}"
 
 
 def steps_override(name: str, steps: int | None, default: int) -> int:

@@ -40,16 +40,23 @@ class Recipe:
         )
         return {**shared, **self.shared_model, **fields}
 
-    def describe(self) -> str:
-        """``"causal LMs, n=64, vocabulary 8192, 700 steps of 32x64 tokens at lr 0.001"`` (from the fields)."""
-        t, d = self.train, self.data
-        what = "causal LMs" if t.objective == "clm" else "masked LMs"
-        if t.objective == "mlm" and t.mlm_probability != 0.15:
-            what += f" ({100 * t.mlm_probability:g}% of training tokens masked)"
-        return (
-            f"{what}, {self.layers} layer{'s' if self.layers > 1 else ''}, n={d.max_seq_length}, vocabulary "
-            f"{d.vocab_size}, {t.max_steps} steps of {t.batch_size}x{d.max_seq_length} tokens at lr {t.learning_rate:g}"
-        )
+    def describe(self, rate: bool = True) -> str:
+        """``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of 32x64 tokens at lr 0.001"`` (without the
+        rate where a study names it: a shared one, each model's own, a grid)."""
+        text = training_text(self.data, self.train, self.layers)
+        return text + (f" at lr {self.train.learning_rate:g}" if rate else "")
+
+
+def training_text(data, train, layers: int) -> str:
+    """What a run trains, from its settings: ``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of
+    32x64 tokens"``."""
+    what = "causal LMs" if train.objective == "clm" else "masked LMs"
+    if train.objective == "mlm" and train.mlm_probability != 0.15:
+        what += f" ({100 * train.mlm_probability:g}% of training tokens masked)"
+    return (
+        f"{what}, {layers} layer{'s' if layers > 1 else ''}, n={data.max_seq_length}, vocabulary "
+        f"{data.vocab_size}, {train.max_steps} steps of {train.batch_size}x{data.max_seq_length} tokens"
+    )
 
 
 def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, **train) -> Recipe:

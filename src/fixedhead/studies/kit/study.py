@@ -3,16 +3,18 @@ report; :func:`run_study` does everything else.
 
 A study subclasses :class:`Study` and declares
 
-* ``name``: its ``fixedhead`` command (the default folder is ``runs/NAME``, ``runs/NAME-quick`` for
-  the quick plan), ``Options``: a frozen dataclass (the command line reads its fields, defaults and
-  attribute docstrings: :func:`fixedhead.options.add_options`) and ``quick``: the seconds-sized options;
+* ``name``: its ``fixedhead`` command, ``help``: its one-line help, ``Options``: a frozen dataclass (the
+  command line reads its fields, defaults and attribute docstrings: :func:`fixedhead.options.add_options`),
+  ``quick``: the seconds-sized options and ``default_dir``: where it writes by default;
 * :meth:`Study.plan`: the points to run, each a :class:`Point` with its run key
   (:func:`~fixedhead.studies.kit.core.run_key`), in the order to run them (seed-major:
   :func:`~fixedhead.studies.kit.core.seed_major`), and :meth:`Study.plan_record`: what else the plan
   states before any result (the pairing, the smallest difference it must see);
-* :meth:`Study.run`: one point, to a JSON-able dict; :meth:`Study.summarise`: every finished point to
-  the summary; :meth:`Study.report`: the report (markdown, also printed) and :meth:`Study.write_files`
-  (tables and figures beside it).
+* :meth:`Study.run`: one point, to a JSON-able dict; :meth:`Study.state`: the one view of the finished
+  points that :meth:`Study.summarise` (the summary), :meth:`Study.report` (markdown, also printed) and
+  :meth:`Study.write_files` (tables and figures beside it) read.
+
+A study's command is one line of :data:`fixedhead.studies.STUDIES`.
 
 :func:`run_study` owns the rest: the output-folder claim; the plan written to ``plan.json`` with its
 SHA-256 before the first point runs (once results exist, points of other settings are refused unless
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +60,10 @@ class Study:
     name: ClassVar[str]
     Options: ClassVar[type]
     quick: ClassVar[Any] = None
+    help: ClassVar[str] = ""
+    """the command's one-line help (``fixedhead --help``)"""
+    removed: ClassVar[dict[str, str]] = {}
+    """options the command no longer takes, each refused with what replaces it"""
     files: ClassVar[tuple[str, ...]] = ()
     """glob patterns of what the study writes besides plan.json, results.json and report.md (its run
     folders, tables, figures)"""
@@ -70,8 +77,10 @@ class Study:
     """Options fields that only choose which points exist (seeds, lengths) or only enter the summary, or that
     each run checks itself (a corpus path: a run compares the corpus text by its digest): a stored point
     stays valid when they change (see :func:`settings_sha256`), and other points need only ``grow``"""
-    folder_by_preset: ClassVar[bool] = True
-    """the default folder of options with a ``preset`` is ``runs/NAME-PRESET`` (False: ``runs/NAME``)"""
+    default_dir: ClassVar[str] = "runs/{name}"
+    """where the study writes when no folder is given, formatted with ``name`` and the options' fields
+    (``runs/{name}-{preset}``, ``{sweep_dir}/finetune-{task}``); with ``--quick`` a ``-{preset}`` part is
+    dropped and ``-quick`` ends it (``runs/sweep-quick``): a quick run never writes into the real one"""
     states_plan: ClassVar[bool] = False
     """the report states the plan's hash and growth itself (else the kit adds a line)"""
     overwriting: bool = False
@@ -97,14 +106,6 @@ class Study:
         """The options with every value that stands for another written out (empty seeds: the preset's), so
         that giving a default explicitly is the same study; the options themselves by default."""
         return options
-
-    folder_text: ClassVar[str | None] = None
-    """how the command's help names :meth:`default_folder` where the study has its own (``SWEEP_DIR/...``)"""
-
-    def default_folder(self, options, quick: bool) -> Path | None:
-        """Where the study writes when no folder is given; None (the default): :func:`study_folder`'s
-        ``runs/NAME[-PRESET|-quick]``."""
-        return None
 
     def still_valid(self, options, point: Point, result: dict) -> bool:
         """Whether a stored point's ``result`` still holds for the inputs it read (a checkpoint retrained since
@@ -136,48 +137,23 @@ class Study:
         raise :class:`Pending` when it is not there yet)."""
         raise NotImplementedError
 
-    def summarise(self, options, results: list[dict]) -> Any:
-        """The summary of the finished points' ``results`` (in plan order)."""
+    def state(self, options, results: list[dict], record: dict | None = None) -> Any:
+        """The one view of the plan's finished points (``results``, in plan order) that :meth:`summarise`,
+        :meth:`report` and :meth:`write_files` read; ``record``: the results record (``meta``, ``plan_sha256``,
+        ``plan_history``, ``runs``, ``missing``, ``summary``), None while summarising. Default: the record's
+        fields with ``options`` and ``results``."""
+        return {**(record or {}), "options": options, "results": list(results)}
+
+    def summarise(self, state) -> Any:
+        """The summary (``results.json``'s ``summary``) of a :meth:`state` read without a record."""
         raise NotImplementedError
 
-    def report(self, options, record: dict) -> str:
-        """The markdown report of a record (``meta``, ``options``, ``plan_sha256``, ``plan_history``, ``runs``,
-        ``missing``, ``summary``)."""
+    def report(self, state) -> str:
+        """The markdown report of a :meth:`state` (also printed)."""
         raise NotImplementedError
 
-    def write_files(self, options, record: dict, folder: Path) -> None:
+    def write_files(self, state, folder: Path) -> None:
         """Tables and figures beside the report (none by default)."""
-
-
-class StateStudy(Study):
-    """A study whose summary, report and files all read one view of its results, ``state_of(options, results,
-    meta)`` (a dict): it declares that view and the three functions of it; the methods follow."""
-
-    state_of: ClassVar[Any]
-    """``(options, per-point results, meta or None) -> state``"""
-    summarise_state: ClassVar[Any]
-    """``state -> summary``"""
-    report_state: ClassVar[Any]
-    """``state -> markdown``"""
-    write_state: ClassVar[Any] = None
-    """``(state, folder) -> None``: tables and figures (none by default)"""
-
-    def summarise(self, options, results):
-        return type(self).summarise_state(type(self).state_of(options, results))
-
-    def _state(self, options, record) -> dict:
-        """The view of the plan's points (a grown-then-shrunk plan's other stored points left out, as the
-        summary leaves them)."""
-        keys = {p.key for p in self.plan(options)}
-        planned = [v for k, v in record["runs"].items() if k in keys]
-        return type(self).state_of(options, planned, record["meta"])
-
-    def report(self, options, record):
-        return type(self).report_state(self._state(options, record))
-
-    def write_files(self, options, record, folder):
-        if type(self).write_state is not None:
-            type(self).write_state(self._state(options, record), folder)
 
 
 def options_of(study: Study, options=None, quick: bool = False):
@@ -186,13 +162,22 @@ def options_of(study: Study, options=None, quick: bool = False):
 
 
 def study_folder(study: Study, options, output_dir=None, quick: bool = False) -> Path:
-    """Where a study writes: ``output_dir`` when given, else the study's :meth:`Study.default_folder`, else
-    ``runs/NAME`` (``runs/NAME-PRESET`` for options with a ``preset``), ``runs/NAME-quick`` for the quick plan
-    (:func:`~fixedhead.studies.kit.core.output_folder`; the command line reads it from here too)."""
-    if output_dir is None and (own := study.default_folder(options, quick)) is not None:
-        return Path(own)
-    preset = getattr(options, "preset", None) if study.folder_by_preset and not quick else None
-    return core.output_folder(output_dir, study.name, preset, quick)
+    """Where a study writes: ``output_dir`` when given, else its :attr:`Study.default_dir` (the command line
+    reads it from here too)."""
+    if output_dir is not None:
+        return Path(output_dir)
+    values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    # part by part: an empty folder option is the current folder, never the root
+    return Path(*(part.format(name=study.name, **values) for part in _default_dir(study, quick).split("/")))
+
+
+def default_dir_text(study: Study, quick: bool = False) -> str:
+    """:attr:`Study.default_dir` as the command's help shows it: ``runs/sweep-PRESET``."""
+    return re.sub(r"\{(\w+)\}", lambda m: m[1].upper(), _default_dir(study, quick).replace("{name}", study.name))
+
+
+def _default_dir(study: Study, quick: bool) -> str:
+    return study.default_dir.replace("-{preset}", "") + "-quick" if quick else study.default_dir
 
 
 def plan_file(study: Study, options) -> dict:
@@ -264,6 +249,10 @@ def write_plan(
             was_options = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
         except (TypeError, ValueError):
             was_options = None
+        if was_options is not None and plan_file(study, was_options)["sha256"] == new["sha256"]:
+            record = new | {"history": old.get("history", [])}  # the same plan, its options read through today's
+            write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")  # (a field added since)
+            return record
         was_settings = settings_sha256(study, was_options) if was_options else old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
@@ -356,8 +345,7 @@ def run_study(
 
     Args:
         options: the study's ``Options`` (None: its defaults, or its quick options with ``quick``).
-        output_dir: where it writes (None: ``runs/NAME``, ``runs/NAME-quick`` with ``quick``:
-            :func:`~fixedhead.studies.kit.core.output_folder`).
+        output_dir: where it writes (None: the study's :attr:`Study.default_dir`, :func:`study_folder`).
         grow: accept a plan with other points after results exist (recorded; stored results kept).
         overwrite: run every point again, with these options (the stored results are replaced).
         progress: a progress bar over the points. command: the command line, recorded.
@@ -425,7 +413,7 @@ def run_study(
         runs = _save(folder, state, overwrite, fresh, locked=True)
         record = _record(study, options, state["meta"], plan, runs, points)
         core.save_state(folder / RESULTS_FILE, record, runs.values(), _stored(folder).get("meta"))
-        study.write_files(options, record, folder)
+        study.write_files(record_state(study, options, record), folder)
         write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
     return record
 
@@ -455,14 +443,21 @@ def _record(study: Study, options, meta: dict, plan: dict, runs: dict, points: l
         "plan_history": plan["history"],
         "runs": ordered,
         "missing": [k for k in keys if k not in runs],
-        "summary": study.summarise(options, [runs[k] for k in keys if k in runs]),
+        "summary": study.summarise(study.state(options, [runs[k] for k in keys if k in runs])),
     }
+
+
+def record_state(study: Study, options, record: dict):
+    """The study's state of a record: the plan's points (a grown-then-shrunk plan's other stored points left
+    out, as the summary leaves them)."""
+    keys = {p.key for p in study.plan(options)}
+    return study.state(options, [v for k, v in record["runs"].items() if k in keys], record)
 
 
 def _report(study: Study, options, record: dict) -> str:
     """The study's report, with the kit's notes: an incomplete study (points missing) at the top and, for a
     study whose report does not state its plan itself, the plan's hash and growth at the end."""
-    text = study.report(options, record)
+    text = study.report(record_state(study, options, record))
     if record["missing"]:
         title, _, rest = text.partition("\n")
         note = (
@@ -491,11 +486,33 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     study.folder = Path(folder)
     path = folder / PLAN_FILE
     plan = load_json_file(path, f"{study.name} plan") if path.is_file() else None
+    if plan is None and "options" not in stored:
+        raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
     values = plan["plan"]["options"] if plan else stored["options"]
     options = options_from_dict(study.Options, values)
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
     record = _record(study, options, stored["meta"], plan, stored["runs"], study.plan(options))
     return record, _report(study, options, record)
+
+
+def rerender(study: Study, folder: Path, output_dir=None) -> Path:
+    """Write a study folder's report, tables and figures again from its per-point results (:func:`regenerate`;
+    nothing trains, ``results.json`` is left as it is) into ``output_dir`` (default: the folder). Returns the
+    report's path.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds files of something else.
+    """
+    folder = Path(folder)
+    record, text = regenerate(study, folder)
+    out = Path(output_dir) if output_dir is not None else folder
+    if out.resolve() != folder.resolve():  # report.md: every study's marker
+        owned = (REPORT_FILE, f".{REPORT_FILE}.*", *study.files)
+        claim_output_dir(out, (REPORT_FILE,), owned, "report", exclusive=True)
+    options = options_from_dict(study.Options, record["options"])
+    study.write_files(record_state(study, options, record), out)
+    write_text_atomic(out / REPORT_FILE, text)
+    return out / REPORT_FILE
 
 
 def options_from_dict(cls, values: dict):

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ...analysis import analyze_model, load_encoder
-from ...checks import non_negative_int, positive_float, positive_int
+from ...checks import check_fields, positive_float, positive_int
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
@@ -46,8 +46,8 @@ from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
-from ..kit.study import Pending, Point, StateStudy, run_study
-from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarize, write_plots
+from ..kit.study import Pending, Point, Study
+from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise, write_plots
 
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
 #: (float32 resolution, 1e-5, fills every head's structural rank and says nothing), on this many
@@ -198,7 +198,7 @@ class ScalingOptions:
 
     preset: str = field(default="cpu", metadata={"choices": ("cpu", "gpu", "tiny")})
     """the sizes, families, token rule and rate grid (SCALING_PRESETS)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """seeds, paired across points; the first chooses each point's rate (empty: the preset's)"""
     learning_rates: tuple[float, ...] = ()
     """each point's grid, chosen on a validation split with the first seed (empty: the preset's)"""
@@ -208,11 +208,8 @@ class ScalingOptions:
     """every model as this family (llama: transformers' LlamaForCausalLM; causal recipes only)"""
 
     def __post_init__(self):
+        check_fields(self)
         get_scaling_preset(self.preset)  # refused by name
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
         check_architecture(self.architecture)
@@ -276,33 +273,6 @@ def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
     }
 
 
-def run_scaling(
-    options: ScalingOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train every point of the preset for every seed (finished points are reused; workers may share the
-    folder, each taking the points no other holds), choosing each point's learning rate on the validation
-    split with the first seed (every run trains without that split); write ``results.json``,
-    ``report.md``, ``scaling.png`` and ``ranks.png`` (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`ScalingStudy`; default folder ``runs/scaling-PRESET``, ``runs/scaling-quick`` with ``quick``).
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (one per (family, size, seed)
-        point: its runs at every rate tried, the chosen rate, and on the first seed the tuning record and
-        the heads' ranks) and ``summary`` (:func:`~fixedhead.studies.scaling.report.summarize`).
-
-    Raises:
-        ValueError: bad seeds, rates, preset or architecture; a Llama model of a masked recipe.
-        FileExistsError: the folder holds something else, points of other settings (without ``overwrite``)
-            or another plan (without ``grow``).
-        FileNotFoundError: a missing corpus.
-    """
-    return run_study(ScalingStudy(cache_dir), options, output_dir, **kw)
-
-
 def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
     """Does the low-rank bottleneck bind in a trained run? Its heads' ranks on ``windows``
     [num_windows, n]: :meth:`fixedhead.analysis.AttentionAnalysis.summary`."""
@@ -322,20 +292,31 @@ def describe(p: ScalingPreset) -> str:
     )
 
 
-class ScalingStudy(StateStudy):
+class ScalingStudy(Study):
     """The scaling study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (family, size,
     seed), seed-major. A point's first seed chooses its rate on the grid (its grid runs in
     ``FOLDER/runs/POINT-lrRATE-s0``) and reads its heads' ranks; the other seeds train at that rate."""
 
     name = "scaling"
+    help = (
+        "does head size matter as models grow? each head-size family at several sizes, each point at its own "
+        "learning rate, with seeds: loss against parameters and FLOPs, power-law fits, compute multipliers"
+    )
+    removed = {
+        "--families": "workers that share one --output-dir split the study point by point "
+        "(run the same command in each)"
+    }
+    default_dir = "runs/{name}-{preset}"
     Options = ScalingOptions
     quick = ScalingOptions(preset="tiny")
     files = (PLOT_FILE, RANK_PLOT_FILE, "runs")
     points_only = ("seeds", "corpus")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarize)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_plots)
+    summarise = staticmethod(summarise)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_plots)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return describe(spec(o))

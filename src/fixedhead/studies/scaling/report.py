@@ -47,7 +47,7 @@ def power_law(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(math.exp(intercept)), float(-slope)
 
 
-def summarize(state: dict) -> dict:
+def summarise(state: dict) -> dict:
     """Per family: its points (mean ± std loss over seeds, bits per character), power-law fits
     against N and C (all seeds pooled, and the exponent per seed), and against ``standard``:
     the per-size loss difference with Welch's p and the compute multiplier (the FLOPs the
@@ -114,7 +114,7 @@ def summarize(state: dict) -> dict:
 # ------------------------------------------------------------------------------- rendering
 def report_markdown(state: dict) -> str:
     meta = state["meta"]
-    families = summarize(state)
+    families = summarise(state)
     lines = render.head(
         "Scaling: loss against size and compute, per head-size family",
         meta,
@@ -243,7 +243,7 @@ def plot(state: dict, path: Path) -> None:
     family's seeds as points with its mean, fitted power law and the band of its per-seed fits."""
     import numpy as np
 
-    families = summarize(state)
+    families = summarise(state)
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for ax, axis, key, label in (
         (axes[0], "parameters", "non_embedding_parameters", "non-embedding parameters N"),

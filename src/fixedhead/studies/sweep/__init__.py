@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.glue import MAIN_METRIC, get_glue_task, majority_class_accuracy
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
@@ -38,8 +38,9 @@ from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_reco
 from ...training.pretrain import train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
+from ..kit.recipes import training_text
 from ..kit.stats import CLAIMS_RULE, rule_text
-from ..kit.study import RESULTS_FILE, Pending, Point, StateStudy, options_from_dict, regenerate, run_study
+from ..kit.study import RESULTS_FILE, Pending, Point, Study, options_from_dict, record_state, regenerate
 from .claims import claims
 from .presets import (
     EXPERIMENTS,
@@ -48,9 +49,9 @@ from .presets import (
     as_architecture,
     as_mup,
     get_sweep_preset,
+    model_key,
     only_models,
     plan_runs,
-    run_key,
 )
 from .report import PLOT_FILES, report_markdown, write_plots
 
@@ -69,48 +70,43 @@ class SweepOptions:
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
     8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1;
     cpu = the original 300-step masked sweep; tiny, tiny-clm = --quick's)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """seeds, paired across models (empty: the preset's); with --learning-rates the first chooses each model's rate"""
     experiments: tuple[str, ...] = field(default=(), metadata={"choices": EXPERIMENTS})
     """train only these experiments' points (empty: every experiment of the preset)"""
     models: tuple[str, ...] = ()
     """train only these of the preset's models, by key (d128-h32-dp4, d128-h32-dp32-fixed; empty: all)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """training steps of every run (None: the preset's)"""
     corpus: str | None = None
     """the preset's corpus at another path, or another corpus (a .txt/.jsonl(.gz) file or a directory)"""
     finetune_task: str | None = field(default=None, metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task each checkpoint is fine-tuned on (None: the preset's, sst2; the causal presets fine-tune none)"""
+    finetune_seed: int | None = field(default=None, metadata={"check": "non_negative"})
+    """the fine-tuning seed: the classifier head's initialisation and the data order (None: each checkpoint's
+    pretraining seed)"""
     skip_finetune: bool = False
     """pretrain only"""
     architecture: str | None = field(default=None, metadata={"choices": ("fixedhead", "llama")})
     """train every model as this family (llama: transformers' LlamaForCausalLM, causal presets only; runs KEY-llama)"""
-    mup_base_head_dim: int | None = None
+    mup_base_head_dim: int | None = field(default=None, metadata={"check": "positive"})
     """train every model under the μP-style parametrization based at this head size K (logits √K/d_p, the output
     projection's initialisation and rate × K/d_p; fixedhead models only; runs KEY-mupK)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each model chooses its own rate from with the first seed, on a validation split (empty: the
     recipe's one rate)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
     keep_checkpoints: bool = False
     """keep the Trainer checkpoints of finished runs (by default only the final model stays)"""
 
     def __post_init__(self):
+        check_fields(self)
         get_sweep_preset(self.preset)  # refused by name
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
         if self.experiments and (bad := core.first_unknown(self.experiments, EXPERIMENTS)) is not None:
             raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
-        if self.steps is not None:
-            positive_int("steps", self.steps)
         if self.architecture is not None:
             check_architecture(self.architecture)
-        if self.mup_base_head_dim is not None:
-            positive_int("mup_base_head_dim", self.mup_base_head_dim)
-        non_negative_int("max_extensions", self.max_extensions)
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
 
@@ -195,7 +191,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
         )
     state = {
         "meta": {**computed, **(meta or {})},
-        "points": [asdict(pt) | {"key": run_key({**s.preset.common, **pt.model})} for pt in s.preset.points],
+        "points": [asdict(pt) | {"key": model_key({**s.preset.common, **pt.model})} for pt in s.preset.points],
         "runs": {r["name"]: {k: v for k, v in r.items() if k not in _DATA_FIELDS} for r in results},
     }
     if tuning := {r["key"]: r["tuning"] for r in results if r.get("tuning")}:
@@ -203,40 +199,44 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
     return state
 
 
-def summarize(state: dict) -> dict:
+def summarise(state: dict) -> dict:
     """The paper-claim table (:func:`fixedhead.studies.sweep.claims.claims`) and the count of finished runs."""
     rows = claims(state) if state["runs"] else []
     return {"runs": len(state["runs"]), "claims": [dict(claim=c, measurement=m, verdict=v) for c, m, v in rows]}
 
 
 def describe(o: SweepOptions) -> str:
-    """The preset's description, with the steps and rate the runs train at where ``o`` changes them."""
+    """The preset's description with the training settings and rate ``o``'s runs train with (:func:`spec`)."""
     s = spec(o)
-    text = s.preset.description
-    if o.steps is not None:
-        text = text.replace(f"{get_sweep_preset(o.preset).train.max_steps} steps of", f"{o.steps} steps of")
-    if o.learning_rates:  # the recipe's one rate is not what the models train at
-        text = text.replace(f" at lr {s.train.learning_rate:g}", " at each model's own rate")
-    return text
+    rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
+    layers = s.preset.common.get("num_hidden_layers", 2)
+    return s.preset.description.replace("{training}", training_text(s.data, s.train, layers) + rate)
 
 
-class SweepStudy(StateStudy):
+class SweepStudy(Study):
     """The sweep on the kit (:mod:`fixedhead.studies.kit.study`): one point per (model, seed), seed-major. With
     a rate grid a model's first seed chooses its rate on the validation split (its grid runs in
     ``FOLDER/runs/KEY-lrRATE-sSEED``) and the other seeds train at that rate; every run is then fine-tuned
     where the preset fine-tunes."""
 
     name = "sweep"
+    help = "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table"
+    removed = {
+        "--no-report": "the report is written at the end of every invocation (it says when the sweep is incomplete)"
+    }
+    default_dir = "runs/{name}-{preset}"
     Options = SweepOptions
     quick = SweepOptions(preset="tiny")
     quick_presets = ("tiny-clm",)
     files = ("runs", *PLOT_FILES, LEGACY_FILE)  # sweep.json: the record before the kit (its runs are reused)
     # not the corpus: another corpus's results do not compare with these (a point reused elsewhere checks it too)
     points_only = ("seeds", "experiments", "models", "keep_checkpoints")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarize)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_plots)
+    summarise = staticmethod(summarise)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_plots)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return describe(o)
@@ -338,7 +338,8 @@ class SweepStudy(StateStudy):
         if rates:
             entry["learning_rate"] = lr
         if s.finetune is not None:
-            run_dir, ft = folder / "runs" / name, replace(s.finetune, seed=seed)
+            ft_seed = seed if o.finetune_seed is None else o.finetune_seed
+            run_dir, ft = folder / "runs" / name, replace(s.finetune, seed=ft_seed)
             ft_dir = run_dir / f"finetune-{s.task}"
             # fine-tuning settings changed since an earlier invocation: redo only the fine-tuning
             stale = (ft_dir / FINETUNE_FILE).is_file() and load_json_file(ft_dir / FINETUNE_FILE).get(
@@ -359,32 +360,6 @@ class SweepStudy(StateStudy):
         return entry
 
 
-def run_sweep(options: SweepOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw) -> dict:
-    """Train (or resume) every (model, seed) point of a sweep, fine-tune each checkpoint where the preset
-    fine-tunes, and write ``results.json``, ``report.md`` and the plots
-    (:func:`~fixedhead.studies.kit.study.run_study` of :class:`SweepStudy`; default folder
-    ``runs/sweep-PRESET``, ``runs/sweep-quick`` with ``quick``). Finished runs are reused; workers may share
-    the folder, each taking the points no other holds.
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``{KEY-sSEED: the run's result,
-        its fine-tuning, and on the first seed the rate's choice and the data's facts}``) and ``summary``
-        (:func:`summarize`: the paper-claim table).
-
-    Raises:
-        FileNotFoundError: the corpus or the GLUE data is missing.
-        ValueError: bad options: an unknown preset, experiment, task, architecture or model key, or a model the
-            architecture cannot build or train (a masked Llama model, a Llama model under μP).
-        FileExistsError: the folder holds something else, points of other settings (without ``overwrite``) or
-            another plan (without ``grow``).
-    """
-    return run_study(SweepStudy(cache_dir), options, output_dir, **kw)
-
-
 def load_sweep(folder: str | Path) -> dict:
     """The state of the sweep in ``folder`` (:func:`state_of`: what its claims, report and plots read), from its
     ``results.json``; a folder written before the sweep ran on the kit reads from its ``sweep.json``.
@@ -400,7 +375,7 @@ def load_sweep(folder: str | Path) -> dict:
             raise ValueError(f"{folder / RESULTS_FILE} holds the results of `fixedhead {study}`, not of a sweep")
         study = SweepStudy()
         record, _ = regenerate(study, folder)
-        return study._state(options_from_dict(SweepOptions, record["options"]), record)
+        return record_state(study, options_from_dict(SweepOptions, record["options"]), record)
     path = folder / LEGACY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no sweep results ({RESULTS_FILE}): run `fixedhead sweep` first")

@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
 from ...runs import model_fingerprint
 from ...training.evaluate import DivergedError
@@ -29,7 +29,7 @@ from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
 from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
-from ..kit.study import Pending, Point, StateStudy, run_study
+from ..kit.study import Pending, Point, Study
 from . import load_sweep
 from .claims import claims, verdict_rule
 from .presets import get_sweep_preset
@@ -49,26 +49,22 @@ class FinetuneSweepOptions:
     """a sweep folder with checkpoints (fixedhead sweep --preset cpu-mlm)"""
     task: str = field(default="sst2", metadata={"choices": tuple(MAIN_METRIC)})
     """the GLUE task"""
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    seeds: tuple[int, ...] = field(
+        default=DEFAULT_SEEDS, metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """fine-tuning seeds of every checkpoint; the first chooses its rate"""
     learning_rates: tuple[float, ...] = DEFAULT_RATES
     """the grid each checkpoint chooses its fine-tuning rate from (highest validation score)"""
-    max_extensions: int = 1
+    max_extensions: int = field(default=1, metadata={"check": "non_negative"})
     """rates added past an edge of the grid (one grid step each)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """fine-tuning steps of every run (None: the sweep's fine-tuning settings)"""
     checkpoints: tuple[str, ...] = ()
     """fine-tune only these of the sweep's checkpoints, by run folder (empty: every saved one)"""
 
     def __post_init__(self):
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must name distinct seeds, got {list(self.seeds)}")
+        check_fields(self)
         parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
-        non_negative_int("max_extensions", self.max_extensions)
-        if self.steps is not None:
-            positive_int("steps", self.steps)
 
 
 def saved_checkpoints(sweep: dict, sweep_dir: Path) -> list[str]:
@@ -105,22 +101,23 @@ def state_of(o: FinetuneSweepOptions, results, meta: dict | None = None) -> dict
     }
 
 
-class FinetuneSweepStudy(StateStudy):
+class FinetuneSweepStudy(Study):
     """The fine-tuning seeds on the kit (:mod:`fixedhead.studies.kit.study`): one point per (checkpoint,
     fine-tuning seed), seed-major; a checkpoint's first seed chooses its rate on the grid, the other seeds
     train at it. Its default folder is ``SWEEP_DIR/finetune-TASK``."""
 
     name = "finetune-sweep"
+    help = (
+        "fine-tuning claims with several fine-tuning seeds per checkpoint of a masked sweep, each checkpoint "
+        "at its own rate (chosen with the first seed on the split carved out of GLUE train)"
+    )
+    default_dir = "{sweep_dir}/finetune-{task}"
     Options = FinetuneSweepOptions
     quick = FinetuneSweepOptions(seeds=(0,), learning_rates=(1e-3, 3e-3), max_extensions=0, steps=4)
     files = ("runs", PLOT_FILE, "finetune.json")  # finetune.json: the record before the kit (its runs are reused)
     points_only = ("seeds", "checkpoints")
     paths = ("sweep_dir",)  # a moved sweep is the same input: each point checks its checkpoint's fingerprint
     state_of = staticmethod(state_of)
-    folder_text = "SWEEP_DIR/finetune-TASK"
-
-    def default_folder(self, o, quick):
-        return Path(o.sweep_dir) / f"finetune-{o.task}{'-quick' if quick else ''}"
 
     def describe(self, o):
         return (
@@ -272,9 +269,11 @@ class FinetuneSweepStudy(StateStudy):
             self._read[key] = model_fingerprint(checkpoint)
         return self._read[key]
 
-    def summarise(self, o, results):
-        state = state_of(o, results)
-        sweep = self.sweep(self.sweep_dir(o))
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"]) | {"options": o}
+
+    def summarise(self, state):
+        sweep = self.sweep(self.sweep_dir(state["options"]))
         return {
             "scores": checkpoint_scores(state),
             "rank_correlation": rank_correlation(sweep, state),
@@ -285,34 +284,11 @@ class FinetuneSweepStudy(StateStudy):
             ],
         }
 
-    def report(self, o, record):
-        return report_markdown(self.sweep(self.sweep_dir(o)), self._state(o, record))
+    def report(self, state):
+        return report_markdown(self.sweep(self.sweep_dir(state["options"])), state)
 
-    def write_files(self, o, record, folder):
-        write_plot(self._state(o, record), folder / PLOT_FILE)
-
-
-def run_finetune_seeds(options: FinetuneSweepOptions | None = None, output_dir: str | Path | None = None, **kw) -> dict:
-    """Fine-tune every checkpoint of a masked sweep on one GLUE task with several seeds, each checkpoint at
-    its own rate, and write ``results.json``, ``report.md`` and ``learning_rates.png``
-    (:func:`~fixedhead.studies.kit.study.run_study` of :class:`FinetuneSweepStudy`; default folder
-    ``SWEEP_DIR/finetune-TASK``). Finished fine-tuning runs are reused
-    (:func:`fixedhead.training.finetune.finetune`), so a rerun resumes. Past an edge of the grid the next
-    rate is one grid step further (the smallest ratio between neighbouring rates: ×3 for the default grid).
-    A run whose loss becomes non-finite counts as the worst rate.
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Raises:
-        FileNotFoundError: the sweep has no results, or the GLUE files are missing.
-        ValueError: an unknown task, bad seeds, a grid of fewer than 2 rates, a negative ``max_extensions``, a
-            causal sweep, a sweep without a saved checkpoint.
-        FileExistsError: the output folder holds another study's files, or this study's with other settings
-            (without ``overwrite``), another plan (without ``grow``) or another first seed.
-    """
-    return run_study(FinetuneSweepStudy(), options, output_dir, **kw)
+    def write_files(self, state, folder):
+        write_plot(state, folder / PLOT_FILE)
 
 
 # ------------------------------------------------------------------------------------- summary

@@ -1,7 +1,7 @@
 """The sweep's presets: the paper's three experiments as lists of points (model configurations),
 the CPU recipes they train with, and the transforms a command applies to a preset (another
 architecture, the μP-style parametrization, a subset of the models) before
-:func:`fixedhead.studies.sweep.run_sweep` plans its runs.
+:class:`fixedhead.studies.sweep.SweepStudy` plans its runs.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class SweepPreset:
     """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
 
     description: str
+    """what the sweep trains; ``{training}`` stands for the runs' training settings and rate, written from the
+    settings a sweep trains with (:func:`fixedhead.studies.sweep.describe`)"""
     data: DataSettings
     train: TrainSettings
     common: dict
@@ -63,7 +65,7 @@ def canonical_fields(fields: dict) -> dict:
     return f
 
 
-def run_key(fields: dict) -> str:
+def model_key(fields: dict) -> str:
     """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``,
     with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`) and ``-mupK`` under
     the μP-style parametrization based at d_p = K (:mod:`fixedhead.model.parametrization`)."""
@@ -118,7 +120,7 @@ def _quick(description: str, **train) -> SweepPreset:
     r = get_recipe("tiny")
     r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
-        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {r.describe()}",
+        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {{training}}",
         data=r.data,
         train=r.train,
         common=_common(r.layers, r.data.max_seq_length),
@@ -151,8 +153,8 @@ def _cpu_sweep() -> SweepPreset:
         batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description=f"masked LMs, 2 layers, n=64, vocabulary 8192, {train.max_steps} steps of 32x64 tokens per run; "
-        "heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs fixed d=128, d_p=32, 4-32 heads; "
+        description="{training} per run; heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
+        "fixed d=128, d_p=32, 4-32 heads; "
         "head size 8-64 at d=128, 8 heads",
         data=data,
         train=train,
@@ -171,7 +173,7 @@ def _cpu_clm_sweep() -> SweepPreset:
     d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
-        description=f"{r.describe()} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
+        description="{training} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
         "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
         data=r.data,
         train=replace(r.train, logging_steps=25, report_to=[]),
@@ -191,7 +193,7 @@ def _cpu_mlm_sweep() -> SweepPreset:
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
-        description=f"{r.describe()} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
+        description="{training} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
         f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
         f"{n} tokens",
         data=r.data,
@@ -257,13 +259,13 @@ def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
 
 
 def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
-    """The preset restricted to the points whose model key (:func:`run_key`) is one of ``models``.
+    """The preset restricted to the points whose model key (:func:`model_key`) is one of ``models``.
 
     Raises:
         ValueError: an empty ``models`` or a key that is none of the preset's points (of ``experiments``
             where given), named with the known keys.
     """
-    key = lambda pt: run_key({**preset.common, **pt.model})  # noqa: E731
+    key = lambda pt: model_key({**preset.common, **pt.model})  # noqa: E731
     known = {key(pt) for pt in preset.points if not experiments or pt.experiment in experiments}
     if (bad := core.first_unknown(models, known)) is not None:
         where = f"experiments {', '.join(experiments)} of " if experiments else ""
@@ -286,5 +288,5 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
     for p in preset.points:
         if not experiments or p.experiment in experiments:
             fields = canonical_fields({**preset.common, **p.model})
-            models.setdefault(run_key(fields), fields)
+            models.setdefault(model_key(fields), fields)
     return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]

@@ -41,7 +41,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ...checks import non_negative_int, positive_int
+from ...checks import check_fields
 from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
@@ -55,9 +55,9 @@ from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import RULE_STDS
-from ..kit.study import Pending, Point, StateStudy, run_study
+from ..kit.study import Pending, Point, Study
 from .arms import make_arms, max_logit_change, write_start
-from .report import PLOT_FILE, report_markdown, summarize, write_plots
+from .report import PLOT_FILE, report_markdown, summarise, write_plots
 
 
 # ----------------------------------------------------------------------------------- design
@@ -155,32 +155,25 @@ class WideningOptions:
 
     preset: str = field(default="cpu", metadata={"choices": ("cpu", "tiny")})
     """the data, base model, both recipes and seeds (WIDENING_PRESETS)"""
-    seeds: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
     """continuation seeds, in this order; the first chooses each arm's rate (empty: the preset's)"""
-    base_steps: int | None = None
+    base_steps: int | None = field(default=None, metadata={"check": "positive"})
     """the base run's training steps (None: the preset's; cpu: 400)"""
-    steps: int | None = None
+    steps: int | None = field(default=None, metadata={"check": "positive"})
     """each continuation's training steps (None: the preset's; cpu: 100)"""
-    head_dim: int | None = None
+    head_dim: int | None = field(default=None, metadata={"check": "positive"})
     """the widened head size (None: the causal threshold ceil((n - 1)/2), 16 for n = 32)"""
     corpus: str | None = None
     """the preset's corpus at another path (the same text, e.g. moved)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each arm's continuation chooses its rate from on a validation split with the first seed
     (empty: the preset's one rate for every arm)"""
-    max_extensions: int = 3
+    max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
     def __post_init__(self):
+        check_fields(self)
         get_widening_preset(self.preset)  # refused by name
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be distinct, got {list(self.seeds)}")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
-        non_negative_int("max_extensions", self.max_extensions)
-        for name in ("base_steps", "steps", "head_dim"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
         if self.learning_rates:
             parse_rates(self.learning_rates)
 
@@ -254,45 +247,27 @@ def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
     return state
 
 
-def run_widening(
-    options: WideningOptions | None = None, output_dir: str | Path | None = None, cache_dir=None, **kw
-) -> dict:
-    """Train the base, continue it in every arm for every seed (finished points are reused); write the
-    results, the report and the plot (:func:`~fixedhead.studies.kit.study.run_study` of
-    :class:`WideningStudy`; default folder ``runs/widen-experiment-PRESET``).
-
-    Args:
-        kw: :func:`~fixedhead.studies.kit.study.run_study`'s ``quick``, ``grow``, ``overwrite``, ``progress``
-            and ``command``.
-
-    Returns:
-        the results record: ``meta``, ``options``, ``plan_sha256``, ``runs`` (``base``: the base run, the
-        unigram reference, the arms and the data; one per (arm, seed): its continuation runs at every rate
-        tried and, on the first seed with a rate grid, the arm's ``tuning``) and ``summary`` (one row per arm).
-
-    Raises:
-        ValueError: bad options (:class:`WideningOptions`, :func:`spec`).
-        FileExistsError: the folder holds other files, points of other settings (without ``overwrite``)
-            or another plan (without ``grow``).
-        FileNotFoundError: a missing corpus.
-    """
-    return run_study(WideningStudy(cache_dir), options, output_dir, **kw)
-
-
-class WideningStudy(StateStudy):
+class WideningStudy(Study):
     """The study on the kit (:mod:`fixedhead.studies.kit.study`): the point ``base`` trains the base
     model, then one point per (arm, seed), seed-major, continues it. With a rate grid an arm's first
     seed trains every rate and keeps the best on the validation split; its other seeds train at that rate."""
 
     name = "widen-experiment"
+    help = (
+        "does widening help? a trained standard-head causal LM continued as is, widened (all, early, late "
+        "layers) and with a parameter-matched wider FFN, with seeds; report and plot"
+    )
+    default_dir = "runs/{name}-{preset}"
     Options = WideningOptions
     quick = WideningOptions(preset="tiny")
     files = (PLOT_FILE, "learning_rates.png", "base", "start", "continue")
     points_only = ("seeds", "corpus")
-    state_of = staticmethod(state_of)
-    summarise_state = staticmethod(summarize)
-    report_state = staticmethod(report_markdown)
-    write_state = staticmethod(write_plots)
+    summarise = staticmethod(summarise)
+    report = staticmethod(report_markdown)
+    write_files = staticmethod(write_plots)
+
+    def state(self, o, results, record=None):
+        return state_of(o, results, record and record["meta"])
 
     def describe(self, o):
         return spec(o)[0].description

@@ -37,7 +37,7 @@ def _arm_runs(state: dict, arm: str) -> list[dict]:
     return sorted((r for r in runs if not tuned or r.get("learning_rate") == chosen), key=lambda r: r["seed"])
 
 
-def summarize(state: dict) -> list[dict]:
+def summarise(state: dict) -> list[dict]:
     """One row per arm: sizes, parameters, FLOPs, held-out loss and perplexity (mean ± std over
     seeds), nats below the unigram reference, per-seed losses."""
     unigram = math.log(state["unigram_perplexity"] or math.nan)  # none before the base has run
@@ -101,7 +101,7 @@ def _results_table(state: dict) -> list[str]:
             f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
             f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
         )
-    for r in summarize(state):
+    for r in summarise(state):
         if not r["runs"]:
             L.append(f"| {r['arm']} | not run | | | | | | | | | |")
             continue
@@ -128,7 +128,7 @@ def plot(state: dict, path: Path) -> None:
     """Left: each arm's held-out loss minus the mean of *as-is* (each seed a dot, mean ± std a bar).
     Right: each arm's training loss minus *as-is*'s on the same batches (same seed), mean over seeds."""
     plt = pyplot()
-    rows = [r for r in summarize(state) if r["runs"]]
+    rows = [r for r in summarise(state) if r["runs"]]
     as_is = next((r for r in rows if r["arm"] == "as-is"), None)
     if as_is is None:
         return
@@ -181,7 +181,7 @@ def report_markdown(state: dict) -> str:
     meta, base = state["meta"], state.get("base") or {}
     settings = meta["settings"]
     cont, base_recipe = settings["continuation"], settings["base"]
-    rows = summarize(state)
+    rows = summarise(state)
     comps = comparisons(state)
     unigram = state["unigram_perplexity"] or math.nan  # none before the base has run
     model = settings["model"]

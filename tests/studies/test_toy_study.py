@@ -1,0 +1,50 @@
+"""The toy study of docs/writing-a-study.md (examples/toy_study.py): one file on the kit, run from Python and,
+with one registry line, as a ``fixedhead`` command."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from toy_study import LogitRankOptions, LogitRankStudy
+
+from fixedhead.cli import main
+from fixedhead.studies import STUDIES
+from fixedhead.studies.kit.study import run_study
+
+
+def test_the_toy_study_measures_the_bound_and_resumes(tmp_path):
+    options = LogitRankOptions(n=12, hidden_size=16, head_dims=(2, 8, 12, 16), seeds=(0, 1))
+    record = run_study(LogitRankStudy(), options, tmp_path / "t", progress=False)
+    # the bound is the paper's (rank of a product of [n, d_p] and [d_p, n] factors); NumPy's own rank agrees
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((12, 16))
+    w_q, w_k = rng.standard_normal((2, 16, 8)) / 4.0
+    assert record["runs"]["dp8-s1"]["logit_rank"] == np.linalg.matrix_rank((x @ w_q) @ (x @ w_k).T) == 8
+    rows = {r["head_dim"]: r for r in record["summary"]["rows"]}
+    assert [rows[d]["bound"] for d in (2, 8, 12, 16)] == [2, 8, 12, 12] and rows[16]["ranks"] == [12, 12]
+    assert record["summary"]["passed"] and not record["missing"]
+    report = (tmp_path / "t" / "report.md").read_text()
+    assert "| 16 | 12 | 12, 12 |" in report and "plan.json" in report  # the kit adds the plan's line
+    assert (tmp_path / "t" / "logit_rank.csv").read_text().count("\n") == 1 + 8
+    grown = LogitRankOptions(n=12, hidden_size=16, head_dims=(2, 8, 12, 16), seeds=(0, 1, 2))
+    with pytest.raises(FileExistsError, match="--grow"):
+        run_study(LogitRankStudy(), grown, tmp_path / "t", progress=False)
+    again = run_study(LogitRankStudy(), grown, tmp_path / "t", grow=True, progress=False)
+    assert len(again["runs"]) == 12 and again["plan_history"]
+
+
+def test_one_registry_line_makes_it_a_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(STUDIES, "logit-rank", "toy_study:LogitRankStudy")
+    assert main(["logit-rank", "--quick", "--output-dir", str(tmp_path / "q"), "--no-progress"]) == 0
+    assert "Every head's logits reach the bound" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "q" / "results.json").read_text())
+    assert sorted(saved["runs"]) == ["dp4-s0", "dp64-s0"] and saved["meta"]["command"].startswith(
+        "fixedhead logit-rank"
+    )
+    assert main(["logit-rank", "--head-dims", "0", "--output-dir", str(tmp_path / "bad")]) == 2  # a bad value named
+    assert not (tmp_path / "bad").exists()  # nothing written
+    assert "head_dims" in capsys.readouterr().err.replace("-", "_")
