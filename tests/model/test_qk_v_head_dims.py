@@ -259,13 +259,18 @@ def test_flash_attention_takes_values_no_wider_than_queries():
         FixedHeadForCausalLM._from_config(config(4, 12), attn_implementation="flash_attention_2")
 
 
-def test_a_serving_engines_attention_is_refused_for_two_sizes():
-    """vLLM's attention ("vllm") sizes its cache and kernel from one head size in the config."""
+def test_a_serving_engines_attention_is_refused_for_two_sizes(monkeypatch):
+    """vLLM's attention ("vllm", registered in transformers' attention interface when vLLM's
+    Transformers backend is imported) sizes its cache and kernel from one head size in the config."""
+    monkeypatch.setitem(AttentionInterface._global_mapping, "vllm", lambda *a, **k: None)
     check_head_dims("vllm", 32, 32)
-    for impl in ("eager", "sdpa", "flex_attention"):
+    for impl in ("eager", "sdpa", "flex_attention", None):
         check_head_dims(impl, 4, 12)
     with pytest.raises(ValueError, match=r"'vllm' is not known to take .* \(qk_head_dim=4, v_head_dim=12\)"):
         check_head_dims("vllm", 4, 12)
+    check_head_dims("foo", 4, 12)  # registered nowhere: transformers refuses it as unknown
+    with pytest.raises(ValueError, match='Specified `attn_implementation="foo"` is not supported'):
+        FixedHeadForCausalLM._from_config(config(4, 12), attn_implementation="foo")
 
 
 def test_a_model_set_to_an_engines_attention_refuses_two_sizes(monkeypatch):

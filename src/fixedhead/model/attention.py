@@ -285,7 +285,8 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
     another (qk ≠ v) run on :data:`SEPARATE_VALUE_SIZE_IMPLEMENTATIONS` and FlashAttention; any other
     implementation is a serving engine's own attention (vLLM registers ``"vllm"``), which sizes its
     key/value cache and kernel from one head size in the config and would compute with the wrong one.
-    None (transformers' default, SDPA) passes.
+    None (transformers' default, SDPA) passes, and so does a name nothing registered: transformers
+    refuses it as unknown.
 
     Raises:
         ValueError: naming the implementation and both sizes.
@@ -293,7 +294,7 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
     check_flash_head_dim(attn_implementation, qk_head_dim, v_head_dim)
     if (
         qk_head_dim != v_head_dim
-        and attn_implementation is not None
+        and attn_implementation in ALL_ATTENTION_FUNCTIONS
         and attn_implementation not in SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
         and not is_flash_attention(attn_implementation)
     ):
