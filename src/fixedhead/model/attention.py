@@ -227,10 +227,11 @@ ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 
 #: the implementations known to take queries and keys of one size and values of another: the step
 #: by step "eager", PyTorch's SDPA (its flash kernels need one size and drop out; memory-efficient
-#: and math take two) and flex attention (it checks only that queries and keys match). FlashAttention
-#: is checked by :func:`check_flash_head_dim`; any other name (a serving engine's own attention) is
-#: refused for qk ≠ v by :func:`check_head_dims`.
-SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention")
+#: and math take two) and flex attention (it checks only that queries and keys match); fixedhead's
+#: analysis and rank intervention add their own (they compute with the value tensors they get).
+#: FlashAttention is checked by :func:`check_flash_head_dim`; any other registered name (a serving
+#: engine's own attention) is refused for qk ≠ v by :func:`check_head_dims`.
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = {"eager", "sdpa", "flex_attention"}
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
@@ -301,7 +302,7 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
         raise ValueError(
             f"attn_implementation={attn_implementation!r} is not known to take queries and keys of one head size "
             f"and values of another (qk_head_dim={qk_head_dim}, v_head_dim={v_head_dim}); those run with "
-            f"{', '.join(repr(i) for i in SEPARATE_VALUE_SIZE_IMPLEMENTATIONS)} (docs/head-sizes.md)"
+            f"{', '.join(repr(i) for i in sorted(SEPARATE_VALUE_SIZE_IMPLEMENTATIONS))} (docs/head-sizes.md)"
         )
 
 
