@@ -302,3 +302,17 @@ def test_sdpa_on_cuda_leaves_flash_out_for_two_sizes():
 def test_widening_refuses_separate_sizes():
     with pytest.raises(ValueError, match="widen_heads grows head_dim.*qk_head_dim=3, v_head_dim=10"):
         widen_heads(FixedHeadForCausalLM(config(3, 10)), 16)
+
+
+def test_the_count_command_takes_both_sizes(capsys):
+    """``fixedhead count`` with explicit sizes: the parameters of the model built (masked LM + BERT's pooler)."""
+    from fixedhead.cli import main
+
+    sizes = dict(hidden_size=32, num_attention_heads=4, qk_head_dim=3, v_head_dim=10, num_hidden_layers=2)
+    sizes |= dict(vocab_size=61, max_position_embeddings=64, intermediate_size=64)
+    argv = ["count"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    assert main(argv) == 0
+    built = sum(p.numel() for p in FixedHeadForMaskedLM(FixedHeadConfig(**sizes)).parameters()) + 32 * 32 + 32
+    assert capsys.readouterr().out.startswith(f"{built:,} parameters: d=32, h=4, d_p=8, qk_head_dim=3, v_head_dim=10")
+    assert main(["count", "--preset", "lm1b-fixed-d256-h4-dp32", "--qk-head-dim", "8"]) == 2
+    assert "drop --qk-head-dim" in capsys.readouterr().err

@@ -210,13 +210,14 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
     depth, feed-forward width, vocabulary and positions (the paper column is then left out).
 
     Raises:
-        ValueError: ``hidden_size``, ``num_attention_heads`` or ``head_dim`` with presets, or
-            explicit sizes without both of the first two; an unknown preset; a size the config refuses.
+        ValueError: ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``qk_head_dim`` or
+            ``v_head_dim`` with presets, or explicit sizes without both of the first two; an unknown
+            preset; a size the config refuses.
     """
     from .paper_presets import PAPER_PRESETS, get_preset
 
     sizes = dict(sizes or {})
-    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if f in sizes]
+    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim") if f in sizes]
     overrides = {f: v for f, v in sizes.items() if f in COUNT_DEFAULTS}
     if fixed and presets is not None:
         raise ValueError(f"--preset fixes d, h and d_p; drop {option_names(fixed)} (or drop --preset)")
@@ -227,10 +228,12 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
             raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
         d = sizes["hidden_size"]
         cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
+        separate = "".join(f", {f}={sizes[f]}" for f in ("qk_head_dim", "v_head_dim") if f in sizes)
         return (
             f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
-            f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
+            f"d_p={cfg.head_size_label}{separate}, {cfg.num_hidden_layers} layers, "
+            f"feed-forward {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, "
+            f"{cfg.max_position_embeddings} positions (pooler and MLM head included)"
         )
     rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
     wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names
