@@ -231,7 +231,8 @@ ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 #: analysis and rank intervention add their own (they compute with the value tensors they get).
 #: FlashAttention is checked by :func:`check_flash_head_dim`; any other registered name (a serving
 #: engine's own attention) is refused for qk ≠ v by :func:`check_head_dims`.
-SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = {"eager", "sdpa", "flex_attention"}
+SEPARATE_VALUE_SIZE_KERNELS = ("eager", "sdpa", "flex_attention")  # the ones a user picks
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = set(SEPARATE_VALUE_SIZE_KERNELS)
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
@@ -302,7 +303,7 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
         raise ValueError(
             f"attn_implementation={attn_implementation!r} is not known to take queries and keys of one head size "
             f"and values of another (qk_head_dim={qk_head_dim}, v_head_dim={v_head_dim}); those run with "
-            f"{', '.join(repr(i) for i in sorted(SEPARATE_VALUE_SIZE_IMPLEMENTATIONS))} (docs/head-sizes.md)"
+            f"{', '.join(repr(i) for i in SEPARATE_VALUE_SIZE_KERNELS)} (docs/head-sizes.md)"
         )
 
 
