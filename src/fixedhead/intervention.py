@@ -36,8 +36,10 @@ from pathlib import Path
 import torch
 
 from .checks import non_negative_int
+from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(RANK_IMPLEMENTATION)  # it multiplies by the values it gets, of any size
 _RANK_ATTR = "_fixedhead_logit_rank"  # set on the attention modules being truncated (int) for the duration
 
 
@@ -277,7 +279,8 @@ def rank_curve(
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
         uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
-        the model gains from attention, nats), "head_dims": [d_p per layer], "seq_len": n,
+        the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
+        keys, which bounds the logits' rank], "seq_len": n,
         "ranks": [k], "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve
         stops at its own d_p (beyond it nothing changes).
     """
@@ -319,7 +322,9 @@ def rank_curve(
 
 
 def _head_dim(module) -> int:
-    for name in ("head_dim", "attention_head_size"):
+    """The size of a module's queries and keys, the bound on its logits' rank: ``qk_head_dim`` where it
+    has one (fixedhead's layers; values may have another size), else its one head size."""
+    for name in ("qk_head_dim", "head_dim", "attention_head_size"):
         value = getattr(module, name, None)
         if isinstance(value, int):
             return value
