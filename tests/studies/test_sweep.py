@@ -294,27 +294,6 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     assert again["runs"] == record["runs"]
 
 
-def test_a_worker_leaves_a_model_whose_rate_another_is_choosing(small_real_corpus, tmp_path, monkeypatch):
-    """Workers sharing a folder: a model's first seed that another live worker holds is left to it, and so
-    is its second seed (it trains at the rate the first chooses); once the lock is gone both run."""
-    from fixedhead.studies.kit import core
-
-    preset = replace(_tiny_preset(small_real_corpus), finetune=None)
-    preset = replace(preset, points=preset.points[:2])
-    options = _register(monkeypatch, preset, learning_rates=(1e-3, 4e-3), max_extensions=0)
-    keys = [run_key({**preset.common, **pt.model}) for pt in preset.points]
-    out, kw = tmp_path / "sweep", dict(progress=False, cache_dir=tmp_path / "cache")
-    real_lock = core.try_lock
-    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == f"{keys[0]}-s0" else real_lock(path))
-    record = run_sweep(options, out, **kw)
-    assert record["missing"] == [f"{keys[0]}-s0", f"{keys[0]}-s1"]
-    assert not any(p.name.startswith(keys[0]) for p in (out / "runs").iterdir())
-    assert "Incomplete: 2 point(s)" in (out / "report.md").read_text()
-    monkeypatch.setattr(core, "try_lock", real_lock)
-    record = run_sweep(options, out, **kw)
-    assert {r["key"] for r in record["runs"].values()} == set(keys) and not record["missing"]
-
-
 def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
     from fixedhead.studies.sweep.presets import as_architecture
 

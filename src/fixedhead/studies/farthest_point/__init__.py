@@ -44,7 +44,7 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
-from ..kit.study import Pending, Point, StateStudy, run_study
+from ..kit.study import Point, StateStudy, run_study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 
 
@@ -491,7 +491,12 @@ class FarthestPointStudy(StateStudy):
         return o.seeds[0] if o.learning_rates else None
 
     def plan(self, o):
-        return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
+        first = o.seeds[0]  # with a rate grid, a later seed trains at the rate its first seed chose
+
+        def needs(c, s):
+            return (core.run_key(c.key, seed=first),) if o.learning_rates and s != first else ()
+
+        return [Point(core.run_key(c.key, seed=s), (c, s), needs(c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
 
     def plan_record(self, o):
         return {
@@ -516,8 +521,6 @@ class FarthestPointStudy(StateStudy):
             return {"run": run, **reference, "train_seconds": run["train_seconds"]}
         if not first:
             key = core.run_key(cell.key, seed=o.seeds[0])
-            if key not in done:
-                raise Pending(f"{point.key} waits for {key}, whose chosen rate it trains at")
             run = train(done[key]["tuning"]["chosen"])
             return {"run": run, "train_seconds": run["train_seconds"]}
         lr_grid = {}
