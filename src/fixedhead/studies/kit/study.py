@@ -444,7 +444,8 @@ def _lock(folder: Path, name: str):
 
 def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
     """Claim ``folder`` (:func:`fixedhead.runs.claim_output_dir`) and take its driver lock; the staging files of
-    a driver killed while writing are removed (a folder holding only those is the study's own, and empty)."""
+    a driver killed while writing are removed (a folder holding only those and the lock is the study's own, and
+    empty)."""
     early = None
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     if entries and set(entries) <= {*_leftovers(folder), folder / LOCK_FILE}:
@@ -452,7 +453,8 @@ def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
         for leftover in _leftovers(folder):
             leftover.unlink(missing_ok=True)
     try:
-        claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
+        if not early:  # (a folder holding only its driver lock is the study's own, and empty)
+            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
         handle = early or _lock(folder, study.name)
     except BaseException:
         if early:
