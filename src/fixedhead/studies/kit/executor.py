@@ -174,6 +174,7 @@ def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> I
         # a fresh instance for this command: N points at once, no dashboard; workers see the driver's imports
         env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
         ray.init(
+            address="local",  # never an instance another command started
             num_cpus=ex.workers * threads,
             include_dashboard=False,
             object_store_memory=200 * 2**20,
@@ -183,6 +184,11 @@ def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> I
     else:
         ray.init(address=ex.ray_address, log_to_driver=progress)
     try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if ex.gpus_per_point and gpus < ex.gpus_per_point:  # its tasks would wait for ever
+            raise ValueError(
+                f"--gpus-per-point {ex.gpus_per_point:g}: the Ray cluster has {gpus:g} GPU(s); give fewer, or none"
+            )
         task = ray.remote(_ray_task).options(
             num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
         )
