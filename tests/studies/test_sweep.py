@@ -197,7 +197,7 @@ def test_cli_report_errors(tmp_path, capsys):
     assert "holds no sweep results (results.json)" in capsys.readouterr().err
 
 
-def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
+def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "q"
     rc = main(
@@ -238,6 +238,12 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch):
     bpc = state["runs"]["d32-h4-dp8-s0"]["heldout_bits_per_character"]
     points = collect_points(state)[("head_size", "fixed")]
     assert 0 < bpc < 10 and f"| {bpc:.3f} (1 seed) |" in "\n".join(points_table(points, "d_p", None))
+    # a held-out loss edited in results.json (its run's metrics.json disagrees): `report` refuses, naming the point
+    record = json.loads((out / "results.json").read_text())
+    record["runs"]["d32-h4-dp8-s0"]["heldout_loss"] -= 0.5
+    (out / "results.json").write_text(json.dumps(record))
+    assert main(["report", str(out), "--output-dir", str(tmp_path / "r")]) == 2
+    assert "the result of point d32-h4-dp8-s0 was changed after it was recorded" in capsys.readouterr().err
 
 
 def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():

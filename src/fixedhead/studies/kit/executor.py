@@ -180,6 +180,7 @@ def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> I
             object_store_memory=200 * 2**20,
             runtime_env={"env_vars": env},
             log_to_driver=progress,
+            _system_config={"worker_niceness": 0},  # the points are this command's work, not background jobs
         )
     else:
         ray.init(address=ex.ray_address, log_to_driver=progress)
