@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20000, help="training steps per point (default 20000)")
     p.add_argument("--out", type=Path, help="keep the two study folders here (default: a temporary folder)")
     args = p.parse_args(argv)
+    load = os.getloadavg()[0]  # other work on the machine shares its cores with the two runs
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         serial = run(root / "in-process", args.steps, [])
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
         a, b = (json.loads((root / f / "results.json").read_text()) for f in ("in-process", "workers-2"))
         same = untimed(a["runs"]) == untimed(b["runs"])
         point_seconds = [r["train_seconds"] for r in a["runs"].values()]
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end")
+        ray_seconds = [r["train_seconds"] for r in b["runs"].values()]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     print(
         f"points: {len(point_seconds)}, in-process seconds per point {min(point_seconds):.1f}-{max(point_seconds):.1f}"
     )

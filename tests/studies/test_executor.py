@@ -104,7 +104,9 @@ def in_process(tmp_path):
 
 def test_two_ray_workers_give_the_in_process_numbers_and_files_bit_for_bit(in_process, tmp_path):
     record, files = in_process
-    assert list(record["points"]["narrow-s1"]) == ["node", "torch", "torch_threads", "files", "result_sha256"]
+    assert list(record["points"]["narrow-s1"]) == [
+        *("node", "python", "torch", "transformers", "torch_threads", "files", "result_sha256")
+    ]
     out = tmp_path / "ray"
     ray_record = run_study(Tiny(), output_dir=out, progress=False, executor=Executor(workers=2, threads=1))
     assert ray_record["runs"] == record["runs"] and not ray_record["missing"]
@@ -135,10 +137,19 @@ def test_a_point_that_raises_on_ray_is_recorded_as_failed_and_reported_missing(t
 
 
 def test_a_killed_ray_worker_is_retried_and_the_numbers_are_the_same(in_process, tmp_path):
-    tiny, out = Tiny(), tmp_path / "k"
-    tiny.kill_once_at = "wide-s0"
-    record = run_study(tiny, output_dir=out, progress=False, executor=Executor(workers=2, threads=1))
-    assert (out / "killed-wide-s0").is_file()  # it did die once
+    import torch
+
+    out, threads = tmp_path / "k", torch.get_num_threads()
+    torch.set_num_threads(1)  # the first seed in this process, as the in-process fixture ran it
+    try:
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    # then the second seed on Ray, reading the stored first seed's results; one worker dies mid-point
+    tiny = Tiny()
+    tiny.kill_once_at = "wide-s1"
+    record = run_study(tiny, output_dir=out, grow=True, progress=False, executor=Executor(workers=2, threads=1))
+    assert (out / "killed-wide-s1").is_file()  # it did die once
     assert record["runs"] == in_process[0]["runs"] and not record["missing"]
     assert _files(out) == in_process[1]
 

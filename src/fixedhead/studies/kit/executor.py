@@ -83,14 +83,19 @@ def run_point(study, options, point, folder: Path, done: dict, progress: bool, r
     """``study.run`` of one point, to ``(result, record)``: the result through a JSON round trip with its
     ``train_seconds`` (wall seconds when the study gives none); the record names the node and versions that ran
     it (Ray's on Ray) and the digests of its run files (:func:`point_files`)."""
+    import platform
+
     import torch
+    import transformers
 
     start = time.time()
     result = json.loads(json.dumps(study.run(options, point, folder, done, progress)))
     result.setdefault("train_seconds", round(time.time() - start, 1))
     record = {
         "node": socket.gethostname(),
+        "python": platform.python_version(),
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
         **({"ray": ray_version} if ray_version else {}),
         "files": point_files(folder, point.key),
@@ -152,14 +157,15 @@ def _ordered(points, stored) -> list:
     return out
 
 
-def _ray_task(study, options, point, folder, stored, progress, threads, *needed):
-    """One point on a Ray worker: torch at ``threads`` threads, ``done`` = the stored results and the results
-    of the points it needs (``needed``: (result, record) pairs Ray resolved from their tasks)."""
+def _ray_task(study, options, point, folder, stored, progress, threads, keys, *needed):
+    """One point on a Ray worker: torch at ``threads`` threads, ``done`` = the results stored before this command
+    and those of the points it needs that run in this command (``keys``; ``needed``: their (result, record)
+    pairs, which Ray resolved from their tasks before starting this one)."""
     import ray
     import torch
 
     torch.set_num_threads(threads)
-    done = {**stored, **{k: r for k, (r, _) in zip(point.needs, needed, strict=True)}}
+    done = {**stored, **{k: r for k, (r, _) in zip(keys, needed, strict=True)}}
     return run_point(study, options, point, Path(folder), done, progress, ray_version=ray.__version__)
 
 
@@ -193,15 +199,13 @@ def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> I
         task = ray.remote(_ray_task).options(
             num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
         )
-        study_ref = ray.put(study)
+        study_ref, stored_ref = ray.put(study), ray.put(dict(stored))
         refs: dict[str, Any] = {}
         planned = {p.key: p for p in points}
         for point in _ordered(points, stored):
-            needed = [refs[k] for k in point.needs if k in refs]
-            have = {k: stored[k] for k in point.needs if k not in refs}
-            point_needs = type(point)(point.key, point.spec, tuple(k for k in point.needs if k in refs))
+            keys = [k for k in point.needs if k in refs]
             refs[point.key] = task.remote(
-                study_ref, options, point_needs, str(folder), have, progress, threads, *needed
+                study_ref, options, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
             )
         waiting = {ref: key for key, ref in refs.items()}
         while waiting:
