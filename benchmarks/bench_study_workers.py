@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         ray_seconds = [r["train_seconds"] for r in b["runs"].values()]
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     print(
-        f"points: {len(point_seconds)}; seconds per point in-process {min(point_seconds):.1f}-{max(point_seconds):.1f}, "
+        f"points: {len(point_seconds)}; seconds a point in-process {min(point_seconds):.1f}-{max(point_seconds):.1f}, "
         f"on the Ray workers {min(ray_seconds):.1f}-{max(ray_seconds):.1f}"
     )
     print(f"in-process: {serial:.1f} s; --workers 2: {workers:.1f} s; ratio {serial / workers:.2f}x")
