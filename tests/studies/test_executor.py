@@ -235,3 +235,15 @@ def test_staging_files_of_a_driver_killed_while_writing_are_its_own(tmp_path):
     (other / ".plan.json.notes").write_text("mine")
     with pytest.raises(FileExistsError, match="did not create"):
         run_study(Tiny(), TinyOptions(seeds=(0,)), other, progress=False)
+
+
+def test_executor_options_that_cannot_run_are_refused_in_one_line():
+    from fixedhead.cli import main
+
+    with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
+        Executor(workers=0)
+    with pytest.raises(ValueError, match="--gpus-per-point asks Ray for GPUs"):
+        Executor(gpus_per_point=1)
+    with pytest.raises(ValueError, match="give one of them"):
+        Executor(workers=2, ray_address="auto")
+    assert main(["farthest-point", "--quick", "--workers", "2", "--ray-address", "auto"]) == 2  # before any folder

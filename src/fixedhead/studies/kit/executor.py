@@ -46,8 +46,8 @@ class Executor:
     ``--threads`` set; on a local instance: cores // workers, so workers × threads ≤ cores; on a cluster: 1).
 
     Raises:
-        ValueError: a non-positive ``workers``, ``threads`` or ``gpus_per_point``, or ``gpus_per_point``
-            without Ray.
+        ValueError: a non-positive ``workers``, ``threads`` or ``gpus_per_point``; ``gpus_per_point`` without Ray;
+            both ``workers`` and ``ray_address``.
     """
 
     workers: int | None = None
@@ -62,6 +62,11 @@ class Executor:
             positive_int("threads", self.threads)
         if self.gpus_per_point is not None and not self.gpus_per_point > 0:
             raise ValueError(f"gpus_per_point must be positive, got {self.gpus_per_point!r}")
+        if self.workers is not None and self.ray_address:
+            raise ValueError(
+                f"--workers {self.workers} starts a Ray instance on this machine, --ray-address {self.ray_address} "
+                "(or $RAY_ADDRESS) names a cluster: give one of them"
+            )
         if self.gpus_per_point is not None and not self.distributed:
             raise ValueError("--gpus-per-point asks Ray for GPUs: give --workers N or --ray-address too")
 
