@@ -37,6 +37,7 @@ class Tiny(Study):
     points_only = ("arms", "seeds")
     fail_at: str | None = None
     kill_once_at: str | None = None
+    kill_always_at: str | None = None
 
     def plan(self, o):
         first = o.seeds[0]
@@ -53,7 +54,7 @@ class Tiny(Study):
         if point.key == self.fail_at:
             raise RuntimeError(f"{point.key} cannot train")
         marker = folder / f"killed-{point.key}"
-        if point.key == self.kill_once_at and not marker.exists():
+        if point.key == self.kill_always_at or point.key == self.kill_once_at and not marker.exists():
             marker.write_text("once")
             os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-point
         lr = 0.05 if not point.needs else 0.05 * (1 + done[point.needs[0]]["loss"])
@@ -119,16 +120,17 @@ def test_two_ray_workers_give_the_in_process_numbers_and_files_bit_for_bit(in_pr
 
 def test_a_point_that_raises_on_ray_is_recorded_as_failed_and_reported_missing(tmp_path):
     tiny, out = Tiny(), tmp_path / "t"
-    tiny.fail_at = "narrow-s0"
+    tiny.fail_at, tiny.kill_always_at = "narrow-s0", "wide-s1"  # one raises, one's worker dies on both tries
     record = run_study(tiny, output_dir=out, progress=False, executor=Executor(workers=2, threads=1))
     assert record["failed"] == {
         "narrow-s0": "RuntimeError: narrow-s0 cannot train",
         "narrow-s1": "not run: it needs narrow-s0, which failed",
+        "wide-s1": "its worker died on both tries (WorkerCrashedError)",
     }
-    assert record["missing"] == ["narrow-s0", "narrow-s1"] and set(record["runs"]) == {"wide-s0", "wide-s1"}
+    assert record["missing"] == ["narrow-s0", "narrow-s1", "wide-s1"] and set(record["runs"]) == {"wide-s0"}
     report = (out / "report.md").read_text()
     assert (
-        "Incomplete: 2 point(s)" in report and "Point narrow-s0 failed: RuntimeError: narrow-s0 cannot train" in report
+        "Incomplete: 3 point(s)" in report and "Point narrow-s0 failed: RuntimeError: narrow-s0 cannot train" in report
     )
     assert json.loads((out / "results.json").read_text())["failed"] == record["failed"]
     # the rerun runs what failed (here in-process) and the record forgets the failure
