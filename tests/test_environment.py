@@ -31,7 +31,7 @@ def _locked() -> dict[str, tuple[Version, int]]:
 def _direct() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    return [Requirement(r) for r in project["dependencies"] + extras["dev"] + extras["onnx"]]
+    return [Requirement(r) for r in project["dependencies"] + extras["dev"] + extras["onnx"] + extras["ray"]]
 
 
 def test_every_package_of_the_lock_is_pinned_with_hashes():

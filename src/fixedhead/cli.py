@@ -268,10 +268,34 @@ def _kit_study(name: str):
             action="store_true",
             help="run every point again with these options (the plan and the stored results are replaced)",
         )
-        g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+        g.add_argument(
+            "--threads",
+            type=int,
+            metavar="N",
+            help="torch CPU threads (per point with Ray; default: torch's choice, with --workers cores / workers, "
+            "on a cluster 1)",
+        )
+        g.add_argument(
+            "--workers",
+            type=int,
+            metavar="N",
+            help="run N points at once as Ray tasks on a local Ray instance this command starts and stops "
+            "(default: one after another in this process, no Ray)",
+        )
+        g.add_argument(
+            "--ray-address",
+            metavar="ADDR",
+            default=os.environ.get("RAY_ADDRESS") or None,
+            help="run the points as tasks on this existing Ray cluster (auto or HOST:PORT; default: $RAY_ADDRESS); "
+            "--output-dir must be a path every node sees",
+        )
+        g.add_argument(
+            "--gpus-per-point", type=float, metavar="G", help="GPUs each point's Ray task asks for (default: none)"
+        )
         g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args):
+        from .studies.kit.executor import Executor
         from .studies.kit.study import run_study, study_folder
 
         s = study()
@@ -287,6 +311,7 @@ def _kit_study(name: str):
         except ValueError as e:
             raise ValueError(in_option_words(str(e), s.Options)) from None
         out = study_folder(s, options, args.output_dir, args.quick)
+        executor = Executor(args.workers, args.ray_address, args.gpus_per_point, args.threads)
         record = run_study(
             s,
             options,
@@ -296,10 +321,15 @@ def _kit_study(name: str):
             overwrite=args.overwrite,
             progress=not args.no_progress,
             command=args.command_line,
+            executor=executor,
         )
         print((out / "report.md").read_text())
         written = sorted(p.name for pattern in s.files for p in out.glob(pattern) if p.is_file())
         print(f"wrote {out}/: report.md, results.json, plan.json" + "".join(f", {f}" for f in written))
+        for key, error in record.get("failed", {}).items():
+            print(f"fixedhead {s.name}: point {key} failed: {error}", file=sys.stderr)
+        if record.get("failed"):
+            return 1
         if isinstance(record["summary"], dict) and record["summary"].get("passed") is False:
             if args.quick:  # seconds-sized models: the verdict means nothing, the run is a smoke test
                 print(f"fixedhead {s.name}: the check failed, as --quick's untrained models may", file=sys.stderr)

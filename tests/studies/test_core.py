@@ -73,33 +73,17 @@ def test_overrides_have_one_policy():
         core.pick({"small": dict}, "big", "toy")
 
 
-def test_run_lock_skips_live_workers_and_takes_over_dead_ones(tmp_path):
-    import os
-    import subprocess
-
-    run_dir = tmp_path / "runs" / "d16-h2-dp8-s0"
-    lock = core.try_lock(run_dir)
-    assert lock is not None and lock.read_text() == str(os.getpid()) and not run_dir.exists()
-    lock.write_text(str(os.getppid()))  # a live process that is not us
-    assert core.try_lock(run_dir) is None
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    lock.write_text(str(dead.pid))  # a finished process: its lock is stale
-    assert core.try_lock(run_dir) == lock and lock.read_text() == str(os.getpid())
-
-
-def test_wall_time_counts_side_by_side_workers_once_and_not_the_days_between(tmp_path, monkeypatch):
+def test_wall_time_counts_invocations_and_not_the_days_between(tmp_path, monkeypatch):
     clock = iter([130.0, 160.0, 1000.0, 1030.0])  # each save_state reads the clock once
     monkeypatch.setattr(core.time, "time", lambda: next(clock))
     path = tmp_path / "results.json"
     # an older results file: first start at 0, 50 s of wall time, no spans recorded
     path.write_text(json.dumps({"meta": {"first_started": 0.0, "total_seconds": 50.0}}))
     old = json.loads(path.read_text())["meta"]
-    a = {"meta": {**old, "invocation_started": 100.0}}  # two workers, 100-130 and 120-160: 60 s together
-    b = {"meta": {**old, "invocation_started": 120.0}}
+    a = {"meta": {**old, "invocation_started": 100.0}}  # an invocation from 100 s, saving at 130 and 160
     core.save_state(path, a, [])
     runs = [dict(train_seconds=30.0), dict(train_seconds=20.0, finetune=dict(train_seconds=5))]
-    core.save_state(path, b, runs, others=json.loads(path.read_text())["meta"])  # b merges what a wrote
+    core.save_state(path, a, runs)
     meta = json.loads(path.read_text())["meta"]
     assert meta["active"] == [[0.0, 50.0], [100.0, 160.0]]
     assert (meta["total_seconds"], meta["compute_seconds"]) == (110.0, 55.0)

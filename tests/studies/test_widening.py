@@ -226,16 +226,3 @@ def test_each_arm_chooses_its_rate_on_the_validation_split(small_real_corpus, tm
     assert again["tuning"] == tuning
     with pytest.raises(FileExistsError, match="other settings"):
         run_study(W.WideningStudy(tmp_path / "cache"), replace(options, learning_rates=(1e-3, 2e-3)), out, **kw)
-
-
-def test_a_worker_whose_base_another_worker_holds_reports_an_incomplete_study(small_real_corpus, tmp_path, monkeypatch):
-    from fixedhead.studies.kit import core
-
-    out = tmp_path / "wx"
-    options = _options(monkeypatch, small_real_corpus)
-    real_lock = core.try_lock
-    monkeypatch.setattr(core, "try_lock", lambda path: None if path.name == "base" else real_lock(path))
-    record = run_study(W.WideningStudy(tmp_path / "cache"), options, out, progress=False)
-    assert "base" in record["missing"] and not record["runs"]  # every arm waits for the base
-    report = (out / "report.md").read_text()
-    assert "Incomplete" in report and "not prepared yet: the base has not run" in report

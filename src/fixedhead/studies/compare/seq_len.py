@@ -33,7 +33,7 @@ from ..kit import core
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
-from ..kit.study import Pending, Point, Study
+from ..kit.study import Point, Study
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,12 @@ class SeqLenStudy(Study):
 
     def plan(self, o):
         pairs = core.seed_major([(n, a) for n in o.lengths for a in o.architectures], o.seeds)
-        return [Point(core.run_key(f"n{n}-{a}", seed=s), (n, a, s)) for (n, a), s in pairs]
+        first = o.seeds[0]  # a later seed trains at the rates its first seed chose
+
+        def needs(n, a, s):
+            return () if s == first else (core.run_key(f"n{n}-{a}", seed=first),)
+
+        return [Point(core.run_key(f"n{n}-{a}", seed=s), (n, a, s), needs(n, a, s)) for (n, a), s in pairs]
 
     def plan_record(self, o):
         return plan_record(o)
@@ -210,8 +215,6 @@ class SeqLenStudy(Study):
         first = seed == o.seeds[0]
         grid = o.learning_rates if (o.learning_rates and first) else None
         first_key = core.run_key(f"n{n}-{arch}", seed=o.seeds[0])
-        if not first and first_key not in done:
-            raise Pending(f"{point.key} waits for {first_key}, whose rates it trains at")
         chosen = None if first else done[first_key]["rates"]
         s = spec(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
         data = self.data(s.data, progress)

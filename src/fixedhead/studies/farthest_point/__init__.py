@@ -44,7 +44,7 @@ from ..kit.learning_rate import (
     selection_record,
 )
 from ..kit.stats import FAILS_BELOW, SUCCEEDS_AT, mean_std, pm_of, threshold_verdict
-from ..kit.study import Pending, Point, Study
+from ..kit.study import Point, Study
 from .set_attention import Cell, FarthestPointRecipe, SetAttentionModel, attention_free_reference, train_cell
 
 
@@ -460,7 +460,12 @@ class FarthestPointStudy(Study):
         return o.seeds[0] if o.learning_rates else None
 
     def plan(self, o):
-        return [Point(core.run_key(c.key, seed=s), (c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
+        first = o.seeds[0]  # with a rate grid, a later seed trains at the rate its first seed chose
+
+        def needs(c, s):
+            return (core.run_key(c.key, seed=first),) if o.learning_rates and s != first else ()
+
+        return [Point(core.run_key(c.key, seed=s), (c, s), needs(c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
 
     def plan_record(self, o):
         return {
@@ -485,8 +490,6 @@ class FarthestPointStudy(Study):
             return {"run": run, **reference, "train_seconds": run["train_seconds"]}
         if not first:
             key = core.run_key(cell.key, seed=o.seeds[0])
-            if key not in done:
-                raise Pending(f"{point.key} waits for {key}, whose chosen rate it trains at")
             run = train(done[key]["tuning"]["chosen"])
             return {"run": run, "train_seconds": run["train_seconds"]}
         lr_grid = {}

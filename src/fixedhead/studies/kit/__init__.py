@@ -1,7 +1,8 @@
 """The study kit: what every study under :mod:`fixedhead.studies` stands on, and nothing study-specific.
 
 ``core`` (presets, seed and step overrides, the output-folder claim, the results file written
-atomically with its command and versions, a seed-major plan, workers sharing a folder), ``stats``
+atomically with its command and versions, a seed-major plan), ``study`` (the Study shape and its driver),
+``executor`` (points in this process or as Ray tasks), ``stats``
 (mean ± std, paired and unpaired differences with 95% intervals, Holm, the verdict words),
 ``render`` (markdown tables, "What was run", figures), ``recipes`` (named data + training settings)
 and ``learning_rate`` (each arm's own rate chosen on a validation split, and its record).

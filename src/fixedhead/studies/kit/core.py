@@ -1,15 +1,11 @@
 """The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset, the step override, a results
-file's meta (environment, commands, timing) written atomically, run keys, a seed-major plan, and the locks
-workers sharing a folder take.
+file's meta (environment, commands, timing) written atomically, run keys and a seed-major plan.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +67,20 @@ def active_spans(spans: Iterable[Iterable[float]]) -> list[list[float]]:
     return merged
 
 
-def save_state(path: Path, state: dict, runs: Iterable[dict], others: dict | None = None) -> None:
+def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
     """Write ``state`` atomically to ``path`` with its wall time and the training seconds of
     ``runs`` summed, fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``).
 
     The wall time is the length of the union of every invocation's span, from its start to its
     latest save (``meta.active``, which :func:`start_meta` carries over from the results it
-    resumes, merged with ``others``: the ``meta`` another worker sharing the folder wrote): workers
-    running side by side count once, and the days between a study's sessions do not count. Results
+    resumes): the days between a study's sessions do not count. Results
     from before the spans were recorded contribute their first start plus their recorded wall time
     as one span."""
     meta = state["meta"]
     spans = [[meta["invocation_started"], time.time()]]
-    for old in (meta, others or {}):
-        spans += old.get("active") or (
-            [[old["first_started"], old["first_started"] + old["total_seconds"]]] if "total_seconds" in old else []
-        )
+    spans += meta.get("active") or (
+        [[meta["first_started"], meta["first_started"] + meta["total_seconds"]]] if "total_seconds" in meta else []
+    )
     meta["active"] = [[round(a, 1), round(b, 1)] for a, b in active_spans(spans)]
     meta["total_seconds"] = round(sum(b - a for a, b in meta["active"]), 1)
     meta["compute_seconds"] = round(
@@ -106,52 +100,3 @@ def seed_major(items: Iterable, seeds: Iterable[int]) -> list[tuple[Any, int]]:
     has the widest picture first."""
     items = list(items)
     return [(item, seed) for seed in seeds for item in items]
-
-
-@contextmanager
-def one_writer(results_file: Path) -> Iterator[None]:
-    """Hold an exclusive lock beside ``results_file`` (``.NAME.lock``) for the block: workers sharing
-    a folder read, merge and write the results file one at a time, so none drops another's newest run."""
-    with open(results_file.with_name(f".{results_file.name}.lock"), "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes
-        yield
-
-
-def try_lock(run_dir: Path) -> Path | None:
-    """Claim ``run_dir`` for this process (``RUN_DIR.lock`` holding the pid); None if a live process holds it.
-
-    Lets several workers of a study share one output directory (each skips what another is
-    training); a lock left by a dead process is taken over.
-    """
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock = run_dir.with_name(run_dir.name + ".lock")  # beside, not inside: pretrain wants its own directory
-    # the pid is written first and the lock appears whole (a hard link), so no reader sees it empty
-    staged = run_dir.with_name(f".{run_dir.name}.lock.{os.getpid()}")
-    staged.write_text(str(os.getpid()))
-    try:
-        return _take(lock, staged)
-    finally:
-        staged.unlink(missing_ok=True)
-
-
-def _take(lock: Path, staged: Path) -> Path | None:
-    for _ in range(2):
-        try:
-            os.link(staged, lock)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid():
-                try:
-                    os.kill(pid, 0)
-                    return None  # alive
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    return None
-            lock.unlink(missing_ok=True)
-            continue
-        return lock
-    return None

@@ -16,22 +16,27 @@ A study subclasses :class:`Study` and declares
 
 A study's command is one line of :data:`fixedhead.studies.STUDIES`.
 
-:func:`run_study` owns the rest: the output-folder claim; the plan written to ``plan.json`` with its
-SHA-256 before the first point runs (once results exist, points of other settings are refused unless
-``overwrite`` runs them all again, and other points unless the study is asked to ``grow``, which its record
-keeps in ``plan_history``); ``results.json`` (``meta``: command, every earlier command, versions, machine,
-wall and compute time; ``runs``: one result per point key; ``missing``; ``summary``) written atomically
-after every point, so an interrupted study resumes where it stopped; workers sharing a folder (each point
-claimed with a lock, finished points reread, results merged under a lock, a point waiting for another's
-result left as :class:`Pending`); progress; the report's notes (incomplete, the plan's hash).
+:func:`run_study` owns the rest: the output-folder claim and the one driver lock (a second command on a folder a
+live one runs is refused); the plan written to ``plan.json`` with its SHA-256 before the first point runs, the hash
+checked again on every read (once results exist, points of other settings are refused unless ``overwrite`` runs
+them all again, and other points unless the study is asked to ``grow``, which its record keeps in
+``plan_history``); ``results.json`` (``meta``: command, every earlier command, versions, machine, wall and compute
+time; ``runs``: one result per point key; ``points``: where each ran, its versions, the hash of its result and of
+its run files, checked on resume and by ``fixedhead report``; ``failed``; ``missing``; ``summary``), written
+atomically as each point finishes, so an interrupted study resumes where it stopped; the points handed to an
+executor (:mod:`~fixedhead.studies.kit.executor`: in this process, or Ray tasks); progress; the report's notes
+(incomplete, failed points, the plan's hash).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,19 +44,23 @@ from typing import Any, ClassVar
 
 from ...runs import claim_output_dir, load_json_file, write_text_atomic
 from . import core
+from .executor import Executor, result_sha256
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
+LOCK_FILE = ".driver.lock"
 
 
 @dataclass(frozen=True)
 class Point:
     """One unit of a study's work: ``key`` names it (its folder and its entry in ``results.json``),
-    ``spec`` is whatever :meth:`Study.run` needs to run it."""
+    ``spec`` is whatever :meth:`Study.run` needs to run it; ``needs``: the keys of the points whose results it
+    reads (it runs after them and finds them in ``done``)."""
 
     key: str
     spec: Any = None
+    needs: tuple[str, ...] = ()
 
 
 class Study:
@@ -91,6 +100,10 @@ class Study:
 
     def __init__(self, cache_dir=None):
         self.cache_dir, self._prepared = cache_dir, {}
+
+    def __getstate__(self):
+        """Sent to a Ray worker without the data prepared in this process (the worker prepares its own)."""
+        return self.__dict__ | {"_prepared": {}}
 
     def data(self, settings, progress: bool = True):
         """:func:`fixedhead.data.prepare_data` of ``settings`` (a DataSettings) in ``cache_dir``, once per
@@ -132,9 +145,8 @@ class Study:
         return {}
 
     def run(self, options, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
-        """Run ``point`` in ``folder`` (the study's output folder); ``done``: the results of the points
-        finished so far (a later point may use an earlier one's, e.g. the rates the first seed chose;
-        raise :class:`Pending` when it is not there yet)."""
+        """Run ``point`` in ``folder`` (the study's output folder); ``done``: results of points finished before it
+        started, among them every point of ``point.needs`` (e.g. the rates the first seed chose)."""
         raise NotImplementedError
 
     def state(self, options, results: list[dict], record: dict | None = None) -> Any:
@@ -230,12 +242,7 @@ def write_plan(
     new = new or plan_file(study, options)
     path, history = folder / PLAN_FILE, []
     if path.is_file():
-        old = load_json_file(path, f"{study.name} plan")
-        if old.get("plan", {}).get("study") != study.name:
-            raise FileExistsError(
-                f"{path} is the plan of `fixedhead {old.get('plan', {}).get('study')}`, not of `fixedhead "
-                f"{study.name}`; choose another --output-dir (nothing was changed)"
-            )
+        old = read_plan(path, study.name)
         if old["sha256"] == new["sha256"]:
             return old
         if study.paths and _without(old["plan"], study.paths) == _without(new["plan"], study.paths):
@@ -322,12 +329,128 @@ def stored_runs(folder: Path) -> dict:
 
 
 def output_files(study: Study) -> tuple[str, ...]:
-    return (PLAN_FILE, RESULTS_FILE, REPORT_FILE, f".{PLAN_FILE}.*", f".{RESULTS_FILE}.*", f".{REPORT_FILE}.*")
+    return (
+        PLAN_FILE,
+        RESULTS_FILE,
+        REPORT_FILE,
+        LOCK_FILE,
+        f".{PLAN_FILE}.*",
+        f".{RESULTS_FILE}.*",
+        f".{REPORT_FILE}.*",
+    )
 
 
-class Pending(Exception):
-    """Raised by :meth:`Study.run` when a point needs a result another worker has not saved yet (the first
-    seed's chosen rates): the point is left for a later invocation."""
+def read_plan(path: Path, name: str) -> dict:
+    """``plan.json`` of study ``name`` with its hash recomputed: the stored ``sha256`` must be the hash of the
+    stored plan.
+
+    Raises:
+        FileExistsError: another study's plan; a plan changed after it was hashed (naming both hashes).
+    """
+    record = load_json_file(path, f"{name} plan")
+    if record.get("plan", {}).get("study") != name:
+        raise FileExistsError(
+            f"{path} is the plan of `fixedhead {record.get('plan', {}).get('study')}`, not of `fixedhead "
+            f"{name}`; choose another --output-dir (nothing was changed)"
+        )
+    text = json.dumps(record.get("plan"), indent=1, sort_keys=True)
+    actual = hashlib.sha256(text.encode()).hexdigest()
+    if record.get("sha256") != actual:
+        raise FileExistsError(
+            f"{path} was changed after it was written: its plan hashes to {actual[:12]}, it records "
+            f"{str(record.get('sha256'))[:12]}; restore it or choose another --output-dir (nothing was changed)"
+        )
+    return record
+
+
+def check_points(folder: Path, stored: dict, keys=None) -> None:
+    """Refuse stored results that no longer match their record (``stored["points"]``): a result edited by hand
+    (its hash), or a run file (``metrics.json``, weights) rewritten since (its digest). A recorded file that is
+    absent passes (a committed result folder carries no weights). ``keys``: the points to check (all recorded).
+
+    Raises:
+        FileExistsError: naming the first point that does not match, and what.
+    """
+    from ...runs import file_digest
+
+    for key, rec in stored.get("points", {}).items():
+        if key not in stored.get("runs", {}) or (keys is not None and key not in keys):
+            continue
+        if rec.get("result_sha256") not in (None, result_sha256(stored["runs"][key])):
+            raise FileExistsError(
+                f"{folder / RESULTS_FILE}: the result of point {key} was changed after it was recorded (it no "
+                "longer matches its hash); restore it, or pass --overwrite to run the study again (nothing was changed)"
+            )
+        for rel, digest in rec.get("files", {}).items():
+            path = folder / rel
+            if path.is_file() and file_digest([path]) != digest:
+                raise FileExistsError(
+                    f"{path} (point {key}) no longer matches its record in {RESULTS_FILE}: it was rewritten after "
+                    "the point finished; pass --overwrite to run the study again, or choose another --output-dir "
+                    "(nothing was changed)"
+                )
+
+
+def _staging(name: str) -> re.Pattern:
+    """The temporary names :func:`fixedhead.runs.staged_outputs` writes ``name`` under before renaming it."""
+    return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp{re.escape(Path(name).suffix)}")
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """The study's own files that a killed driver may leave: the staging files of plan, results and report."""
+    if not folder.is_dir():
+        return []
+    own = [_staging(n) for n in (PLAN_FILE, RESULTS_FILE, REPORT_FILE)]
+    return [e for e in folder.iterdir() if e.is_file() and any(p.fullmatch(e.name) for p in own)]
+
+
+def _lock(folder: Path, name: str):
+    """Hold the folder's driver lock (``.driver.lock``, an exclusive ``flock`` the kernel drops when the process
+    ends, killed or not) and return its open file, which keeps it.
+
+    Raises:
+        FileExistsError: another live command holds it (naming its pid, host and start).
+    """
+    handle = open(folder / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise FileExistsError(
+            f"{folder} is being run by another `fixedhead {name}` ({holder}); wait for it to finish or choose "
+            "another --output-dir (nothing was changed)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {since}")
+    handle.flush()
+    return handle
+
+
+def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
+    """Claim ``folder`` (:func:`fixedhead.runs.claim_output_dir`) and take its driver lock; the staging files of
+    a driver killed while writing are removed (a folder holding only those and the lock is the study's own, and
+    empty)."""
+    early = None
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    if entries and set(entries) <= {*_leftovers(folder), folder / LOCK_FILE}:
+        early = _lock(folder, study.name)  # only what a killed driver left: ours to clear
+        for leftover in _leftovers(folder):
+            leftover.unlink(missing_ok=True)
+    try:
+        if not early:  # (a folder holding only its driver lock is the study's own, and empty)
+            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
+        handle = early or _lock(folder, study.name)
+    except BaseException:
+        if early:
+            early.close()
+        raise
+    for leftover in _leftovers(folder):
+        leftover.unlink(missing_ok=True)
+    return handle
 
 
 def run_study(
@@ -340,28 +463,35 @@ def run_study(
     overwrite: bool = False,
     progress: bool = True,
     command: str = "",
+    executor: Executor | None = None,
 ) -> dict:
     """Run every point of ``study``'s plan that is not finished, summarise, write the report.
 
     Args:
         options: the study's ``Options`` (None: its defaults, or its quick options with ``quick``).
-        output_dir: where it writes (None: the study's :attr:`Study.default_dir`, :func:`study_folder`).
+        output_dir: where it writes (None: the study's :attr:`Study.default_dir`, :func:`study_folder`); with Ray
+            workers on other machines, a path every node sees at the same place.
         grow: accept a plan with other points after results exist (recorded; stored results kept).
         overwrite: run every point again, with these options (the stored results are replaced).
         progress: a progress bar over the points. command: the command line, recorded.
+        executor: where the points run (None: in this process, one after another).
 
     Returns:
         the record written to ``results.json``: ``meta``, ``options``, ``plan_sha256``, ``plan_history``,
-        ``runs`` (``{point key: result}``, the plan's points first), ``missing`` (plan points without a
-        result: held by another worker, or waiting for one) and ``summary`` (of the plan's points).
+        ``runs`` (``{point key: result}``, the plan's points first), ``points`` (``{point key: node, versions,
+        result and file hashes}``), ``failed`` (``{point key: error}`` of Ray tasks that raised or whose worker
+        died twice), ``missing`` (plan points without a result) and ``summary`` (of the plan's points).
 
     Raises:
         ValueError: bad options or an empty plan (before anything is written).
         FileExistsError: the folder holds something the study did not write, another study's output,
-            points of other settings (without ``overwrite``) or of another plan (without ``grow``).
+            points of other settings (without ``overwrite``) or of another plan (without ``grow``), a plan or
+            result changed after it was written, or another live command runs it.
+        Exception: in this process, whatever a point raised (the points before it are saved).
     """
     from tqdm.auto import tqdm
 
+    executor = executor or Executor()
     options = study.resolve(options_of(study, options, quick))
     if getattr(options, "corpus", None):  # a corpus path that does not exist, named before the folder is touched
         from ...data.corpus import check_corpus_source
@@ -371,69 +501,56 @@ def run_study(
     new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
     owned = output_files(study) + tuple(study.files)
-    claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
-    study.overwriting, study.folder = overwrite, folder
-    points, previous = study.plan(options), _stored(folder)
-    stored = {} if overwrite else previous.get("runs", {})
-    changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
-    if changed:
-        raise FileExistsError(
-            f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
-            f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all again, "
-            "or choose another --output-dir (nothing was changed)"
+    lock = _take_folder(folder, study, owned)
+    try:
+        study.overwriting, study.folder = overwrite, folder
+        points, previous = study.plan(options), _stored(folder)
+        stored = {} if overwrite else previous.get("runs", {})
+        if not overwrite:
+            check_points(folder, previous)
+        changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
+        if changed:
+            raise FileExistsError(
+                f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
+                f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all "
+                "again, or choose another --output-dir (nothing was changed)"
+            )
+        plan = write_plan(folder, study, options, grow, overwrite, new)
+        preset = getattr(options, "preset", "custom")
+        meta = core.start_meta(
+            preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"]
         )
-    plan = write_plan(folder, study, options, grow, overwrite, new)
-    preset = getattr(options, "preset", "custom")
-    meta = core.start_meta(preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"])
-    state = {"meta": meta, "runs": {} if overwrite else dict(previous.get("runs", {}))}
-    fresh: set[str] = set()  # points this invocation ran (with overwrite, the only results kept)
-    todo = [p for p in points if overwrite or p.key not in state["runs"]]
-    for point in tqdm(todo, desc=study.name, unit="point", disable=not progress or not todo):
-        lock = core.try_lock(folder / point.key)
-        if lock is None:  # another worker runs it
-            continue
-        try:
-            others = stored_runs(folder)
-            if point.key in others and not overwrite:  # another worker finished it meanwhile
-                state["runs"][point.key] = others[point.key]
-                continue
-            done = {**others, **state["runs"]} if not overwrite else state["runs"]
-            start = time.time()
-            try:
-                result = json.loads(json.dumps(study.run(options, point, folder, done, progress)))
-            except Pending:
-                continue
-            result.setdefault("train_seconds", round(time.time() - start, 1))
-            fresh.add(point.key)
-            state["runs"][point.key] = result
-            _save(folder, state, overwrite, fresh)  # saved before the lock goes: no other worker reruns it
-        finally:
-            lock.unlink(missing_ok=True)
-    with core.one_writer(folder / RESULTS_FILE):
-        runs = _save(folder, state, overwrite, fresh, locked=True)
-        record = _record(study, options, state["meta"], plan, runs, points)
-        core.save_state(folder / RESULTS_FILE, record, runs.values(), _stored(folder).get("meta"))
+        state = {
+            "meta": meta,
+            "runs": dict(stored),
+            "points": {} if overwrite else dict(previous.get("points", {})),
+            "failed": {} if overwrite else dict(previous.get("failed", {})),
+        }
+        todo = [p for p in points if p.key not in state["runs"]]
+        bar = tqdm(total=len(todo), desc=study.name, unit="point", disable=not progress or not todo)
+        for outcome in executor.run(study, options, folder.absolute(), todo, state["runs"], progress):
+            if outcome.error is None:
+                state["runs"][outcome.key] = outcome.result
+                state["points"][outcome.key] = {**outcome.record, "result_sha256": result_sha256(outcome.result)}
+                state["failed"].pop(outcome.key, None)
+            else:
+                state["failed"][outcome.key] = outcome.error
+            core.save_state(folder / RESULTS_FILE, state, state["runs"].values())
+            bar.update()
+        bar.close()
+        runs = state["runs"]
+        record = _record(study, options, state["meta"], plan, runs, points, state["points"], state["failed"])
+        core.save_state(folder / RESULTS_FILE, record, runs.values())
         study.write_files(record_state(study, options, record), folder)
         write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
+    finally:
+        lock.close()
     return record
 
 
-def _save(folder: Path, state: dict, overwrite: bool, fresh: set, locked: bool = False) -> dict:
-    """Merge this worker's results with what other workers saved (under the lock) and write them."""
-    from contextlib import nullcontext
-
-    with nullcontext() if locked else core.one_writer(folder / RESULTS_FILE):
-        stored = _stored(folder)
-        others = {k: v for k, v in stored.get("runs", {}).items() if not overwrite or k in fresh}
-        state["runs"] = {**others, **state["runs"]}
-        meta = stored.get("meta") or {}
-        state["meta"]["commands"] = list(dict.fromkeys([*meta.get("commands", []), *state["meta"]["commands"]]))
-        if not locked:
-            core.save_state(folder / RESULTS_FILE, state, state["runs"].values(), meta)
-    return state["runs"]
-
-
-def _record(study: Study, options, meta: dict, plan: dict, runs: dict, points: list[Point]) -> dict:
+def _record(
+    study: Study, options, meta: dict, plan: dict, runs: dict, points: list[Point], recorded=None, failed=None
+) -> dict:
     keys = [p.key for p in points]
     ordered = {k: runs[k] for k in keys if k in runs} | {k: v for k, v in runs.items() if k not in keys}
     return {
@@ -442,6 +559,8 @@ def _record(study: Study, options, meta: dict, plan: dict, runs: dict, points: l
         "plan_sha256": plan["sha256"],
         "plan_history": plan["history"],
         "runs": ordered,
+        **({"points": {k: recorded[k] for k in ordered if k in recorded}} if recorded else {}),
+        **({"failed": {k: v for k, v in failed.items() if k not in runs}} if failed else {}),
         "missing": [k for k in keys if k not in runs],
         "summary": study.summarise(study.state(options, [runs[k] for k in keys if k in runs])),
     }
@@ -460,10 +579,12 @@ def _report(study: Study, options, record: dict) -> str:
     text = study.report(record_state(study, options, record))
     if record["missing"]:
         title, _, rest = text.partition("\n")
+        failed = record.get("failed", {})
         note = (
-            f"**Incomplete: {len(record['missing'])} point(s) of the plan have no result yet** (another worker "
-            f"may hold them): {', '.join(record['missing'][:5])}{' …' if len(record['missing']) > 5 else ''}. "
-            "Rerun the same command to finish."
+            f"**Incomplete: {len(record['missing'])} point(s) of the plan have no result yet**: "
+            f"{', '.join(record['missing'][:5])}{' …' if len(record['missing']) > 5 else ''}. "
+            + "".join(f"Point {k} failed: {v}. " for k, v in failed.items())
+            + "Rerun the same command to finish."
         )
         text = f"{title}\n\n{note}\n{rest}"
     if not study.states_plan and record["plan_sha256"]:
@@ -485,13 +606,16 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
     study.folder = Path(folder)
     path = folder / PLAN_FILE
-    plan = load_json_file(path, f"{study.name} plan") if path.is_file() else None
+    plan = read_plan(path, study.name) if path.is_file() else None
     if plan is None and "options" not in stored:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
+    check_points(Path(folder), stored)
     values = plan["plan"]["options"] if plan else stored["options"]
     options = options_from_dict(study.Options, values)
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
-    record = _record(study, options, stored["meta"], plan, stored["runs"], study.plan(options))
+    points = study.plan(options)
+    recorded, failed = stored.get("points"), stored.get("failed")
+    record = _record(study, options, stored["meta"], plan, stored["runs"], points, recorded, failed)
     return record, _report(study, options, record)
 
 

@@ -46,7 +46,7 @@ from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
 from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
 from ..kit.recipes import get_recipe
-from ..kit.study import Pending, Point, Study
+from ..kit.study import Point, Study
 from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise, write_plots
 
 #: trained-rank diagnostics count directions carrying at least 1% of a head's largest singular value
@@ -330,7 +330,15 @@ class ScalingStudy(Study):
 
     def plan(self, o):
         p = spec(o)
-        return [Point(core.run_key(pt["key"], seed=s), (pt, s)) for pt, s in core.seed_major(points_of(p), p.seeds)]
+        first = p.seeds[0]  # a later seed trains at the rate its first seed chose
+
+        def needs(pt, s):
+            return () if s == first else (core.run_key(pt["key"], seed=first),)
+
+        return [
+            Point(core.run_key(pt["key"], seed=s), (pt, s), needs(pt, s))
+            for pt, s in core.seed_major(points_of(p), p.seeds)
+        ]
 
     def plan_record(self, o):
         p = spec(o)
@@ -380,8 +388,6 @@ class ScalingStudy(Study):
         out = {"point": pt["key"], "seed": seed}
         if seed != p.seeds[0]:
             first = core.run_key(pt["key"], seed=p.seeds[0])
-            if first not in done:
-                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
             train_at(done[first]["chosen"])
             return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
         tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate

@@ -40,7 +40,7 @@ from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.recipes import training_text
 from ..kit.stats import CLAIMS_RULE, rule_text
-from ..kit.study import RESULTS_FILE, Pending, Point, Study, options_from_dict, record_state, regenerate
+from ..kit.study import RESULTS_FILE, Point, Study, options_from_dict, record_state, regenerate
 from .claims import claims
 from .presets import (
     EXPERIMENTS,
@@ -273,7 +273,15 @@ class SweepStudy(Study):
 
     def plan(self, o):
         s = spec(o)
-        return [Point(core.run_key(key, seed=seed), (key, fields, seed)) for key, fields, seed in plan_runs(s.preset)]
+        first = s.preset.seeds[0]
+
+        def needs(key, seed):  # a later seed trains at the rate its first seed chose
+            return (core.run_key(key, seed=first),) if o.learning_rates and seed != first else ()
+
+        return [
+            Point(core.run_key(key, seed=seed), (key, fields, seed), needs(key, seed))
+            for key, fields, seed in plan_runs(s.preset)
+        ]
 
     def plan_record(self, o):
         return {
@@ -325,10 +333,7 @@ class SweepStudy(Study):
 
         tuning, lr = None, train.learning_rate
         if rates and seed != first:
-            chosen = done.get(core.run_key(key, seed=first))
-            if chosen is None:
-                raise Pending(f"{point.key} waits for its first seed's rate")
-            lr = chosen["learning_rate"]
+            lr = done[core.run_key(key, seed=first)]["learning_rate"]
         elif rates:
             tuning = choose_on_validation(lambda r: train_at(r, " (choosing the rate)"), rates, o.max_extensions)
             lr = tuning["chosen"]

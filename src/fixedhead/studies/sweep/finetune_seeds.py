@@ -29,7 +29,7 @@ from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
 from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
-from ..kit.study import Pending, Point, Study
+from ..kit.study import Point, Study
 from . import load_sweep
 from .claims import claims, verdict_rule
 from .presets import get_sweep_preset
@@ -171,7 +171,11 @@ class FinetuneSweepStudy(Study):
         return o.seeds[0]
 
     def plan(self, o):
-        return [Point(core.run_key(f"{c}-ft", seed=s), (c, s)) for c, s in core.seed_major(o.checkpoints, o.seeds)]
+        first = o.seeds[0]  # a later seed fine-tunes at the rate the first seed chose for its checkpoint
+        return [
+            Point(core.run_key(f"{c}-ft", seed=s), (c, s), () if s == first else (core.run_key(f"{c}-ft", seed=first),))
+            for c, s in core.seed_major(o.checkpoints, o.seeds)
+        ]
 
     def plan_record(self, o):
         return {
@@ -222,9 +226,7 @@ class FinetuneSweepStudy(Study):
 
         out = {"checkpoint": name, "seed": seed}
         if seed != o.seeds[0]:
-            first = done.get(core.run_key(f"{name}-ft", seed=o.seeds[0]))
-            if first is None:
-                raise Pending(f"{point.key} waits for its checkpoint's rate")
+            first = done[core.run_key(f"{name}-ft", seed=o.seeds[0])]
             if first.get("model") not in (None, self.fingerprint(checkpoint)):
                 raise FileExistsError(
                     f"{checkpoint} was retrained after its rate was chosen; pass --overwrite to fine-tune it again"

@@ -55,7 +55,7 @@ from ..kit import core
 from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import RULE_STDS
-from ..kit.study import Pending, Point, Study
+from ..kit.study import Point, Study
 from .arms import make_arms, max_logit_change, write_start
 from .report import PLOT_FILE, report_markdown, summarise, write_plots
 
@@ -285,7 +285,12 @@ class WideningStudy(Study):
     def plan(self, o):
         p, wide = spec(o)
         names = [a.name for a in make_arms(FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size), wide)]
-        arms = [Point(core.run_key(a, seed=s), (a, s)) for a, s in core.seed_major(names, p.seeds)]
+        first = p.seeds[0]  # every arm continues the base; with a rate grid, a later seed takes its first seed's rate
+
+        def needs(a, s):
+            return ("base", *((core.run_key(a, seed=first),) if o.learning_rates and s != first else ()))
+
+        arms = [Point(core.run_key(a, seed=s), (a, s), needs(a, s)) for a, s in core.seed_major(names, p.seeds)]
         return [Point("base", None), *arms]
 
     def plan_record(self, o):
@@ -323,8 +328,6 @@ class WideningStudy(Study):
                 "data_info": {k: v for k, v in data.info.items() if k != "prepare_seconds"},
                 "train_seconds": base["train_seconds"],
             }
-        if "base" not in done:
-            raise Pending(f"{point.key} waits for the base model")
         name, seed = point.spec
         arm = next(a for a in make_arms(config, wide) if a.name == name)
         base_model = load_run(base_dir)[0].eval()
@@ -380,7 +383,5 @@ class WideningStudy(Study):
             out["tuning"] = choose_on_validation(continue_arm, parse_rates(o.learning_rates), o.max_extensions)
         else:
             first = core.run_key(arm.name, seed=p.seeds[0])
-            if first not in done:
-                raise Pending(f"{point.key} waits for {first}, whose chosen rate it trains at")
             continue_arm(done[first]["tuning"]["chosen"])
         return out | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}

@@ -1,0 +1,247 @@
+"""Where a study's points run: in this process one after another (the default; Ray is not imported), or as
+Ray tasks, ``workers`` at once on a local Ray instance this command starts and stops, or on an existing Ray
+cluster (``ray_address``). The driver (:func:`fixedhead.studies.kit.study.run_study`) stays the only writer of
+the study's plan, results and report; an executor only runs points and hands back what each returned.
+
+A point that needs another's result (a later seed trains at the rate its first seed chose: ``Point.needs``)
+runs after it and receives it in ``done``; on Ray the needed task's result is an argument of the dependent
+task, so Ray itself holds the dependent back until it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...checks import positive_int
+
+RUN_FILES = ("metrics.json", "*.safetensors")
+"""what :func:`point_files` digests in each of a point's run folders"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one point: its ``result`` (JSON-able) and ``record`` (where it ran, with which versions,
+    the digests of its run files), or ``error`` (one line) when it failed."""
+
+    key: str
+    result: dict | None = None
+    record: dict | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Executor:
+    """How points run. ``workers``: points at once on a local Ray instance (None: in this process, no Ray);
+    ``ray_address``: an existing Ray cluster (``auto`` or ``HOST:PORT``); ``gpus_per_point``: GPUs each task
+    asks the cluster for; ``threads``: torch CPU threads per point (None in-process: torch's choice, or what
+    ``--threads`` set; on a local instance: cores // workers, so workers × threads ≤ cores; on a cluster: 1).
+
+    Raises:
+        ValueError: a non-positive ``workers``, ``threads`` or ``gpus_per_point``; ``gpus_per_point`` without Ray;
+            both ``workers`` and ``ray_address``.
+    """
+
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_point: float | None = None
+    threads: int | None = None
+
+    def __post_init__(self):
+        if self.workers is not None:
+            positive_int("workers", self.workers)
+        if self.threads is not None:
+            positive_int("threads", self.threads)
+        if self.gpus_per_point is not None and not self.gpus_per_point > 0:
+            raise ValueError(f"gpus_per_point must be positive, got {self.gpus_per_point!r}")
+        if self.workers is not None and self.ray_address:
+            raise ValueError(
+                f"--workers {self.workers} starts a Ray instance on this machine, --ray-address {self.ray_address} "
+                "(or $RAY_ADDRESS) names a cluster: give one of them"
+            )
+        if self.gpus_per_point is not None and not self.distributed:
+            raise ValueError("--gpus-per-point asks Ray for GPUs: give --workers N or --ray-address too")
+
+    @property
+    def distributed(self) -> bool:
+        return self.workers is not None or bool(self.ray_address)
+
+    def run(self, study, options, folder: Path, points: list, stored: dict, progress: bool) -> Iterator[Outcome]:
+        """Run ``points`` (plan order; each point's ``needs`` are earlier points or ``stored`` results),
+        yielding each one's :class:`Outcome` as it finishes. In-process an exception of ``study.run`` ends the
+        run (as any command's error); on Ray it is the point's ``error`` and the rest go on."""
+        if not self.distributed:
+            yield from _in_process(study, options, folder, points, stored, progress)
+        else:
+            yield from _on_ray(self, study, options, folder, points, stored, progress)
+
+
+def run_point(study, options, point, folder: Path, done: dict, progress: bool, ray_version: str | None = None):
+    """``study.run`` of one point, to ``(result, record)``: the result through a JSON round trip with its
+    ``train_seconds`` (wall seconds when the study gives none); the record names the node and versions that ran
+    it (Ray's on Ray) and the digests of its run files (:func:`point_files`)."""
+    import platform
+
+    import torch
+    import transformers
+
+    start = time.time()
+    result = json.loads(json.dumps(study.run(options, point, folder, done, progress)))
+    result.setdefault("train_seconds", round(time.time() - start, 1))
+    record = {
+        "node": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        **({"ray": ray_version} if ray_version else {}),
+        "files": point_files(folder, point.key),
+    }
+    return result, record
+
+
+def result_sha256(result: dict) -> str:
+    """The hash of a point's result as JSON (keys sorted): an edited value in results.json no longer matches."""
+    return hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()
+
+
+def point_files(folder: Path, key: str) -> dict[str, str]:
+    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` in the run folders of point ``key``: the
+    folders below ``folder`` named as :func:`~fixedhead.studies.kit.core.run_key` names the point's runs (its key,
+    or its key with a rate before the seed: ``KEY-lrRATE-sSEED`` for point ``KEY-sSEED``); checkpoints not
+    included (a finished run may delete them)."""
+    from ...runs import file_digest
+
+    name, seed = re.fullmatch(r"(.*?)((?:-s\d+)?)", key).groups()
+    own = re.compile(re.escape(name) + r"(?:-lr[^/]+?)?" + re.escape(seed))
+    out = {}
+    for pattern in RUN_FILES:
+        for path in folder.rglob(pattern):
+            rel = path.relative_to(folder)
+            if own.fullmatch(path.parent.name) and not any(p.startswith("checkpoint-") for p in rel.parts):
+                out[rel.as_posix()] = file_digest([path])
+    return dict(sorted(out.items()))
+
+
+def _in_process(study, options, folder, points, stored, progress) -> Iterator[Outcome]:
+    done = dict(stored)
+    for point in _ordered(points, stored):
+        result, record = run_point(study, options, point, folder, done, progress)
+        done[point.key] = result
+        yield Outcome(point.key, result, record)
+
+
+def _ordered(points, stored) -> list:
+    """``points`` in plan order, each after the points it needs (a need that is neither planned nor stored is
+    refused: the plan cannot run)."""
+    planned, out, placed = {p.key: p for p in points}, [], set(stored)
+
+    def place(point, chain=()):
+        if point.key in placed:
+            return
+        if point.key in chain:
+            raise ValueError(f"point {point.key} needs itself (through {', '.join(chain)})")
+        for need in point.needs:
+            if need not in planned and need not in stored:
+                raise ValueError(f"point {point.key} needs {need}, which is neither planned nor finished")
+            if need in planned:
+                place(planned[need], (*chain, point.key))
+        placed.add(point.key)
+        out.append(point)
+
+    for point in points:
+        place(point)
+    return out
+
+
+def _ray_task(study, options, point, folder, stored, progress, threads, keys, *needed):
+    """One point on a Ray worker: torch at ``threads`` threads, ``done`` = the results stored before this command
+    and those of the points it needs that run in this command (``keys``; ``needed``: their (result, record)
+    pairs, which Ray resolved from their tasks before starting this one)."""
+    import ray
+    import torch
+
+    torch.set_num_threads(threads)
+    done = {**stored, **{k: r for k, (r, _) in zip(keys, needed, strict=True)}}
+    return run_point(study, options, point, Path(folder), done, progress, ray_version=ray.__version__)
+
+
+def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> Iterator[Outcome]:
+    import sys
+
+    import ray
+
+    local = not ex.ray_address
+    threads = ex.threads or (max(1, (os.cpu_count() or 1) // ex.workers) if local else 1)
+    if local:
+        # a fresh instance for this command: N points at once, no dashboard; workers see the driver's imports
+        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
+        ray.init(
+            address="local",  # never an instance another command started
+            num_cpus=ex.workers * threads,
+            include_dashboard=False,
+            object_store_memory=200 * 2**20,
+            runtime_env={"env_vars": env},
+            log_to_driver=progress,
+            _system_config={"worker_niceness": 0},  # the points are this command's work, not background jobs
+        )
+    else:
+        ray.init(address=ex.ray_address, log_to_driver=progress)
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if ex.gpus_per_point and gpus < ex.gpus_per_point:  # its tasks would wait for ever
+            raise ValueError(
+                f"--gpus-per-point {ex.gpus_per_point:g}: the Ray cluster has {gpus:g} GPU(s); give fewer, or none"
+            )
+        task = ray.remote(_ray_task).options(
+            num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
+        )
+        study_ref, stored_ref = ray.put(study), ray.put(dict(stored))
+        refs: dict[str, Any] = {}
+        planned = {p.key: p for p in points}
+        for point in _ordered(points, stored):
+            keys = [k for k in point.needs if k in refs]
+            refs[point.key] = task.remote(
+                study_ref, options, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
+            )
+        waiting = {ref: key for key, ref in refs.items()}
+        while waiting:
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            key = waiting.pop(ready[0])
+            try:
+                result, record = ray.get(ready[0])
+            except ray.exceptions.RayError as e:
+                yield Outcome(key, error=_failed_need(ray, planned[key], refs) or _one_line(ray, e))
+                continue
+            yield Outcome(key, result, record)
+    finally:
+        ray.shutdown()
+
+
+def _failed_need(ray, point, refs: dict) -> str | None:
+    """For a point that did not run because a point it needs failed: says which."""
+    for need in point.needs:
+        try:
+            ray.get(refs[need]) if need in refs else None
+        except ray.exceptions.RayError:
+            return f"not run: it needs {need}, which failed"
+    return None
+
+
+def _one_line(ray, error) -> str:
+    """A failed task's error in one line: the point's own exception (``Type: message``), or a worker that died
+    on both tries."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, ray.exceptions.RayTaskError) and cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    if isinstance(error, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
+        return f"its worker died on both tries ({type(error).__name__})"
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

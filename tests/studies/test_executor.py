@@ -1,0 +1,251 @@
+"""fixedhead.studies.kit.executor and the driver around it: points as Ray tasks give what the in-process run
+gives, bit for bit; a worker killed mid-point is retried; a point that raises is recorded as failed; one driver
+per folder; a plan, a result or a run file changed after it was written is refused. Exercised by a toy study
+that trains a tiny torch model per point (its weights and metrics.json in its run folder)."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixedhead.studies.kit.core import run_key, seed_major
+from fixedhead.studies.kit.executor import Executor
+from fixedhead.studies.kit.study import Point, Study, _lock, regenerate, run_study
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyOptions:
+    arms: tuple[str, ...] = ("narrow", "wide")
+    """the arms (hidden sizes 4 and 16)"""
+    seeds: tuple[int, ...] = (0, 1)
+    """seeds"""
+    steps: int = 30
+    """training steps"""
+
+
+class Tiny(Study):
+    """Fits y = sin(3x) with a one-hidden-layer net per point; a later seed's rate depends on its first seed's
+    loss (as a later seed trains at the rate its first seed chose), so the plan has needs."""
+
+    name = "tiny"
+    Options = TinyOptions
+    points_only = ("arms", "seeds")
+    fail_at: str | None = None
+    kill_once_at: str | None = None
+    kill_always_at: str | None = None
+
+    def plan(self, o):
+        first = o.seeds[0]
+        return [
+            Point(run_key(a, seed=s), (a, s), () if s == first else (run_key(a, seed=first),))
+            for a, s in seed_major(o.arms, o.seeds)
+        ]
+
+    def run(self, o, point, folder, done, progress):
+        import torch
+        from safetensors.torch import save_file
+
+        arm, seed = point.spec
+        if point.key == self.fail_at:
+            raise RuntimeError(f"{point.key} cannot train")
+        marker = folder / f"killed-{point.key}"
+        if point.key == self.kill_always_at or point.key == self.kill_once_at and not marker.exists():
+            marker.write_text("once")
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-point
+        lr = 0.05 if not point.needs else 0.05 * (1 + done[point.needs[0]]["loss"])
+        torch.manual_seed(seed)
+        width = 4 if arm == "narrow" else 16
+        net = torch.nn.Sequential(torch.nn.Linear(1, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        x = torch.linspace(-1, 1, 256).unsqueeze(1)
+        y = torch.sin(3 * x)
+        for _ in range(o.steps):
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        run_dir = folder / "runs" / run_key(arm, lr, seed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in net.state_dict().items()}, run_dir / "model.safetensors")
+        (run_dir / "metrics.json").write_text(json.dumps({"loss": loss.item()}))
+        return {"loss": loss.item(), "learning_rate": lr, "train_seconds": 0.0}
+
+    def summarise(self, state):
+        return {"points": len(state["results"])}
+
+    def report(self, state):
+        return "# Tiny\n" + "".join(f"{k}: {r['loss']!r}\n" for k, r in state["runs"].items())
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every run file's bytes (weights, metrics.json), by path in the folder."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted((folder / "runs").rglob("*.*")) if p.is_file()
+    }
+
+
+@pytest.fixture
+def in_process(tmp_path):
+    """The in-process study at one torch thread per point: its record and run files."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        record = run_study(Tiny(), output_dir=tmp_path / "in-process", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return record, _files(tmp_path / "in-process")
+
+
+def test_two_ray_workers_give_the_in_process_numbers_and_files_bit_for_bit(in_process, tmp_path):
+    record, files = in_process
+    assert list(record["points"]["narrow-s1"]) == [
+        *("node", "python", "torch", "transformers", "torch_threads", "files", "result_sha256")
+    ]
+    out = tmp_path / "ray"
+    ray_record = run_study(Tiny(), output_dir=out, progress=False, executor=Executor(workers=2, threads=1))
+    assert ray_record["runs"] == record["runs"] and not ray_record["missing"]
+    assert _files(out) == files and len(files) == 8  # weights and metrics.json of 4 points, byte for byte
+    for key, rec in ray_record["points"].items():
+        assert rec["ray"] and rec["torch_threads"] == 1 and rec["files"] == record["points"][key]["files"]
+    # the later seed ran after its first seed and at the rate computed from it
+    assert ray_record["runs"]["wide-s1"]["learning_rate"] != 0.05
+
+
+def test_a_point_that_raises_on_ray_is_recorded_as_failed_and_reported_missing(tmp_path):
+    tiny, out = Tiny(), tmp_path / "t"
+    tiny.fail_at, tiny.kill_always_at = "narrow-s0", "wide-s1"  # one raises, one's worker dies on both tries
+    record = run_study(tiny, output_dir=out, progress=False, executor=Executor(workers=2, threads=1))
+    assert record["failed"] == {
+        "narrow-s0": "RuntimeError: narrow-s0 cannot train",
+        "narrow-s1": "not run: it needs narrow-s0, which failed",
+        "wide-s1": "its worker died on both tries (WorkerCrashedError)",
+    }
+    assert record["missing"] == ["narrow-s0", "narrow-s1", "wide-s1"] and set(record["runs"]) == {"wide-s0"}
+    report = (out / "report.md").read_text()
+    assert (
+        "Incomplete: 3 point(s)" in report and "Point narrow-s0 failed: RuntimeError: narrow-s0 cannot train" in report
+    )
+    assert json.loads((out / "results.json").read_text())["failed"] == record["failed"]
+    # the rerun runs what failed (here in-process) and the record forgets the failure
+    again = run_study(Tiny(), output_dir=out, progress=False)
+    assert not again["missing"] and "failed" not in again
+
+
+def test_a_killed_ray_worker_is_retried_and_the_numbers_are_the_same(in_process, tmp_path):
+    import torch
+
+    out, threads = tmp_path / "k", torch.get_num_threads()
+    torch.set_num_threads(1)  # the first seed in this process, as the in-process fixture ran it
+    try:
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    # then the second seed on Ray, reading the stored first seed's results; one worker dies mid-point
+    tiny = Tiny()
+    tiny.kill_once_at = "wide-s1"
+    record = run_study(tiny, output_dir=out, grow=True, progress=False, executor=Executor(workers=2, threads=1))
+    assert (out / "killed-wide-s1").is_file()  # it did die once
+    assert record["runs"] == in_process[0]["runs"] and not record["missing"]
+    assert _files(out) == in_process[1]
+
+
+def test_the_driver_killed_mid_study_resumes_and_a_second_driver_is_refused(tmp_path):
+    out = tmp_path / "d"
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_executor import Tiny
+from fixedhead.studies.kit.study import run_study
+class Dies(Tiny):
+    def run(self, o, point, folder, done, progress):
+        if point.key == "narrow-s1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().run(o, point, folder, done, progress)
+run_study(Dies(), output_dir={str(out)!r}, progress=False)
+"""
+    killed = subprocess.run([sys.executable, "-c", script], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert killed.returncode == -signal.SIGKILL
+    assert sorted(json.loads((out / "results.json").read_text())["runs"]) == ["narrow-s0", "wide-s0"]
+    # a live driver holds the folder: a second one is refused in one line, nothing changed
+    held = _lock(out, "tiny")
+    before = (out / "results.json").read_bytes()
+    with pytest.raises(FileExistsError, match=r"is being run by another `fixedhead tiny` \(pid \d+ on ") as e:
+        run_study(Tiny(), output_dir=out, progress=False)
+    assert "\n" not in str(e.value) and (out / "results.json").read_bytes() == before
+    held.close()
+    # the killed driver's lock died with it: the rerun resumes where it stopped
+    record = run_study(Tiny(), output_dir=out, progress=False)
+    assert not record["missing"] and set(record["points"]) == {"narrow-s0", "wide-s0", "narrow-s1", "wide-s1"}
+
+
+def test_a_changed_plan_result_or_run_file_is_refused_naming_it(tmp_path):
+    out = tmp_path / "t"
+    run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    plan_path, results_path = out / "plan.json", out / "results.json"
+    plan_text, results_text = plan_path.read_text(), results_path.read_text()
+    # plan.json edited, its recorded hash kept: refused on resume and by the report
+    plan = json.loads(plan_text)
+    plan["plan"]["options"]["steps"] = 60
+    plan_path.write_text(json.dumps(plan))
+    with pytest.raises(FileExistsError, match="plan.json was changed after it was written: its plan hashes to"):
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match="plan.json was changed after it was written"):
+        regenerate(Tiny(), out)
+    plan_path.write_text(plan_text)
+    # a result edited by hand (it no longer agrees with its run's metrics.json)
+    results = json.loads(results_text)
+    results["runs"]["wide-s0"]["loss"] = 0.001
+    results_path.write_text(json.dumps(results))
+    with pytest.raises(FileExistsError, match="the result of point wide-s0 was changed after it was recorded"):
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match="point wide-s0 was changed"):
+        regenerate(Tiny(), out)
+    results_path.write_text(results_text)
+    # a run file rewritten after its point finished
+    metrics = next((out / "runs").glob("narrow-*/metrics.json"))
+    metrics.write_text(json.dumps({"loss": 0.001}))
+    with pytest.raises(FileExistsError, match=r"metrics.json \(point narrow-s0\) no longer matches its record"):
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match=r"\(point narrow-s0\) no longer matches"):
+        regenerate(Tiny(), out)
+
+
+def test_staging_files_of_a_driver_killed_while_writing_are_its_own(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / ".plan.json.k3j_x9q.tmp.json").write_text('{"plan": ')  # killed while plan.json was written
+    record = run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    assert not record["missing"] and not list(out.glob(".plan.json.*"))
+    only_lock = tmp_path / "l"  # killed after taking its folder, before its plan
+    only_lock.mkdir()
+    (only_lock / ".driver.lock").write_text("pid 1 on elsewhere")
+    (only_lock / ".report.md.x_1.tmp.md").write_text("#")
+    assert not run_study(Tiny(), TinyOptions(seeds=(0,)), only_lock, progress=False)["missing"]
+    (out / ".results.json.a1b2c3.tmp.json").write_text("{")  # and beside a plan, while results were written
+    run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    assert not list(out.glob(".results.json.*"))
+    # a file of the same look that the study did not write is still refused
+    other = tmp_path / "o"
+    other.mkdir()
+    (other / ".plan.json.notes").write_text("mine")
+    with pytest.raises(FileExistsError, match="did not create"):
+        run_study(Tiny(), TinyOptions(seeds=(0,)), other, progress=False)
+
+
+def test_executor_options_that_cannot_run_are_refused_in_one_line():
+    from fixedhead.cli import main
+
+    with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
+        Executor(workers=0)
+    with pytest.raises(ValueError, match="--gpus-per-point asks Ray for GPUs"):
+        Executor(gpus_per_point=1)
+    with pytest.raises(ValueError, match="give one of them"):
+        Executor(workers=2, ray_address="auto")
+    assert main(["farthest-point", "--quick", "--workers", "2", "--ray-address", "auto"]) == 2  # before any folder
