@@ -177,7 +177,10 @@ def _ray_task(study, options, point, folder, stored, progress, threads, keys, *n
 def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> Iterator[Outcome]:
     import sys
 
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--workers and --ray-address run points on Ray: pip install 'fixedhead[ray]'") from None
 
     local = not ex.ray_address
     threads = ex.threads or (max(1, (os.cpu_count() or 1) // ex.workers) if local else 1)
