@@ -249,3 +249,25 @@ def test_executor_options_that_cannot_run_are_refused_in_one_line():
     with pytest.raises(ValueError, match="give one of them"):
         Executor(workers=2, ray_address="auto")
     assert main(["farthest-point", "--quick", "--workers", "2", "--ray-address", "auto"]) == 2  # before any folder
+
+
+@pytest.mark.slow
+def test_a_real_study_with_rates_chosen_by_its_first_seed_is_the_same_on_ray(tmp_path, monkeypatch):
+    """`fixedhead farthest-point`: each cell's first seed chooses its rate on a grid, the second seed trains at
+    it (a task dependency on Ray); two Ray workers give the in-process results, every number but wall times."""
+    from fixedhead.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["farthest-point", "--quick", "--more-heads", "4", "--seeds", "0", "1", "--learning-rates", "1e-3,4e-3"]
+    argv += ["--max-extensions", "0", "--threads", "1", "--no-progress", "--output-dir"]
+    assert main([*argv, "in-process"]) == 0
+    assert main([*argv, "ray", "--workers", "2"]) == 0
+
+    def untimed(value):
+        if isinstance(value, dict):
+            return {k: untimed(v) for k, v in value.items() if "seconds" not in k}
+        return [untimed(v) for v in value] if isinstance(value, list) else value
+
+    a, b = (json.loads((tmp_path / f / "results.json").read_text()) for f in ("in-process", "ray"))
+    assert untimed(a["runs"]) == untimed(b["runs"]) and len(a["runs"]) == 8 and not b["missing"]
+    assert all(b["points"][k]["ray"] for k in b["runs"])

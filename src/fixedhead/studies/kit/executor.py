@@ -11,6 +11,7 @@ task, so Ray itself holds the dependent back until it exists.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -47,7 +48,7 @@ class Executor:
 
     Raises:
         ValueError: a non-positive ``workers``, ``threads`` or ``gpus_per_point``; ``gpus_per_point`` without Ray;
-            both ``workers`` and ``ray_address``.
+            both ``workers`` and ``ray_address``; Ray not installed.
     """
 
     workers: int | None = None
@@ -67,6 +68,8 @@ class Executor:
                 f"--workers {self.workers} starts a Ray instance on this machine, --ray-address {self.ray_address} "
                 "(or $RAY_ADDRESS) names a cluster: give one of them"
             )
+        if self.distributed and importlib.util.find_spec("ray") is None:  # refused before the folder is touched
+            raise ValueError("--workers and --ray-address run points on Ray: pip install 'fixedhead[ray]'")
         if self.gpus_per_point is not None and not self.distributed:
             raise ValueError("--gpus-per-point asks Ray for GPUs: give --workers N or --ray-address too")
 
