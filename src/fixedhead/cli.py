@@ -215,9 +215,7 @@ def _rank_intervention(args):
 
     o = RankInterventionOptions(**given(args, RankInterventionOptions))
     options = _pick(args, "output_dir", "overwrite", "progress")
-    results = intervene_runs(
-        args.runs, band=o.band, max_eval_tokens=o.max_eval_tokens, command=args.command_line, **options
-    )
+    results = intervene_runs(args.runs, command=args.command_line, **dataclasses.asdict(o), **options)
     print(report_markdown(results, args.command_line))
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
