@@ -264,3 +264,32 @@ def test_analyze_transformers_decoders(kind, head_dim, heldout_text, tmp_path, c
     )
     assert "causal threshold" in capsys.readouterr().out
     assert json.loads((out / "analysis.json").read_text())["causal"] is True
+
+
+def test_heads_with_values_of_their_own_size_are_read_at_the_query_and_key_size():
+    """The logits' rank is bounded by qk_head_dim (Theorem 1), not by the values' size: the analysis
+    reports d_p = qk, every head's logits at that rank (random weights), and the causal threshold of it."""
+    import math
+
+    from fixedhead import FixedHeadConfig, FixedHeadForCausalLM
+    from fixedhead.analysis import analyze_model
+
+    torch.manual_seed(0)
+    n, qk = 20, 3
+    config = FixedHeadConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        qk_head_dim=qk,
+        v_head_dim=24,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        initializer_range=0.5,
+    )
+    model = FixedHeadForCausalLM(config).eval()
+    result = analyze_model(model, torch.randint(3, 60, (2, n)))
+    assert result.head_dims == [qk, qk]
+    assert {v for row in result.logit_rank_max for v in row} == {qk}
+    assert {v for row in result.min_head_dim_max for v in row} == {min(qk, math.ceil((n - 1) / 2))}
+    assert model.config._attn_implementation == "sdpa"  # restored

@@ -659,6 +659,12 @@ CLI_CASES = [
         "num_attention_heads must be a positive int, got 0",
     ),
     ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
+    ("pretrain --qk-head-dim 0", ["pretrain", "--qk-head-dim", "0"], "qk_head_dim must be a positive int, got 0"),
+    (
+        "pretrain --architecture llama --v-head-dim 16",
+        ["pretrain", "--architecture", "llama", "--objective", "clm", "--v-head-dim", "16"],
+        "v_head_dim=16: architecture 'llama' (transformers' LlamaForCausalLM) has one head size",
+    ),
     (
         "pretrain --corpus missing",
         ["pretrain", "--corpus", "missing/corpus.txt"],

@@ -396,3 +396,44 @@ def test_a_farthest_point_model_of_logit_rank_r_is_kept_from_rank_r(method):
                 got[k] = evaluate(model, sets)
     assert got[r]["mse"] == pytest.approx(full["mse"], rel=1e-5)
     assert abs(got[r - 1]["mse"] - full["mse"]) > 1e-4
+
+
+def test_queries_and_keys_of_their_own_size_bound_the_rank_values_do_not():
+    """Logits Q Kᵀ have rank ≤ qk_head_dim whatever the values' size: truncating to k = qk changes
+    nothing, k = qk − 1 does; the rank curve stops at qk (a bare layer and a causal model, v > qk)."""
+    torch.manual_seed(0)
+    qk, v = 3, 10
+    layer = MultiHeadAttention(hidden_size=16, num_attention_heads=2, qk_head_dim=qk, v_head_dim=v).eval()
+    x = torch.randn(2, 12, 16)
+    modules = attention_modules(layer, x)
+    with torch.no_grad():
+        want = layer(x)[0]
+        outputs = {}
+        for k in (qk - 1, qk):
+            with truncated_logits(layer, k, modules=modules):
+                outputs[k] = layer(x)[0]
+    torch.testing.assert_close(outputs[qk], want, atol=1e-6, rtol=1e-6)
+    assert (outputs[qk - 1] - want).abs().max() > 1e-4
+
+    config = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        qk_head_dim=qk,
+        v_head_dim=v,
+        initializer_range=0.3,
+    )
+    model = FixedHeadForCausalLM(config).eval()
+    ids = torch.randint(0, 50, (3, 12))
+
+    def score(m):
+        with torch.no_grad():
+            return m(ids, labels=ids).loss
+
+    curve = rank_curve(model, score, ids, progress=False)
+    assert curve["head_dims"] == [qk, qk] and curve["ranks"] == [1, 2, 3]
+    with torch.no_grad():
+        assert curve["full"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
+    for losses in curve["curves"].values():
+        assert losses[qk] == curve["full"] and losses[1] != curve["full"]

@@ -155,11 +155,12 @@ def inputs(vocab: int = 99) -> dict:
 PROMPT = [[1, 5, 17, 42, 8], [1, 60, 3, 3, 71]]  # two prompts of five tokens, no padding
 
 #: the four classes, a config for each that exercises its own code (per-layer head sizes, μP,
-#: three labels), and the outputs compared
+#: queries and keys of one size and values of another through the key/value cache, three labels),
+#: and the outputs compared
 CASES = [
     (FixedHeadModel, "AutoModel", dict(head_dim=[16, 8]), ["last_hidden_state", "pooler_output"]),
     (FixedHeadForMaskedLM, "AutoModelForMaskedLM", dict(parametrization="mup", mup_base_head_dim=8), ["logits"]),
-    (FixedHeadForCausalLM, "AutoModelForCausalLM", {}, ["logits"]),
+    (FixedHeadForCausalLM, "AutoModelForCausalLM", dict(qk_head_dim=6, v_head_dim=20), ["logits"]),
     (FixedHeadForSequenceClassification, "AutoModelForSequenceClassification", dict(num_labels=3), ["logits"]),
 ]
 

@@ -3,9 +3,10 @@
 ``ModelTesterMixin``, ``ConfigTester`` and (causal LM) ``GenerationTesterMixin`` are the
 conformance suite every model inside transformers passes; the upstream files live beside a checkout
 in ``../shared/transformers-tests`` (its README says which commit; ``FIXEDHEAD_HF_TESTS`` points
-elsewhere). Each fixedhead class runs them at three head settings (``head_dim=None``, a fixed size,
-a per-layer list), and the BERT class of the same sizes (``BertModel``, ``BertForMaskedLM``,
-``BertForSequenceClassification``, ``BertLMHeadModel``) runs the same tests in the same process.
+elsewhere). Each fixedhead class runs them at four head settings (``head_dim=None``, a fixed size,
+a per-layer list, queries and keys of one size with values of another), and the BERT class of the
+same sizes (``BertModel``, ``BertForMaskedLM``, ``BertForSequenceClassification``,
+``BertLMHeadModel``) runs the same tests in the same process.
 
 The rule: every test the BERT control passes passes for fixedhead, or is skipped here with a
 reason about fixedhead. A test that fails for the BERT control in the same run is the installed
@@ -89,8 +90,13 @@ def _transformers_default_verbosity():
     hf_logging.set_verbosity(verbosity)
 
 
-# Head settings: BERT's tester has hidden_size 32 and 4 heads (d/h = 8), two layers.
-HEAD_SETTINGS = {"standard": None, "fixed16": 16, "per_layer": [None, 12]}
+# Head settings (config fields): BERT's tester has hidden_size 32 and 4 heads (d/h = 8), two layers.
+HEAD_SETTINGS = {
+    "standard": {"head_dim": None},
+    "fixed16": {"head_dim": 16},
+    "per_layer": {"head_dim": [None, 12]},
+    "qk4_v12": {"qk_head_dim": 4, "v_head_dim": 12},
+}
 
 _CONTROL_FAILURES: dict[tuple[str, str], str | None] = {}  # (control class, test) -> its failure, or None
 
@@ -206,6 +212,13 @@ class _CommonTests(ModelTesterMixin):
         config.is_decoder = True  # as transformers' BertModelTest
         return config, inputs
 
+    def _get_attention_shape(self, batch_size, seq_length, config):
+        """The mixin's cache shapes, with values at their own size where the layer config gives one
+        (fixedhead's ``v_head_dim``; keys' size is its ``head_dim``): the mixin reads one head size for
+        keys and values unless a model is MLA, and says models with distinct sizes override this."""
+        k_shape, v_shape = super()._get_attention_shape(batch_size, seq_length, config)
+        return k_shape, (*v_shape[:-1], getattr(config, "v_head_dim", None) or v_shape[-1])
+
 
 def _classify_drift(cls, control_cls, skips: dict[str, str]):
     """Return ``cls`` with every test wrapped: a failure of the BERT control itself is an expected
@@ -269,12 +282,12 @@ for _bert_cls, _fh_cls in _PAIRS:
     _control = globals()[_control_name] = _make_class(
         _control_name, _bert_cls, (BertConfig, {}), control_cls=None, slow=not _causal
     )
-    for _setting, _head_dim in HEAD_SETTINGS.items():
+    for _setting, _fields in HEAD_SETTINGS.items():
         _name = f"Test{_fh_cls.__name__}_{_setting}"
-        _config = (FixedHeadConfig, {"head_dim": _head_dim})
+        _config = (FixedHeadConfig, dict(_fields))
         _slow = not _causal and _setting != "fixed16"
         globals()[_name] = _make_class(_name, _fh_cls, _config, control_cls=_control, slow=_slow)
-del _bert_cls, _fh_cls, _name, _control_name, _control, _setting, _head_dim, _config, _causal, _slow
+del _bert_cls, _fh_cls, _name, _control_name, _control, _setting, _fields, _config, _causal, _slow
 
 
 # ConfigTester, one test per check so that a check BERT fails does not hide the others
@@ -291,7 +304,7 @@ _CONFIG_CHECKS = [
     "create_and_test_config_from_pretrained_custom_kwargs",
 ]
 _CONFIGS = {"bert": (BertConfig, {})} | {
-    f"fixedhead_{setting}": (FixedHeadConfig, {"head_dim": head_dim}) for setting, head_dim in HEAD_SETTINGS.items()
+    f"fixedhead_{setting}": (FixedHeadConfig, dict(fields)) for setting, fields in HEAD_SETTINGS.items()
 }
 
 

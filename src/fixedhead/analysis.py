@@ -45,6 +45,7 @@ import torch
 
 from .checks import in_range, optional_positive_int, positive_int
 from .data import read_text, text_windows
+from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 from .theory import min_head_dim
 
 DEFAULT_RTOL = 1e-5
@@ -54,6 +55,7 @@ HEATMAP_FILE = "attention_heatmap.png"
 
 # ------------------------------------------------------------------------------ capture q, k
 _CAPTURE = "fixedhead_capture"  # the attention implementation that records q and k
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(_CAPTURE)  # it runs SDPA on the values it gets, of any size
 
 
 @contextmanager
@@ -61,7 +63,8 @@ def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
 
     Yields a list that each forward pass fills, in layer order, with ``(q, k, scale, causal)``:
-    q and k are [batch, heads, seq, head_dim] (the model's dtype; grouped key heads repeated to one
+    q and k are [batch, heads, seq, head_dim] (the size of queries and keys, ``qk_head_dim`` where a
+    model sets one apart from its values'; the model's dtype; grouped key heads repeated to one
     per query head, so head i's logits are ``q[:, i] @ k[:, i].T · scale``), ``scale`` the logit
     scale the model uses (1/√head_dim unless it says otherwise), ``causal`` whether the layer
     masks future keys. Rotary models (Llama, Qwen, Gemma) are captured after the rotation, so the

@@ -52,6 +52,10 @@ def _count_options(p):
     p.add_argument("--hidden-size", type=int, default=argparse.SUPPRESS, help="d (refused with --preset)")
     p.add_argument("--num-attention-heads", type=int, default=argparse.SUPPRESS, help="h (refused with --preset)")
     p.add_argument("--head-dim", type=parse_head_dim, default=argparse.SUPPRESS, help="d_p (refused with --preset)")
+    for name, what in (("qk_head_dim", "queries' and keys' size"), ("v_head_dim", "values' size")):
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=argparse.SUPPRESS, help=f"{what} (refused with --preset)"
+        )
     for name, value in COUNT_DEFAULTS.items():
         shown = "4 x hidden size" if value is None else value
         p.add_argument(
@@ -63,7 +67,7 @@ def _count(args):
     """parameter count of a preset or of explicit sizes (paper Tables 1-3)"""
     from .model.sizes import COUNT_DEFAULTS, count_table
 
-    names = ("hidden_size", "num_attention_heads", "head_dim", *COUNT_DEFAULTS)  # the options _count_options adds
+    names = ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim", *COUNT_DEFAULTS)
     sizes = {name: getattr(args, name) for name in names if hasattr(args, name)}
     print(count_table(args.preset, sizes))
 

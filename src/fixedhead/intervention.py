@@ -43,8 +43,10 @@ from pathlib import Path
 import torch
 
 from .checks import non_negative_int, positive_int
+from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(RANK_IMPLEMENTATION)  # it multiplies by the values it gets, of any size
 _RANK_ATTR = "_fixedhead_logit_rank"  # (method, rank, maps) on the attention modules being cut, for the duration
 
 
@@ -486,10 +488,11 @@ def rank_curve(
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
         uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
-        the model gains from attention, nats), "head_dims": [d_p per layer], "seq_len": n,
-        "ranks": [k], "method": method, "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``;
-        a layer's curve stops at its own d_p (beyond it nothing changes: the oracle's fit is exact and
-        the realisable maps are invertible on the training text's span).
+        the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
+        keys, which bounds the logits' rank], "seq_len": n, "ranks": [k], "method": method,
+        "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve stops at its own
+        d_p (beyond it nothing changes: the oracle's fit is exact and the realisable maps are
+        invertible on the training text's span).
     """
     from tqdm.auto import tqdm
 
@@ -530,7 +533,9 @@ def rank_curve(
 
 
 def _head_dim(module) -> int:
-    for name in ("head_dim", "attention_head_size"):
+    """The size of a module's queries and keys, the bound on its logits' rank: ``qk_head_dim`` where it
+    has one (fixedhead's layers; values may have another size), else its one head size."""
+    for name in ("qk_head_dim", "head_dim", "attention_head_size"):
         value = getattr(module, name, None)
         if isinstance(value, int):
             return value

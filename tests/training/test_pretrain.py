@@ -160,3 +160,28 @@ def test_a_corpus_in_another_folder_is_compared_by_its_text_not_its_path(tmp_pat
     elsewhere = widening.WideningOptions(corpus="/elsewhere/books.jsonl.gz")
     assert settings_sha256(study, elsewhere) == settings_sha256(study, widening.WideningOptions())
     assert settings_sha256(study, widening.WideningOptions(head_dim=32)) != settings_sha256(study, elsewhere)
+
+
+def test_the_command_trains_queries_and_keys_apart_from_values(small_real_corpus, tmp_path, monkeypatch):
+    """``fixedhead pretrain --qk-head-dim K --v-head-dim V``: the options reach the saved run's config
+    and weights, its metrics and card name both sizes, and the run scores again from disk."""
+    import json
+
+    from fixedhead.cli import main
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    argv = ["pretrain", "--output-dir", str(run), "--objective", "clm", "--corpus", str(small_real_corpus)]
+    argv += ["--vocab-size", "400", "--max-seq-length", "32", "--hidden-size", "32", "--num-hidden-layers", "1"]
+    argv += ["--num-attention-heads", "4", "--qk-head-dim", "4", "--v-head-dim", "12", "--max-steps", "4"]
+    argv += ["--batch-size", "8", "--eval-steps", "4", "--save-steps", "4", "--report-to", "none"]
+    assert main(argv) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert (config["qk_head_dim"], config["v_head_dim"]) == (4, 12)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["qk_head_dim"], metrics["v_head_dim"]) == (4, 12)
+    assert "queries and keys of size 4, values of size 12" in (run / "README.md").read_text()
+    assert "rank at most 4" in (run / "README.md").read_text()
+    attention = FixedHeadConfig.from_pretrained(run)
+    assert attention.layer_qk_head_dims == [4] and attention.layer_v_head_dims == [12]
+    assert evaluate_run(run)["loss"] == pytest.approx(metrics["heldout_loss"], abs=1e-5)

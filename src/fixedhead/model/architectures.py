@@ -69,7 +69,9 @@ def llama_config(**fields):
     token types).
 
     Raises:
-        ValueError: naming the value: a per-layer ``head_dim`` list, a fixedhead-only option
+        ValueError: naming the value: a per-layer ``head_dim`` list, ``qk_head_dim`` or
+            ``v_head_dim`` (transformers' Llama has one head size for queries, keys and values;
+            None is accepted and dropped), a fixedhead-only option
             (:data:`FIXEDHEAD_ONLY`) away from its default, hidden dropout (Llama has none), a field
             Llama has no counterpart for, or a size ``LlamaConfig`` refuses (an odd head size: rotary
             positions rotate pairs of coordinates).
@@ -83,6 +85,13 @@ def llama_config(**fields):
         raise ValueError(
             f"architecture 'llama' takes one head size for every layer; got per-layer head_dim={list(head_dim)!r}"
         )
+    for name in ("qk_head_dim", "v_head_dim"):
+        value = fields.pop(name, None)
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r}: architecture 'llama' (transformers' LlamaForCausalLM) has one head size for "
+                f"queries, keys and values; set head_dim, or train architecture 'fixedhead' for separate sizes"
+            )
     for name, off in FIXEDHEAD_ONLY.items():
         value = fields.pop(name, off)
         if value != off:

@@ -49,23 +49,26 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=Non
     """The paper's multi-head attention as plain tensor code (Eq. 1–2; Section 4 for a fixed d_p).
 
     head_i(X) = W_v^i X · Softmax[(W_k^i X)ᵀ (W_q^i X) / √d_p],  MultiHead(X) = W_o · Concat_i head_i(X).
-    x [batch, n, d]; w_q, w_k, w_v [h·d_p, d] (rows of head i are W^i); w_o [d, h·d_p];
-    padding_mask [batch, n] with 1 = token or None. Returns [batch, n, d]. No biases, no dropout:
-    :class:`MultiHeadAttention` is this equation plus those, and faster kernels.
+    x [batch, n, d]; w_q, w_k [h·d_qk, d] and w_v [h·d_v, d] (rows of head i are W^i; the paper has
+    d_qk = d_v = d_p); w_o [d, h·d_v]; padding_mask [batch, n] with 1 = token or None. Returns
+    [batch, n, d]. No biases, no dropout: :class:`MultiHeadAttention` is this equation plus those,
+    and faster kernels.
     """
     batch, n, d = x.shape  # x: [batch, n, d]
-    head_dim = w_q.shape[0] // num_heads  # d_p: free, not tied to d / h
+    qk_head_dim = w_q.shape[0] // num_heads  # d_p of queries and keys: free, not tied to d / h
+    v_head_dim = w_v.shape[0] // num_heads  # d_p of values
 
-    def per_head(t):  # [batch, n, h·d_p] -> [batch, h, n, d_p]
-        return t.view(batch, n, num_heads, head_dim).transpose(1, 2)
+    def per_head(t, size):  # [batch, n, h·size] -> [batch, h, n, size]
+        return t.view(batch, n, num_heads, size).transpose(1, 2)
 
-    q, k, v = per_head(x @ w_q.T), per_head(x @ w_k.T), per_head(x @ w_v.T)
-    logits = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [batch, h, n, n]: rank <= d_p (Section 3)
+    q, k = per_head(x @ w_q.T, qk_head_dim), per_head(x @ w_k.T, qk_head_dim)
+    v = per_head(x @ w_v.T, v_head_dim)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(qk_head_dim)  # [batch, h, n, n]: rank <= d_qk (Section 3)
     if padding_mask is not None:  # padding keys get no attention
         logits = logits.masked_fill(padding_mask[:, None, None, :] == 0, float("-inf"))
     probs = logits.softmax(dim=-1)  # [batch, h, query, key]; rows sum to 1
-    heads = probs @ v  # [batch, h, n, d_p]
-    concat = heads.transpose(1, 2).reshape(batch, n, num_heads * head_dim)  # [batch, n, h·d_p]
+    heads = probs @ v  # [batch, h, n, d_v]
+    concat = heads.transpose(1, 2).reshape(batch, n, num_heads * v_head_dim)  # [batch, n, h·d_v]
     return concat @ w_o.T  # [batch, n, d]
 
 
@@ -211,12 +214,25 @@ def eager_attention_forward(
 
 #: fixedhead's view of transformers' attention interface: every registered implementation
 #: (``"eager"``, ``"sdpa"``, ``"flex_attention"``, ``"flash_attention_2/3"``, and any a serving
-#: engine registers), with ``"sdpa"`` replaced, for these layers only, by
-#: :func:`fixedhead.model.kernels.sdpa_attention_forward` (the head-size kernel policy on CUDA, the
-#: CPU dropout-attention kernel in training). A local instance, as transformers recommends for a
-#: model that overrides one implementation: the library-wide registry is untouched.
-ATTENTION_FUNCTIONS = AttentionInterface()
-ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
+#: engine registers with ``AttentionInterface.register``, read at each call), with ``"sdpa"``
+#: replaced, for these layers only, by :func:`fixedhead.model.kernels.sdpa_attention_forward` (the
+#: head-size kernel policy on CUDA, the CPU dropout-attention kernel in training). A local instance,
+#: as transformers recommends for a model that overrides one implementation: the library-wide
+#: registry is untouched. It carries transformers' name because serving engines find attention
+#: layers by it: vLLM's Transformers backend reads each module's ``forward`` source for a local
+#: variable assigned from ``ALL_ATTENTION_FUNCTIONS[...]`` or ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``
+#: and called once (``vllm/model_executor/models/transformers/fusers/attention.py``).
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
+
+#: the implementations known to take queries and keys of one size and values of another: the step
+#: by step "eager", PyTorch's SDPA (its flash kernels need one size and drop out; memory-efficient
+#: and math take two) and flex attention (it checks only that queries and keys match); fixedhead's
+#: analysis and rank intervention add their own (they compute with the value tensors they get).
+#: FlashAttention is checked by :func:`check_flash_head_dim`; any other registered name (a serving
+#: engine's own attention) is refused for qk ≠ v by :func:`check_head_dims`.
+SEPARATE_VALUE_SIZE_KERNELS = ("eager", "sdpa", "flex_attention")  # the ones a user picks
+SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = set(SEPARATE_VALUE_SIZE_KERNELS)
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
@@ -228,24 +244,66 @@ def is_flash_attention(attn_implementation: str | None) -> bool:
     return attn_implementation is not None and "flash" in attn_implementation.lower()
 
 
-def check_flash_head_dim(attn_implementation: str | None, head_dim: int) -> None:
+def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_dim: int | None = None) -> None:
     """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for a head size it cannot take.
 
     FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
     makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
     something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
     :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p on CPU and
-    d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). The check reads only the name, so it runs before
-    any kernel is imported or fetched.
+    d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). With values of their own size ``v_head_dim``,
+    transformers' FlashAttention integration pads the values up to the queries' size and crops the
+    output (``integrations/flash_attention.py``), so values larger than queries would be cut, not
+    padded: refused. The check reads only the name, so it runs before any kernel is imported or
+    fetched.
+
+    Args:
+        head_dim: the query and key size d_qk; v_head_dim: the value size (None = head_dim).
 
     Raises:
-        ValueError: a FlashAttention implementation with ``head_dim`` > 256.
+        ValueError: a FlashAttention implementation with ``head_dim`` > 256, or with ``v_head_dim`` >
+            ``head_dim``.
     """
-    if is_flash_attention(attn_implementation) and head_dim > FLASH_MAX_HEAD_DIM:
+    if not is_flash_attention(attn_implementation):
+        return
+    if head_dim > FLASH_MAX_HEAD_DIM:
         raise ValueError(
             f"attn_implementation={attn_implementation!r} takes head sizes up to {FLASH_MAX_HEAD_DIM} "
             f"(FlashAttention's limit), got head_dim={head_dim}; use attn_implementation='sdpa' (fused "
             f"memory-efficient kernel on CUDA) or 'flex_attention' for this head size"
+        )
+    if v_head_dim is not None and v_head_dim > head_dim:
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} pads values up to the query size, so it takes "
+            f"v_head_dim <= qk_head_dim; got qk_head_dim={head_dim}, v_head_dim={v_head_dim}; use "
+            f"attn_implementation='sdpa' or 'flex_attention' for these head sizes"
+        )
+
+
+def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_dim: int) -> None:
+    """Refuse an implementation that cannot take these query/key and value sizes, by name.
+
+    FlashAttention's limits: :func:`check_flash_head_dim`. Queries and keys of one size and values of
+    another (qk ≠ v) run on :data:`SEPARATE_VALUE_SIZE_IMPLEMENTATIONS` and FlashAttention; any other
+    implementation is a serving engine's own attention (vLLM registers ``"vllm"``), which sizes its
+    key/value cache and kernel from one head size in the config and would compute with the wrong one.
+    None (transformers' default, SDPA) passes, and so does a name nothing registered: transformers
+    refuses it as unknown.
+
+    Raises:
+        ValueError: naming the implementation and both sizes.
+    """
+    check_flash_head_dim(attn_implementation, qk_head_dim, v_head_dim)
+    if (
+        qk_head_dim != v_head_dim
+        and attn_implementation in ALL_ATTENTION_FUNCTIONS
+        and attn_implementation not in SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
+        and not is_flash_attention(attn_implementation)
+    ):
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} is not known to take queries and keys of one head size "
+            f"and values of another (qk_head_dim={qk_head_dim}, v_head_dim={v_head_dim}); those run with "
+            f"{', '.join(repr(i) for i in SEPARATE_VALUE_SIZE_KERNELS)} (docs/head-sizes.md)"
         )
 
 
@@ -254,18 +312,23 @@ class MultiHeadAttention(nn.Module):
 
     Implements head_i(X) = W_v^i X · Softmax[(W_k^i X)^T (W_q^i X) / √d_p] and
     MultiHead(X) = W_o · Concat_i head_i(X) (paper Eq. 1–2 for d_p = d/h; Section 4 for a fixed
-    d_p). q, k and v come from one fused projection hidden_size → 3·h·d_p; the product itself runs
-    through transformers' attention interface (:data:`ATTENTION_FUNCTIONS`), chosen by
-    ``config._attn_implementation`` as in transformers' own models.
+    d_p). Queries and keys may have a size d_qk of their own and values a size d_v (both d_p by
+    default): the logits' rank is bounded by d_qk (Theorem 1), a head carries d_v numbers. q, k and
+    v come from one fused projection ``qkv``, hidden_size → h·(2·d_qk + d_v), its rows laid out
+    [q | k | v] with heads contiguous; the product itself runs through transformers' attention
+    interface (:data:`ALL_ATTENTION_FUNCTIONS`), chosen by ``config._attn_implementation`` as in
+    transformers' own models.
 
     Args:
         hidden_size: embedding size d.
         num_attention_heads: number of heads h.
         head_dim: head size d_p; None for the standard d/h (then d must be divisible by h).
+        qk_head_dim: size d_qk of each head's queries and keys; None = head_dim.
+        v_head_dim: size d_v of each head's values; None = head_dim.
         dropout: dropout on the attention probabilities (training only).
         bias: whether the projections have biases (BERT: yes).
         layer_idx: this layer's index in a key/value cache (decoders that generate).
-        scale: the logit scale; None for 1/√d_p (:mod:`fixedhead.model.parametrization` gives others).
+        scale: the logit scale; None for 1/√d_qk (:mod:`fixedhead.model.parametrization` gives others).
         config: the model's configuration, when the layer is part of a model: its
             ``_attn_implementation`` ("eager", "sdpa", "flex_attention", "flash_attention_2", ...,
             read at every call, so ``model.set_attn_implementation`` applies) and ``is_decoder``
@@ -273,7 +336,8 @@ class MultiHeadAttention(nn.Module):
             "eager" with ``use_sdpa=False``).
 
     Raises:
-        ValueError: see :func:`resolve_head_dim`; dropout outside [0, 1).
+        ValueError: see :func:`resolve_head_dim`; a qk_head_dim or v_head_dim that is not a positive
+            int; dropout outside [0, 1).
     """
 
     def __init__(
@@ -286,22 +350,46 @@ class MultiHeadAttention(nn.Module):
         layer_idx: int | None = None,
         scale: float | None = None,
         config: PreTrainedConfig | None = None,
+        qk_head_dim: int | None = None,
+        v_head_dim: int | None = None,
     ):
         super().__init__()
         self.layer_idx = layer_idx
         self.config = config
-        self.head_dim = resolve_head_dim(hidden_size, num_attention_heads, head_dim)
+        head_dim = resolve_head_dim(hidden_size, num_attention_heads, head_dim)
+        self.qk_head_dim = head_dim if qk_head_dim is None else positive_int("qk_head_dim", qk_head_dim)
+        self.v_head_dim = head_dim if v_head_dim is None else positive_int("v_head_dim", v_head_dim)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
-        self.inner_size = num_attention_heads * self.head_dim  # h·d_p, not necessarily d
+        self.qk_size = num_attention_heads * self.qk_head_dim  # h·d_qk: rows of W_q, and of W_k
+        self.v_size = num_attention_heads * self.v_head_dim  # h·d_v: rows of W_v, columns of W_o
         self.dropout = float(dropout)
-        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        self.scale = 1.0 / math.sqrt(self.qk_head_dim) if scale is None else float(scale)
         # read by transformers' attention functions (and serving engines) when a call does not say
         self.is_causal = bool(getattr(config, "is_decoder", False))
-        self.qkv = nn.Linear(hidden_size, 3 * self.inner_size, bias=bias)
-        self.out_proj = nn.Linear(self.inner_size, hidden_size, bias=bias)
+        self.qkv = nn.Linear(hidden_size, 2 * self.qk_size + self.v_size, bias=bias)
+        self.out_proj = nn.Linear(self.v_size, hidden_size, bias=bias)
+
+    @property
+    def head_dim(self) -> int:
+        """d_p, the one head size of queries, keys and values.
+
+        Raises:
+            ValueError: queries/keys and values of different sizes (read ``qk_head_dim`` or ``v_head_dim``).
+        """
+        if self.qk_head_dim != self.v_head_dim:
+            raise ValueError(
+                f"this layer's queries/keys and values have different head sizes (qk_head_dim={self.qk_head_dim}, "
+                f"v_head_dim={self.v_head_dim}): read qk_head_dim or v_head_dim"
+            )
+        return self.qk_head_dim
+
+    @property
+    def inner_size(self) -> int:
+        """h·d_p, the width of queries, keys and values alike (ValueError as :attr:`head_dim` when they differ)."""
+        return self.num_attention_heads * self.head_dim
 
     def forward(
         self,
@@ -345,8 +433,9 @@ class MultiHeadAttention(nn.Module):
             ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; a padding mask
                 of the wrong shape (see :func:`padding_mask_to_bias`); an attention_bias that is not
                 a float tensor broadcastable to [batch, heads, seq, keys]; a cache without the
-                layer's index; a FlashAttention implementation with head_dim > 256
-                (:func:`check_flash_head_dim`).
+                layer's index; an implementation that cannot take the head sizes (FlashAttention
+                above 256; qk_head_dim ≠ v_head_dim outside the implementations that take it:
+                :func:`check_head_dims`).
         """
         require_tensor("hidden_states", hidden_states)
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
@@ -362,7 +451,7 @@ class MultiHeadAttention(nn.Module):
         impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
         if output_attentions or not use_sdpa:
             impl = "eager"
-        check_flash_head_dim(impl, self.head_dim)
+        check_head_dims(impl, self.qk_head_dim, self.v_head_dim)
         if (
             attention_bias is None
             and not _is_prepared_mask(attention_mask)
@@ -372,11 +461,14 @@ class MultiHeadAttention(nn.Module):
             and impl in ("eager", "sdpa", "flex_attention")
         ):
             attention_mask = self._mask_from_padding(attention_mask, hidden_states, is_causal, cache, impl)
-        # [batch, seq, 3·h·d_p] -> 3 × [batch, h, seq, d_p]
-        qkv = self.qkv(hidden_states).view(batch, seq, 3, self.num_attention_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        h = self.num_attention_heads
+        # [batch, seq, h·(2·d_qk + d_v)] -> q, k [batch, h, seq, d_qk] and v [batch, h, seq, d_v]
+        q, k, v = self.qkv(hidden_states).split((self.qk_size, self.qk_size, self.v_size), dim=-1)
+        q = q.view(batch, seq, h, self.qk_head_dim).transpose(1, 2)
+        k = k.view(batch, seq, h, self.qk_head_dim).transpose(1, 2)
+        v = v.view(batch, seq, h, self.v_head_dim).transpose(1, 2)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)  # [batch, h, cached + seq (or the cache size), d_p]
+            k, v = cache.update(k, v, self.layer_idx)  # [batch, h, cached + seq (or the cache size), d_qk / d_v]
         if attention_bias is not None:
             _check_attention_bias(attention_bias, batch, self.num_attention_heads, seq, k.shape[2])
             attention_mask = attention_bias
@@ -386,7 +478,7 @@ class MultiHeadAttention(nn.Module):
                 attention_mask = torch.minimum(attention_bias, causal)
         if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
             attention_mask = additive_mask(attention_mask, q.dtype)  # SDPA wants q's dtype (autocast)
-        attend = ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
         context, probs = attend(
             self,
             q,
@@ -398,8 +490,8 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             **kwargs,
         )
-        # [batch, seq, h, d_p] -> [batch, seq, h·d_p]
-        context = context.reshape(batch, seq, self.inner_size)
+        # [batch, seq, h, d_v] -> [batch, seq, h·d_v]
+        context = context.reshape(batch, seq, self.v_size)
         return self.out_proj(context), (probs if output_attentions else None)
 
     def _mask_from_padding(self, padding_mask, hidden_states, is_causal, cache, impl):
@@ -442,7 +534,7 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}, "
-            f"head_dim={self.head_dim}, dropout={self.dropout}"
+            f"qk_head_dim={self.qk_head_dim}, v_head_dim={self.v_head_dim}, dropout={self.dropout}"
         )
 
 

@@ -1,9 +1,12 @@
 """FixedHeadConfig: a BERT configuration whose head size is one independent field.
 
-Field names follow transformers' ``BertConfig``. The single addition is ``head_dim``: ``None``
+Field names follow transformers' ``BertConfig``. The main addition is ``head_dim``: ``None``
 means the standard tied head size d_p = hidden_size / num_attention_heads (paper Section 2), an
 int is the paper's fixed head size (Section 4), and a list gives each layer its own (one entry per
 layer, each None or an int; :attr:`FixedHeadConfig.layer_head_dims` resolves them).
+``qk_head_dim`` and ``v_head_dim`` (transformers' DeepSeek-V3 names) set the queries' and keys'
+size apart from the values' (both default to each layer's ``head_dim``): Theorem 1 bounds the rank
+of the logits by the first, the width of what a head carries is the second.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class FixedHeadConfig(PreTrainedConfig):
         vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h],
         head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or a list with
             one entry per layer (each None or an int) for per-layer head sizes,
+        qk_head_dim: the size of each head's queries and keys (the logits Q Kᵀ have rank at most
+            this, Theorem 1) in every layer; None = that layer's head_dim,
+        v_head_dim: the size of each head's values (the output projection reads h·v_head_dim);
+            None = that layer's head_dim,
         intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
         attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
         initializer_range, layer_norm_eps, pad_token_id, bos_token_id / eos_token_id (generation
@@ -54,7 +61,8 @@ class FixedHeadConfig(PreTrainedConfig):
     Raises:
         ValueError: at construction, naming the bad value: non-int or non-positive sizes
             (bools and floats included), standard mode with d not divisible by h, a per-layer
-            ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, dropout
+            ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, a
+            ``qk_head_dim`` / ``v_head_dim`` that is neither None nor a positive int, dropout
             outside [0, 1), a pad / bos / eos token id outside the vocabulary, a problem_type that is
             not one of :data:`PROBLEM_TYPES` (BERT would silently compute no loss), parametrization
             fields (:func:`~fixedhead.model.parametrization.check_parametrization`). The same rules
@@ -69,6 +77,8 @@ class FixedHeadConfig(PreTrainedConfig):
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     head_dim: int | list[int | None] | None = None
+    qk_head_dim: int | None = None  # queries and keys: the logits' rank bound; None = head_dim
+    v_head_dim: int | None = None  # values; None = head_dim
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
@@ -113,6 +123,9 @@ class FixedHeadConfig(PreTrainedConfig):
                     raise ValueError(f"head_dim[{layer}] (layer {layer}): {e}") from None
         else:
             resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
+        for name in ("qk_head_dim", "v_head_dim"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
         for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
             positive_int(name, getattr(self, name))
         non_negative_int("type_vocab_size", self.type_vocab_size)
@@ -138,6 +151,17 @@ class FixedHeadConfig(PreTrainedConfig):
                 f"got {len(self.head_dim)}: {self.head_dim!r}"
             )
 
+    def to_dict(self) -> dict:
+        """transformers' ``to_dict`` (what config.json holds), without ``qk_head_dim`` / ``v_head_dim``
+        when they are None: a model whose heads have one size writes the config.json it wrote before
+        the fields existed, byte for byte (its hash is part of a run's fingerprint,
+        :func:`fixedhead.runs.model_fingerprint`), and reading it back gives None again."""
+        out = super().to_dict()
+        for name in ("qk_head_dim", "v_head_dim"):
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
+
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         """transformers' ``from_dict`` (``from_pretrained`` calls it), then :meth:`check` again: the
@@ -157,12 +181,14 @@ class FixedHeadConfig(PreTrainedConfig):
     def per_layer_config(self) -> tuple[FixedHeadConfig, ...]:
         """Each layer's configuration, where transformers reads per-layer fields (its
         ``config.per_layer_config[i]``: cache shapes, ``StaticCache`` sizes): a shallow copy whose
-        ``head_dim`` is that layer's head size as an int (:attr:`layer_head_dims`), whichever of
-        None / int / list the config holds."""
+        ``head_dim`` is that layer's key size as an int (:attr:`layer_qk_head_dims`), whichever of
+        None / int / list the config holds, and whose ``qk_head_dim`` is set only where keys and
+        values differ in size (transformers' sign of distinct key and value sizes: ``generate``
+        then lets a ``StaticCache`` size its keys and values from the first ones it gets)."""
         layers = []
-        for dp in self.layer_head_dims:
+        for qk, v in zip(self.layer_qk_head_dims, self.layer_v_head_dims, strict=True):
             layer = copy.copy(self)
-            layer.__dict__["head_dim"] = dp
+            layer.__dict__.update(head_dim=qk, qk_head_dim=None if qk == v else qk, v_head_dim=v)
             layers.append(layer)
         return tuple(layers)
 
@@ -179,6 +205,16 @@ class FixedHeadConfig(PreTrainedConfig):
         self._check_head_dim_count()
         per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
         return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
+
+    @property
+    def layer_qk_head_dims(self) -> list[int]:
+        """The query and key size of every layer: ``qk_head_dim`` if set, else the layer's head size."""
+        return [self.qk_head_dim or dp for dp in self.layer_head_dims]
+
+    @property
+    def layer_v_head_dims(self) -> list[int]:
+        """The value size of every layer: ``v_head_dim`` if set, else the layer's head size."""
+        return [self.v_head_dim or dp for dp in self.layer_head_dims]
 
     @property
     def attention_head_size(self) -> int:

@@ -30,7 +30,9 @@ FUSED_HEAD_DIM_MULTIPLE = 8
 _warned_sdpa: set = set()
 
 
-def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend] | None, str | None]:
+def sdpa_backend_plan(
+    head_dim: int, device_type: str, v_head_dim: int | None = None
+) -> tuple[list[SDPBackend] | None, str | None]:
     """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
 
     The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
@@ -38,9 +40,15 @@ def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend]
     FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
     SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
 
+    Values of their own size (``v_head_dim`` ≠ ``head_dim``) leave FlashAttention too: PyTorch's
+    flash kernels need q, k and v of one size (``check_head_dim_size_flash`` in
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``), memory-efficient attention takes
+    values of another size (both multiples of the alignment).
+
     Args:
-        head_dim: d_p.
+        head_dim: d_p of queries and keys.
         device_type: ``"cuda"``, ``"cpu"``, ...
+        v_head_dim: d_p of values; None = head_dim.
 
     Returns:
         (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
@@ -48,29 +56,36 @@ def sdpa_backend_plan(head_dim: int, device_type: str) -> tuple[list[SDPBackend]
         memory-efficient attention, when both fit; memory-efficient then math for
         d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
         other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
-        flash kernel without dropout, the math kernel with it, for every d_p).
+        flash kernel without dropout, the math kernel with it, for every d_p; the math kernel
+        whenever values have a size of their own).
     """
     if device_type != "cuda":
         return None, None
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
     reasons = []
-    if head_dim > FLASH_MAX_HEAD_DIM:
-        reasons.append(f"head_dim={head_dim} > {FLASH_MAX_HEAD_DIM}, the FlashAttention limit")
-    if head_dim % FUSED_HEAD_DIM_MULTIPLE != 0:
-        reasons.append(
-            f"head_dim={head_dim} is not a multiple of {FUSED_HEAD_DIM_MULTIPLE}, which the fused kernels "
-            f"need (they pad it, with extra copies, or refuse it)"
-        )
+    if v_head_dim != head_dim:
+        reasons.append(f"v_head_dim={v_head_dim} != qk_head_dim={head_dim}; FlashAttention needs one head size")
+    sizes = {"head_dim": head_dim} if v_head_dim == head_dim else {"qk_head_dim": head_dim, "v_head_dim": v_head_dim}
+    for name, size in sizes.items():
+        if size > FLASH_MAX_HEAD_DIM:
+            reasons.append(f"{name}={size} > {FLASH_MAX_HEAD_DIM}, the FlashAttention limit")
+        if size % FUSED_HEAD_DIM_MULTIPLE != 0:
+            reasons.append(
+                f"{name}={size} is not a multiple of {FUSED_HEAD_DIM_MULTIPLE}, which the fused kernels "
+                f"need (they pad it, with extra copies, or refuse it)"
+            )
     if not reasons:
         return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], None
     return [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "; ".join(reasons)
 
 
-def warn_if_unfused(head_dim: int, device_type: str) -> list[SDPBackend] | None:
-    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head_dim, device) per process
+def warn_if_unfused(head_dim: int, device_type: str, v_head_dim: int | None = None) -> list[SDPBackend] | None:
+    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head sizes, device) per process
     (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
-    backends, reason = sdpa_backend_plan(head_dim, device_type)
-    if reason is not None and (head_dim, device_type) not in _warned_sdpa and not tracing():
-        _warned_sdpa.add((head_dim, device_type))
+    backends, reason = sdpa_backend_plan(head_dim, device_type, v_head_dim)
+    key = (head_dim, device_type) if v_head_dim in (None, head_dim) else (head_dim, v_head_dim, device_type)
+    if reason is not None and key not in _warned_sdpa and not tracing():
+        _warned_sdpa.add(key)
         warnings.warn(
             f"fixedhead attention on {device_type}: {reason}. FlashAttention is skipped; SDPA uses the "
             f"memory-efficient kernel where it accepts these shapes and dtypes, otherwise the math kernel, "
@@ -114,7 +129,7 @@ def use_cpu_fast_path(x: torch.Tensor, p: float, training: bool) -> bool:
 
 
 class DropoutAttention(torch.autograd.Function):
-    """softmax(scale·q kᵀ + bias) with dropout, times v; q, k, v [batch, heads, seq, d_p].
+    """softmax(scale·q kᵀ + bias) with dropout, times v; q, k [batch, heads, seq, d_qk], v [batch, heads, seq, d_v].
 
     The computation of SDPA's math kernel with dropout, and the same products (so the same
     FLOPs): the scale rides on the product (``baddbmm``'s alpha), softmax and its backward are
@@ -221,10 +236,10 @@ def sdpa_attention_forward(
     (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, same arguments and
     result) with this module's kernel policy around it.
 
-    query [batch, heads, q, d_p], key and value [batch, heads, kv, d_p]; attention_mask as
-    transformers' ``sdpa_mask`` makes it (bool [batch, 1, q, kv], True = attend), an additive float
-    mask, or None (then ``is_causal``, default ``module.is_causal``, decides). Returns
-    ([batch, q, heads, d_p], None).
+    query [batch, heads, q, d_qk], key [batch, heads, kv, d_qk], value [batch, heads, kv, d_v];
+    attention_mask as transformers' ``sdpa_mask`` makes it (bool [batch, 1, q, kv], True = attend), an
+    additive float mask, or None (then ``is_causal``, default ``module.is_causal``, decides). Returns
+    ([batch, q, heads, d_v], None).
 
     * CPU, training with attention dropout, float32/64, no autocast (:func:`use_cpu_fast_path`):
       :class:`DropoutAttention`, the same computation as SDPA's math kernel, faster (a learnable
@@ -244,6 +259,6 @@ def sdpa_attention_forward(
         return out.transpose(1, 2).contiguous(), None
     call = dict(dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
     if query.is_cuda:
-        with sdpa_kernel(warn_if_unfused(query.shape[-1], "cuda"), set_priority=True):
+        with sdpa_kernel(warn_if_unfused(query.shape[-1], "cuda", value.shape[-1]), set_priority=True):
             return transformers_sdpa(module, query, key, value, attention_mask, **call)
     return transformers_sdpa(module, query, key, value, attention_mask, **call)

@@ -39,7 +39,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import MultiHeadAttention, _is_prepared_mask, check_flash_head_dim, check_padding_mask
+from .attention import MultiHeadAttention, _is_prepared_mask, check_head_dims, check_padding_mask
 from .configuration import FixedHeadConfig
 from .losses import check_token_labels, infer_problem_type, masked_lm_loss_and_logits, sequence_classification_loss
 from .parametrization import attention_scale, output_projection_multiplier
@@ -216,19 +216,23 @@ class FixedHeadLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
         super().__init__()
-        head_dim = config.layer_head_dims[layer_idx or 0]
+        layer = layer_idx or 0
+        qk_head_dim, v_head_dim = config.layer_qk_head_dims[layer], config.layer_v_head_dims[layer]
         self.attention = MultiHeadAttention(
             config.hidden_size,
             config.num_attention_heads,
-            head_dim=head_dim,
+            head_dim=config.layer_head_dims[layer],
+            qk_head_dim=qk_head_dim,
+            v_head_dim=v_head_dim,
             dropout=config.attention_probs_dropout_prob,
             layer_idx=layer_idx,
-            scale=attention_scale(config, head_dim),
+            scale=attention_scale(config, qk_head_dim),
             config=config,
         )
-        # marks read by _init_weights: μP's W_o std, and W_q (the first h·d_p rows of the fused projection) at 0
-        self.attention.out_proj.init_std_factor = output_projection_multiplier(config, head_dim)
-        self.attention.qkv.zero_init_rows = self.attention.inner_size if config.query_init == "zero" else 0
+        # marks read by _init_weights: μP's W_o std (its fan-in is h·d_v), and W_q (the first h·d_qk rows
+        # of the fused projection) at 0
+        self.attention.out_proj.init_std_factor = output_projection_multiplier(config, v_head_dim)
+        self.attention.qkv.zero_init_rows = self.attention.qk_size if config.query_init == "zero" else 0
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = ACT2FN[config.hidden_act]
@@ -314,18 +318,20 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
 
     def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, *args, **kwargs) -> str:
         """transformers' choice (at ``__init__``, ``from_pretrained`` and ``set_attn_implementation``),
-        after refusing FlashAttention for a head size above its limit by name, before transformers
-        imports a package or fetches a hub kernel and before any weights are read (see
-        :func:`~fixedhead.model.attention.check_flash_head_dim`)."""
-        for head_dim in self.config.layer_head_dims:
-            check_flash_head_dim(attn_implementation, head_dim)
+        after refusing by name an implementation that cannot take the head sizes (FlashAttention above
+        its limit; queries/keys and values of different sizes on a serving engine's attention, which
+        vLLM's Transformers backend sets before it builds the model), before transformers imports a
+        package or fetches a hub kernel and before any weights are read (see
+        :func:`~fixedhead.model.attention.check_head_dims`)."""
+        for qk_head_dim, v_head_dim in zip(self.config.layer_qk_head_dims, self.config.layer_v_head_dims, strict=True):
+            check_head_dims(attn_implementation, qk_head_dim, v_head_dim)
         return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' choice, after the same head-size refusal (the path transformers takes for
         names that are not hub kernels)."""
-        for head_dim in self.config.layer_head_dims:
-            check_flash_head_dim(requested_attention, head_dim)
+        for qk_head_dim, v_head_dim in zip(self.config.layer_qk_head_dims, self.config.layer_v_head_dims, strict=True):
+            check_head_dims(requested_attention, qk_head_dim, v_head_dim)
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
 

@@ -63,8 +63,8 @@ def check_parametrization(config) -> None:
 
 
 def attention_scale(config, head_dim: int) -> float:
-    """The logit scale of a layer whose head size is ``head_dim`` (d_p): ``attention_scale`` if
-    set, else √base_d_p / d_p under μP, else 1/√d_p."""
+    """The logit scale of a layer whose queries and keys have size ``head_dim`` (d_p, or d_qk when it
+    differs from the values'): ``attention_scale`` if set, else √base_d_p / d_p under μP, else 1/√d_p."""
     if config.attention_scale is not None:
         return float(config.attention_scale)
     if config.parametrization == "mup":
@@ -74,8 +74,8 @@ def attention_scale(config, head_dim: int) -> float:
 
 
 def output_projection_multiplier(config, head_dim: int) -> float:
-    """base_width / width for W_o under μP (width = h·d_p), 1.0 otherwise: the factor on its
-    initial standard deviation and on its learning rate."""
+    """base_width / width for W_o under μP (width = h·d_p, with ``head_dim`` the size of the values
+    W_o reads), 1.0 otherwise: the factor on its initial standard deviation and on its learning rate."""
     if config.parametrization != "mup":
         return 1.0
     base_heads = config.mup_base_num_attention_heads or config.num_attention_heads
@@ -97,7 +97,7 @@ def learning_rate_multipliers(model) -> dict[str, float]:
     out = {}
     for name, module in model.named_modules():
         if isinstance(module, MultiHeadAttention):
-            factor = output_projection_multiplier(config, module.head_dim)
+            factor = output_projection_multiplier(config, module.v_head_dim)  # W_o's fan-in is h·d_v
             if factor != 1.0:
                 out[f"{name}.out_proj.weight" if name else "out_proj.weight"] = factor
     return out

@@ -38,6 +38,9 @@ def estimate_flops(
       forward = T·l·(8·d·i + 4·n·i + 4·d·f) + M·(2·d² + 2·d·v)
 
     With per-layer head sizes (``head_dim`` a list) each layer counts its own i and the l·(…) is a sum.
+    With queries and keys of one size and values of another (``qk_head_dim``, ``v_head_dim``), i
+    splits into i_qk = h·d_qk and i_v = h·d_v: the projection costs 2·d·(2·i_qk + i_v), the output
+    projection 2·i_v·d, the logits 2·n·i_qk and the context 2·n·i_v.
 
     A Llama config (``LlamaConfig``, :mod:`fixedhead.model.architectures`) counts its own layer and
     head: separate q, k, v projections (the same 2·d·3i for plain multi-head attention, 2·d·(i +
@@ -81,11 +84,15 @@ def estimate_flops(
     llama = config.model_type == "llama"
     per_token = 0
     head_dims = [config.head_dim] * config.num_hidden_layers if llama else config.layer_head_dims
-    for dp in head_dims:  # per-layer head sizes: each layer its own i
-        i = config.num_attention_heads * dp
-        i_kv = config.num_key_value_heads * dp if llama else i  # keys and values: fewer heads under GQA
+    qk_dims = head_dims if llama else config.layer_qk_head_dims
+    v_dims = head_dims if llama else config.layer_v_head_dims
+    for qk, dv in zip(qk_dims, v_dims, strict=True):  # per-layer head sizes: each layer its own i
+        h = config.num_attention_heads
+        kv_heads = config.num_key_value_heads if llama else h  # keys and values: fewer heads under GQA
+        i_qk, i_v = h * qk, h * dv  # queries' and the context's width
+        projections = 2 * d * (i_qk + kv_heads * qk + kv_heads * dv)  # q, k, v
         ffn = 3 if llama else 2  # SwiGLU: gate, up and down; GELU: in and out
-        per_token += 2 * d * (i + 2 * i_kv) + 2 * i * d + 2 * n * i + 2 * n * i + ffn * 2 * d * f
+        per_token += projections + 2 * i_v * d + 2 * n * i_qk + 2 * n * i_v + ffn * 2 * d * f
     forward = tokens * per_token + masked * ((0 if llama else 2 * d * d) + 2 * d * v)
     return 3 * forward if training else forward
 
@@ -119,7 +126,9 @@ def count_parameters(
     f = intermediate_size, v = vocab:
       embeddings  v·d + max_positions·d + type_vocab·d + 2d (LayerNorm)
       per layer   3(d·i + i) + (i·d + d)      q, k, v and output projections (4·h·d_p·d + biases:
-                                              the paper's stated cost of a fixed head size)
+                                              the paper's stated cost of a fixed head size); with
+                                              i_qk = h·d_qk and i_v = h·d_v of their own,
+                                              2(d·i_qk + i_qk) + (d·i_v + i_v) + (i_v·d + d)
                   + (d·f + f) + (f·d + d)     feed-forward
                   + 4d                        two LayerNorms
       pooler      d² + d                      (BERT's; ``pooler=True``)
@@ -131,9 +140,9 @@ def count_parameters(
     """
     d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
     total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
-    for dp in config.layer_head_dims:
-        i = config.num_attention_heads * dp
-        total += 3 * (d * i + i) + (i * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    for qk, dv in zip(config.layer_qk_head_dims, config.layer_v_head_dims, strict=True):
+        i_qk, i_v = config.num_attention_heads * qk, config.num_attention_heads * dv
+        total += 2 * (d * i_qk + i_qk) + (d * i_v + i_v) + (i_v * d + d) + (d * f + f) + (f * d + d) + 4 * d
     if pooler:
         total += d * d + d
     if mlm_head:
@@ -201,13 +210,14 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
     depth, feed-forward width, vocabulary and positions (the paper column is then left out).
 
     Raises:
-        ValueError: ``hidden_size``, ``num_attention_heads`` or ``head_dim`` with presets, or
-            explicit sizes without both of the first two; an unknown preset; a size the config refuses.
+        ValueError: ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``qk_head_dim`` or
+            ``v_head_dim`` with presets, or explicit sizes without both of the first two; an unknown
+            preset; a size the config refuses.
     """
     from .paper_presets import PAPER_PRESETS, get_preset
 
     sizes = dict(sizes or {})
-    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim") if f in sizes]
+    fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim") if f in sizes]
     overrides = {f: v for f, v in sizes.items() if f in COUNT_DEFAULTS}
     if fixed and presets is not None:
         raise ValueError(f"--preset fixes d, h and d_p; drop {option_names(fixed)} (or drop --preset)")
@@ -218,10 +228,12 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
             raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
         d = sizes["hidden_size"]
         cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
+        separate = "".join(f", {f}={sizes[f]}" for f in ("qk_head_dim", "v_head_dim") if f in sizes)
         return (
             f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.head_size_label}, {cfg.num_hidden_layers} layers, feed-forward {cfg.intermediate_size}, "
-            f"vocabulary {cfg.vocab_size}, {cfg.max_position_embeddings} positions (pooler and MLM head included)"
+            f"d_p={cfg.head_size_label}{separate}, {cfg.num_hidden_layers} layers, "
+            f"feed-forward {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, "
+            f"{cfg.max_position_embeddings} positions (pooler and MLM head included)"
         )
     rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
     wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names

@@ -134,9 +134,16 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
 
     Raises:
         ValueError: a size smaller than a layer's current head size (the message names the layer
-            and both sizes), a list of the wrong length, a size that is not a positive int, or a
-            model without fixedhead attention layers.
+            and both sizes), a list of the wrong length, a size that is not a positive int, a model
+            whose config sets ``qk_head_dim`` or ``v_head_dim`` (widening grows the one ``head_dim``
+            of queries, keys and values), or a model without fixedhead attention layers.
     """
+    separate = {f: getattr(model.config, f, None) for f in ("qk_head_dim", "v_head_dim")}
+    if any(size is not None for size in separate.values()):
+        sizes = ", ".join(f"{f}={size}" for f, size in separate.items())
+        raise ValueError(
+            f"widen_heads grows head_dim, the one size of queries, keys and values; this model sets {sizes}"
+        )
     old = [m.head_dim for m in model.modules() if isinstance(m, MultiHeadAttention)]
     if not old:
         raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")

@@ -54,6 +54,10 @@ def model_card(result: dict, recorded: dict) -> str:
     d, h, dp = result["hidden_size"], result["num_attention_heads"], result["head_dim"]
     n = data.get("max_seq_length", config.get("max_position_embeddings"))
     kind = f"fixed head size d_p = {dp}" if result["fixed_head"] else f"standard head size d_p = d/h = {dp}"
+    qk, v = result.get("qk_head_dim"), result.get("v_head_dim")
+    if qk is not None or v is not None:  # the logits' rank is bounded by the queries' and keys' size
+        kind += f"; queries and keys of size {qk or dp}, values of size {v or dp}"
+        dp = qk or dp
     bottleneck = (
         f"d_p = {dp} < n = {n}: each head's logit matrix has rank at most {dp}, below the sequence length "
         "(the paper's low-rank bottleneck)"

@@ -248,6 +248,8 @@ def pretrain(
         "num_attention_heads": config.num_attention_heads,
         "head_dim": head_size_label(config),  # a list for per-layer head sizes
         "fixed_head": is_fixed_head(config),
+        # queries' and keys' size apart from the values' (fixedhead only; absent when not set)
+        **{f: getattr(config, f) for f in ("qk_head_dim", "v_head_dim") if getattr(config, f, None) is not None},
         "num_hidden_layers": config.num_hidden_layers,
         "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
         "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],

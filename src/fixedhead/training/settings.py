@@ -72,6 +72,10 @@ class ModelSettings:
     """h, heads per layer"""
     head_dim: int | list | None = None
     """fixed head size d_p, or one per layer (64,64,128,128; none = d/h); omit for the standard d/h"""
+    qk_head_dim: int | None = None
+    """size of each head's queries and keys (the logits' rank bound, Theorem 1) in every layer; omit for d_p"""
+    v_head_dim: int | None = None
+    """size of each head's values in every layer; omit for d_p"""
     intermediate_size: int | None = None
     """feed-forward width (default 4d)"""
     dropout: float = 0.0
