@@ -176,7 +176,7 @@ def shrink_run(
     owned = (*SHRINK_OWNED, "finetuned")
     claim_output_dir(output_dir, (SHRINK_FILE,), owned, "shrink", create=False)  # refuse before the work
     if (Path(output_dir) / SHRINK_FILE).is_file() and not overwrite:
-        raise FileExistsError(f"{output_dir} holds an earlier `fixedhead shrink` output; pass --overwrite to replace it")
+        raise FileExistsError(f"{output_dir} holds an earlier `fixedhead shrink` output; pass --overwrite")
     run = open_run(run_dir)
     if run.config.model_type != "fixedhead":
         raise ValueError(
