@@ -4,7 +4,7 @@ of the queries and keys, for a small trained causal run and its shrunk copies.
 
 Trains a causal fixedhead run (``--steps`` steps of the ``tiny`` recipe's data, d = ``--hidden``,
 ``--heads`` heads of ``--head-dim``; or takes ``--run``), then for each K shrinks it
-(:func:`fixedhead.training.shrink.shrink_run`: the realisable rank-K cut folded into the query and key
+(:func:`fixedhead.shrink.shrink_run`: the realisable rank-K cut folded into the query and key
 weights; with ``--finetune-steps``, also trained on), and measures, side by side in this one process:
 
 * held-out loss (``fixedhead evaluate``'s, on the source run's held-out text), and its increase;
@@ -89,8 +89,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from fixedhead.runs import open_run
+    from fixedhead.shrink import shrink_run
     from fixedhead.training.evaluate import evaluate_run, load_model
-    from fixedhead.training.shrink import shrink_run
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_shrink_"))
     shape = (args.hidden, args.heads, args.head_dim, args.seq)

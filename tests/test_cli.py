@@ -302,8 +302,8 @@ def _dataclasses_of(command):
         return [options, *nested(options).values()]
     from fixedhead.analysis import AnalyzeOptions
     from fixedhead.intervention import RankInterventionOptions
+    from fixedhead.shrink import ShrinkOptions
     from fixedhead.training.export import OnnxExportOptions
-    from fixedhead.training.shrink import ShrinkOptions
     from fixedhead.training.widen import WidenOptions
 
     return {

@@ -10,7 +10,7 @@ import torch
 from fixedhead.intervention import attention_modules, fit_head_maps, truncated_logits
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
-from fixedhead.training.shrink import shrink_model
+from fixedhead.shrink import shrink_model
 
 
 def _model(cls=FixedHeadForCausalLM, query_rank=None, seed=0):

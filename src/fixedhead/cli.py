@@ -439,7 +439,7 @@ def _shrink_options(p):
         "--qk-head-dim", type=int, required=True, help="K: the new size of every head's queries and keys (values kept)"
     )
     p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier shrink output)")
-    from .training.shrink import ShrinkOptions
+    from .shrink import ShrinkOptions
 
     add_options(p, ShrinkOptions, title="the cut and its fine-tuning")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead shrink` output there")
@@ -448,7 +448,7 @@ def _shrink_options(p):
 
 def _shrink(args):
     """cut every head's queries and keys to size K (the realisable rank-K cut folded into the weights)"""
-    from .training.shrink import ShrinkOptions, shrink_run
+    from .shrink import ShrinkOptions, shrink_run
 
     o = ShrinkOptions(**given(args, ShrinkOptions))
     options = _pick(args, "overwrite", "progress")

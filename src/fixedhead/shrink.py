@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from ..checks import non_negative_int, positive_int
-from ..model.modeling import remote_code_files
-from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
-from .evaluate import load_model
+from .checks import non_negative_int, positive_int
+from .model.modeling import remote_code_files
+from .runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
+from .training.evaluate import load_model
 
 SHRINK_FILE = "shrink.json"
 #: every entry `fixedhead shrink` writes into its output folder (its temporary files included)
@@ -61,7 +61,7 @@ class ShrinkOptions:
 
 
 def _attention_layers(model):
-    from ..model.attention import MultiHeadAttention
+    from .model.attention import MultiHeadAttention
 
     return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
 
@@ -161,10 +161,10 @@ def shrink_run(
         FileExistsError: ``output_dir`` holds files that ``fixedhead shrink`` did not write, or is the run.
         FileNotFoundError: no such run.
     """
-    from ..data import prepare_data
-    from ..data.lm import heldout_batches
-    from ..intervention import attention_modules, fit_head_maps
-    from .evaluate import recorded_data_settings
+    from .data import prepare_data
+    from .data.lm import heldout_batches
+    from .intervention import attention_modules, fit_head_maps
+    from .training.evaluate import recorded_data_settings
 
     positive_int("qk_head_dim", qk_head_dim)
     positive_int("fit_tokens", fit_tokens)
@@ -214,8 +214,8 @@ def shrink_run(
     follow_umask(out / "model.safetensors")  # safetensors writes 0600
     run.tokenizer.save_pretrained(str(out))
     if finetune_steps:
-        from .pretrain import pretrain
-        from .settings import TrainSettings
+        from .training.pretrain import pretrain
+        from .training.settings import TrainSettings
 
         train_settings = dict(run.settings.get("train", {}))
         known = TrainSettings.__dataclass_fields__
