@@ -8,6 +8,8 @@ Trains a causal fixedhead run (``--steps`` steps of the ``tiny`` recipe's data, 
 weights; with ``--finetune-steps``, also trained on), and measures, side by side in this one process:
 
 * held-out loss (``fixedhead evaluate``'s, on the source run's held-out text), and its increase;
+  with ``--finetune-steps``, also after that many steps of further training, beside the original
+  trained on for as many steps at the same rate (the control the fine-tuned cut is compared with);
 * key-cache bytes per token: the keys the model's own ``DynamicCache`` holds after a prefill, over
   every layer, divided by the tokens (values are unchanged by the cut and reported apart);
 * decode tokens/s: greedy generation of ``--new-tokens`` tokens for a batch of ``--batch`` prompts,
@@ -89,7 +91,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from fixedhead.runs import open_run
-    from fixedhead.shrink import shrink_run
+    from fixedhead.shrink import shrink_run, train_on
     from fixedhead.training.evaluate import evaluate_run, load_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_shrink_"))
@@ -99,14 +101,21 @@ def main(argv=None):
     full_loss = evaluate_run(run)["loss"]
     vocab = original.config.vocab_size
     ids = torch.randint(5, vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0))
-    models = {"original": (original, full_loss, None)}
+    control = None
+    if args.finetune_steps:  # the control: the original continued as long, at the same rate
+        from fixedhead.shrink import ShrinkOptions
+        from fixedhead.training.pretrain import source_data
+
+        lr = ShrinkOptions.learning_rate
+        train_on(run, source_data(run, progress=False), tmp / "original-ft", args.finetune_steps, lr)
+        control = evaluate_run(tmp / "original-ft")["loss"]
+    models = {"original": (original, full_loss, control)}
     for k in args.ks:
         out = tmp / f"k{k}"
         record = shrink_run(run, k, out, fit_tokens=args.fit_tokens, finetune_steps=args.finetune_steps, progress=False)
-        folder = out / "finetuned" if args.finetune_steps else out
         loss = evaluate_run(out)["loss"]
-        tuned = evaluate_run(folder)["loss"] if args.finetune_steps else None
-        models[f"K={k}"] = (load_model(open_run(folder)).eval(), loss, tuned)
+        tuned = evaluate_run(out / "finetuned")["loss"] if args.finetune_steps else None
+        models[f"K={k}"] = (load_model(open_run(out)).eval(), loss, tuned)  # the cut: timed (same shapes)
         assert record["qk_head_dim"] == k
     times = {name: [] for name in models}
     for m, _, _ in models.values():  # warm-up
@@ -144,7 +153,7 @@ def main(argv=None):
         }
         rows.append(row)
         line = f"| {name} | {loss:.4f} | {loss - full_loss:+.4f} |"
-        line += (f" {tuned:.4f} |" if tuned is not None else " – |") if args.finetune_steps else ""
+        line += f" {tuned:.4f} |" if args.finetune_steps else ""
         line += f" {keys:.0f} | {keys / base_keys:.3f} | {values:.0f} | {tps:.0f} | {tps / base_tps:.2f} |"
         print(line)
     if args.json:

@@ -214,16 +214,8 @@ def shrink_run(
     follow_umask(out / "model.safetensors")  # safetensors writes 0600
     run.tokenizer.save_pretrained(str(out))
     if finetune_steps:
-        from .training.pretrain import pretrain
-        from .training.settings import TrainSettings
-
-        train_settings = dict(run.settings.get("train", {}))
-        known = TrainSettings.__dataclass_fields__
-        train_settings = {k: v for k, v in train_settings.items() if k in known}
-        steps = {"max_steps": finetune_steps, "learning_rate": learning_rate, "objective": objective}
-        steps |= {"eval_steps": max(1, finetune_steps // 4), "save_steps": finetune_steps}
-        settings = TrainSettings(**(train_settings | steps))
-        metrics = pretrain(None, data, out / "finetuned", settings, overwrite=overwrite, init_from=out)
+        tuned = out / "finetuned"
+        metrics = train_on(out, data, tuned, finetune_steps, learning_rate, overwrite=overwrite, progress=progress)
         record["finetuned"] = {
             "run": resolve_local_path(out / "finetuned"),
             "steps": finetune_steps,
@@ -232,3 +224,33 @@ def shrink_run(
         }
         write_json_atomic(out / SHRINK_FILE, record)
     return record
+
+
+def train_on(
+    run_dir: str | os.PathLike,
+    data,
+    output_dir: str | os.PathLike,
+    steps: int,
+    learning_rate: float,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Continue ``run_dir``'s model for ``steps`` optimizer steps at peak ``learning_rate`` on ``data``
+    with the pretraining Trainer (:func:`fixedhead.training.pretrain.pretrain` with ``init_from``), the
+    rest of its recorded training settings kept; the same call continues the original run as the
+    control of a shrunk one (``benchmarks/bench_shrink.py``).
+
+    Returns:
+        pretrain's metrics of the new run in ``output_dir``.
+    """
+    from .training.pretrain import pretrain
+    from .training.settings import TrainSettings
+
+    run = open_run(run_dir)
+    recorded = {k: v for k, v in run.settings.get("train", {}).items() if k in TrainSettings.__dataclass_fields__}
+    objective = "clm" if run.config.is_decoder else "mlm"
+    steps_settings = {"max_steps": steps, "learning_rate": learning_rate, "objective": objective, "progress": progress}
+    steps_settings |= {"eval_steps": max(1, steps // 4), "save_steps": steps}
+    settings = TrainSettings(**(recorded | steps_settings))
+    return pretrain(None, data, output_dir, settings, overwrite=overwrite, init_from=run_dir)
