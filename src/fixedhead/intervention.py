@@ -10,7 +10,8 @@ so every cut is free to add one (it is not counted in the rank; the paper's D_0 
 * the **oracle** (:func:`fit_visible`): per sequence, the best rank-k fit of each head's logits over
   the keys each query may see. A decoder's future keys are hidden, so no rank is spent on them;
   without a mask this is the Eckart–Young truncation of the row-centred logits (:func:`truncate_logits`).
-  No fixed weights realise a per-sequence fit, so the rank it needs is a lower bound.
+  No fixed weights realise a per-sequence fit: the rank it needs is the low end of the band (it is
+  the best fit in squared logit error that a local method finds, not a proven bound on the loss).
 * the **realisable** cut (:func:`fit_head_maps`, :func:`fit_projections`): each head's queries and
   keys mapped to size k by fixed maps fitted on training text and scored on held-out text, i.e. a
   model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
@@ -124,7 +125,7 @@ def fit_visible(
     k + 1 solvable). Each half-step minimises the objective over its block, so the visible residual
     never rises. Stops when, in every matrix, an iteration lowers it by less than the fraction ``tol``
     (it has stalled) or it is below 1e-24 of the visible entries' squared norm (an exact fit), or
-    after ``max_iter`` iterations. The lookahead fit
+    after ``max_iter`` iterations. ALS is a local method: "best" is the fit it reaches. The lookahead fit
     (:func:`truncate_logits` of all entries, with its best shifts) is kept where its visible residual
     is lower, so the oracle never fits worse than the lookahead cut. (Starting from the lookahead
     fit instead stalls: its directions serve the hidden entries.)
@@ -699,9 +700,10 @@ def report_markdown(results: list[dict], command: str) -> str:
         "Each head's logits cut to rank k (k = 1 .. d_p), in one layer or in all layers, and the held-out loss",
         "scored again, two ways. *Oracle*: per sequence, the best rank-k fit of each head's logits over the keys",
         "each query may see (a decoder's future keys cost no rank), up to a per-query shift the softmax ignores;",
-        "no fixed weights realise it, so its needed rank is a lower bound. *Realisable*: each head's queries and",
-        "keys mapped to size k by maps fitted on training text (the best rank-k form of q·k in expectation),",
-        "scored on held-out text: a model with query/key heads of size k exists, so its needed rank is achievable.",
+        "no fixed weights realise it: the low end (a least-squares fit of logits, not a proven bound on the loss).",
+        "*Realisable*: each head's queries and keys mapped to size k by maps fitted on training text (the best",
+        "rank-k form of q·k in expectation), scored on held-out text: a model with query/key heads of size k",
+        "exists, so its needed rank is achievable.",
         "*Needed rank*: the smallest k from which the loss stays within a tolerance of the full-rank loss, shown",
         "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
         "full-rank loss where a model has several seeds). *Attention gain*: uniform attention over the visible",
