@@ -107,7 +107,7 @@ def main(argv=None):
         from fixedhead.training.pretrain import source_data
 
         lr = ShrinkOptions.learning_rate
-        train_on(run, source_data(run, progress=False), tmp / "original-ft", args.finetune_steps, lr)
+        train_on(run, source_data(run, progress=False), tmp / "original-ft", args.finetune_steps, lr, progress=False)
         control = evaluate_run(tmp / "original-ft")["loss"]
     models = {"original": (original, full_loss, control)}
     for k in args.ks:
