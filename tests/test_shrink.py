@@ -13,7 +13,7 @@ from fixedhead.model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from fixedhead.shrink import shrink_model
 
 
-def _model(cls=FixedHeadForCausalLM, query_rank=None, seed=0):
+def _model(cls=FixedHeadForCausalLM, query_rank=None, seed=0, **config):
     """d = 32, 4 heads of size 8, 2 layers; with ``query_rank`` r each head's queries use only r of
     their 8 dimensions (the rest of its query rows and bias are zero): logits of rank r."""
     torch.manual_seed(seed)
@@ -26,6 +26,7 @@ def _model(cls=FixedHeadForCausalLM, query_rank=None, seed=0):
         intermediate_size=64,
         max_position_embeddings=32,
         is_decoder=cls is FixedHeadForCausalLM,
+        **config,
     )
     model = cls(config).eval()
     with torch.no_grad():  # sharp attention (initialised weights give near-uniform attention)
@@ -42,12 +43,21 @@ def _fit(model, seed=1):
     return fit_head_maps(model, train, attention_modules(model, train[:1]))
 
 
-@pytest.mark.parametrize("cls", [FixedHeadForCausalLM, FixedHeadForMaskedLM])
-def test_a_model_whose_logits_have_rank_r_is_unchanged_when_shrunk_to_r_and_changed_below(cls):
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (FixedHeadForCausalLM, {}),
+        (FixedHeadForMaskedLM, {}),
+        (FixedHeadForCausalLM, {"parametrization": "mup", "mup_base_head_dim": 4}),  # logit scale 1/d_p
+        (FixedHeadForCausalLM, {"v_head_dim": 12}),  # values of their own size, kept
+    ],
+)
+def test_a_model_whose_logits_have_rank_r_is_unchanged_when_shrunk_to_r_and_changed_below(cls, config):
     """The known answer, from the original model itself: queries of rank r per head lose nothing at
     K = r (the maps are exact on the data's span), and a head of K = r − 1 computes something else."""
     r = 3
-    model = _model(cls, query_rank=r)
+    model = _model(cls, query_rank=r, **config)
+    v = config.get("v_head_dim", 8)
     maps = _fit(model)
     ids = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -57,13 +67,13 @@ def test_a_model_whose_logits_have_rank_r_is_unchanged_when_shrunk_to_r_and_chan
         torch.testing.assert_close(at_r(ids).logits, want, atol=2e-5, rtol=1e-5)
         assert (below(ids).logits - want).abs().max() > 1e-3
     layer = attention_modules(at_r, ids)[0]
-    assert (at_r.config.qk_head_dim, layer.qk_head_dim, layer.v_head_dim) == (r, r, 8)
-    assert layer.qkv.weight.shape == (4 * (2 * r + 8), 32)
+    assert (at_r.config.qk_head_dim, layer.qk_head_dim, layer.v_head_dim) == (r, r, v)
+    assert layer.qkv.weight.shape == (4 * (2 * r + v), 32)
     for name, p in model.state_dict().items():  # values, out_proj, embeddings, FFN: copied as they are
         if ".qkv." not in name:
             assert torch.equal(at_r.state_dict()[name], p), name
         else:
-            assert torch.equal(at_r.state_dict()[name][-32:], p[-32:]), name  # the value rows
+            assert torch.equal(at_r.state_dict()[name][-4 * v :], p[-4 * v :]), name  # the value rows
 
 
 def test_the_shrunk_model_computes_the_interventions_realisable_cut_and_caches_keys_of_size_k():
@@ -139,3 +149,16 @@ def test_the_command_fine_tunes_the_shrunk_model_with_the_pretraining_trainer(ti
     assert tuned.config.qk_head_dim == 2 and record["finetuned"]["steps"] == 2
     assert tuned.settings["train"]["max_steps"] == 2
     assert record["finetuned"]["heldout_loss"] > 0
+
+
+def test_a_masked_lm_run_shrinks_to_what_the_intervention_scores(tiny_pretrained_run, tmp_path):
+    from fixedhead.intervention import run_rank_curve
+    from fixedhead.shrink import shrink_run
+    from fixedhead.training.evaluate import evaluate_run
+
+    run, _, _ = tiny_pretrained_run
+    record = shrink_run(run, 2, tmp_path / "small", fit_tokens=2000, progress=False)
+    assert (record["objective"], record["old_qk_head_dims"], record["qk_head_dim"]) == ("mlm", [16, 16], 2)
+    score = evaluate_run(tmp_path / "small", max_eval_tokens=1000)["loss"]
+    curve = run_rank_curve(run, 1000, ranks=[2], per_layer=False, progress=False, method="realisable", fit_tokens=2000)
+    assert score == pytest.approx(curve["curves"]["all"][2], abs=1e-5)
