@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 LATEST := .venv-latest
 LOCKER := .venv-lock
 
-.PHONY: run test test-slow test-latest lock lint bench bench-quality install clean serve-check
+.PHONY: run test test-slow test-latest lock lint bench bench-quality bench-shrink install clean serve-check
 
 # a changed lock rebuilds the environment from scratch, so nothing outside the lock stays installed
 $(STAMP): $(LOCK) pyproject.toml
@@ -43,6 +43,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training_step.py $(ARGS)
+
+# what `fixedhead shrink` buys: held-out loss, key-cache bytes and decode tokens/s against K (a few minutes on one CPU thread)
+bench-shrink: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/bench_shrink.py $(ARGS)
 
 # tokens to quality: pretraining recipes side by side (8-25 minutes per row on one CPU thread; rows run in parallel with --rows)
 bench-quality: $(STAMP)

@@ -194,7 +194,7 @@ def test_study_commands_share_one_group_of_options():
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = re.compile(
     r"fixedhead(?:\.cli)? ((?:count|pretrain|evaluate|compare|bottleneck|analyze|finetune|sweep|report|"
-    r"farthest-point|widen|widen-experiment)\b[^`\n\"]*)"
+    r"farthest-point|widen|widen-experiment|shrink)\b[^`\n\"]*)"
 )
 
 
@@ -302,6 +302,7 @@ def _dataclasses_of(command):
         return [options, *nested(options).values()]
     from fixedhead.analysis import AnalyzeOptions
     from fixedhead.intervention import RankInterventionOptions
+    from fixedhead.shrink import ShrinkOptions
     from fixedhead.training.export import OnnxExportOptions
     from fixedhead.training.widen import WidenOptions
 
@@ -312,10 +313,11 @@ def _dataclasses_of(command):
         "analyze": [AnalyzeOptions],
         "rank-intervention": [RankInterventionOptions],
         "widen": [WidenOptions],
+        "shrink": [ShrinkOptions],
     }[command]
 
 
-_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", *STUDIES]
+_WITH_DATACLASS = ["pretrain", "finetune", "export-onnx", "analyze", "rank-intervention", "widen", "shrink", *STUDIES]
 
 
 @pytest.mark.parametrize("command", _WITH_DATACLASS)

@@ -14,6 +14,9 @@ from fixedhead.intervention import (
     _truncated_attention,
     attention_modules,
     default_ranks,
+    fit_head_maps,
+    fit_projections,
+    fit_visible,
     needed_rank,
     rank_curve,
     truncate_logits,
@@ -141,7 +144,7 @@ def test_rank_0_is_uniform_attention_over_the_visible_keys():
     # causal (no mask tensor, the module causal) and a boolean mask: query i averages the values of keys 0..i
     module = torch.nn.Module()
     module.is_causal = True
-    setattr(module, _RANK_ATTR, 0)
+    setattr(module, _RANK_ATTR, ("oracle", 0, None))
     q, k, v = torch.randn(3, 1, 2, 7, 4).unbind(0)  # [batch, heads, n, d_p]
     want = v.cumsum(2) / torch.arange(1, 8).view(7, 1)
     context, _ = _truncated_attention(module, q, k, v, None)
@@ -154,6 +157,10 @@ def test_rank_0_is_uniform_attention_over_the_visible_keys():
 def test_rank_curve_records_each_layer_and_all_layers():
     torch.manual_seed(0)
     model = _models()[0].eval()
+    with torch.no_grad():  # sharper attention, so that a rank-1 cut moves the loss of a random model
+        for layer in model.modules():
+            if hasattr(layer, "qkv"):
+                layer.qkv.weight.mul_(4)
     ids = torch.randint(0, 50, (4, 12))
 
     def score(m):
@@ -200,6 +207,7 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
     run, _, _ = tiny_causal_run
     out = tmp_path / "ri"
     argv = ["rank-intervention", str(run), "--output-dir", str(out), "--max-eval-tokens", "1000", "--no-progress"]
+    argv += ["--ranks", "2", "8", "--fit-tokens", "2000"]
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "rank_intervention.csv",
@@ -208,7 +216,19 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
         "rank_intervention.png",
     ]
     record = json.loads((out / "rank_intervention.json").read_text())
-    (result,) = record["runs"]
+    oracle, realisable = record["runs"]
+    assert (oracle["method"], realisable["method"]) == ("oracle", "realisable") and realisable["fit_tokens"] > 0
+    assert oracle["full"] == realisable["full"]
+    (row,) = record["needed"]
+    assert set(row["needed"]) == {"0.01", "0.002", "band"}
+    for tol, by_setting in row["needed"].items():
+        width = float(tol) if tol != "band" else oracle["band"]
+        for setting, (low, high) in by_setting.items():
+            assert low == needed_rank({int(k): v for k, v in oracle["curves"][setting].items()}, oracle["full"], width)
+            assert high == needed_rank(
+                {int(k): v for k, v in realisable["curves"][setting].items()}, oracle["full"], width
+            )
+    result = oracle
     assert (
         record["versions"]["transformers"] and result["band"] == 0.01 and result["band_source"] == "default (one run)"
     )
@@ -220,6 +240,162 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
     assert main([*argv[:2], "--output-dir", str(tmp_path / "other")]) == 2  # a folder holding something else
     assert (tmp_path / "other" / "notes.txt").read_text() == "not ours"
     assert main(["rank-intervention", str(run), "--output-dir", str(tmp_path / "x"), "--band", "-1"]) == 2
+
+
+# ------------------------------------------------------------------ looking only at visible keys
+
+
+def _causal_head_of_known_visible_rank(n=12, r=2, scale=10.0, seed=0):
+    """A one-head causal layer on one-hot inputs whose logits are A Bᵀ (rank r) on and below the
+    diagonal plus a large rank-2 block strictly above it (keys a query never sees): its visible
+    logits have rank r, its full logits rank r + 2."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(n, r, generator=g), torch.randn(n, r, generator=g)
+    u, v = torch.zeros(n, 2), torch.zeros(n, 2)
+    u[: n // 3, 0], v[n // 3 :, 0] = 1, 1  # u_i · v_j ≠ 0 only for i < n/3 ≤ j or i < 2n/3 ≤ j: j > i
+    u[: 2 * n // 3, 1], v[2 * n // 3 :, 1] = 1, 1
+    q, k = torch.cat([a, scale * u], 1), torch.cat([b, scale * v], 1)  # [n, r + 2]
+    layer = MultiHeadAttention(hidden_size=n, num_attention_heads=1, head_dim=r + 2).eval()
+    layer.is_causal = True
+    with torch.no_grad():
+        w = layer.qkv.weight.view(3, r + 2, n)
+        w[0], w[1] = q.T, k.T  # one-hot input x_i = e_i: query i is row i of q
+        layer.qkv.bias.zero_()
+    assert torch.equal((u @ v.T).tril(), torch.zeros(n, n))
+    return layer, torch.eye(n).unsqueeze(0)
+
+
+def test_a_causal_head_whose_visible_logits_have_rank_r_is_kept_exactly_at_rank_r():
+    """The known answer: cut to k = r the head is unchanged, cut to r − 1 it is not. Cutting all n × n
+    logits and masking afterwards (the lookahead cut) spends its rank on the hidden block and fails."""
+    layer, x = _causal_head_of_known_visible_rank()
+    modules = attention_modules(layer, x)
+    with torch.no_grad():
+        want = layer(x, is_causal=True)[0]
+        with truncated_logits(layer, 2, modules=modules):
+            at_r = layer(x, is_causal=True)[0]
+        with truncated_logits(layer, 1, modules=modules):
+            below = layer(x, is_causal=True)[0]
+    torch.testing.assert_close(at_r, want, atol=1e-6, rtol=1e-6)
+    assert (below - want).abs().max() > 1e-3
+    with torch.no_grad(), truncated_logits(layer, 2, modules=modules, method="lookahead"):
+        assert (layer(x, is_causal=True)[0] - want).abs().max() > 1e-2
+
+
+def test_fit_visible_without_hidden_entries_is_numpys_best_rank_k_plus_row_shifts():
+    rng = np.random.default_rng(3)
+    s = rng.normal(size=(2, 9, 9))
+    centred = s - s.mean(-1, keepdims=True)
+    u, sv, vt = np.linalg.svd(centred)
+    for k in (0, 1, 4, 9):
+        want = (u[..., :k] * sv[..., None, :k]) @ vt[..., :k, :] + s.mean(-1, keepdims=True)
+        got = fit_visible(torch.from_numpy(s), torch.ones(9, 9, dtype=torch.bool), k).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+def test_fit_visible_never_fits_the_visible_logits_worse_than_the_lookahead_cut():
+    torch.manual_seed(4)
+    s = torch.randn(6, 16, 16, dtype=torch.float64) * torch.linspace(0.1, 3, 16, dtype=torch.float64)
+    visible = torch.ones(16, 16, dtype=torch.bool).tril()
+    m = visible.double()
+    for k in (1, 3, 6):
+        look = truncate_logits(s, k)
+        look = look + (m * (s - look)).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)  # its best shifts
+        fit = fit_visible(s, visible, k)
+        err_look = (m * (s - look)).pow(2).sum((-2, -1))
+        err_fit = (m * (s - fit)).pow(2).sum((-2, -1))
+        assert bool((err_fit <= err_look * (1 + 1e-9)).all()) and bool((err_fit < 0.95 * err_look).any())
+    # rank 0: each query's mean over its visible keys (uniform attention)
+    torch.testing.assert_close(fit_visible(s, visible, 0)[..., 5, 0], s[..., 5, :6].mean(-1))
+
+
+def test_fit_projections_are_the_best_rank_k_bilinear_form_numpy_reference():
+    """E[(qᵀ(I − W_k)k)²] for independent q, k equals the Eckart–Young tail of C_q^{1/2} C_k^{1/2}
+    (computed here with NumPy), and at the rank of the data the logits are reproduced up to a shift."""
+    rng = np.random.default_rng(5)
+    d, r = 6, 4
+    q = rng.normal(size=(4000, r)) @ rng.normal(size=(r, d))  # queries in an r-dimensional subspace
+    k = rng.normal(size=(4000, d)) * [3, 2, 1, 0.5, 0.2, 0.1] + rng.normal(size=d)
+    cq, ck = q.T @ q / len(q), np.cov(k.T, bias=True)
+
+    def sqrtm(c):
+        w, v = np.linalg.eigh(c)
+        return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+
+    sv = np.linalg.svd(sqrtm(cq) @ sqrtm(ck), compute_uv=False)
+    a, b = fit_projections(torch.from_numpy(cq), torch.from_numpy(ck))
+    for rank in (1, 2, 3):
+        w = (a[:, :rank] @ b[:, :rank].T).numpy()
+        err = np.trace((np.eye(d) - w).T @ cq @ (np.eye(d) - w) @ ck)
+        assert err == pytest.approx((sv[rank:] ** 2).sum(), rel=1e-8)
+    logits = q[:50] @ k[:50].T
+    cut = (q[:50] @ a[:, :r].numpy()) @ (k[:50] @ b[:, :r].numpy()).T
+    diff = logits - cut
+    np.testing.assert_allclose(diff - diff.mean(-1, keepdims=True), 0, atol=1e-8)  # only a per-query shift
+
+
+def _rotary_llama():
+    torch.manual_seed(6)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=6,
+        intermediate_size=30,
+        max_position_embeddings=32,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # queries use one dimension of each head before rotation: rank 1 ...
+        w = model.model.layers[0].self_attn.q_proj.weight.view(2, 6, 24)
+        w[:, 1:] = 0
+    return model  # ... but rotary positions turn dimension 0 into the pair (0, 3): rank 2 after it
+
+
+@pytest.mark.parametrize("method", ["oracle", "realisable"])
+def test_rotary_positions_count_the_rank_of_the_rotated_queries_and_keys(method):
+    model = _rotary_llama()
+    ids = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
+    train = torch.randint(0, 50, (16, 20), generator=torch.Generator().manual_seed(1))
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, train, modules) if method == "realisable" else None
+    with torch.no_grad():
+        want = model(ids).logits
+        out = {}
+        for k in (1, 2):
+            with truncated_logits(model, k, modules=modules, method=method, maps=maps):
+                out[k] = model(ids).logits
+    torch.testing.assert_close(out[2], want, atol=1e-5, rtol=1e-5)
+    assert (out[1] - want).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("method", ["oracle", "realisable"])
+def test_a_farthest_point_model_of_logit_rank_r_is_kept_from_rank_r(method):
+    """The farthest-point model (bidirectional, no positions) with query weights of rank r per head:
+    its metrics are unchanged at k = r by either cut, and change at k = r − 1."""
+    from fixedhead.data.synthetic import FarthestPointTask
+    from fixedhead.studies.farthest_point.set_attention import SetAttentionModel, evaluate
+
+    torch.manual_seed(0)
+    r, d_p = 3, 8
+    model = SetAttentionModel(8, 2, d_p, logit_scale=16.0).eval()
+    with torch.no_grad():
+        model.attention.qkv.weight.view(3, 2, d_p, 8)[0, :, r:] = 0
+        model.attention.qkv.bias.view(3, 2, d_p)[0, :, r:] = 0
+    task = FarthestPointTask(8, 3, 8)
+    sets = task.sample(256, torch.Generator().manual_seed(1), task.projection)
+    fit_sets = task.sample(256, torch.Generator().manual_seed(2), task.projection)
+    modules = attention_modules(model, sets[0])
+    maps = fit_head_maps(model, fit_sets[0], modules) if method == "realisable" else None
+    full = evaluate(model, sets)
+    got = {}
+    with torch.no_grad():
+        for k in (r - 1, r):
+            with truncated_logits(model, k, modules=modules, method=method, maps=maps):
+                got[k] = evaluate(model, sets)
+    assert got[r]["mse"] == pytest.approx(full["mse"], rel=1e-5)
+    assert abs(got[r - 1]["mse"] - full["mse"]) > 1e-4
 
 
 def test_queries_and_keys_of_their_own_size_bound_the_rank_values_do_not():

@@ -17,6 +17,7 @@ order, top to bottom:
                  part of neither)
     analysis     head-rank diagnostics of a checkpoint
     intervention the rank a trained model needs: its heads' logits cut to rank k, held-out loss against k
+    shrink       a run whose queries and keys are cut to size K (the intervention's realisable cut as weights)
     studies      the paper's questions as resumable commands (the scaling study reads its trained
                  runs' ranks with analysis)
     options      command-line options derived from the settings dataclasses
@@ -45,6 +46,7 @@ LAYERS = [
     "plotting",
     "analysis",
     "intervention",
+    "shrink",
     "studies",
     "options",
     "cli",

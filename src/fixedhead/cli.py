@@ -220,9 +220,7 @@ def _rank_intervention(args):
 
     o = RankInterventionOptions(**given(args, RankInterventionOptions))
     options = _pick(args, "output_dir", "overwrite", "progress")
-    results = intervene_runs(
-        args.runs, band=o.band, max_eval_tokens=o.max_eval_tokens, command=args.command_line, **options
-    )
+    results = intervene_runs(args.runs, command=args.command_line, **dataclasses.asdict(o), **options)
     print(report_markdown(results, args.command_line))
     print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
 
@@ -398,6 +396,33 @@ def _widen(args):
     )
 
 
+# ------------------------------------------------------------------------------------- shrink
+def _shrink_options(p):
+    p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
+    p.add_argument(
+        "--qk-head-dim", type=int, required=True, help="K: the new size of every head's queries and keys (values kept)"
+    )
+    p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier shrink output)")
+    from .shrink import ShrinkOptions
+
+    add_options(p, ShrinkOptions, title="the cut and its fine-tuning")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead shrink` output there")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def _shrink(args):
+    """cut every head's queries and keys to size K (the realisable rank-K cut folded into the weights)"""
+    from .shrink import ShrinkOptions, shrink_run
+
+    o = ShrinkOptions(**given(args, ShrinkOptions))
+    options = _pick(args, "overwrite", "progress")
+    record = shrink_run(args.run_dir, args.qk_head_dim, args.output_dir, **dataclasses.asdict(o), **options)
+    print(
+        f"shrunk {args.run_dir}: queries and keys {record['old_qk_head_dims']} -> {record['qk_head_dim']} "
+        f"(values {record['v_head_dim']}); wrote {args.output_dir}"
+    )
+
+
 # ------------------------------------------------------------------------------------ studies
 def _report_options(p):
     p.add_argument("folder", help="a study's output folder (results.json; a sweep's older sweep.json too)")
@@ -457,6 +482,7 @@ COMMANDS = {
     "finetune": (_finetune_options, _finetune),
     "export-onnx": (_export_onnx_options, _export_onnx),
     "widen": (_widen_options, _widen),
+    "shrink": (_shrink_options, _shrink),
     "report": (_report_options, _report),
 }
 

@@ -1,28 +1,36 @@
 """Rank intervention: how much of its heads' logit rank does a trained model need?
 
 Counting the numerical rank of attention logits (:mod:`fixedhead.analysis`) says what rank a head
-*has*; this module measures what rank the model *needs*, by intervention. For every head and every
-sequence, the logits S = Q Kᵀ · scale ([n queries, n keys]) are replaced before the mask and the
-softmax by the best rank-k approximation (Eckart–Young: the k leading singular triplets, in float64)
-of the row-centred logits S_c = S (I − 11ᵀ/n). Softmax ignores a per-query shift, so S_c gives the
-head's attention exactly, and rank S_c ≤ rank S ≤ d_p (centring is a right multiplication): at
-k ≥ d_p nothing changes, and at k < d_p the head keeps only its k strongest logit directions. This is
-the shift the theory module removes too (:func:`fixedhead.theory.min_head_dim`, the paper's D_0 in
-Theorem 1).
+*has*; this module measures what rank the model *needs*, by intervention: every head's logits
+S = Q Kᵀ · scale ([n queries, n keys], after rotary positions where the model has them) are cut to
+rank k before the softmax, and held-out text is scored again. Softmax ignores a per-query shift,
+so every cut is free to add one (it is not counted in the rank; the paper's D_0 in Theorem 1,
+:func:`fixedhead.theory.min_head_dim`, removes the same shift). Two cuts bracket the rank a model needs:
 
-A decoder's logits are truncated over all keys and then masked, so the truncation also spends rank
-on entries the query never sees: the rank found this way is an upper bound on the rank of the
-visible (lower-triangular) part.
+* the **oracle** (:func:`fit_visible`): per sequence, the best rank-k fit of each head's logits over
+  the keys each query may see. A decoder's future keys are hidden, so no rank is spent on them;
+  without a mask this is the Eckart–Young truncation of the row-centred logits (:func:`truncate_logits`).
+  No fixed weights realise a per-sequence fit: the rank it needs is the low end of the band (it is
+  the best fit in squared logit error that a local method finds, not a proven bound on the loss).
+* the **realisable** cut (:func:`fit_head_maps`, :func:`fit_projections`): each head's queries and
+  keys mapped to size k by fixed maps fitted on training text and scored on held-out text, i.e. a
+  model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
+  trained LLMs; for rotary models the maps act on the rotated queries and keys, as Loki's do, so
+  they cannot be folded into the projection weights there).
 
-:func:`rank_curve` scores held-out text with the intervention for k = 1 .. d_p in each layer alone
-and in all layers together: the loss against k. The rank a layer *needs* is the smallest k whose loss
-is within a band of the full-rank loss (:func:`needed_rank`): a tolerance in nats, e.g. the
-seed-to-seed spread of the full-rank loss.
+The **lookahead** cut, the best rank-k fit of all n × n logits masked afterwards, spends rank on
+entries a decoder's queries never see; it is kept to compare with and to read older results by.
+
+:func:`rank_curve` scores held-out text with a cut for k = 1 .. d_p in each layer alone and in all
+layers together: the loss against k. The rank a layer *needs* is the smallest k whose loss is within
+a tolerance of the full-rank loss (:func:`needed_rank`); ``fixedhead rank-intervention`` reports it as
+the band from the oracle to the realisable cut (:func:`needed_band`) at fixed tolerances (0.01 and
+0.002 nats) and at the seed-to-seed spread of the full-rank loss.
 
 Works on fixedhead models and on any transformers model whose attention goes through transformers'
-attention interface (Llama-style runs included, grouped key heads repeated per query head, rotary
-positions applied before the logits), and on modules built from
-:class:`fixedhead.model.attention.MultiHeadAttention` (e.g. the farthest-point task's model).
+attention interface (Llama-style runs included, grouped key heads repeated per query head), and on
+modules built from :class:`fixedhead.model.attention.MultiHeadAttention` (e.g. the farthest-point
+task's model).
 """
 
 from __future__ import annotations
@@ -35,12 +43,12 @@ from pathlib import Path
 
 import torch
 
-from .checks import non_negative_int
+from .checks import non_negative_int, positive_int
 from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
 SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(RANK_IMPLEMENTATION)  # it multiplies by the values it gets, of any size
-_RANK_ATTR = "_fixedhead_logit_rank"  # set on the attention modules being truncated (int) for the duration
+_RANK_ATTR = "_fixedhead_logit_rank"  # (method, rank, maps) on the attention modules being cut, for the duration
 
 
 def truncate_logits(logits: torch.Tensor, rank: int) -> torch.Tensor:
@@ -100,21 +108,133 @@ def truncate_product(query: torch.Tensor, key: torch.Tensor, rank: int) -> torch
     return left @ (k_basis @ vh[..., :rank, :].transpose(-1, -2)).transpose(-1, -2)
 
 
-def _truncated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """An attention implementation (transformers' interface): the module's own product, with the
-    logits of a module marked by :func:`truncated_logits` cut to rank k (:func:`truncate_product`)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def fit_visible(
+    logits: torch.Tensor, visible: torch.Tensor, rank: int, max_iter: int = 100, tol: float = 1e-4
+) -> torch.Tensor:
+    """The best rank-``rank`` fit of each logit matrix on its visible entries, up to a per-query shift.
 
-    rank = getattr(module, _RANK_ATTR, None)
-    if rank is None:  # a layer left as it is
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
-    heads, kv_heads = query.shape[1], key.shape[1]
-    if kv_heads != heads:  # grouped keys and values: one per query head
-        key = key.repeat_interleave(heads // kv_heads, dim=1)
-        value = value.repeat_interleave(heads // kv_heads, dim=1)
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    logits = truncate_product(query.double() * scale, key, rank)  # scaled in float64
-    q_len, k_len = logits.shape[-2:]
+    Minimises ‖M ⊙ (S − A Bᵀ − c 1ᵀ)‖_F over A [queries, k], B [keys, k] and the shifts c [queries]
+    (softmax ignores a per-query shift, so it is free and not counted in the rank; centring each row
+    over its visible keys first would instead add a rank). M is the visibility mask: for a decoder,
+    keys up to the query, so no rank is spent on logits the query never sees. Where every entry is
+    visible this is :func:`truncate_logits` (Eckart–Young); otherwise there is no closed form, and the
+    fit is found by alternating least squares: start from the k leading right singular vectors of the
+    visible entries (each row centred over its visible keys, hidden entries 0) as the keys' factors B,
+    then alternately solve each query's (a_i, c_i) and each key's b_j by least squares over its
+    visible entries (a ridge of 1e-12 · the mean diagonal keeps rows with fewer visible keys than
+    k + 1 solvable). Each half-step minimises the objective over its block, so the visible residual
+    never rises. Stops when, in every matrix, an iteration lowers it by less than the fraction ``tol``
+    (it has stalled) or it is below 1e-24 of the visible entries' squared norm (an exact fit), or
+    after ``max_iter`` iterations. ALS is a local method: "best" is the fit it reaches. The lookahead fit
+    (:func:`truncate_logits` of all entries, with its best shifts) is kept where its visible residual
+    is lower, so the oracle never fits worse than the lookahead cut. (Starting from the lookahead
+    fit instead stalls: its directions serve the hidden entries.)
+
+    Args:
+        logits: [..., queries, keys] (float64 here).
+        visible: bool, broadcastable to ``logits``: True where the query may attend to the key.
+        rank: k ≥ 0 (0: the shifts only, i.e. uniform attention over the visible keys).
+        max_iter, tol: the stopping rule above.
+
+    Returns:
+        float64 [..., queries, keys]: A Bᵀ + c 1ᵀ (hidden entries are whatever the fit gives: mask them).
+
+    Raises:
+        ValueError: ``rank`` not an int ≥ 0; ``logits`` with fewer than 2 dimensions.
+    """
+    non_negative_int("rank", rank)
+    if logits.dim() < 2:
+        raise ValueError(f"logits must be [..., queries, keys], got shape {tuple(logits.shape)}")
+    s = logits.double()
+    m = visible.to(s.device).expand_as(s).double()
+    nq, nk = s.shape[-2:]
+    if bool(m.all()) or rank >= min(nq, nk):
+        return truncate_logits(s, rank) + s.mean(-1, keepdim=True)
+    ms = m * s
+    norm = ms.pow(2).sum((-2, -1)).clamp(min=1e-300)
+    if rank == 0:
+        shift = ms.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+        return shift.expand_as(s).clone()
+    counts = m.sum(-1, keepdim=True).clamp(min=1)
+    _, _, vh = torch.linalg.svd(m * (s - ms.sum(-1, keepdim=True) / counts), full_matrices=False)
+    b = vh[..., :rank, :].transpose(-1, -2)  # [..., keys, k]: the visible entries' directions, hidden ones 0
+    ones = torch.ones(*b.shape[:-1], 1, dtype=s.dtype, device=s.device)
+    eye = torch.eye(rank + 1, dtype=s.dtype, device=s.device)
+
+    causal = nq == nk and bool(
+        (visible.to(s.device) == torch.ones(nq, nk, dtype=torch.bool, device=s.device).tril()).all()
+    )
+
+    def solve(weights, design, target, upper=False):  # per row r: argmin_x Σ_j w_rj (t_rj − design_j · x)²
+        outer = design[..., :, None] * design[..., None, :]  # [..., J, p, p]
+        if causal:  # row r sees j ≤ r (queries) or j ≥ r (keys, upper): running sums, not an [R, J] product
+            gram = outer.flip(-3).cumsum(-3).flip(-3) if upper else outer.cumsum(-3)
+        else:
+            gram = (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)  # [..., R, p, p]
+        ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
+        p = design.shape[-1]
+        rhs = (weights * target) @ design  # [..., R, p]
+        return torch.linalg.solve(gram + ridge[..., None, None] * eye[:p, :p], rhs[..., None])[..., 0]
+
+    previous = None
+    for _ in range(max_iter):
+        a = solve(m, torch.cat([b, ones], -1), s)  # [..., queries, k + 1]: a_i and c_i
+        a, shift = a[..., :rank], a[..., rank:]
+        b = solve(m.transpose(-1, -2), a, (s - shift).transpose(-1, -2), upper=True)  # [..., keys, k]
+        fit = a @ b.transpose(-1, -2) + shift
+        residual = (m * (s - fit)).pow(2).sum((-2, -1))
+        done = (residual <= 1e-24 * norm) | ((previous - residual) <= tol * previous if previous is not None else False)
+        if bool(torch.as_tensor(done).all()):
+            break
+        previous = residual
+    lookahead = truncate_logits(s, rank)  # its best shifts over the visible keys: a second candidate
+    lookahead = lookahead + (m * (s - lookahead)).sum(-1, keepdim=True) / counts
+    worse = (m * (s - lookahead)).pow(2).sum((-2, -1)) < residual
+    return torch.where(worse[..., None, None], lookahead, fit)
+
+
+def fit_projections(query_moment: torch.Tensor, key_covariance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query and key maps whose first k columns give each head's best rank-k logit form, for every k.
+
+    A head's logit is qᵀk (the scale in q). Replacing it by (qᵀA_k)(B_kᵀk), i.e. queries and keys of
+    size k, gives a model that exists (its query and key weights times A_k and B_k). The maps here
+    minimise the expected squared logit error E[(qᵀ(I − A_k B_kᵀ)k)²] over queries and keys drawn
+    apart, = ‖C_q^{1/2}(I − W)C_k^{1/2}‖_F² with C_q = E[qqᵀ] and C_k = Cov(k) (the mean key only
+    adds q·μ, a per-query shift the softmax ignores): W = C_q^{-1/2} U_k Σ_k V_kᵀ C_k^{-1/2} from
+    the SVD U Σ Vᵀ of C_q^{1/2} C_k^{1/2} (pseudo-inverse roots: directions the data never use are
+    dropped). This is a joint fit of q·kᵀ, not the keys' principal directions alone (Loki, Eigen
+    Attention): a key direction with large variance that queries never read costs nothing here. At
+    k = rank(C_q^{1/2} C_k^{1/2}) the logits are reproduced exactly on the data's span.
+
+    Args:
+        query_moment: [..., d, d], E[qqᵀ] of the (scaled) queries.
+        key_covariance: [..., d, d], the covariance of the keys.
+
+    Returns:
+        (A, B), float64 [..., d, d]: the cut to k keeps A[..., :k] and B[..., :k]
+        (A = C_q^{-1/2} U Σ^{1/2}, B = C_k^{-1/2} V Σ^{1/2}).
+    """
+
+    def roots(c):  # C^{1/2} and its pseudo-inverse
+        w, v = torch.linalg.eigh(c.double())
+        keep = w > w.amax(-1, keepdim=True).clamp(min=1e-300) * 1e-12
+        w = w.clamp(min=0)
+        half = (v * w.sqrt()[..., None, :]) @ v.transpose(-1, -2)
+        inv = (v * torch.where(keep, w.clamp(min=1e-300).rsqrt(), 0.0)[..., None, :]) @ v.transpose(-1, -2)
+        return half, inv
+
+    q_half, q_inv = roots(query_moment)
+    k_half, k_inv = roots(key_covariance)
+    u, s, vh = torch.linalg.svd(q_half @ k_half)
+    root = s.sqrt()[..., None, :]
+    return q_inv @ (u * root), k_inv @ (vh.transpose(-1, -2) * root)
+
+
+METHODS = ("oracle", "realisable", "lookahead")
+
+
+def _visible(attention_mask, module, q_len: int, k_len: int, device, **kwargs) -> torch.Tensor | None:
+    """Bool [..., q_len, k_len], True where a query may attend to a key (None: every key)."""
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ValueError(
             f"the rank intervention takes a tensor mask or none, got {type(attention_mask).__name__} "
@@ -122,16 +242,49 @@ def _truncated_attention(module, query, key, value, attention_mask, scaling=None
         )
     if attention_mask is not None:
         mask = attention_mask[..., :k_len]
-        if mask.dtype == torch.bool:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        else:
-            logits = logits + mask.double().clamp(min=-1e30)
-    else:
-        causal = kwargs.get("is_causal")
-        causal = getattr(module, "is_causal", False) if causal is None else causal
-        if causal and q_len > 1:
-            future = torch.ones(q_len, k_len, dtype=torch.bool, device=logits.device).triu(k_len - q_len + 1)
-            logits = logits.masked_fill(future, float("-inf"))
+        return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", False) if causal is None else causal
+    if causal and q_len > 1:
+        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+    return None
+
+
+def _truncated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """An attention implementation (transformers' interface): the module's own product, with the
+    logits of a module marked by :func:`truncated_logits` cut to rank k by its method, or (method
+    ``"record"``) the scaled queries' and keys' moments added up for :func:`fit_head_maps`. Queries and
+    keys arrive here after rotary positions, so every method acts on the rotated q and k."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cut = getattr(module, _RANK_ATTR, None)
+    if cut is None:  # a layer left as it is
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
+    method, rank, maps = cut
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if kv_heads != heads:  # grouped keys and values: one per query head
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    q = query.double() * scale  # scaled in float64
+    q_len, k_len = q.shape[-2], key.shape[-2]
+    visible = _visible(attention_mask, module, q_len, k_len, q.device, **kwargs)
+    if method == "record":  # [heads, d, d] sums over every position of every sequence
+        k = key.double()
+        maps["queries"] = maps.get("queries", 0) + torch.einsum("bhnd,bhne->hde", q, q)
+        maps["keys"] = maps.get("keys", 0) + torch.einsum("bhnd,bhne->hde", k, k)
+        maps["key_sum"] = maps.get("key_sum", 0) + k.sum((0, 2))
+        maps["count"] = maps.get("count", 0) + k.shape[0] * k.shape[2]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
+    if method == "realisable":
+        a, b = maps  # [heads, d, k]: queries and keys of size k
+        logits = (q @ a.to(q.device)) @ (key.double() @ b.to(q.device)).transpose(-1, -2)
+    elif method == "oracle" and visible is not None:
+        logits = fit_visible(q @ key.double().transpose(-1, -2), visible, rank)
+    else:  # lookahead (or nothing hidden): every entry, then masked
+        logits = truncate_product(q, key, rank)
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked (padding) row attends to nothing
     context = torch.matmul(probs, value.double()).to(query.dtype)
     return context.transpose(1, 2).contiguous(), probs.to(query.dtype)
@@ -202,8 +355,8 @@ class _Implementation:
 
 
 @contextmanager
-def truncated_logits(model, rank: int | None, layers=None, *, modules: list):
-    """Inside the block, the attention logits of ``layers`` are cut to rank ``rank`` (:func:`truncate_logits`).
+def truncated_logits(model, rank: int | None, layers=None, *, modules: list, method: str = "oracle", maps=None):
+    """Inside the block, the attention logits of ``layers`` are cut to rank ``rank``.
 
     Args:
         model: a fixedhead model, a transformers model using the attention interface, or a module
@@ -212,19 +365,33 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list):
             attention); None for no truncation (the model as it is, through the same code path).
         layers: indices (in call order) of the layers to truncate; None for all.
         modules: the attention modules in call order (:func:`attention_modules`).
+        method: ``"oracle"``: per sequence, the best rank-k fit of each head's visible logits
+            (:func:`fit_visible`; without a mask, :func:`truncate_logits`), no fixed weights realise it;
+            ``"realisable"``: each head's queries and keys mapped to size k by fixed maps fitted on
+            other text (``maps``, from :func:`fit_head_maps`): a model that exists;
+            ``"lookahead"``: the best rank-k fit of all n × n logits, future keys included, masked
+            afterwards (an upper bound on the oracle's needed rank for a decoder).
+        maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`).
 
     Raises:
-        ValueError: a rank that is not an int ≥ 0, a layer index out of range, or a model the
-            intervention cannot reach.
+        ValueError: a rank that is not an int ≥ 0, an unknown method, a layer index out of range, or a
+            model the intervention cannot reach.
     """
     if rank is not None:
         non_negative_int("rank", rank)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "realisable" and (maps is None or len(maps) != len(modules)):
+        raise ValueError("method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps)")
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
     if bad:
         raise ValueError(f"layers must be indices in [0, {len(modules)}), got {bad}")
     for i in chosen:
-        setattr(modules[i], _RANK_ATTR, rank)
+        cut = None
+        if rank is not None:
+            cut = (method, rank, None if maps is None else tuple(m[..., :rank] for m in maps[i]))
+        setattr(modules[i], _RANK_ATTR, cut)
     try:
         with _switched(model):
             yield
@@ -232,6 +399,41 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list):
         for m in modules:
             if hasattr(m, _RANK_ATTR):
                 delattr(m, _RANK_ATTR)
+
+
+def fit_head_maps(model, input_ids: torch.Tensor, modules: list, batch_size: int = 8) -> list:
+    """:func:`fit_projections` of every head from the scaled queries and keys the model computes on
+    ``input_ids`` (after rotary positions, grouped keys repeated per query head; every position).
+
+    Args:
+        model, modules: as :func:`truncated_logits`.
+        input_ids: [batch, n] token ids (or hidden states for a bare attention module) of text the
+            cut is scored apart from (training text).
+        batch_size: sequences per forward pass.
+
+    Returns:
+        one (A, B) pair per module, float64 [heads, d_p, d_p], on the CPU.
+    """
+    sums = [{} for _ in modules]
+    for m, record in zip(modules, sums, strict=True):
+        setattr(m, _RANK_ATTR, ("record", None, record))
+    device = next(model.parameters()).device
+    try:
+        with _switched(model), torch.no_grad():
+            for start in range(0, input_ids.shape[0], batch_size):
+                model(input_ids[start : start + batch_size].to(device))
+    finally:
+        for m in modules:
+            if hasattr(m, _RANK_ATTR):
+                delattr(m, _RANK_ATTR)
+    maps = []
+    for record in sums:
+        count = record["count"]
+        mean = record["key_sum"] / count
+        covariance = record["keys"] / count - mean[:, :, None] * mean[:, None, :]
+        a, b = fit_projections(record["queries"] / count, covariance)
+        maps.append((a.cpu(), b.cpu()))
+    return maps
 
 
 def default_ranks(head_dim: int, seq_len: int) -> list[int]:
@@ -263,7 +465,14 @@ def needed_rank(losses: dict[int, float], full: float, band: float) -> int | Non
 
 
 def rank_curve(
-    model, score, input_ids: torch.Tensor, ranks: list[int] | None = None, progress: bool = True, per_layer: bool = True
+    model,
+    score,
+    input_ids: torch.Tensor,
+    ranks: list[int] | None = None,
+    progress: bool = True,
+    per_layer: bool = True,
+    method: str = "oracle",
+    maps=None,
 ) -> dict:
     """Loss against the logit rank k, each layer alone and all layers together.
 
@@ -275,14 +484,16 @@ def rank_curve(
         ranks: the k to try; None for :func:`default_ranks` of the largest head size.
         progress: a progress bar over the (setting, k) evaluations.
         per_layer: also cut each layer alone (False: all layers together only, a layer-count times cheaper).
+        method, maps: how the logits are cut (:func:`truncated_logits`).
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
         uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
         the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
-        keys, which bounds the logits' rank], "seq_len": n,
-        "ranks": [k], "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve
-        stops at its own d_p (beyond it nothing changes).
+        keys, which bounds the logits' rank], "seq_len": n, "ranks": [k], "method": method,
+        "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve stops at its own
+        d_p (beyond it nothing changes: the oracle's fit is exact and the realisable maps are
+        invertible on the training text's span).
     """
     from tqdm.auto import tqdm
 
@@ -303,7 +514,7 @@ def rank_curve(
     ]
     curves: dict[str, dict[int, float]] = {name: {} for name, _ in settings}
     for name, layers, k in tqdm(jobs, desc="rank intervention", disable=not progress):
-        with truncated_logits(model, k, layers, modules=modules):
+        with truncated_logits(model, k, layers, modules=modules, method=method, maps=maps):
             curves[name][k] = float(score(model))
     for name, layers in settings:  # at k ≥ d_p the layer is unchanged: its loss is the full one
         top = max(head_dims) if layers is None else head_dims[layers[0]]
@@ -317,6 +528,7 @@ def rank_curve(
         "head_dims": head_dims,
         "seq_len": n,
         "ranks": list(ranks),
+        "method": method,
         "curves": curves,
     }
 
@@ -351,14 +563,19 @@ def run_rank_curve(
     progress: bool = True,
     per_layer: bool = True,
     device: str | torch.device = "cpu",
+    method: str = "oracle",
+    fit_tokens: int = 32_768,
 ) -> dict:
     """:func:`rank_curve` of a pretraining run (fixedhead or Llama-style, masked or causal) on its own
     held-out documents, scored as ``fixedhead evaluate`` scores them (same split, same fixed masking),
     capped at ``max_eval_tokens`` tokens (None: all), with the model on ``device`` (e.g. ``"cuda"``).
+    For ``method="realisable"`` the maps (:func:`fit_head_maps`) are fitted on the first
+    ``fit_tokens`` tokens of the run's training split (masked as the held-out text for a masked model),
+    so the cut is scored on text it was not fitted on.
 
     Returns:
         the curve with ``run`` (the folder), ``name`` (its folder name: the model), ``seed``,
-        ``objective`` and ``scored_tokens``.
+        ``objective``, ``scored_tokens`` (and, realisable, ``fit_tokens``: the tokens the maps saw).
 
     Raises:
         FileNotFoundError / ValueError: as :func:`fixedhead.training.evaluate.evaluate_run`.
@@ -389,23 +606,42 @@ def run_rank_curve(
         with torch.no_grad():
             return evaluate_lm(m, ids, labels, objective=objective)["loss"]
 
-    curve = rank_curve(model, score, ids, ranks, progress, per_layer)
-    return curve | {
-        "run": str(run_dir),
-        "name": Path(run_dir).name,
-        "seed": run.settings.get("train", {}).get("seed"),
-        "objective": objective,
-        "scored_tokens": int((labels != -100).sum()) - (ids.shape[0] if objective == "clm" else 0),
-    }
+    extra, maps = {}, None
+    if method == "realisable":
+        train = prepare_data(data_settings, tokenizer=run.tokenizer, progress=False).train
+        train = train[: max(1, math.ceil(positive_int("fit_tokens", fit_tokens) / train.shape[1]))]
+        fit_ids, _ = heldout_batches(
+            train, run.tokenizer, objective, run.settings.get("train", {}).get("eval_seed", 1234)
+        )
+        maps = fit_head_maps(model, fit_ids, attention_modules(model, ids))
+        extra = {"fit_tokens": int(fit_ids.numel())}
+    curve = rank_curve(model, score, ids, ranks, progress, per_layer, method=method, maps=maps)
+    return (
+        curve
+        | extra
+        | {
+            "run": str(run_dir),
+            "name": Path(run_dir).name,
+            "seed": run.settings.get("train", {}).get("seed"),
+            "objective": objective,
+            "scored_tokens": int((labels != -100).sum()) - (ids.shape[0] if objective == "clm" else 0),
+        }
+    )
 
 
-def summarise(curves: list[dict], band: float | None = None) -> list[dict]:
+TOLERANCES = (0.01, 0.002)  # nats: the two bands the command reads every curve at
+
+
+def summarise(curves: list[dict], band: float | None = None, tolerances=()) -> list[dict]:
     """Each curve with its ``band`` (``band`` if given; else the sample standard deviation of the
-    full-rank loss over the runs of the same name, the seed-to-seed spread, when there are at least
-    two; else :data:`DEFAULT_BAND`), ``band_source`` and ``needed`` ({setting: :func:`needed_rank`})."""
+    full-rank loss over the runs of the same name and method, the seed-to-seed spread, when there are
+    at least two; else :data:`DEFAULT_BAND`), ``band_source``, ``needed`` ({setting:
+    :func:`needed_rank`} at the band) and ``needed_at`` ({tolerance: {setting: needed rank}} for each
+    of ``tolerances``, nats). A curve without ``method`` was cut the lookahead way."""
     out = []
     for c in curves:
-        fulls = [d["full"] for d in curves if d["name"] == c["name"]]
+        method = c.get("method", "lookahead")
+        fulls = [d["full"] for d in curves if d["name"] == c["name"] and d.get("method", "lookahead") == method]
         if band is not None:
             width, source = float(band), "given"
         elif len(fulls) >= 2:
@@ -414,48 +650,88 @@ def summarise(curves: list[dict], band: float | None = None) -> list[dict]:
             source = f"seed spread of the full-rank loss over {len(fulls)} runs"
         else:
             width, source = DEFAULT_BAND, "default (one run)"
-        needed = {
-            s: needed_rank({int(k): v for k, v in losses.items()}, c["full"], width)
-            for s, losses in c["curves"].items()
-        }
-        out.append(c | {"band": width, "band_source": source, "needed": needed})
+
+        def needed(width, c=c):
+            return {
+                s: needed_rank({int(k): v for k, v in losses.items()}, c["full"], width)
+                for s, losses in c["curves"].items()
+            }
+
+        extra = {"needed_at": {f"{t:g}": needed(t) for t in tolerances}} if tolerances else {}
+        out.append(c | {"band": width, "band_source": source, "needed": needed(width)} | extra)
     return out
 
 
+def needed_band(results: list[dict]) -> list[dict]:
+    """One row per run: the needed rank as the band from the oracle to the realisable cut.
+
+    Returns:
+        ``[{"run", "name", "seed", "head_dims", "seq_len", "full", "attention_gain", "band", "needed":
+        {tolerance: {setting: [oracle, realisable]}}}]`` (tolerances from ``needed_at`` and "band",
+        the run's band); the oracle's needed rank is a lower bound on what any cut of the logits
+        needs, the realisable cut's is reached by a model with queries and keys of that size.
+    """
+    rows = {}
+    for r in results:
+        row = rows.setdefault(
+            r["run"],
+            {k: r[k] for k in ("run", "name", "seed", "head_dims", "seq_len", "full", "attention_gain", "band")}
+            | {"needed": {}},
+        )
+        method = r.get("method", "lookahead")
+        for tol, needed in list(r.get("needed_at", {}).items()) + [("band", r["needed"])]:
+            for setting, k in needed.items():
+                row["needed"].setdefault(tol, {}).setdefault(setting, {})[method] = k
+    for row in rows.values():
+        for tol in row["needed"].values():
+            for setting, by in tol.items():
+                tol[setting] = [by.get("oracle"), by.get("realisable")]
+    return list(rows.values())
+
+
 def report_markdown(results: list[dict], command: str) -> str:
-    """The table of needed ranks: one row per run."""
-    settings = sorted({s for r in results for s in r["needed"]}, key=lambda s: (s != "all", s))
+    """The table of needed ranks: one row per run, each as oracle – realisable (:func:`needed_band`)."""
+    rows = needed_band(results)
+    tolerances = [t for t in rows[0]["needed"] if t != "band"] + ["band"]
+    settings = sorted({s for r in rows for s in r["needed"]["band"]}, key=lambda s: (s != "all", s))
     lines = [
         "# Rank intervention: the logit rank each trained model needs",
         "",
-        "Each head's row-centred attention logits cut to their best rank-k approximation (k = 1 .. d_p), in one",
-        "layer or in all layers, and the held-out loss scored again. *Needed rank*: the smallest k from which the",
-        "loss stays within the band of the full-rank loss (the band: the seed-to-seed spread of the full-rank",
-        "loss where a model has several seeds). A decoder's logits are cut over all keys, then masked: an upper",
-        "bound on the rank of the visible part. *Attention gain*: the loss with every head's attention made uniform",
-        "over the keys it may see (k = 0), minus the full-rank loss: what the model gains from attention at all.",
-        "`fixedhead.intervention`.",
+        "Each head's logits cut to rank k (k = 1 .. d_p), in one layer or in all layers, and the held-out loss",
+        "scored again, two ways. *Oracle*: per sequence, the best rank-k fit of each head's logits over the keys",
+        "each query may see (a decoder's future keys cost no rank), up to a per-query shift the softmax ignores;",
+        "no fixed weights realise it: the low end (a least-squares fit of logits, not a proven bound on the loss).",
+        "*Realisable*: each head's queries and keys mapped to size k by maps fitted on training text (the best",
+        "rank-k form of q·k in expectation), scored on held-out text: a model with query/key heads of size k",
+        "exists, so its needed rank is achievable.",
+        "*Needed rank*: the smallest k from which the loss stays within a tolerance of the full-rank loss, shown",
+        "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
+        "full-rank loss where a model has several seeds). *Attention gain*: uniform attention over the visible",
+        "keys (k = 0) minus the full-rank loss. `fixedhead.intervention`.",
         "",
         f"Command: `{command}`",
         "",
         "| run | seed | d_p per layer | n | full-rank loss | band (nats) | "
-        + " | ".join(f"needed rank, {s}" for s in settings)
-        + " | loss at k = 1, all layers | attention gain (uniform − full) |",
-        "|" + "---|" * (8 + len(settings)),
+        + " | ".join(f"needed rank at {t}, {s}" for t in tolerances for s in settings)
+        + " | attention gain (uniform − full) |",
+        "|" + "---|" * (7 + len(settings) * len(tolerances)),
     ]
-    for r in results:
-        k1 = r["curves"]["all"].get(1, r["curves"]["all"].get("1"))
+
+    def pair(v):
+        return "–".join("none" if x is None else str(x) for x in v)
+
+    for r in rows:
         lines.append(
             f"| {r['run']} | {r['seed']} | {r['head_dims']} | {r['seq_len']} | {r['full']:.4f} | {r['band']:.4f} | "
-            + " | ".join(str(r["needed"].get(s)) for s in settings)
-            + f" | {k1:.4f} ({k1 - r['full']:+.3f}) | {r['attention_gain']:.4f} |"
+            + " | ".join(pair(r["needed"][t].get(s, [None, None])) for t in tolerances for s in settings)
+            + f" | {r['attention_gain']:.4f} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def plot_curves(results: list[dict], path) -> None:
-    """Loss increase over the full-rank loss against k: one panel per model name; all layers (solid)
-    and each layer alone (dashed), one line per seed; the band shaded."""
+    """Loss increase over the full-rank loss against k: one panel per model name; the oracle solid,
+    the realisable cut dashed, one colour per setting (all layers, each layer), one line per seed."""
     from .plotting import pyplot, save_figure
 
     plt = pyplot()
@@ -463,20 +739,23 @@ def plot_curves(results: list[dict], path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         runs = [r for r in results if r["name"] == name]
-        for i, r in enumerate(runs):
+        seen = set()
+        for r in runs:
+            method = r.get("method", "lookahead")
             for setting, losses in r["curves"].items():
                 ks = sorted(int(k) for k in losses)
                 ys = [max(losses.get(k, losses.get(str(k))) - r["full"], 1e-5) for k in ks]
-                style = "-" if setting == "all" else "--"
-                label = f"{setting}" if i == 0 else None
-                ax.plot(ks, ys, style, marker=".", color=f"C{list(r['curves']).index(setting)}", label=label, alpha=0.8)
-        ax.axhspan(1e-5, max(runs[0]["band"], 1e-5), color="grey", alpha=0.2, label="band")
+                style = {"oracle": "-", "realisable": "--"}.get(method, ":")
+                label = f"{setting}, {method}" if (setting, method) not in seen else None
+                seen.add((setting, method))
+                color = f"C{list(r['curves']).index(setting)}"
+                ax.plot(ks, ys, style, marker=".", color=color, label=label, alpha=0.8)
+        for t in TOLERANCES:
+            ax.axhline(t, color="grey", lw=0.8, alpha=0.6)
         ax.set_yscale("log")
         ax.set_xlabel("logit rank k")
         ax.set_ylabel("held-out loss − full-rank loss (nats)")
-        ax.set_title(
-            f"{name} (d_p = {runs[0]['head_dims'][0]}, n = {runs[0]['seq_len']}, {len(runs)} seed(s))", fontsize=9
-        )
+        ax.set_title(f"{name} (d_p = {runs[0]['head_dims'][0]}, n = {runs[0]['seq_len']})", fontsize=9)
     save_figure(fig, path, axes[0])
 
 
@@ -485,10 +764,16 @@ class RankInterventionOptions:
     """How ``fixedhead rank-intervention`` scores each run (its command line)."""
 
     band: float | None = None
-    """tolerance in nats of the needed rank (None: the seed spread of the full-rank loss over runs of one name,
-    or 0.01 for a single run)"""
+    """tolerance in nats of the needed rank at the run's band (None: the seed spread of the full-rank loss over
+    runs of one name, or 0.01 for a single run)"""
     max_eval_tokens: int | None = 32_768
     """held-out tokens scored"""
+    tolerances: tuple[float, ...] = TOLERANCES
+    """fixed tolerances in nats at which the needed rank is also read"""
+    fit_tokens: int = 32_768
+    """training tokens the realisable cut's query and key maps are fitted on"""
+    ranks: tuple[int, ...] = ()
+    """the ranks k tried (empty: every k up to d_p)"""
 
 
 def intervene_runs(
@@ -499,13 +784,16 @@ def intervene_runs(
     overwrite: bool = False,
     progress: bool = True,
     command: str = "",
+    tolerances=RankInterventionOptions.tolerances,
+    fit_tokens: int = RankInterventionOptions.fit_tokens,
+    ranks=RankInterventionOptions.ranks,
 ) -> list[dict]:
-    """:func:`run_rank_curve` of every run, then :func:`summarise`; writes ``rank_intervention.json``
-    (with the command and versions), ``.csv`` (run, setting, k, loss), ``.png`` and ``.md`` into
-    ``output_dir``.
+    """:func:`run_rank_curve` of every run, oracle and realisable, then :func:`summarise`; writes
+    ``rank_intervention.json`` (with the command and versions, every curve and :func:`needed_band`),
+    ``.csv`` (run, seed, method, setting, k, loss), ``.png`` and ``.md`` into ``output_dir``.
 
     Raises:
-        ValueError: no run, a ``band`` that is not a finite number >= 0.
+        ValueError: no run, a ``band`` or tolerance that is not a finite number >= 0.
         FileExistsError: ``output_dir`` holds something else (see :func:`fixedhead.runs.claim_output_dir`).
     """
     import csv
@@ -515,20 +803,28 @@ def intervene_runs(
 
     if not run_dirs:
         raise ValueError("give at least one run directory")
-    if band is not None and (not math.isfinite(band) or band < 0):
-        raise ValueError(f"band must be a finite number >= 0, got {band}")
+    for name, value in [("band", band)] + [("tolerances", t) for t in tolerances]:
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise ValueError(f"{name} must be finite numbers >= 0, got {value}")
+    positive_int("fit_tokens", fit_tokens)
     claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "rank-intervention", overwrite=overwrite, create=False)
-    curves = [run_rank_curve(r, max_eval_tokens, progress=progress) for r in run_dirs]
-    results = summarise(curves, band)
+    curves = [
+        run_rank_curve(r, max_eval_tokens, list(ranks) or None, progress, method=method, fit_tokens=fit_tokens)
+        for r in run_dirs
+        for method in ("oracle", "realisable")
+    ]
+    results = summarise(curves, band, tuple(tolerances))
     out = claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "rank-intervention", overwrite=overwrite)
-    write_json_atomic(out / RESULTS_FILE, {"command": command, "versions": environment_info(), "runs": results})
+    record = {"command": command, "versions": environment_info(), "runs": results, "needed": needed_band(results)}
+    write_json_atomic(out / RESULTS_FILE, record)
     table = io.StringIO()
     w = csv.writer(table)
-    w.writerow(["run", "seed", "setting", "k", "loss", "increase"])
+    w.writerow(["run", "seed", "method", "setting", "k", "loss", "increase"])
     for r in results:
         for setting, losses in r["curves"].items():
             for k in sorted(losses, key=int):
-                w.writerow([r["run"], r["seed"], setting, k, f"{losses[k]:.6f}", f"{losses[k] - r['full']:.6f}"])
+                row = [r["run"], r["seed"], r["method"], setting, k, f"{losses[k]:.6f}", f"{losses[k] - r['full']:.6f}"]
+                w.writerow(row)
     write_text_atomic(out / "rank_intervention.csv", table.getvalue())
     plot_curves(results, out / "rank_intervention.png")
     write_text_atomic(out / "rank_intervention.md", report_markdown(results, command))

@@ -256,8 +256,9 @@ def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRu
         raise ValueError(f"{run_dir}: tokenizer has {len(tokenizer)} tokens but config.vocab_size={config.vocab_size}")
     settings_file = run_dir / PRETRAIN_FILE
     settings = load_json_file(settings_file) if settings_file.is_file() else {}
-    if not settings and (run_dir / "widen.json").is_file():  # a widened run: its source's data settings
-        settings = load_json_file(run_dir / "widen.json").get("source_settings") or {}
+    for derived in ("widen.json", "shrink.json"):  # a widened or shrunk run: its source's data settings
+        if not settings and (run_dir / derived).is_file():
+            settings = load_json_file(run_dir / derived).get("source_settings") or {}
     return OpenedRun(run_dir, config, tokenizer, weights, settings)
 
 

@@ -96,7 +96,7 @@ def test_the_plan_is_hashed_before_results_and_states_its_rule():
 
 def test_a_tiny_study_end_to_end(tmp_path):
     # the rank intervention scores the held-out tokens training scored (the tiny recipe's 4,000)
-    o = replace(QUICK, lengths=[32], architectures=["fixedhead"], steps=2, seeds=[0], max_eval_tokens=4_000)
+    o = replace(QUICK, lengths=[32], architectures=["fixedhead"], steps=2, seeds=[0], max_eval_tokens=4_000, ranks=[2])
     record = run_study(SeqLenStudy(), o, tmp_path / "out", progress=False, command="test")
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert record["plan_sha256"] == plan["sha256"] and not record["plan_history"]

@@ -154,3 +154,13 @@ def test_pretrain_refuses_fixedhead_only_options_for_llama_before_any_work(optio
     )
     assert rc == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_shrink_refuses_a_llama_run_by_name_and_writes_nothing(llama_run, tmp_path, capsys):
+    from fixedhead.cli import main
+
+    run, _, _ = llama_run
+    out = tmp_path / "small"
+    assert main(["shrink", str(run), "--qk-head-dim", "4", "--output-dir", str(out)]) == 2
+    assert "holds a llama model; `fixedhead shrink` cuts fixedhead's attention layers only" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,256 @@
+"""``fixedhead shrink``: a run whose queries and keys have size K, the realisable rank-K cut folded into its weights.
+
+The rank intervention's realisable cut (:func:`fixedhead.intervention.fit_head_maps`) maps each head's
+scaled queries q̃ = s·q and keys k to size K by fixed maps A, B [d_qk, K] fitted on training text,
+and scores the logits (q̃ᵀA)(Bᵀk). Those maps fold into the query and key rows of the fused ``qkv``
+projection: with the new head's logit scale s' (1/√K in the standard parametrization),
+
+    W_q' = (s/s') Aᵀ W_q,  b_q' = (s/s') Aᵀ b_q,  W_k' = Bᵀ W_k,  b_k' = Bᵀ b_k,
+
+so that s'·q'ᵀk' = (q̃ᵀA)(Bᵀk) exactly: the shrunk model computes the realisable cut, with a key cache
+of h·K instead of h·d_qk numbers per layer and token. Values and every other weight are copied
+unchanged (``v_head_dim`` keeps each layer's old size). Theorem 1 (Section 3) bounds a head's logit
+rank by the size of its queries and keys; this spends that size only where the trained model uses it.
+
+fixedhead's own families only: transformers' Llama has one head size for queries, keys and values, and
+its rotary positions act on queries and keys after the projection, so a map fitted on the rotated q
+and k (as the intervention and Loki fit them) does not fold into its weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .checks import non_negative_int, positive_int
+from .model.modeling import remote_code_files
+from .runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
+from .training.evaluate import load_model
+
+SHRINK_FILE = "shrink.json"
+#: every entry `fixedhead shrink` writes into its output folder (its temporary files included)
+SHRINK_OWNED = (
+    SHRINK_FILE,
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    *remote_code_files(),
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    ".*.tmp*",
+)
+
+
+@dataclass(frozen=True)
+class ShrinkOptions:
+    """How ``fixedhead shrink`` fits the cut and whether it trains on (its command line)."""
+
+    fit_tokens: int = 32_768
+    """training tokens the query and key maps are fitted on"""
+    finetune_steps: int = 0
+    """optimizer steps of further pretraining on the run's own data after the cut (0: none)"""
+    learning_rate: float = 5e-4
+    """peak learning rate of that fine-tuning"""
+
+
+def _attention_layers(model):
+    from .model.attention import MultiHeadAttention
+
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+@torch.no_grad()
+def shrink_model(model, maps: list, qk_head_dim: int):
+    """A copy of a fixedhead model whose queries and keys have size ``qk_head_dim`` (the module docstring).
+
+    Args:
+        model: a fixedhead model (not modified) whose config sets no ``qk_head_dim`` below ``qk_head_dim``.
+        maps: one (A, B) pair per attention layer in module order, each [heads, d_qk, ≥ qk_head_dim]
+            (:func:`fixedhead.intervention.fit_head_maps`), fitted on the model's scaled queries.
+        qk_head_dim: K, the new size of every head's queries and keys, 1 ≤ K ≤ every layer's d_qk.
+
+    Returns:
+        the new model (same class, eval mode, the original's dtype and device) with
+        ``config.qk_head_dim = K``; its logits are s'·q'ᵀk' = (q̃ᵀA_K)(B_Kᵀk).
+
+    Raises:
+        ValueError: K not a positive int or above a layer's d_qk; a model without fixedhead attention
+            layers; ``maps`` not one pair per layer.
+    """
+    positive_int("qk_head_dim", qk_head_dim)
+    old_layers = _attention_layers(model)
+    if not old_layers:
+        raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to shrink")
+    if len(maps) != len(old_layers):
+        raise ValueError(f"maps needs one (A, B) pair per attention layer ({len(old_layers)}), got {len(maps)}")
+    sizes = [m.qk_head_dim for m in old_layers]
+    if qk_head_dim > min(sizes):
+        raise ValueError(
+            f"--qk-head-dim {qk_head_dim} is larger than the queries' and keys' size of a layer ({sizes}): "
+            "shrink only cuts them"
+        )
+    config = copy.deepcopy(model.config)
+    config.v_head_dim = config.v_head_dim if config.v_head_dim is not None else _single(model, old_layers)
+    config.qk_head_dim = qk_head_dim
+    new = type(model)(config).to(device=model.device, dtype=model.dtype).eval()
+    state = model.state_dict()
+    new_layers = _attention_layers(new)
+    names = {id(m): n for n, m in model.named_modules()}
+    for old, small, (a, b) in zip(old_layers, new_layers, maps, strict=True):
+        h, d_qk, v = old.num_attention_heads, old.qk_head_dim, old.v_size
+        ratio = old.scale / small.scale
+        fold_q = (a[..., :qk_head_dim] * ratio).transpose(-1, -2)  # [h, K, d_qk]
+        fold_k = b[..., :qk_head_dim].transpose(-1, -2)
+        prefix = names[id(old)] + ".qkv."
+        for kind in ("weight", "bias"):
+            t = state.get(prefix + kind)
+            if t is None:
+                continue
+            q, k, rest = t.double().split((h * d_qk, h * d_qk, v), dim=0)
+            q = (fold_q @ q.reshape(h, d_qk, -1)).reshape(h * qk_head_dim, *t.shape[1:])
+            k = (fold_k @ k.reshape(h, d_qk, -1)).reshape(h * qk_head_dim, *t.shape[1:])
+            state[prefix + kind] = torch.cat([q, k, rest]).to(t.dtype)
+    new.load_state_dict(state)
+    return new
+
+
+def _single(model, layers):
+    """The one value size of every layer (v_head_dim must be an int once qk_head_dim is set)."""
+    sizes = {m.v_head_dim for m in layers}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"{type(model).__name__} has layers of different head sizes {sorted(sizes)}; shrink takes one "
+            "values' size for every layer"
+        )
+    return sizes.pop()
+
+
+def shrink_run(
+    run_dir: str | os.PathLike,
+    qk_head_dim: int,
+    output_dir: str | os.PathLike,
+    *,
+    fit_tokens: int = ShrinkOptions.fit_tokens,
+    finetune_steps: int = ShrinkOptions.finetune_steps,
+    learning_rate: float = ShrinkOptions.learning_rate,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """``fixedhead shrink``: cut a run's queries and keys to size K and save the result as a run folder.
+
+    Fits the realisable maps on the first ``fit_tokens`` tokens of the run's training split
+    (:func:`fixedhead.intervention.fit_head_maps`), folds them into the weights (:func:`shrink_model`),
+    and writes the model (safetensors), its tokenizer and ``shrink.json`` (source run, sizes, tokens
+    fitted on, the source's data settings, so ``fixedhead evaluate`` scores it on the source's held-out
+    text). With ``finetune_steps`` > 0 the cut model is then trained further on the run's own data
+    (:func:`fixedhead.training.pretrain.pretrain` with ``init_from``) into ``output_dir/finetuned``,
+    a pretraining run of its own.
+
+    Returns:
+        the ``shrink.json`` record (with the fine-tuned run's metrics under ``finetuned`` if any).
+
+    Raises:
+        ValueError: a Llama-style or non-pretraining run, a K not in [1, d_qk], bad counts.
+        FileExistsError: ``output_dir`` holds files that ``fixedhead shrink`` did not write, or is the run.
+        FileNotFoundError: no such run.
+    """
+    from .data import prepare_data
+    from .data.lm import heldout_batches
+    from .intervention import attention_modules, fit_head_maps
+    from .training.evaluate import recorded_data_settings
+
+    positive_int("qk_head_dim", qk_head_dim)
+    positive_int("fit_tokens", fit_tokens)
+    non_negative_int("finetune_steps", finetune_steps)
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}")
+    if Path(output_dir).resolve() == Path(run_dir).resolve():
+        raise FileExistsError(f"--output-dir {str(output_dir)!r} is the run being shrunk; choose another folder")
+    owned = (*SHRINK_OWNED, "finetuned")
+    claim_output_dir(output_dir, (SHRINK_FILE,), owned, "shrink", create=False)  # refuse before the work
+    if (Path(output_dir) / SHRINK_FILE).is_file() and not overwrite:
+        raise FileExistsError(f"{output_dir} holds an earlier `fixedhead shrink` output; pass --overwrite")
+    run = open_run(run_dir)
+    if run.config.model_type != "fixedhead":
+        raise ValueError(
+            f"{run_dir} holds a {run.config.model_type} model; `fixedhead shrink` cuts fixedhead's attention layers "
+            "only (transformers' Llama has one head size, and its rotary positions act after the projection the "
+            "cut would fold into)"
+        )
+    kinds = set(run.config.architectures or []) - {"FixedHeadForMaskedLM", "FixedHeadForCausalLM"}
+    if kinds:
+        raise ValueError(f"{run_dir} holds a {', '.join(sorted(kinds))}; `fixedhead shrink` takes pretraining runs")
+    model = load_model(run).eval()
+    sizes = [m.qk_head_dim for m in _attention_layers(model)]
+    if qk_head_dim > min(sizes):
+        raise ValueError(f"--qk-head-dim {qk_head_dim} is larger than the run's query/key head sizes {sizes}")
+    objective = "clm" if run.config.is_decoder else "mlm"
+    data = prepare_data(recorded_data_settings(run_dir, run), tokenizer=run.tokenizer, progress=progress)
+    seq = data.train.shape[1]
+    train = data.train[: max(1, math.ceil(fit_tokens / seq))]
+    eval_seed = run.settings.get("train", {}).get("eval_seed", 1234)
+    fit_ids, _ = heldout_batches(train, run.tokenizer, objective, eval_seed)  # masked as scored, for an MLM
+    maps = fit_head_maps(model, fit_ids, attention_modules(model, fit_ids[:1]))
+    small = shrink_model(model, maps, qk_head_dim)
+    record = {
+        "source_run": resolve_local_path(run_dir),
+        "objective": objective,
+        "old_qk_head_dims": sizes,
+        "qk_head_dim": qk_head_dim,
+        "v_head_dim": small.config.v_head_dim,
+        "fit_tokens": int(fit_ids.numel()),
+        "source_settings": run.settings,  # `evaluate` scores the shrunk model on the source's held-out set
+    }
+    out = claim_output_dir(output_dir, (SHRINK_FILE,), owned, "shrink", overwrite=overwrite)
+    write_json_atomic(out / SHRINK_FILE, record)  # the marker first: a failed save can be overwritten
+    small.save_pretrained(str(out), safe_serialization=True)
+    follow_umask(out / "model.safetensors")  # safetensors writes 0600
+    run.tokenizer.save_pretrained(str(out))
+    if finetune_steps:
+        tuned = out / "finetuned"
+        metrics = train_on(out, data, tuned, finetune_steps, learning_rate, overwrite=overwrite, progress=progress)
+        record["finetuned"] = {
+            "run": resolve_local_path(out / "finetuned"),
+            "steps": finetune_steps,
+            "learning_rate": learning_rate,
+            "heldout_loss": metrics.get("heldout_loss", metrics.get("eval_loss")),
+        }
+        write_json_atomic(out / SHRINK_FILE, record)
+    return record
+
+
+def train_on(
+    run_dir: str | os.PathLike,
+    data,
+    output_dir: str | os.PathLike,
+    steps: int,
+    learning_rate: float,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Continue ``run_dir``'s model for ``steps`` optimizer steps at peak ``learning_rate`` on ``data``
+    with the pretraining Trainer (:func:`fixedhead.training.pretrain.pretrain` with ``init_from``), the
+    rest of its recorded training settings kept; the same call continues the original run as the
+    control of a shrunk one (``benchmarks/bench_shrink.py``).
+
+    Returns:
+        pretrain's metrics of the new run in ``output_dir``.
+    """
+    from .training.pretrain import pretrain
+    from .training.settings import TrainSettings
+
+    run = open_run(run_dir)
+    recorded = {k: v for k, v in run.settings.get("train", {}).items() if k in TrainSettings.__dataclass_fields__}
+    objective = "clm" if run.config.is_decoder else "mlm"
+    steps_settings = {"max_steps": steps, "learning_rate": learning_rate, "objective": objective, "progress": progress}
+    steps_settings |= {"eval_steps": max(1, steps // 4), "save_steps": steps}
+    settings = TrainSettings(**(recorded | steps_settings))
+    return pretrain(None, data, output_dir, settings, overwrite=overwrite, init_from=run_dir)

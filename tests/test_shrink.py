@@ -1,0 +1,164 @@
+"""``fixedhead shrink``: queries and keys cut to size K, the realisable rank-K cut folded into the weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fixedhead.intervention import attention_modules, fit_head_maps, truncated_logits
+from fixedhead.model.configuration import FixedHeadConfig
+from fixedhead.model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
+from fixedhead.shrink import shrink_model
+
+
+def _model(cls=FixedHeadForCausalLM, query_rank=None, seed=0, **config):
+    """d = 32, 4 heads of size 8, 2 layers; with ``query_rank`` r each head's queries use only r of
+    their 8 dimensions (the rest of its query rows and bias are zero): logits of rank r."""
+    torch.manual_seed(seed)
+    config = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=8,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        is_decoder=cls is FixedHeadForCausalLM,
+        **config,
+    )
+    model = cls(config).eval()
+    with torch.no_grad():  # sharp attention (initialised weights give near-uniform attention)
+        for m in attention_modules(model, torch.zeros(1, 4, dtype=torch.long)):
+            m.qkv.weight[:64].mul_(30)
+            if query_rank is not None:
+                m.qkv.weight[:32].view(4, 8, 32)[:, query_rank:] = 0
+                m.qkv.bias[:32].view(4, 8)[:, query_rank:] = 0
+    return model
+
+
+def _fit(model, seed=1):
+    train = torch.randint(0, 50, (32, 16), generator=torch.Generator().manual_seed(seed))
+    return fit_head_maps(model, train, attention_modules(model, train[:1]))
+
+
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        (FixedHeadForCausalLM, {}),
+        (FixedHeadForMaskedLM, {}),
+        (FixedHeadForCausalLM, {"parametrization": "mup", "mup_base_head_dim": 4}),  # logit scale 1/d_p
+        (FixedHeadForCausalLM, {"v_head_dim": 12}),  # values of their own size, kept
+    ],
+)
+def test_a_model_whose_logits_have_rank_r_is_unchanged_when_shrunk_to_r_and_changed_below(cls, config):
+    """The known answer, from the original model itself: queries of rank r per head lose nothing at
+    K = r (the maps are exact on the data's span), and a head of K = r − 1 computes something else."""
+    r = 3
+    model = _model(cls, query_rank=r, **config)
+    v = config.get("v_head_dim", 8)
+    maps = _fit(model)
+    ids = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids).logits
+        at_r = shrink_model(model, maps, r)
+        below = shrink_model(model, maps, r - 1)
+        torch.testing.assert_close(at_r(ids).logits, want, atol=2e-5, rtol=1e-5)
+        assert (below(ids).logits - want).abs().max() > 1e-3
+    layer = attention_modules(at_r, ids)[0]
+    assert (at_r.config.qk_head_dim, layer.qk_head_dim, layer.v_head_dim) == (r, r, v)
+    assert layer.qkv.weight.shape == (4 * (2 * r + v), 32)
+    for name, p in model.state_dict().items():  # values, out_proj, embeddings, FFN: copied as they are
+        if ".qkv." not in name:
+            assert torch.equal(at_r.state_dict()[name], p), name
+        else:
+            assert torch.equal(at_r.state_dict()[name][-4 * v :], p[-4 * v :]), name  # the value rows
+
+
+def test_the_shrunk_model_computes_the_interventions_realisable_cut_and_caches_keys_of_size_k():
+    model = _model()
+    maps = _fit(model)
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    modules = attention_modules(model, ids)
+    small = shrink_model(model, maps, 3)
+    with torch.no_grad():
+        with truncated_logits(model, 3, modules=modules, method="realisable", maps=maps):
+            want = model(ids).logits
+        out = small(ids, use_cache=True)
+    torch.testing.assert_close(out.logits, want, atol=1e-5, rtol=1e-5)
+    assert (out.logits - model(ids).logits).abs().max() > 1e-4  # the cut to 3 of 8 changed something
+    cache = out.cache
+    keys, values = cache.layers[0].keys, cache.layers[0].values
+    assert keys.shape == (2, 4, 12, 3) and values.shape == (2, 4, 12, 8)
+    with torch.no_grad():  # decoding from the cache gives what a full forward pass gives
+        step = small(ids[:, -1:] * 0 + 7, cache=cache, use_cache=True).logits[:, -1]
+        full = small(torch.cat([ids, ids[:, -1:] * 0 + 7], 1)).logits[:, -1]
+    torch.testing.assert_close(step, full, atol=1e-5, rtol=1e-5)
+
+
+def test_shrink_model_refuses_a_size_it_cannot_cut_to():
+    model = _model()
+    maps = _fit(model)
+    with pytest.raises(ValueError, match="qk-head-dim 9 is larger"):
+        shrink_model(model, maps, 9)
+    with pytest.raises(ValueError, match="qk_head_dim"):
+        shrink_model(model, maps, 0)
+    with pytest.raises(ValueError, match="one \\(A, B\\) pair per attention layer"):
+        shrink_model(model, maps[:1], 2)
+
+
+def test_the_command_writes_a_run_that_loads_and_scores_like_any_run(tiny_causal_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from fixedhead.cli import main
+    from fixedhead.intervention import run_rank_curve
+    from fixedhead.training.evaluate import evaluate_run
+
+    run, _, _ = tiny_causal_run
+    out = tmp_path / "small"
+    argv = ["shrink", str(run), "--qk-head-dim", "4", "--output-dir", str(out), "--fit-tokens", "2000"]
+    assert main([*argv, "--no-progress"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert not list(out.glob("*.bin"))
+    record = json.loads((out / "shrink.json").read_text())
+    assert (record["qk_head_dim"], record["old_qk_head_dims"], record["v_head_dim"]) == (4, [16], 16)
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True)
+    assert loaded.config.qk_head_dim == 4
+    # scored on the source's held-out text, it is the intervention's realisable cut at k = 4
+    score = evaluate_run(out, max_eval_tokens=1000)["loss"]
+    curve = run_rank_curve(run, 1000, ranks=[4], per_layer=False, progress=False, method="realisable", fit_tokens=2000)
+    assert score == pytest.approx(curve["curves"]["all"][4], abs=1e-5)
+    # bad input: one line, nothing written
+    assert main(["shrink", str(run), "--qk-head-dim", "17", "--output-dir", str(tmp_path / "big")]) == 2
+    assert not (tmp_path / "big").exists()
+    assert main(["shrink", str(run), "--qk-head-dim", "4", "--output-dir", str(run)]) == 2
+    assert main([*argv, "--no-progress"]) == 2  # an earlier output, without --overwrite
+
+
+def test_the_command_fine_tunes_the_shrunk_model_with_the_pretraining_trainer(tiny_causal_run, tmp_path):
+    from fixedhead.cli import main
+    from fixedhead.runs import open_run
+
+    run, _, _ = tiny_causal_run
+    out = tmp_path / "small"
+    argv = ["shrink", str(run), "--qk-head-dim", "2", "--output-dir", str(out), "--fit-tokens", "2000"]
+    assert main([*argv, "--finetune-steps", "2", "--no-progress"]) == 0
+    record = json.loads((out / "shrink.json").read_text())
+    tuned = open_run(out / "finetuned")
+    assert tuned.config.qk_head_dim == 2 and record["finetuned"]["steps"] == 2
+    assert tuned.settings["train"]["max_steps"] == 2
+    assert record["finetuned"]["heldout_loss"] > 0
+
+
+def test_a_masked_lm_run_shrinks_to_what_the_intervention_scores(tiny_pretrained_run, tmp_path):
+    from fixedhead.intervention import run_rank_curve
+    from fixedhead.shrink import shrink_run
+    from fixedhead.training.evaluate import evaluate_run
+
+    run, _, _ = tiny_pretrained_run
+    record = shrink_run(run, 2, tmp_path / "small", fit_tokens=2000, progress=False)
+    assert (record["objective"], record["old_qk_head_dims"], record["qk_head_dim"]) == ("mlm", [16, 16], 2)
+    score = evaluate_run(tmp_path / "small", max_eval_tokens=1000)["loss"]
+    curve = run_rank_curve(run, 1000, ranks=[2], per_layer=False, progress=False, method="realisable", fit_tokens=2000)
+    assert score == pytest.approx(curve["curves"]["all"][2], abs=1e-5)
