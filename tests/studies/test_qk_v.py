@@ -99,6 +99,14 @@ def test_the_seeds_are_sized_from_the_committed_pilot():
     assert plan["target_nats"] == 0.02 and plan["pairing"].startswith("by seed")
 
 
+def test_the_registered_plan_is_the_one_the_command_writes():
+    """docs/results/qk-v/plan.json, committed before any point ran, is what `fixedhead qk-v` plans by default."""
+    committed = json.loads((ROOT / "docs/results/qk-v/plan.json").read_text())
+    planned = plan_file(QkVStudy(), QkVOptions())
+    assert (committed["plan"], committed["sha256"]) == (planned["plan"], planned["sha256"])
+    assert committed["history"] == [] and len(committed["plan"]["points"]) == 32
+
+
 @pytest.mark.parametrize(
     "change, bad",
     [
