@@ -18,6 +18,7 @@ STUDIES = {
     "bottleneck": "fixedhead.studies.bottleneck:BottleneckStudy",
     "known-rank": "fixedhead.studies.farthest_point.known_rank:KnownRankStudy",
     "seq-len": "fixedhead.studies.compare.seq_len:SeqLenStudy",
+    "qk-v": "fixedhead.studies.compare.qk_v:QkVStudy",
     "sweep": "fixedhead.studies.sweep:SweepStudy",
     "finetune-sweep": "fixedhead.studies.sweep.finetune_seeds:FinetuneSweepStudy",
     "farthest-point": "fixedhead.studies.farthest_point:FarthestPointStudy",

@@ -306,6 +306,7 @@ def seeds_for(sd: float, target: float = TARGET_NATS, alpha: float = 0.01, power
     for n in range(2, 100_001):
         df, shift = n - 1, target / sd * math.sqrt(n)
         crit = st.t.ppf(1 - alpha / 2, df)
-        if st.nct.sf(crit, df, shift) + st.nct.cdf(-crit, df, shift) >= power:
+        # the lower tail P(T < -crit) as the upper tail of -T: SciPy's nct.cdf is NaN that far out at large d_z
+        if st.nct.sf(crit, df, shift) + st.nct.sf(crit, df, -shift) >= power:
             return n
     raise ValueError(f"more than 100000 seeds needed for target {target} at sd {sd}")
