@@ -28,24 +28,12 @@ from pathlib import Path
 import torch
 
 from .checks import non_negative_int, positive_int
-from .model.modeling import remote_code_files
 from .runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
 from .training.evaluate import load_model
+from .training.widen import derived_run_files
 
 SHRINK_FILE = "shrink.json"
-#: every entry `fixedhead shrink` writes into its output folder (its temporary files included)
-SHRINK_OWNED = (
-    SHRINK_FILE,
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    *remote_code_files(),
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    ".*.tmp*",
-)
+SHRINK_OWNED = derived_run_files(SHRINK_FILE)
 
 
 @dataclass(frozen=True)

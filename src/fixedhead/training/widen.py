@@ -18,19 +18,26 @@ from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path,
 from .evaluate import load_model
 
 WIDEN_FILE = "widen.json"
-#: every entry `fixedhead widen` writes into its output folder (its temporary files included)
-WIDEN_OWNED = (
-    WIDEN_FILE,
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    *remote_code_files(),  # the modeling code save_pretrained writes beside config.json
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    ".*.tmp*",
-)
+
+
+def derived_run_files(marker: str) -> tuple[str, ...]:
+    """Every entry a command that writes a run derived from another (``widen``, ``shrink``) puts in its output
+    folder: its own record ``marker``, the saved model with its remote code and tokenizer, and temporary files."""
+    return (
+        marker,
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        *remote_code_files(),  # the modeling code save_pretrained writes beside config.json
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.txt",
+        ".*.tmp*",
+    )
+
+
+WIDEN_OWNED = derived_run_files(WIDEN_FILE)
 
 
 @dataclass(frozen=True)
