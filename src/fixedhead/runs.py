@@ -69,6 +69,33 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def create_json_exclusive(path: str | os.PathLike, value, what: str) -> None:
+    """Write ``value`` as JSON to ``path`` only if no file of that name exists, atomically: the
+    whole file appears at once (a hard link from a staged copy, which fails where the name is
+    taken), so of two processes claiming one folder exactly one succeeds.
+
+    Raises:
+        FileExistsError: ``path`` exists (another process wrote it first); nothing is changed.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".claim")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write((json.dumps(value, indent=2) + "\n").encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        follow_umask(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise FileExistsError(
+                f"{what} {str(path.parent)!r} was claimed by another process while this one started "
+                f"({path.name} appeared); choose another folder (nothing of the other run was changed)"
+            ) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 @contextmanager
 def staged_outputs(output_dir: str | os.PathLike):
     """Write several output files so that either all of them appear or none do.

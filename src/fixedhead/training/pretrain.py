@@ -40,6 +40,7 @@ from ..model.sizes import parameter_count
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,
+    create_json_exclusive,
     environment_info,
     follow_umask,
     load_json_file,
@@ -184,6 +185,10 @@ def pretrain(
         if args.process_index == 0:
             check_run_dir(run_dir, record, resume, overwrite, data.info)
             run_dir.mkdir(parents=True, exist_ok=True)
+            if not (resume or overwrite):
+                # a new run claims the folder before touching anything in it: of two processes that
+                # both found it empty, the one whose settings file appears second is refused here
+                create_json_exclusive(run_dir / PRETRAIN_FILE, recorded, "--output-dir")
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
                 for old in list_checkpoints(run_dir):
