@@ -306,6 +306,8 @@ def seeds_for(sd: float, target: float = TARGET_NATS, alpha: float = 0.01, power
     for n in range(2, 100_001):
         df, shift = n - 1, target / sd * math.sqrt(n)
         crit = st.t.ppf(1 - alpha / 2, df)
-        if st.nct.sf(crit, df, shift) + st.nct.cdf(-crit, df, shift) >= power:
+        # the lower tail as the upper tail of the mirrored shift: scipy's nct.cdf returns NaN for some
+        # large shifts where the tail is 0, and a NaN power would skip an n that is enough
+        if st.nct.sf(crit, df, shift) + st.nct.sf(crit, df, -shift) >= power:
             return n
     raise ValueError(f"more than 100000 seeds needed for target {target} at sd {sd}")
