@@ -33,3 +33,40 @@ def test_two_pretrains_into_one_new_folder_one_is_refused_and_the_other_untouche
         pretrain(tiny_config(), tiny_prepared, run, tiny_settings(max_steps=2, save_steps=2, eval_steps=2))
     assert json.loads((run / PRETRAIN_FILE).read_text()) == {"other": "run"}
     assert sorted(snapshot(run)) == ["data_order.json", PRETRAIN_FILE]
+
+
+def test_a_diverged_rate_is_recorded_as_diverged_and_a_rerun_says_so_without_training(
+    tiny_prepared, tmp_path, monkeypatch
+):
+    from fixedhead.training.evaluate import DivergedError
+
+    run = tmp_path / "run"
+    settings = tiny_settings(max_steps=10, save_steps=10, eval_steps=10, learning_rate=10.0)
+    with pytest.raises(DivergedError, match="diverged") as e:
+        pretrain(tiny_config(), tiny_prepared, run, settings)
+    assert "\n" not in str(e.value)
+    assert not (run / "metrics.json").exists()
+    assert "diverged" in json.loads((run / "diverged.json").read_text())["reason"]
+
+    def no_training(*a, **kw):
+        raise AssertionError("a diverged run was trained again")
+
+    monkeypatch.setattr(pretrain_module, "atomic_checkpoint_trainer", no_training)
+    with pytest.raises(DivergedError, match="diverged"):
+        pretrain(tiny_config(), tiny_prepared, run, settings, resume=True)
+
+
+def test_a_loss_past_exp_overflow_is_diverged_not_a_traceback():
+    import torch
+
+    from fixedhead.model.modeling import FixedHeadForMaskedLM
+    from fixedhead.training.evaluate import DivergedError, evaluate_lm
+
+    torch.manual_seed(0)
+    model = FixedHeadForMaskedLM(tiny_config(vocab_size=50))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e3)  # logits in the thousands: a loss far past 709 nats
+    ids = torch.randint(5, 50, (2, 8))
+    with pytest.raises(DivergedError, match=r"above 2·ln V|not finite"):
+        evaluate_lm(model, ids, ids.clone())

@@ -59,6 +59,7 @@ from .checkpoints import (
 from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings
 from .identity import (
     DATA_ORDER_FILE,
+    DIVERGED_FILE,
     check_run_dir,
     finished_metrics,
     init_from_record,
@@ -179,6 +180,10 @@ def pretrain(
         if settings.progress:
             print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
         return done
+    diverged = run_dir / DIVERGED_FILE
+    if resume and not overwrite and diverged.is_file() and finished_metrics(run_dir, record, data.info, diverged):
+        # diverged with these settings: the same command diverges again, so say so instead of retraining
+        raise DivergedError(f"{run_dir}: {load_json_file(diverged).get('reason', 'the run diverged')}")
     args = settings.training_arguments(run_dir)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
@@ -194,6 +199,7 @@ def pretrain(
                 for old in list_checkpoints(run_dir):
                     shutil.rmtree(old)
                 (run_dir / METRICS_FILE).unlink(missing_ok=True)
+            diverged.unlink(missing_ok=True)  # a run that starts or continues now has not diverged yet
             if not resume:  # the first batch of a run that starts now is taken again below
                 (run_dir / DATA_ORDER_FILE).unlink(missing_ok=True)
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
@@ -229,6 +235,48 @@ def pretrain(
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
     )
+    try:
+        return _train_and_score(
+            trainer,
+            checkpoint,
+            model,
+            args,
+            run_dir,
+            run_tokenizer,
+            data,
+            settings,
+            eval_ids,
+            eval_labels,
+            config,
+            start,
+            recorded,
+            use_cache,
+            init_weights_sha256,
+        )
+    except DivergedError as e:  # recorded, so that a rerun (a rate grid resumed) says so without training again
+        if args.should_save:
+            write_json_atomic(diverged, {"diverged": True, "reason": str(e)})
+        raise
+
+
+def _train_and_score(
+    trainer,
+    checkpoint,
+    model,
+    args,
+    run_dir,
+    run_tokenizer,
+    data,
+    settings,
+    eval_ids,
+    eval_labels,
+    config,
+    start,
+    recorded,
+    use_cache,
+    init_weights_sha256,
+) -> dict:
+    """Train, save the model, score it and write ``metrics.json`` (:func:`pretrain`'s second half)."""
     t0 = time.time()
     with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
         trainer.train(resume_from_checkpoint=checkpoint)
