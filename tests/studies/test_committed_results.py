@@ -144,3 +144,22 @@ def test_seq_len_report_regenerates(folder):
     record, report = regenerate(SeqLenStudy(), RESULTS / folder)
     assert json.loads(json.dumps(record["summary"])) == _state(folder)["summary"]
     assert report == (RESULTS / folder / "report.md").read_text()
+
+
+def test_make_run_rank_readme_quotes_its_own_table_and_the_claims_gap():
+    """The words of the rank README agree with the numbers committed beside them: the headline needed rank
+    is the range of `rank_intervention.json`'s needed ranks, and the fixed − standard gap it quotes is the
+    make-run claims table's five-seed row."""
+    import re
+
+    readme = (RESULTS / "make-run-rank" / "README.md").read_text()
+    runs = json.loads((RESULTS / "make-run-rank" / "rank_intervention.json").read_text())["runs"]
+    needed = [k for r in runs for k in r["needed"].values()]
+    assert f"has rank {min(needed)} to {max(needed)}.**" in readme
+    claims_row = next(
+        line
+        for line in (RESULTS / "make-run" / "README.md").read_text().splitlines()
+        if line.startswith("| fixed − standard |")
+    )
+    gap = claims_row.split("|")[3].strip()  # "+0.083 [−0.009, +0.176]"
+    assert re.search(r"fixed − standard ([^ ]+ nats \[[^]]+\])", readme).group(1).replace(" nats", "") == gap
