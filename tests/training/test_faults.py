@@ -70,3 +70,31 @@ def test_a_loss_past_exp_overflow_is_diverged_not_a_traceback():
     ids = torch.randint(5, 50, (2, 8))
     with pytest.raises(DivergedError, match=r"above 2·ln V|not finite"):
         evaluate_lm(model, ids, ids.clone())
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_before_anything_is_written(tiny_prepared, tmp_path):
+    run = tmp_path / "run"
+    too_big = tiny_prepared.train.shape[0] + 1
+    with pytest.raises(ValueError, match=f"--batch-size {too_big} is larger than the training set"):
+        pretrain(tiny_config(), tiny_prepared, run, tiny_settings(max_steps=2, batch_size=too_big))
+    assert snapshot(run) == {}
+
+
+def test_resuming_a_run_whose_training_had_finished_writes_only_what_is_missing(tiny_prepared, tmp_path):
+    import shutil
+
+    settings = tiny_settings(max_steps=4, save_steps=2, eval_steps=2, logging_steps=1)
+    whole = tmp_path / "whole"
+    uninterrupted = pretrain(tiny_config(), tiny_prepared, whole, settings)
+    killed = tmp_path / "killed"  # killed between its last checkpoint and metrics.json
+    shutil.copytree(whole, killed)
+    for name in ("metrics.json", "model.safetensors", "README.md"):
+        (killed / name).unlink()
+    checkpoints = snapshot(killed / "checkpoint-4")
+    resumed = pretrain(tiny_config(), tiny_prepared, killed, settings, resume=True)
+    assert sorted(p.name for p in killed.glob("checkpoint-*")) == sorted(p.name for p in whole.glob("checkpoint-*"))
+    assert snapshot(killed / "checkpoint-4") == checkpoints
+    assert resumed["train_curve"] == uninterrupted["train_curve"]
+    assert resumed["eval_curve"] == uninterrupted["eval_curve"]
+    assert resumed["heldout_loss"] == uninterrupted["heldout_loss"]
+    assert snapshot(killed)["model.safetensors"] == snapshot(whole)["model.safetensors"]

@@ -167,6 +167,14 @@ def pretrain(
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate: batch_size is per process
+    if settings.batch_size * world_size > data.train.shape[0]:
+        # the Trainer would take the whole set as each smaller step, and the record would count tokens never seen
+        raise ValueError(
+            f"--batch-size {settings.batch_size}"
+            f"{f' x {world_size} processes' if world_size > 1 else ''} is larger than the training set "
+            f"({data.train.shape[0]} sequences of {data.train.shape[1]} tokens); lower it or add text"
+        )
     start = init_from_record(init_from) if source is not None else None
     record = run_settings_record(config, settings, data.settings, init_from=start)
     recorded = {
@@ -278,10 +286,17 @@ def _train_and_score(
 ) -> dict:
     """Train, save the model, score it and write ``metrics.json`` (:func:`pretrain`'s second half)."""
     t0 = time.time()
-    with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
-        trainer.train(resume_from_checkpoint=checkpoint)
+    state = load_json_file(Path(checkpoint) / "trainer_state.json") if checkpoint is not None else {}
+    if state.get("global_step", 0) >= settings.max_steps:
+        # training had finished (killed before metrics.json): the Trainer would take one step past
+        # max_steps, log and rotate; instead take the last checkpoint's weights and write what is missing
+        _load_checkpoint_weights(model, Path(checkpoint))
+        history = state["log_history"]
+    else:
+        with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+            trainer.train(resume_from_checkpoint=checkpoint)
+        history = trainer.state.log_history
     wall = time.time() - t0
-    history = trainer.state.log_history
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if any(not math.isfinite(loss) for _, loss in train_curve):
         raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
@@ -335,6 +350,19 @@ def _train_and_score(
         write_model_card(run_dir, result, recorded)
         write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
+
+
+def _load_checkpoint_weights(model, checkpoint: Path) -> None:
+    """Load a Trainer checkpoint's ``model.safetensors`` into ``model`` (tied weights are saved once)."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"{checkpoint}: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    model.tie_weights()
 
 
 class FirstBatchRecorder:
