@@ -234,6 +234,31 @@ class OpenedRun:
     def use_safetensors(self) -> bool:
         return self.weights == "safetensors"
 
+    def load_model(self, cls, **kwargs):
+        """``cls.from_pretrained`` on this run (its weights format; ``kwargs`` passed on).
+
+        Raises:
+            ValueError: in one line naming the folder, where the weights do not fit the config's
+                sizes (a hand-edited ``config.json``) or ``torch.load(weights_only=True)`` refuses
+                pickle weights (``pickle.UnpicklingError``).
+        """
+        import pickle
+
+        try:
+            return cls.from_pretrained(str(self.path), use_safetensors=self.use_safetensors, **kwargs)
+        except pickle.UnpicklingError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{self.path}: the pickle weights were refused by torch's safe loader ({first})") from None
+        except RuntimeError as e:
+            found = re.search(r"size mismatch for ([\w.]+)", str(e))
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            detail = f" (first: {found.group(1)})" if found else ""
+            raise ValueError(
+                f"{self.path}: config.json's sizes disagree with the weights{detail}; the config was edited or "
+                f"belongs to another model"
+            ) from None
+
 
 def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRun:
     """Validate a fixedhead run directory and load its config, tokenizer and settings.

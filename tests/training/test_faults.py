@@ -98,3 +98,55 @@ def test_resuming_a_run_whose_training_had_finished_writes_only_what_is_missing(
     assert resumed["eval_curve"] == uninterrupted["eval_curve"]
     assert resumed["heldout_loss"] == uninterrupted["heldout_loss"]
     assert snapshot(killed)["model.safetensors"] == snapshot(whole)["model.safetensors"]
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_earlier_ones(
+    tiny_prepared, tmp_path, monkeypatch
+):
+    import torch
+
+    from fixedhead.cli import _error_message
+
+    run = tmp_path / "run"
+    real_save = torch.save
+
+    def save_until_full(obj, f, *a, **kw):
+        if "checkpoint-4" in str(f):  # the second checkpoint: the disk is full
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/0: "
+                "file write failed"
+            )
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    settings = tiny_settings(max_steps=4, save_steps=2, eval_steps=2)
+    with pytest.raises(OSError, match="could not write checkpoint-4") as e:
+        pretrain(tiny_config(), tiny_prepared, run, settings)
+    assert "\n" not in _error_message(e.value)
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith((".staging", "checkpoint"))) == ["checkpoint-2"]
+
+
+def test_weights_that_disagree_with_config_or_pickles_refused_by_torch_are_one_line(tiny_pretrained_run, tmp_path):
+    import shutil
+
+    from fixedhead.runs import open_run
+    from fixedhead.training.evaluate import load_model
+
+    run = tmp_path / "edited"
+    shutil.copytree(tiny_pretrained_run[0], run, ignore=shutil.ignore_patterns("checkpoint-*", "runs"))
+    config = json.loads((run / "config.json").read_text())
+    config["intermediate_size"] += 8
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json's sizes disagree with the weights") as e:
+        load_model(open_run(run))
+    assert "\n" not in str(e.value)
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_pretrained_run[0], pickled, ignore=shutil.ignore_patterns("checkpoint-*", "runs"))
+    (pickled / "model.safetensors").unlink()
+    import pickle
+
+    (pickled / "pytorch_model.bin").write_bytes(pickle.dumps(print))  # a global torch's safe loader refuses
+    with pytest.raises(ValueError, match="refused by torch's safe loader") as e:
+        load_model(open_run(pickled, allow_pickle=True))
+    assert "\n" not in str(e.value)

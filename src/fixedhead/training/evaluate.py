@@ -168,7 +168,7 @@ def load_model(run):
         cls = LlamaForCausalLM
     else:
         cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
-    return cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    return run.load_model(cls, config=run.config)
 
 
 def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
