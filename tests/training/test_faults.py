@@ -150,3 +150,19 @@ def test_weights_that_disagree_with_config_or_pickles_refused_by_torch_are_one_l
     with pytest.raises(ValueError, match="refused by torch's safe loader") as e:
         load_model(open_run(pickled, allow_pickle=True))
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_state_refused_by_torchs_safe_loader_on_resume_is_one_line(tiny_prepared, tmp_path):
+    import shutil
+
+    import torch
+
+    settings = tiny_settings(max_steps=4, save_steps=2, eval_steps=2)
+    run = tmp_path / "run"
+    pretrain(tiny_config(), tiny_prepared, run, settings)
+    shutil.rmtree(run / "checkpoint-4")  # killed after its first checkpoint
+    (run / "metrics.json").unlink()
+    torch.save({"state": print}, run / "checkpoint-2" / "optimizer.pt")  # a whole archive holding a global
+    with pytest.raises(ValueError, match="refused by torch's safe loader") as e:
+        pretrain(tiny_config(), tiny_prepared, run, settings, resume=True)
+    assert "\n" not in str(e.value) and "checkpoint-2" in str(e.value)

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import pickle
 import resource
 import shutil
 import tempfile
@@ -294,7 +295,16 @@ def _train_and_score(
         history = state["log_history"]
     else:
         with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
-            trainer.train(resume_from_checkpoint=checkpoint)
+            try:
+                trainer.train(resume_from_checkpoint=checkpoint)
+            except (
+                pickle.UnpicklingError
+            ) as e:  # the Trainer reads optimizer, scheduler and RNG states with weights_only
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(
+                    f"{checkpoint}: a saved training state was refused by torch's safe loader ({first}); "
+                    f"delete that checkpoint to resume from the one before"
+                ) from None
         history = trainer.state.log_history
     wall = time.time() - t0
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
