@@ -38,9 +38,12 @@ def test_two_pretrains_into_one_new_folder_one_is_refused_and_the_other_untouche
 def test_a_diverged_rate_is_recorded_as_diverged_and_a_rerun_says_so_without_training(
     tiny_prepared, tmp_path, monkeypatch
 ):
+    from pathlib import Path
+
     from fixedhead.training.evaluate import DivergedError
 
-    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    run = Path("run")  # relative, as on the command line
     settings = tiny_settings(max_steps=10, save_steps=10, eval_steps=10, learning_rate=10.0)
     with pytest.raises(DivergedError, match="diverged") as e:
         pretrain(tiny_config(), tiny_prepared, run, settings)

@@ -190,7 +190,7 @@ def pretrain(
             print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
         return done
     diverged = run_dir / DIVERGED_FILE
-    if resume and not overwrite and diverged.is_file() and finished_metrics(run_dir, record, data.info, diverged):
+    if resume and not overwrite and diverged.is_file() and finished_metrics(run_dir, record, data.info, DIVERGED_FILE):
         # diverged with these settings: the same command diverges again, so say so instead of retraining
         raise DivergedError(f"{run_dir}: {load_json_file(diverged).get('reason', 'the run diverged')}")
     args = settings.training_arguments(run_dir)  # under torchrun/accelerate this joins the process group
