@@ -173,9 +173,9 @@ def atomic_checkpoint_trainer():
             try:
                 super()._save_checkpoint(model, trial)
             except RuntimeError as e:  # torch's zip writer reports a full disk or a file-size limit so
-                shutil.rmtree(self._staging_dir, ignore_errors=True)
                 if "write" not in str(e).lower():
                     raise
+                shutil.rmtree(self._staging_dir, ignore_errors=True)
                 first = str(e).strip().splitlines()[0]
                 raise OSError(
                     f"could not write {name} into {run_dir} ({first}): is the disk full or a file-size limit "
