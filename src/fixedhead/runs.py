@@ -69,6 +69,33 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def create_json_exclusive(path: str | os.PathLike, value, what: str) -> None:
+    """Write ``value`` as JSON to ``path`` only if no file of that name exists, atomically: the
+    whole file appears at once (a hard link from a staged copy, which fails where the name is
+    taken), so of two processes claiming one folder exactly one succeeds.
+
+    Raises:
+        FileExistsError: ``path`` exists (another process wrote it first); nothing is changed.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".claim")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write((json.dumps(value, indent=2) + "\n").encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        follow_umask(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise FileExistsError(
+                f"{what} {str(path.parent)!r} was claimed by another process while this one started "
+                f"({path.name} appeared); choose another folder (nothing of the other run was changed)"
+            ) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 @contextmanager
 def staged_outputs(output_dir: str | os.PathLike):
     """Write several output files so that either all of them appear or none do.
@@ -206,6 +233,31 @@ class OpenedRun:
     @property
     def use_safetensors(self) -> bool:
         return self.weights == "safetensors"
+
+    def load_model(self, cls, **kwargs):
+        """``cls.from_pretrained`` on this run (its weights format; ``kwargs`` passed on).
+
+        Raises:
+            ValueError: in one line naming the folder, where the weights do not fit the config's
+                sizes (a hand-edited ``config.json``) or ``torch.load(weights_only=True)`` refuses
+                pickle weights (``pickle.UnpicklingError``).
+        """
+        import pickle
+
+        try:
+            return cls.from_pretrained(str(self.path), use_safetensors=self.use_safetensors, **kwargs)
+        except pickle.UnpicklingError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{self.path}: the pickle weights were refused by torch's safe loader ({first})") from None
+        except RuntimeError as e:
+            found = re.search(r"size mismatch for ([\w.]+)", str(e))
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            detail = f" (first: {found.group(1)})" if found else ""
+            raise ValueError(
+                f"{self.path}: config.json's sizes disagree with the weights{detail}; the config was edited or "
+                f"belongs to another model"
+            ) from None
 
 
 def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRun:

@@ -169,3 +169,22 @@ def test_fixedhead_report_renders_any_study_folder_again(folder, study, tmp_path
     assert "recorded its options" in capsys.readouterr().err and not (tmp_path / "m").exists()
     if study:  # another study's folder is named as such
         assert main(["report", str(RESULTS / "coordcheck"), "--study", study, "--output-dir", str(tmp_path / "o")]) == 2
+
+
+def test_make_run_rank_readme_quotes_its_own_table_and_the_claims_gap():
+    """The words of the rank README agree with the numbers committed beside them: the headline needed rank
+    is the range of `rank_intervention.json`'s needed ranks, and the fixed − standard gap it quotes is the
+    make-run claims table's five-seed row."""
+    import re
+
+    readme = (RESULTS / "make-run-rank" / "README.md").read_text()
+    runs = json.loads((RESULTS / "make-run-rank" / "rank_intervention.json").read_text())["runs"]
+    needed = [k for r in runs for k in r["needed"].values()]
+    assert f"has rank {min(needed)} to {max(needed)}.**" in readme
+    claims_row = next(
+        line
+        for line in (RESULTS / "make-run" / "README.md").read_text().splitlines()
+        if line.startswith("| fixed − standard |")
+    )
+    gap = claims_row.split("|")[3].strip()  # "+0.083 [−0.009, +0.176]"
+    assert re.search(r"fixed − standard ([^ ]+ nats \[[^]]+\])", readme).group(1).replace(" nats", "") == gap

@@ -297,3 +297,24 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
     assert seen == {"standard": (1e-3, True)}
     assert json.loads((tmp_path / "c" / "plan.json").read_text())["plan"]["rates"] == rates
     assert compare.spec(options).data.validation_fraction == 0.05
+
+
+def test_a_rate_grid_records_a_diverged_rate_and_chooses_among_the_others(small_real_corpus, tmp_path, monkeypatch):
+    import fixedhead.studies.compare as compare
+    from fixedhead.studies.kit.study import run_study
+
+    monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
+    options = compare.CompareOptions(
+        preset="tiny", corpus=str(small_real_corpus), steps=10, learning_rates=(1e-3, 10.0), max_extensions=0
+    )
+    record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
+    selection = compare.state_of(options, list(record["runs"].values()), record["meta"])["meta"][
+        "learning_rate_selection"
+    ]
+    for r in record["runs"].values():
+        chosen = selection["models"][r["name"]]
+        assert chosen["validation_loss"]["10"] is None  # diverged, recorded as such
+        assert r["learning_rate"] == chosen["chosen"] == 1e-3
+    # a rerun finishes with the same record, training nothing again
+    again = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
+    assert [r["train_seconds"] for r in again["runs"].values()] == [r["train_seconds"] for r in record["runs"].values()]

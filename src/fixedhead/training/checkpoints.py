@@ -172,6 +172,15 @@ def atomic_checkpoint_trainer():
             self._staging_dir = tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX)
             try:
                 super()._save_checkpoint(model, trial)
+            except RuntimeError as e:  # torch's zip writer reports a full disk or a file-size limit so
+                if "write" not in str(e).lower():
+                    raise
+                shutil.rmtree(self._staging_dir, ignore_errors=True)
+                first = str(e).strip().splitlines()[0]
+                raise OSError(
+                    f"could not write {name} into {run_dir} ({first}): is the disk full or a file-size limit "
+                    f"reached? The earlier checkpoints are intact; free space and resume with --resume"
+                ) from None
             finally:
                 staging, self._staging_dir = self._staging_dir, None
             _fsync_tree(Path(staging))

@@ -31,8 +31,32 @@ from ..runs import open_run
 
 
 class DivergedError(ValueError):
-    """Training or held-out loss became non-finite: the learning rate is too high for this model
-    (a study choosing a learning rate counts the run as the worst)."""
+    """Training or held-out loss became non-finite, or the held-out loss lies far above chance
+    (:func:`check_not_diverged`): the learning rate is too high for this model (a study choosing a
+    learning rate counts the run as the worst)."""
+
+
+def check_not_diverged(loss: float, vocab_size: int, what: str = "held-out loss") -> None:
+    """Refuse a loss that is not a result: not finite, or above ``2 · ln(vocab_size)`` nats.
+
+    Uniform guessing over the vocabulary scores ln V nats per token, and a freshly initialised
+    model scores about that; any training that learns something scores below it. The margin of
+    a further ln V above chance (perplexity above V², each token given on average less than
+    1/V² of probability) is only reached by a model that is confidently wrong, i.e. one whose
+    training blew up (a masked tiny run at learning rate 10 ends at 284 nats where ln V is 5.99),
+    never by one that is merely slow; it scales with the vocabulary, and it keeps every reported
+    perplexity far below ``math.exp``'s overflow at 709 nats.
+
+    Raises:
+        DivergedError: the loss is not finite or above the margin; the message says which.
+    """
+    bound = 2 * math.log(vocab_size)
+    if not math.isfinite(loss) or loss > bound:
+        raise DivergedError(
+            f"{what} {loss:.4g} nats is {'not finite' if not math.isfinite(loss) else 'above 2·ln V'} "
+            f"(ln V = {math.log(vocab_size):.2f} for a vocabulary of {vocab_size}): the run diverged; "
+            f"lower the learning rate"
+        )
 
 
 @torch.no_grad()
@@ -63,8 +87,9 @@ def evaluate_lm(
         with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
 
     Raises:
-        ValueError: no scored token, a non-finite loss (a diverged model is reported, not hidden),
-            or ``chars`` not aligned with ``labels``.
+        DivergedError: a loss that is not finite or above 2 ln V (:func:`check_not_diverged`;
+            a diverged model is reported, not hidden).
+        ValueError: no scored token, or ``chars`` not aligned with ``labels``.
     """
     characters = None if chars is None else scored_characters(labels, chars, objective)
     was_training = model.training
@@ -86,8 +111,7 @@ def evaluate_lm(
     if total == 0:
         raise ValueError("held-out set has no masked tokens to score")
     loss = total_loss / total
-    if not math.isfinite(loss):
-        raise DivergedError(f"held-out loss is not finite ({loss}); the model has diverged")
+    check_not_diverged(loss, logits.shape[-1])  # so exp(loss) below cannot overflow
     result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
     if characters is not None:
         result["scored_characters"] = characters
@@ -144,7 +168,7 @@ def load_model(run):
         cls = LlamaForCausalLM
     else:
         cls = FixedHeadForCausalLM if run.config.is_decoder else FixedHeadForMaskedLM
-    return cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors)
+    return run.load_model(cls, config=run.config)
 
 
 def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:

@@ -185,7 +185,7 @@ def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, o
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"--output-dir {str(out)!r} holds an earlier export; pass --overwrite to replace it")
 
-    model = cls.from_pretrained(str(run.path), config=run.config, use_safetensors=run.use_safetensors).eval()
+    model = run.load_model(cls, config=run.config).eval()
     n_max = model.config.max_position_embeddings
     generator = torch.Generator().manual_seed(0)
     sample = _batch(run.tokenizer, model.config.vocab_size, 2, min(8, n_max), generator)

@@ -280,9 +280,8 @@ def finetune(
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    model = FixedHeadForSequenceClassification.from_pretrained(
-        str(run_dir),
-        use_safetensors=run.use_safetensors,
+    model = run.load_model(
+        FixedHeadForSequenceClassification,
         num_labels=spec.num_labels,
         problem_type="regression" if regression else "single_label_classification",
         hidden_dropout_prob=settings.dropout,

@@ -97,6 +97,8 @@ def settings_differences(previous: dict, record: dict) -> list[str]:
 
 #: the first training batch's hash, written when a run takes it (a resumed run never sees it again)
 DATA_ORDER_FILE = "data_order.json"
+#: written instead of metrics.json by a run whose loss diverged (:func:`fixedhead.training.evaluate.check_not_diverged`)
+DIVERGED_FILE = "diverged.json"
 
 
 def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
@@ -152,13 +154,15 @@ def same_run_settings(previous: dict, record: dict) -> bool:
     return not settings_differences(previous, record)
 
 
-def finished_metrics(run_dir: str | os.PathLike, record: dict, data_info: dict) -> dict | None:
+def finished_metrics(
+    run_dir: str | os.PathLike, record: dict, data_info: dict, marker: str | os.PathLike = METRICS_FILE
+) -> dict | None:
     """The metrics of a run in ``run_dir`` that finished with these settings (``record``) on
     the same corpus text and tokenizer (``data_info``, see :func:`data_differences`); None for an
     unfinished run, a missing or unreadable record, or other settings. The one answer to "is this
     run done?": :func:`pretrain` with ``resume`` and every study that reuses runs ask it."""
     run_dir = Path(run_dir)
-    if not (run_dir / METRICS_FILE).is_file() or not (run_dir / PRETRAIN_FILE).is_file():
+    if not (run_dir / marker).is_file() or not (run_dir / PRETRAIN_FILE).is_file():
         return None
     try:
         saved = load_json_file(run_dir / PRETRAIN_FILE)
@@ -166,7 +170,7 @@ def finished_metrics(run_dir: str | os.PathLike, record: dict, data_info: dict) 
         return None  # unreadable: retrain rather than trust it
     if settings_differences(saved, record) or data_differences(run_dir, saved, data_info):
         return None
-    return load_json_file(run_dir / METRICS_FILE)
+    return load_json_file(run_dir / marker)
 
 
 def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, data_info: dict | None = None):

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import pickle
 import resource
 import shutil
 import tempfile
@@ -40,6 +41,7 @@ from ..model.sizes import parameter_count
 from ..runs import (
     METRICS_FILE,
     PRETRAIN_FILE,
+    create_json_exclusive,
     environment_info,
     follow_umask,
     load_json_file,
@@ -58,6 +60,7 @@ from .checkpoints import (
 from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings
 from .identity import (
     DATA_ORDER_FILE,
+    DIVERGED_FILE,
     check_run_dir,
     finished_metrics,
     init_from_record,
@@ -165,6 +168,14 @@ def pretrain(
         raise ValueError(
             f"max_position_embeddings={config.max_position_embeddings} < max_seq_length={data.train.shape[1]}"
         )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate: batch_size is per process
+    if settings.batch_size * world_size > data.train.shape[0]:
+        # the Trainer would take the whole set as each smaller step, and the record would count tokens never seen
+        raise ValueError(
+            f"--batch-size {settings.batch_size}"
+            f"{f' x {world_size} processes' if world_size > 1 else ''} is larger than the training set "
+            f"({data.train.shape[0]} sequences of {data.train.shape[1]} tokens); lower it or add text"
+        )
     start = init_from_record(init_from) if source is not None else None
     record = run_settings_record(config, settings, data.settings, init_from=start)
     recorded = {
@@ -178,17 +189,26 @@ def pretrain(
         if settings.progress:
             print(f"{run_dir} already finished with these settings; its metrics are returned", flush=True)
         return done
+    diverged = run_dir / DIVERGED_FILE
+    if resume and not overwrite and diverged.is_file() and finished_metrics(run_dir, record, data.info, DIVERGED_FILE):
+        # diverged with these settings: the same command diverges again, so say so instead of retraining
+        raise DivergedError(f"{run_dir}: {load_json_file(diverged).get('reason', 'the run diverged')}")
     args = settings.training_arguments(run_dir)  # under torchrun/accelerate this joins the process group
     # one process checks and claims the run directory; the others wait for it (no-op when single-process)
     with args.main_process_first(local=False, desc="run directory check"):
         if args.process_index == 0:
             check_run_dir(run_dir, record, resume, overwrite, data.info)
             run_dir.mkdir(parents=True, exist_ok=True)
+            if not (resume or overwrite):
+                # a new run claims the folder before touching anything in it: of two processes that
+                # both found it empty, the one whose settings file appears second is refused here
+                create_json_exclusive(run_dir / PRETRAIN_FILE, recorded, "--output-dir")
             remove_staging(run_dir)  # left by a run killed while saving a checkpoint
             if overwrite:  # the replaced run's checkpoints must not be resumed into this one later
                 for old in list_checkpoints(run_dir):
                     shutil.rmtree(old)
                 (run_dir / METRICS_FILE).unlink(missing_ok=True)
+            diverged.unlink(missing_ok=True)  # a run that starts or continues now has not diverged yet
             if not resume:  # the first batch of a run that starts now is taken again below
                 (run_dir / DATA_ORDER_FILE).unlink(missing_ok=True)
             write_json_atomic(run_dir / PRETRAIN_FILE, recorded)
@@ -224,11 +244,69 @@ def pretrain(
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
     )
+    try:
+        return _train_and_score(
+            trainer,
+            checkpoint,
+            model,
+            args,
+            run_dir,
+            run_tokenizer,
+            data,
+            settings,
+            eval_ids,
+            eval_labels,
+            config,
+            start,
+            recorded,
+            use_cache,
+            init_weights_sha256,
+        )
+    except DivergedError as e:  # recorded, so that a rerun (a rate grid resumed) says so without training again
+        if args.should_save:
+            write_json_atomic(diverged, {"diverged": True, "reason": str(e)})
+        raise
+
+
+def _train_and_score(
+    trainer,
+    checkpoint,
+    model,
+    args,
+    run_dir,
+    run_tokenizer,
+    data,
+    settings,
+    eval_ids,
+    eval_labels,
+    config,
+    start,
+    recorded,
+    use_cache,
+    init_weights_sha256,
+) -> dict:
+    """Train, save the model, score it and write ``metrics.json`` (:func:`pretrain`'s second half)."""
     t0 = time.time()
-    with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
-        trainer.train(resume_from_checkpoint=checkpoint)
+    state = load_json_file(Path(checkpoint) / "trainer_state.json") if checkpoint is not None else {}
+    if state.get("global_step", 0) >= settings.max_steps:
+        # training had finished (killed before metrics.json): the Trainer would take one step past
+        # max_steps, log and rotate; instead take the last checkpoint's weights and write what is missing
+        _load_checkpoint_weights(model, Path(checkpoint))
+        history = state["log_history"]
+    else:
+        with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+            try:
+                trainer.train(resume_from_checkpoint=checkpoint)
+            except (
+                pickle.UnpicklingError
+            ) as e:  # the Trainer reads optimizer, scheduler and RNG states with weights_only
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(
+                    f"{checkpoint}: a saved training state was refused by torch's safe loader ({first}); "
+                    f"delete that checkpoint to resume from the one before"
+                ) from None
+        history = trainer.state.log_history
     wall = time.time() - t0
-    history = trainer.state.log_history
     train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if any(not math.isfinite(loss) for _, loss in train_curve):
         raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
@@ -284,6 +362,19 @@ def pretrain(
         write_model_card(run_dir, result, recorded)
         write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
     return result
+
+
+def _load_checkpoint_weights(model, checkpoint: Path) -> None:
+    """Load a Trainer checkpoint's ``model.safetensors`` into ``model`` (tied weights are saved once)."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"{checkpoint}: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    model.tie_weights()
 
 
 class FirstBatchRecorder:
