@@ -29,6 +29,12 @@ STUDIES = {
 
 
 def study_class(name: str) -> type:
-    """The Study class of the command ``name`` (:data:`STUDIES`), imported on first use."""
+    """The Study class of the command ``name`` (:data:`STUDIES`), imported on first use.
+
+    Raises:
+        ValueError: a name :data:`STUDIES` does not register (a study run from its own script).
+    """
+    if name not in STUDIES:
+        raise ValueError(f"no fixedhead command runs the study {name!r}; the registered ones: {', '.join(STUDIES)}")
     module, _, cls = STUDIES[name].partition(":")
     return getattr(importlib.import_module(module), cls)

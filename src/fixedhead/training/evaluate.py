@@ -87,8 +87,8 @@ def evaluate_lm(
         with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
 
     Raises:
-        DivergedError: a loss that is not finite or above 2 ln V (:func:`check_not_diverged`;
-            a diverged model is reported, not hidden).
+        DivergedError: a loss that is not finite (a trained run's loss above 2 ln V is judged by
+            pretraining, :func:`check_not_diverged`: a model built to pay per character may lose more).
         ValueError: no scored token, or ``chars`` not aligned with ``labels``.
     """
     characters = None if chars is None else scored_characters(labels, chars, objective)
@@ -111,8 +111,11 @@ def evaluate_lm(
     if total == 0:
         raise ValueError("held-out set has no masked tokens to score")
     loss = total_loss / total
-    check_not_diverged(loss, logits.shape[-1])  # so exp(loss) below cannot overflow
-    result = {"loss": loss, "perplexity": math.exp(loss), "accuracy": total_correct / total, "masked_tokens": total}
+    if not math.isfinite(loss):
+        raise DivergedError(f"held-out loss is {loss}: the model's outputs are not finite")
+    # a model may lose more than 709 nats a token (exp overflows): its perplexity is then inf, never a traceback
+    perplexity = math.exp(loss) if loss < 709 else math.inf
+    result = {"loss": loss, "perplexity": perplexity, "accuracy": total_correct / total, "masked_tokens": total}
     if characters is not None:
         result["scored_characters"] = characters
         result["bits_per_character"] = bits_per_character(total_loss, characters)

@@ -57,7 +57,14 @@ from .checkpoints import (
     list_checkpoints,
     remove_staging,
 )
-from .evaluate import DivergedError, check_same_text, evaluate_lm, load_model, recorded_data_settings
+from .evaluate import (
+    DivergedError,
+    check_not_diverged,
+    check_same_text,
+    evaluate_lm,
+    load_model,
+    recorded_data_settings,
+)
 from .identity import (
     DATA_ORDER_FILE,
     DIVERGED_FILE,
@@ -317,6 +324,7 @@ def _train_and_score(
         follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
         save_tokenizer_atomic(run_tokenizer, run_dir)
     metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
+    check_not_diverged(metrics["loss"], config.vocab_size)
     result = {
         "name": run_dir.name,
         "objective": settings.objective,
@@ -345,6 +353,7 @@ def _train_and_score(
     if data.validation is not None:  # the split that chooses settings (a learning rate), never reported as held-out
         val_ids, val_labels = heldout_batches(data.validation, data.tokenizer, settings.objective, settings.eval_seed)
         val = evaluate_lm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
+        check_not_diverged(val["loss"], config.vocab_size, "validation loss")
         result["validation_loss"] = val["loss"]
         result["validation_bits_per_character"] = val.get("bits_per_character")
     if start is not None:
