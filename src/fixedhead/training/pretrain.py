@@ -251,126 +251,91 @@ def pretrain(
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
     )
-    try:
-        return _train_and_score(
-            trainer,
-            checkpoint,
-            model,
-            args,
-            run_dir,
-            run_tokenizer,
-            data,
-            settings,
-            eval_ids,
-            eval_labels,
-            config,
-            start,
-            recorded,
-            use_cache,
-            init_weights_sha256,
-        )
+    try:  # train, save the model, score it and write metrics.json
+        t0 = time.time()
+        state = load_json_file(Path(checkpoint) / "trainer_state.json") if checkpoint is not None else {}
+        if state.get("global_step", 0) >= settings.max_steps:
+            # training had finished (killed before metrics.json): the Trainer would take one step past
+            # max_steps, log and rotate; instead take the last checkpoint's weights and write what is missing
+            _load_checkpoint_weights(model, Path(checkpoint))
+            history = state["log_history"]
+        else:
+            with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+                try:
+                    trainer.train(resume_from_checkpoint=checkpoint)
+                except (
+                    pickle.UnpicklingError
+                ) as e:  # the Trainer reads optimizer, scheduler and RNG states with weights_only
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise ValueError(
+                        f"{checkpoint}: a saved training state was refused by torch's safe loader ({first}); "
+                        f"delete that checkpoint to resume from the one before"
+                    ) from None
+            history = trainer.state.log_history
+        wall = time.time() - t0
+        train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
+        if any(not math.isfinite(loss) for _, loss in train_curve):
+            raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
+        model.config.use_cache = use_cache  # the Trainer turned it off for training; generation wants it
+        with transformers_progress_bars(settings.progress):
+            trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
+        if args.should_save:
+            follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
+            save_tokenizer_atomic(run_tokenizer, run_dir)
+        metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
+        check_not_diverged(metrics["loss"], config.vocab_size)
+        result = {
+            "name": run_dir.name,
+            "objective": settings.objective,
+            "architecture": config.model_type,
+            "parameters": parameter_count(config),
+            "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads,
+            "head_dim": head_size_label(config),  # a list for per-layer head sizes
+            "fixed_head": is_fixed_head(config),
+            # queries' and keys' size apart from the values' (fixedhead only; absent when not set)
+            **{f: getattr(config, f) for f in ("qk_head_dim", "v_head_dim") if getattr(config, f, None) is not None},
+            "num_hidden_layers": config.num_hidden_layers,
+            "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
+            "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],
+            "tokens_per_step": settings.batch_size * args.world_size * data.train.shape[1],
+            "train_seconds": round(wall, 1),
+            "heldout_loss": metrics["loss"],
+            "heldout_perplexity": metrics["perplexity"],
+            "heldout_accuracy": metrics["accuracy"],
+            "heldout_masked_tokens": metrics["masked_tokens"],
+            "heldout_bits_per_character": metrics.get("bits_per_character"),  # None without character counts
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "train_curve": train_curve,
+            "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
+        }
+        if data.validation is not None:  # the split that chooses settings (a learning rate), never reported as held-out
+            val_ids, val_labels = heldout_batches(
+                data.validation, data.tokenizer, settings.objective, settings.eval_seed
+            )
+            val = evaluate_lm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
+            check_not_diverged(val["loss"], config.vocab_size, "validation loss")
+            result["validation_loss"] = val["loss"]
+            result["validation_bits_per_character"] = val.get("bits_per_character")
+        if start is not None:
+            result["init_from"] = start
+        # what two runs of one command could differ in: the ids, the starting weights, the data order, the software
+        data_order = load_json_file(run_dir / DATA_ORDER_FILE) if (run_dir / DATA_ORDER_FILE).is_file() else {}
+        result["reproducibility"] = {
+            "corpus_sha256": data.info.get("corpus_sha256"),
+            "tokenizer_sha256": data.info.get("tokenizer_sha256"),
+            "init_weights_sha256": init_weights_sha256,
+            "first_batch_sha256": data_order.get("first_batch_sha256"),
+            **{k: v for k, v in environment_info().items() if k not in ("platform", "cpu_count")},
+        }
+        if args.should_save:
+            write_model_card(run_dir, result, recorded)
+            write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
+        return result
     except DivergedError as e:  # recorded, so that a rerun (a rate grid resumed) says so without training again
         if args.should_save:
             write_json_atomic(diverged, {"diverged": True, "reason": str(e)})
         raise
-
-
-def _train_and_score(
-    trainer,
-    checkpoint,
-    model,
-    args,
-    run_dir,
-    run_tokenizer,
-    data,
-    settings,
-    eval_ids,
-    eval_labels,
-    config,
-    start,
-    recorded,
-    use_cache,
-    init_weights_sha256,
-) -> dict:
-    """Train, save the model, score it and write ``metrics.json`` (:func:`pretrain`'s second half)."""
-    t0 = time.time()
-    state = load_json_file(Path(checkpoint) / "trainer_state.json") if checkpoint is not None else {}
-    if state.get("global_step", 0) >= settings.max_steps:
-        # training had finished (killed before metrics.json): the Trainer would take one step past
-        # max_steps, log and rotate; instead take the last checkpoint's weights and write what is missing
-        _load_checkpoint_weights(model, Path(checkpoint))
-        history = state["log_history"]
-    else:
-        with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
-            try:
-                trainer.train(resume_from_checkpoint=checkpoint)
-            except (
-                pickle.UnpicklingError
-            ) as e:  # the Trainer reads optimizer, scheduler and RNG states with weights_only
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ValueError(
-                    f"{checkpoint}: a saved training state was refused by torch's safe loader ({first}); "
-                    f"delete that checkpoint to resume from the one before"
-                ) from None
-        history = trainer.state.log_history
-    wall = time.time() - t0
-    train_curve = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    if any(not math.isfinite(loss) for _, loss in train_curve):
-        raise DivergedError(f"training loss became non-finite in {run_dir}; lower the learning rate")
-    model.config.use_cache = use_cache  # the Trainer turned it off for training; generation wants it
-    with transformers_progress_bars(settings.progress):
-        trainer.save_model(str(run_dir))  # the Trainer writes from the main process only
-    if args.should_save:
-        follow_umask(run_dir / "model.safetensors")  # safetensors writes 0600 whatever the umask
-        save_tokenizer_atomic(run_tokenizer, run_dir)
-    metrics = evaluate_lm(model, eval_ids, eval_labels, objective=settings.objective, chars=data.heldout_chars)
-    check_not_diverged(metrics["loss"], config.vocab_size)
-    result = {
-        "name": run_dir.name,
-        "objective": settings.objective,
-        "architecture": config.model_type,
-        "parameters": parameter_count(config),
-        "hidden_size": config.hidden_size,
-        "num_attention_heads": config.num_attention_heads,
-        "head_dim": head_size_label(config),  # a list for per-layer head sizes
-        "fixed_head": is_fixed_head(config),
-        # queries' and keys' size apart from the values' (fixedhead only; absent when not set)
-        **{f: getattr(config, f) for f in ("qk_head_dim", "v_head_dim") if getattr(config, f, None) is not None},
-        "num_hidden_layers": config.num_hidden_layers,
-        "world_size": args.world_size,  # processes (torchrun / accelerate); batch_size is per process
-        "training_tokens": settings.max_steps * settings.batch_size * args.world_size * data.train.shape[1],
-        "tokens_per_step": settings.batch_size * args.world_size * data.train.shape[1],
-        "train_seconds": round(wall, 1),
-        "heldout_loss": metrics["loss"],
-        "heldout_perplexity": metrics["perplexity"],
-        "heldout_accuracy": metrics["accuracy"],
-        "heldout_masked_tokens": metrics["masked_tokens"],
-        "heldout_bits_per_character": metrics.get("bits_per_character"),  # None without character counts
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "train_curve": train_curve,
-        "eval_curve": [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h],
-    }
-    if data.validation is not None:  # the split that chooses settings (a learning rate), never reported as held-out
-        val_ids, val_labels = heldout_batches(data.validation, data.tokenizer, settings.objective, settings.eval_seed)
-        val = evaluate_lm(model, val_ids, val_labels, objective=settings.objective, chars=data.validation_chars)
-        check_not_diverged(val["loss"], config.vocab_size, "validation loss")
-        result["validation_loss"] = val["loss"]
-        result["validation_bits_per_character"] = val.get("bits_per_character")
-    if start is not None:
-        result["init_from"] = start
-    # what two runs of one command could differ in: the ids, the starting weights, the data order, the software
-    data_order = load_json_file(run_dir / DATA_ORDER_FILE) if (run_dir / DATA_ORDER_FILE).is_file() else {}
-    result["reproducibility"] = {
-        "corpus_sha256": data.info.get("corpus_sha256"),
-        "tokenizer_sha256": data.info.get("tokenizer_sha256"),
-        "init_weights_sha256": init_weights_sha256,
-        "first_batch_sha256": data_order.get("first_batch_sha256"),
-        **{k: v for k, v in environment_info().items() if k not in ("platform", "cpu_count")},
-    }
-    if args.should_save:
-        write_model_card(run_dir, result, recorded)
-        write_json_atomic(run_dir / METRICS_FILE, result)  # last: its presence marks a finished run
-    return result
 
 
 def _load_checkpoint_weights(model, checkpoint: Path) -> None:
