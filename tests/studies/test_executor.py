@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,45 @@ def test_a_real_study_with_rates_chosen_by_its_first_seed_is_the_same_on_ray(tmp
     a, b = (json.loads((tmp_path / f / "results.json").read_text()) for f in ("in-process", "ray"))
     assert untimed(a["runs"]) == untimed(b["runs"]) and len(a["runs"]) == 8 and not b["missing"]
     assert all(b["points"][k]["ray"] for k in b["runs"])
+
+
+def test_a_ray_cluster_that_cannot_be_reached_is_refused_in_one_line_before_the_folder_is_touched(
+    tmp_path, monkeypatch, capsys
+):
+    """An address nothing listens on is refused after a short probe (Ray itself retries for minutes), and
+    ``auto`` with no cluster on this machine says what to start; neither leaves plan.json or a driver lock."""
+    import ray._private.services as services
+
+    from fixedhead.cli import main
+
+    out = tmp_path / "study"
+    argv = ["farthest-point", "--quick", "--no-progress", "--output-dir", str(out), "--ray-address"]
+    with socket.socket() as s:  # a port that was free a moment ago: nothing answers there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main([*argv, f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--ray-address 127.0.0.1:{port}: no Ray cluster answers there" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    # no cluster recorded by `ray start` and none running (whatever else runs Ray on this machine meanwhile)
+    monkeypatch.setattr(services, "find_gcs_addresses", frozenset)
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main([*argv, "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "--ray-address auto: no Ray cluster is running on this machine" in err and "`ray start --head`" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_more_gpus_per_point_than_the_ray_instance_has_are_refused_before_the_folder_is_touched(
+    tmp_path, monkeypatch, capsys
+):
+    from fixedhead.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # Ray counts no GPU here, on a GPU host too
+    out = tmp_path / "study"
+    argv = ["farthest-point", "--quick", "--no-progress", "--output-dir", str(out), "--workers", "1"]
+    assert main([*argv, "--gpus-per-point", "1"]) == 2
+    assert not out.exists()
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fixedhead")]  # (Ray logs too)
+    assert len(ours) == 1 and "--gpus-per-point 1: this machine's Ray instance has 0 GPU(s)" in ours[0]

@@ -131,6 +131,37 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_earlier
     assert sorted(p.name for p in run.iterdir() if p.name.startswith((".staging", "checkpoint"))) == ["checkpoint-2"]
 
 
+@pytest.mark.parametrize("where", ["model", "checkpoint"])
+def test_a_full_disk_while_copying_the_modeling_code_names_the_folder_being_written(
+    tiny_prepared, tmp_path, monkeypatch, where
+):
+    """save_pretrained copies the modeling code (shutil.copyfile, whose error names the source file first):
+    a full disk there names the run folder (or the checkpoint) being written, in one line."""
+    import errno
+    import shutil
+
+    from fixedhead.cli import _error_message
+
+    run, real_copy = tmp_path / "run", shutil.copyfile
+
+    def copy_until_full(src, dst, *a, **kw):
+        if str(dst).endswith(".py") and (where == "checkpoint") == ("checkpoint-" in str(dst)):
+            raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))  # as shutil raises it
+        return real_copy(src, dst, *a, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", copy_until_full)
+    settings = tiny_settings(max_steps=2, save_steps=2 if where == "checkpoint" else 10, eval_steps=2)
+    with pytest.raises(OSError) as e:
+        pretrain(tiny_config(), tiny_prepared, run, settings)
+    line = _error_message(e.value)
+    assert "\n" not in line and ".py" not in line and str(run) in line and "No space left on device" in line
+    if where == "model":
+        assert e.value.filename == str(run)
+    else:
+        assert line.startswith("could not write checkpoint-2 into")
+        assert not [p for p in run.iterdir() if p.name.startswith((".staging", "checkpoint"))]
+
+
 def test_weights_that_disagree_with_config_or_pickles_refused_by_torch_are_one_line(tiny_pretrained_run, tmp_path):
     import shutil
 

@@ -15,6 +15,7 @@ where (eager, compiled, GPU) is :mod:`fixedhead.model.tensor_checks`.
 
 from __future__ import annotations
 
+import errno
 import warnings
 
 import torch
@@ -297,11 +298,20 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
         ``config.json``; here config.json's ``auto_map`` names every fixedhead class (:func:`auto_map`),
         so ``AutoConfig`` and every ``AutoModel*`` class of :data:`AUTO_CLASSES` open the folder with
         ``trust_remote_code=True`` where fixedhead is not installed, as they open it without
-        ``trust_remote_code`` where it is (local code then wins). Raises what transformers raises.
+        ``trust_remote_code`` where it is (local code then wins).
+
+        Raises:
+            OSError: a full disk or file-size limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``), naming ``save_directory``
+                (a failed copy of the modeling code names its source otherwise); else what transformers raises.
         """
         if self.is_remote_code():
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map()}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise OSError(e.errno, f"{e.strerror} while writing the model", str(save_directory)) from None
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -17,6 +17,7 @@ calls ``torch.load`` nowhere.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -27,6 +28,9 @@ import zipfile
 from pathlib import Path
 
 from ..runs import SAFE_WEIGHTS, check_safetensors, follow_umask, load_json_file
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""the errors of a write that found the disk or a file-size limit full"""
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")  # Trainer's own pattern (trainer_utils._re_checkpoint)
 STAGING_PREFIX = ".staging-checkpoint-"
@@ -172,11 +176,12 @@ def atomic_checkpoint_trainer():
             self._staging_dir = tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX)
             try:
                 super()._save_checkpoint(model, trial)
-            except RuntimeError as e:  # torch's zip writer reports a full disk or a file-size limit so
-                if "write" not in str(e).lower():
+            except (RuntimeError, OSError) as e:  # torch's zip writer reports a full disk or a file-size limit
+                # as a RuntimeError; the modeling code's copy and the other files as an OSError
+                if (e.errno not in FULL_DISK) if isinstance(e, OSError) else ("write" not in str(e).lower()):
                     raise
                 shutil.rmtree(self._staging_dir, ignore_errors=True)
-                first = str(e).strip().splitlines()[0]
+                first = (e.strerror if isinstance(e, OSError) else str(e)).strip().splitlines()[0]
                 raise OSError(
                     f"could not write {name} into {run_dir} ({first}): is the disk full or a file-size limit "
                     f"reached? The earlier checkpoints are intact; free space and resume with --resume"

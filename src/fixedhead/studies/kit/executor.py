@@ -10,6 +10,7 @@ task, so Ray itself holds the dependent back until it exists.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -77,6 +78,49 @@ class Executor:
     def distributed(self) -> bool:
         return self.workers is not None or bool(self.ray_address)
 
+    @property
+    def point_threads(self) -> int | None:
+        """torch CPU threads per point (see the class); None in this process without ``threads``."""
+        if self.threads or not self.distributed:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // self.workers) if self.workers else 1
+
+    @contextlib.contextmanager
+    def connected(self, progress: bool = True):
+        """Ray started (``workers``) or reached (``ray_address``) for the length of the ``with``, and shut down
+        after (``progress``: the workers' output shown here); nothing in this process. The driver enters it
+        before it touches the study's folder, so a cluster that cannot run the points is refused with nothing
+        written.
+
+        Raises:
+            ConnectionError: ``auto`` finds no Ray cluster on this machine, or nothing answers at ``HOST:PORT``
+                within :data:`PROBE_SECONDS` (one line naming the address and what to run).
+            ValueError: ``gpus_per_point`` exceeds the GPUs the cluster has.
+        """
+        if not self.distributed:
+            yield
+            return
+        import ray
+
+        if ray.is_initialized():  # already entered (run inside the driver's with)
+            yield
+            return
+        if self.workers is not None:
+            _start_local(ray, self.workers, self.point_threads, progress)
+        else:
+            ray.init(address=_reachable(self.ray_address), log_to_driver=progress)
+        try:
+            gpus = ray.cluster_resources().get("GPU", 0)
+            if self.gpus_per_point and gpus < self.gpus_per_point:  # its tasks would wait for ever
+                where = "this machine's Ray instance" if self.workers else f"the Ray cluster at {self.ray_address}"
+                raise ValueError(
+                    f"--gpus-per-point {self.gpus_per_point:g}: {where} has {gpus:g} GPU(s); give fewer, or none "
+                    "(nothing was written)"
+                )
+            yield
+        finally:
+            ray.shutdown()
+
     def run(self, study, options, folder: Path, points: list, stored: dict, progress: bool) -> Iterator[Outcome]:
         """Run ``points`` (plan order; each point's ``needs`` are earlier points or ``stored`` results),
         yielding each one's :class:`Outcome` as it finishes. In-process an exception of ``study.run`` ends the
@@ -84,7 +128,60 @@ class Executor:
         if not self.distributed:
             yield from _in_process(study, options, folder, points, stored, progress)
         else:
-            yield from _on_ray(self, study, options, folder, points, stored, progress)
+            with self.connected(progress):
+                yield from _on_ray(self, study, options, folder, points, stored, progress)
+
+
+PROBE_SECONDS = 5.0
+"""how long :func:`_reachable` waits for a Ray cluster's address to accept a connection"""
+
+
+def _reachable(address: str) -> str:
+    """``address`` (``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``) as ``ray.init`` takes it, once a TCP connection
+    to it opened within :data:`PROBE_SECONDS` (Ray itself retries an unreachable address for minutes)."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die, parse_address
+
+    if address.startswith("ray://"):
+        target = address
+    else:
+        try:  # auto: the cluster `ray start` on this machine recorded, or a running one
+            target = canonicalize_bootstrap_address_or_die(address)
+        except ConnectionError:
+            raise ConnectionError(
+                f"--ray-address {address}: no Ray cluster is running on this machine; start one with "
+                "`ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give the head's "
+                "HOST:PORT (nothing was written)"
+            ) from None
+    parsed = parse_address(target.removeprefix("ray://"))
+    if parsed is None:
+        raise ValueError(f"--ray-address {address}: give auto or HOST:PORT (nothing was written)")
+    host, port = parsed
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as e:
+        shown = f"auto ({target})" if address == "auto" else address  # (localhost is probed at the node's IP)
+        raise ConnectionError(
+            f"--ray-address {shown}: no Ray cluster answers there ({e.strerror or e}); start one with "
+            "`ray start --head`, or check the head's HOST:PORT (nothing was written)"
+        ) from None
+    return target
+
+
+def _start_local(ray, workers: int, threads: int, progress: bool) -> None:
+    """A fresh Ray instance for this command: ``workers`` points at once, no dashboard; workers see the driver's
+    imports."""
+    import sys
+
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
+    ray.init(
+        address="local",  # never an instance another command started
+        num_cpus=workers * threads,
+        include_dashboard=False,
+        object_store_memory=200 * 2**20,
+        runtime_env={"env_vars": env},
+        log_to_driver=progress,
+        _system_config={"worker_niceness": 0},  # the points are this command's work, not background jobs
+    )
 
 
 def run_point(study, options, point, folder: Path, done: dict, progress: bool, ray_version: str | None = None):
@@ -178,55 +275,30 @@ def _ray_task(study, options, point, folder, stored, progress, threads, keys, *n
 
 
 def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> Iterator[Outcome]:
-    import sys
-
     import ray
 
-    local = not ex.ray_address
-    threads = ex.threads or (max(1, (os.cpu_count() or 1) // ex.workers) if local else 1)
-    if local:
-        # a fresh instance for this command: N points at once, no dashboard; workers see the driver's imports
-        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": str(threads)}
-        ray.init(
-            address="local",  # never an instance another command started
-            num_cpus=ex.workers * threads,
-            include_dashboard=False,
-            object_store_memory=200 * 2**20,
-            runtime_env={"env_vars": env},
-            log_to_driver=progress,
-            _system_config={"worker_niceness": 0},  # the points are this command's work, not background jobs
+    threads = ex.point_threads
+    task = ray.remote(_ray_task).options(
+        num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
+    )
+    study_ref, stored_ref = ray.put(study), ray.put(dict(stored))
+    refs: dict[str, Any] = {}
+    planned = {p.key: p for p in points}
+    for point in _ordered(points, stored):
+        keys = [k for k in point.needs if k in refs]
+        refs[point.key] = task.remote(
+            study_ref, options, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
         )
-    else:
-        ray.init(address=ex.ray_address, log_to_driver=progress)
-    try:
-        gpus = ray.cluster_resources().get("GPU", 0)
-        if ex.gpus_per_point and gpus < ex.gpus_per_point:  # its tasks would wait for ever
-            raise ValueError(
-                f"--gpus-per-point {ex.gpus_per_point:g}: the Ray cluster has {gpus:g} GPU(s); give fewer, or none"
-            )
-        task = ray.remote(_ray_task).options(
-            num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
-        )
-        study_ref, stored_ref = ray.put(study), ray.put(dict(stored))
-        refs: dict[str, Any] = {}
-        planned = {p.key: p for p in points}
-        for point in _ordered(points, stored):
-            keys = [k for k in point.needs if k in refs]
-            refs[point.key] = task.remote(
-                study_ref, options, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
-            )
-        waiting = {ref: key for key, ref in refs.items()}
-        while waiting:
-            ready, _ = ray.wait(list(waiting), num_returns=1)
-            key = waiting.pop(ready[0])
-            try:
-                result, record = ray.get(ready[0])
-            except ray.exceptions.RayError as e:
-                yield Outcome(key, error=_failed_need(ray, planned[key], refs) or _one_line(ray, e))
-                continue
-            yield Outcome(key, result, record)
-    finally:
-        ray.shutdown()
+    waiting = {ref: key for key, ref in refs.items()}
+    while waiting:
+        ready, _ = ray.wait(list(waiting), num_returns=1)
+        key = waiting.pop(ready[0])
+        try:
+            result, record = ray.get(ready[0])
+        except ray.exceptions.RayError as e:
+            yield Outcome(key, error=_failed_need(ray, planned[key], refs) or _one_line(ray, e))
+            continue
+        yield Outcome(key, result, record)
 
 
 def _failed_need(ray, point, refs: dict) -> str | None:

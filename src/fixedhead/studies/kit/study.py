@@ -483,7 +483,9 @@ def run_study(
         died twice), ``missing`` (plan points without a result) and ``summary`` (of the plan's points).
 
     Raises:
-        ValueError: bad options or an empty plan (before anything is written).
+        ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has (before anything
+            is written).
+        ConnectionError: no Ray cluster at the executor's ``ray_address`` (before anything is written).
         FileExistsError: the folder holds something the study did not write, another study's output,
             points of other settings (without ``overwrite``) or of another plan (without ``grow``), a plan or
             result changed after it was written, or another live command runs it.
@@ -501,50 +503,51 @@ def run_study(
     new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
     owned = output_files(study) + tuple(study.files)
-    lock = _take_folder(folder, study, owned)
-    try:
-        study.overwriting, study.folder = overwrite, folder
-        points, previous = study.plan(options), _stored(folder)
-        stored = {} if overwrite else previous.get("runs", {})
-        if not overwrite:
-            check_points(folder, previous)
-        changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
-        if changed:
-            raise FileExistsError(
-                f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
-                f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all "
-                "again, or choose another --output-dir (nothing was changed)"
+    with executor.connected(progress):  # Ray reached and its GPUs counted before the folder is touched
+        lock = _take_folder(folder, study, owned)
+        try:
+            study.overwriting, study.folder = overwrite, folder
+            points, previous = study.plan(options), _stored(folder)
+            stored = {} if overwrite else previous.get("runs", {})
+            if not overwrite:
+                check_points(folder, previous)
+            changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
+            if changed:
+                raise FileExistsError(
+                    f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
+                    f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all "
+                    "again, or choose another --output-dir (nothing was changed)"
+                )
+            plan = write_plan(folder, study, options, grow, overwrite, new)
+            preset = getattr(options, "preset", "custom")
+            meta = core.start_meta(
+                preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"]
             )
-        plan = write_plan(folder, study, options, grow, overwrite, new)
-        preset = getattr(options, "preset", "custom")
-        meta = core.start_meta(
-            preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"]
-        )
-        state = {
-            "meta": meta,
-            "runs": dict(stored),
-            "points": {} if overwrite else dict(previous.get("points", {})),
-            "failed": {} if overwrite else dict(previous.get("failed", {})),
-        }
-        todo = [p for p in points if p.key not in state["runs"]]
-        bar = tqdm(total=len(todo), desc=study.name, unit="point", disable=not progress or not todo)
-        for outcome in executor.run(study, options, folder.absolute(), todo, state["runs"], progress):
-            if outcome.error is None:
-                state["runs"][outcome.key] = outcome.result
-                state["points"][outcome.key] = {**outcome.record, "result_sha256": result_sha256(outcome.result)}
-                state["failed"].pop(outcome.key, None)
-            else:
-                state["failed"][outcome.key] = outcome.error
-            core.save_state(folder / RESULTS_FILE, state, state["runs"].values())
-            bar.update()
-        bar.close()
-        runs = state["runs"]
-        record = _record(study, options, state["meta"], plan, runs, points, state["points"], state["failed"])
-        core.save_state(folder / RESULTS_FILE, record, runs.values())
-        study.write_files(record_state(study, options, record), folder)
-        write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
-    finally:
-        lock.close()
+            state = {
+                "meta": meta,
+                "runs": dict(stored),
+                "points": {} if overwrite else dict(previous.get("points", {})),
+                "failed": {} if overwrite else dict(previous.get("failed", {})),
+            }
+            todo = [p for p in points if p.key not in state["runs"]]
+            bar = tqdm(total=len(todo), desc=study.name, unit="point", disable=not progress or not todo)
+            for outcome in executor.run(study, options, folder.absolute(), todo, state["runs"], progress):
+                if outcome.error is None:
+                    state["runs"][outcome.key] = outcome.result
+                    state["points"][outcome.key] = {**outcome.record, "result_sha256": result_sha256(outcome.result)}
+                    state["failed"].pop(outcome.key, None)
+                else:
+                    state["failed"][outcome.key] = outcome.error
+                core.save_state(folder / RESULTS_FILE, state, state["runs"].values())
+                bar.update()
+            bar.close()
+            runs = state["runs"]
+            record = _record(study, options, state["meta"], plan, runs, points, state["points"], state["failed"])
+            core.save_state(folder / RESULTS_FILE, record, runs.values())
+            study.write_files(record_state(study, options, record), folder)
+            write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
+        finally:
+            lock.close()
     return record
 
 
