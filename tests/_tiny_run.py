@@ -9,6 +9,8 @@ import hashlib
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.studies.kit.recipes import get_recipe
 from fixedhead.training import TrainSettings, prepare_data
@@ -42,3 +44,11 @@ def snapshot(root: Path) -> dict:
         for p in sorted(root.rglob("*"))
         if p.is_file()
     }
+
+
+def require_data(*paths) -> None:
+    """Skip the calling test where a file of the project's shared data that it reads is absent (a checkout
+    without ``../shared/data`` and no ``$FIXEDHEAD_DATA_DIR``), naming what is missing."""
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        pytest.skip(f"shared data not found: {', '.join(missing)}")

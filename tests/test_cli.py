@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from _tiny_run import require_data
 from fixedhead.cli import build_parser, main
 from fixedhead.studies import STUDIES, study_class
 from fixedhead.training import TrainSettings
@@ -273,8 +274,11 @@ def test_kit_studies_take_one_default_folder_from_the_command_line_and_python(mo
     with pytest.raises(ValueError, match="claimed"):
         kit_study.run_study(CompareStudy())
     assert claimed == [Path(p) for p in ("runs/compare", "runs/compare", "runs/compare-quick", "runs/compare")]
-    # sweep: runs/sweep-PRESET (it used to be runs/sweep from Python)
+    # sweep: runs/sweep-PRESET (it used to be runs/sweep from Python); it reads its GLUE task before the folder
+    from fixedhead.data.glue import glue_path
     from fixedhead.studies.sweep import SweepStudy
+
+    require_data(glue_path("sst2", "dev"), glue_path("sst2", "train"))
 
     claimed.clear()
     assert main(["sweep"]) == 2 and main(["sweep", "--preset", "cpu-clm"]) == 2 and main(["sweep", "--quick"]) == 2

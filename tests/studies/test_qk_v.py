@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from _tiny_run import require_data
+from fixedhead.data import DEFAULT_CORPUS
 from fixedhead.model.architectures import build_config
 from fixedhead.studies import STUDIES, study_class
 from fixedhead.studies.compare import seq_len
@@ -126,6 +128,7 @@ def test_a_plan_that_cannot_run_is_refused_by_name(change, bad):
 def test_the_quick_study_end_to_end_reuses_the_first_seeds_rates_and_resumes(tmp_path, monkeypatch):
     import fixedhead.studies.compare as compare
 
+    require_data(DEFAULT_CORPUS)  # the quick study trains on the default corpus
     assert study_class("qk-v") is QkVStudy and STUDIES["qk-v"].endswith(":QkVStudy")
     calls = []
     train_model = compare.train_model

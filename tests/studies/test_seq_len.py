@@ -10,6 +10,8 @@ from dataclasses import replace
 import pytest
 from scipy import stats
 
+from _tiny_run import require_data
+from fixedhead.data import DEFAULT_CORPUS
 from fixedhead.model.architectures import build_config
 from fixedhead.studies.compare.seq_len import (
     QUICK,
@@ -95,6 +97,7 @@ def test_the_plan_is_hashed_before_results_and_states_its_rule():
 
 
 def test_a_tiny_study_end_to_end(tmp_path):
+    require_data(DEFAULT_CORPUS)  # the quick study trains on the default corpus
     # the rank intervention scores the held-out tokens training scored (the tiny recipe's 4,000)
     o = replace(QUICK, lengths=[32], architectures=["fixedhead"], steps=2, seeds=[0], max_eval_tokens=4_000, ranks=[2])
     record = run_study(SeqLenStudy(), o, tmp_path / "out", progress=False, command="test")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from _tiny_run import TINY
+from _tiny_run import TINY, require_data
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies.kit.study import run_study
@@ -545,6 +545,7 @@ def test_a_default_given_explicitly_is_the_same_sweep(tmp_path, capsys):
 
     study = SweepStudy()
     corpus = get_sweep_preset("cpu-mlm").data.corpus
+    require_data(corpus)  # a path is the default corpus only where that file exists
     explicit = SweepOptions(finetune_task="sst2", architecture="fixedhead", corpus=corpus, max_extensions=1)
     assert plan_file(study, study.resolve(explicit)) == plan_file(study, study.resolve(SweepOptions()))
     other = SweepOptions(finetune_task="cola")
