@@ -57,6 +57,12 @@ def _count_options(p):
         p.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=argparse.SUPPRESS, help=f"{what} (refused with --preset)"
         )
+    p.add_argument(
+        "--objective",
+        choices=("mlm", "clm"),
+        help="count the language model pretraining trains, masked or causal (no pooler; default: BERT with its "
+        "pooler, as the paper counts)",
+    )
     for name, value in COUNT_DEFAULTS.items():
         shown = "4 x hidden size" if value is None else value
         p.add_argument(
@@ -70,7 +76,7 @@ def _count(args):
 
     names = ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim", *COUNT_DEFAULTS)
     sizes = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    print(count_table(args.preset, sizes))
+    print(count_table(args.preset, sizes, args.objective))
 
 
 # ----------------------------------------------------------------------------------- pretrain

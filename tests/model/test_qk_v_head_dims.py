@@ -305,14 +305,24 @@ def test_widening_refuses_separate_sizes():
 
 
 def test_the_count_command_takes_both_sizes(capsys):
-    """``fixedhead count`` with explicit sizes: the parameters of the model built (masked LM + BERT's pooler)."""
+    """``fixedhead count`` with explicit sizes: the parameters of the model built (masked LM + BERT's pooler by
+    default; the masked or causal LM alone with --objective), naming the two sizes each head has and no d_p."""
     from fixedhead.cli import main
+    from fixedhead.model.modeling import FixedHeadForCausalLM, FixedHeadModel
 
     sizes = dict(hidden_size=32, num_attention_heads=4, qk_head_dim=3, v_head_dim=10, num_hidden_layers=2)
     sizes |= dict(vocab_size=61, max_position_embeddings=64, intermediate_size=64)
     argv = ["count"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    assert main(argv) == 0
-    built = sum(p.numel() for p in FixedHeadForMaskedLM(FixedHeadConfig(**sizes)).parameters()) + 32 * 32 + 32
-    assert capsys.readouterr().out.startswith(f"{built:,} parameters: d=32, h=4, d_p=8, qk_head_dim=3, v_head_dim=10")
+
+    def n(model):
+        return sum(p.numel() for p in model.parameters())
+
+    mlm, pooler = n(FixedHeadForMaskedLM(FixedHeadConfig(**sizes))), n(FixedHeadModel(FixedHeadConfig(**sizes)).pooler)
+    clm = n(FixedHeadForCausalLM(FixedHeadConfig(**sizes, is_decoder=True)))
+    for objective, built in ((None, mlm + pooler), ("mlm", mlm), ("clm", clm)):
+        assert main(argv + (["--objective", objective] if objective else [])) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"{built:,} parameters: d=32, h=4, qk_head_dim=3, v_head_dim=10, 2 layers"), objective
+        assert "d_p" not in out
     assert main(["count", "--preset", "lm1b-fixed-d256-h4-dp32", "--qk-head-dim", "8"]) == 2
     assert "drop --qk-head-dim" in capsys.readouterr().err

@@ -202,20 +202,31 @@ COUNT_DEFAULTS = {
 }
 
 
-def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> str:
+def count_table(presets: list[str] | None = None, sizes: dict | None = None, objective: str | None = None) -> str:
     """``fixedhead count``: the parameter count of explicit sizes (``sizes`` with ``hidden_size``
     and ``num_attention_heads``; BERT-large's depth, vocabulary and positions unless given, a
     feed-forward of 4d) as one line, or a table of paper presets (default: all of Tables 1-3 and
     the LM1B-style ones) beside the counts the paper reports. ``sizes`` may change a preset's
     depth, feed-forward width, vocabulary and positions (the paper column is then left out).
+    ``objective``: None counts BERT as the paper does (encoder, pooler and MLM head); ``"mlm"`` or
+    ``"clm"`` counts the language model pretraining trains, ``FixedHeadForMaskedLM`` or
+    ``FixedHeadForCausalLM`` (no pooler; the paper column is then left out).
 
     Raises:
         ValueError: ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``qk_head_dim`` or
             ``v_head_dim`` with presets, or explicit sizes without both of the first two; an unknown
-            preset; a size the config refuses.
+            preset or objective; a size the config refuses.
     """
     from .paper_presets import PAPER_PRESETS, get_preset
 
+    if objective not in (None, "mlm", "clm"):
+        raise ValueError(f"objective must be mlm or clm, got {objective!r}")
+    counted = {
+        None: ("pooler and MLM head included, as the paper counts BERT", {}),
+        "mlm": ("FixedHeadForMaskedLM: MLM head, no pooler", {}),
+        "clm": ("FixedHeadForCausalLM: LM head, no pooler", {"is_decoder": True}),
+    }
+    what, causal = counted[objective]
     sizes = dict(sizes or {})
     fixed = [f for f in ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim") if f in sizes]
     overrides = {f: v for f, v in sizes.items() if f in COUNT_DEFAULTS}
@@ -227,21 +238,24 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
             verb = "needs" if len(sizes) == 1 else "need"
             raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
         d = sizes["hidden_size"]
-        cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
-        separate = "".join(f", {f}={sizes[f]}" for f in ("qk_head_dim", "v_head_dim") if f in sizes)
+        cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes, **causal})
+        if "qk_head_dim" in sizes or "v_head_dim" in sizes:  # no head has d_p: name the two sizes each head has
+            heads = f"qk_head_dim={_label(cfg.layer_qk_head_dims)}, v_head_dim={_label(cfg.layer_v_head_dims)}"
+        else:
+            heads = f"d_p={cfg.head_size_label}"
         return (
-            f"{count_parameters(cfg):,} parameters: d={cfg.hidden_size}, h={cfg.num_attention_heads}, "
-            f"d_p={cfg.head_size_label}{separate}, {cfg.num_hidden_layers} layers, "
+            f"{count_parameters(cfg, pooler=objective is None):,} parameters: d={cfg.hidden_size}, "
+            f"h={cfg.num_attention_heads}, {heads}, {cfg.num_hidden_layers} layers, "
             f"feed-forward {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, "
-            f"{cfg.max_position_embeddings} positions (pooler and MLM head included)"
+            f"{cfg.max_position_embeddings} positions ({what})"
         )
     rows = [(name, get_preset(name)) for name in presets or list(PAPER_PRESETS)]  # unknown names refused first
     wn, ws = max(len(n) for n, _ in rows), max(len(p.source) for _, p in rows)  # columns as wide as their names
     lines = [f"{'preset':<{wn}} {'source':<{ws}} {'d':>5} {'h':>3} {'d_p':>4} {'params':>13} {'paper':>6} {'diff':>7}"]
     for name, p in rows:
-        cfg = p.build_config(**overrides)
-        n = count_parameters(cfg)
-        paper_params = None if overrides else p.paper_params  # the paper counted the preset as it is
+        cfg = p.build_config(**overrides, **causal)
+        n = count_parameters(cfg, pooler=objective is None)
+        paper_params = None if overrides or objective else p.paper_params  # the paper counted the preset as it is
         diff = f"{100 * (n / 1e6 - paper_params) / paper_params:+.2f}%" if paper_params else ""
         paper = f"{paper_params:.0f}M" if paper_params else ""
         lines.append(
@@ -253,4 +267,11 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
         lines.append(
             f"({changed} in place of the preset's own; no paper column: the paper counted the presets as published)"
         )
+    if objective:
+        lines.append(f"({what}; no paper column: the paper counted BERT with its pooler)")
     return "\n".join(lines)
+
+
+def _label(sizes: list[int]) -> int | list[int]:
+    """A per-layer size for reports: the int when every layer has it, else the list."""
+    return sizes[0] if len(set(sizes)) == 1 else sizes
