@@ -41,6 +41,13 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
     assert "num_attention_heads=12" in capsys.readouterr().err
 
 
+def test_report_on_a_folder_that_is_not_a_study_says_so_and_lists_the_studies(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is not a study folder (no plan.json or results.json)" in err and "sweep results" not in err
+    assert all(name in err for name in STUDIES) and len(err.splitlines()) == 1
+
+
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
 
     assert TrainSettings(report_to=["tensorboard"]).training_arguments(tmp_path).report_to == ["tensorboard"]

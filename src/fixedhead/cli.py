@@ -439,10 +439,20 @@ def _report_options(p):
 def _report(args):
     """the report, tables and figures of a study folder, rendered again from its per-point results"""
     from .runs import load_json_file
-    from .studies.kit.study import RESULTS_FILE, rerender
-    from .studies.sweep import write_report
+    from .studies.kit.study import PLAN_FILE, RESULTS_FILE, rerender
+    from .studies.sweep import LEGACY_FILE, write_report
 
-    results = Path(args.folder) / RESULTS_FILE
+    folder = Path(args.folder)
+    results = folder / RESULTS_FILE
+    if not any((folder / f).is_file() for f in (RESULTS_FILE, PLAN_FILE, LEGACY_FILE)):
+        raise FileNotFoundError(
+            f"{folder} is not a study folder (no {PLAN_FILE} or {RESULTS_FILE}); give the --output-dir of one of "
+            f"the studies: {', '.join(STUDIES)}"
+        )
+    if not results.is_file() and (folder / PLAN_FILE).is_file():
+        raise FileNotFoundError(
+            f"{folder} holds a study's plan but no point has finished ({RESULTS_FILE}): nothing to report"
+        )
     meta = load_json_file(results, "study results").get("meta", {}) if results.is_file() else {}
     name = meta.get("study") or args.study or "sweep"
     if args.study and name != args.study:

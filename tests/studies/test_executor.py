@@ -218,6 +218,31 @@ def test_a_changed_plan_result_or_run_file_is_refused_naming_it(tmp_path):
         regenerate(Tiny(), out)
 
 
+def test_an_edited_meta_is_refused_and_the_report_says_what_it_can_do(tmp_path):
+    """results.json's meta (commands, description, timing) is hashed as the results are; `fixedhead report`
+    (which has no --overwrite) names the study command to run again."""
+    out = tmp_path / "t"
+    run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False, command="fixedhead tiny")
+    results_path = out / "results.json"
+    text = results_path.read_text()
+    results = json.loads(text)
+    results["meta"]["command"] = "fixedhead tiny --steps 3000"
+    results_path.write_text(json.dumps(results))
+    with pytest.raises(FileExistsError, match=r"its meta \(commands, description, timing, versions\) was changed"):
+        run_study(Tiny(), TinyOptions(seeds=(0,)), out, progress=False)
+    with pytest.raises(FileExistsError, match="its meta .* run `fixedhead tiny` again with --overwrite") as e:
+        regenerate(Tiny(), out)
+    assert "pass --overwrite" not in str(e.value)
+    results = json.loads(text)
+    results["runs"]["wide-s0"]["loss"] = 0.001
+    results_path.write_text(json.dumps(results))
+    with pytest.raises(FileExistsError, match="point wide-s0 was changed.* run `fixedhead tiny` again with") as e:
+        regenerate(Tiny(), out)
+    assert "pass --overwrite" not in str(e.value)
+    results_path.write_text(text)
+    assert regenerate(Tiny(), out)[0]["runs"] == json.loads(text)["runs"]
+
+
 def test_staging_files_of_a_driver_killed_while_writing_are_its_own(tmp_path):
     out = tmp_path / "s"
     out.mkdir()

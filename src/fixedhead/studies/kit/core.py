@@ -75,7 +75,8 @@ def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
     latest save (``meta.active``, which :func:`start_meta` carries over from the results it
     resumes): the days between a study's sessions do not count. Results
     from before the spans were recorded contribute their first start plus their recorded wall time
-    as one span."""
+    as one span. ``meta_sha256``: the hash of the meta as written (JSON, keys sorted), which a rerun and
+    ``fixedhead report`` check, as they check each point's result."""
     meta = state["meta"]
     spans = [[meta["invocation_started"], time.time()]]
     spans += meta.get("active") or (
@@ -86,7 +87,16 @@ def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
     meta["compute_seconds"] = round(
         sum(r.get("train_seconds", 0) + r.get("finetune", {}).get("train_seconds", 0) for r in runs), 1
     )
-    write_json_atomic(path, state)
+    write_json_atomic(path, {**state, "meta_sha256": meta_sha256(meta)})
+
+
+def meta_sha256(meta: dict) -> str:
+    """The hash of a results file's meta as JSON (keys sorted): an edited command, description or timing no
+    longer matches."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
 
 
 def run_key(name: str, lr: float | None = None, seed: int | None = None) -> str:

@@ -340,9 +340,9 @@ def output_files(study: Study) -> tuple[str, ...]:
     )
 
 
-def read_plan(path: Path, name: str) -> dict:
+def read_plan(path: Path, name: str, instead: str = "choose another --output-dir") -> dict:
     """``plan.json`` of study ``name`` with its hash recomputed: the stored ``sha256`` must be the hash of the
-    stored plan.
+    stored plan. ``instead``: what the refusal suggests besides restoring the plan.
 
     Raises:
         FileExistsError: another study's plan; a plan changed after it was hashed (naming both hashes).
@@ -351,43 +351,49 @@ def read_plan(path: Path, name: str) -> dict:
     if record.get("plan", {}).get("study") != name:
         raise FileExistsError(
             f"{path} is the plan of `fixedhead {record.get('plan', {}).get('study')}`, not of `fixedhead "
-            f"{name}`; choose another --output-dir (nothing was changed)"
+            f"{name}`; {instead} (nothing was changed)"
         )
     text = json.dumps(record.get("plan"), indent=1, sort_keys=True)
     actual = hashlib.sha256(text.encode()).hexdigest()
     if record.get("sha256") != actual:
         raise FileExistsError(
             f"{path} was changed after it was written: its plan hashes to {actual[:12]}, it records "
-            f"{str(record.get('sha256'))[:12]}; restore it or choose another --output-dir (nothing was changed)"
+            f"{str(record.get('sha256'))[:12]}; restore it or {instead} (nothing was changed)"
         )
     return record
 
 
-def check_points(folder: Path, stored: dict, keys=None) -> None:
-    """Refuse stored results that no longer match their record (``stored["points"]``): a result edited by hand
-    (its hash), or a run file (``metrics.json``, weights) rewritten since (its digest). A recorded file that is
-    absent passes (a committed result folder carries no weights). ``keys``: the points to check (all recorded).
+def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --overwrite to run the study again") -> None:
+    """Refuse stored results that no longer match their record: the meta edited by hand (``meta_sha256``), a
+    result edited by hand (its hash in ``stored["points"]``), or a run file (``metrics.json``, weights) rewritten
+    since (its digest). A recorded file that is absent passes (a committed result folder carries no weights), and
+    so does a record written before it held the hash. ``keys``: the points to check (all recorded). ``again``:
+    how the command that reads them runs the study again.
 
     Raises:
-        FileExistsError: naming the first point that does not match, and what.
+        FileExistsError: naming the meta or the first point that does not match, and what.
     """
     from ...runs import file_digest
 
+    if stored.get("meta_sha256") not in (None, core.meta_sha256(stored.get("meta", {}))):
+        raise FileExistsError(
+            f"{folder / RESULTS_FILE}: its meta (commands, description, timing, versions) was changed after it was "
+            f"written (it no longer matches its hash); restore it, or {again} (nothing was changed)"
+        )
     for key, rec in stored.get("points", {}).items():
         if key not in stored.get("runs", {}) or (keys is not None and key not in keys):
             continue
         if rec.get("result_sha256") not in (None, result_sha256(stored["runs"][key])):
             raise FileExistsError(
                 f"{folder / RESULTS_FILE}: the result of point {key} was changed after it was recorded (it no "
-                "longer matches its hash); restore it, or pass --overwrite to run the study again (nothing was changed)"
+                f"longer matches its hash); restore it, or {again} (nothing was changed)"
             )
         for rel, digest in rec.get("files", {}).items():
             path = folder / rel
             if path.is_file() and file_digest([path]) != digest:
                 raise FileExistsError(
                     f"{path} (point {key}) no longer matches its record in {RESULTS_FILE}: it was rewritten after "
-                    "the point finished; pass --overwrite to run the study again, or choose another --output-dir "
-                    "(nothing was changed)"
+                    f"the point finished; {again} (nothing was changed)"
                 )
 
 
@@ -609,10 +615,11 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
     study.folder = Path(folder)
     path = folder / PLAN_FILE
-    plan = read_plan(path, study.name) if path.is_file() else None
+    again = f"run `fixedhead {study.name}` again with --overwrite"
+    plan = read_plan(path, study.name, again) if path.is_file() else None
     if plan is None and "options" not in stored:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
-    check_points(Path(folder), stored)
+    check_points(Path(folder), stored, again=again)
     values = plan["plan"]["options"] if plan else stored["options"]
     options = options_from_dict(study.Options, values)
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
