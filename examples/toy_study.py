@@ -14,6 +14,8 @@ folder importable), ``fixedhead logit-rank --quick``.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,7 +87,7 @@ class LogitRankStudy(Study):
         verdict = "Every head's logits reach the bound." if summary["passed"] else "**A head misses the bound.**"
         return "\n".join(
             [
-                "# The rank of one head's logits against its head size (`fixedhead logit-rank`)",
+                "# The rank of one head's logits against its head size",
                 "",
                 f"Random hidden states (n = {o.n}, d = {o.hidden_size}) and weights, seeds {list(o.seeds)}; "
                 "the logits' numerical rank against the bound min(d_p, n, d) (paper Section 3).",
@@ -109,5 +111,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="two head sizes, one seed")
     args = parser.parse_args()
     study = LogitRankStudy()
-    run_study(study, output_dir=args.output_dir, quick=args.quick, command="python examples/toy_study.py")
+    command = shlex.join(["python", "examples/toy_study.py", *sys.argv[1:]])  # as given, --quick included
+    run_study(study, output_dir=args.output_dir, quick=args.quick, command=command)
     print((study.folder / "report.md").read_text())

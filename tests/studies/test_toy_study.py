@@ -48,3 +48,18 @@ def test_one_registry_line_makes_it_a_command(tmp_path, monkeypatch, capsys):
     assert main(["logit-rank", "--head-dims", "0", "--output-dir", str(tmp_path / "bad")]) == 2  # a bad value named
     assert not (tmp_path / "bad").exists()  # nothing written
     assert "head_dims" in capsys.readouterr().err.replace("-", "_")
+
+
+def test_run_as_a_script_it_records_its_command_as_given(tmp_path, monkeypatch, capsys):
+    """``python examples/toy_study.py --quick``: the recorded command says --quick, and the report's title names
+    no command (``fixedhead logit-rank`` exists only once registered)."""
+    import runpy
+
+    out = tmp_path / "q"
+    monkeypatch.setattr(sys, "argv", ["examples/toy_study.py", "--quick", "--output-dir", str(out)])
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "toy_study.py"), run_name="__main__")
+    command = json.loads((out / "results.json").read_text())["meta"]["command"]
+    assert command == f"python examples/toy_study.py --quick --output-dir {out}"
+    report = (out / "report.md").read_text()
+    assert f"Command: `{command}`" in report and "fixedhead logit-rank" not in report
+    assert "Every head's logits reach the bound" in capsys.readouterr().out
