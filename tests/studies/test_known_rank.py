@@ -64,6 +64,13 @@ def test_the_check_reads_the_needed_rank_from_the_hit_rate_and_from_the_mse_band
     )  # from the per-model results
     report = (tmp_path / "out" / "report.md").read_text()
     assert report.startswith(report_markdown(saved, QUICK)) and record["plan_sha256"] in report
+    # r = 2: the cut below r is the cut to one dimension, one column (its numbers are the model's k = 1)
+    header = next(line for line in report.splitlines() if line.startswith("| d_p"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[3:5] == ["k = r − 1 = 1", "k = r = 2"] and "k = 1" not in cells and len(cells) == 7
+    row = next(line for line in report.splitlines() if line.startswith("| 4 | 0 |"))
+    assert row.split("|")[4].strip() == f"{m4['ranks'][1]['mse']:.3f} / {m4['ranks'][1]['hit_rate']:.3f}"
+    assert all(line.count("|") == header.count("|") for line in report.splitlines() if line.startswith("| "))
     assert len((tmp_path / "out" / "known_rank.csv").read_text().splitlines()) == 1 + 2 + 4
     assert (tmp_path / "out" / "known_rank.png").stat().st_size > 0
     (tmp_path / "other").mkdir()

@@ -153,14 +153,15 @@ class KnownRankStudy(Study):
 def report_markdown(record: dict, check: KnownRankCheck) -> str:
     """The check's report: one row per model, the two readings of its needed rank, and the verdict."""
     c, r, state = asdict(check), check.rank, record["summary"]
+    # the cuts shown: just below r, at r, and to one dimension, each once (at r = 2, r − 1 is 1; at r = 1, r is)
+    cuts = {r - 1: f"k = r − 1 = {r - 1}", r: f"k = r = {r}"} if r > 1 else {r: f"k = r = {r}"}
+    cuts.setdefault(1, "k = 1")
     rows = []
     for m in state["models"]:
         ranks = {int(k): v for k, v in m["ranks"].items()}
-        below, at = ranks.get(r - 1), ranks[r]
+        cells = [f"{ranks[k]['mse']:.3f} / {ranks[k]['hit_rate']:.3f}" if k in ranks else "–" for k in cuts]
         rows.append(
-            f"| {m['head_dim']} | {m['seed']} | {m['mse']:.3f} / {m['hit_rate']:.3f} | "
-            + (f"{below['mse']:.3f} / {below['hit_rate']:.3f}" if below else "–")
-            + f" | {at['mse']:.3f} / {at['hit_rate']:.3f} | {ranks[1]['mse']:.3f} / {ranks[1]['hit_rate']:.3f} | "
+            f"| {m['head_dim']} | {m['seed']} | {m['mse']:.3f} / {m['hit_rate']:.3f} | {' | '.join(cells)} | "
             f"{_or_dash(m['needed_by_hit_rate'])} | {_or_dash(m['needed_by_mse'])} (band {m['band']:.4f}) |"
         )
     verdict = "**passed**" if state["passed"] else "**failed**"
@@ -178,9 +179,9 @@ def report_markdown(record: dict, check: KnownRankCheck) -> str:
             "",
             f"Command: `{record['meta']['command']}`",
             "",
-            f"| d_p | seed | full rank | k = r − 1 = {r - 1} | k = r = {r} | k = 1 | needed rank (hit rate ≥ "
+            f"| d_p | seed | full rank | {' | '.join(cuts.values())} | needed rank (hit rate ≥ "
             f"{SUCCEEDS_AT}) | needed rank (MSE × d within the seed band) |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---" * (5 + len(cuts)) + "|",
             *rows,
             "",
             f"Check {verdict}: the MSE × d reading is r = {r} for {counts['mse']} of {total} models, the hit-rate "
