@@ -195,7 +195,8 @@ def test_tiny_sweep_report_and_resume(small_real_corpus, tmp_path, monkeypatch):
 
 def test_cli_report_errors(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
-    assert "holds no sweep results (results.json)" in capsys.readouterr().err
+    err = capsys.readouterr().err  # an empty folder is no study's, not a sweep's without results
+    assert "is not a study folder (no plan.json or results.json)" in err and "sweep results" not in err
 
 
 def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, capsys):
