@@ -188,3 +188,21 @@ def test_make_run_rank_readme_quotes_its_own_table_and_the_claims_gap():
     )
     gap = claims_row.split("|")[3].strip()  # "+0.083 [−0.009, +0.176]"
     assert re.search(r"fixed − standard ([^ ]+ nats \[[^]]+\])", readme).group(1).replace(" nats", "") == gap
+
+
+#: committed folders whose results.json predates ``meta.study``
+LEGACY_STUDY = {"scaling": "scaling", "synthetic": "farthest-point", "widening": "widen-experiment"}
+COMMITTED_REPORTS = sorted(
+    str(p.parent.relative_to(RESULTS)) for p in RESULTS.rglob("report.md") if (p.parent / "results.json").is_file()
+)
+
+
+@pytest.mark.parametrize("folder", COMMITTED_REPORTS)
+def test_every_committed_report_regenerates(folder, tmp_path):
+    """`fixedhead report FOLDER --output-dir OUT` writes every committed report.md again, byte for byte."""
+    from fixedhead.cli import main
+
+    study = next((s for prefix, s in LEGACY_STUDY.items() if folder.startswith(prefix)), None)
+    extra = ["--study", study] if study and "study" not in _state(folder)["meta"] else []
+    assert main(["report", str(RESULTS / folder), "--output-dir", str(tmp_path / "r"), *extra]) == 0
+    assert (tmp_path / "r" / "report.md").read_bytes() == (RESULTS / folder / "report.md").read_bytes()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...plotting import pyplot, save_figure
@@ -20,6 +22,74 @@ def table(header: list[str], rows: list[list]) -> list[str]:
         "|" + "---|" * len(header),
         *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
     ]
+
+
+# ------------------------------------------------------------------------------ report specs
+@dataclass
+class Table:
+    """A table declared by its columns: ``(header, cell)``, ``cell`` a format string read against each row
+    (a dict: ``"{hit_rate:.3f}"``) or a function of the row."""
+
+    columns: Sequence[tuple[str, str | Callable]]
+    rows: Iterable
+
+    def lines(self) -> list[str]:
+        cells = [[c.format_map(r) if isinstance(c, str) else c(r) for _, c in self.columns] for r in self.rows]
+        return table([h for h, _ in self.columns], cells)
+
+
+@dataclass
+class Section:
+    """``## title`` and its blocks: a paragraph (``str``), lines (a list: bullets), a :class:`Table`, a
+    :class:`Figure`; a falsy block is left out."""
+
+    title: str
+    blocks: Sequence = ()
+
+
+@dataclass
+class Figure:
+    file: str
+    alt: str
+
+
+@dataclass
+class Report:
+    """A study's report: ``# title``, the opening blocks, then the sections (blocks as in :class:`Section`)."""
+
+    title: str
+    blocks: Sequence = ()
+    sections: Sequence[Section] = ()
+
+
+def markdown(report: Report) -> str:
+    """The report as markdown: each block followed by one blank line."""
+    lines = [f"# {report.title}", "", *_blocks(report.blocks)]
+    for s in filter(None, report.sections):
+        lines += [f"## {s.title}", "", *_blocks(s.blocks)]
+    return "\n".join(lines)
+
+
+def _blocks(blocks) -> list[str]:
+    out = []
+    for b in filter(None, blocks):
+        if isinstance(b, Table):
+            out += b.lines()
+        elif isinstance(b, Figure):
+            out.append(f"![{b.alt}]({b.file})")
+        elif isinstance(b, str):
+            out.append(b)
+        elif b:
+            out += b
+        out.append("")
+    return out
+
+
+def what_was_run(meta: dict, lines: Sequence[str] = (), *blocks, several: str = "", **wall) -> Section:
+    """The "What was run" section: the commands, wall time and software lines (:func:`commands_line`,
+    :func:`wall_time_line`, :func:`software_line`), then ``lines`` (the study's own bullets) and ``blocks``."""
+    run = [commands_line(meta, several), wall_time_line(meta, **wall), software_line(meta)]
+    return Section("What was run", [[*run, *lines], *blocks])
 
 
 def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
