@@ -27,15 +27,20 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 # ------------------------------------------------------------------------------ report specs
 @dataclass
 class Table:
-    """A table declared by its columns: ``(header, cell)``, ``cell`` a format string read against each row
-    (a dict: ``"{hit_rate:.3f}"``) or a function of the row."""
+    """A table: ``columns`` are headers (``rows`` then hold the cells) or ``(header, cell)`` pairs, ``cell`` a
+    format string read against each row (a dict: ``"{hit_rate:.3f}"``) or a function of the row."""
 
-    columns: Sequence[tuple[str, str | Callable]]
+    columns: Sequence[str | tuple[str, str | Callable]]
     rows: Iterable
 
     def lines(self) -> list[str]:
-        cells = [[c.format_map(r) if isinstance(c, str) else c(r) for _, c in self.columns] for r in self.rows]
-        return table([h for h, _ in self.columns], cells)
+        if all(isinstance(c, str) for c in self.columns):
+            return table(list(self.columns), list(self.rows))
+
+        def cell(c, r):
+            return c(r) if callable(c) else c.format_map(r)
+
+        return table([h for h, _ in self.columns], [[cell(c, r) for _, c in self.columns] for r in self.rows])
 
 
 @dataclass
@@ -55,7 +60,8 @@ class Figure:
 
 @dataclass
 class Report:
-    """A study's report: ``# title``, the opening blocks, then the sections (blocks as in :class:`Section`)."""
+    """A study's report: ``# title``, the opening blocks, then the sections (blocks as in :class:`Section`;
+    a falsy section is left out)."""
 
     title: str
     blocks: Sequence = ()
@@ -65,8 +71,8 @@ class Report:
 def markdown(report: Report) -> str:
     """The report as markdown: each block followed by one blank line."""
     lines = [f"# {report.title}", "", *_blocks(report.blocks)]
-    for s in filter(None, report.sections):
-        lines += [f"## {s.title}", "", *_blocks(s.blocks)]
+    for s in filter(None, report.sections):  # a list: a section rendered already (lines ending in "")
+        lines += s if isinstance(s, list) else [f"## {s.title}", "", *_blocks(s.blocks)]
     return "\n".join(lines)
 
 
