@@ -98,25 +98,6 @@ def what_was_run(meta: dict, lines: Sequence[str] = (), *blocks, several: str = 
     return Section("What was run", [[*run, *lines], *blocks])
 
 
-def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
-    """A report's opening: the title, the study's description, ``note`` (a study's own opening note),
-    the main ``figure`` line, and the first "What was run" lines (commands, wall time, software;
-    ``several`` and ``wall`` as in :func:`commands_line` and :func:`wall_time_line`)."""
-    return [
-        f"# {title}",
-        "",
-        f"{meta['description']}.",
-        "",
-        *note,
-        *([figure, ""] if figure else []),
-        "## What was run",
-        "",
-        commands_line(meta, several),
-        wall_time_line(meta, **wall),
-        software_line(meta),
-    ]
-
-
 def commands_line(meta: dict, several: str = "") -> str:
     """``- command(s): `...` `` from ``meta.commands`` (``several`` explains why there are several)."""
     commands = meta.get("commands") or [meta["command"]]
