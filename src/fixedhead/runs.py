@@ -457,27 +457,20 @@ def claim_output_dir(
 
     Args:
         output_dir: the folder the command will write.
-        markers: file names whose presence says "this folder holds this command's output"
-            (written first by the command, e.g. a settings file).
-        owned: glob patterns of every entry the command itself writes (markers included).
+        markers: file names that say "this folder holds this command's output" (written first).
+        owned: glob patterns of every entry the command writes (markers included).
         command: the command's name, for messages.
-        overwrite: remove the owned entries of an existing output of this command first
-            (entries matching no ``owned`` pattern are left in place).
-        create: create the folder; ``False`` only checks (and does not remove anything), so a
-            command can refuse a folder before its slow work and take it afterwards.
-        results_file: the command's results file, whose ``meta.study`` (where recorded) must name
-            ``command``: several studies share a marker name (``results.json``).
-        exclusive: the folder may hold nothing but owned entries (a command whose marker other
-            commands write too, such as ``report.md``).
+        overwrite: first remove the owned entries of an earlier output (other entries stay).
+        create: False only checks (removes nothing), so a command can refuse a folder before its slow work.
+        results_file: a results file whose ``meta.study`` must name ``command`` (studies share ``results.json``).
+        exclusive: the folder may hold only owned entries (for a marker other commands write too: ``report.md``).
 
     Returns:
-        the folder, created if it was missing.
+        the folder, created if missing.
 
     Raises:
-        FileExistsError: ``output_dir`` is a file, or a non-empty folder without one of the
-            ``markers`` (it holds something this command did not create), whose ``results_file``
-            another command wrote, or (``exclusive``) holding an entry the command does not own;
-            the message lists what is there. Nothing is changed.
+        FileExistsError: ``output_dir`` is a file; or a non-empty folder without a marker, whose ``results_file``
+            another command wrote, or (``exclusive``) with an entry the command does not own. Nothing is changed.
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():

@@ -179,26 +179,18 @@ def train_tokenizer(
     max_chars: int | None = 20_000_000,
     model_max_length: int = 512,
 ):
-    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically.
-
-    The vocabulary is chosen by :func:`learn_wordpiece_vocab` from :func:`count_words`, and handed
-    to the tokenizers library's ``WordPiece`` model, which does the tokenising; the same text and
-    settings give a byte-identical ``tokenizer.json`` on any machine and with any number of
-    threads (about 16 s for the default 18M characters on one CPU core). The cache key is a
-    SHA-256 of the text actually learnt from (after the ``max_chars`` cut) and of the settings:
-    a changed corpus or setting trains a new tokenizer, a change beyond the cut reuses the cached
-    one. Special tokens are BERT's, with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically: the same text and
+    settings give a byte-identical ``tokenizer.json`` on any machine and thread count (about 16 s for 18M characters
+    on one core). The vocabulary is :func:`learn_wordpiece_vocab`'s; the cache key hashes the text learnt from and
+    the settings. Special tokens: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 
     Args:
         texts: documents to learn the vocabulary from.
-        vocab_size: target vocabulary size (including special tokens).
+        vocab_size: target vocabulary size, special tokens included.
         lowercase: BERT-uncased normalisation (lowercase, strip accents).
-        cache_dir: where tokenizers are kept (default :func:`default_cache_dir`/tokenizers).
-        max_chars: for speed, learn from an even share of every document, the first
-            ``max(1, max_chars // len(texts))`` characters of each, so that no single long book
-            dominates the vocabulary: at most ``max_chars`` characters in all, except that every
-            document gives at least one. A document shorter than its share leaves the rest
-            unused (it does not go to the others). None: every character.
+        cache_dir: default :func:`default_cache_dir`/tokenizers.
+        max_chars: learn from the first ``max(1, max_chars // len(texts))`` characters of each document, so no
+            long book dominates; None: every character.
         model_max_length: recorded in the tokenizer (the model's max_position_embeddings).
 
     Returns:

@@ -35,15 +35,9 @@ def sdpa_backend_plan(
 ) -> tuple[list[SDPBackend] | None, str | None]:
     """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
 
-    The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
-    and large or odd d_p silently leave the fused attention kernels on GPUs: PyTorch's
-    FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
-    SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
-
-    Values of their own size (``v_head_dim`` ≠ ``head_dim``) leave FlashAttention too: PyTorch's
-    flash kernels need q, k and v of one size (``check_head_dim_size_flash`` in
-    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``), memory-efficient attention takes
-    values of another size (both multiples of the alignment).
+    A free d_p (paper Section 4 suggests d_p = n) can leave the fused GPU kernels: FlashAttention takes d_p ≤ 256
+    and q, k, v of one size (``check_head_dim_size_flash`` in PyTorch's ``sdp_utils.cpp``); the fused kernels want
+    d_p % 8 == 0. The math kernel left builds the [batch, heads, n, n] matrix, as eager attention does.
 
     Args:
         head_dim: d_p of queries and keys.
@@ -51,13 +45,9 @@ def sdpa_backend_plan(
         v_head_dim: d_p of values; None = head_dim.
 
     Returns:
-        (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
-        always ending with ``SDPBackend.MATH`` so a call never fails: FlashAttention, then
-        memory-efficient attention, when both fit; memory-efficient then math for
-        d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
-        other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
-        flash kernel without dropout, the math kernel with it, for every d_p; the math kernel
-        whenever values have a size of their own).
+        (backends, reason). On CUDA the allowed backends in preference order, always ending with
+        ``SDPBackend.MATH``, and why FlashAttention is out (None when it is not); elsewhere ``(None, None)``:
+        PyTorch's own choice.
     """
     if device_type != "cuda":
         return None, None
