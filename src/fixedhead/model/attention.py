@@ -250,7 +250,7 @@ def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_
     FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
     makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
     something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
-    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p on CPU and
+    :func:`fixedhead.model.kernels.sdpa_backends`), "flex_attention" takes any d_p on CPU and
     d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). With values of their own size ``v_head_dim``,
     transformers' FlashAttention integration pads the values up to the queries' size and crops the
     output (``integrations/flash_attention.py``), so values larger than queries would be cut, not
