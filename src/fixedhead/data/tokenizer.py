@@ -54,26 +54,20 @@ def learn_wordpiece_vocab(
     special_tokens: list[str] = SPECIAL_TOKENS,
     prefix: str = CONTINUING_SUBWORD_PREFIX,
 ) -> list[str]:
-    """Choose a WordPiece vocabulary by byte-pair merges, deterministically.
-
-    The algorithm of the tokenizers library's ``WordPieceTrainer`` (a BPE trainer with a
-    continuing-subword prefix): the vocabulary starts as the special tokens, every character
-    (sorted by code point), and every character that occurs inside a word with ``prefix``
-    (sorted); then the most frequent adjacent pair of pieces (counted over ``word_counts``) is
-    merged into a new piece (``"th" + "##e" → "the"``, ``"##i" + "##ng" → "##ing"``) until the
-    vocabulary has ``vocab_size`` pieces or no pair is left. Ties in frequency go to the pair with
-    the lower ids, and ids are handed out in that fixed order, so the result depends on the word
-    counts alone.
+    """Choose a WordPiece vocabulary by byte-pair merges, deterministically (the tokenizers library's
+    ``WordPieceTrainer`` algorithm): start from the special tokens, every character and every ``prefix``-ed
+    character (each sorted), then merge the most frequent adjacent pair (``"th" + "##e" → "the"``) until
+    ``vocab_size`` pieces or no pair is left. Ties go to the pair with the lower ids, so the result depends on
+    ``word_counts`` alone.
 
     Args:
-        word_counts: pre-tokenised words (normalised) and how often each occurs.
-        vocab_size: the size to stop at (special tokens and alphabet included; the alphabet alone
-            may already exceed it, then no merges happen).
+        word_counts: normalised words and their counts.
+        vocab_size: the size to stop at, special tokens and alphabet included.
         special_tokens: ids 0, 1, ... in this order.
         prefix: the continuing-subword prefix (BERT's ``##``).
 
     Returns:
-        the vocabulary as a list: token ``vocab[i]`` has id ``i``.
+        the vocabulary: token ``vocab[i]`` has id ``i``.
     """
     words_sorted = sorted((w, n) for w, n in word_counts.items() if w and n > 0)
     vocab: list[str] = []

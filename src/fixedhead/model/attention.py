@@ -137,23 +137,11 @@ def check_padding_mask(
 
 
 def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn a transformers padding mask into an additive attention bias.
-
-    Args:
-        attention_mask: [batch, seq] with 1 = real token, 0 = padding (any int, bool or float
-            dtype holding only 0/1), or None.
-        dtype: dtype of the returned bias (the attention logits' dtype).
-
-    Returns:
-        None when there is no mask, or when nothing is masked and reading the mask on the host is
-        free (eager mode, CPU: see :mod:`fixedhead.model.tensor_checks`), so SDPA can take its fastest path;
-        otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
-        (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
-        cast cannot make it -inf). Under ``torch.compile``/``torch.export`` and on GPUs a mask is
-        always turned into a bias (same results), since asking whether it is all ones would be a
-        graph break or a device-to-host synchronisation.
-        A query whose keys are all padding then gets a uniform (finite) distribution, never NaN,
-        in float32, bfloat16 and under bf16 autocast.
+    """Turn a transformers padding mask [batch, seq] (1 = token, 0 = padding; any dtype holding only 0/1, or None)
+    into an additive bias of ``dtype``: [batch, 1, 1, seq], 0 at tokens and ``finfo(dtype).min`` at padding. None
+    when there is no mask, or when nothing is masked and reading the mask is free (eager, CPU:
+    :mod:`fixedhead.model.tensor_checks`), so SDPA takes its fastest path. A query whose keys are all padding gets
+    a uniform (finite) distribution, never NaN.
 
     Raises:
         ValueError, TypeError: see :func:`check_padding_mask`.
