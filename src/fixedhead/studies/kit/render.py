@@ -105,10 +105,10 @@ def commands_line(meta: dict, several: str = "") -> str:
 
 
 def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
-    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES
-    (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one trained, with
-    ``on``). Results files from before the invocations' spans were recorded (no ``meta.active``) read
-    "from the first start to the last result", as their wall time was measured."""
+    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES (CPU, torch
+    kernels; platform), torch threads T``, the accelerator named where one trained (with ``on``). A results file
+    without ``meta.active`` reads "from the first start to the last result", as its wall time was measured.
+    """
     compute = meta.get("compute_seconds")
     accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
     span = (
