@@ -1,19 +1,11 @@
-"""Run directories: one way to claim an output folder, open a saved run, and write results.
+"""Run folders: claim an output folder, open a saved run, write results.
 
-Every command that writes a folder (``pretrain``, ``finetune``, ``analyze``, ``sweep``,
-``report``, ``bottleneck``, ``synthetic``) goes through :func:`claim_output_dir`: a folder is
-taken only when it is missing, empty, or already holds this command's own output (recognised
-by a *marker* file the command writes first). ``--overwrite`` removes only the entries the
-command itself writes (its *owned* names); anything else in the folder is left alone.
-
-Every command that reads a trained model (``evaluate``, ``finetune``, ``analyze``,
-``fill_mask``) opens it through :func:`open_run` (a fixedhead run) or :func:`check_model_dir`
-(any transformers checkpoint): JSON that parses, whole safetensors weights, and no pickle
-weights unless the caller opts in. Results are keyed on *what they were computed from*
-(:func:`model_fingerprint`: a hash of the weights, config and tokenizer), never on a path.
-
-Files are written atomically (temporary file beside the target, then ``os.replace``) with the
-permissions the user's umask gives any new file, so a shared run directory stays readable.
+A command takes a folder through :func:`claim_output_dir` only when it is missing, empty or holds the command's
+own output (a *marker* file written first); ``--overwrite`` removes only the entries the command writes. A
+trained model is opened through :func:`open_run` (a fixedhead run) or :func:`check_model_dir` (any transformers
+checkpoint): JSON that parses, whole safetensors weights, no pickle unless the caller opts in. Results are keyed
+on what they were computed from (:func:`model_fingerprint`: weights, config, tokenizer), never on a path. Files
+are written atomically (a temporary file, then ``os.replace``) with the user's umask.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """ONNX export of an encoder run, checked on ONNX Runtime against PyTorch.
 
-The export itself is transformers' (:class:`transformers.exporters.OnnxExporter`: ``torch.export``
-then ``torch.onnx``), with the batch and sequence axes dynamic (the sequence up to the model's
-``max_position_embeddings``). fixedhead adds what a user would otherwise check by hand: the exported
-graph is run on ONNX Runtime's CPU provider (``onnxruntime.InferenceSession``, not transformers'
-runner) at shapes other than the traced one, with padding, and its logits are compared with the
-PyTorch model's; the folder appears only when they agree within the tolerance.
-
-Head sizes: at the default opset (20 with torch 2.13) the graph computes attention as MatMul and
-Softmax (no fused attention op), so d_p is just the inner dimension of a matrix product and ONNX
-Runtime's CPU provider takes any head size (ran here with d_p = 8, 10, 16, 32 and 300); from opset
-23 torch.onnx writes ONNX's own ``Attention`` op, which the CPU provider also runs at d_p = 10
-(tested) and 300. ``docs/head-sizes.md`` has the table.
+The export is transformers' (:class:`transformers.exporters.OnnxExporter`), batch and sequence axes dynamic.
+fixedhead runs the graph on ONNX Runtime's CPU provider at other shapes than the traced one, with padding, and
+compares its logits with PyTorch's; the folder appears only when they agree within the tolerance. Any head size
+exports: at the default opset (20) attention is MatMul and Softmax, from opset 23 ONNX's ``Attention`` op
+(docs/head-sizes.md).
 """
 
 from __future__ import annotations
