@@ -46,19 +46,11 @@ SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(_CAPTURE)  # it runs SDPA on the values 
 def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
 
-    Yields a list that each forward pass fills, in layer order, with ``(q, k, scale, causal)``:
-    q and k are [batch, heads, seq, head_dim] (the size of queries and keys, ``qk_head_dim`` where a
-    model sets one apart from its values'; the model's dtype; grouped key heads repeated to one
-    per query head, so head i's logits are ``q[:, i] @ k[:, i].T · scale``), ``scale`` the logit
-    scale the model uses (1/√head_dim unless it says otherwise), ``causal`` whether the layer
-    masks future keys. Rotary models (Llama, Qwen, Gemma) are captured after the rotation, so the
-    logits are the model's own.
-
-    Any transformers model whose attention goes through transformers' attention interface
-    (``_supports_attention_backend``: BERT, GPT-2, Llama and most models since transformers 4.48)
-    (fixedhead's models included) is captured by switching it, for the duration, to an
-    implementation that records q and k and then runs SDPA; the model's implementation is restored
-    on exit.
+    Yields a list each forward pass fills, in layer order, with ``(q, k, scale, causal)``: q and k [batch, heads,
+    seq, qk_head_dim] in the model's dtype, grouped key heads repeated per query head (head i's logits are
+    ``q[:, i] @ k[:, i].T · scale``), rotary models captured after the rotation. Works for any model whose
+    attention goes through transformers' attention interface (``_supports_attention_backend``), fixedhead's
+    included: it switches the model, for the duration, to an implementation that records q and k and runs SDPA.
 
     Raises:
         ValueError: the model has no attention this can capture.

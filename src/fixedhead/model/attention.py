@@ -233,24 +233,16 @@ def is_flash_attention(attn_implementation: str | None) -> bool:
 
 
 def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_dim: int | None = None) -> None:
-    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for a head size it cannot take.
-
-    FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
-    makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
-    something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
-    :func:`fixedhead.model.kernels.sdpa_backends`), "flex_attention" takes any d_p on CPU and
-    d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). With values of their own size ``v_head_dim``,
-    transformers' FlashAttention integration pads the values up to the queries' size and crops the
-    output (``integrations/flash_attention.py``), so values larger than queries would be cut, not
-    padded: refused. The check reads only the name, so it runs before any kernel is imported or
-    fetched.
+    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for head sizes it cannot take, rather than
+    quietly run something else: FlashAttention 2 and 3 take d_p ≤ 256 (a fixed head size may be d_p = n = 512;
+    "sdpa" and "flex_attention" take those, docs/head-sizes.md), and transformers' integration pads values to the
+    queries' size, so values larger than queries would be cut. Reads only the name, before any kernel is loaded.
 
     Args:
         head_dim: the query and key size d_qk; v_head_dim: the value size (None = head_dim).
 
     Raises:
-        ValueError: a FlashAttention implementation with ``head_dim`` > 256, or with ``v_head_dim`` >
-            ``head_dim``.
+        ValueError: FlashAttention with ``head_dim`` > 256, or with ``v_head_dim`` > ``head_dim``.
     """
     if not is_flash_attention(attn_implementation):
         return
