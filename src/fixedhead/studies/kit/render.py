@@ -1,6 +1,6 @@
-"""What the studies' reports share: markdown tables, the "What was run" lines, the learning-curve plot of
-language-model runs and small figure helpers. Each study's own prose and plots stay in its module; everything
-here reads a results file's ``meta`` and runs only.
+"""What the studies' reports share: the report spec (:class:`Report` of :class:`Section` blocks, :class:`Table`
+declared by its columns, :class:`Figure`) and its markdown, the "What was run" lines, the learning-curve plot and
+small figure helpers. Each study's own prose and plots stay in its module.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Report:
 
     title: str
     blocks: Sequence = ()
-    sections: Sequence[Section] = ()
+    sections: Sequence[Section | list[str] | None] = ()
 
 
 def markdown(report: Report) -> str:
@@ -85,7 +85,7 @@ def _blocks(blocks) -> list[str]:
             out.append(f"![{b.alt}]({b.file})")
         elif isinstance(b, str):
             out.append(b)
-        elif b:
+        else:
             out += b
         out.append("")
     return out
