@@ -83,22 +83,19 @@ class LogitRankStudy(Study):
 
     def report(self, state):
         o, summary = state["options"], state["summary"]
-        rows = [[r["head_dim"], r["bound"], ", ".join(map(str, r["ranks"]))] for r in summary["rows"]]
+        ranks = ("logit rank per seed", lambda r: ", ".join(map(str, r["ranks"])))
         verdict = "Every head's logits reach the bound." if summary["passed"] else "**A head misses the bound.**"
-        return "\n".join(
-            [
-                "# The rank of one head's logits against its head size",
-                "",
-                f"Random hidden states (n = {o.n}, d = {o.hidden_size}) and weights, seeds {list(o.seeds)}; "
-                "the logits' numerical rank against the bound min(d_p, n, d) (paper Section 3).",
-                "",
-                f"Command: `{state['meta']['command']}`",
-                "",
-                *render.table(["d_p", "min(d_p, n, d)", "logit rank per seed"], rows),
-                "",
-                verdict,
-                "",
-            ]
+        return render.markdown(
+            render.Report(
+                "The rank of one head's logits against its head size",
+                [
+                    f"Random hidden states (n = {o.n}, d = {o.hidden_size}) and weights, seeds {list(o.seeds)}; "
+                    "the logits' numerical rank against the bound min(d_p, n, d) (paper Section 3).",
+                    f"Command: `{state['meta']['command']}`",
+                    render.Table([("d_p", "{head_dim}"), ("min(d_p, n, d)", "{bound}"), ranks], summary["rows"]),
+                    verdict,
+                ],
+            )
         )
 
     def write_files(self, state, folder):

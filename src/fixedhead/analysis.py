@@ -1,34 +1,18 @@
-"""Rank and entropy diagnostics of the attention heads of a fixedhead model or a transformers BERT.
+"""Rank and entropy diagnostics of the attention heads of a fixedhead model or a transformers model (paper Section 3).
 
-For every layer and head, on real text, this measures what the paper's Section 3 argument is about:
+Per layer and head, on windows of ``n`` tokens of real text (:func:`fixedhead.data.text_windows`), averaged
+over windows:
 
-* ``logit_rank`` — the numerical rank of the head's logit matrix S = Q K^T / √d_p ([query, key],
-  float64, computed from the model's own q and k, captured through transformers' attention interface). Structurally
-  rank(S) <= d_p: a standard head of size d/h below the sequence length n can never reach rank n
-  (the low-rank bottleneck); a fixed head size d_p >= n removes the cap.
-  Numerical rank = the number of singular values above ``rtol · σ_max(S)``; ``rtol`` defaults to
-  :data:`DEFAULT_RTOL` = 1e-5, about a hundred times float32 resolution — the model computes q and
-  k in float32, so directions weaker than that carry nothing it can resolve.
-* ``min_head_dim`` — :func:`fixedhead.theory.min_head_dim` of the attention the head produces,
-  P = softmax(S) row-wise (queries are rows: the transpose of the paper's column-stochastic P),
-  evaluated in float64: the smallest head size that represents this P exactly, i.e. the rank of
-  the per-query-centred log P. Since log P = S − (per-query log-normaliser) 1^T, centring each row
-  removes exactly the shift the softmax ignores (the paper's D_0), so
-  logit_rank − 1 <= min_head_dim <= logit_rank in exact arithmetic. It is computed with the same
-  relative tolerance ``rtol`` (passed to the theory function's ``rtol``), so the two columns are
-  comparable; with a tolerance they can differ by a little either way on heads with many weak
-  directions (centring changes σ_max and which directions clear the threshold).
-* ``entropy`` — the mean over queries of −Σ_k P[q, k] ln P[q, k], in nats (0 = each query attends
-  to one key; ln n = uniform).
+* ``logit_rank``: the numerical rank of S = Q Kᵀ / √d_p ([query, key], float64, from the model's own q and k),
+  singular values above ``rtol · σ_max`` (:data:`DEFAULT_RTOL` = 1e-5, about 100× float32 resolution). A head
+  has rank(S) ≤ d_p: the low-rank bottleneck.
+* ``min_head_dim``: :func:`fixedhead.theory.min_head_dim` of P = softmax(S) at the same ``rtol``, the rank of
+  the per-query-centred log P, so logit_rank − 1 ≤ min_head_dim ≤ logit_rank in exact arithmetic.
+* ``entropy``: the mean over queries of −Σ_k P[q, k] ln P[q, k], nats (0: one key; ln n: uniform).
 
-Statistics are per sequence, then averaged over the sequences analysed. Sequences are windows of
-``n`` tokens of the text without padding, framed as the tokenizer expects (:func:`fixedhead.data.text_windows`).
-
-Supported models: fixedhead models and any transformers model whose attention goes through
-transformers' attention interface — encoders (BERT, RoBERTa, ...) and decoders (GPT-2, Llama, Qwen,
-Gemma, ...; grouped key heads are repeated per query head, rotary models are read after the
-rotation) — loaded from a local directory with ``AutoModel``. A decoder's heads are analysed as
-causal (see ``causal`` of :func:`head_statistics`).
+Models: fixedhead models and any transformers model whose attention goes through transformers' attention
+interface (BERT, RoBERTa, GPT-2, Llama, ...; grouped key heads repeated per query head, rotary models read after
+the rotation), loaded from a local folder with ``AutoModel``. A decoder's heads are analysed as causal.
 """
 
 from __future__ import annotations
@@ -62,19 +46,11 @@ SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(_CAPTURE)  # it runs SDPA on the values 
 def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
 
-    Yields a list that each forward pass fills, in layer order, with ``(q, k, scale, causal)``:
-    q and k are [batch, heads, seq, head_dim] (the size of queries and keys, ``qk_head_dim`` where a
-    model sets one apart from its values'; the model's dtype; grouped key heads repeated to one
-    per query head, so head i's logits are ``q[:, i] @ k[:, i].T · scale``), ``scale`` the logit
-    scale the model uses (1/√head_dim unless it says otherwise), ``causal`` whether the layer
-    masks future keys. Rotary models (Llama, Qwen, Gemma) are captured after the rotation, so the
-    logits are the model's own.
-
-    Any transformers model whose attention goes through transformers' attention interface
-    (``_supports_attention_backend``: BERT, GPT-2, Llama and most models since transformers 4.48)
-    (fixedhead's models included) is captured by switching it, for the duration, to an
-    implementation that records q and k and then runs SDPA; the model's implementation is restored
-    on exit.
+    Yields a list each forward pass fills, in layer order, with ``(q, k, scale, causal)``: q and k [batch, heads,
+    seq, qk_head_dim] in the model's dtype, grouped key heads repeated per query head (head i's logits are
+    ``q[:, i] @ k[:, i].T · scale``), rotary models captured after the rotation. Works for any model whose
+    attention goes through transformers' attention interface (``_supports_attention_backend``), fixedhead's
+    included: it switches the model, for the duration, to an implementation that records q and k and runs SDPA.
 
     Raises:
         ValueError: the model has no attention this can capture.

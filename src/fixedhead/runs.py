@@ -1,19 +1,11 @@
-"""Run directories: one way to claim an output folder, open a saved run, and write results.
+"""Run folders: claim an output folder, open a saved run, write results.
 
-Every command that writes a folder (``pretrain``, ``finetune``, ``analyze``, ``sweep``,
-``report``, ``bottleneck``, ``synthetic``) goes through :func:`claim_output_dir`: a folder is
-taken only when it is missing, empty, or already holds this command's own output (recognised
-by a *marker* file the command writes first). ``--overwrite`` removes only the entries the
-command itself writes (its *owned* names); anything else in the folder is left alone.
-
-Every command that reads a trained model (``evaluate``, ``finetune``, ``analyze``,
-``fill_mask``) opens it through :func:`open_run` (a fixedhead run) or :func:`check_model_dir`
-(any transformers checkpoint): JSON that parses, whole safetensors weights, and no pickle
-weights unless the caller opts in. Results are keyed on *what they were computed from*
-(:func:`model_fingerprint`: a hash of the weights, config and tokenizer), never on a path.
-
-Files are written atomically (temporary file beside the target, then ``os.replace``) with the
-permissions the user's umask gives any new file, so a shared run directory stays readable.
+A command takes a folder through :func:`claim_output_dir` only when it is missing, empty or holds the command's
+own output (a *marker* file written first); ``--overwrite`` removes only the entries the command writes. A
+trained model is opened through :func:`open_run` (a fixedhead run) or :func:`check_model_dir` (any transformers
+checkpoint): JSON that parses, whole safetensors weights, no pickle unless the caller opts in. Results are keyed
+on what they were computed from (:func:`model_fingerprint`: weights, config, tokenizer), never on a path. Files
+are written atomically (a temporary file, then ``os.replace``) with the user's umask.
 """
 
 from __future__ import annotations
@@ -457,27 +449,20 @@ def claim_output_dir(
 
     Args:
         output_dir: the folder the command will write.
-        markers: file names whose presence says "this folder holds this command's output"
-            (written first by the command, e.g. a settings file).
-        owned: glob patterns of every entry the command itself writes (markers included).
+        markers: file names that say "this folder holds this command's output" (written first).
+        owned: glob patterns of every entry the command writes (markers included).
         command: the command's name, for messages.
-        overwrite: remove the owned entries of an existing output of this command first
-            (entries matching no ``owned`` pattern are left in place).
-        create: create the folder; ``False`` only checks (and does not remove anything), so a
-            command can refuse a folder before its slow work and take it afterwards.
-        results_file: the command's results file, whose ``meta.study`` (where recorded) must name
-            ``command``: several studies share a marker name (``results.json``).
-        exclusive: the folder may hold nothing but owned entries (a command whose marker other
-            commands write too, such as ``report.md``).
+        overwrite: first remove the owned entries of an earlier output (other entries stay).
+        create: False only checks (removes nothing), so a command can refuse a folder before its slow work.
+        results_file: a results file whose ``meta.study`` must name ``command`` (studies share ``results.json``).
+        exclusive: the folder may hold only owned entries (for a marker other commands write too: ``report.md``).
 
     Returns:
-        the folder, created if it was missing.
+        the folder, created if missing.
 
     Raises:
-        FileExistsError: ``output_dir`` is a file, or a non-empty folder without one of the
-            ``markers`` (it holds something this command did not create), whose ``results_file``
-            another command wrote, or (``exclusive``) holding an entry the command does not own;
-            the message lists what is there. Nothing is changed.
+        FileExistsError: ``output_dir`` is a file; or a non-empty folder without a marker, whose ``results_file``
+            another command wrote, or (``exclusive``) with an entry the command does not own. Nothing is changed.
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():

@@ -19,7 +19,7 @@ from transformers import AttentionInterface
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM, FixedHeadModel
 from fixedhead.model.architectures import build_config
 from fixedhead.model.attention import MultiHeadAttention, check_flash_head_dim, check_head_dims
-from fixedhead.model.kernels import sdpa_backend_plan
+from fixedhead.model.kernels import sdpa_backends
 from fixedhead.model.sizes import count_parameters, estimate_flops
 from fixedhead.model.surgery import widen_heads
 
@@ -294,9 +294,9 @@ def test_a_model_set_to_an_engines_attention_refuses_two_sizes(monkeypatch):
 
 
 def test_sdpa_on_cuda_leaves_flash_out_for_two_sizes():
-    backends, reason = sdpa_backend_plan(32, "cuda", 64)
+    backends, reason = sdpa_backends(32, "cuda", 64)
     assert backends[0].name == "EFFICIENT_ATTENTION" and "v_head_dim=64 != qk_head_dim=32" in reason
-    assert sdpa_backend_plan(32, "cuda", 32) == sdpa_backend_plan(32, "cuda")
+    assert sdpa_backends(32, "cuda", 32) == sdpa_backends(32, "cuda")
 
 
 def test_widening_refuses_separate_sizes():

@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend
 from fixedhead.model import attention, kernels
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.model.configuration import FixedHeadConfig
-from fixedhead.model.kernels import sdpa_backend_plan, warn_if_unfused
+from fixedhead.model.kernels import sdpa_backends, warn_if_unfused
 from fixedhead.model.modeling import FixedHeadForMaskedLM
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -49,8 +49,8 @@ def test_fp16_bias_stays_finite():
         (12, False, False),
     ],
 )
-def test_sdpa_backend_plan_cuda(head_dim, fused, flash):
-    backends, reason = sdpa_backend_plan(head_dim, "cuda")
+def test_sdpa_backends_cuda(head_dim, fused, flash):
+    backends, reason = sdpa_backends(head_dim, "cuda")
     assert backends[-1] == SDPBackend.MATH  # never fails, math is the last resort
     assert (SDPBackend.FLASH_ATTENTION in backends) == flash
     assert (reason is None) == fused
@@ -60,8 +60,8 @@ def test_sdpa_backend_plan_cuda(head_dim, fused, flash):
         assert "multiple of 8" in reason
 
 
-def test_sdpa_backend_plan_leaves_cpu_to_pytorch():
-    assert sdpa_backend_plan(512, "cpu") == (None, None)
+def test_sdpa_backends_leaves_cpu_to_pytorch():
+    assert sdpa_backends(512, "cpu") == (None, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_unfused(500, "cpu")  # no warning off CUDA

@@ -25,9 +25,40 @@ def test_the_report_names_the_machine_down_to_its_kernels(tmp_path):
     core.save_state(tmp_path / RESULTS, {"meta": meta, "runs": {"a": {"train_seconds": 2.0}}}, [{"train_seconds": 2.0}])
     saved = json.loads((tmp_path / RESULTS).read_text())
     assert saved["meta"]["compute_seconds"] == 2.0 and saved["meta"]["commands"] == ["toy"]
-    report = "\n".join(render.head("Toy", saved["meta"], []))
+    report = render.markdown(render.Report("Toy", sections=[render.what_was_run(saved["meta"])]))
     assert f"torch kernels {torch.backends.cpu.get_cpu_capability()};" in report
     assert saved["meta"]["cpu"] and saved["meta"]["cpu"] in report
+
+
+def test_a_report_spec_renders_its_blocks_one_blank_line_apart():
+    """Paragraphs, line lists, figures and tables each end with one blank line; a falsy block or section is
+    left out; a table's cells come from format strings read against dict rows, or from functions."""
+    spec = render.Report(
+        "Title",
+        ["An opening.", None, ["- one", "- two"]],
+        [
+            render.Section(
+                "Numbers",
+                [
+                    render.Figure("f.png", "a figure"),
+                    render.Table(
+                        [("x", "{x}"), ("x²", "{x2:.1f}"), ("odd", lambda r: "yes" if r["x"] % 2 else "no")],
+                        [{"x": 1, "x2": 1.0}, {"x": 2, "x2": 4.0}],
+                    ),
+                    "",
+                ],
+            ),
+            None,
+            ["## Already rendered", "", "text", ""],
+            render.Section("Plain", [render.Table(["a", "b"], [[1, 2]])]),
+        ],
+    )
+    assert render.markdown(spec) == (
+        "# Title\n\nAn opening.\n\n- one\n- two\n\n"
+        "## Numbers\n\n![a figure](f.png)\n\n| x | x² | odd |\n|---|---|---|\n| 1 | 1.0 | yes |\n| 2 | 4.0 | no |\n\n"
+        "## Already rendered\n\ntext\n\n"
+        "## Plain\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    )
 
 
 def test_the_folder_claim_refuses_what_the_study_did_not_write(tmp_path):

@@ -239,7 +239,7 @@ def test_cli_quick_sweep_then_report(small_real_corpus, tmp_path, monkeypatch, c
     # bits per character beside perplexity in the points' table, from the run's result (one seed)
     bpc = state["runs"]["d32-h4-dp8-s0"]["heldout_bits_per_character"]
     points = collect_points(state)[("head_size", "fixed")]
-    assert 0 < bpc < 10 and f"| {bpc:.3f} (1 seed) |" in "\n".join(points_table(points, "d_p", None))
+    assert 0 < bpc < 10 and f"| {bpc:.3f} (1 seed) |" in "\n".join(points_table(points, "d_p", None).lines())
     # a held-out loss edited in results.json (its run's metrics.json disagrees): `report` refuses, naming the point
     record = json.loads((out / "results.json").read_text())
     record["runs"]["d32-h4-dp8-s0"]["heldout_loss"] -= 0.5
@@ -255,7 +255,7 @@ def test_report_table_shows_bits_per_character_and_a_dash_for_older_results():
     both.runs[1]["heldout_bits_per_character"] = 1.2
     old = PointStats("heads", "fixed", 8, "k2", [dict(run), dict(run)])  # results from before it was measured
     mixed = PointStats("heads", "fixed", 16, "k3", [dict(run, heldout_bits_per_character=1.5), dict(run)])
-    lines = points_table([both, old, mixed], "h", None)
+    lines = points_table([both, old, mixed], "h", None).lines()
     assert lines[0] == "| h | d | h | d_p | params | seeds | held-out perplexity | bits/char | run |"
     # mean 1.1, sample std sqrt(((-0.1)^2 + 0.1^2) / 1) = 0.1414
     assert "| 100.00 ± 0.00 | 1.100 ± 0.141 | `k1` |" in lines[2]
@@ -289,7 +289,7 @@ def test_a_sweep_with_a_learning_rate_grid_trains_every_seed_at_each_models_rate
     # the report names each model's rate in its table and plots the validation curves
     assert (out / "learning_rates.png").is_file()
     for pts in collect_points(saved).values():
-        lines = points_table(pts, "h", None)
+        lines = points_table(pts, "h", None).lines()
         lr_col = lines[0].split(" | ").index("lr")
         for q, line in zip(pts, lines[2:], strict=True):
             assert line.split(" | ")[lr_col] == f"{saved['tuning'][q.key]['chosen']:g}"

@@ -115,25 +115,15 @@ def check_corpus_source(source: str | os.PathLike) -> None:
 
 
 def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str = "train") -> list[Document]:
-    """Read documents from ``source``.
-
-    Args:
-        source: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a directory (all such files in
-            it, recursively, following symlinked subfolders, sorted by path, skipping hidden files
-            and folders, whose names start with a dot, such as ``.ipynb_checkpoints/``); or a
-            Hugging Face dataset name (only when no such path exists; needs network access or a
-            local hub cache).
-        text_field: the JSON / dataset field holding the text.
-        split: dataset split for hub datasets.
-
-    Returns:
-        documents in a deterministic order; whitespace-only documents are dropped. A UTF-8
-        byte-order mark at the start of a file is ignored.
+    """Read documents from ``source``: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a folder of them (recursively,
+    through symlinked folders, sorted by path, hidden entries skipped); or, where no such path exists, a Hugging
+    Face dataset name (``text_field``, ``split``). Returns the documents in a fixed order, whitespace-only ones
+    dropped (a UTF-8 byte-order mark is ignored).
 
     Raises:
         FileNotFoundError: a path-like source that does not exist (with a hint).
-        ValueError: not UTF-8; a JSON line without ``text_field``; a directory with no corpus
-            files; a corpus with no non-empty document.
+        ValueError: not UTF-8; a JSON line without ``text_field``; a folder without corpus files; no non-empty
+            document.
     """
     path = Path(source).expanduser()
     if path.is_dir():

@@ -1,30 +1,15 @@
 """A synthetic set task whose needed attention rank is a knob: the projected farthest point.
 
-Each example is a set of N points x_1..x_N drawn uniformly from the unit sphere in R^d (no
-positions: the task is permutation-equivariant). A fixed projection U ∈ R^{r×d} (one per task
-instance, from a seed) defines the target of every point i:
+Each example is a set of N points uniform on the unit sphere in R^d (no positions). A projection U ∈ R^{r×d}
+with orthonormal rows (one per task instance, from a seed) gives each point i its target
 
     j*(i) = argmin_j ⟨U x_i, U x_j⟩,        target_i = x_{j*(i)}.
 
-The score a head needs is the bilinear form −x_iᵀ UᵀU x_j, of rank r. Bhojanapalli et al.
-(ICML 2020, Section 3) show that a head of size d_p has logits of rank ≤ d_p; so a head with
-d_p ≥ r can put (almost) all its attention on j*(i), and one with d_p < r can only rank the points
-by a rank-d_p form, which picks another point for a fraction of queries. With r = d, U is a
-rotation and UᵀU = I: then this is the "farthest point" task of Amsel, Yehudai and Bruna,
-*On the Benefits of Rank in Attention Layers* (arXiv 2407.16153).
-
-Choices, and why:
-
-* **Points on the unit sphere**, as in Amsel et al.: every target has norm 1, so predicting zero
-  scores exactly 1 in the loss below (MSE × d = mean squared distance), and the point nearest to an
-  output is the one of largest inner product with it.
-* **U with orthonormal rows** (the first r rows of a Haar-random rotation), so UᵀU is the
-  orthogonal projection onto a random r-dimensional subspace and each of its r directions weighs
-  the same. A Gaussian U would give UᵀU a spread (Marchenko–Pastur) spectrum whose smallest
-  directions barely change the argmin, which blurs the threshold below r.
-* The point itself is almost never the answer: its score ⟨Ux_i, Ux_i⟩ = ‖Ux_i‖² is positive, so
-  it can win only if every other score exceeds it, probability below 2^{−(N−1)} (3e-5 at
-  N = 16). No diagonal mask is needed.
+The score a head needs, −x_iᵀ UᵀU x_j, has rank r, and a head's logits have rank ≤ d_p (paper Section 3): a
+head with d_p ≥ r can attend to j*(i), one with d_p < r picks another point for some queries. With r = d this
+is the farthest-point task of Amsel, Yehudai and Bruna (arXiv 2407.16153). Unit-norm points make predicting
+zero score exactly 1 in MSE × d; orthonormal rows weigh each of U's r directions the same (a Gaussian U would
+blur the threshold below r). The point itself wins with probability below 2^{−(N−1)}, so no diagonal mask.
 
 Tensors are batch-first: points [batch, N, d], targets [batch, N, d], indices [batch, N].
 """

@@ -54,26 +54,20 @@ def learn_wordpiece_vocab(
     special_tokens: list[str] = SPECIAL_TOKENS,
     prefix: str = CONTINUING_SUBWORD_PREFIX,
 ) -> list[str]:
-    """Choose a WordPiece vocabulary by byte-pair merges, deterministically.
-
-    The algorithm of the tokenizers library's ``WordPieceTrainer`` (a BPE trainer with a
-    continuing-subword prefix): the vocabulary starts as the special tokens, every character
-    (sorted by code point), and every character that occurs inside a word with ``prefix``
-    (sorted); then the most frequent adjacent pair of pieces (counted over ``word_counts``) is
-    merged into a new piece (``"th" + "##e" → "the"``, ``"##i" + "##ng" → "##ing"``) until the
-    vocabulary has ``vocab_size`` pieces or no pair is left. Ties in frequency go to the pair with
-    the lower ids, and ids are handed out in that fixed order, so the result depends on the word
-    counts alone.
+    """Choose a WordPiece vocabulary by byte-pair merges, deterministically (the tokenizers library's
+    ``WordPieceTrainer`` algorithm): start from the special tokens, every character and every ``prefix``-ed
+    character (each sorted), then merge the most frequent adjacent pair (``"th" + "##e" → "the"``) until
+    ``vocab_size`` pieces or no pair is left. Ties go to the pair with the lower ids, so the result depends on
+    ``word_counts`` alone.
 
     Args:
-        word_counts: pre-tokenised words (normalised) and how often each occurs.
-        vocab_size: the size to stop at (special tokens and alphabet included; the alphabet alone
-            may already exceed it, then no merges happen).
+        word_counts: normalised words and their counts.
+        vocab_size: the size to stop at, special tokens and alphabet included.
         special_tokens: ids 0, 1, ... in this order.
         prefix: the continuing-subword prefix (BERT's ``##``).
 
     Returns:
-        the vocabulary as a list: token ``vocab[i]`` has id ``i``.
+        the vocabulary: token ``vocab[i]`` has id ``i``.
     """
     words_sorted = sorted((w, n) for w, n in word_counts.items() if w and n > 0)
     vocab: list[str] = []
@@ -179,26 +173,18 @@ def train_tokenizer(
     max_chars: int | None = 20_000_000,
     model_max_length: int = 512,
 ):
-    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically.
-
-    The vocabulary is chosen by :func:`learn_wordpiece_vocab` from :func:`count_words`, and handed
-    to the tokenizers library's ``WordPiece`` model, which does the tokenising; the same text and
-    settings give a byte-identical ``tokenizer.json`` on any machine and with any number of
-    threads (about 16 s for the default 18M characters on one CPU core). The cache key is a
-    SHA-256 of the text actually learnt from (after the ``max_chars`` cut) and of the settings:
-    a changed corpus or setting trains a new tokenizer, a change beyond the cut reuses the cached
-    one. Special tokens are BERT's, with ids [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically: the same text and
+    settings give a byte-identical ``tokenizer.json`` on any machine and thread count (about 16 s for 18M characters
+    on one core). The vocabulary is :func:`learn_wordpiece_vocab`'s; the cache key hashes the text learnt from and
+    the settings. Special tokens: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 
     Args:
         texts: documents to learn the vocabulary from.
-        vocab_size: target vocabulary size (including special tokens).
+        vocab_size: target vocabulary size, special tokens included.
         lowercase: BERT-uncased normalisation (lowercase, strip accents).
-        cache_dir: where tokenizers are kept (default :func:`default_cache_dir`/tokenizers).
-        max_chars: for speed, learn from an even share of every document, the first
-            ``max(1, max_chars // len(texts))`` characters of each, so that no single long book
-            dominates the vocabulary: at most ``max_chars`` characters in all, except that every
-            document gives at least one. A document shorter than its share leaves the rest
-            unused (it does not go to the others). None: every character.
+        cache_dir: default :func:`default_cache_dir`/tokenizers.
+        max_chars: learn from the first ``max(1, max_chars // len(texts))`` characters of each document, so no
+            long book dominates; None: every character.
         model_max_length: recorded in the tokenizer (the model's max_position_embeddings).
 
     Returns:

@@ -58,23 +58,16 @@ def check_architecture(architecture: str) -> str:
 def llama_config(**fields):
     """A ``transformers.LlamaConfig`` from ``FixedHeadConfig`` field names.
 
-    ``head_dim``: None for d/h, an int for a fixed head size (the q, k, v projections map d →
-    h·d_p, the output projection h·d_p → d, logits scaled by 1/√d_p as BERT's). Plain multi-head
-    attention (``num_key_value_heads`` = h unless given); ``intermediate_size`` defaults to 4d as
-    fixedhead's (SwiGLU has three d×f matrices where GELU has two, so at one d and f a Llama
-    layer has d·f more weights); word embeddings tied to the output layer as fixedhead's (unless
-    ``tie_word_embeddings`` is given); ``attention_probs_dropout_prob`` becomes
-    ``attention_dropout``, ``layer_norm_eps`` ``rms_norm_eps``. ``is_decoder`` and
-    ``type_vocab_size`` are accepted and dropped (a Llama model is always a decoder and has no
-    token types).
+    ``head_dim``: None for d/h, an int for a fixed head size (logits scaled by 1/√d_p). Plain multi-head
+    attention unless ``num_key_value_heads`` is given; ``intermediate_size`` defaults to 4d (SwiGLU's three d×f
+    matrices give a Llama layer d·f more weights than GELU's two); embeddings tied unless ``tie_word_embeddings``
+    says otherwise; ``attention_probs_dropout_prob`` → ``attention_dropout``, ``layer_norm_eps`` →
+    ``rms_norm_eps``; ``is_decoder`` and ``type_vocab_size`` are dropped.
 
     Raises:
-        ValueError: naming the value: a per-layer ``head_dim`` list, ``qk_head_dim`` or
-            ``v_head_dim`` (transformers' Llama has one head size for queries, keys and values;
-            None is accepted and dropped), a fixedhead-only option
-            (:data:`FIXEDHEAD_ONLY`) away from its default, hidden dropout (Llama has none), a field
-            Llama has no counterpart for, or a size ``LlamaConfig`` refuses (an odd head size: rotary
-            positions rotate pairs of coordinates).
+        ValueError: naming the value: per-layer head sizes, ``qk_head_dim`` or ``v_head_dim`` (Llama has one head
+            size), a fixedhead-only option (:data:`FIXEDHEAD_ONLY`) away from its default, hidden dropout, a field
+            Llama lacks, or a size ``LlamaConfig`` refuses (an odd head size: rotary positions rotate pairs).
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import LlamaConfig

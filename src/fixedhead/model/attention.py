@@ -137,23 +137,11 @@ def check_padding_mask(
 
 
 def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn a transformers padding mask into an additive attention bias.
-
-    Args:
-        attention_mask: [batch, seq] with 1 = real token, 0 = padding (any int, bool or float
-            dtype holding only 0/1), or None.
-        dtype: dtype of the returned bias (the attention logits' dtype).
-
-    Returns:
-        None when there is no mask, or when nothing is masked and reading the mask on the host is
-        free (eager mode, CPU: see :mod:`fixedhead.model.tensor_checks`), so SDPA can take its fastest path;
-        otherwise a [batch, 1, 1, seq] tensor, 0 at real keys and ``finfo(dtype).min`` at padding
-        (:class:`MultiHeadAttention` clamps it to the min of q's dtype under autocast, so the
-        cast cannot make it -inf). Under ``torch.compile``/``torch.export`` and on GPUs a mask is
-        always turned into a bias (same results), since asking whether it is all ones would be a
-        graph break or a device-to-host synchronisation.
-        A query whose keys are all padding then gets a uniform (finite) distribution, never NaN,
-        in float32, bfloat16 and under bf16 autocast.
+    """Turn a transformers padding mask [batch, seq] (1 = token, 0 = padding; any dtype holding only 0/1, or None)
+    into an additive bias of ``dtype``: [batch, 1, 1, seq], 0 at tokens and ``finfo(dtype).min`` at padding. None
+    when there is no mask, or when nothing is masked and reading the mask is free (eager, CPU:
+    :mod:`fixedhead.model.tensor_checks`), so SDPA takes its fastest path. A query whose keys are all padding gets
+    a uniform (finite) distribution, never NaN.
 
     Raises:
         ValueError, TypeError: see :func:`check_padding_mask`.
@@ -245,24 +233,16 @@ def is_flash_attention(attn_implementation: str | None) -> bool:
 
 
 def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_dim: int | None = None) -> None:
-    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for a head size it cannot take.
-
-    FlashAttention (2 and 3) computes heads of size d_p ≤ 256 only; the paper's fixed head size
-    makes larger d_p a normal setting (e.g. d_p = n = 512), and such a layer must not quietly run
-    something else. "sdpa" keeps a fused kernel on CUDA (memory-efficient attention, see
-    :func:`fixedhead.model.kernels.sdpa_backend_plan`), "flex_attention" takes any d_p on CPU and
-    d_p ≥ 16 compiled for CUDA (docs/head-sizes.md). With values of their own size ``v_head_dim``,
-    transformers' FlashAttention integration pads the values up to the queries' size and crops the
-    output (``integrations/flash_attention.py``), so values larger than queries would be cut, not
-    padded: refused. The check reads only the name, so it runs before any kernel is imported or
-    fetched.
+    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for head sizes it cannot take, rather than
+    quietly run something else: FlashAttention 2 and 3 take d_p ≤ 256 (a fixed head size may be d_p = n = 512;
+    "sdpa" and "flex_attention" take those, docs/head-sizes.md), and transformers' integration pads values to the
+    queries' size, so values larger than queries would be cut. Reads only the name, before any kernel is loaded.
 
     Args:
         head_dim: the query and key size d_qk; v_head_dim: the value size (None = head_dim).
 
     Raises:
-        ValueError: a FlashAttention implementation with ``head_dim`` > 256, or with ``v_head_dim`` >
-            ``head_dim``.
+        ValueError: FlashAttention with ``head_dim`` > 256, or with ``v_head_dim`` > ``head_dim``.
     """
     if not is_flash_attention(attn_implementation):
         return
@@ -308,36 +288,24 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
 
 
 class MultiHeadAttention(nn.Module):
-    """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p).
+    """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p; paper Eq. 1–2, Section 4):
+    head_i(X) = W_v^i X · Softmax[(W_k^i X)ᵀ (W_q^i X) / √d_p], MultiHead(X) = W_o · Concat_i head_i(X).
 
-    Implements head_i(X) = W_v^i X · Softmax[(W_k^i X)^T (W_q^i X) / √d_p] and
-    MultiHead(X) = W_o · Concat_i head_i(X) (paper Eq. 1–2 for d_p = d/h; Section 4 for a fixed
-    d_p). Queries and keys may have a size d_qk of their own and values a size d_v (both d_p by
-    default): the logits' rank is bounded by d_qk (Theorem 1), a head carries d_v numbers. q, k and
-    v come from one fused projection ``qkv``, hidden_size → h·(2·d_qk + d_v), its rows laid out
-    [q | k | v] with heads contiguous; the product itself runs through transformers' attention
-    interface (:data:`ALL_ATTENTION_FUNCTIONS`), chosen by ``config._attn_implementation`` as in
-    transformers' own models.
+    Queries and keys may have their own size d_qk and values d_v (both d_p by default): the logits' rank is at
+    most d_qk (Theorem 1). One fused projection ``qkv`` maps hidden_size → h·(2·d_qk + d_v), rows [q | k | v] with
+    heads contiguous; the product runs through transformers' attention interface (:data:`ALL_ATTENTION_FUNCTIONS`),
+    chosen by ``config._attn_implementation`` at every call. Without a ``config`` the layer is bidirectional and
+    uses "sdpa" (or "eager" with ``use_sdpa=False``); with one, ``config.is_decoder`` makes it causal.
 
     Args:
-        hidden_size: embedding size d.
-        num_attention_heads: number of heads h.
-        head_dim: head size d_p; None for the standard d/h (then d must be divisible by h).
-        qk_head_dim: size d_qk of each head's queries and keys; None = head_dim.
-        v_head_dim: size d_v of each head's values; None = head_dim.
-        dropout: dropout on the attention probabilities (training only).
-        bias: whether the projections have biases (BERT: yes).
-        layer_idx: this layer's index in a key/value cache (decoders that generate).
-        scale: the logit scale; None for 1/√d_qk (:mod:`fixedhead.model.parametrization` gives others).
-        config: the model's configuration, when the layer is part of a model: its
-            ``_attn_implementation`` ("eager", "sdpa", "flex_attention", "flash_attention_2", ...,
-            read at every call, so ``model.set_attn_implementation`` applies) and ``is_decoder``
-            (causal by default). Without one the layer is bidirectional and uses "sdpa" (or
-            "eager" with ``use_sdpa=False``).
+        hidden_size, num_attention_heads: d and h.
+        head_dim, qk_head_dim, v_head_dim: d_p (None: d/h, d divisible by h), d_qk and d_v (None: head_dim).
+        dropout: on the attention probabilities, training only. bias: projection biases (BERT: yes).
+        layer_idx: the layer's index in a key/value cache. scale: the logit scale; None for 1/√d_qk.
 
     Raises:
-        ValueError: see :func:`resolve_head_dim`; a qk_head_dim or v_head_dim that is not a positive
-            int; dropout outside [0, 1).
+        ValueError: see :func:`resolve_head_dim`; a qk_head_dim or v_head_dim that is not a positive int; dropout
+            outside [0, 1).
     """
 
     def __init__(
@@ -406,36 +374,25 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             hidden_states: [batch, seq, hidden_size].
-            attention_mask: either a padding mask [batch, seq] (with a cache: [batch, cached + new
-                tokens]), 1 = token, 0 = padding, which the layer turns into the mask its kernel
-                needs; or a mask a model prepared with transformers' masking utilities
-                (``create_causal_mask`` / ``create_bidirectional_mask``: [batch, 1, query, key], bool
-                or additive float, a flex ``BlockMask``, or for FlashAttention the padding mask),
-                used as it is.
-            output_attentions: also return the probabilities (computed by the "eager" kernel).
-            use_sdpa: False runs the "eager" kernel whatever the configuration says (the reference
-                path; the kernels agree to float rounding, with dropout in distribution).
-            attention_bias: an additive float bias broadcastable to [batch, heads, query, key]
-                (e.g. [batch, 1, 1, keys] from :func:`padding_mask_to_bias`); overrides
+            attention_mask: a padding mask [batch, seq] (with a cache: [batch, cached + new]), 1 = token, 0 = padding,
+                turned into what the kernel needs; or a mask prepared by transformers' masking utilities ([batch, 1,
+                query, key] bool or additive float, a flex ``BlockMask``, FlashAttention's padding mask), used as is.
+            output_attentions: also return the probabilities (the "eager" kernel).
+            use_sdpa: False runs the "eager" reference kernel whatever the configuration says.
+            attention_bias: an additive float bias broadcastable to [batch, heads, query, key]; overrides
                 ``attention_mask``.
-            is_causal: left-to-right attention (a query sees keys at or before its position); None
-                = the layer's default (``config.is_decoder``).
-            cache: a transformers key/value ``Cache``: this call's keys and values are appended to
-                it under ``layer_idx`` and the queries (the last tokens) attend to all of them.
-            kwargs: passed to the attention function (e.g. ``position_ids`` or ``cu_seq_lens_q``
-                for FlashAttention on packed sequences).
+            is_causal: a query sees keys at or before its position; None: ``config.is_decoder``.
+            cache: a transformers ``Cache``; this call's keys and values are appended under ``layer_idx``.
+            kwargs: passed to the attention function (``position_ids``, ``cu_seq_lens_q`` for packed FlashAttention).
 
         Returns:
-            (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows
-            summing to 1, or None unless ``output_attentions``).
+            (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows summing to 1, or
+            None unless ``output_attentions``).
 
         Raises:
-            ValueError: hidden_states not a float tensor [batch, seq, hidden_size]; a padding mask
-                of the wrong shape (see :func:`padding_mask_to_bias`); an attention_bias that is not
-                a float tensor broadcastable to [batch, heads, seq, keys]; a cache without the
-                layer's index; an implementation that cannot take the head sizes (FlashAttention
-                above 256; qk_head_dim ≠ v_head_dim outside the implementations that take it:
-                :func:`check_head_dims`).
+            ValueError: hidden_states not a float [batch, seq, hidden_size]; a bad padding mask
+                (:func:`padding_mask_to_bias`) or attention_bias; a cache without the layer's index; head sizes the
+                implementation cannot take (:func:`check_head_dims`).
         """
         require_tensor("hidden_states", hidden_states)
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:

@@ -36,38 +36,24 @@ def _check_prob(name, value):
 
 @dataclass(repr=False)
 class FixedHeadConfig(PreTrainedConfig):
-    """Configuration of a post-LN BERT encoder with standard or fixed head size.
+    """Configuration of a post-LN BERT encoder (or decoder) with standard or fixed head size.
 
-    Args (the transformers BERT names; the paper's symbols in brackets):
-        vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h],
-        head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or a list with
-            one entry per layer (each None or an int) for per-layer head sizes,
-        qk_head_dim: the size of each head's queries and keys (the logits Q Kᵀ have rank at most
-            this, Theorem 1) in every layer; None = that layer's head_dim,
-        v_head_dim: the size of each head's values (the output projection reads h·v_head_dim);
-            None = that layer's head_dim,
-        intermediate_size: feed-forward width, hidden_act, hidden_dropout_prob,
-        attention_probs_dropout_prob, max_position_embeddings [≥ n], type_vocab_size,
-        initializer_range, layer_norm_eps, pad_token_id, bos_token_id / eos_token_id (generation
-            starts / stops at them; a trained causal run records its tokenizer's), classifier_dropout,
-        tie_word_embeddings: MLM decoder shares the input embedding matrix (as BERT),
-        is_decoder: causal (left-to-right) attention, as :class:`~fixedhead.model.modeling.FixedHeadForCausalLM`
-        sets; use_cache: a decoder keeps a key/value cache while generating (both as ``BertConfig``),
-        parametrization ("standard" or "mup"), attention_scale, mup_base_head_dim,
-        mup_base_num_attention_heads, query_init: how the logit scale, W_o's initialisation and
-            learning rate, and W_q's initialisation depend on d_p (:mod:`fixedhead.model.parametrization`),
-        and transformers' common fields (num_labels / id2label, problem_type, ...).
+    Args (transformers BERT names; the paper's symbols in brackets):
+        vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h], intermediate_size,
+        max_position_embeddings [≥ n], and BERT's other fields, as ``BertConfig``.
+        head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or one entry per layer.
+        qk_head_dim, v_head_dim: the size of each head's queries and keys (the logits' rank is at most this,
+            Theorem 1) and of its values; None = the layer's head_dim.
+        bos_token_id / eos_token_id: where generation starts and stops (a causal run records its tokenizer's).
+        is_decoder, use_cache: causal attention, and a key/value cache while generating.
+        parametrization ("standard" or "mup"), attention_scale, mup_base_head_dim, mup_base_num_attention_heads,
+            query_init: :mod:`fixedhead.model.parametrization`.
 
     Raises:
-        ValueError: at construction, naming the bad value: non-int or non-positive sizes
-            (bools and floats included), standard mode with d not divisible by h, a per-layer
-            ``head_dim`` list whose length is not num_hidden_layers or with a bad entry, a
-            ``qk_head_dim`` / ``v_head_dim`` that is neither None nor a positive int, dropout
-            outside [0, 1), a pad / bos / eos token id outside the vocabulary, a problem_type that is
-            not one of :data:`PROBLEM_TYPES` (BERT would silently compute no loss), parametrization
-            fields (:func:`~fixedhead.model.parametrization.check_parametrization`). The same rules
-            are checked again after ``from_pretrained`` overrides and when a model is built
-            (:meth:`check`).
+        ValueError: naming the bad value, at construction, after ``from_pretrained`` overrides and when a model is
+            built (:meth:`check`): a size that is not a positive int, standard heads with d not divisible by h, a
+            per-layer list of the wrong length, dropout outside [0, 1), a special token id outside the vocabulary,
+            a problem_type outside :data:`PROBLEM_TYPES`, bad parametrization fields.
     """
 
     model_type = "fixedhead"

@@ -1,25 +1,12 @@
-"""From transformers' BERT to fixedhead, losslessly, for every BERT head with a counterpart here.
+"""From transformers' BERT to fixedhead, losslessly: ``BertModel`` → ``FixedHeadModel``, ``BertForMaskedLM`` →
+``FixedHeadForMaskedLM``, ``BertLMHeadModel`` → ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` →
+``FixedHeadForSequenceClassification``. The result has standard heads (``head_dim=None``) and gives BERT's
+outputs in float32 eval mode up to rounding (tested to 1e-5).
 
-=====================================  ==========================================
-transformers                           fixedhead
-=====================================  ==========================================
-``BertModel`` (with or without pooler)  ``FixedHeadModel`` (same ``add_pooling_layer``)
-``BertForMaskedLM``                    ``FixedHeadForMaskedLM``
-``BertLMHeadModel`` (``is_decoder``)   ``FixedHeadForCausalLM``
-``BertForSequenceClassification``      ``FixedHeadForSequenceClassification``
-=====================================  ==========================================
-
-The result is the standard-head model (``head_dim=None``): in float32 eval mode it gives the
-same outputs as the BERT model up to float rounding (tested to 1e-5 for each head).
-
-"Losslessly" is enforced on the configuration as well as the weights: every field of
-``BertConfig`` sits in exactly one of :data:`CARRIED` (copied, same name and meaning),
-:data:`REFUSED_UNLESS_DEFAULT` (an architecture fixedhead does not have: converted only at
-BERT's default, refused otherwise) or :data:`NO_EFFECT` (does not change what an encoder
-computes). A field in none of them (a newer transformers) is converted only at its default and
-refused otherwise, and a test fails until it is classified. The weights are matched exactly
-(``load_state_dict(strict=True)``), and whether the decoder shares the input embeddings is read
-from the BERT model itself, not only from ``tie_word_embeddings``.
+Every ``BertConfig`` field is in exactly one of :data:`CARRIED` (copied), :data:`REFUSED_UNLESS_DEFAULT` (an
+architecture fixedhead lacks: converted only at BERT's default) or :data:`NO_EFFECT`; an unknown field (a newer
+transformers) is converted only at its default, and a test fails until it is classified. Weights load with
+``strict=True``; whether the decoder is tied is read from the model, not only from ``tie_word_embeddings``.
 """
 
 from __future__ import annotations

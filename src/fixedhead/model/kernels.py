@@ -4,7 +4,7 @@ Nothing here changes what attention computes beyond float rounding (the equation
 :func:`fixedhead.model.attention.multi_head_attention`). It decides *how* the product runs:
 
 * on CUDA, which scaled-dot-product-attention (SDPA) backends a head size allows
-  (:func:`sdpa_backend_plan`), with one warning when the fused kernels drop out
+  (:func:`sdpa_backends`), with one warning when the fused kernels drop out
   (:func:`warn_if_unfused`) — the paper's fixed head size makes d_p a free knob, and large or odd
   d_p leave FlashAttention;
 * on CPU in training with attention dropout, where PyTorch's SDPA has only its math kernel, a
@@ -30,20 +30,14 @@ FUSED_HEAD_DIM_MULTIPLE = 8
 _warned_sdpa: set = set()
 
 
-def sdpa_backend_plan(
+def sdpa_backends(
     head_dim: int, device_type: str, v_head_dim: int | None = None
 ) -> tuple[list[SDPBackend] | None, str | None]:
     """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
 
-    The paper's fixed head size makes d_p a free knob (it recommends d_p = n, e.g. 128 or 512),
-    and large or odd d_p silently leave the fused attention kernels on GPUs: PyTorch's
-    FlashAttention takes d_p ≤ 256, and the fused kernels want d_p % 8 == 0. Where none applies,
-    SDPA's math kernel builds the [batch, heads, n, n] matrix in memory, as eager attention does.
-
-    Values of their own size (``v_head_dim`` ≠ ``head_dim``) leave FlashAttention too: PyTorch's
-    flash kernels need q, k and v of one size (``check_head_dim_size_flash`` in
-    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``), memory-efficient attention takes
-    values of another size (both multiples of the alignment).
+    A free d_p (paper Section 4 suggests d_p = n) can leave the fused GPU kernels: FlashAttention takes d_p ≤ 256
+    and q, k, v of one size (``check_head_dim_size_flash`` in PyTorch's ``sdp_utils.cpp``); the fused kernels want
+    d_p % 8 == 0. The math kernel left builds the [batch, heads, n, n] matrix, as eager attention does.
 
     Args:
         head_dim: d_p of queries and keys.
@@ -51,13 +45,9 @@ def sdpa_backend_plan(
         v_head_dim: d_p of values; None = head_dim.
 
     Returns:
-        (backends, reason). On CUDA, ``backends`` is the allowed set in preference order,
-        always ending with ``SDPBackend.MATH`` so a call never fails: FlashAttention, then
-        memory-efficient attention, when both fit; memory-efficient then math for
-        d_p > 256; and ``reason`` says why FlashAttention is out (None when it is not). On
-        other devices ``(None, None)``: PyTorch's own choice is used (on CPU it is the fused
-        flash kernel without dropout, the math kernel with it, for every d_p; the math kernel
-        whenever values have a size of their own).
+        (backends, reason). On CUDA the allowed backends in preference order, always ending with
+        ``SDPBackend.MATH``, and why FlashAttention is out (None when it is not); elsewhere ``(None, None)``:
+        PyTorch's own choice.
     """
     if device_type != "cuda":
         return None, None
@@ -80,9 +70,9 @@ def sdpa_backend_plan(
 
 
 def warn_if_unfused(head_dim: int, device_type: str, v_head_dim: int | None = None) -> list[SDPBackend] | None:
-    """:func:`sdpa_backend_plan`, plus one ``UserWarning`` per (head sizes, device) per process
+    """:func:`sdpa_backends`, plus one ``UserWarning`` per (head sizes, device) per process
     (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
-    backends, reason = sdpa_backend_plan(head_dim, device_type, v_head_dim)
+    backends, reason = sdpa_backends(head_dim, device_type, v_head_dim)
     key = (head_dim, device_type) if v_head_dim in (None, head_dim) else (head_dim, v_head_dim, device_type)
     if reason is not None and key not in _warned_sdpa and not tracing():
         _warned_sdpa.add(key)
@@ -244,7 +234,7 @@ def sdpa_attention_forward(
     * CPU, training with attention dropout, float32/64, no autocast (:func:`use_cpu_fast_path`):
       :class:`DropoutAttention`, the same computation as SDPA's math kernel, faster (a learnable
       float mask keeps SDPA, which gives it a gradient).
-    * CUDA: SDPA restricted to :func:`sdpa_backend_plan`'s kernels for the head size, with one
+    * CUDA: SDPA restricted to :func:`sdpa_backends`'s kernels for the head size, with one
       warning when FlashAttention drops out (:func:`warn_if_unfused`).
     * Otherwise transformers' function as is.
     """

@@ -40,22 +40,12 @@ def masked_lm_loss_and_logits(
 ):
     """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
 
-    ``num_items_in_batch`` (transformers' Trainer passes it): the number of labelled positions in
-    the whole global batch (all processes, all accumulation steps); the summed cross-entropy is
-    divided by it, so data-parallel and accumulated steps average over every masked token, as one
-    process on the global batch would. Without it, the mean over this call's labelled positions.
-
-    The output layer (the largest matrix product of a BERT step at a 30k vocabulary) runs only at
-    the labelled positions, as the original BERT code does; their rows are scattered into a
-    [batch, seq, vocab] tensor of zeros (as MosaicML's BERT does), so the output has
-    ``BertForMaskedLM``'s shape and its values at every labelled position. Rows of unlabelled
-    positions are 0; pass no labels for logits everywhere. The loss is 0 with a zero gradient when
-    nothing is labelled (``BertForMaskedLM`` gives NaN there).
-
-    Under ``torch.compile``/``torch.export`` the number of labelled positions is not known while
-    tracing, so the output layer runs at every position and unlabelled rows are zeroed: the same
-    values, at full-logits cost. In eager mode on a GPU, finding the labelled positions
-    (``nonzero``) is one device-to-host synchronisation per step.
+    ``num_items_in_batch`` (from transformers' Trainer): the labelled positions of the whole global batch, so
+    data-parallel and accumulated steps average over every masked token; without it, this call's. The output layer
+    runs only at the labelled positions (as the original BERT code), scattered into zeros of ``BertForMaskedLM``'s
+    shape; pass no labels for logits everywhere. Nothing labelled: loss 0 with a zero gradient (BERT gives NaN).
+    Under ``torch.compile``/``torch.export`` it runs at every position (same values, full cost); eager on a GPU,
+    finding the positions is one host sync per step.
     """
     batch, seq, hidden = sequence_output.shape
     flat_labels = labels.reshape(-1).long()

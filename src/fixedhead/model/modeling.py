@@ -346,32 +346,21 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
 
 
 class FixedHeadModel(FixedHeadPreTrainedModel):
-    """The bare encoder (or, with ``config.is_decoder``, decoder): embeddings, ``num_hidden_layers``
-    blocks, optional BERT pooler.
+    """The bare encoder (with ``config.is_decoder``: decoder): embeddings, ``num_hidden_layers`` blocks, an optional
+    BERT pooler. A decoder's attention is causal, and ``use_cache`` / ``cache`` keep a transformers ``Cache`` for
+    generation (``attention_mask`` then covers cached + new tokens).
 
-    With ``config.is_decoder=True`` (as :class:`FixedHeadForCausalLM` sets) attention is causal
-    (left to right) and ``use_cache`` / ``cache`` keep a transformers key/value ``Cache``
-    (``DynamicCache``) for generation; ``attention_mask`` then covers cached + new tokens.
+    forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq] (1 = token,
+    0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq] shared by all rows)) returns
+    ``BaseModelOutputWithPoolingAndCrossAttentions``: last_hidden_state [batch, seq, hidden_size], pooler_output
+    [batch, hidden_size] or None, on request hidden_states and attentions ([batch, heads, query, key], rows sum to
+    1). A row whose mask is all 0 gives finite (meaningless) outputs.
 
-    forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq]
-    (1 = token, 0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq]
-    shared by all rows)) returns ``BaseModelOutputWithPoolingAndCrossAttentions`` with last_hidden_state
-    [batch, seq, hidden_size], pooler_output [batch, hidden_size] (or None), and, on request,
-    hidden_states and attentions ([batch, heads, query, key], rows sum to 1).
-
-    Raises:
-        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the
-            position table (when position_ids are not given); a tensor of the wrong shape or
-            dtype; token ids outside the vocabulary, position ids outside the position table,
-            token types outside the type table (all read from the tables themselves, so after
-            ``resize_token_embeddings`` too); a mask holding values other than 0/1; NaN or ±inf
-            in ``inputs_embeds`` (refused, not propagated).
+    Raises (value checks where :mod:`fixedhead.model.tensor_checks` runs them):
+        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the position table; a
+            tensor of the wrong shape or dtype; ids outside their embedding tables; a mask value other than 0/1;
+            NaN or ±inf in ``inputs_embeds``.
         TypeError: a tensor argument that is not a tensor.
-
-    Value checks (ranges, mask values, finiteness) run in eager mode on CPU tensors; under
-    ``torch.compile``/``torch.export`` and on GPUs they are skipped (no graph breaks, no host
-    syncs), shape and dtype checks always run: see :mod:`fixedhead.model.tensor_checks`.
-    A batch row whose attention_mask is all 0 gives finite (meaningless) outputs, never NaN.
     """
 
     def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):

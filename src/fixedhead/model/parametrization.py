@@ -1,27 +1,16 @@
-"""How the attention's numbers scale with the head size d_p: the logit scale, the output
-projection's initialisation and its learning rate.
+"""How the attention's logit scale, W_o's initialisation and its learning rate follow the head size d_p.
 
-``parametrization="standard"`` is BERT's (and the paper's): logits Q K^T / √d_p, every weight drawn
-from N(0, initializer_range), one learning rate. Comparing models of different d_p at one learning
-rate then compares models whose updates move their activations by different amounts.
+``"standard"`` is BERT's and the paper's: logits Q Kᵀ / √d_p, every weight from N(0, initializer_range), one
+learning rate. ``"mup"`` is the maximal-update parametrization (Yang et al. 2022, "Tensor Programs V", Table 3,
+Adam) along d_p only, the attention width being h·d_p at fixed d and h:
 
-``parametrization="mup"`` applies the maximal-update parametrization (μP; Yang et al. 2022,
-"Tensor Programs V", Table 3 for Adam, and microsoft/mup) along the head-size axis only: with d and
-h fixed, the attention width is h·d_p, so
+* q, k, v projections (fan-in d fixed): unchanged;
+* W_o (fan-in h·d_p): initial std and Adam learning rate × base_width / width, width = h·d_p;
+* logits × √base_d_p / d_p instead of 1/√d_p (q and k correlate in training, so q·k grows like d_p).
 
-* the query, key and value projections (fan-in d, fixed; fan-out h·d_p) are μP's input-like
-  weights: unchanged;
-* the output projection W_o (fan-in h·d_p, growing; fan-out d, fixed) is μP's output-like weight:
-  its initial standard deviation and its Adam learning rate are multiplied by
-  base_width / width, with width = h·d_p and base_width = base_h · base_d_p;
-* the logits are scaled by 1/d_p instead of 1/√d_p (μP's attention scale: q and k become
-  correlated in training, so q·k grows like d_p), written √base_d_p / d_p so that it equals
-  1/√d_p at the base head size.
-
-At the base (``mup_base_head_dim``, ``mup_base_num_attention_heads``) both parametrizations are the
-same model. ``attention_scale`` (a number) overrides the logit scale of either, and
-``query_init="zero"`` starts W_q at zero (μP's recommendation: uniform attention at step 0).
-``fixedhead coordcheck`` measures which of these keeps the activations' updates flat in d_p.
+At the base (``mup_base_head_dim``, ``mup_base_num_attention_heads``) the two are the same model.
+``attention_scale`` overrides either logit scale; ``query_init="zero"`` starts W_q at zero. ``fixedhead
+coordcheck`` measures which keeps the updates flat in d_p.
 """
 
 from __future__ import annotations

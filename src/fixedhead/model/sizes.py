@@ -20,54 +20,36 @@ def estimate_flops(
     masked_fraction: float = 0.15,
     training: bool = True,
 ) -> int:
-    """Matrix-multiply FLOPs of one masked-LM step (one forward, or forward + backward).
+    """Matrix-multiply FLOPs of one masked-LM step (forward, or forward + backward).
 
-    Counts 2 FLOPs per multiply-accumulate of every matrix product, nothing else. With
-    d = hidden_size, i = h·d_p (attention inner size; d for standard heads), f =
-    intermediate_size, v = vocab_size, l = num_hidden_layers, n = seq_len, T = batch_size·n
-    tokens, and M = round(masked_fraction·T) positions at which the MLM output layer runs:
+    2 FLOPs per multiply-accumulate of every matrix product. With d = hidden_size, i = h·d_p, f =
+    intermediate_size, v = vocab_size, l = num_hidden_layers, n = seq_len, T = batch_size·n tokens and
+    M = round(masked_fraction·T) positions where the MLM output layer runs:
 
       per layer, per token     2·d·3i       fused q, k, v projection          d → 3i
                                2·i·d        output projection W_o             i → d
-                               2·n·i        logits  Q Kᵀ   (h heads: n keys × d_p each)
+                               2·n·i        logits  Q Kᵀ
                                2·n·i        context P V
-                               2·2·d·f      feed-forward, two layers          d → f → d
+                               2·2·d·f      feed-forward                      d → f → d
       MLM head, per position   2·d·d        transform dense
-                               2·d·v        decoder (tied to the word embeddings)
+                               2·d·v        decoder
 
       forward = T·l·(8·d·i + 4·n·i + 4·d·f) + M·(2·d² + 2·d·v)
 
-    With per-layer head sizes (``head_dim`` a list) each layer counts its own i and the l·(…) is a sum.
-    With queries and keys of one size and values of another (``qk_head_dim``, ``v_head_dim``), i
-    splits into i_qk = h·d_qk and i_v = h·d_v: the projection costs 2·d·(2·i_qk + i_v), the output
-    projection 2·i_v·d, the logits 2·n·i_qk and the context 2·n·i_v.
-
-    A Llama config (``LlamaConfig``, :mod:`fixedhead.model.architectures`) counts its own layer and
-    head: separate q, k, v projections (the same 2·d·3i for plain multi-head attention, 2·d·(i +
-    2·i_kv) with fewer key/value heads), a SwiGLU feed-forward of three matrices (2·3·d·f) and
-    no transform before the output layer (2·d·v), which runs wherever the loss or the logits need
-    it (``masked_fraction``: 1.0 for a causal LM).
-
-    Training (``training=True``) is 3× forward: the backward of every product ``Y = X·W``
-    costs two more of the same size (``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``); this includes the first
-    layer, whose input gradient feeds the trained embeddings, and the two attention products
-    (gradients for both operands). Not counted, because they are O(d) per token rather than
-    O(d²): embedding lookups, LayerNorm, GELU, softmax, dropout, biases, the loss and the
-    optimizer update. Those are real time on a memory-bound machine — which is exactly what
-    model-FLOP utilisation is meant to expose.
-
-    ``masked_fraction`` is the fraction of positions where the output layer runs: the masking
-    rate for :class:`~fixedhead.model.modeling.FixedHeadForMaskedLM` with labels (it scores only the
-    labelled positions), ``1.0`` for full logits (transformers' ``BertForMaskedLM``, or our
-    model without labels, e.g. inference). The paper's fixed head size changes only the ``i``
-    terms: 8·d·i + 4·n·i per token per layer, against 8·d² + 4·n·d for standard heads.
+    Per-layer head sizes sum per layer; with ``qk_head_dim`` and ``v_head_dim`` the projection is
+    2·d·(2·i_qk + i_v), W_o 2·i_v·d, the logits 2·n·i_qk, the context 2·n·i_v. A ``LlamaConfig`` counts
+    separate q, k, v (2·d·(i + 2·i_kv) with fewer key/value heads), a SwiGLU feed-forward (2·3·d·f) and no
+    transform. Training is 3× forward (dX and dW per product). O(d)-per-token work (embeddings, LayerNorm,
+    softmax, the loss, the optimizer) is not counted: model-FLOP utilisation is meant to expose it.
+    ``masked_fraction``: the masking rate for ``FixedHeadForMaskedLM`` with labels, 1.0 for full logits or a
+    causal LM.
 
     Args:
         config: the model configuration.
-        batch_size: sequences per step (B ≥ 1).
-        seq_len: tokens per sequence (n ≥ 1; padding counts — it is computed).
+        batch_size: sequences per step (≥ 1).
+        seq_len: tokens per sequence (≥ 1; padding counts).
         masked_fraction: in [0, 1].
-        training: forward + backward (3×) if True, forward only if False.
+        training: forward + backward if True.
 
     Returns:
         FLOPs per step, an int.

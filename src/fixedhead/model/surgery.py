@@ -1,28 +1,16 @@
-"""Widen the heads of a trained model, exactly: d_p → d_p' ≥ d_p with the same function.
+"""Widen the heads of a trained model, exactly: d_p → d_p' ≥ d_p with the same function (paper Section 4 fixes
+d_p apart from d; a widened model trains on without its old head size's bottleneck).
 
-The paper (Bhojanapalli et al., ICML 2020, Section 4) fixes the head size d_p independently of the
-embedding size d. :func:`widen_heads` turns a trained model with head size d_p into one with a
-larger d_p' that computes the same outputs (to float rounding), so a model can be trained further
-without the low-rank bottleneck of its old head size.
+Per head, fused ``qkv`` rows [q | k | v] (each [h·d_p], heads contiguous), ``out_proj`` columns [h·d_p]:
 
-Per head i, with the fused ``qkv`` rows laid out [q | k | v], each [h·d_p] with heads contiguous,
-and ``out_proj`` columns [h·d_p]:
+* queries: old rows and bias × √(d_p'/d_p), so (c·q)·k / √d_p' = q·k / √d_p; new rows small random, bias 0;
+* keys: new rows and bias **zero**, so the new logit terms are 0;
+* values: new rows small random, bias 0;
+* output projection: new columns **zero**, so the new value dimensions add nothing.
 
-* queries: the old rows (and bias) are multiplied by √(d_p'/d_p), so that
-  (c·q)·k / √d_p' = q·k / √d_p — the logit scale 1/√d_p' of the wider head is compensated exactly;
-  the d_p' − d_p new rows are small random values, their bias entries 0.
-* keys: the new rows and bias entries are **zero**, so the new logit terms q_new·k_new are 0 and the
-  logits are unchanged. The new key rows still get gradients (through the random new query rows).
-* values: the new rows are small random values, their bias entries 0.
-* output projection: the new columns are **zero**, so the new value dimensions add nothing to
-  the output. They get gradients through the random new value rows.
-
-Padding both sides of a product with zeros would leave the new weights at zero forever (each
-side's gradient is the other side's weights). Here one side of each product is random: in the
-first backward pass the zero sides (new key rows, new ``out_proj`` columns) get non-zero
-gradients; once they have moved, the random sides do too. The key *bias* is the exception that
-always holds: a key bias adds the same value to every logit of a query, which the softmax ignores,
-so its gradient is zero in any attention layer (old entries included).
+One side of each new product is random, so the zero side gets a gradient in the first backward pass (zeros
+on both sides would stay zero). The key bias is the exception: softmax ignores a per-query shift, so its
+gradient is always zero.
 """
 
 from __future__ import annotations

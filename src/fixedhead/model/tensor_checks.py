@@ -1,24 +1,11 @@
-"""Input checks that name the bad value, and where they run (eager, compiled, traced, GPU).
+"""Input checks that name the bad value (docs/reliability.md), and where they run.
 
-The models refuse bad input early with a message naming the value (docs/reliability.md).
-There are two kinds of check, and they cost different things:
-
-* **Metadata checks** (number of dimensions, shape, dtype) read only a tensor's metadata. They
-  are free everywhere and always run; under ``torch.compile`` and ``torch.export`` they are
-  evaluated once while tracing (and guarded), so compiled and exported models still refuse a
-  wrong shape.
-* **Value checks** (a token id outside the vocabulary, a mask value other than 0/1, NaN in
-  ``inputs_embeds``, a label out of range) must read tensor *values* on the host. Under
-  ``torch.compile`` that is a graph break (``fullgraph=True`` fails with "Could not guard on
-  data-dependent expression"), ``torch.export`` refuses it, ``torch.jit.trace`` bakes the
-  answer in, and on a GPU each read is a device-to-host synchronisation that stalls the step.
-
-So value checks (and the one other host read, the shortcut that drops an all-ones padding mask)
-run only where they are free: in eager mode on CPU tensors. Under compile, export or tracing
-they are skipped, and on a GPU (any non-CPU device) they are skipped by default, leaving
-PyTorch's own device-side asserts (e.g. an out-of-range embedding index). While debugging a GPU
-run, ``set_value_checks("always")`` turns them on there too (eager only; each costs a sync);
-``set_value_checks("never")`` turns them off everywhere. The default is ``"auto"``.
+Metadata checks (dimensions, shape, dtype) are free and always run, compiled and exported models included
+(evaluated once while tracing). Value checks (a token id outside the vocabulary, a mask other than 0/1, NaN in
+``inputs_embeds``, a label out of range) read values on the host: a graph break under ``torch.compile``,
+refused by ``torch.export``, baked in by ``torch.jit.trace`` and a sync on a GPU. So they run only in eager
+mode on CPU tensors by default (``"auto"``); ``set_value_checks("always")`` adds GPU tensors (eager only),
+``"never"`` turns them off.
 """
 
 from __future__ import annotations

@@ -147,26 +147,27 @@ class BottleneckStudy(Study):
         return out
 
     def report(self, state):
-        o, record = state["options"], state
-        rows = [
-            [r["mask"], r["n"], r["head_dim"], r["threshold"], f"{r['logit_error']:.3e}", f"{r['kl_fit']:.3e}"]
-            for r in record["summary"]
+        o = state["options"]
+        columns = [
+            *(
+                (h, f"{{{k}}}")
+                for h, k in (("mask", "mask"), ("n", "n"), ("d_p", "head_dim"), ("threshold", "threshold"))
+            ),
+            ("logit error (nats)", "{logit_error:.3e}"),
+            ("KL of the fit (nats)", "{kl_fit:.3e}"),
         ]
-        header = ["mask", "n", "d_p", "threshold", "logit error (nats)", "KL of the fit (nats)"]
-        return "\n".join(
-            [
-                "# One head's low-rank bottleneck against head size (`fixedhead bottleneck`)",
-                "",
-                f"Random attention matrices P (temperature {o.temperature:g}), n ∈ {list(o.n)}, seeds {list(o.seeds)}; "
-                "the best logit-space error and the KL of an L-BFGS fit a head of size d_p reaches (mean over "
-                "seeds; paper Theorem 1: zero from d_p = n − 1, causal from ⌈(n − 1)/2⌉). Every head size is in "
-                "`bottleneck.csv`, the curves in `bottleneck.png`.",
-                "",
-                f"Command: `{record['meta']['command']}`",
-                "",
-                *render.table(header, rows),
-                "",
-            ]
+        return render.markdown(
+            render.Report(
+                "One head's low-rank bottleneck against head size (`fixedhead bottleneck`)",
+                [
+                    f"Random attention matrices P (temperature {o.temperature:g}), n ∈ {list(o.n)}, seeds "
+                    f"{list(o.seeds)}; the best logit-space error and the KL of an L-BFGS fit a head of size d_p "
+                    "reaches (mean over seeds; paper Theorem 1: zero from d_p = n − 1, causal from ⌈(n − 1)/2⌉). "
+                    "Every head size is in `bottleneck.csv`, the curves in `bottleneck.png`.",
+                    f"Command: `{state['meta']['command']}`",
+                    render.Table(columns, state["summary"]),
+                ],
+            )
         )
 
     def write_files(self, state, folder):

@@ -407,22 +407,20 @@ def plot(result: CoordCheckResult, axis: str, path) -> Path:
 
 def report_markdown(result: CoordCheckResult) -> str:
     s, meta = result.settings, result.meta
-    what_was_run = [render.commands_line(meta), render.software_line(meta)] if meta else []
-    return "\n".join(
-        [
-            "# Coordinate check",
-            "",
-            f"Causal LMs, d = {s['hidden_size']}, {s['num_hidden_layers']} layers, n = {s['seq_len']}, "
-            f"batch {s['batch_size']}, {s['steps']} AdamW steps at lr {s['learning_rate']:g}, no dropout, "
-            f"{result.data}, seeds {s['seeds']}. Head-size axis: h = {s['num_attention_heads']}, "
-            f"d_p ∈ {s['head_dims']}; head-count axis: d_p = {s['fixed_head_dim']}, h ∈ {s['num_heads']}; "
-            f"μP base d_p = {s['base_head_dim']}, h = {s['base_num_attention_heads']}.",
-            "",
-            "Slope of log mean |x_t − x_0| against log width at the last step (0 = flat: one learning rate "
-            "moves every width alike):",
-            "",
-            format_slopes(result),
-            "",
-            *(["## What was run", "", *what_was_run, ""] if what_was_run else []),
-        ]
+    run = render.Section("What was run", [[render.commands_line(meta), render.software_line(meta)]]) if meta else None
+    return render.markdown(
+        render.Report(
+            "Coordinate check",
+            [
+                f"Causal LMs, d = {s['hidden_size']}, {s['num_hidden_layers']} layers, n = {s['seq_len']}, "
+                f"batch {s['batch_size']}, {s['steps']} AdamW steps at lr {s['learning_rate']:g}, no dropout, "
+                f"{result.data}, seeds {s['seeds']}. Head-size axis: h = {s['num_attention_heads']}, "
+                f"d_p ∈ {s['head_dims']}; head-count axis: d_p = {s['fixed_head_dim']}, h ∈ {s['num_heads']}; "
+                f"μP base d_p = {s['base_head_dim']}, h = {s['base_num_attention_heads']}.",
+                "Slope of log mean |x_t − x_0| against log width at the last step (0 = flat: one learning rate "
+                "moves every width alike):",
+                format_slopes(result),
+            ],
+            [run],
+        )
     )

@@ -1,35 +1,17 @@
-"""The paper's theorems as code (Bhojanapalli et al., ICML 2020, Section 3): float64 NumPy/PyTorch.
+"""The paper's theorems as code (Bhojanapalli et al., ICML 2020, Section 3), in float64 NumPy/PyTorch.
 
-Convention. Rows are tokens: an input sequence is X ∈ R^{n×d} (the paper's X^T), a head's query and
-key maps are W_q, W_k ∈ R^{d×d_p} (the transposes of the paper's W_q, W_k ∈ R^{d_p×d}), its logits
-are L = (X W_q)(X W_k)^T / √d_p ∈ R^{n×n}, and the attention matrix P = softmax(L) is taken row by
-row, so P[i, j] is how much query i attends to key j and every *row* sums to 1. This is the
-transpose of the paper's column-stochastic P (PAPER.md); ``P_here = P_paper^T``.
+Rows are tokens: X ∈ R^{n×d} (the paper's Xᵀ), W_q, W_k ∈ R^{d×d_p}, logits L = (X W_q)(X W_k)ᵀ / √d_p ∈ R^{n×n},
+P = softmax(L) row by row, so every *row* sums to 1: ``P_here = P_paper^T`` (the paper's P is column-stochastic).
 
-What is here, one module per part of the paper (import the names from :mod:`fixedhead.theory`):
+* :mod:`~fixedhead.theory.theorem1`: Theorem 1's construction (:func:`represent`), the sharp threshold
+  (:func:`min_head_dim`, ≤ n − 1), the best smaller head in logit space (:func:`best_logits`,
+  :func:`logit_errors`) and in KL (:func:`fit_head`).
+* :mod:`~fixedhead.theory.causal`: causal heads (beyond the paper): the exact threshold as a minimum-rank
+  completion, ⌈(n − 1)/2⌉ for generic P, and bounds for smaller heads.
+* :mod:`~fixedhead.theory.theorem2`: Theorem 2's witness, a fixed-head layer no standard layer equals.
+* :mod:`~fixedhead.theory.common`: :func:`check_attention`, :func:`numerical_rank`, :data:`ROW_SUM_TOL`.
 
-* :mod:`~fixedhead.theory.theorem1` — :func:`represent`, Theorem 1's construction: weights whose
-  head reproduces a given P exactly. :func:`min_head_dim`, the sharp threshold: the smallest head
-  size that can represent P on a rank-n input is rank(log P · (I − 11^T/n)) ≤ n − 1, one less
-  than the paper's sufficient d_p ≥ n (the paper's free diagonal D_0 is a per-query shift of the
-  logits that softmax ignores). :func:`best_logits`, :func:`logit_errors`: the best a head of size
-  d_p < rank can do in logit space (truncated SVD, Eckart–Young), and :func:`fit_head`: the best
-  it can do in probability space (row-wise KL, numerically).
-* :mod:`~fixedhead.theory.causal` — causal attention (beyond the paper; ``causal=True`` in
-  :func:`min_head_dim`, :func:`represent`, :func:`head_attention`, :func:`random_attention`):
-  query i sees keys 0..i only, so only the lower triangle of the logits is constrained and the
-  exact threshold is a minimum-rank *completion* (:func:`complete_causal_logits`, Woerdeman
-  1987): ⌈(n − 1)/2⌉ for generic P (:func:`causal_threshold`), but anywhere from 1 to n − 1 for
-  special ones. :func:`causal_logit_lower_bounds` and :func:`fit_causal_logits` bracket the best
-  a smaller causal head can do.
-* :mod:`~fixedhead.theory.theorem2` — :func:`theorem2_witness`, :func:`theorem2_demo`: Theorem 2,
-  a fixed-head layer that no standard multi-head layer equals, shown numerically.
-* :mod:`~fixedhead.theory.common` — what they share: :func:`check_attention`,
-  :func:`numerical_rank`, :data:`ROW_SUM_TOL`.
-
-Mathematics only: no files, no plots, no progress bars (the ``fixedhead bottleneck`` experiment
-around these functions is :mod:`fixedhead.studies.bottleneck`). This package stands alone
-(NumPy, SciPy, PyTorch); it imports nothing from the rest of fixedhead (tests/test_layering.py).
+Mathematics only (no files or plots); imports nothing from the rest of fixedhead (tests/test_layering.py).
 """
 
 from .causal import (

@@ -119,44 +119,16 @@ class CausalCompletion(NamedTuple):
 
 @_one_thread
 def complete_causal_logits(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL) -> CausalCompletion:
-    """Minimum-rank logits for a causal head: the exact causal threshold and its witness.
+    """Minimum-rank logits for a causal head: the exact causal threshold r and its witness (beyond the paper,
+    whose Theorem 1 is bidirectional; the derivation, after Woerdeman 1987, is in docs/theory.md). Generic P
+    need r = ⌈(n − 1)/2⌉, special ones 0 to n − 1.
 
-    Beyond the paper (its Theorem 1 is bidirectional). Rows are queries, 0-based; a causal head
-    applies softmax to row i of its logits S over keys j <= i only.
-
-    Derivation. (1) The masked softmax of S is P iff S[i, j] − S[i, 0] = log P[i, j] − log P[i, 0]
-    for 1 <= j <= i; everything above the diagonal, and one shift per query, is free. (2) Right-
-    multiplying S by the invertible map that subtracts column 0 from every other column keeps
-    rank(S) and gives [S[:, 0] | M] with M[i, j−1] = S[i, j] − S[i, 0]. Column 0 and row 0 of M are
-    unconstrained, and a free row or column is best set to 0, so the smallest rank(S) is the
-    minimum rank of a completion of the (n−1)×(n−1) lower-triangular partial matrix
-    D[i, j] = log P[i+1, j+1] − log P[i+1, 0], j <= i (entries above the diagonal unknown).
-    (3) For that pattern the minimum is r = Σ_j rank D[j:, :j+1] − Σ_j rank D[j:, :j], exactly, for
-    every D (Woerdeman 1987, who proves it for all triangular patterns). Here the proof is short:
-    in any completion, column j is outside the span of columns 0..j−1 whenever its known part
-    D[j:, j] is outside the span of D[j:, :j], so the rank is at least r; and filling column j's
-    unknown part with A_j D[j:, :j]^+ D[j:, j] (A_j = the completed rows 0..j−1 of columns 0..j−1)
-    adds a new direction only in that case, so r is attained. (4) For generic P the blocks have
-    full rank, so column j adds one iff j + 1 <= n − 1 − j: r = ⌈(n − 1)/2⌉. Special P range from
-    r = 0 (each row uniform over its prefix) to r = n − 1 (D diagonal: every query favours itself
-    by the same margin; then every column is new).
-
-    Not closed: for such special P the infimum of the error of a smaller head can be 0 without
-    being attained — heads far below r fit P as closely as wanted with weights that grow without
-    bound (e.g. "attend to self" with margin a: r = n − 1, yet the rank-1 logits a·λ^{i−j} fit it
-    to O(λ)). Every P is a limit of generic ones, so ⌈(n − 1)/2⌉ dimensions always suffice in
-    that approximate sense; :func:`causal_logit_lower_bounds` certifies when they are also needed.
-
-    Numerics: ranks count singular values above τ = ``rtol`` × the largest singular value of the
-    blocks D[j:, :j+1]; the fill uses pseudo-inverses truncated at the same τ, and the filled D is
-    cut to rank r by SVD (removing rounding only).
-
-    Reference: H. J. Woerdeman, "The lower order of lower triangular operators and minimal rank
-    extensions", Integral Equations and Operator Theory 10 (1987) 859–879.
+    Ranks count singular values above τ = ``rtol`` × the largest singular value of the blocks
+    D[j:, :j+1]; the fill uses pseudo-inverses truncated at τ and the filled logits are cut to rank r by SVD.
 
     Args:
-        P: [n, n] causal attention (see :func:`check_causal_attention`).
-        rtol: relative rank tolerance; default n · float64 eps (as :func:`min_head_dim`).
+        P: [n, n] causal attention, rows = queries (:func:`check_causal_attention`).
+        rtol: relative rank tolerance; default n · float64 eps.
 
     Returns:
         :class:`CausalCompletion` (logits [n, n], head_dim = max(1, r), error in nats).

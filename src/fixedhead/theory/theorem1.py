@@ -45,33 +45,23 @@ def centred_log_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
 
 @_one_thread
 def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False) -> int:
-    """Smallest head size d_p that represents P exactly on an input X of rank n (sharp Theorem 1).
+    """Smallest head size d_p that represents P exactly on an input of rank n (Theorem 1, sharpened).
 
-    ``causal=True``: the same for a causal head (query i sees keys 0..i only), where only the
-    lower triangle of P is given; see :func:`complete_causal_logits` for the derivation. It is the
-    minimum rank of a completion of the lower-triangular log-differences, counted column by column
-    with the same ``rtol`` rule: ⌈(n − 1)/2⌉ for generic P, but anything from 1 (e.g. uniform
-    over the prefix, ALiBi-like or key-only logits) to n − 1 (e.g. every query favouring itself by
-    one logit margin over an otherwise uniform past) for special P. Bidirectional (default):
-
-    A head's logits on X ∈ R^{n×d} of rank n can be any n×n matrix of rank <= d_p (Theorem 1's
-    proof, via a right inverse of X), and softmax(L) = P iff L = log P + c 1^T for some per-query
-    shift c ∈ R^n (the paper's D_0). Writing C = log P (I − 11^T/n) (each row of log P centred by
-    its own mean, :func:`centred_log_attention`), L (I − 11^T/n) = C for every such L, so
-    rank(L) >= rank(C), with equality at c = row means. Hence the threshold is exactly rank(C),
-    which is at most n − 1 (C 1 = 0): one less than the paper's sufficient condition d_p >= n.
+    A head's logits on X of rank n can be any matrix L of rank ≤ d_p, and softmax(L) = P iff L = log P + c 1ᵀ
+    (the paper's per-query shift D_0). With C = log P (I − 11ᵀ/n) (:func:`centred_log_attention`),
+    L (I − 11ᵀ/n) = C, so rank(L) ≥ rank(C), with equality at c = the row means: the threshold is rank(C) ≤ n − 1
+    (C 1 = 0), one less than the paper's sufficient d_p ≥ n. ``causal=True``: the minimum completion rank of the
+    lower-triangular log-differences (:func:`complete_causal_logits`): ⌈(n − 1)/2⌉ for generic P, 1 to n − 1 for
+    special ones.
 
     Args:
-        P: [n, n] attention matrix, rows (queries) summing to 1, entries > 0; with ``causal=True``
-            lower-triangular instead (see :func:`check_causal_attention`).
-        rtol: singular values of C below ``rtol · σ_max(C)`` count as zero; default
-            n · float64 eps (NumPy's ``matrix_rank`` rule). Causal: singular values of the
-            staircase blocks below ``rtol`` times the largest of them count as zero.
+        P: [n, n] attention, rows (queries) summing to 1, entries > 0; causal: :func:`check_causal_attention`.
+        rtol: singular values below ``rtol · σ_max`` count as zero (causal: of the staircase blocks); default
+            n · float64 eps (NumPy's ``matrix_rank`` rule).
         causal: P is a causal (decoder) head's attention.
 
     Returns:
-        rank(C), or 1 when C = 0 (every row uniform: a head of size 1 with zero weights), since a
-        head has at least one dimension. Causal: the minimum completion rank, or 1 when it is 0.
+        rank(C) (causal: the completion rank), or 1 where that is 0 (a head has at least one dimension).
 
     Raises:
         ValueError: see :func:`check_attention` (:func:`check_causal_attention` when causal).
@@ -122,38 +112,28 @@ def _svd_factors(C: np.ndarray, k: int, svd=None) -> tuple[np.ndarray, np.ndarra
 
 @_one_thread
 def represent(X, P, head_dim: int | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False):
-    """Theorem 1's construction: W_q, W_k with softmax((X W_q)(X W_k)^T / √head_dim) = P exactly.
+    """Theorem 1's construction: W_q, W_k with softmax((X W_q)(X W_k)ᵀ / √head_dim) = P exactly.
 
-    Construction (paper Theorem 1 proof, rows-are-tokens form). X has rank n, so it has a right
-    inverse X^+ = X^T (X X^T)^{-1} with X X^+ = I_n (the paper's left inverse of its X ∈ R^{d×n}).
-    Take the logit target C = log P (I − 11^T/n), i.e. log P with the free per-query shift
-    (the paper's D_0) chosen as minus each row's mean (:func:`centred_log_attention`); factor
-    C = A B^T with A, B ∈ R^{n×head_dim} by SVD; set W_q = head_dim^{1/4} X^+ A and
-    W_k = head_dim^{1/4} X^+ B. Then (X W_q)(X W_k)^T / √head_dim = A B^T = C and softmax(C) = P.
-
-    ``causal=True`` (beyond the paper): the same construction on the minimum-rank completed
-    logits of :func:`complete_causal_logits` instead of C, so that the *masked* softmax
-    (:func:`head_attention` with ``causal=True``) reproduces the lower-triangular P, row 0 included,
-    with a head of size ``min_head_dim(P, causal=True)`` (⌈(n − 1)/2⌉ for a generic P).
+    X has rank n, so X⁺ = Xᵀ(X Xᵀ)⁻¹ is a right inverse (the paper's left inverse of its X). Take C = log P
+    (I − 11ᵀ/n) (the paper's free shift D_0 set to minus each row's mean, :func:`centred_log_attention`), factor
+    C = A Bᵀ (A, B ∈ R^{n×head_dim}) by SVD, set W_q = head_dim^{1/4} X⁺ A, W_k = head_dim^{1/4} X⁺ B. ``causal``
+    (beyond the paper): the same on :func:`complete_causal_logits`' completion, so the masked softmax reproduces
+    the lower-triangular P with ``min_head_dim(P, causal=True)`` dimensions.
 
     Args:
-        X: [n, d] input sequence, rows are tokens, rank n (so d >= n).
-        P: [n, n] target attention, entries > 0, each row (query) summing to 1 within
-            ``row_sum_tol`` (absolute); causal: see :func:`check_causal_attention`.
-        head_dim: the head size d_p; None picks the smallest that works, :func:`min_head_dim`
-            (≤ n − 1). Any head_dim >= min_head_dim(P) works (extra columns are zero).
+        X: [n, d] input, rows are tokens, rank n (so d ≥ n).
+        P: [n, n] target attention, entries > 0, rows (queries) summing to 1 within ``row_sum_tol``; causal:
+            :func:`check_causal_attention`.
+        head_dim: d_p ≥ min_head_dim(P) (extra columns are zero); None: :func:`min_head_dim` (≤ n − 1).
         causal: P is a causal head's attention (zero above the diagonal).
 
     Returns:
-        (W_q, W_k), each float64 [d, head_dim]. On random inputs the max-abs error of the
-        reconstructed P is ~1e-12 (tests check <= 1e-8 up to n = 256; causal <= 1e-10 up to
-        n = 128, on random and structured P).
+        (W_q, W_k), float64 [d, head_dim] each; P is reproduced to ~1e-12 (tests: ≤ 1e-8 up to n = 256).
 
     Raises:
-        ValueError: P has an entry <= 0 (causal: on or below the diagonal, or one above it that
-            is not 0), a row not summing to 1, or is not [n, n] with n the number of rows of X;
-            X has rank < n; head_dim < min_head_dim(P) (no head of that size represents P on any
-            input, Theorem 1 sharpened) or not a positive int.
+        ValueError: a bad P (an entry ≤ 0 where it must be positive, a row not summing to 1, not [n, n] for X's n);
+            X of rank < n; head_dim < min_head_dim(P) (no head of that size represents P on any input) or not a
+            positive int.
     """
     X = _as_matrix("X", X)
     P = check_causal_attention(P, row_sum_tol) if causal else check_attention(P, row_sum_tol)

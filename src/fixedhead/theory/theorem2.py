@@ -295,29 +295,23 @@ def theorem2_demo(
 ) -> Theorem2Result:
     """Theorem 2 numerically: the witness is fitted exactly by a fixed-head layer, not by a standard one.
 
-    Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_attention_heads``, d_p = ``head_dim``),
-    draws ``num_inputs`` training and as many held-out sequences X ∈ R^{n×d} with N(0, 1) entries,
-    and fits (a) a standard layer, h heads of size d/h, from ``restarts`` random starts — its
-    best relative error stays clearly above 0 (e.g. ≈ 0.05 train / 0.08 held-out with the
-    defaults, where d/h = 1 < d_p = 2); and (b) a fixed-head layer, h heads of size d_p, which
-    contains the witness: its exact error is 0 by construction, and the same optimiser started
-    from a perturbed witness converges back to ≲ 1e-8. Default sizes d = h = 4, d_p = 2, n = 4:
-    the smallest with h > d/d_p and a standard head size (1) below d_p, small enough to fit in
-    seconds; 64 sequences × 4 tokens × 4 outputs = 1024 targets against 64 standard-layer
-    parameters, so a small error cannot come from interpolation.
+    Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_attention_heads``, d_p = ``head_dim``), draws
+    ``num_inputs`` training and as many held-out X ∈ R^{n×d} with N(0, 1) entries, and fits (a) a standard layer
+    (h heads of size d/h) from ``restarts`` random starts: its best relative error stays clearly above 0 (≈ 0.05
+    train / 0.08 held-out with the defaults); (b) a fixed-head layer, which contains the witness (error 0), from a
+    perturbed witness: it converges back to ≲ 1e-8. The defaults d = h = 4, d_p = 2, n = 4 are the smallest with
+    h > d/d_p and d/h < d_p; 1024 targets against 64 standard-layer parameters rule out interpolation.
 
     Args:
-        hidden_size, num_attention_heads, head_dim, seq_len: d, h, d_p, n (needs h·d_p > d, d % h == 0,
-            n >= 2). num_inputs: training (and held-out) sequences. logit_scale: see
-            :func:`theorem2_witness`. restarts, max_iter: standard-layer fits.
-            fixed_max_iter: iterations of the fixed-head fit. seed: seeds everything.
+        hidden_size, num_attention_heads, head_dim, seq_len: d, h, d_p, n (h·d_p > d, d % h == 0, n ≥ 2).
+        num_inputs: training (and held-out) sequences. logit_scale: see :func:`theorem2_witness`.
+        restarts, max_iter: the standard-layer fits. fixed_max_iter: the fixed-head fit. seed: seeds everything.
 
     Returns:
         :class:`Theorem2Result`.
 
     Raises:
-        ValueError: sizes violating the theorem's hypotheses (see :func:`theorem2_witness`),
-            hidden_size not divisible by num_attention_heads, seq_len < 2.
+        ValueError: sizes violating the theorem's hypotheses (:func:`theorem2_witness`), seq_len < 2.
     """
     w = theorem2_witness(hidden_size, num_attention_heads, head_dim, logit_scale=logit_scale, seed=seed)
     seq_len = _check_int("seq_len", seq_len, minimum=2)

@@ -1,18 +1,10 @@
 """Safe checkpoints: atomic writes, truncation checks, and loading that never runs what it loads.
 
-transformers' ``Trainer`` (5.x) writes ``checkpoint-STEP`` in place, file by file, so a run killed
-while saving leaves a half-written newest checkpoint that ``resume_from_checkpoint=True`` would
-pick (it takes the highest step number without looking inside). This module
-
-* writes each checkpoint into a hidden staging directory beside it and renames it into place
-  only when complete (:func:`atomic_checkpoint_trainer`), so ``checkpoint-STEP`` is never partial;
-* checks a checkpoint before resuming from it (:func:`check_checkpoint`) and falls back to the
-  newest *complete* one with a warning (:func:`find_resume_checkpoint`);
-* model directories are validated before loading by :func:`fixedhead.runs.check_model_dir`.
-
-Trainer itself loads ``optimizer.pt``, ``scheduler.pt`` and ``rng_state.pth`` with
-``torch.load(..., weights_only=True)`` and never reads back ``training_args.bin``; this project
-calls ``torch.load`` nowhere.
+transformers' ``Trainer`` writes ``checkpoint-STEP`` in place, so a run killed while saving leaves a partial
+newest checkpoint that ``resume_from_checkpoint=True`` would pick. Here each checkpoint is written in a hidden
+staging folder and renamed into place when complete (:func:`atomic_checkpoint_trainer`), and a checkpoint is
+checked before resuming, falling back to the newest complete one with a warning (:func:`find_resume_checkpoint`).
+Nothing here calls ``torch.load``; Trainer loads its state with ``weights_only=True``.
 """
 
 from __future__ import annotations

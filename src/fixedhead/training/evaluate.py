@@ -68,27 +68,19 @@ def evaluate_lm(
     objective: str = "mlm",
     chars: torch.Tensor | None = None,
 ) -> dict:
-    """Held-out language-model metrics over the fixed held-out batches (:func:`fixedhead.data.lm.heldout_batches`).
+    """Held-out language-model metrics over fixed batches (:func:`fixedhead.data.lm.heldout_batches`): at the masked
+    positions (``objective="mlm"``) or every next token (``"clm"``, logits at t score the label at t + 1).
 
-    ``objective="mlm"``: at the masked positions. ``"clm"``: every labelled token predicted from
-    the tokens before it (logits at t score the label at t + 1, as the model's own loss).
-
-    ``chars``: the characters of original text each token covers, aligned with ``labels``
-    (:attr:`~fixedhead.data.PreparedData.heldout_chars`; 0 at special tokens). With it, bits per
-    character = total cross-entropy of the scored tokens in bits / the characters they cover
-    (:func:`~fixedhead.data.lm.scored_characters`; for ``"clm"`` those of the target tokens).
-    For a causal model that is the bits per character of the text; for a masked model, of the
-    masked tokens' text (under this fixed masking).
+    ``chars``: the characters of text each token covers, aligned with ``labels`` (0 at special tokens); with it,
+    bits per character = the scored tokens' cross-entropy in bits / the characters they cover
+    (:func:`~fixedhead.data.lm.scored_characters`).
 
     Returns:
-        ``{"loss": mean cross-entropy per scored token (nats), "perplexity": exp(loss),
-        "accuracy": fraction of scored tokens predicted exactly (top-1), "masked_tokens": count
-        of scored tokens}`` (for a causal model, "masked" means scored: every predicted token);
-        with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
+        ``{"loss": nats per scored token, "perplexity": exp(loss), "accuracy": top-1, "masked_tokens": scored
+        tokens}``, with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
 
     Raises:
-        DivergedError: a loss that is not finite (a trained run's loss above 2 ln V is judged by
-            pretraining, :func:`check_not_diverged`: a model built to pay per character may lose more).
+        DivergedError: a non-finite loss (the 2 ln V rule is pretraining's, :func:`check_not_diverged`).
         ValueError: no scored token, or ``chars`` not aligned with ``labels``.
     """
     characters = None if chars is None else scored_characters(labels, chars, objective)

@@ -1,17 +1,10 @@
 """ONNX export of an encoder run, checked on ONNX Runtime against PyTorch.
 
-The export itself is transformers' (:class:`transformers.exporters.OnnxExporter`: ``torch.export``
-then ``torch.onnx``), with the batch and sequence axes dynamic (the sequence up to the model's
-``max_position_embeddings``). fixedhead adds what a user would otherwise check by hand: the exported
-graph is run on ONNX Runtime's CPU provider (``onnxruntime.InferenceSession``, not transformers'
-runner) at shapes other than the traced one, with padding, and its logits are compared with the
-PyTorch model's; the folder appears only when they agree within the tolerance.
-
-Head sizes: at the default opset (20 with torch 2.13) the graph computes attention as MatMul and
-Softmax (no fused attention op), so d_p is just the inner dimension of a matrix product and ONNX
-Runtime's CPU provider takes any head size (ran here with d_p = 8, 10, 16, 32 and 300); from opset
-23 torch.onnx writes ONNX's own ``Attention`` op, which the CPU provider also runs at d_p = 10
-(tested) and 300. ``docs/head-sizes.md`` has the table.
+The export is transformers' (:class:`transformers.exporters.OnnxExporter`), batch and sequence axes dynamic.
+fixedhead runs the graph on ONNX Runtime's CPU provider at other shapes than the traced one, with padding, and
+compares its logits with PyTorch's; the folder appears only when they agree within the tolerance. Any head size
+exports: at the default opset (20) attention is MatMul and Softmax, from opset 23 ONNX's ``Attention`` op
+(docs/head-sizes.md).
 """
 
 from __future__ import annotations
@@ -153,25 +146,18 @@ def check_on_onnxruntime(onnx_path, model, batches, atol: float, rtol: float) ->
 def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, overwrite: bool = False) -> dict:
     """Export a masked-LM or sequence-classification run to ONNX and check it on ONNX Runtime.
 
-    The folder written holds ``model.onnx`` and ``model.onnx.data`` (the weights), transformers'
-    ``export.json``, the run's ``config.json`` and tokenizer, and ``onnx_export.json``: the check's
-    shapes and largest |ONNX Runtime − PyTorch| logit differences, the tolerance and the versions.
-    Inputs: ``input_ids``, ``attention_mask`` (and ``token_type_ids`` when the tokenizer gives them),
-    int64 of shape (batch, n) with any batch and 1 ≤ n ≤ ``max_position_embeddings``; output
-    ``logits`` (batch, n, vocab) or (batch, num_labels).
-
-    The export is written to a temporary folder beside ``output_dir`` and checked there; its files are
-    moved into place only when every check batch agrees, so a failed export leaves nothing behind.
-    ``output_dir`` must be new, empty or an earlier export holding nothing but an export's files
-    (:func:`owned_files`); ``overwrite`` replaces those files and nothing else.
+    Writes ``model.onnx``, ``model.onnx.data`` (the weights), transformers' ``export.json``, the run's
+    ``config.json`` and tokenizer, and ``onnx_export.json`` (the check's shapes, largest |ONNX Runtime − PyTorch|
+    logit differences, tolerance, versions). Inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``
+    where the tokenizer gives them), int64 [batch, n], 1 ≤ n ≤ ``max_position_embeddings``; output ``logits``
+    [batch, n, vocab] or [batch, num_labels]. The files are checked in a staging folder and moved into place only
+    when every check batch agrees. ``overwrite`` replaces an earlier export's files (:func:`owned_files`) only.
 
     Raises:
-        FileNotFoundError / ValueError: what :func:`fixedhead.runs.open_run` raises for the run; a run
-            that is not an encoder; bad options.
+        FileNotFoundError / ValueError: a run :func:`fixedhead.runs.open_run` refuses; not an encoder; bad options;
+            another opset than ``opset_version`` written.
         FileExistsError: ``output_dir`` holds something else (or an earlier export, without ``overwrite``).
-        ValueError: the exporter wrote another opset than ``opset_version`` (nothing is written).
-        RuntimeError: ONNX Runtime's logits differ from PyTorch's by more than the tolerance (the
-            differences are in the message; nothing is written).
+        RuntimeError: ONNX Runtime's logits differ from PyTorch's by more than the tolerance (nothing is written).
         ImportError: onnx, onnxscript or onnxruntime is not installed.
     """
     from transformers.exporters import OnnxConfig, OnnxExporter

@@ -189,29 +189,23 @@ def finetune(
     """Fine-tune the pretrained model in ``run_dir`` on GLUE ``task`` and score it on GLUE dev.
 
     Args:
-        run_dir: a pretraining run directory (``model.safetensors``, ``config.json``, tokenizer).
-        task: ``sst2``, ``cola``, ``mrpc``, ``rte`` or ``stsb`` (STS-B is regression, num_labels=1).
-        output_dir: where checkpoints, the fine-tuned model (``save_model``) and
-            ``finetune_metrics.json`` go. An existing finished ``finetune_metrics.json`` computed
-            from the same model content, GLUE data and settings is returned as is (no
-            retraining) unless ``overwrite``.
+        run_dir: a pretraining run folder (``model.safetensors``, ``config.json``, tokenizer).
+        task: ``sst2``, ``cola``, ``mrpc``, ``rte`` or ``stsb`` (regression, num_labels=1).
+        output_dir: checkpoints, the fine-tuned model and ``finetune_metrics.json``; a finished result of the same
+            model content, GLUE data and settings is returned as it is unless ``overwrite``.
         data_dir: the folder holding ``glue/`` (default: the project's shared data).
 
     Returns:
-        ``{"task", "metric" (headline name), "dev": {metrics on GLUE dev}, "validation": {best
-        validation metrics}, "score": dev headline metric, "best_step", "steps", "train_examples",
-        "validation_examples", "dev_examples", "train_seconds", "settings", "run_dir"}``.
+        ``{"task", "metric", "dev", "validation", "score" (the dev headline metric), "best_step", "steps",
+        "train_examples", "validation_examples", "dev_examples", "train_seconds", "settings", "run_dir"}``.
 
     Raises:
-        ValueError: unknown task; malformed GLUE files (see :func:`read_glue_tsv`); a run that is
-            not a fixedhead model, is damaged, or holds pickle weights (see
-            :func:`fixedhead.runs.open_run`); a validation size that leaves no training example;
-            :class:`~fixedhead.training.evaluate.DivergedError` (a ValueError) when the training loss
-            became non-finite.
-        FileNotFoundError: no finished model in ``run_dir``, or the GLUE files are missing.
-        FileExistsError: ``output_dir`` is the run itself, holds anything fine-tuning did not
-            write, or holds a fine-tuning result of another model, data or settings (without
-            ``overwrite``; ``overwrite`` removes only what fine-tuning wrote).
+        ValueError: unknown task; malformed GLUE files (:func:`read_glue_tsv`); a run :func:`fixedhead.runs.open_run`
+            refuses; a validation size that leaves no training example; a non-finite training loss
+            (:class:`~fixedhead.training.evaluate.DivergedError`).
+        FileNotFoundError: no finished model in ``run_dir``, or missing GLUE files.
+        FileExistsError: ``output_dir`` is the run itself, holds anything fine-tuning did not write, or another
+            model's, data's or settings' result (without ``overwrite``, which removes only what fine-tuning wrote).
     """
     from transformers import DataCollatorWithPadding, EarlyStoppingCallback, set_seed
 

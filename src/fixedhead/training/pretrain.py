@@ -121,42 +121,29 @@ def pretrain(
     init_from: str | os.PathLike | None = None,
     callbacks: list | None = None,
 ) -> dict:
-    """Pretrain a ``FixedHeadForMaskedLM`` with masked-LM on ``data`` and score it on the held-out set.
+    """Pretrain a ``FixedHeadForMaskedLM`` on ``data`` and score it on the held-out set.
 
-    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM`` instead, or, for a ``LlamaConfig``
-    (:mod:`fixedhead.model.architectures`), transformers' ``LlamaForCausalLM`` (causal only). ``init_from``
-    continues training from another run's weights instead of a fresh initialisation: a
-    pretraining run or a ``fixedhead widen`` output, opened with :func:`fixedhead.runs.open_run`.
-    Its config is the model's (pass ``config=None``), ``settings.objective`` must be its objective,
-    and ``data`` must be tokenised with its tokenizer (:func:`source_data` prepares the data the
-    run recorded). Where it started (path and content hash, :func:`init_from_record`) is recorded
-    in ``pretrain_settings.json`` and ``metrics.json`` and is part of the run's settings record, so a
-    run continued from other weights is never resumed or reused as this one.
+    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM``, or transformers' ``LlamaForCausalLM`` for a
+    ``LlamaConfig``. ``init_from`` starts from another run's weights (a pretraining run or a ``fixedhead widen``
+    output; pass ``config=None``, the same objective and data in its tokenizer): its path and content hash join
+    the run's settings record, so the run is never reused as one trained from scratch.
 
-    Writes to ``run_dir``: the model (safetensors) and tokenizer (loadable with
-    ``from_pretrained`` and ``transformers.pipeline("fill-mask", model=run_dir)``),
-    ``metrics.json``, ``pretrain_settings.json``, a model card ``README.md``, Trainer checkpoints
-    (``checkpoint-STEP``) and TensorBoard logs (``runs/``). Runs unchanged under
-    ``torchrun``/``accelerate launch`` (``settings.batch_size`` is then per process; only the
-    main process writes files).
+    Writes to ``run_dir``: the model (safetensors) and tokenizer (``from_pretrained``, ``pipeline``),
+    ``metrics.json``, ``pretrain_settings.json``, a model card, ``checkpoint-STEP`` folders and TensorBoard logs.
+    Under ``torchrun``/``accelerate launch``, ``settings.batch_size`` is per process and only the main process
+    writes. ``resume`` continues from the newest complete checkpoint and ends where an uninterrupted run would;
+    ``overwrite`` replaces the run. ``callbacks``: extra ``transformers.TrainerCallback`` objects.
 
     Returns:
-        the metrics dict: parameters, training tokens, wall time, held-out loss/perplexity/
-        accuracy, and the learning curves (train loss and held-out loss by step).
-
-    ``resume`` continues from the newest *complete* checkpoint (damaged newer ones are skipped
-    with a :class:`~fixedhead.training.checkpoints.CheckpointWarning`) and ends where an
-    uninterrupted run would; checkpoints are written atomically. ``overwrite`` replaces the run,
-    deleting its checkpoints. ``callbacks``: extra ``transformers.TrainerCallback`` objects
-    (e.g. the held-out timer of ``benchmarks/bench_tokens_to_quality.py``).
+        the metrics dict: parameters, training tokens, wall time, held-out loss (nats/token), perplexity and
+        accuracy, and the learning curves (loss by step).
 
     Raises:
-        FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or different
-            settings (with ``resume``), or is a file, or is ``init_from`` itself.
+        FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or other settings (with
+            ``resume``), or is a file, or is ``init_from``.
         FileNotFoundError: ``init_from`` is not a finished run.
-        ValueError: non-finite training loss; the masked objective for a Llama config; with
-            ``init_from``: a ``config`` passed, another objective than the run's, or data tokenised
-            with another vocabulary.
+        ValueError: non-finite training loss; the masked objective for a Llama config; with ``init_from``: a
+            ``config``, another objective or another vocabulary.
     """
     from transformers import set_seed
 

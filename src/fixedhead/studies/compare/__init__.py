@@ -344,18 +344,28 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
 def report_markdown(state: dict) -> str:
     """The comparison's report: the description, what was run, the table, the samples and the rates."""
     meta, results = state["meta"], state["results"]
-    lines = render.head(
-        "Standard against fixed head size (`fixedhead compare`)", meta, [], "![learning curves](learning_curves.png)"
+    samples = [[r["name"], f"{prompt} …", text] for r in results for prompt, text in r.get("samples", {}).items()]
+    selection = meta.get("learning_rate_selection")
+    return (
+        render.markdown(
+            render.Report(
+                "Standard against fixed head size (`fixedhead compare`)",
+                [f"{meta['description']}.", render.Figure("learning_curves.png", "learning curves")],
+                [
+                    render.what_was_run(meta),
+                    render.Section("Held-out scores", [format_table(results, meta.get("unigram_perplexity"))]),
+                    samples
+                    and render.Section(
+                        "What the models say (sampled continuations)",
+                        [render.Table(["model", "prompt", "continuation"], samples)],
+                    ),
+                    selection
+                    and selection_markdown(selection, {r["name"]: r["selection"] for r in results if "selection" in r}),
+                ],
+            )
+        ).rstrip()
+        + "\n"
     )
-    lines += ["", "## Held-out scores", "", *format_table(results, meta.get("unigram_perplexity")).splitlines(), ""]
-    samples = [(r["name"], prompt, text) for r in results for prompt, text in r.get("samples", {}).items()]
-    if samples:
-        lines += ["## What the models say (sampled continuations)", ""]
-        lines += render.table(["model", "prompt", "continuation"], [[n, f"{p} …", t] for n, p, t in samples]) + [""]
-    if "learning_rate_selection" in meta:
-        models = {r["name"]: r["selection"] for r in results if "selection" in r}
-        lines += selection_markdown(meta["learning_rate_selection"], models, "model")
-    return "\n".join(lines).rstrip() + "\n"
 
 
 def summarise(state: dict) -> list[dict]:

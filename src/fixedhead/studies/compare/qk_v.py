@@ -385,9 +385,7 @@ def report_markdown(record: dict, o: QkVOptions) -> str:
         else f"**every arm at one shared rate {o.shared_rate:g} (a pilot)**"
     )
     history = record.get("plan_history") or []
-    lines = [
-        "# Logit rank or value width (`fixedhead qk-v`)",
-        "",
+    opening = [
         f"Fixedhead causal LMs, n = {o.n}, d = {o.hidden_size}, h = {o.num_attention_heads}, queries/keys of size "
         f"qk ∈ {{{small}, {large}}} crossed with values of size v ∈ {{{small}, {large}}}, {o.steps} steps of "
         f"{o.tokens_per_step} tokens, seeds {o.seeds} (paired), recipe {o.recipe}; {rate}.",
@@ -397,33 +395,29 @@ def report_markdown(record: dict, o: QkVOptions) -> str:
         f"paired 95% interval; paired t-test, Holm over the three, α = {ALPHA:g}; smallest effect of interest "
         f"{o.target:g} nats (*seeds to see ±{o.target:g}*: what 80% power at α / 3 needs at this spread; before any "
         f"run, the pilot's sd {o.pilot_sd:g} asked for {sizing(o)['seeds_for']['gap']} seeds, plan.json's `sizing`).",
-        "",
-        f"Command: `{record['meta']['command']}`",
-        "",
-        *render.table(
-            ["qk_head_dim", "v_head_dim", "seeds", "held-out loss", "sd", "rate"],
-            [
-                [a["qk_head_dim"], a["v_head_dim"], a["seeds"], f"{a['loss']:.4f}", f"{a['sd']:.4f}"]
-                + [", ".join(f"{x:g}" for x in a["rates"])]
-                for a in summary["arms"]
-            ],
-        ),
-        "",
-        *render.table(
-            ["effect", "estimate [95% interval]", "Holm p", "word", f"seeds to see ±{o.target:g}"],
-            [
-                [
-                    LABELS[r["effect"]],
-                    f"{r['estimate']:+.4f}{_interval(r)}",
-                    "–" if r["p_holm"] is None else f"{r['p_holm']:.2g}",
-                    r["word"],
-                    r["seeds_for_target"] or "–",
-                ]
-                for r in summary["rows"]
-            ],
-        ),
-        "",
-        *words(summary, o),
-        "",
     ]
-    return "\n".join(lines)
+    arms = [
+        *((h, f"{{{h}}}") for h in ("qk_head_dim", "v_head_dim", "seeds")),
+        ("held-out loss", "{loss:.4f}"),
+        ("sd", "{sd:.4f}"),
+        ("rate", lambda a: ", ".join(f"{x:g}" for x in a["rates"])),
+    ]
+    effects = [
+        ("effect", lambda r: LABELS[r["effect"]]),
+        ("estimate [95% interval]", lambda r: f"{r['estimate']:+.4f}{_interval(r)}"),
+        ("Holm p", lambda r: "–" if r["p_holm"] is None else f"{r['p_holm']:.2g}"),
+        ("word", "{word}"),
+        (f"seeds to see ±{o.target:g}", lambda r: r["seeds_for_target"] or "–"),
+    ]
+    return render.markdown(
+        render.Report(
+            "Logit rank or value width (`fixedhead qk-v`)",
+            [
+                "\n".join(opening),
+                f"Command: `{record['meta']['command']}`",
+                render.Table(arms, summary["arms"]),
+                render.Table(effects, summary["rows"]),
+                words(summary, o),
+            ],
+        )
+    )

@@ -29,7 +29,7 @@ from pathlib import Path
 from ...checks import check_fields, positive_int
 from ...data import DataSettings
 from ...training.settings import TrainSettings
-from ..kit import core
+from ..kit import core, render
 from ..kit.learning_rate import with_validation_split
 from ..kit.recipes import get_recipe
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
@@ -249,11 +249,9 @@ class SeqLenStudy(Study):
         return report_markdown(state, state["options"])
 
     def write_files(self, state, folder):
-        from ..kit.render import write_csv
-
         rows = state["summary"]
         if rows:
-            write_csv(folder / "seq_len.csv", list(rows[0]), rows)
+            render.write_csv(folder / "seq_len.csv", list(rows[0]), rows)
         plot(rows, state["options"], folder / "seq_len.png")
 
 
@@ -336,47 +334,51 @@ def _mean(values):
 # ------------------------------------------------------------------------------------ outputs
 def report_markdown(record: dict, o: SeqLenOptions) -> str:
     small, large = o.head_dims[0], o.head_dims[-1]
-    lines = [
-        "# Sequence length against head size (`fixedhead seq-len`)",
-        "",
+    rate = (
+        f"each arm's rate chosen from {o.learning_rates} on a validation split with seed {o.seeds[0]}."
+        if o.learning_rates
+        else f"**every arm at one shared rate {o.shared_rate:g} (a pilot: no verdict)**."
+    )
+    grew = record["plan_history"]
+    columns = [
+        ("n", "{n}"),
+        (f"n / {small}", "{ratio:g}"),
+        ("architecture", "{architecture}"),
+        *((f"loss d_p={dp}", f"{{loss_dp{dp}:.4f}}") for dp in (small, large)),
+        ("gap [95% interval]", lambda r: f"{r['gap']:+.4f}" + _interval(r)),
+        ("Holm p", lambda r: _p(r["p_holm"])),
+        ("word", "{word}"),
+        (f"seeds to see ±{o.target:g}", lambda r: r["seeds_for_target"] or "–"),
+        (f"needed rank d_p={small} / {large}", f"{{needed_dp{small}:.1f}} / {{needed_dp{large}:.1f}}"),
+        (
+            f"attention gain d_p={small} / {large}",
+            f"{{attention_gain_dp{small}:.3f}} / {{attention_gain_dp{large}:.3f}}",
+        ),
+        ("rates", f"{{rate_dp{small}:g}} / {{rate_dp{large}:g}}"),
+    ]
+    opening = [
         f"Causal LMs, d = {o.hidden_size}, h = {o.num_attention_heads}, head sizes d_p = {small} (small) and "
         f"{large} (large), n ∈ {o.lengths}, {o.steps} steps of {o.tokens_per_step} tokens, seeds {o.seeds} "
-        f"(paired), recipe {o.recipe}; "
-        + (
-            f"each arm's rate chosen from {o.learning_rates} on a validation split with seed {o.seeds[0]}."
-            if o.learning_rates
-            else f"**every arm at one shared rate {o.shared_rate:g} (a pilot: no verdict)**."
-        ),
+        f"(paired), recipe {o.recipe}; {rate}",
         f"Plan `plan.json`, sha256 `{record['plan_sha256']}`, written before the first run"
-        + (
-            f"; **the study grew after results existed** ({len(record['plan_history'])} earlier plan(s))."
-            if record["plan_history"]
-            else "."
-        ),
+        + (f"; **the study grew after results existed** ({len(grew)} earlier plan(s))." if grew else "."),
         f"Gap = loss(d_p = {large}) − loss(d_p = {small}), nats, mean of the per-seed differences with its "
         f"95% interval; paired t-test, Holm over the rows, α = {ALPHA:g}; target: {o.target:g} nats (*seeds to "
         f"see ±{o.target:g}*: the seeds a paired test at α / rows needs for 80% power at this spread). Needed "
         "rank: the smallest k (all layers cut) within the band of the full-rank loss (`fixedhead "
         "rank-intervention`). Attention gain: the loss with uniform attention minus the full-rank loss.",
-        "",
-        f"Command: `{record['meta']['command']}`",
-        "",
-        f"| n | n / {small} | architecture | loss d_p={small} | loss d_p={large} | gap [95% interval] | Holm p "
-        f"| word | seeds to see ±{o.target:g} | needed rank d_p={small} / {large} | attention gain d_p={small} / "
-        f"{large} | rates |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in record["summary"]:
-        interval = "" if r["low"] is None else f" [{r['low']:+.4f}, {r['high']:+.4f}]"
-        lines.append(
-            f"| {r['n']} | {r['ratio']:g} | {r['architecture']} | {r[f'loss_dp{small}']:.4f} | "
-            f"{r[f'loss_dp{large}']:.4f} | {r['gap']:+.4f}{interval} | {_p(r['p_holm'])} | {r['word']} | "
-            f"{r['seeds_for_target'] or '–'} | "
-            f"{r[f'needed_dp{small}']:.1f} / {r[f'needed_dp{large}']:.1f} | "
-            f"{r[f'attention_gain_dp{small}']:.3f} / {r[f'attention_gain_dp{large}']:.3f} | "
-            f"{r[f'rate_dp{small}']:g} / {r[f'rate_dp{large}']:g} |"
+    table = render.Table(columns, record["summary"])
+    return render.markdown(
+        render.Report(
+            "Sequence length against head size (`fixedhead seq-len`)",
+            ["\n".join(opening), f"Command: `{record['meta']['command']}`", table],
         )
-    return "\n".join(lines) + "\n"
+    )
+
+
+def _interval(r: dict) -> str:
+    return "" if r["low"] is None else f" [{r['low']:+.4f}, {r['high']:+.4f}]"
 
 
 def plot(rows: list[dict], o: SeqLenOptions, path: Path) -> None:

@@ -343,84 +343,84 @@ def plot_learning_curves(state: dict, path: Path) -> None:
 
 def report_markdown(state: dict) -> str:
     """The markdown report: what was run, the rule, the grid with verdicts, the more-heads row."""
-    meta, refs = state["meta"], state["references"]
-    g, mh = meta["grid"], meta["more_heads"]
-    rec = meta["settings"]["recipe"]
-    tuned = bool(state.get("tuning"))
-    runs = _grid_runs(state)
-    title = "Farthest point under a rank-r projection: does head size matter when a model learns?"
-    L = render.head(title, meta, [], "![hit rate and MSE over (r, d_p)](heatmap.png)")
-    L += [
-        f"- task: N = {meta['settings']['num_points']} points uniform on the unit sphere in "
-        f"R^{meta['settings']['dim']}; target of x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with "
-        f"orthonormal rows (UᵀU projects onto a random r-dimensional subspace); fresh sets every step",
-        f"- model: one post-LN encoder block (this project's MultiHeadAttention, h heads of size d_p, no "
-        f"positions; GELU feed-forward {rec['intermediate_size'] or '4d'}), linear read-out; logits "
-        f"q·k/√d_p × {rec['logit_scale']}; points fed × {rec['input_scale']}",
-        f"- recipe, the same for every cell{' but its rate' if tuned else ''}: {rec['steps']} steps × "
-        f"{rec['batch_size']} sets, AdamW lr "
-        + ("each cell's own (below)" if tuned else f"{rec['learning_rate']}")
-        + f" (betas {tuple(rec['betas'])}, weight decay {rec['weight_decay']}), warm-up "
-        f"{rec['warmup_ratio']:.0%} then cosine decay to 0; loss MSE × d",
-        f"- seeds {meta['seeds']}: seed s is the task instance (U), the initialisation and the data stream; "
-        f"final metrics on {rec['eval_sets']} held-out sets ({rec['eval_sets'] * meta['settings']['num_points']:,} "
-        f"points) per run",
-        "",
-        "**Metrics.** MSE × d = ‖output − x_j*‖² per point (predicting 0 scores 1). Hit rate = fraction of "
-        "points whose output is within half the gap around x_j*: ‖output − x_j*‖ < ½ min_(k≠j*) ‖x_k − x_j*‖, "
-        'so it is nearer to x_j* than to any other point, with a margin. (The plain "nearest point is x_j*" '
-        "rate is in `results.csv` but is not used: the attention-free map x_i ↦ −UᵀU x_i scores 1 on it.)",
-        "",
-        f"**Verdict rule** (fixed before the run): a cell *succeeds* if every seed's hit rate is ≥ {SUCCEEDS_AT}, "
-        f"*fails* if every seed's is < {FAILS_BELOW}, and is *in between* otherwise.",
-        "",
-        "**Reference without attention** (least-squares affine map of x_i alone, seed-0 task): "
-        + "; ".join(
-            f"r = {r}: MSE × d {v['mse']:.3f}, hit rate {v['hit_rate']:.3f}, nearest-point rate {v['nearest_rate']:.3f}"
-            for r, v in refs.items()
-        )
-        + ".",
-        "",
-    ]
-    if tuned:
-        L += selection_markdown(meta["learning_rate_selection"], state["tuning"], "cell")
-    L += [f"## The grid: h = {g['heads']}, d = {meta['settings']['dim']} (mean ± std over seeds)", ""]
-    rows, agree, total = [], 0, 0
+    meta, refs, settings = state["meta"], state["references"], state["meta"]["settings"]
+    g, mh, rec = meta["grid"], meta["more_heads"], settings["recipe"]
+    tuned, runs = bool(state.get("tuning")), _grid_runs(state)
+    grid = []
     for r in g["ranks"]:
         for dp in g["head_dims"]:
             hit, mse, v = _cell_summary(runs[(r, dp)])
             ok = "–" if v == "not run" else ("yes" if v == ("succeeds" if dp >= r else "fails") else "no")
-            agree, total = agree + (ok == "yes"), total + (ok != "–")
-            rows.append([r, dp, "yes" if dp >= r else "no", hit, mse, f"**{v}**", ok])
-    L += render.table(["r", "d_p", "d_p ≥ r", "hit rate", "MSE × d", "verdict", "agrees with d_p ≥ r?"], rows)
-    L += [
-        "",
-        f"{agree} of {total} grid cells have the verdict the prediction (succeeds iff d_p ≥ r) names.",
-        "",
-        f"## More heads of a too-small size: d_p = {mh['head_dim']}, r = {mh['rank']}",
-        "",
-        "![more heads](more_heads.png)",
-        "",
+            grid.append([r, dp, "yes" if dp >= r else "no", hit, mse, f"**{v}**", ok])
+    agree, judged = sum(row[-1] == "yes" for row in grid), sum(row[-1] != "–" for row in grid)
+    more = [[h, h * mh["head_dim"], *_cell_summary(rs)] for h, rs in _more_heads_runs(state).items()]
+    for row in more:
+        row[-1] = f"**{row[-1]}**"
+    every = [{**x, "point": k} for k, x in state["runs"].items()]
+    every.sort(key=lambda x: (x["rank"], x["head_dim"], x["num_heads"], x["seed"]))
+    rate = "each cell's own (below)" if tuned else rec["learning_rate"]
+    setup = [
+        f"- task: N = {settings['num_points']} points uniform on the unit sphere in R^{settings['dim']}; target of "
+        "x_i is x_j with j = argmin_j ⟨U x_i, U x_j⟩, U ∈ R^(r×d) with orthonormal rows (UᵀU projects onto a random "
+        "r-dimensional subspace); fresh sets every step",
+        f"- model: one post-LN encoder block (this project's MultiHeadAttention, h heads of size d_p, no positions; "
+        f"GELU feed-forward {rec['intermediate_size'] or '4d'}), linear read-out; logits q·k/√d_p × "
+        f"{rec['logit_scale']}; points fed × {rec['input_scale']}",
+        f"- recipe, the same for every cell{' but its rate' if tuned else ''}: {rec['steps']} steps × "
+        f"{rec['batch_size']} sets, AdamW lr {rate} (betas {tuple(rec['betas'])}, weight decay "
+        f"{rec['weight_decay']}), warm-up {rec['warmup_ratio']:.0%} then cosine decay to 0; loss MSE × d",
+        f"- seeds {meta['seeds']}: seed s is the task instance (U), the initialisation and the data stream; final "
+        f"metrics on {rec['eval_sets']} held-out sets ({rec['eval_sets'] * settings['num_points']:,} points) per run",
     ]
-    rows = []
-    for h, rs in _more_heads_runs(state).items():
-        hit, mse, v = _cell_summary(rs)
-        rows.append([h, h * mh["head_dim"], hit, mse, f"**{v}**"])
-    L += render.table(["h", "h·d_p", "hit rate", "MSE × d", "verdict"], rows)
-    L += ["", "## Learning curves", "", "![learning curves](learning_curves.png)", "", "## Every run", ""]
-    every = sorted(
-        state["runs"].items(), key=lambda kv: tuple(kv[1][c] for c in ("rank", "head_dim", "num_heads", "seed"))
+    metrics = (
+        "**Metrics.** MSE × d = ‖output − x_j*‖² per point (predicting 0 scores 1). Hit rate = fraction of points "
+        "whose output is within half the gap around x_j*: ‖output − x_j*‖ < ½ min_(k≠j*) ‖x_k − x_j*‖, so it is "
+        'nearer to x_j* than to any other point, with a margin. (The plain "nearest point is x_j*" rate is in '
+        "`results.csv` but is not used: the attention-free map x_i ↦ −UᵀU x_i scores 1 on it.)"
     )
-    L += render.table(
-        ["run", "parameters", *(["lr"] if tuned else []), "hit rate", "MSE × d", "nearest-point rate", "train s"],
-        [
-            [f"`{k}`", f"{x['parameters']:,}", *([f"{x['learning_rate']:g}"] if tuned else [])]
-            + [f"{x[m]:.3f}" for m in ("hit_rate", "mse", "nearest_rate")]
-            + [f"{x['train_seconds']:.0f}"]
-            for k, x in every
-        ],
+    rule = (
+        f"**Verdict rule** (fixed before the run): a cell *succeeds* if every seed's hit rate is ≥ {SUCCEEDS_AT}, "
+        f"*fails* if every seed's is < {FAILS_BELOW}, and is *in between* otherwise."
     )
-    return "\n".join(L) + "\n"
+    reference = "**Reference without attention** (least-squares affine map of x_i alone, seed-0 task): " + "; ".join(
+        f"r = {r}: MSE × d {v['mse']:.3f}, hit rate {v['hit_rate']:.3f}, nearest-point rate {v['nearest_rate']:.3f}"
+        for r, v in refs.items()
+    )
+    every_run = [
+        ("run", "`{point}`"),
+        ("parameters", "{parameters:,}"),
+        *([("lr", "{learning_rate:g}")] if tuned else []),
+        *((h, f"{{{k}:.3f}}") for h, k in (("hit rate", "hit_rate"), ("MSE × d", "mse"))),
+        ("nearest-point rate", "{nearest_rate:.3f}"),
+        ("train s", "{train_seconds:.0f}"),
+    ]
+    Section, Table, Figure = render.Section, render.Table, render.Figure
+    return render.markdown(
+        render.Report(
+            "Farthest point under a rank-r projection: does head size matter when a model learns?",
+            [f"{meta['description']}.", Figure("heatmap.png", "hit rate and MSE over (r, d_p)")],
+            [
+                render.what_was_run(meta, setup, metrics, rule, reference + "."),
+                tuned and selection_markdown(meta["learning_rate_selection"], state["tuning"], "cell"),
+                Section(
+                    f"The grid: h = {g['heads']}, d = {settings['dim']} (mean ± std over seeds)",
+                    [
+                        Table(["r", "d_p", "d_p ≥ r", "hit rate", "MSE × d", "verdict", "agrees with d_p ≥ r?"], grid),
+                        f"{agree} of {judged} grid cells have the verdict the prediction (succeeds iff d_p ≥ r) names.",
+                    ],
+                ),
+                Section(
+                    f"More heads of a too-small size: d_p = {mh['head_dim']}, r = {mh['rank']}",
+                    [
+                        Figure("more_heads.png", "more heads"),
+                        Table(["h", "h·d_p", "hit rate", "MSE × d", "verdict"], more),
+                    ],
+                ),
+                Section("Learning curves", [Figure("learning_curves.png", "learning curves")]),
+                Section("Every run", [Table(every_run, every)]),
+            ],
+        )
+    )
 
 
 class FarthestPointStudy(Study):

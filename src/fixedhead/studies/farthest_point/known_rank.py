@@ -30,6 +30,7 @@ import torch
 from ...checks import check_fields, positive_int
 from ...data.synthetic import FarthestPointTask
 from ...intervention import attention_modules, needed_rank, truncated_logits
+from ..kit import render
 from ..kit.core import run_key
 from ..kit.stats import SUCCEEDS_AT
 from ..kit.study import Point, Study
@@ -152,42 +153,43 @@ class KnownRankStudy(Study):
 
 def report_markdown(record: dict, check: KnownRankCheck) -> str:
     """The check's report: one row per model, the two readings of its needed rank, and the verdict."""
-    c, r, state = asdict(check), check.rank, record["summary"]
-    # the cuts shown: just below r, at r, and to one dimension, each once (at r = 2, r − 1 is 1; at r = 1, r is)
+    c, r, models = asdict(check), check.rank, record["summary"]["models"]
+
+    def cells(m: dict, k: int) -> str:  # MSE × d / hit rate at rank k (full rank: k None)
+        v = m if k is None else {int(j): x for j, x in m["ranks"].items()}.get(k)
+        return f"{v['mse']:.3f} / {v['hit_rate']:.3f}" if v else "–"
+
     cuts = {r - 1: f"k = r − 1 = {r - 1}", r: f"k = r = {r}"} if r > 1 else {r: f"k = r = {r}"}
     cuts.setdefault(1, "k = 1")
-    rows = []
-    for m in state["models"]:
-        ranks = {int(k): v for k, v in m["ranks"].items()}
-        cells = [f"{ranks[k]['mse']:.3f} / {ranks[k]['hit_rate']:.3f}" if k in ranks else "–" for k in cuts]
-        rows.append(
-            f"| {m['head_dim']} | {m['seed']} | {m['mse']:.3f} / {m['hit_rate']:.3f} | {' | '.join(cells)} | "
-            f"{_or_dash(m['needed_by_hit_rate'])} | {_or_dash(m['needed_by_mse'])} (band {m['band']:.4f}) |"
+    columns = [
+        ("d_p", "{head_dim}"),
+        ("seed", "{seed}"),
+        ("full rank", lambda m: cells(m, None)),
+        # the cuts just below r, at r, and to one dimension, each once (at r = 2, r − 1 is 1; at r = 1, r is)
+        *((name, lambda m, k=k: cells(m, k)) for k, name in cuts.items()),
+        (f"needed rank (hit rate ≥ {SUCCEEDS_AT})", lambda m: _or_dash(m["needed_by_hit_rate"])),
+        (
+            "needed rank (MSE × d within the seed band)",
+            lambda m: f"{_or_dash(m['needed_by_mse'])} (band {m['band']:.4f})",
+        ),
+    ]
+    counts = {what: sum(m[f"needed_by_{what}"] == r for m in models) for what in ("mse", "hit_rate")}
+    verdict = "**passed**" if record["summary"]["passed"] else "**failed**"
+    return render.markdown(
+        render.Report(
+            "The rank intervention's known-answer check (farthest-point models of rank r)",
+            [
+                f"Task: d = {c['dim']}, N = {c['num_points']} points, rank r = {r}; models with h = {c['num_heads']} "
+                f"heads of size d_p ∈ {{{', '.join(map(str, c['head_dims']))}}}, seeds {list(c['seeds'])}, "
+                f"{c['recipe']['steps']} steps (the farthest-point study's recipe). Each model's logits cut to rank k "
+                f"(`fixedhead.intervention`) and scored on its {c['recipe']['eval_sets']} held-out sets. Expected: "
+                f"every model needs rank r = {r}, whatever its d_p. Cells: MSE × d / hit rate.",
+                f"Command: `{record['meta']['command']}`",
+                render.Table(columns, models),
+                f"Check {verdict}: the MSE × d reading is r = {r} for {counts['mse']} of {len(models)} models, the "
+                f"hit-rate reading for {counts['hit_rate']} of {len(models)} (both must be r for every model).",
+            ],
         )
-    verdict = "**passed**" if state["passed"] else "**failed**"
-    counts = {what: sum(m[f"needed_by_{what}"] == r for m in state["models"]) for what in ("mse", "hit_rate")}
-    total = len(state["models"])
-    return "\n".join(
-        [
-            "# The rank intervention's known-answer check (farthest-point models of rank r)",
-            "",
-            f"Task: d = {c['dim']}, N = {c['num_points']} points, rank r = {r}; models with h = {c['num_heads']} "
-            f"heads of size d_p ∈ {{{', '.join(map(str, c['head_dims']))}}}, seeds {list(c['seeds'])}, "
-            f"{c['recipe']['steps']} steps (the farthest-point study's recipe). Each model's logits cut to rank k "
-            f"(`fixedhead.intervention`) and scored on its {c['recipe']['eval_sets']} held-out sets. Expected: "
-            f"every model needs rank r = {r}, whatever its d_p. Cells: MSE × d / hit rate.",
-            "",
-            f"Command: `{record['meta']['command']}`",
-            "",
-            f"| d_p | seed | full rank | {' | '.join(cuts.values())} | needed rank (hit rate ≥ "
-            f"{SUCCEEDS_AT}) | needed rank (MSE × d within the seed band) |",
-            "|---" * (5 + len(cuts)) + "|",
-            *rows,
-            "",
-            f"Check {verdict}: the MSE × d reading is r = {r} for {counts['mse']} of {total} models, the hit-rate "
-            f"reading for {counts['hit_rate']} of {total} (both must be r for every model).",
-            "",
-        ]
     )
 
 

@@ -33,11 +33,11 @@ def steps_override(name: str, steps: int | None, default: int) -> int:
 
 
 def start_meta(preset, description: str, command: str | None, previous: dict, study: str, **fields) -> dict:
-    """A results file's ``meta``: the ``study`` (the ``fixedhead`` command that owns the folder, which
-    :func:`claim` checks), the preset's name (``"custom"`` for a preset object), its description,
-    this invocation's command and every earlier one recorded in the ``previous`` results, the study's
-    own ``fields`` (its settings record first), when the first invocation started, and the software
-    and machine (:func:`fixedhead.runs.environment_info`)."""
+    """A results file's ``meta``: the ``study`` (the command that owns the folder), the preset's name (``"custom"``
+    for a preset object), the description, this invocation's command and every earlier one in ``previous``, the
+    study's own ``fields``, when the first invocation started, and the software and machine
+    (:func:`fixedhead.runs.environment_info`).
+    """
     previous_meta = previous.get("meta", {})
     this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
@@ -68,15 +68,12 @@ def active_spans(spans: Iterable[Iterable[float]]) -> list[list[float]]:
 
 
 def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
-    """Write ``state`` atomically to ``path`` with its wall time and the training seconds of
-    ``runs`` summed, fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``).
-
-    The wall time is the length of the union of every invocation's span, from its start to its
-    latest save (``meta.active``, which :func:`start_meta` carries over from the results it
-    resumes): the days between a study's sessions do not count. Results
-    from before the spans were recorded contribute their first start plus their recorded wall time
-    as one span. ``meta_sha256``: the hash of the meta as written (JSON, keys sorted), which a rerun and
-    ``fixedhead report`` check, as they check each point's result."""
+    """Write ``state`` atomically to ``path`` with its wall time and the training seconds of ``runs`` summed,
+    fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``). The wall time is the length of the
+    union of every invocation's span (``meta.active``), so the time between invocations does not count; results
+    recorded before spans count their first start plus their wall time as one span. ``meta_sha256``: the hash of
+    the meta as written (JSON, keys sorted), which a rerun and ``fixedhead report`` check.
+    """
     meta = state["meta"]
     spans = [[meta["invocation_started"], time.time()]]
     spans += meta.get("active") or (

@@ -1,12 +1,14 @@
-"""What the studies' reports share: markdown tables, the "What was run" lines, the learning-curve plot of
-language-model runs and small figure helpers. Each study's own prose and plots stay in its module; everything
-here reads a results file's ``meta`` and runs only.
+"""What the studies' reports share: the report spec (:class:`Report` of :class:`Section` blocks, :class:`Table`
+declared by its columns, :class:`Figure`) and its markdown, the "What was run" lines, the learning-curve plot and
+small figure helpers. Each study's own prose and plots stay in its module.
 """
 
 from __future__ import annotations
 
 import csv
 import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...plotting import pyplot, save_figure
@@ -22,23 +24,78 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     ]
 
 
-def head(title: str, meta: dict, note: list[str], figure: str | None = None, several: str = "", **wall) -> list[str]:
-    """A report's opening: the title, the study's description, ``note`` (a study's own opening note),
-    the main ``figure`` line, and the first "What was run" lines (commands, wall time, software;
-    ``several`` and ``wall`` as in :func:`commands_line` and :func:`wall_time_line`)."""
-    return [
-        f"# {title}",
-        "",
-        f"{meta['description']}.",
-        "",
-        *note,
-        *([figure, ""] if figure else []),
-        "## What was run",
-        "",
-        commands_line(meta, several),
-        wall_time_line(meta, **wall),
-        software_line(meta),
-    ]
+# ------------------------------------------------------------------------------ report specs
+@dataclass
+class Table:
+    """A table: ``columns`` are headers (``rows`` then hold the cells) or ``(header, cell)`` pairs, ``cell`` a
+    format string read against each row (a dict: ``"{hit_rate:.3f}"``) or a function of the row."""
+
+    columns: Sequence[str | tuple[str, str | Callable]]
+    rows: Iterable
+
+    def lines(self) -> list[str]:
+        if all(isinstance(c, str) for c in self.columns):
+            return table(list(self.columns), list(self.rows))
+
+        def cell(c, r):
+            return c(r) if callable(c) else c.format_map(r)
+
+        return table([h for h, _ in self.columns], [[cell(c, r) for _, c in self.columns] for r in self.rows])
+
+
+@dataclass
+class Section:
+    """``## title`` and its blocks: a paragraph (``str``), lines (a list: bullets), a :class:`Table`, a
+    :class:`Figure`; a falsy block is left out."""
+
+    title: str
+    blocks: Sequence = ()
+
+
+@dataclass
+class Figure:
+    file: str
+    alt: str
+
+
+@dataclass
+class Report:
+    """A study's report: ``# title``, the opening blocks, then the sections (blocks as in :class:`Section`;
+    a falsy section is left out)."""
+
+    title: str
+    blocks: Sequence = ()
+    sections: Sequence[Section | list[str] | None] = ()
+
+
+def markdown(report: Report) -> str:
+    """The report as markdown: each block followed by one blank line."""
+    lines = [f"# {report.title}", "", *_blocks(report.blocks)]
+    for s in filter(None, report.sections):  # a list: a section rendered already (lines ending in "")
+        lines += s if isinstance(s, list) else [f"## {s.title}", "", *_blocks(s.blocks)]
+    return "\n".join(lines)
+
+
+def _blocks(blocks) -> list[str]:
+    out = []
+    for b in filter(None, blocks):
+        if isinstance(b, Table):
+            out += b.lines()
+        elif isinstance(b, Figure):
+            out.append(f"![{b.alt}]({b.file})")
+        elif isinstance(b, str):
+            out.append(b)
+        else:
+            out += b
+        out.append("")
+    return out
+
+
+def what_was_run(meta: dict, lines: Sequence[str] = (), *blocks, several: str = "", **wall) -> Section:
+    """The "What was run" section: the commands, wall time and software lines (:func:`commands_line`,
+    :func:`wall_time_line`, :func:`software_line`), then ``lines`` (the study's own bullets) and ``blocks``."""
+    run = [commands_line(meta, several), wall_time_line(meta, **wall), software_line(meta)]
+    return Section("What was run", [[*run, *lines], *blocks])
 
 
 def commands_line(meta: dict, several: str = "") -> str:
@@ -48,10 +105,10 @@ def commands_line(meta: dict, several: str = "") -> str:
 
 
 def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
-    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES
-    (CPU, torch kernels; platform), torch threads T`` (the accelerator named where one trained, with
-    ``on``). Results files from before the invocations' spans were recorded (no ``meta.active``) read
-    "from the first start to the last result", as their wall time was measured."""
+    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES (CPU, torch
+    kernels; platform), torch threads T``, the accelerator named where one trained (with ``on``). A results file
+    without ``meta.active`` reads "from the first start to the last result", as its wall time was measured.
+    """
     compute = meta.get("compute_seconds")
     accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
     span = (

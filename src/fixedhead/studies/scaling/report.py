@@ -113,67 +113,81 @@ def summarise(state: dict) -> dict:
 
 # ------------------------------------------------------------------------------- rendering
 def report_markdown(state: dict) -> str:
-    meta = state["meta"]
+    meta, plan = state["meta"], state["meta"]["plan"]
     families = summarise(state)
-    lines = render.head(
-        "Scaling: loss against size and compute, per head-size family",
-        meta,
-        [
-            f"Each point chose its learning rate on a validation split with seed {meta['plan']['seeds'][0]} "
-            f"(grid {', '.join(f'{x:g}' for x in meta['plan']['learning_rates']) or 'none: the recipe rate'}; "
-            f"{meta['plan']['rate_rule']}); the other seeds train at that rate. Losses are held-out nats per "
-            "token"
-            + (
-                f" (unigram reference {math.log(state['unigram_perplexity']):.3f})."
-                if state["unigram_perplexity"]
-                else "."
-            ),
-        ],
-        f"![held-out loss against non-embedding parameters and training FLOPs]({PLOT_FILE})",
+    unigram = state["unigram_perplexity"]
+    note = (
+        f"Each point chose its learning rate on a validation split with seed {plan['seeds'][0]} (grid "
+        f"{', '.join(f'{x:g}' for x in plan['learning_rates']) or 'none: the recipe rate'}; {plan['rate_rule']}); the "
+        "other seeds train at that rate. Losses are held-out nats per token"
+        + (f" (unigram reference {math.log(unigram):.3f})." if unigram else ".")
     )
-    header = ["family", "d", "h", "d_p", "N (non-emb.)", "tokens", "FLOPs", "lr", "loss", "bits/char", "vs standard"]
-    rows = []
+
+    def versus(pt: dict) -> str:
+        vs = pt.get("versus_standard")
+        if not vs:
+            return ""
+        multiplier = f", ×{vs['compute_multiplier']:.2f} compute" if "compute_multiplier" in vs else ""
+        return f"{vs['delta_loss']:+.4f} ({100 * vs['fraction']:+.2f}%), Holm p = {vs['p_holm']:.2g}{multiplier}"
+
+    points = [
+        ("family", "{family}"),
+        *((h, f"{{{k}}}") for h, k in (("d", "hidden_size"), ("h", "num_attention_heads"), ("d_p", "head_dim"))),
+        ("N (non-emb.)", "{non_embedding_parameters:,}"),
+        ("tokens", "{tokens:,}"),
+        ("FLOPs", "{flops:.2e}"),
+        ("lr", "{learning_rate:g}"),
+        ("loss", lambda pt: pm(*pt["loss"], 4)),
+        ("bits/char", lambda pt: pm(*pt["bits_per_character"], 3) if pt["bits_per_character"] else ""),
+        ("vs standard", versus),
+    ]
+    fits = []
     for name, f in families.items():
-        for pt in f["points"]:
-            vs = pt.get("versus_standard")
-            vs_text = ""
-            if vs:
-                vs_text = f"{vs['delta_loss']:+.4f} ({100 * vs['fraction']:+.2f}%), Holm p = {vs['p_holm']:.2g}"
-                if "compute_multiplier" in vs:
-                    vs_text += f", ×{vs['compute_multiplier']:.2f} compute"
-            bpc = pt["bits_per_character"]
-            shape = [pt[k] for k in ("hidden_size", "num_attention_heads", "head_dim")]
-            budget = [f"{pt['non_embedding_parameters']:,}", f"{pt['tokens']:,}", f"{pt['flops']:.2e}"]
-            loss = [f"{pt['learning_rate']:g}", pm(*pt["loss"], 4), pm(*bpc, 3) if bpc else ""]
-            rows.append([name, *shape, *budget, *loss, vs_text])
-    lines += ["", "## Points", "", *render.table(header, rows), ""]
-    lines += [
+        for axis, x in (("parameters", "N"), ("flops", "C")):
+            if fit := f.get(f"fit_{axis}"):
+                bs = [s["b"] for s in fit["per_seed"]]
+                fits.append([name, x, f"{fit['a']:.3g}", f"{fit['b']:.4f}", pm(*mean_std(bs), 4) if bs else ""])
+    return render.markdown(
+        render.Report(
+            "Scaling: loss against size and compute, per head-size family",
+            [
+                f"{meta['description']}.",
+                f"{note}\n![held-out loss against non-embedding parameters and training FLOPs]({PLOT_FILE})",
+            ],
+            [
+                render.what_was_run(meta),
+                render.Section(
+                    "Points",
+                    [
+                        render.Table(points, [{"family": n, **pt} for n, f in families.items() for pt in f["points"]]),
+                        VERSUS,
+                    ],
+                ),
+                render.Section(
+                    "Power laws L = a·X^(−b)", [render.Table(["family", "X", "a", "b (all seeds)", "b per seed"], fits)]
+                ),
+                rank_section(state),
+            ],
+        )
+    )
+
+
+VERSUS = "\n".join(
+    [
         "\"vs standard\": the family's mean loss minus the standard family's at the same d (negative: lower), as a",
         "fraction of the standard loss, Welch's p Holm-corrected over the family's sizes (a difference counts at",
         f"p < {ALPHA}; Kaplan et al. 2020 find shape effects within ~2% of loss), and the compute multiplier:",
         "the training FLOPs the standard family's fitted curve needs to reach this loss, over this point's FLOPs",
         "(> 1: this family reaches the loss more cheaply).",
-        "",
-        "## Power laws L = a·X^(−b)",
-        "",
     ]
-    fit_rows = []
-    for name, f in families.items():
-        for axis in ("parameters", "flops"):
-            if fit := f.get(f"fit_{axis}"):
-                bs = [s["b"] for s in fit["per_seed"]]
-                x = "N" if axis == "parameters" else "C"
-                fit_rows.append([name, x, f"{fit['a']:.3g}", f"{fit['b']:.4f}", pm(*mean_std(bs), 4) if bs else ""])
-    lines += [*render.table(["family", "X", "a", "b (all seeds)", "b per seed"], fit_rows), ""]
-    lines += rank_section(state)
-    return "\n".join(lines) + "\n"
+)
 
 
-def rank_section(state: dict) -> list[str]:
+def rank_section(state: dict) -> render.Section | None:
     """The trained-rank table: per point, its logit rank against its ceiling and its patterns' rank."""
     ranks = state.get("ranks") or {}
     if not ranks:
-        return []
+        return None
     meta, points = state["meta"], state["meta"]["plan"]["points"]
     n, causal = meta["n"], meta["objective"] == "clm"
     need = causal_threshold(n) if causal else n
@@ -187,25 +201,23 @@ def rank_section(state: dict) -> list[str]:
         logit, ceiling = f"{r['logit_rank']:.1f} ({r['logit_rank_max']:.1f})", f"{100 * r['at_ceiling']:.0f}%"
         rows.append([pt["family"], pt["hidden_size"], pt["head_dim"], r["heads"], logit, ceiling, pattern])
     header = ["family", "d", "d_p", "heads", "logit rank: mean (max)", "heads at ceiling", "pattern rank: mean (max)"]
-    return [
-        "## Do the heads sit at their rank ceiling?",
-        "",
-        f"![mean logit rank and heads at their ceiling against N]({RANK_PLOT_FILE})",
-        "",
-        f"Each point's seed-{meta['plan']['seeds'][0]} run at its chosen rate, on {first['windows']} evenly spaced "
-        f"held-out windows of n = {n} tokens (`fixedhead.analysis`). Rank counts singular values above "
-        f"{first['rtol']:g} of the largest (at float32 resolution every head fills its structural rank). "
-        "\"logit rank\": of each head's n × n logits, a mean over heads of each head's mean over windows, "
-        'and the largest head mean; "at ceiling": heads whose mean is within 0.5 of min(d_p, n); "pattern '
-        'rank": the rank of the per-query centred log-attention'
-        + (" (lower triangle)" if causal else "")
-        + ", the head size its patterns need. The paper's argument: an arbitrary "
-        + ("causal " if causal else "")
-        + f"pattern over n = {n} tokens needs d_p ≥ {need}.",
-        "",
-        *render.table(header, rows),
-        "",
-    ]
+    return render.Section(
+        "Do the heads sit at their rank ceiling?",
+        [
+            render.Figure(RANK_PLOT_FILE, "mean logit rank and heads at their ceiling against N"),
+            f"Each point's seed-{meta['plan']['seeds'][0]} run at its chosen rate, on {first['windows']} evenly spaced "
+            f"held-out windows of n = {n} tokens (`fixedhead.analysis`). Rank counts singular values above "
+            f"{first['rtol']:g} of the largest (at float32 resolution every head fills its structural rank). "
+            "\"logit rank\": of each head's n × n logits, a mean over heads of each head's mean over windows, "
+            'and the largest head mean; "at ceiling": heads whose mean is within 0.5 of min(d_p, n); "pattern '
+            'rank": the rank of the per-query centred log-attention'
+            + (" (lower triangle)" if causal else "")
+            + ", the head size its patterns need. The paper's argument: an arbitrary "
+            + ("causal " if causal else "")
+            + f"pattern over n = {n} tokens needs d_p ≥ {need}.",
+            render.Table(header, rows),
+        ],
+    )
 
 
 def write_plots(state: dict, out: Path) -> None:

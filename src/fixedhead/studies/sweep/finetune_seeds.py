@@ -354,58 +354,56 @@ def report_markdown(sweep: dict, state: dict) -> str:
     """The study's report: what was run, each checkpoint's rate and scores, the fine-tuning claims,
     the rank correlation with its interval."""
     meta, plan = state["meta"], state["meta"]["settings"]
-    task, scores = plan["task"], checkpoint_scores(state)
-    ft = plan["finetune"]
-    n_checkpoints = len(meta["checkpoints"])  # the sweep's runs that had saved weights
-    L = render.head(
-        f"Fine-tuning with seeds: {task} on the checkpoints of {Path(meta['sweep']).name}",
-        meta,
-        [],
-        work="fine-tuning",
-    )
-    L += [
-        f"- checkpoints: the {n_checkpoints} saved pretraining runs of `{meta['sweep']}`; GLUE {task}, "
+    task, ft = plan["task"], plan["finetune"]
+    setup = [
+        f"- checkpoints: the {len(meta['checkpoints'])} saved pretraining runs of `{meta['sweep']}`; GLUE {task}, "
         f"{ft['max_train_examples'] or 'all'} training examples, "
         f"{ft['validation_size']} carved out of GLUE train to stop early and choose the rate, ≤ {ft['max_steps']} "
         f"steps × batch {ft['batch_size']}; score = GLUE dev {MAIN_METRIC[task]} (the test set here)",
         f"- rate per checkpoint from {', '.join(f'{lr:g}' for lr in plan['grid'])} (up to {plan['max_extensions']} "
         f"grid steps past an edge) with seed {plan['seeds'][0]}, highest validation score; then seeds {plan['seeds']} "
         "at that rate; a checkpoint's score is the mean over its fine-tuning seeds",
-        "",
-        "![validation score against fine-tuning rate](learning_rates.png)",
-        "",
     ]
-    rows = []
-    for name, s in scores.items():
-        t = state["tuning"][name]
-        ppl = f"{sweep['runs'][name]['heldout_perplexity']:.2f}"
-        rate = f"{t['chosen']:g}" + ("" if t["bracketed"] else " (edge)")
-        rows.append([f"`{name}`", ppl, rate, len(s), pm(*mean_std(s), 4)])
-    L += render.table(["checkpoint", "held-out ppl", "fine-tuning lr", "seeds", f"{task} dev"], rows) + [""]
-    merged = as_sweep_state(sweep, state)
-    rho = rank_correlation(sweep, state)
-    L += [
-        "## Paper claim → our measurement",
-        "",
+    checkpoints = [
+        [f"`{name}`", f"{sweep['runs'][name]['heldout_perplexity']:.2f}"]
+        + [f"{state['tuning'][name]['chosen']:g}" + ("" if state["tuning"][name]["bracketed"] else " (edge)")]
+        + [len(s), pm(*mean_std(s), 4)]
+        for name, s in checkpoint_scores(state).items()
+    ]
+    merged, rho = as_sweep_state(sweep, state), rank_correlation(sweep, state)
+    rule = (
         f"Verdict rule, recorded before fine-tuning: {rule_text(verdict_rule(merged))}, over pretraining seeds, each "
-        "checkpoint scored by its fine-tuning seeds' mean; Holm counts the sweep's pretraining claims too.",
-        "",
-        *render.table(
-            ["paper claim", "our measurement", "verdict"],
-            [[c, m, f"**{v}**"] for c, m, v in claims(merged) if "fine-tun" in c],
-        ),
-        "",
-        f"Spearman ρ(held-out perplexity, mean {task} dev) over {rho['checkpoints']} checkpoints: "
-        + (
-            f"{rho['rho']:+.2f}, bootstrap 95% interval [{rho['low']:+.2f}, {rho['high']:+.2f}], p = {rho['p']:.2g} "
-            "(the paper's direction is negative: lower perplexity, better fine-tuning)."
-            if math.isfinite(rho["rho"])
-            else "fewer than 4 checkpoints with scores."
-            if rho["checkpoints"] < 4
-            else f"undefined: every checkpoint has the same mean {task} dev score (e.g. all at the majority class)."
-        ),
-    ]
-    return "\n".join(L) + "\n"
+        "checkpoint scored by its fine-tuning seeds' mean; Holm counts the sweep's pretraining claims too."
+    )
+    correlation = f"Spearman ρ(held-out perplexity, mean {task} dev) over {rho['checkpoints']} checkpoints: " + (
+        f"{rho['rho']:+.2f}, bootstrap 95% interval [{rho['low']:+.2f}, {rho['high']:+.2f}], p = {rho['p']:.2g} "
+        "(the paper's direction is negative: lower perplexity, better fine-tuning)."
+        if math.isfinite(rho["rho"])
+        else "fewer than 4 checkpoints with scores."
+        if rho["checkpoints"] < 4
+        else f"undefined: every checkpoint has the same mean {task} dev score (e.g. all at the majority class)."
+    )
+    claimed = [[c, m, f"**{v}**"] for c, m, v in claims(merged) if "fine-tun" in c]
+    header = ["checkpoint", "held-out ppl", "fine-tuning lr", "seeds", f"{task} dev"]
+    return render.markdown(
+        render.Report(
+            f"Fine-tuning with seeds: {task} on the checkpoints of {Path(meta['sweep']).name}",
+            [f"{meta['description']}."],
+            [
+                render.what_was_run(
+                    meta,
+                    setup,
+                    render.Figure("learning_rates.png", "validation score against fine-tuning rate"),
+                    render.Table(header, checkpoints),
+                    work="fine-tuning",
+                ),
+                render.Section(
+                    "Paper claim → our measurement",
+                    [rule, render.Table(["paper claim", "our measurement", "verdict"], claimed), correlation],
+                ),
+            ],
+        )
+    )
 
 
 def write_plot(state: dict, path: Path) -> None:

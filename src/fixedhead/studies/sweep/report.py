@@ -126,22 +126,30 @@ def plot_finetune(state, path, task, majority=None, ref=None):
 
 
 # ----------------------------------------------------------------------------------- report
-def points_table(pts: list[PointStats], xname: str, task: str | None) -> list[str]:
-    """One markdown table of points; ``task`` None (a sweep without fine-tuning) leaves out its column;
-    the learning rate is a column where each model chose its own."""
-    rows = []
-    tuned = all("learning_rate" in q.runs[0] for q in pts)
-    for q in pts:
-        r = q.runs[0]
-        bpc, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
+def points_table(pts: list[PointStats], xname: str, task: str | None) -> render.Table:
+    """One experiment's points; ``task`` None (a sweep without fine-tuning) leaves out its column; the learning
+    rate is a column where each model chose its own."""
+
+    def bpc(q: PointStats) -> str:
+        text, have = pm(q.mean("bpc"), q.std("bpc"), 3), len(q.values("bpc"))
         if 0 < have < len(q.runs):  # some seeds' results predate bits per character
-            bpc = f"{bpc.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
-        ft = [pm(q.mean("ft"), q.std("ft"), 4)] if task else []
-        lr = [f"{r['learning_rate']:g}"] if tuned else []  # each model's own rate, where it chose one
-        model = [q.x, r["hidden_size"], r["num_attention_heads"], r["head_dim"], f"{q.params / 1e6:.3f}M", *lr]
-        rows.append([*model, len(q.runs), pm(q.mean(), q.std()), bpc, *ft, f"`{q.key}`"])
-    header = [xname, "d", "h", "d_p", "params", *(["lr"] if tuned else []), "seeds", "held-out perplexity", "bits/char"]
-    return render.table([*header, *([f"{task} dev"] if task else []), "run"], rows)
+            return f"{text.removesuffix(' (1 seed)')} ({have} of {len(q.runs)} seeds)"
+        return text
+
+    tuned = all("learning_rate" in q.runs[0] for q in pts)
+    columns = [
+        (xname, lambda q: q.x),
+        *((h, lambda q, k=k: q.runs[0][k]) for h, k in (("d", "hidden_size"), ("h", "num_attention_heads"))),
+        ("d_p", lambda q: q.runs[0]["head_dim"]),
+        ("params", lambda q: f"{q.params / 1e6:.3f}M"),
+        *([("lr", lambda q: f"{q.runs[0]['learning_rate']:g}")] if tuned else []),  # each model's own rate
+        ("seeds", lambda q: len(q.runs)),
+        ("held-out perplexity", lambda q: pm(q.mean(), q.std())),
+        ("bits/char", bpc),
+        *([(f"{task} dev", lambda q: pm(q.mean("ft"), q.std("ft"), 4))] if task else []),
+        ("run", lambda q: f"`{q.key}`"),
+    ]
+    return render.Table(columns, pts)
 
 
 def _majority_rate(meta: dict, task: str) -> float | None:
@@ -183,21 +191,10 @@ def report_markdown(state: dict) -> str:
     task = meta.get("finetune_task") or "sst2"
     series = collect_points(state)
     uni = meta.get("unigram_perplexity")  # the unigram guess's perplexity: the plots' and the text's reference
-    has_head_size = bool(series.get(("head_size", "fixed")))
-    has_finetune = any("finetune" in r for r in state["runs"].values())
-    majority = _majority_rate(meta, task)
+    ft_runs = [r for r in state["runs"].values() if "finetune" in r]
     d, tr, ft = meta["data"], meta["train"], meta.get("finetune") or {}
     info = meta.get("data_info", {})
-    L = render.head(
-        f"Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}",
-        meta,
-        [],
-        several=" (workers sharing the plan, or resumed invocations)",
-        work="training + fine-tuning" if has_finetune else "training",
-        on="on ",
-        per_process=" per process",
-    )
-    L += [
+    setup = [
         f"- pretraining data: `{Path(d['corpus']).name}`, {info.get('documents')} documents, split by whole "
         f"document; {info.get('train_sequences', 0):,} training sequences of n={d['max_seq_length']} tokens "
         f"available, held-out: {len(info.get('heldout_documents', []))} books "
@@ -215,88 +212,110 @@ def report_markdown(state: dict) -> str:
     ]
     if ft:
         first = "" if ft.get("max_dev_examples") is None else f", first {ft['max_dev_examples']} dev examples"
-        L += [
+        setup.append(
             f"- fine-tuning per run: GLUE {task}, {ft['max_train_examples']} training examples, "
             f"{ft['validation_size']} carved out of GLUE train for early stopping (every {ft['eval_steps']} "
             f"steps, patience {ft['patience']}, best checkpoint), ≤ {ft['max_steps']} steps × batch "
             f"{ft['batch_size']}, max length {ft['max_seq_length']}, lr {ft['learning_rate']}; score = GLUE "
             f"dev {task} (the test set here){first}"
-        ]
-    L += [
-        "",
-        f"Perplexity = exp(mean {'next-token' if causal else 'masked-token'} cross-entropy) on the held-out "
-        "books; lower is better. "
-        f"Bits/char = the same cross-entropy in bits, summed, per character of the "
+        )
+    scores = (
+        f"Perplexity = exp(mean {'next-token' if causal else 'masked-token'} cross-entropy) on the held-out books; "
+        "lower is better. Bits/char = the same cross-entropy in bits, summed, per character of the "
         + (
             "held-out text: it does not depend on the tokenizer. "
             if causal
             else "masked tokens’ text: it depends on the tokenizer only through which text is masked. "
         )
-        + "Values are mean ± sample std over seeds.",
-        "",
-    ]
+        + "Values are mean ± sample std over seeds."
+    )
+    unigram = None
     if uni:
         ppls = [r["heldout_perplexity"] for r in state["runs"].values()]
-        worse = sum(p > uni for p in ppls)
-        L += [
+        unigram = (
             f"**Reference: a context-free unigram guess scores perplexity {uni:.1f}** on the same "
             f"{'next' if causal else 'masked'} tokens; the models here score {min(ppls):.1f}–{max(ppls):.1f}, "
             + _nats_range(math.log(uni / max(ppls)), math.log(uni / min(ppls)))
-            + " "
-            f"({worse} of {len(ppls)} runs are above it). "
+            + f" ({sum(p > uni for p in ppls)} of {len(ppls)} runs are above it). "
             + (
                 "At this budget the models have learnt little beyond word frequencies, so there is little "
                 "that attention, and so its head size, can show."
                 if min(ppls) > 0.75 * uni
                 else "The models use context well beyond word frequencies."
-            ),
-            "",
-        ]
-    ft_runs = [r for r in state["runs"].values() if "finetune" in r]
-    if majority is not None and ft_runs and (meta.get("finetune") or {}).get("max_dev_examples") is None:
+            )
+        )
+    majority, stuck_text = _majority_rate(meta, task), None
+    if majority is not None and ft_runs and ft.get("max_dev_examples") is None:
         stuck = [r for r in ft_runs if abs(r["finetune"]["dev"].get("accuracy", -1) - majority) < 1e-9]
-        L += [
+        stuck_text = (
             f"**Fine-tuning:** always answering the majority class scores {majority:.4f} on {task} dev; "
             f"{len(stuck)} of {len(ft_runs)} fine-tuning runs ended exactly there (the classifier never left "
             f"the majority class within its budget)"
             + (", which makes the fine-tuning column mostly noise. " if 2 * len(stuck) > len(ft_runs) else ". ")
-            + f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}.",
-            "",
-        ]
-    if tuning := state.get("tuning"):  # the rate each model chose, plotted and tabled
-        L += selection_markdown(meta["learning_rate_selection"], tuning)
-    L += [
-        "## Paper claim → our measurement",
-        "",
-        f"Verdict rule, recorded before training: {rule_text(verdict_rule(state))}; a significant difference in "
-        "the paper's direction = agrees, in the other direction = does not agree, otherwise cannot tell at "
-        "this scale. " + power_sentence(state),
-        "",
-        *render.table(["paper claim", "our measurement", "verdict"], [[c, m, f"**{v}**"] for c, m, v in claims(state)]),
-    ]
-    table_task = task if has_finetune else None
-    L += [""]
-    for experiment, xname, title, figure in (
-        ("heads", "h", "Heads at fixed hidden size (paper Fig. 3a)", "![perplexity vs heads](heads.png)"),
-        (
-            "embedding",
-            "d",
-            "Embedding size against parameter count (paper Fig. 1 and 2)",
-            "![perplexity vs parameters](params.png)",
-        ),
-    ):
+            + f"The best run scores {max(r['finetune']['score'] for r in ft_runs):.4f}."
+        )
+    rule = (
+        f"Verdict rule, recorded before training: {rule_text(verdict_rule(state))}; a significant difference in the "
+        "paper's direction = agrees, in the other direction = does not agree, otherwise cannot tell at this scale. "
+        + power_sentence(state)
+    )
+    table_task = task if ft_runs else None
+    experiments = []
+    for experiment, xname, title, figure in EXPERIMENTS:
         parts = [(kind, series[(experiment, kind)]) for kind in ("standard", "fixed") if series.get((experiment, kind))]
-        L += [f"## {title}", "", figure, ""] if parts else []
-        for kind, pts in parts:
-            L += [f"**{kind}**", ""] + points_table(pts, xname, table_task) + [""]
-    if has_head_size:
-        L += ["## Head size at a fixed number of heads (paper Table 2B)", "", "![head size](head_size.png)", ""]
-        L += points_table(series[("head_size", "fixed")], "d_p", table_task) + [""]
-    if has_finetune:
-        L += [
-            "## Fine-tuning score against pretraining perplexity",
-            "",
-            "![fine-tuning vs perplexity](finetune_vs_perplexity.png)",
-            "",
-        ]
-    return "\n".join(L) + "\n"
+        blocks = [b for kind, pts in parts for b in (f"**{kind}**", points_table(pts, xname, table_task))]
+        experiments.append(parts and render.Section(title, [figure, *blocks]))
+    head_size = series.get(("head_size", "fixed"))
+    return render.markdown(
+        render.Report(
+            f"Sweep report: {meta['preset']}{' (--quick)' if meta.get('quick') else ''}",
+            [f"{meta['description']}."],
+            [
+                render.what_was_run(
+                    meta,
+                    setup,
+                    scores,
+                    unigram,
+                    stuck_text,
+                    several=" (workers sharing the plan, or resumed invocations)",
+                    work="training + fine-tuning" if ft_runs else "training",
+                    on="on ",
+                    per_process=" per process",
+                ),
+                state.get("tuning") and selection_markdown(meta["learning_rate_selection"], state["tuning"]),
+                render.Section(
+                    "Paper claim → our measurement",
+                    [
+                        rule,
+                        render.Table(
+                            ["paper claim", "our measurement", "verdict"],
+                            [[c, m, f"**{v}**"] for c, m, v in claims(state)],
+                        ),
+                    ],
+                ),
+                *experiments,
+                head_size
+                and render.Section(
+                    "Head size at a fixed number of heads (paper Table 2B)",
+                    ["![head size](head_size.png)", points_table(head_size, "d_p", table_task)],
+                ),
+                ft_runs
+                and render.Section(
+                    "Fine-tuning score against pretraining perplexity",
+                    ["![fine-tuning vs perplexity](finetune_vs_perplexity.png)"],
+                ),
+            ],
+        )
+    )
+
+
+#: each experiment's section: (experiment, its x, the title, the figure)
+EXPERIMENTS = (
+    ("heads", "h", "Heads at fixed hidden size (paper Fig. 3a)", "![perplexity vs heads](heads.png)"),
+    (
+        "embedding",
+        "d",
+        "Embedding size against parameter count (paper Fig. 1 and 2)",
+        "![perplexity vs parameters](params.png)",
+    ),
+)

@@ -86,33 +86,32 @@ def comparisons(state: dict) -> list[dict]:
     return out
 
 
-def _results_table(state: dict) -> list[str]:
-    """The markdown table of the base and the arms (mean ± std over seeds, per-seed losses)."""
+def _results_table(state: dict) -> render.Table:
+    """The base and the arms (mean ± std over seeds, per-seed losses)."""
     meta, base, unigram = state["meta"], state.get("base") or {}, state["unigram_perplexity"]
     model, base_steps = meta["settings"]["model"], meta["settings"]["base"]["max_steps"]
-    L = [
-        "| arm | d_p per layer | FFN | parameters | extra | continuation FLOPs (× as-is) | held-out loss | "
-        "perplexity | below unigram | losses per seed | − as-is, same seed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     if base:
-        L.append(
-            f"| base ({base_steps} steps) | {base['head_dim']} | {model['intermediate_size']} | "
-            f"{base['parameters']:,} | – | {base['flops']:.3g} (base training) | {base['heldout_loss']:.4f} | "
-            f"{base['heldout_perplexity']:.1f} | {math.log(unigram) - base['heldout_loss']:.3f} | – | – |"
+        rows.append(
+            [f"base ({base_steps} steps)", base["head_dim"], model["intermediate_size"], f"{base['parameters']:,}", "–"]
+            + [
+                f"{base['flops']:.3g} (base training)",
+                f"{base['heldout_loss']:.4f}",
+                f"{base['heldout_perplexity']:.1f}",
+            ]
+            + [f"{math.log(unigram) - base['heldout_loss']:.3f}", "–", "–"]
         )
     for r in summarise(state):
-        if not r["runs"]:
-            L.append(f"| {r['arm']} | not run | | | | | | | | | |")
-            continue
-        L.append(
-            f"| {r['arm']} | {r['layer_head_dims']} | {r['intermediate_size']} | {r['parameters']:,} | "
-            f"{r['extra_parameters']:+,} | {r['flops']:.3g} ({r['flops_ratio']:.3f}) | "
-            f"{pm(r['loss_mean'], r['loss_std'], 4)} | {pm(r['ppl_mean'], r['ppl_std'], 1)} | "
-            f"{r['below_unigram']:.3f} | {', '.join(f'{x:.4f}' for x in r['losses'])} | "
-            f"{', '.join(f'{x:+.4f}' for x in r['paired_differences'])} |"
+        rows.append(
+            [r["arm"], "not run", *[""] * 9]
+            if not r["runs"]
+            else [r["arm"], r["layer_head_dims"], r["intermediate_size"], f"{r['parameters']:,}"]
+            + [f"{r['extra_parameters']:+,}", f"{r['flops']:.3g} ({r['flops_ratio']:.3f})"]
+            + [pm(r["loss_mean"], r["loss_std"], 4), pm(r["ppl_mean"], r["ppl_std"], 1), f"{r['below_unigram']:.3f}"]
+            + [", ".join(f"{x:.4f}" for x in r["losses"]), ", ".join(f"{x:+.4f}" for x in r["paired_differences"])]
         )
-    return L
+    header = ["arm", "d_p per layer", "FFN", "parameters", "extra", "continuation FLOPs (× as-is)", "held-out loss"]
+    return render.Table([*header, "perplexity", "below unigram", "losses per seed", "− as-is, same seed"], rows)
 
 
 def write_plots(state: dict, out: Path) -> None:
@@ -180,15 +179,11 @@ def report_markdown(state: dict) -> str:
     """The markdown report: what was run, the rule, the table, the comparisons and the verdict."""
     meta, base = state["meta"], state.get("base") or {}
     settings = meta["settings"]
-    cont, base_recipe = settings["continuation"], settings["base"]
-    rows = summarise(state)
-    comps = comparisons(state)
+    cont, base_recipe, model = settings["continuation"], settings["base"], settings["model"]
+    rows, comps = summarise(state), comparisons(state)
     unigram = state["unigram_perplexity"] or math.nan  # none before the base has run
-    model = settings["model"]
-    title = "Does widening the heads of a trained standard-head model help?"
-    L = render.head(title, meta, [], f"![held-out loss per arm and training curves]({PLOT_FILE})")
-    info = meta["data_info"]
-    L += [
+    info, narrow = meta["data_info"], model["hidden_size"] // model["num_attention_heads"]
+    setup = [
         f"- data: {Path(settings['data']['corpus']).name}, {info['train_documents']} training "
         f"documents ({info['train_sequences']:,} sequences of n = {meta['n']}), held out: "
         f"{'; '.join(info['heldout_documents'])} ({info['heldout_sequences']:,} "
@@ -196,7 +191,7 @@ def report_markdown(state: dict) -> str:
         if info
         else f"- data: {Path(settings['data']['corpus']).name} (not prepared yet: the base has not run)",
         f"- base: a causal LM with standard heads, d = {model['hidden_size']}, h = {model['num_attention_heads']}, "
-        f"d_p = d/h = {model['hidden_size'] // model['num_attention_heads']}, {model['num_hidden_layers']} layers, "
+        f"d_p = d/h = {narrow}, {model['num_hidden_layers']} layers, "
         f"FFN {model['intermediate_size']}, dropout {model.get('hidden_dropout_prob', 0.1)}; "
         f"{base_recipe['max_steps']} steps × {base_recipe['batch_size']} sequences, AdamW lr "
         f"{base_recipe['learning_rate']}, warm-up {base_recipe['warmup_ratio']:.0%} then linear decay, seed "
@@ -215,73 +210,80 @@ def report_markdown(state: dict) -> str:
             if meta["wide_head_dim"] == meta["causal_threshold"]
             else f" (the generic causal threshold for n = {meta['n']} is {meta['causal_threshold']})"
         ),
-        "",
-        *render.table(["arm", "what changes at the start"], [[a["name"], a["description"]] for a in meta["arms"]]),
-        "",
-        "Every widened starting model computes the base's function: the largest change of any logit on 16 held-out "
-        "sequences was "
-        + f"{max((r.get('start_max_logit_change', 0.0) for r in rows if r['runs']), default=0.0):.1e}.",
-        "",
-        f"**Verdict rule** (fixed before the run): arm B against arm A is *lower loss* if mean loss(A) − mean "
-        f"loss(B) > {RULE_STDS:g} × the pooled standard deviation √((s_A² + s_B²)/2) over seeds, *higher loss* if it "
-        f"is < −{RULE_STDS:g} × that, and *no measurable difference* otherwise.",
-        "",
-        "## Results",
-        "",
-        f"Held-out loss per next token (nats) and perplexity, mean ± std over seeds; the unigram reference "
-        f"(training-set word frequencies, no context) on the same tokens is ppl {unigram:.1f} (loss "
-        f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of "
-        f"the continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.sizes.training_flops`).",
-        "",
-        *_results_table(state),
-        "",
-        "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
-        "description of the pairs, not part of the verdict rule, which compares the arms' means and spreads.",
-        "",
-        *(selection_markdown(meta["learning_rate_selection"], state["tuning"], "arm") if state.get("tuning") else []),
-        "## Verdicts",
-        "",
-        *render.table(
-            ["question", "B vs A", "mean(A) − mean(B), nats", "threshold", "verdict for B"],
-            [
-                [
-                    c["question"],
-                    f"{c['b']} vs {c['a']}",
-                    f"{c['difference']:+.4f}",
-                    f"{c['threshold']:.4f}",
-                    f"**{c['verdict']}**",
-                ]
-                for c in comps
-            ],
-        ),
-        "",
+    ]
+    start = max((r.get("start_max_logit_change", 0.0) for r in rows if r["runs"]), default=0.0)
+    verdicts = [
+        ("question", "{question}"),
+        ("B vs A", "{b} vs {a}"),
+        ("mean(A) − mean(B), nats", "{difference:+.4f}"),
+        ("threshold", "{threshold:.4f}"),
+        ("verdict for B", "**{verdict}**"),
     ]
     main = next((c for c in comps if c["b"] == "wide-all" and c["a"] == "as-is"), None)
     as_is = next((r for r in rows if r["arm"] == "as-is" and r["runs"]), None)
-    if main and as_is and base:
-        gain = base["heldout_loss"] - as_is["loss_mean"]
-        L += [
-            f"**In one sentence:** widening every layer's heads from d_p = "
-            f"{model['hidden_size'] // model['num_attention_heads']} to {meta['wide_head_dim']} before "
+    gain = base and as_is and base["heldout_loss"] - as_is["loss_mean"]
+    sentence = (
+        main
+        and as_is
+        and base
+        and (
+            f"**In one sentence:** widening every layer's heads from d_p = {narrow} to {meta['wide_head_dim']} before "
             f"{cont['max_steps']} more steps gives "
             + {
                 "lower loss": "a measurably lower held-out loss than continuing as is",
                 "higher loss": "a measurably higher held-out loss than continuing as is",
                 "no measurable difference": "no measurable difference in held-out loss from continuing as is",
             }.get(main["verdict"], "an undecided result against continuing as is (one seed)")
-            + f" (as-is − wide-all = {main['difference']:+.4f} nats; threshold "
-            f"{main['threshold']:.4f}); the continuation itself lowered the loss by {gain:.4f} nats from the base.",
-            "",
-        ]
-    L += [
-        "## What is and is not matched",
-        "",
-        "- Tokens and steps: every arm trains on the same number of tokens, in the same order for a given seed.",
-        "- Parameters: *wide-early* and *wide-late* have exactly the same count; *ffn-matched* differs from "
-        "*wide-all* by the few parameters a whole feed-forward unit cannot split (see the table); *as-is* has "
-        "the fewest. There is no parameter-matched control for the one-layer arms.",
-        "- FLOPs: the widened and ffn-matched arms cost more per token than *as-is*; the ratios are in the "
-        "table. They count matrix products only, the output layer over the whole vocabulary included.",
-        "",
-    ]
-    return "\n".join(L)
+            + f" (as-is − wide-all = {main['difference']:+.4f} nats; threshold {main['threshold']:.4f}); the "
+            f"continuation itself lowered the loss by {gain:.4f} nats from the base."
+        )
+    )
+    results_note = (
+        "Held-out loss per next token (nats) and perplexity, mean ± std over seeds; the unigram reference "
+        f"(training-set word frequencies, no context) on the same tokens is ppl {unigram:.1f} (loss "
+        f"{math.log(unigram):.4f}), and *below unigram* is its loss minus the model's. FLOPs: training FLOPs of the "
+        f"continuation ({meta['continuation_tokens']:,} tokens; `fixedhead.model.sizes.training_flops`)."
+    )
+    return render.markdown(
+        render.Report(
+            "Does widening the heads of a trained standard-head model help?",
+            [f"{meta['description']}.", render.Figure(PLOT_FILE, "held-out loss per arm and training curves")],
+            [
+                render.what_was_run(
+                    meta,
+                    setup,
+                    render.Table(
+                        ["arm", "what changes at the start"], [[a["name"], a["description"]] for a in meta["arms"]]
+                    ),
+                    "Every widened starting model computes the base's function: the largest change of any logit on 16 "
+                    f"held-out sequences was {start:.1e}.",
+                    f"**Verdict rule** (fixed before the run): arm B against arm A is *lower loss* if mean loss(A) − "
+                    f"mean loss(B) > {RULE_STDS:g} × the pooled standard deviation √((s_A² + s_B²)/2) over seeds, "
+                    f"*higher loss* if it is < −{RULE_STDS:g} × that, and *no measurable difference* otherwise.",
+                ),
+                render.Section(
+                    "Results",
+                    [
+                        results_note,
+                        _results_table(state),
+                        "The last column is each seed's loss minus *as-is*'s with the same seed (the same batches): a "
+                        "description of the pairs, not part of the verdict rule, which compares the arms' means and "
+                        "spreads.",
+                    ],
+                ),
+                state.get("tuning") and selection_markdown(meta["learning_rate_selection"], state["tuning"], "arm"),
+                render.Section("Verdicts", [render.Table(verdicts, comps), sentence]),
+                render.Section("What is and is not matched", [MATCHED]),
+            ],
+        )
+    )
+
+
+MATCHED = [
+    "- Tokens and steps: every arm trains on the same number of tokens, in the same order for a given seed.",
+    "- Parameters: *wide-early* and *wide-late* have exactly the same count; *ffn-matched* differs from "
+    "*wide-all* by the few parameters a whole feed-forward unit cannot split (see the table); *as-is* has "
+    "the fewest. There is no parameter-matched control for the one-layer arms.",
+    "- FLOPs: the widened and ffn-matched arms cost more per token than *as-is*; the ratios are in the "
+    "table. They count matrix products only, the output layer over the whole vocabulary included.",
+]
