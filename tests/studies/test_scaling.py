@@ -93,7 +93,7 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         losses = {float(lr): v for lr, v in tuning["validation_loss"].items()}
         assert chosen == min(losses, key=losses.get)
         seeds = sorted(r["seed"] for r in state["runs"].values() if r["point"] == key and r["learning_rate"] == chosen)
-        assert seeds == [0, 1] and record["runs"][f"{key}-s1"]["chosen"] == chosen
+        assert seeds == [0, 1] and record["runs"][f"{key}-s1"]["learning_rate"] == chosen
     # each run trains (tokens per parameter x N, at least min_steps steps) and is a model of its family
     runs = {r["point"]: r for r in state["runs"].values()}
     assert runs["threshold-d32"]["head_dim"] == 32 and runs["standard-d32"]["head_dim"] == 8

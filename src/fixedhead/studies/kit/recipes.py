@@ -12,7 +12,7 @@ A recipe's :meth:`Recipe.describe` is written from its fields, so the text canno
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...data import DEFAULT_CORPUS, DataSettings
 from ...training.settings import TrainSettings
@@ -59,6 +59,17 @@ def training_text(data, train, layers: int) -> str:
     )
 
 
+def with_steps(train: TrainSettings, steps: int, evaluations: int, checkpoints: int) -> TrainSettings:
+    """``train`` for ``steps`` steps with ``evaluations`` held-out evaluations and ``checkpoints`` checkpoints,
+    evenly spaced (every ``steps // k`` steps, at least 1; ``k = 0``: none inside the run, every ``steps + 1``):
+    the one rule by which every study sets a run's length."""
+
+    def every(k: int) -> int:
+        return steps + 1 if k == 0 else max(1, steps // k)
+
+    return replace(train, max_steps=steps, eval_steps=every(evaluations), save_steps=every(checkpoints))
+
+
 def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, **train) -> Recipe:
     """A CPU recipe: 2 layers with a 512-wide feed-forward, vocabulary 8,192, batch 32, ``steps``
     steps with ``evaluations`` held-out evaluations; an interrupted run resumes from its halfway
@@ -68,9 +79,7 @@ def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, 
         data=DataSettings(
             corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=max_eval_tokens
         ),
-        train=TrainSettings(
-            batch_size=32, max_steps=steps, eval_steps=steps // evaluations, save_steps=steps // 2, **train
-        ),
+        train=with_steps(TrainSettings(batch_size=32, **train), steps, evaluations, checkpoints=2),
         shared_model=dict(intermediate_size=512),
     )
 

@@ -44,8 +44,8 @@ from ...model.sizes import non_embedding_parameters
 from ...theory import causal_threshold
 from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
-from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
-from ..kit.recipes import get_recipe
+from ..kit.learning_rate import RULE, later_seed_needs, parse_rates, point_rate, with_validation_split
+from ..kit.recipes import get_recipe, with_steps
 from ..kit.study import Point, Study
 from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise, write_plots
 
@@ -233,6 +233,9 @@ def points_of(p: ScalingPreset) -> list[dict]:
     return plan_points(p, r.train.objective, r.data.max_seq_length, r.data.vocab_size, r.train.batch_size, r.layers)
 
 
+#: held-out evaluations of a point's run, whose length its size sets (one checkpoint, at its end)
+EVALUATIONS = 4
+
 VERDICT_RULE = (
     f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over a family's sizes, p < {ALPHA}"
 )
@@ -333,7 +336,7 @@ class ScalingStudy(Study):
         first = p.seeds[0]  # a later seed trains at the rate its first seed chose
 
         def needs(pt, s):
-            return () if s == first else (core.run_key(pt["key"], seed=first),)
+            return later_seed_needs(p.learning_rates, s, first, core.run_key(pt["key"], seed=first))
 
         return [
             Point(core.run_key(pt["key"], seed=s), (pt, s), needs(pt, s))
@@ -367,9 +370,7 @@ class ScalingStudy(Study):
         def train_at(lr):
             config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
             steps = pt["steps"]
-            settings = replace(
-                train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
-            )
+            settings = with_steps(replace(train, learning_rate=lr, seed=seed), steps, EVALUATIONS, checkpoints=1)
             key = core.run_key(pt["key"], lr, seed)
             if progress:
                 print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}", flush=True)
@@ -386,21 +387,16 @@ class ScalingStudy(Study):
             return result
 
         out = {"point": pt["key"], "seed": seed}
+        first = done.get(core.run_key(pt["key"], seed=p.seeds[0]))
+        rate = point_rate(train_at, p.learning_rates, seed, p.seeds[0], train.learning_rate, first, p.max_extensions)
         if seed != p.seeds[0]:
-            first = core.run_key(pt["key"], seed=p.seeds[0])
-            train_at(done[first]["chosen"])
-            return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
-        tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate
-        if p.learning_rates:
-            tuning = choose_on_validation(train_at, p.learning_rates, p.max_extensions)
-            chosen = tuning["chosen"]
-        else:
-            train_at(chosen)
+            return out | rate | {"runs": runs, "train_seconds": _seconds(runs)}
+        chosen = rate["learning_rate"]
         name = core.run_key(pt["key"], chosen, seed)
         windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
         return out | {
-            "chosen": chosen,
-            "tuning": tuning,
+            "learning_rate": chosen,
+            "tuning": rate.get("tuning"),
             "runs": runs,
             "ranks": {"run": name, **trained_ranks(folder / "runs" / name, windows)},
             "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),

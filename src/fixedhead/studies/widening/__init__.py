@@ -52,8 +52,8 @@ from ...training.evaluate import load_run
 from ...training.pretrain import lm_config, pretrain, train_or_reuse
 from ...training.settings import TrainSettings
 from ..kit import core
-from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
-from ..kit.recipes import get_recipe
+from ..kit.learning_rate import later_seed_needs, parse_rates, point_rate, selection_record, with_validation_split
+from ..kit.recipes import get_recipe, with_steps
 from ..kit.stats import RULE_STDS
 from ..kit.study import Point, Study
 from .arms import make_arms, max_logit_change, write_start
@@ -94,15 +94,11 @@ def base_and_continuation(base_steps: int, steps: int, batch: int, lr: float, lo
     """The base's and every continuation's causal-LM training settings: no Trainer evaluation (the
     held-out set is scored once, at the end) and no checkpoints (a run takes minutes)."""
     return tuple(
-        TrainSettings(
-            batch_size=batch,
-            max_steps=n,
-            learning_rate=lr,
-            objective="clm",
-            logging_steps=every,
-            eval_steps=n + 1,
-            save_steps=n + 1,
-            report_to=[],
+        with_steps(
+            TrainSettings(batch_size=batch, learning_rate=lr, objective="clm", logging_steps=every, report_to=[]),
+            n,
+            evaluations=0,
+            checkpoints=0,
         )
         for n, every in zip((base_steps, steps), logging, strict=True)
     )
@@ -196,7 +192,7 @@ def spec(o: WideningOptions) -> tuple[WideningPreset, int]:
             raise ValueError(f"the {name} recipe must use objective='clm', got {t.objective!r}")
         if override is not None:  # no evaluation or checkpoint inside the run, as in the presets
             n_steps = core.steps_override(option, override, t.max_steps)
-            setattr(p, name, replace(t, max_steps=n_steps, eval_steps=n_steps + 1, save_steps=n_steps + 1))
+            setattr(p, name, with_steps(t, n_steps, evaluations=0, checkpoints=0))
     wide = o.head_dim if o.head_dim is not None else (p.wide_head_dim or causal_threshold(p.data.max_seq_length))
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
     if probe.is_fixed_head:
@@ -288,7 +284,7 @@ class WideningStudy(Study):
         first = p.seeds[0]  # every arm continues the base; with a rate grid, a later seed takes its first seed's rate
 
         def needs(a, s):
-            return ("base", *((core.run_key(a, seed=first),) if o.learning_rates and s != first else ()))
+            return ("base", *later_seed_needs(o.learning_rates, s, first, core.run_key(a, seed=first)))
 
         arms = [Point(core.run_key(a, seed=s), (a, s), needs(a, s)) for a, s in core.seed_major(names, p.seeds)]
         return [Point("base", None), *arms]
@@ -377,11 +373,12 @@ class WideningStudy(Study):
             return runs[key]
 
         out = {"arm": arm.name, "seed": seed}
-        if not o.learning_rates:
-            continue_arm(None)
-        elif seed == p.seeds[0]:
-            out["tuning"] = choose_on_validation(continue_arm, parse_rates(o.learning_rates), o.max_extensions)
-        else:
-            first = core.run_key(arm.name, seed=p.seeds[0])
-            continue_arm(done[first]["tuning"]["chosen"])
-        return out | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
+        grid = parse_rates(o.learning_rates) if o.learning_rates else None
+        first = done.get(core.run_key(arm.name, seed=p.seeds[0]))
+        # without a grid the continuation's own rate, its runs keyed without one (ARM-sSEED)
+        rate = point_rate(continue_arm, grid, seed, p.seeds[0], None, first, o.max_extensions)
+        return (
+            out
+            | {k: v for k, v in rate.items() if v is not None}
+            | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
+        )
