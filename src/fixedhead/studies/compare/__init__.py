@@ -274,7 +274,8 @@ def train_model(
     """Train (or reuse) model ``name`` of the spec ``s`` in ``out/NAME``, or, with a rate grid, at every rate of it
     in ``out/lr-grid/NAME-lrRATE`` keeping the best on the validation split. Returns its result
     (:func:`fixedhead.training.pretrain`) with ``name``, ``fields`` (its config fields), ``run`` (its folder
-    inside ``out``), ``learning_rate`` where models have their own, and ``selection`` with a grid."""
+    inside ``out``), ``learning_rate`` where models have their own, and ``tuning`` with a grid (the choice's record,
+    :func:`~fixedhead.studies.kit.learning_rate.choose_on_validation`, with each rate's held-out loss)."""
     fields = sized_fields(s, name, len(data.tokenizer))
     config = build_config({**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id})
     train = replace(s.train, progress=progress)
@@ -304,9 +305,9 @@ def train_model(
     if progress:
         edge = "" if choice["bracketed"] else " (at an edge of the grid)"
         print(f"{name}: lr {best:g} chosen on the validation split{edge}")
-    selection = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
+    tuning = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
     run = f"lr-grid/{core.run_key(name, best)}"
-    return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "selection": selection}
+    return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "tuning": tuning}
 
 
 def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
@@ -314,7 +315,8 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
     the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
     s = spec(o)
-    results = list(results)
+    # a result recorded before the choice had one record shape keeps it under "selection"
+    results = [{"tuning": r["selection"], **r} if "selection" in r else r for r in results]
     first = results[0] if results else {}
     computed = {
         "description": s.description,
@@ -334,7 +336,7 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
         },
     }
     if s.grid:
-        selection = {r["name"]: r["selection"] for r in results if "selection" in r}
+        selection = {r["name"]: r["tuning"] for r in results if "tuning" in r}
         computed["learning_rate_selection"] = selection_record(
             s.grid, o.max_extensions, s.train.seed, s.data.validation_fraction, models=selection
         )
@@ -353,7 +355,7 @@ def report_markdown(state: dict) -> str:
         lines += ["## What the models say (sampled continuations)", ""]
         lines += render.table(["model", "prompt", "continuation"], [[n, f"{p} …", t] for n, p, t in samples]) + [""]
     if "learning_rate_selection" in meta:
-        models = {r["name"]: r["selection"] for r in results if "selection" in r}
+        models = {r["name"]: r["tuning"] for r in results if "tuning" in r}
         lines += selection_markdown(meta["learning_rate_selection"], models, "model")
     return "\n".join(lines).rstrip() + "\n"
 

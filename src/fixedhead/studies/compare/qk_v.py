@@ -341,7 +341,7 @@ class QkVStudy(Study):
             "parameters": r.get("parameters"),
             "run": f"{point.key}/{r['run']}",
             "train_seconds": r.get("train_seconds", 0),
-            **({"tuning": r["selection"]} if "selection" in r else {}),
+            **({"tuning": r["tuning"]} if "tuning" in r else {}),
         }
 
     def summarise(self, state):

@@ -236,7 +236,7 @@ class SeqLenStudy(Study):
                     "validation_loss": r.get("validation_loss"),
                     "run": str(run_dir),
                     "curve": curve,
-                    **({"tuning": r["selection"]} if "selection" in r else {}),
+                    **({"tuning": r["tuning"]} if "tuning" in r else {}),
                 }
             )
         return {"models": models, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
