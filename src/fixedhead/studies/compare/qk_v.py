@@ -143,7 +143,7 @@ def arm_fields(o: QkVOptions, qk: int, v: int) -> dict:
 
 
 def arm_preset(o: QkVOptions, rates: dict[str, float] | None = None):
-    """The :class:`~fixedhead.studies.compare.ComparePreset` of the four arms: seq-len's data and training
+    """The :class:`~fixedhead.studies.compare.Comparison` of the four arms: seq-len's data and training
     settings at ``o.n``, its model fields with each arm's head sizes; ``rates``: each arm's chosen rate."""
     pair = compare_preset(seq_len_options(o), o.n, "fixedhead", rates)
     base = next(iter(pair.models.values()))

@@ -143,8 +143,8 @@ def plan_record(o: SeqLenOptions) -> dict:
 
 # ---------------------------------------------------------------------------------------- run
 def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str, float] | None = None):
-    """The :class:`~fixedhead.studies.compare.ComparePreset` of one (n, architecture): one model per head size."""
-    from . import ComparePreset
+    """The :class:`~fixedhead.studies.compare.Comparison` of one (n, architecture): one model per head size."""
+    from . import Comparison
 
     r = get_recipe(o.recipe)
     # always without the validation documents: a pilot and a tuned study train on the same text
@@ -165,7 +165,7 @@ def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str,
         | extra
         for dp in o.head_dims
     }
-    return ComparePreset(
+    return Comparison(
         description=f"seq-len: n = {n}, d = {o.hidden_size}, h = {o.num_attention_heads}, d_p ∈ {o.head_dims}, "
         f"{architecture}, {o.steps} steps of {o.tokens_per_step} tokens",
         data=data,
