@@ -47,14 +47,19 @@ class Recipe:
         return text + (f" at lr {self.train.learning_rate:g}" if rate else "")
 
 
-def training_text(data, train, layers: int) -> str:
-    """What a run trains, from its settings: ``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of
-    32x64 tokens"``."""
+def objective_text(train) -> str:
+    """What a run's objective makes of it: ``"causal LMs"``, ``"masked LMs (40% of training tokens masked)"``."""
     what = "causal LMs" if train.objective == "clm" else "masked LMs"
     if train.objective == "mlm" and train.mlm_probability != 0.15:
         what += f" ({100 * train.mlm_probability:g}% of training tokens masked)"
+    return what
+
+
+def training_text(data, train, layers: int) -> str:
+    """What a run trains, from its settings: ``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of
+    32x64 tokens"``."""
     return (
-        f"{what}, {layers} layer{'s' if layers > 1 else ''}, n={data.max_seq_length}, vocabulary "
+        f"{objective_text(train)}, {layers} layer{'s' if layers > 1 else ''}, n={data.max_seq_length}, vocabulary "
         f"{data.vocab_size}, {train.max_steps} steps of {train.batch_size}x{data.max_seq_length} tokens"
     )
 
