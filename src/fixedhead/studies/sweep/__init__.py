@@ -220,7 +220,8 @@ def describe(o: SweepOptions) -> str:
     s = spec(o)
     rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
     layers = s.preset.common.get("num_hidden_layers", 2)
-    return s.preset.description.replace("{training}", training_text(s.data, s.train, layers) + rate)
+    points = f"; {s.preset.description}" if s.preset.description else ""
+    return f"{s.preset.smoke}{training_text(s.data, s.train, layers)}{rate} per run{points}"
 
 
 class SweepStudy(Study):
