@@ -36,7 +36,6 @@ from ...model.architectures import (
     head_size_label,
     is_fixed_head,
 )
-from ...model.paper_presets import lookup
 from ...model.sizes import parameter_count
 from ...runs import staged_outputs
 from ...theory import causal_threshold
@@ -234,8 +233,7 @@ PRESETS = {
 def resolve(o: CompareOptions) -> CompareOptions:
     """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value. Raises
     ValueError naming an unknown preset."""
-    preset = lookup(PRESETS, o.preset, "compare")
-    return replace(o, **{k: getattr(preset, k) for k in PRESET_FIELDS if getattr(o, k) in (None, ())})
+    return core.from_preset(PRESETS, o, PRESET_FIELDS, "compare")
 
 
 @dataclass

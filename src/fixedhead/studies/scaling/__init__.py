@@ -40,7 +40,6 @@ from ...analysis import analyze_model, load_encoder
 from ...checks import check_fields
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for
-from ...model.paper_presets import lookup
 from ...model.sizes import non_embedding_parameters
 from ...theory import causal_threshold
 from ...training.pretrain import lm_config, train_or_reuse
@@ -238,8 +237,7 @@ def spec(o: ScalingOptions) -> ScalingOptions:
     Raises:
         ValueError: fewer than 2 sizes, a head count per hidden size missing, a d that is not a multiple of its h.
     """
-    preset = lookup(PRESETS, o.preset, "scaling")
-    p = replace(o, **{k: getattr(preset, k) for k in PRESET_FIELDS if getattr(o, k) in (None, ())})
+    p = core.from_preset(PRESETS, o, PRESET_FIELDS, "scaling")
     if len(p.hidden_sizes) != len(p.num_attention_heads):
         raise ValueError(
             f"hidden_sizes {list(p.hidden_sizes)} and num_attention_heads {list(p.num_attention_heads)}: give one "

@@ -44,7 +44,6 @@ from ...checks import check_fields
 from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.configuration import FixedHeadConfig
-from ...model.paper_presets import lookup
 from ...model.sizes import count_parameters, training_flops
 from ...runs import PRETRAIN_FILE, open_run
 from ...theory import causal_threshold
@@ -218,8 +217,7 @@ PRESET_FIELDS = (
 def resolve(o: WideningOptions) -> WideningOptions:
     """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value, and the
     wide head size written out."""
-    preset = lookup(PRESETS, o.preset, "widen-experiment")
-    o = replace(o, **{k: getattr(preset, k) for k in PRESET_FIELDS if getattr(o, k) in (None, ())})
+    o = core.from_preset(PRESETS, o, PRESET_FIELDS, "widen-experiment")
     n = get_recipe(o.recipe).data.max_seq_length
     return replace(o, head_dim=o.head_dim if o.head_dim is not None else causal_threshold(n))
 
