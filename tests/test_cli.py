@@ -393,6 +393,24 @@ def test_quick_says_what_it_sets(capsys):
         assert expected in " ".join(capsys.readouterr().out.split()).replace("- ", "-")
 
 
+@pytest.mark.parametrize(
+    ("command", "module"),
+    [("compare", "compare"), ("scaling", "scaling"), ("widen-experiment", "widening")],
+)
+def test_a_preset_is_named_options_and_help_lists_the_names(command, module, capsys):
+    """Each preset is an Options value of its study: --preset NAME runs exactly those options, and --help lists
+    every name."""
+    import importlib
+
+    m = importlib.import_module(f"fixedhead.studies.{module}")
+    study = study_class(command)()
+    for name, preset in m.PRESETS.items():
+        assert preset.preset == name and study.resolve(study.Options(preset=name)) == study.resolve(preset)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert f"--preset {{{','.join(m.PRESETS)}}}" in capsys.readouterr().out
+
+
 def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
     """check_fields reads a field's metadata (each value of a tuple, None passing); --help says the same."""
     import dataclasses

@@ -81,11 +81,12 @@ def test_table_and_csv_show_bits_per_character_and_a_dash_for_older_results(tmp_
 
 
 def test_missing_default_corpus_message(tmp_path, monkeypatch, capsys):
-    import fixedhead.studies.compare as compare
 
-    preset = compare.get_compare_preset("tiny")
-    preset.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
-    monkeypatch.setitem(compare.COMPARE_PRESETS, "tiny", lambda: preset)
+    from fixedhead.studies.kit import recipes
+
+    recipe = recipes.get_recipe("tiny")
+    recipe.data.corpus = str(tmp_path / "nowhere.jsonl.gz")
+    monkeypatch.setitem(recipes.RECIPES, "tiny", lambda: recipe)
     rc = main(["compare", "--preset", "tiny", "--output-dir", str(tmp_path / "c")])
     assert rc == 2
     err = capsys.readouterr().err
@@ -119,25 +120,29 @@ def test_make_run_preset_is_causal_at_the_causal_threshold_and_the_masked_one_a_
     import math
 
     from fixedhead.model.configuration import FixedHeadConfig
-    from fixedhead.studies.compare import get_compare_preset
+    from fixedhead.studies.compare import CompareOptions, spec
 
-    cpu = get_compare_preset("cpu")
+    cpu = spec(CompareOptions(preset="cpu"))
     n = cpu.data.max_seq_length
     assert cpu.train.objective == "clm" and n == 64
-    assert cpu.models["fixed"]["head_dim"] == math.ceil((n - 1) / 2)
-    assert FixedHeadConfig(**cpu.models["standard"]).attention_head_size == 128 // 16 < n // 4
-    masked = get_compare_preset("cpu-mlm")
+    assert cpu.configs["fixed"]["head_dim"] == math.ceil((n - 1) / 2)
+    assert FixedHeadConfig(**cpu.configs["standard"]).attention_head_size == 128 // 16 < n // 4
+    masked = spec(CompareOptions(preset="cpu-mlm"))
     assert masked.train.objective == "mlm" and masked.train.mlm_probability == 0.4
-    assert masked.models["fixed"]["head_dim"] == masked.data.max_seq_length
+    assert masked.configs["fixed"]["head_dim"] == masked.data.max_seq_length
 
 
 def test_compare_objective_switch_on_the_masked_preset(small_real_corpus, tmp_path, monkeypatch):
     import fixedhead.studies.compare as compare
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
-    tiny = compare.get_compare_preset("tiny")
-    tiny.train = __import__("dataclasses").replace(tiny.train, mlm_probability=0.4)
-    monkeypatch.setitem(compare.COMPARE_PRESETS, "tiny", lambda: tiny)
+    from dataclasses import replace
+
+    from fixedhead.studies.kit import recipes
+
+    tiny = recipes.get_recipe("tiny")
+    tiny = replace(tiny, train=replace(tiny.train, mlm_probability=0.4))
+    monkeypatch.setitem(recipes.RECIPES, "tiny", lambda: tiny)
     options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus), steps=2, objective="clm")
     record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert {r["objective"] for r in record["runs"].values()} == {"clm"}
@@ -247,13 +252,14 @@ def test_compare_tiny_as_llama_trains_transformers_llama_models(small_real_corpu
 def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
     from dataclasses import replace
 
-    from fixedhead.studies.compare import CompareOptions, CompareStudy, get_compare_preset, match_hidden_size
+    from fixedhead.studies.compare import CompareOptions, CompareStudy, match_hidden_size, spec
     from fixedhead.studies.kit.recipes import get_recipe
 
-    cpu, llama = get_compare_preset("cpu"), get_compare_preset("cpu-llama")
-    assert {name: {**fields, "architecture": "llama"} for name, fields in cpu.models.items()} == llama.models
+    cpu, llama = spec(CompareOptions(preset="cpu")), spec(CompareOptions(preset="cpu-llama"))
+    assert {name: {**fields, "architecture": "llama"} for name, fields in cpu.configs.items()} == llama.configs
     # the same recipe; the rates chosen for fixedhead's models (and their validation split) are not Llama's
-    assert llama.train == cpu.train and llama.data == get_recipe("cpu-clm").data and not llama.learning_rates
+    assert llama.train == cpu.train
+    assert llama.data == get_recipe("cpu-clm").data and not llama.comparison.learning_rates
     assert cpu.data == replace(get_recipe("cpu-clm").data, validation_fraction=0.05)
     # the wider standard Llama model: the smallest d (a multiple of 2h = 32) with at least the fixed
     # model's parameters, counted with the formula of tests/model/test_architectures.py
@@ -263,7 +269,7 @@ def test_cpu_llama_preset_is_the_cpu_question_for_llama_and_refusals(tmp_path):
         return v * d + layers * (4 * d * i + 3 * d * f + 2 * d) + d
 
     target = params(128, 16 * 32, 512)
-    d = match_hidden_size(llama.models["standard-wide"], target, v)
+    d = match_hidden_size(llama.configs["standard-wide"], target, v)
     assert d % (2 * h) == 0 and params(d, d, 4 * d) >= target > params(d - 2 * h, d - 2 * h, 4 * (d - 2 * h))
     with pytest.raises(ValueError, match="parametrization='mup' is an option of fixedhead's attention only"):
         run_study(
@@ -287,11 +293,10 @@ def test_a_preset_with_each_models_rate_trains_them_there_without_the_validation
 
     monkeypatch.setenv("FIXEDHEAD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(compare, "train_or_reuse", record)
-    rates = {"standard": 1e-3, "fixed": 4e-3, "standard-wide": 2e-3}
-    monkeypatch.setitem(
-        compare.COMPARE_PRESETS, "tiny", lambda: compare._preset("tiny", 32, 8, 16, "a smoke test", rates=rates)
+    rates = {"standard": 1e-3, "fixed": 4e-3, "standard-wide": 2e-3}  # a preset's rates are options too
+    options = compare.CompareOptions(
+        preset="tiny", corpus=str(small_real_corpus), model_learning_rates=tuple(rates.values())
     )
-    options = compare.CompareOptions(preset="tiny", corpus=str(small_real_corpus))
     with pytest.raises(KeyboardInterrupt):
         run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     assert seen == {"standard": (1e-3, True)}

@@ -2,6 +2,7 @@
 test_study.py)."""
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,20 @@ def test_the_folder_claim_refuses_another_studys_results_file_even_with_overwrit
     assert json.loads((tmp_path / "mine" / RESULTS).read_text())["meta"]["study"] == "toy"
 
 
-def test_overrides_have_one_policy():
-    assert core.steps_override("steps", None, 40) == 40 and core.steps_override("steps", 7, 40) == 7
-    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
-        core.steps_override("steps", 0, 40)
+def test_a_preset_is_the_options_a_run_starts_from_and_given_options_override_it():
+    @dataclass(frozen=True)
+    class Toy:
+        preset: str = "small"
+        width: int | None = None
+        seeds: tuple[int, ...] = ()
+        steps: int = 10  # not a preset's field: always the run's own
+
+    presets = {"small": Toy(width=8, seeds=(0, 1), steps=99), "big": Toy("big", width=64, seeds=(0,))}
+    fields = ("width", "seeds")
+    assert core.from_preset(presets, Toy(), fields, "toy") == Toy(width=8, seeds=(0, 1))
+    assert core.from_preset(presets, Toy("big", seeds=(3,)), fields, "toy") == Toy("big", width=64, seeds=(3,))
+    with pytest.raises(ValueError, match="unknown toy preset 'huge'; known: small, big"):
+        core.from_preset(presets, Toy("huge"), fields, "toy")
     with pytest.raises(ValueError, match="unknown toy preset 'big'; known: small"):
         core.pick({"small": dict}, "big", "toy")
 

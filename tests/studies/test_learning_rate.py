@@ -8,7 +8,10 @@ from fixedhead.studies.kit.learning_rate import (
     DIVERGED,
     best_rate,
     choose_rate,
+    chosen_rate,
+    later_seed_needs,
     parse_rates,
+    point_rate,
     rate_grid,
     shared_rate_cost,
     shared_rate_text,
@@ -70,6 +73,51 @@ def test_diverged_runs_count_as_worst_and_trained_rates_are_reused():
     assert (best, bracketed) == (2e-3, True) and losses[4e-3] == DIVERGED
     with pytest.raises(ValueError, match="every learning rate diverged"):
         best_rate({1e-3: DIVERGED, 2e-3: DIVERGED})
+
+
+def test_the_rate_protocol_no_grid_first_seed_chooses_later_seed_reuses():
+    train, calls = bowl(2e-3)
+    runs = []
+
+    def run(lr):
+        runs.append(lr)
+        return {"validation_loss": train(lr)}
+
+    assert point_rate(run, None, seed=0, first_seed=0, default=1e-3) == {"learning_rate": 1e-3}
+    assert runs == [1e-3] and later_seed_needs(None, 1, 0, "m-s0") == ()
+    first = point_rate(run, [5e-4, 1e-3, 2e-3, 4e-3], seed=0, first_seed=0, default=1e-3)
+    assert first["learning_rate"] == first["tuning"]["chosen"] == 2e-3 and first["tuning"]["bracketed"]
+    assert first["tuning"]["validation_loss"]["0.0005"] == 7.0  # two factor-2 steps below 2e-3: 3 + 2²
+    runs.clear()
+    later = point_rate(run, [5e-4, 1e-3], seed=1, first_seed=0, default=1e-3, first=first)
+    assert later == {"learning_rate": 2e-3} and runs == [2e-3]  # one run, at the first seed's choice
+    assert (
+        later_seed_needs([5e-4, 1e-3], 1, 0, "m-s0") == ("m-s0",) and later_seed_needs([5e-4, 1e-3], 0, 0, "m-s0") == ()
+    )
+
+
+def test_a_later_seed_reads_every_recorded_shape_of_the_chosen_rate():
+    assert chosen_rate({"tuning": {"chosen": 2e-3}, "learning_rate": 2e-3}) == 2e-3
+    assert chosen_rate({"learning_rate": 1e-3}) == 1e-3  # seq-len's and qk-v's models
+    assert chosen_rate({"chosen": 4e-3, "tuning": None}) == 4e-3  # scaling and finetune-sweep results before
+    with pytest.raises(ValueError, match="records no chosen rate.*'tuning.chosen'.*it has runs, seed"):
+        chosen_rate({"seed": 1, "runs": {}})
+
+
+def test_a_score_to_raise_is_chosen_by_its_highest_value_and_recorded_as_a_score():
+    scores = {1e-4: 0.6, 3e-4: 0.8, 1e-3: 0.7}
+    record = point_rate(
+        lambda lr: {"accuracy": scores[lr]},
+        [1e-4, 3e-4, 1e-3],
+        seed=0,
+        first_seed=0,
+        default=None,
+        score=lambda r: r["accuracy"],
+        factor=3.0,
+        maximise=True,
+    )
+    assert record["learning_rate"] == 3e-4
+    assert record["tuning"]["validation_score"] == {"0.0001": 0.6, "0.0003": 0.8, "0.001": 0.7}
 
 
 def test_shared_rate_cost_is_each_models_loss_above_its_own_best_at_rates_all_trained():

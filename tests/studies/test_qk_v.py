@@ -142,7 +142,7 @@ def test_the_quick_study_end_to_end_reuses_the_first_seeds_rates_and_resumes(tmp
     first = run_study(QkVStudy(), replace(QUICK, seeds=[0]), out, progress=False, command="test")
     assert len(calls) == 4 and all(grid == QUICK.learning_rates for _, grid, _ in calls)
     chosen = {k[: -len("-s0")]: r["learning_rate"] for k, r in first["runs"].items()}
-    assert all(r["selection"]["chosen"] == chosen[k[:-3]] for k, r in first["runs"].items())
+    assert all(r["tuning"]["chosen"] == chosen[k[:-3]] for k, r in first["runs"].items())
 
     calls.clear()  # seed 1 grows the study: each arm trains once, at the rate its seed-0 point chose
     record = run_study(QkVStudy(), QUICK, out, grow=True, progress=False, command="test")

@@ -3,6 +3,7 @@ FLOP counts against independent references, the fits, and the tiny preset end to
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -22,9 +23,19 @@ def test_each_family_takes_the_papers_head_size():
     with pytest.raises(ValueError, match="unknown head-size family 'd_p=0'"):
         scaling.family_head_dim("d_p=0", "clm", 64)
     with pytest.raises(ValueError, match="hidden_size 100 is not a multiple of num_attention_heads 16"):
-        scaling.ScalingPreset(recipe="tiny", sizes=((100, 16), (128, 16)))
+        scaling.spec(scaling.ScalingOptions(preset="tiny", hidden_sizes=(100, 128), num_attention_heads=(16, 16)))
     with pytest.raises(ValueError, match="at least 2 sizes"):
-        scaling.ScalingPreset(recipe="tiny", sizes=((128, 16),))
+        scaling.spec(scaling.ScalingOptions(preset="tiny", hidden_sizes=(128,), num_attention_heads=(16,)))
+    with pytest.raises(ValueError, match="give one head count per hidden size"):
+        scaling.spec(scaling.ScalingOptions(preset="tiny", hidden_sizes=(64, 128, 256)))  # the preset's 2 head counts
+
+
+def test_a_preset_is_the_options_it_starts_from_and_given_options_override_it():
+    tiny = scaling.spec(scaling.ScalingOptions(preset="tiny"))
+    assert tiny == scaling.PRESETS["tiny"]
+    wider = scaling.spec(scaling.ScalingOptions(preset="tiny", hidden_sizes=(16, 64), num_attention_heads=(2, 8)))
+    assert wider == replace(tiny, hidden_sizes=(16, 64), num_attention_heads=(2, 8))
+    assert [pt["hidden_size"] for pt in scaling.points_of(wider)] == [16, 64, 16, 64]
 
 
 def test_non_embedding_parameters_are_berts_without_its_embeddings():
@@ -93,7 +104,7 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         losses = {float(lr): v for lr, v in tuning["validation_loss"].items()}
         assert chosen == min(losses, key=losses.get)
         seeds = sorted(r["seed"] for r in state["runs"].values() if r["point"] == key and r["learning_rate"] == chosen)
-        assert seeds == [0, 1] and record["runs"][f"{key}-s1"]["chosen"] == chosen
+        assert seeds == [0, 1] and record["runs"][f"{key}-s1"]["learning_rate"] == chosen
     # each run trains (tokens per parameter x N, at least min_steps steps) and is a model of its family
     runs = {r["point"]: r for r in state["runs"].values()}
     assert runs["threshold-d32"]["head_dim"] == 32 and runs["standard-d32"]["head_dim"] == 8
@@ -173,13 +184,13 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
 def test_the_gpu_preset_spans_the_issue_sizes_at_n_128():
     """The GPU preset's plan (built on the CPU, nothing trained): d up to 512 at n = 128, standard
     d_p = 16 against the causal threshold ⌈127/2⌉ = 64, ≥ 8x in non-embedding parameters per family."""
-    p = scaling.get_scaling_preset("gpu")
+    p = scaling.spec(scaling.ScalingOptions(preset="gpu"))
     recipe = get_recipe(p.recipe)
     assert recipe.data.max_seq_length == 128 and recipe.train.bf16 and recipe.train.objective == "clm"
     points = scaling.plan_points(p, "clm", 128, recipe.data.vocab_size, recipe.train.batch_size, recipe.layers)
     assert {pt["head_dim"] for pt in points if pt["family"] == "standard"} == {16}
     assert {pt["head_dim"] for pt in points if pt["family"] == "threshold"} == {64}
     assert max(pt["hidden_size"] for pt in points) == 512
-    for family in p.families:
+    for family in p.head_size_families:
         n_params = [pt["non_embedding_parameters"] for pt in points if pt["family"] == family]
         assert max(n_params) / min(n_params) >= 8

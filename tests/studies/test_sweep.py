@@ -59,9 +59,9 @@ def test_cpu_plan_is_deduplicated_and_seed_major():
 
 
 def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
-    from fixedhead.studies.compare import get_compare_preset
+    from fixedhead.studies.compare import CompareOptions, spec
 
-    preset, recipe = get_sweep_preset("cpu-mlm"), get_compare_preset("cpu-mlm")
+    preset, recipe = get_sweep_preset("cpu-mlm"), spec(CompareOptions(preset="cpu-mlm"))
     for field in ("objective", "mlm_probability", "batch_size", "learning_rate", "max_steps"):
         assert getattr(preset.train, field) == getattr(recipe.train, field), field
     assert preset.train.mlm_probability == 0.4 and preset.train.objective == "mlm"

@@ -17,6 +17,7 @@ from _tiny_run import TINY, tiny_config
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, count_parameters
 from fixedhead.cli import main
 from fixedhead.model.surgery import widen_feed_forward
+from fixedhead.studies.kit.recipes import RECIPES
 from fixedhead.studies.kit.study import run_study
 from fixedhead.theory import causal_threshold
 from fixedhead.training.evaluate import DivergedError
@@ -33,7 +34,7 @@ def _one_line(capsys) -> str:
 
 # -------------------------------------------------------------------------------- the design
 def test_arms_and_their_parameter_counts_for_make_runs_model():
-    config = FixedHeadConfig(**W.get_widening_preset("cpu").model, vocab_size=8192)
+    config = FixedHeadConfig(**W.spec(W.WideningOptions())[0].model, vocab_size=8192)
     assert config.layer_head_dims == [8, 8] and causal_threshold(32) == 16
     arms = {a.name: a for a in A.make_arms(config, 16)}
     assert list(arms) == ["as-is", "wide-all", "wide-early", "wide-late", "ffn-matched"]
@@ -92,28 +93,14 @@ def test_widened_feed_forward_computes_the_same_and_every_new_weight_learns():
 
 
 # -------------------------------------------------------------------------------- end to end
-def _tiny_preset(corpus) -> W.WideningPreset:
-    base, cont = W.base_and_continuation(3, 2, 8, 3e-3, (1, 1))
-    return W.WideningPreset(
-        data=replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000),
-        model=TINY.model_fields(
-            hidden_size=16,
-            num_attention_heads=4,
-            head_dim=None,
-            num_hidden_layers=2,
-            intermediate_size=32,
-            max_position_embeddings=16,
-        ),
-        base=base,
-        continuation=cont,
-        seeds=(1, 2),
-    )
-
-
 def _options(monkeypatch, corpus, **kw) -> W.WideningOptions:
-    """Options of a two-step preset on ``corpus``, registered for this test."""
-    monkeypatch.setitem(W.WIDENING_PRESETS, "test-tiny", lambda: _tiny_preset(corpus))
-    return W.WideningOptions(preset="test-tiny", **kw)
+    """Options of a two-step study on ``corpus`` (n = 16, FFN 32: a recipe registered for this test)."""
+    data = replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000)
+    recipe = replace(TINY, name="test-tiny", data=data, layers=2, shared_model=dict(intermediate_size=32))
+    monkeypatch.setitem(RECIPES, "test-tiny", lambda: recipe)
+    start = dict(recipe="test-tiny", hidden_size=16, num_attention_heads=4, batch_size=8, learning_rate=3e-3)
+    start |= dict(logging_steps=(1, 1), seeds=(1, 2), base_steps=3, steps=2)
+    return W.WideningOptions(preset="tiny", **(start | kw))
 
 
 def _state(options, record):

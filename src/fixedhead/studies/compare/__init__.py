@@ -32,7 +32,6 @@ from ...data import DataSettings
 from ...data.lm import unigram_perplexity
 from ...model.architectures import (
     build_config,
-    check_architecture,
     check_objective_for,
     head_size_label,
     is_fixed_head,
@@ -52,13 +51,14 @@ from ..kit.learning_rate import (
     selection_record,
     with_validation_split,
 )
-from ..kit.recipes import get_recipe
+from ..kit.recipes import RECIPES, get_recipe
 from ..kit.study import Point, Study
 
 
 @dataclass
-class ComparePreset:
-    """Data and training settings shared by all models, and each model's config fields."""
+class Comparison:
+    """What a comparison trains before a run's own overrides (seed, steps, a rate grid): data and training
+    settings shared by all models, each model's config fields, each model's own rate."""
 
     description: str
     data: DataSettings
@@ -72,72 +72,67 @@ class ComparePreset:
     learning_rates: dict[str, float] = field(default_factory=dict)
 
 
-def _preset(
-    recipe: str,
-    d: int,
-    h: int,
-    fixed_head_dim: int,
-    why: str,
-    mup: bool = False,
-    architecture: str = "fixedhead",
-    rates: dict | None = None,
-) -> ComparePreset:
-    """Three models of one recipe: standard d_p = d/h, fixed d_p, and a standard model widened to
-    the fixed one's parameter count; with ``mup``, all three under the μP-style parametrization
-    (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where
-    it is the standard parametrization; ``architecture``: see :mod:`fixedhead.model.architectures`.
-    ``rates``: each model's own learning rate, chosen by ``--learning-rates`` on the validation
-    split, which the models then train without too (so each trains exactly as when its rate was chosen)."""
-    r = get_recipe(recipe)
-    extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
-    if architecture != "fixedhead":
-        extra["architecture"] = architecture
-    recipe_text = r.describe(rate=False)  # spec names the rate (shared, each model's own, a grid)
-    return ComparePreset(
-        description=f"{recipe_text}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={fixed_head_dim} ({why}) "
-        f"vs a parameter-matched wider standard model"
-        f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}{_as(architecture)}; "
-        f"{Path(r.data.corpus).name}",
-        data=with_validation_split(r.data) if rates else r.data,
-        train=r.train,
-        learning_rates=dict(rates or {}),
-        models={
-            name: r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=head_dim, **extra)
-            for name, head_dim in (("standard", None), ("fixed", fixed_head_dim), ("standard-wide", None))
-        },
-        widen="standard-wide",
-        match_to="fixed",
-    )
+#: the three models of a comparison: standard d_p = d/h, fixed d_p, and the standard one widened to the
+#: fixed one's parameter count
+MODELS = ("standard", "fixed", "standard-wide")
+#: the names of :data:`PRESETS`
+PRESET_NAMES = ("cpu", "cpu-llama", "cpu-mup", "cpu-mlm", "tiny")
+#: the options a preset gives a value (None or empty in a run's options: the preset's)
+PRESET_FIELDS = (
+    "recipe",
+    "hidden_size",
+    "num_attention_heads",
+    "head_dim",
+    "parametrization",
+    "architecture",
+    "model_learning_rates",
+)
 
 
 def _as(architecture: str) -> str:
     return "" if architecture == "fixedhead" else ", as Llama-style decoders (transformers' LlamaForCausalLM)"
 
 
-def _cpu_clm(why: str = "the causal threshold ceil((n-1)/2)", **kw) -> ComparePreset:
-    """The ``cpu-clm`` recipe's models at n = 64: d=128, h=16, fixed d_p at the causal threshold."""
-    return _preset("cpu-clm", 128, 16, causal_threshold(64), why, **kw)
+def _why(head_dim: int, n: int, objective: str) -> str:
+    """Where the fixed head size sits against the paper's threshold for ``n`` tokens, from the numbers."""
+    if objective == "clm" and head_dim == causal_threshold(n):
+        return " (the causal threshold ceil((n-1)/2))"
+    return " (= n)" if head_dim == n else ""
 
 
-COMPARE_PRESETS = {
-    # each model's rate: `fixedhead compare --learning-rates 5e-4,1e-3,2e-3,4e-3` (docs/results/make-run-lr)
-    "cpu": lambda: _cpu_clm(rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 2e-3}),
-    "cpu-llama": lambda: _cpu_clm(architecture="llama"),
-    # standard: μP based at it is the standard parametrization (make-run-lr's 2e-3); fixed: docs/results/mup
-    "cpu-mup": lambda: _cpu_clm(
-        "the causal threshold", mup=True, rates={"standard": 2e-3, "fixed": 2e-3, "standard-wide": 1e-3}
-    ),
-    "cpu-mlm": lambda: _preset("cpu-mlm", 128, 16, 32, "= n"),
-    "tiny": lambda: _preset("tiny", 32, 8, 16, "a smoke test"),
-}
+def comparison(o: CompareOptions) -> Comparison:
+    """The :class:`Comparison` of the resolved options ``o`` (:func:`resolve`): three models of one recipe,
+    standard d_p = d/h, fixed d_p and a standard model widened to the fixed one's parameter count; with
+    ``parametrization="mup"``, all three under the μP-style parametrization
+    (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where it is
+    the standard parametrization. With each model's own rate (chosen by ``--learning-rates`` on the
+    validation split) the models train without that split too, so each trains exactly as when its rate
+    was chosen."""
+    r = get_recipe(o.recipe)
+    d, h, mup = o.hidden_size, o.num_attention_heads, o.parametrization == "mup"
+    extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
+    if o.architecture not in (None, "fixedhead"):
+        extra["architecture"] = o.architecture
+    rates = dict(zip(MODELS, o.model_learning_rates, strict=False))
+    n = r.data.max_seq_length
+    return Comparison(
+        description=f"{r.describe(rate=False)}: d={d}, {h} heads, standard d_p={d // h} vs fixed d_p={o.head_dim}"
+        f"{_why(o.head_dim, n, r.train.objective)} vs a parameter-matched wider standard model"
+        f"{f', all μP-style (base d_p={d // h}, {h} heads)' if mup else ''}{_as(o.architecture or 'fixedhead')}; "
+        f"{Path(r.data.corpus).name}",
+        data=with_validation_split(r.data) if rates else r.data,
+        train=r.train,
+        learning_rates=rates,
+        models={
+            name: r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=head_dim, **extra)
+            for name, head_dim in zip(MODELS, (None, o.head_dim, None), strict=True)
+        },
+        widen="standard-wide",
+        match_to="fixed",
+    )
 
 
 OUTPUT_FILES = ("results.csv", "learning_curves.png", "learning_rates.png")
-
-
-def get_compare_preset(name: str) -> ComparePreset:
-    """Raises ValueError listing the known preset names."""
-    return core.pick(COMPARE_PRESETS, name, "compare")
 
 
 def widened_ffn(base: dict, d: int) -> int:
@@ -165,26 +160,42 @@ def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """What ``fixedhead compare`` trains: a preset (data, recipe, models) and what a run changes of it."""
+    """What ``fixedhead compare`` trains: a preset (:data:`PRESETS`: recipe, sizes, rates) and what a run changes
+    of it; a field left None (or empty) takes the preset's value."""
 
-    preset: str = field(default="cpu", metadata={"choices": tuple(COMPARE_PRESETS)})
-    """the data, recipe and models (COMPARE_PRESETS: cpu is make run's)"""
+    preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
+    """the options to start from (cpu: make run's; cpu-mlm: masked LMs at fixed d_p = n; cpu-llama: Llama
+    decoders; cpu-mup: μP-style; tiny: a smoke test); the options given override it"""
+    recipe: str | None = field(default=None, metadata={"choices": tuple(RECIPES)})
+    """the data and training recipe of every model"""
+    hidden_size: int | None = field(default=None, metadata={"check": "positive"})
+    """d of the standard and fixed models"""
+    num_attention_heads: int | None = field(default=None, metadata={"check": "positive"})
+    """h of every model"""
+    head_dim: int | None = field(default=None, metadata={"check": "positive"})
+    """the fixed model's head size d_p"""
+    parametrization: str | None = field(default=None, metadata={"choices": ("standard", "mup")})
+    """mup: every model μP-style, based at the standard model (d_p = d/h, h heads)"""
+    model_learning_rates: tuple[float, ...] = field(default=(), metadata={"check": "positive_float"})
+    """each model's own rate (standard, fixed, standard-wide), chosen beforehand on the validation split, which
+    the models then train without"""
     seed: int | None = field(default=None, metadata={"check": "non_negative"})
     """one seed for every model: its initialisation and data order (None: the recipe's)"""
     steps: int | None = field(default=None, metadata={"check": "positive"})
-    """training steps of every model (None: the preset's)"""
+    """training steps of every model (None: the recipe's)"""
     batch_size: int | None = field(default=None, metadata={"check": "positive"})
-    """sequences per step of every model (None: the preset's)"""
+    """sequences per step of every model (None: the recipe's)"""
     learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
-    """one peak learning rate for every model (None: the preset's, each model's own where it names them)"""
+    """one peak learning rate for every model (None: each model's own, else the recipe's)"""
     objective: str | None = field(default=None, metadata={"choices": ("mlm", "clm")})
-    """train every model as a masked or causal LM (None: the preset's)"""
+    """train every model as a masked or causal LM (None: the recipe's)"""
     architecture: str | None = field(default=None, metadata={"choices": ("fixedhead", "llama")})
-    """train every model as this family (llama: transformers' LlamaForCausalLM, causal only; None: each model's)"""
+    """train every model as this family (llama: transformers' LlamaForCausalLM, causal only)"""
     corpus: str | None = None
     """another corpus: a .txt/.jsonl(.gz) file, a directory, or a Hugging Face dataset name"""
     models: tuple[str, ...] = ()
-    """train only these of the preset's models (empty: all; the widened one is still sized against its reference)"""
+    """train only these models (standard, fixed, standard-wide; empty: all; standard-wide is still sized
+    against fixed)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each model chooses its own rate from on a validation split (empty: no choice)"""
     max_extensions: int = field(default=3, metadata={"check": "non_negative"})
@@ -192,10 +203,12 @@ class CompareOptions:
 
     def __post_init__(self):
         check_fields(self)
-        p = get_compare_preset(self.preset)  # refused by name
-        unknown = sorted(set(self.models) - set(p.models))
-        if unknown:
-            raise ValueError(f"no model {', '.join(map(repr, unknown))} in this preset: it has {', '.join(p.models)}")
+        if unknown := sorted(set(self.models) - set(MODELS)):
+            raise ValueError(f"no model {', '.join(map(repr, unknown))} in a comparison: it has {', '.join(MODELS)}")
+        if len(self.model_learning_rates) not in (0, len(MODELS)):
+            raise ValueError(
+                f"model_learning_rates = {self.model_learning_rates!r}: give one rate per model ({', '.join(MODELS)})"
+            )
         if self.learning_rates:
             parse_rates(self.learning_rates)
             if self.learning_rate is not None:
@@ -205,13 +218,31 @@ class CompareOptions:
                 )
 
 
+_CPU = CompareOptions(recipe="cpu-clm", hidden_size=128, num_attention_heads=16, head_dim=causal_threshold(64))
+#: the named options ``--preset NAME`` starts from (the options given override them); the rates of cpu and
+#: cpu-mup: `fixedhead compare --learning-rates 5e-4,1e-3,2e-3,4e-3` (docs/results/make-run-lr, docs/results/mup)
+PRESETS = {
+    "cpu": replace(_CPU, model_learning_rates=(2e-3, 2e-3, 2e-3)),
+    "cpu-llama": replace(_CPU, preset="cpu-llama", architecture="llama"),
+    "cpu-mup": replace(_CPU, preset="cpu-mup", parametrization="mup", model_learning_rates=(2e-3, 2e-3, 1e-3)),
+    "cpu-mlm": CompareOptions(preset="cpu-mlm", recipe="cpu-mlm", hidden_size=128, num_attention_heads=16, head_dim=32),
+    "tiny": CompareOptions(preset="tiny", recipe="tiny", hidden_size=32, num_attention_heads=8, head_dim=16),
+}
+
+
+def resolve(o: CompareOptions) -> CompareOptions:
+    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value. Raises
+    ValueError naming an unknown preset."""
+    return core.from_preset(PRESETS, o, PRESET_FIELDS, "compare")
+
+
 @dataclass
 class Spec:
     """A comparison resolved from its options: the data and training settings, each model's config
     fields (the widened one not yet sized: that needs the trained tokenizer), each model's rate (or the
     grid's), and the description."""
 
-    preset: ComparePreset
+    comparison: Comparison
     data: DataSettings
     train: TrainSettings
     configs: dict[str, dict]
@@ -220,9 +251,10 @@ class Spec:
     description: str
 
 
-def spec(o: CompareOptions, preset: ComparePreset | None = None) -> Spec:
-    """The :class:`Spec` of ``o`` (of ``preset`` instead of ``o.preset`` where given: seq-len's)."""
-    p = preset or get_compare_preset(o.preset)
+def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
+    """The :class:`Spec` of ``o`` (its preset's fields filled in: :func:`resolve`), or of ``base`` with ``o``'s
+    overrides (seq-len's and qk-v's)."""
+    p = base or comparison(resolve(o))
     data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     grid = parse_rates(o.learning_rates) if o.learning_rates else None
     if grid:
@@ -245,12 +277,6 @@ def spec(o: CompareOptions, preset: ComparePreset | None = None) -> Spec:
     else:
         description += f"; learning rate {train.learning_rate:g}"
     configs = {name: dict(fields) for name, fields in p.models.items()}
-    if o.architecture is not None and any(
-        f.get("architecture", "fixedhead") != o.architecture for f in configs.values()
-    ):
-        description += _as(check_architecture(o.architecture))
-        for fields in configs.values():
-            fields["architecture"] = o.architecture
     own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
     rates = {name: own.get(name, train.learning_rate) for name in configs}
     return Spec(p, data_settings, train, configs, rates, grid, description)
@@ -260,7 +286,7 @@ def sized_fields(s: Spec, name: str, vocab: int) -> dict:
     """Model ``name``'s config fields, the widened model sized to its reference's parameter count at this
     vocabulary (:func:`match_hidden_size`)."""
     fields = dict(s.configs[name])
-    p = s.preset
+    p = s.comparison
     if name == p.widen and p.match_to:
         target = parameter_count(build_config({**s.configs[p.match_to], "vocab_size": vocab}))
         d = match_hidden_size(fields, target, vocab)
@@ -274,7 +300,8 @@ def train_model(
     """Train (or reuse) model ``name`` of the spec ``s`` in ``out/NAME``, or, with a rate grid, at every rate of it
     in ``out/lr-grid/NAME-lrRATE`` keeping the best on the validation split. Returns its result
     (:func:`fixedhead.training.pretrain`) with ``name``, ``fields`` (its config fields), ``run`` (its folder
-    inside ``out``), ``learning_rate`` where models have their own, and ``selection`` with a grid."""
+    inside ``out``), ``learning_rate`` where models have their own, and ``tuning`` with a grid (the choice's record,
+    :func:`~fixedhead.studies.kit.learning_rate.choose_on_validation`, with each rate's held-out loss)."""
     fields = sized_fields(s, name, len(data.tokenizer))
     config = build_config({**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id})
     train = replace(s.train, progress=progress)
@@ -288,7 +315,7 @@ def train_model(
     if s.grid is None:
         lr = s.rates[name]
         result = train_or_reuse(config, data, out / name, replace(train, learning_rate=lr), overwrite)
-        own = {"learning_rate": lr} if s.preset.learning_rates else {}
+        own = {"learning_rate": lr} if s.comparison.learning_rates else {}
         return {**result, "name": name, "fields": fields, "run": name, **own}
     runs = {}
 
@@ -304,9 +331,9 @@ def train_model(
     if progress:
         edge = "" if choice["bracketed"] else " (at an edge of the grid)"
         print(f"{name}: lr {best:g} chosen on the validation split{edge}")
-    selection = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
+    tuning = {**choice, "heldout_loss": {f"{lr:g}": runs[lr]["heldout_loss"] for lr in sorted(runs)}}
     run = f"lr-grid/{core.run_key(name, best)}"
-    return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "selection": selection}
+    return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "tuning": tuning}
 
 
 def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
@@ -314,7 +341,8 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
     the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
     s = spec(o)
-    results = list(results)
+    # a result recorded before the choice had one record shape keeps it under "selection"
+    results = [{"tuning": r["selection"], **r} if "selection" in r else r for r in results]
     first = results[0] if results else {}
     computed = {
         "description": s.description,
@@ -334,7 +362,7 @@ def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
         },
     }
     if s.grid:
-        selection = {r["name"]: r["selection"] for r in results if "selection" in r}
+        selection = {r["name"]: r["tuning"] for r in results if "tuning" in r}
         computed["learning_rate_selection"] = selection_record(
             s.grid, o.max_extensions, s.train.seed, s.data.validation_fraction, models=selection
         )
@@ -360,7 +388,7 @@ def report_markdown(state: dict) -> str:
                         [render.Table(["model", "prompt", "continuation"], samples)],
                     ),
                     selection
-                    and selection_markdown(selection, {r["name"]: r["selection"] for r in results if "selection" in r}),
+                    and selection_markdown(selection, {r["name"]: r["tuning"] for r in results if "tuning" in r}),
                 ],
             )
         ).rstrip()
@@ -389,7 +417,7 @@ class CompareStudy(Study):
     help = "train standard vs fixed-head models on the same text and compare (make run)"
     Options = CompareOptions
     quick = CompareOptions(preset="tiny")
-    files = (*OUTPUT_FILES, *COMPARE_PRESETS["cpu"]().models, "lr-grid")
+    files = (*OUTPUT_FILES, *MODELS, "lr-grid")
     points_only = ("models", "corpus")
     summarise = staticmethod(summarise)
     report = staticmethod(report_markdown)
@@ -400,7 +428,7 @@ class CompareStudy(Study):
 
     def resolve(self, o):
         train = spec(o).train
-        return replace(o, seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
+        return replace(resolve(o), seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
 
     def describe(self, o):
         return spec(o).description
@@ -411,11 +439,11 @@ class CompareStudy(Study):
             check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
     def plan(self, o):
-        return [Point(name) for name in get_compare_preset(o.preset).models if not o.models or name in o.models]
+        return [Point(name) for name in MODELS if not o.models or name in o.models]
 
     def plan_record(self, o):
         s = spec(o)
-        widen, match = s.preset.widen, s.preset.match_to
+        widen, match = s.comparison.widen, s.comparison.match_to
         sized = {
             "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
             "intermediate_size": "the same ratio to hidden_size as written here",

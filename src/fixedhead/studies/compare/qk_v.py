@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from ...checks import check_fields
 from ..kit import core, render
+from ..kit.learning_rate import chosen_rate, later_seed_needs
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
 from ..kit.study import Point, Study
 from .seq_len import SeqLenOptions, compare_preset
@@ -142,7 +143,7 @@ def arm_fields(o: QkVOptions, qk: int, v: int) -> dict:
 
 
 def arm_preset(o: QkVOptions, rates: dict[str, float] | None = None):
-    """The :class:`~fixedhead.studies.compare.ComparePreset` of the four arms: seq-len's data and training
+    """The :class:`~fixedhead.studies.compare.Comparison` of the four arms: seq-len's data and training
     settings at ``o.n``, its model fields with each arm's head sizes; ``rates``: each arm's chosen rate."""
     pair = compare_preset(seq_len_options(o), o.n, "fixedhead", rates)
     base = next(iter(pair.models.values()))
@@ -307,7 +308,7 @@ class QkVStudy(Study):
         first = o.seeds[0]
 
         def needs(qk, v, s):
-            return () if s == first or not o.learning_rates else (core.run_key(arm_name(qk, v), seed=first),)
+            return later_seed_needs(o.learning_rates, s, first, core.run_key(arm_name(qk, v), seed=first))
 
         return [
             Point(core.run_key(arm_name(qk, v), seed=s), (qk, v, s), needs(qk, v, s))
@@ -325,7 +326,7 @@ class QkVStudy(Study):
         grid = o.learning_rates if (o.learning_rates and seed == o.seeds[0]) else None
         chosen = None
         if o.learning_rates and not grid:
-            chosen = {name: done[core.run_key(name, seed=o.seeds[0])]["learning_rate"]}
+            chosen = {name: chosen_rate(done[core.run_key(name, seed=o.seeds[0])])}
         options = CompareOptions(seed=seed, learning_rates=tuple(grid or ()), max_extensions=o.max_extensions)
         s = spec(options, arm_preset(o, chosen))
         data = self.data(s.data, progress)
@@ -340,7 +341,7 @@ class QkVStudy(Study):
             "parameters": r.get("parameters"),
             "run": f"{point.key}/{r['run']}",
             "train_seconds": r.get("train_seconds", 0),
-            **({"selection": r["selection"]} if "selection" in r else {}),
+            **({"tuning": r["tuning"]} if "tuning" in r else {}),
         }
 
     def summarise(self, state):

@@ -30,8 +30,8 @@ from ...checks import check_fields, positive_int
 from ...data import DataSettings
 from ...training.settings import TrainSettings
 from ..kit import core, render
-from ..kit.learning_rate import with_validation_split
-from ..kit.recipes import get_recipe
+from ..kit.learning_rate import chosen_rate, later_seed_needs, with_validation_split
+from ..kit.recipes import get_recipe, with_steps
 from ..kit.stats import difference_word, holm, mean_std, paired_difference, seeds_for
 from ..kit.study import Point, Study
 
@@ -143,20 +143,17 @@ def plan_record(o: SeqLenOptions) -> dict:
 
 # ---------------------------------------------------------------------------------------- run
 def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str, float] | None = None):
-    """The :class:`~fixedhead.studies.compare.ComparePreset` of one (n, architecture): one model per head size."""
-    from . import ComparePreset
+    """The :class:`~fixedhead.studies.compare.Comparison` of one (n, architecture): one model per head size."""
+    from . import Comparison
 
     r = get_recipe(o.recipe)
     # always without the validation documents: a pilot and a tuned study train on the same text
     data: DataSettings = with_validation_split(replace(r.data, max_seq_length=n))
-    train: TrainSettings = replace(
-        r.train,
-        batch_size=o.tokens_per_step // n,
-        max_steps=o.steps,
-        eval_steps=max(1, o.steps // 4),
-        save_steps=max(1, o.steps // 2),
-        learning_rate=o.shared_rate,
-        objective="clm",
+    train: TrainSettings = with_steps(
+        replace(r.train, batch_size=o.tokens_per_step // n, learning_rate=o.shared_rate, objective="clm"),
+        o.steps,
+        evaluations=4,
+        checkpoints=2,
     )
     fields = dict(num_hidden_layers=r.layers, max_position_embeddings=n, **r.shared_model)
     fields |= dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -168,7 +165,7 @@ def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str,
         | extra
         for dp in o.head_dims
     }
-    return ComparePreset(
+    return Comparison(
         description=f"seq-len: n = {n}, d = {o.hidden_size}, h = {o.num_attention_heads}, d_p ∈ {o.head_dims}, "
         f"{architecture}, {o.steps} steps of {o.tokens_per_step} tokens",
         data=data,
@@ -200,7 +197,7 @@ class SeqLenStudy(Study):
         first = o.seeds[0]  # a later seed trains at the rates its first seed chose
 
         def needs(n, a, s):
-            return () if s == first else (core.run_key(f"n{n}-{a}", seed=first),)
+            return later_seed_needs(o.learning_rates, s, first, core.run_key(f"n{n}-{a}", seed=first))
 
         return [Point(core.run_key(f"n{n}-{a}", seed=s), (n, a, s), needs(n, a, s)) for (n, a), s in pairs]
 
@@ -215,7 +212,9 @@ class SeqLenStudy(Study):
         first = seed == o.seeds[0]
         grid = o.learning_rates if (o.learning_rates and first) else None
         first_key = core.run_key(f"n{n}-{arch}", seed=o.seeds[0])
-        chosen = None if first else done[first_key]["rates"]
+        chosen = None  # a later seed: each arm at the rate its first seed chose
+        if o.learning_rates and not first:
+            chosen = {arm_name(m["head_dim"]): chosen_rate(m) for m in done[first_key]["models"]}
         s = spec(CompareOptions(seed=seed, learning_rates=tuple(grid or ())), compare_preset(o, n, arch, chosen))
         data = self.data(s.data, progress)
         results = [train_model(s, name, data, folder / point.key, 3, self.overwriting, progress) for name in s.configs]
@@ -237,10 +236,10 @@ class SeqLenStudy(Study):
                     "validation_loss": r.get("validation_loss"),
                     "run": str(run_dir),
                     "curve": curve,
+                    **({"tuning": r["tuning"]} if "tuning" in r else {}),
                 }
             )
-        rates = {r["name"]: r["learning_rate"] for r in results} if grid else chosen
-        return {"models": models, "rates": rates, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
+        return {"models": models, "train_seconds": sum(r.get("train_seconds", 0) for r in results)}
 
     def summarise(self, state):
         return summarise(models(state["results"]), state["options"])

@@ -34,11 +34,10 @@ from ...data.synthetic import FarthestPointTask
 from ...plotting import pyplot, save_figure
 from ..kit import core, render
 from ..kit.learning_rate import (
-    DIVERGED,
-    choose_rate,
-    losses_record,
+    later_seed_needs,
     parse_rates,
     plot_learning_rates,
+    point_rate,
     rule,
     selection_markdown,
     selection_record,
@@ -463,7 +462,7 @@ class FarthestPointStudy(Study):
         first = o.seeds[0]  # with a rate grid, a later seed trains at the rate its first seed chose
 
         def needs(c, s):
-            return (core.run_key(c.key, seed=first),) if o.learning_rates and s != first else ()
+            return later_seed_needs(o.learning_rates, s, first, core.run_key(c.key, seed=first))
 
         return [Point(core.run_key(c.key, seed=s), (c, s), needs(c, s)) for c, s in core.seed_major(o.cells(), o.seeds)]
 
@@ -485,26 +484,34 @@ class FarthestPointStudy(Study):
         # the rank's attention-free reference (seed-0 task), with each cell's first seed
         task0 = FarthestPointTask(o.dim, cell.rank, o.num_points, seed=0)
         reference = {"reference": attention_free_reference(task0)} if first else {}
-        if not o.learning_rates:
-            run = train(o.recipe.learning_rate)
-            return {"run": run, **reference, "train_seconds": run["train_seconds"]}
-        if not first:
-            key = core.run_key(cell.key, seed=o.seeds[0])
-            run = train(done[key]["tuning"]["chosen"])
-            return {"run": run, "train_seconds": run["train_seconds"]}
-        lr_grid = {}
+        runs = {}
 
-        def validation_mse(lr: float) -> float:  # the final MSE × d on the curve sets
-            run = lr_grid[core.run_key(cell.key, lr)] = train(lr)
-            if progress:
+        def train_at(lr: float) -> dict:
+            run = runs[lr] = train(lr)
+            if progress and o.learning_rates and first:
                 print(f"{cell.key} lr {lr:g}: validation mse×d {run['curve'][-1][1]:.3f}", flush=True)
-            return run["curve"][-1][1] if math.isfinite(run["curve"][-1][1]) else DIVERGED
+            return run
 
-        best, losses, bracketed = choose_rate(validation_mse, parse_rates(o.learning_rates), o.max_extensions)
+        previous = done.get(core.run_key(cell.key, seed=o.seeds[0]))
+        grid = parse_rates(o.learning_rates) if o.learning_rates else None
+        # a cell's validation score: its final MSE × d on the learning-curve sets
+        rate = point_rate(
+            train_at,
+            grid,
+            seed,
+            o.seeds[0],
+            o.recipe.learning_rate,
+            previous,
+            o.max_extensions,
+            score=lambda run: run["curve"][-1][1],
+        )
+        run = runs[rate["learning_rate"]]
+        if "tuning" not in rate:
+            return {"run": run, **reference, "train_seconds": run["train_seconds"]}
         return {
-            "run": lr_grid[core.run_key(cell.key, best)],
-            "tuning": {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)},
-            "lr_grid": lr_grid,
+            "run": run,
+            "tuning": rate["tuning"],
+            "lr_grid": {core.run_key(cell.key, lr): r for lr, r in runs.items()},
             **reference,
-            "train_seconds": round(sum(r["train_seconds"] for r in lr_grid.values()), 1),
+            "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1),
         }

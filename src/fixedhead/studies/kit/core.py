@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...checks import positive_int
 from ...model.paper_presets import lookup
 from ...runs import environment_info, invocation_commands, write_json_atomic
 
@@ -20,16 +20,19 @@ def pick(table: dict[str, Callable], name: str, kind: str, *args):
     return lookup(table, name, kind)(*args)
 
 
+def from_preset(presets: dict, options, fields: tuple[str, ...], kind: str):
+    """``options`` with each of ``fields`` it leaves None (or empty) at the value of its preset,
+    ``presets[options.preset]``: a preset is the options a run starts from, and the options given override it.
+    Raises ValueError naming an unknown preset (``kind``: the study) and listing the known names."""
+    preset = lookup(presets, options.preset, kind)
+    return replace(options, **{k: getattr(preset, k) for k in fields if getattr(options, k) in (None, ())})
+
+
 def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
     """The first of ``chosen`` that is not in ``known`` (``"(none)"`` for an empty choice), else None:
     what a study's subset option (models, families, experiments) names in its error."""
     chosen, known = list(chosen), set(known)
     return next((c for c in chosen if c not in known), None) if chosen else "(none)"
-
-
-def steps_override(name: str, steps: int | None, default: int) -> int:
-    """``steps`` (None: ``default``) as a positive int. Raises ValueError naming ``name`` and the value."""
-    return default if steps is None else positive_int(name, steps)
 
 
 def start_meta(preset, description: str, command: str | None, previous: dict, study: str, **fields) -> dict:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ...checks import non_negative_int, positive_float, positive_int
 from ...plotting import pyplot, save_figure
@@ -166,21 +167,90 @@ def choose_rate(
 
 
 def choose_on_validation(
-    run: Callable[[float], dict], grid: Iterable[float], max_extensions: int = 3, recorded: dict | None = None
+    run: Callable[[float], Any],
+    grid: Iterable[float],
+    max_extensions: int = 3,
+    recorded: dict | None = None,
+    score: Callable[[Any], float] | None = None,
+    factor: float = 2.0,
+    maximise: bool = False,
 ) -> dict:
-    """:func:`choose_rate` on ``run(lr)["validation_loss"]`` (a run raising ``DivergedError`` counts as
-    :data:`DIVERGED`); the rates of ``recorded`` (a resumed study's :func:`losses_record`) are not trained
-    again. Returns the record studies keep, ``{"chosen", "bracketed", "validation_loss": losses_record(...)}``;
-    raises ValueError as :func:`choose_rate` does."""
+    """:func:`choose_rate` on ``score(run(lr))`` (default: ``run(lr)["validation_loss"]``; a run raising
+    ``DivergedError`` or scoring a non-finite value counts as :data:`DIVERGED`); the rates of ``recorded`` (a
+    resumed study's :func:`losses_record`) are not trained again. ``maximise``: the score is one to raise (a
+    GLUE validation score), recorded as ``validation_score``. Returns the one record of a choice,
+    ``{"chosen", "bracketed", "validation_loss" (or "validation_score"): losses_record(...)}``; raises
+    ValueError as :func:`choose_rate` does."""
+    score = score or (lambda result: result["validation_loss"])
+    sign = -1.0 if maximise else 1.0
 
     def loss(lr: float) -> float:
         try:
-            return run(lr)["validation_loss"]
+            value = sign * score(run(lr))
         except DivergedError:
             return DIVERGED
+        return value if math.isfinite(value) else DIVERGED
 
-    best, losses, bracketed = choose_rate(loss, grid, max_extensions, losses=_losses(recorded or {}))
+    best, losses, bracketed = choose_rate(loss, grid, max_extensions, factor, losses=_losses(recorded or {}))
+    if maximise:
+        scores = {lr: (None if v is None else -v) for lr, v in losses_record(losses).items()}
+        return {"chosen": best, "bracketed": bracketed, "validation_score": scores}
     return {"chosen": best, "bracketed": bracketed, "validation_loss": losses_record(losses)}
+
+
+def later_seed_needs(grid, seed: int, first_seed: int, first_key: str) -> tuple[str, ...]:
+    """A point's ``needs`` under the rate protocol (:func:`point_rate`): a later seed's point, with a grid, needs
+    its first seed's point ``first_key`` (on Ray, a task dependency); otherwise nothing."""
+    return (first_key,) if grid and seed != first_seed else ()
+
+
+def chosen_rate(first: dict) -> float:
+    """The rate a first seed's point chose, from its result: ``tuning.chosen`` where it recorded its choice,
+    else the ``learning_rate`` it trained at; a result written before the record had one shape reads from its
+    ``chosen``.
+
+    Raises:
+        ValueError: a result holding none of these (named).
+    """
+    if isinstance(first.get("tuning"), dict) and "chosen" in first["tuning"]:
+        return first["tuning"]["chosen"]
+    for key in ("learning_rate", "chosen"):
+        if isinstance(first.get(key), int | float):
+            return first[key]
+    raise ValueError(
+        f"the first seed's result records no chosen rate (no 'tuning.chosen', 'learning_rate' or 'chosen'; it has "
+        f"{', '.join(sorted(first)) or 'nothing'}); pass --overwrite to choose the rates again"
+    )
+
+
+def point_rate(
+    run: Callable[[float], Any],
+    grid,
+    seed: int,
+    first_seed: int,
+    default: float | None,
+    first: dict | None = None,
+    max_extensions: int = 3,
+    **choice,
+) -> dict:
+    """The rate protocol of one point, trained by ``run(lr)``: without a ``grid``, the ``default`` rate; with
+    one, the first seed chooses (:func:`choose_on_validation`, ``choice``: its ``score``, ``factor``,
+    ``maximise``) and a later seed trains at the rate its first seed's result ``first`` chose
+    (:func:`chosen_rate`; its point is in ``needs``: :func:`later_seed_needs`).
+
+    Returns:
+        the point's record: ``{"learning_rate": the rate it trained at}``, with ``"tuning"`` (the choice's
+        record) on the first seed with a grid.
+    """
+    if not grid:
+        run(default)
+        return {"learning_rate": default}
+    if seed != first_seed:
+        lr = chosen_rate(first or {})
+        run(lr)
+        return {"learning_rate": lr}
+    tuning = choose_on_validation(run, grid, max_extensions, **choice)
+    return {"learning_rate": tuning["chosen"], "tuning": tuning}
 
 
 def _losses(record: dict[str, float | None]) -> dict[float, float]:

@@ -12,7 +12,7 @@ A recipe's :meth:`Recipe.describe` is written from its fields, so the text canno
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...data import DEFAULT_CORPUS, DataSettings
 from ...training.settings import TrainSettings
@@ -47,16 +47,32 @@ class Recipe:
         return text + (f" at lr {self.train.learning_rate:g}" if rate else "")
 
 
-def training_text(data, train, layers: int) -> str:
-    """What a run trains, from its settings: ``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of
-    32x64 tokens"``."""
+def objective_text(train) -> str:
+    """What a run's objective makes of it: ``"causal LMs"``, ``"masked LMs (40% of training tokens masked)"``."""
     what = "causal LMs" if train.objective == "clm" else "masked LMs"
     if train.objective == "mlm" and train.mlm_probability != 0.15:
         what += f" ({100 * train.mlm_probability:g}% of training tokens masked)"
+    return what
+
+
+def training_text(data, train, layers: int) -> str:
+    """What a run trains, from its settings: ``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of
+    32x64 tokens"``."""
     return (
-        f"{what}, {layers} layer{'s' if layers > 1 else ''}, n={data.max_seq_length}, vocabulary "
+        f"{objective_text(train)}, {layers} layer{'s' if layers > 1 else ''}, n={data.max_seq_length}, vocabulary "
         f"{data.vocab_size}, {train.max_steps} steps of {train.batch_size}x{data.max_seq_length} tokens"
     )
+
+
+def with_steps(train: TrainSettings, steps: int, evaluations: int, checkpoints: int) -> TrainSettings:
+    """``train`` for ``steps`` steps with ``evaluations`` held-out evaluations and ``checkpoints`` checkpoints,
+    evenly spaced (every ``steps // k`` steps, at least 1; ``k = 0``: none inside the run, every ``steps + 1``):
+    the one rule by which every study sets a run's length."""
+
+    def every(k: int) -> int:
+        return steps + 1 if k == 0 else max(1, steps // k)
+
+    return replace(train, max_steps=steps, eval_steps=every(evaluations), save_steps=every(checkpoints))
 
 
 def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, **train) -> Recipe:
@@ -68,9 +84,7 @@ def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, 
         data=DataSettings(
             corpus=str(DEFAULT_CORPUS), vocab_size=8192, max_seq_length=n, max_eval_tokens=max_eval_tokens
         ),
-        train=TrainSettings(
-            batch_size=32, max_steps=steps, eval_steps=steps // evaluations, save_steps=steps // 2, **train
-        ),
+        train=with_steps(TrainSettings(batch_size=32, **train), steps, evaluations, checkpoints=2),
         shared_model=dict(intermediate_size=512),
     )
 

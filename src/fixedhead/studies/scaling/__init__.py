@@ -37,15 +37,15 @@ from pathlib import Path
 import torch
 
 from ...analysis import analyze_model, load_encoder
-from ...checks import check_fields, positive_float, positive_int
+from ...checks import check_fields
 from ...data.lm import unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
 from ...theory import causal_threshold
 from ...training.pretrain import lm_config, train_or_reuse
 from ..kit import core
-from ..kit.learning_rate import RULE, choose_on_validation, parse_rates, with_validation_split
-from ..kit.recipes import get_recipe
+from ..kit.learning_rate import RULE, later_seed_needs, parse_rates, point_rate, with_validation_split
+from ..kit.recipes import RECIPES, get_recipe, objective_text, with_steps
 from ..kit.study import Point, Study
 from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise, write_plots
 
@@ -54,83 +54,6 @@ from .report import ALPHA, PLOT_FILE, RANK_PLOT_FILE, report_markdown, summarise
 #: evenly spaced held-out windows
 RANK_RTOL = 1e-2
 RANK_WINDOWS = 16
-
-
-@dataclass
-class ScalingPreset:
-    """The sizes, families, token rule, seeds and learning-rate grid of a scaling study."""
-
-    recipe: str
-    #: (d, h) per size at the recipe's depth; the FFN is 4d
-    sizes: tuple[tuple[int, int], ...]
-    families: tuple[str, ...] = ("standard", "threshold", "d_p=64")
-    tokens_per_parameter: float = 20.0
-    min_steps: int = 100
-    max_tokens: int | None = None
-    seeds: tuple[int, ...] = (0, 1)
-    #: each point's grid (chosen on the validation split with the first seed); empty: the recipe's rate
-    learning_rates: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3)
-    max_extensions: int = 2
-    #: model fields every run shares beyond the recipe's (e.g. an architecture)
-    model: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if len(self.sizes) < 2:
-            raise ValueError(f"a scaling study needs at least 2 sizes, got {list(self.sizes)}")
-        for d, h in self.sizes:
-            positive_int("hidden_size", d)
-            positive_int("num_attention_heads", h)
-            if d % h:
-                raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {h} (standard d_p = d/h)")
-        for f in self.families:
-            family_head_dim(f, "clm", 64)  # refuses an unknown family by name
-        positive_float("tokens_per_parameter", self.tokens_per_parameter)
-        positive_int("min_steps", self.min_steps)
-
-
-SCALING_PRESETS = {
-    # causal LMs at n = 64 with make run's recipe, standard d_p = 8; 4 sizes spanning ~9x in
-    # non-embedding parameters; every run capped at 500k tokens (245 steps, fewer than 20 per
-    # parameter at every size: L(N) at a fixed token budget). Short runs do best at higher rates
-    # than make run's 2e-3 at 700 steps, so the grid is centred higher. 60 runs, about 2.5 hours
-    # on a 2-core CPU (step time is dominated by the 8,192-way output layer at these widths)
-    "cpu": lambda: ScalingPreset(
-        recipe="cpu-clm",
-        sizes=((32, 4), (48, 6), (64, 8), (112, 14)),
-        max_tokens=500_000,
-        min_steps=200,
-        learning_rates=(1e-3, 2e-3, 4e-3, 8e-3),
-        max_extensions=1,
-    ),
-    # one GPU: n = 128 (the causal threshold is 64, so the threshold family is also modern practice's
-    # d_p = 64), 4 layers, d = 128...512 with standard d_p = 16 (~14x in N), 20 tokens per parameter
-    # up to 4M tokens; bf16. benchmarks/gpu_scaling.sh runs it as several workers sharing the GPU
-    "gpu": lambda: ScalingPreset(
-        recipe="gpu-clm",
-        sizes=((128, 8), (256, 16), (384, 24), (512, 32)),
-        families=("standard", "threshold"),
-        max_tokens=4_000_000,
-        min_steps=200,
-        learning_rates=(5e-4, 1e-3, 2e-3, 4e-3),
-        max_extensions=1,
-    ),
-    "tiny": lambda: ScalingPreset(
-        recipe="tiny",
-        sizes=((16, 2), (32, 4)),
-        families=("standard", "threshold"),
-        tokens_per_parameter=1.0,
-        min_steps=4,
-        max_tokens=2_000,
-        seeds=(0, 1),
-        learning_rates=(2e-3, 4e-3),
-        max_extensions=0,
-    ),
-}
-
-
-def get_scaling_preset(name: str) -> ScalingPreset:
-    """Raises ValueError listing the known preset names."""
-    return core.pick(SCALING_PRESETS, name, "scaling")
 
 
 def family_head_dim(family: str, objective: str, n: int) -> int | None:
@@ -154,15 +77,15 @@ def training_flops(n_params: int, tokens: int, layers: int, n: int, attention_wi
     return 6.0 * tokens * (n_params + layers * n * attention_width)
 
 
-def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch_size: int, layers: int) -> list[dict]:
+def plan_points(p: ScalingOptions, objective: str, n: int, vocab_size: int, batch_size: int, layers: int) -> list[dict]:
     """Every (family, size) point: its model fields, N, training steps and tokens, and FLOPs."""
     recipe = get_recipe(p.recipe)
     points = []
-    for family in p.families:
+    for family in p.head_size_families:
         for d, h in p.sizes:
             head_dim = family_head_dim(family, objective, n)
             fields = recipe.model_fields(
-                hidden_size=d, num_attention_heads=h, head_dim=head_dim, intermediate_size=4 * d, **p.model
+                hidden_size=d, num_attention_heads=h, head_dim=head_dim, intermediate_size=4 * d, **model_fields(p)
             )
             config = build_config({**fields, "vocab_size": vocab_size})
             if objective == "clm" and config.model_type != "llama":
@@ -191,17 +114,38 @@ def plan_points(p: ScalingPreset, objective: str, n: int, vocab_size: int, batch
     return points
 
 
+#: the names of :data:`PRESETS`
+PRESET_NAMES = ("cpu", "gpu", "tiny")
+
+
 @dataclass(frozen=True)
 class ScalingOptions:
-    """What ``fixedhead scaling`` trains: a preset (sizes, families, token rule, grid) and what a run
-    changes of it."""
+    """What ``fixedhead scaling`` trains: a preset (:data:`PRESETS`: sizes, families, token rule, grid) and what a
+    run changes of it; a field left None (or empty) takes the preset's value."""
 
-    preset: str = field(default="cpu", metadata={"choices": ("cpu", "gpu", "tiny")})
-    """the sizes, families, token rule and rate grid (SCALING_PRESETS)"""
+    preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
+    """the options to start from (cpu: 4 causal sizes on a CPU; gpu: one GPU's; tiny: a smoke test); the options
+    given override it"""
+    recipe: str | None = field(default=None, metadata={"choices": tuple(RECIPES)})
+    """the data and training recipe of every run"""
+    hidden_sizes: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    """d of each size (at least 2; the FFN is 4d)"""
+    num_attention_heads: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    """h of each size, one per hidden size (standard d_p = d/h)"""
+    head_size_families: tuple[str, ...] = ()
+    """the head-size families: standard (d/h), threshold (the paper's for the objective), d_p=K"""
+    tokens_per_parameter: float | None = field(default=None, metadata={"check": "positive_float"})
+    """training tokens per non-embedding parameter of each run"""
+    min_steps: int | None = field(default=None, metadata={"check": "positive"})
+    """the fewest steps of a run"""
+    max_tokens: int | None = field(default=None, metadata={"check": "positive"})
+    """the most training tokens of a run"""
     seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
-    """seeds, paired across points; the first chooses each point's rate (empty: the preset's)"""
+    """seeds, paired across points; the first chooses each point's rate"""
     learning_rates: tuple[float, ...] = ()
-    """each point's grid, chosen on a validation split with the first seed (empty: the preset's)"""
+    """each point's grid, chosen on a validation split with the first seed"""
+    max_extensions: int | None = field(default=None, metadata={"check": "non_negative"})
+    """how often a point's grid grows past an edge"""
     corpus: str | None = None
     """another corpus than the recipe's (a .txt/.jsonl(.gz) file or a directory)"""
     architecture: str = field(default="fixedhead", metadata={"choices": ("fixedhead", "llama")})
@@ -209,29 +153,118 @@ class ScalingOptions:
 
     def __post_init__(self):
         check_fields(self)
-        get_scaling_preset(self.preset)  # refused by name
+        if self.preset not in PRESET_NAMES:
+            raise ValueError(f"unknown scaling preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
+        for f in self.head_size_families:
+            family_head_dim(f, "clm", 64)  # refuses an unknown family by name
         check_architecture(self.architecture)
 
+    @property
+    def sizes(self) -> tuple[tuple[int, int], ...]:
+        """(d, h) of each size."""
+        return tuple(zip(self.hidden_sizes, self.num_attention_heads, strict=True))
 
-def spec(o: ScalingOptions) -> ScalingPreset:
-    """The preset ``o`` trains: its preset with the seeds, grid and architecture ``o`` gives."""
-    p = get_scaling_preset(o.preset)
-    p = replace(p, seeds=tuple(o.seeds) or p.seeds)
-    if o.learning_rates:
-        p = replace(p, learning_rates=tuple(parse_rates(o.learning_rates)))
-    if o.architecture != "fixedhead":
-        p = replace(p, model={**p.model, "architecture": o.architecture})
+
+#: the named options ``--preset NAME`` starts from (the options given override them)
+PRESETS = {
+    # causal LMs at n = 64 with make run's recipe, standard d_p = 8; 4 sizes spanning ~9x in
+    # non-embedding parameters; every run capped at 500k tokens (245 steps, fewer than 20 per
+    # parameter at every size: L(N) at a fixed token budget). Short runs do best at higher rates
+    # than make run's 2e-3 at 700 steps, so the grid is centred higher. 60 runs, about 2.5 hours
+    # on a 2-core CPU (step time is dominated by the 8,192-way output layer at these widths)
+    "cpu": ScalingOptions(
+        recipe="cpu-clm",
+        hidden_sizes=(32, 48, 64, 112),
+        num_attention_heads=(4, 6, 8, 14),
+        head_size_families=("standard", "threshold", "d_p=64"),
+        tokens_per_parameter=20.0,
+        max_tokens=500_000,
+        min_steps=200,
+        seeds=(0, 1),
+        learning_rates=(1e-3, 2e-3, 4e-3, 8e-3),
+        max_extensions=1,
+    ),
+    # one GPU: n = 128 (the causal threshold is 64, so the threshold family is also modern practice's
+    # d_p = 64), 4 layers, d = 128...512 with standard d_p = 16 (~14x in N), 20 tokens per parameter
+    # up to 4M tokens; bf16. benchmarks/gpu_scaling.sh runs it as several workers sharing the GPU
+    "gpu": ScalingOptions(
+        preset="gpu",
+        recipe="gpu-clm",
+        hidden_sizes=(128, 256, 384, 512),
+        num_attention_heads=(8, 16, 24, 32),
+        head_size_families=("standard", "threshold"),
+        tokens_per_parameter=20.0,
+        max_tokens=4_000_000,
+        min_steps=200,
+        seeds=(0, 1),
+        learning_rates=(5e-4, 1e-3, 2e-3, 4e-3),
+        max_extensions=1,
+    ),
+    "tiny": ScalingOptions(
+        preset="tiny",
+        recipe="tiny",
+        hidden_sizes=(16, 32),
+        num_attention_heads=(2, 4),
+        head_size_families=("standard", "threshold"),
+        tokens_per_parameter=1.0,
+        min_steps=4,
+        max_tokens=2_000,
+        seeds=(0, 1),
+        learning_rates=(2e-3, 4e-3),
+        max_extensions=0,
+    ),
+}
+#: the options a preset gives a value (None or empty in a run's options: the preset's)
+PRESET_FIELDS = (
+    "recipe",
+    "hidden_sizes",
+    "num_attention_heads",
+    "head_size_families",
+    "tokens_per_parameter",
+    "min_steps",
+    "max_tokens",
+    "seeds",
+    "learning_rates",
+    "max_extensions",
+)
+
+
+def spec(o: ScalingOptions) -> ScalingOptions:
+    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value.
+
+    Raises:
+        ValueError: fewer than 2 sizes, a head count per hidden size missing, a d that is not a multiple of its h.
+    """
+    p = core.from_preset(PRESETS, o, PRESET_FIELDS, "scaling")
+    if len(p.hidden_sizes) != len(p.num_attention_heads):
+        raise ValueError(
+            f"hidden_sizes {list(p.hidden_sizes)} and num_attention_heads {list(p.num_attention_heads)}: give one "
+            "head count per hidden size"
+        )
+    if len(p.sizes) < 2:
+        raise ValueError(f"a scaling study needs at least 2 sizes, got {list(p.sizes)}")
+    for d, h in p.sizes:
+        if d % h:
+            raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {h} (standard d_p = d/h)")
     return p
 
 
-def points_of(p: ScalingPreset) -> list[dict]:
+def model_fields(p: ScalingOptions) -> dict:
+    """Model fields every run shares beyond the recipe's (its architecture)."""
+    return {} if p.architecture == "fixedhead" else {"architecture": p.architecture}
+
+
+def points_of(p: ScalingOptions) -> list[dict]:
     """:func:`plan_points` at the recipe's sizes (the counts and FLOPs do not depend on the trained
     tokenizer's vocabulary: they leave the embeddings out)."""
     r = get_recipe(p.recipe)
     return plan_points(p, r.train.objective, r.data.max_seq_length, r.data.vocab_size, r.train.batch_size, r.layers)
 
+
+#: held-out evaluations of a point's run, whose length its size sets (one checkpoint, at its end)
+EVALUATIONS = 4
 
 VERDICT_RULE = (
     f"Welch's t-test per size on the seeds' held-out losses, Holm-corrected over a family's sizes, p < {ALPHA}"
@@ -280,14 +313,14 @@ def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
     return analyze_model(model, windows, rtol=rtol).summary()
 
 
-def describe(p: ScalingPreset) -> str:
+def describe(p: ScalingOptions) -> str:
     recipe = get_recipe(p.recipe)
     sizes = ", ".join(f"d={d}/h={h}" for d, h in p.sizes)
     cap = f", at most {p.max_tokens:,}" if p.max_tokens else ""
     return (
-        f"{recipe.describe().split(', ')[0]}, {recipe.layers} layer{'s' if recipe.layers != 1 else ''}, "
-        f"n={recipe.data.max_seq_length}; families "
-        f"{', '.join(p.families)}; sizes {sizes}; {p.tokens_per_parameter:g} tokens per non-embedding parameter "
+        f"{objective_text(recipe.train)}, {recipe.layers} layer{'s' if recipe.layers != 1 else ''}, "
+        f"n={recipe.data.max_seq_length}; families {', '.join(p.head_size_families)}; sizes {sizes}; "
+        f"{p.tokens_per_parameter:g} tokens per non-embedding parameter "
         f"(at least {p.min_steps} steps{cap}); seeds {', '.join(map(str, p.seeds))}"
     )
 
@@ -322,8 +355,7 @@ class ScalingStudy(Study):
         return describe(spec(o))
 
     def resolve(self, o):
-        p = spec(o)
-        return replace(o, seeds=tuple(p.seeds), learning_rates=tuple(p.learning_rates))
+        return spec(o)
 
     def first_seed(self, o):
         return spec(o).seeds[0] if spec(o).learning_rates else None
@@ -333,7 +365,7 @@ class ScalingStudy(Study):
         first = p.seeds[0]  # a later seed trains at the rate its first seed chose
 
         def needs(pt, s):
-            return () if s == first else (core.run_key(pt["key"], seed=first),)
+            return later_seed_needs(p.learning_rates, s, first, core.run_key(pt["key"], seed=first))
 
         return [
             Point(core.run_key(pt["key"], seed=s), (pt, s), needs(pt, s))
@@ -354,7 +386,7 @@ class ScalingStudy(Study):
         p = spec(o)
         recipe = get_recipe(p.recipe)
         size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
-        check_objective_for(build_config(recipe.model_fields(**size, **p.model)), recipe.train.objective)
+        check_objective_for(build_config(recipe.model_fields(**size, **model_fields(p))), recipe.train.objective)
 
     def run(self, o, point, folder, done, progress):
         pt, seed = point.spec
@@ -367,9 +399,7 @@ class ScalingStudy(Study):
         def train_at(lr):
             config = lm_config(build_config(pt["fields"]), data.tokenizer, train.objective)
             steps = pt["steps"]
-            settings = replace(
-                train, learning_rate=lr, seed=seed, max_steps=steps, eval_steps=max(1, steps // 4), save_steps=steps
-            )
+            settings = with_steps(replace(train, learning_rate=lr, seed=seed), steps, EVALUATIONS, checkpoints=1)
             key = core.run_key(pt["key"], lr, seed)
             if progress:
                 print(f"{pt['key']} (N = {pt['non_embedding_parameters']:,}) lr {lr:g} seed {seed}", flush=True)
@@ -386,21 +416,16 @@ class ScalingStudy(Study):
             return result
 
         out = {"point": pt["key"], "seed": seed}
+        first = done.get(core.run_key(pt["key"], seed=p.seeds[0]))
+        rate = point_rate(train_at, p.learning_rates, seed, p.seeds[0], train.learning_rate, first, p.max_extensions)
         if seed != p.seeds[0]:
-            first = core.run_key(pt["key"], seed=p.seeds[0])
-            train_at(done[first]["chosen"])
-            return out | {"chosen": done[first]["chosen"], "runs": runs, "train_seconds": _seconds(runs)}
-        tuning, chosen = None, train.learning_rate  # without a grid: the recipe's rate
-        if p.learning_rates:
-            tuning = choose_on_validation(train_at, p.learning_rates, p.max_extensions)
-            chosen = tuning["chosen"]
-        else:
-            train_at(chosen)
+            return out | rate | {"runs": runs, "train_seconds": _seconds(runs)}
+        chosen = rate["learning_rate"]
         name = core.run_key(pt["key"], chosen, seed)
         windows = data.heldout[torch.linspace(0, len(data.heldout) - 1, min(RANK_WINDOWS, len(data.heldout))).long()]
         return out | {
-            "chosen": chosen,
-            "tuning": tuning,
+            "learning_rate": chosen,
+            "tuning": rate.get("tuning"),
             "runs": runs,
             "ranks": {"run": name, **trained_ranks(folder / "runs" / name, windows)},
             "unigram_perplexity": unigram_perplexity(data, train.eval_seed, train.objective),

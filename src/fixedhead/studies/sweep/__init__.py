@@ -37,8 +37,14 @@ from ...runs import claim_output_dir, load_json_file, write_text_atomic
 from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
 from ...training.pretrain import train_or_reuse
 from ..kit import core
-from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
-from ..kit.recipes import training_text
+from ..kit.learning_rate import (
+    later_seed_needs,
+    parse_rates,
+    point_rate,
+    selection_record,
+    with_validation_split,
+)
+from ..kit.recipes import training_text, with_steps
 from ..kit.stats import CLAIMS_RULE, rule_text
 from ..kit.study import RESULTS_FILE, Point, Study, options_from_dict, record_state, regenerate
 from .claims import claims
@@ -128,6 +134,10 @@ def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
         )
 
 
+#: held-out evaluations of a run whose length ``--steps`` sets (one checkpoint, at its end)
+EVALUATIONS = 2
+
+
 def spec(o: SweepOptions) -> SimpleNamespace:
     """What ``o`` trains: ``preset`` (the preset's points restricted to ``o``'s experiments and models, as
     ``o``'s architecture and parametrization, with ``o``'s seeds), ``data``, ``train``, ``finetune`` (None: no
@@ -151,7 +161,7 @@ def spec(o: SweepOptions) -> SimpleNamespace:
         data = with_validation_split(data)  # rates are chosen on text no model trains on
     train = p.train
     if o.steps is not None:
-        train = replace(train, max_steps=o.steps, save_steps=o.steps, eval_steps=max(1, o.steps // 2))
+        train = with_steps(train, o.steps, EVALUATIONS, checkpoints=1)
     if o.finetune_task and p.finetune is None:
         raise ValueError(
             f"sweep preset {o.preset!r} has no fine-tuning, so --finetune-task {o.finetune_task!r} does not apply"
@@ -210,7 +220,8 @@ def describe(o: SweepOptions) -> str:
     s = spec(o)
     rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
     layers = s.preset.common.get("num_hidden_layers", 2)
-    return s.preset.description.replace("{training}", training_text(s.data, s.train, layers) + rate)
+    points = f"; {s.preset.description}" if s.preset.description else ""
+    return f"{s.preset.smoke}{training_text(s.data, s.train, layers)}{rate} per run{points}"
 
 
 class SweepStudy(Study):
@@ -276,7 +287,7 @@ class SweepStudy(Study):
         first = s.preset.seeds[0]
 
         def needs(key, seed):  # a later seed trains at the rate its first seed chose
-            return (core.run_key(key, seed=first),) if o.learning_rates and seed != first else ()
+            return later_seed_needs(o.learning_rates, seed, first, core.run_key(key, seed=first))
 
         return [
             Point(core.run_key(key, seed=seed), (key, fields, seed), needs(key, seed))
@@ -313,11 +324,12 @@ class SweepStudy(Study):
 
         trained: dict[float, dict] = {}  # this point's runs by rate (the chosen one is not trained twice)
 
-        def train_at(lr, why=""):
+        def train_at(lr):
             if lr in trained:
                 return trained[lr]
             run_dir = folder / "runs" / core.run_key(key, lr if rates else None, seed)
             if progress:
+                why = " (choosing the rate)" if rates and seed == first else ""
                 print(
                     f"{run_dir.name}: d={config.hidden_size}, h={config.num_attention_heads}, d_p="
                     f"{head_size_label(config)}, {parameter_count(config):,} parameters{why}",
@@ -331,13 +343,10 @@ class SweepStudy(Study):
             trained[lr] = result
             return result
 
-        tuning, lr = None, train.learning_rate
-        if rates and seed != first:
-            lr = done[core.run_key(key, seed=first)]["learning_rate"]
-        elif rates:
-            tuning = choose_on_validation(lambda r: train_at(r, " (choosing the rate)"), rates, o.max_extensions)
-            lr = tuning["chosen"]
-        result = train_at(lr)
+        first_result = done.get(core.run_key(key, seed=first))
+        rate = point_rate(train_at, rates, seed, first, train.learning_rate, first_result, o.max_extensions)
+        lr, tuning = rate["learning_rate"], rate.get("tuning")
+        result = trained[lr]
         name = core.run_key(key, lr if rates else None, seed)
         entry = {k: v for k, v in result.items() if k != "train_curve"} | {"name": name, "key": key, "seed": seed}
         if rates:

@@ -24,10 +24,9 @@ from pathlib import Path
 from ...checks import check_fields
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
 from ...runs import model_fingerprint
-from ...training.evaluate import DivergedError
 from ...training.finetune import FinetuneSettings, finetune
 from ..kit import core, render
-from ..kit.learning_rate import DIVERGED, choose_rate, losses_record, parse_rates, plot_learning_rates
+from ..kit.learning_rate import later_seed_needs, parse_rates, plot_learning_rates, point_rate
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
 from ..kit.study import Point, Study
 from . import load_sweep
@@ -173,7 +172,11 @@ class FinetuneSweepStudy(Study):
     def plan(self, o):
         first = o.seeds[0]  # a later seed fine-tunes at the rate the first seed chose for its checkpoint
         return [
-            Point(core.run_key(f"{c}-ft", seed=s), (c, s), () if s == first else (core.run_key(f"{c}-ft", seed=first),))
+            Point(
+                core.run_key(f"{c}-ft", seed=s),
+                (c, s),
+                later_seed_needs(o.learning_rates, s, first, core.run_key(f"{c}-ft", seed=first)),
+            )
             for c, s in core.seed_major(o.checkpoints, o.seeds)
         ]
 
@@ -225,38 +228,28 @@ class FinetuneSweepStudy(Study):
             return {"model": models.pop()}
 
         out = {"checkpoint": name, "seed": seed}
-        if seed != o.seeds[0]:
-            first = done[core.run_key(f"{name}-ft", seed=o.seeds[0])]
-            if first.get("model") not in (None, self.fingerprint(checkpoint)):
-                raise FileExistsError(
-                    f"{checkpoint} was retrained after its rate was chosen; pass --overwrite to fine-tune it again"
-                )
-            run_at(first["chosen"], seed)
-            return out | {"chosen": first["chosen"], "runs": runs, "train_seconds": seconds(), **model()}
-
-        def validation_cost(lr: float) -> float:  # the best validation score is the lowest loss choose_rate seeks
-            try:
-                return -run_at(lr, seed)["validation"][MAIN_METRIC[o.task]]
-            except DivergedError:
-                return DIVERGED
-
+        first = done.get(core.run_key(f"{name}-ft", seed=o.seeds[0]))
+        if first is not None and first.get("model") not in (None, self.fingerprint(checkpoint)):
+            raise FileExistsError(
+                f"{checkpoint} was retrained after its rate was chosen; pass --overwrite to fine-tune it again"
+            )
         rates = parse_rates(o.learning_rates)
-        step = min(b / a for a, b in zip(rates, rates[1:], strict=False))
-        best, scores, bracketed = choose_rate(validation_cost, rates, o.max_extensions, step)
-        tuning = {
-            "chosen": best,
-            "bracketed": bracketed,
-            "validation_score": {lr: -v if v is not None else None for lr, v in losses_record(scores).items()},
-        }
+        rate = point_rate(
+            lambda lr: run_at(lr, seed),
+            rates,
+            seed,
+            o.seeds[0],
+            None,
+            first,
+            o.max_extensions,
+            score=lambda result: result["validation"][MAIN_METRIC[o.task]],  # the highest validation score
+            factor=min(b / a for a, b in zip(rates, rates[1:], strict=False)),
+            maximise=True,
+        )
+        if seed != o.seeds[0]:
+            return out | rate | {"runs": runs, "train_seconds": seconds(), **model()}
         finetune_record = {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")}
-        return out | {
-            "chosen": best,
-            "tuning": tuning,
-            "finetune": finetune_record,
-            "runs": runs,
-            "train_seconds": seconds(),
-            **model(),
-        }
+        return out | rate | {"finetune": finetune_record, "runs": runs, "train_seconds": seconds(), **model()}
 
     def still_valid(self, o, point, result):
         """A point holds while its checkpoint is the model it fine-tuned (results from before the fingerprint was

@@ -40,8 +40,8 @@ class SweepPreset:
     """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
 
     description: str
-    """what the sweep trains; ``{training}`` stands for the runs' training settings and rate, written from the
-    settings a sweep trains with (:func:`fixedhead.studies.sweep.describe`)"""
+    """what the sweep's points are (the runs' training settings and rate are written before it from the settings
+    a sweep trains with: :func:`fixedhead.studies.sweep.describe`)"""
     data: DataSettings
     train: TrainSettings
     common: dict
@@ -49,6 +49,8 @@ class SweepPreset:
     seeds: tuple[int, ...] = (0, 1)
     finetune: FinetuneSettings | None = None
     finetune_task: str = "sst2"
+    smoke: str = ""
+    """said first in the description of a preset whose numbers mean nothing"""
 
 
 def canonical_fields(fields: dict) -> dict:
@@ -120,7 +122,8 @@ def _quick(description: str, **train) -> SweepPreset:
     r = get_recipe("tiny")
     r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
-        description=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): {{training}}",
+        description="",
+        smoke=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): ",
         data=r.data,
         train=r.train,
         common=_common(r.layers, r.data.max_seq_length),
@@ -153,7 +156,7 @@ def _cpu_sweep() -> SweepPreset:
         batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description="{training} per run; heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
+        description="heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
         "fixed d=128, d_p=32, 4-32 heads; "
         "head size 8-64 at d=128, 8 heads",
         data=data,
@@ -173,7 +176,7 @@ def _cpu_clm_sweep() -> SweepPreset:
     d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
-        description="{training} per run (the paper's LM1B claims); heads at d=128 (standard h=2, 32 vs fixed "
+        description="the paper's LM1B claims: heads at d=128 (standard h=2, 32 vs fixed "
         "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
         data=r.data,
         train=replace(r.train, logging_steps=25, report_to=[]),
@@ -193,7 +196,7 @@ def _cpu_mlm_sweep() -> SweepPreset:
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
-        description="{training} per run; heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
+        description="heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
         f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
         f"{n} tokens",
         data=r.data,
@@ -224,6 +227,11 @@ def get_sweep_preset(name: str) -> SweepPreset:
     return core.pick(SWEEP_PRESETS, name, "sweep")
 
 
+def _also(preset: SweepPreset, text: str) -> str:
+    """The preset's description of its points with ``text`` after it."""
+    return "; ".join(t for t in (preset.description, text) if t)
+
+
 def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
     """The preset with every point a model of ``architecture`` (:mod:`fixedhead.model.architectures`;
     the same d, h, d_p, feed-forward width and depth), said in its description.
@@ -236,8 +244,10 @@ def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
     return replace(
         preset,
         common={**preset.common, "architecture": architecture},
-        description=f"{preset.description}; every model as {architecture}"
-        + (" (transformers' LlamaForCausalLM)" if architecture == "llama" else ""),
+        description=_also(
+            preset,
+            f"every model as {architecture}" + (" (transformers' LlamaForCausalLM)" if architecture == "llama" else ""),
+        ),
     )
 
 
@@ -254,7 +264,7 @@ def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
     return replace(
         preset,
         common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim},
-        description=f"{preset.description}; every model μP-style, based at d_p = {base_head_dim}",
+        description=_also(preset, f"every model μP-style, based at d_p = {base_head_dim}"),
     )
 
 

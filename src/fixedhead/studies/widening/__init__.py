@@ -36,7 +36,6 @@ experiment resumes), ``report.md`` and ``widening.png``.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -52,8 +51,8 @@ from ...training.evaluate import load_run
 from ...training.pretrain import lm_config, pretrain, train_or_reuse
 from ...training.settings import TrainSettings
 from ..kit import core
-from ..kit.learning_rate import choose_on_validation, parse_rates, selection_record, with_validation_split
-from ..kit.recipes import get_recipe
+from ..kit.learning_rate import later_seed_needs, parse_rates, point_rate, selection_record, with_validation_split
+from ..kit.recipes import RECIPES, get_recipe, with_steps
 from ..kit.stats import RULE_STDS
 from ..kit.study import Point, Study
 from .arms import make_arms, max_logit_change, write_start
@@ -62,12 +61,13 @@ from .report import PLOT_FILE, report_markdown, summarise, write_plots
 
 # ----------------------------------------------------------------------------------- design
 @dataclass
-class WideningPreset:
-    """The data, the base model, the two training recipes, the wide head size and the seeds.
+class Widening:
+    """What the experiment trains, resolved from its options (:func:`spec`): the data, the base model, the two
+    training recipes and the seeds.
 
     ``model`` holds :class:`~fixedhead.model.configuration.FixedHeadConfig` fields of a standard-head
     model (``head_dim=None``); ``base`` trains it from scratch; ``continuation`` is every arm's
-    recipe (its ``seed`` is replaced by each of ``seeds``). Both must use ``objective="clm"``.
+    recipe (its ``seed`` is replaced by each of ``seeds``). Both use ``objective="clm"``.
     """
 
     data: DataSettings
@@ -75,8 +75,7 @@ class WideningPreset:
     base: TrainSettings
     continuation: TrainSettings
     seeds: tuple[int, ...]
-    wide_head_dim: int | None = None  # None: the generic causal threshold for n
-    smoke: str = ""  # said first in the description of a preset whose numbers mean nothing
+    smoke: str = ""  # said first in the description of a study whose numbers mean nothing
 
     @property
     def description(self) -> str:
@@ -94,42 +93,18 @@ def base_and_continuation(base_steps: int, steps: int, batch: int, lr: float, lo
     """The base's and every continuation's causal-LM training settings: no Trainer evaluation (the
     held-out set is scored once, at the end) and no checkpoints (a run takes minutes)."""
     return tuple(
-        TrainSettings(
-            batch_size=batch,
-            max_steps=n,
-            learning_rate=lr,
-            objective="clm",
-            logging_steps=every,
-            eval_steps=n + 1,
-            save_steps=n + 1,
-            report_to=[],
+        with_steps(
+            TrainSettings(batch_size=batch, learning_rate=lr, objective="clm", logging_steps=every, report_to=[]),
+            n,
+            evaluations=0,
+            checkpoints=0,
         )
         for n, every in zip((base_steps, steps), logging, strict=True)
     )
 
 
-def _preset(recipe: str, d: int, h: int, steps: tuple[int, int], batch: int, lr: float, logging, seeds, smoke=""):
-    """The recipe's data and a standard-head model of it with 2 layers, trained as a causal LM."""
-    r = get_recipe(recipe)
-    model = r.model_fields(hidden_size=d, num_attention_heads=h, head_dim=None, num_hidden_layers=2)
-    base, cont = base_and_continuation(*steps, batch, lr, logging)
-    return WideningPreset(data=r.data, model=model, base=base, continuation=cont, seeds=seeds, smoke=smoke)
-
-
-WIDENING_PRESETS = {
-    # the masked recipe's data and sizes at n = 32, as the committed run was made
-    "cpu": lambda: _preset("cpu-mlm", 128, 16, (400, 100), 128, 1e-3, (25, 10), (1, 2, 3)),
-    "tiny": lambda: _preset("tiny", 32, 8, (20, 10), 16, 2e-3, (5, 5), (1,), "a smoke test (numbers mean nothing): "),
-}
-
-
-def get_widening_preset(name: str) -> WideningPreset:
-    """Raises ValueError listing the known presets."""
-    return core.pick(WIDENING_PRESETS, name, "widen-experiment")
-
-
 # ------------------------------------------------------------------------------------ runner
-def settings_record(p: WideningPreset, wide_head_dim: int, selection: dict | None = None) -> dict:
+def settings_record(p: Widening, wide_head_dim: int, selection: dict | None = None) -> dict:
     """The settings record stored runs are reused under: data, model, both recipes (seeds aside),
     wide size and, where arms choose their rates, the grid ``selection`` (through JSON, as
     results.json reads it back)."""
@@ -148,66 +123,131 @@ def settings_record(p: WideningPreset, wide_head_dim: int, selection: dict | Non
     return json.loads(json.dumps(record, default=str))
 
 
+#: the names of :data:`PRESETS`
+PRESET_NAMES = ("cpu", "tiny")
+
+
 @dataclass(frozen=True)
 class WideningOptions:
-    """What ``fixedhead widen-experiment`` trains: a preset (data, base model, recipes, seeds) and what a
-    run changes of it."""
+    """What ``fixedhead widen-experiment`` trains: a preset (:data:`PRESETS`: data, base model, recipes, seeds) and
+    what a run changes of it; a field left None (or empty) takes the preset's value."""
 
-    preset: str = field(default="cpu", metadata={"choices": ("cpu", "tiny")})
-    """the data, base model, both recipes and seeds (WIDENING_PRESETS)"""
+    preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
+    """the options to start from (cpu: the masked recipe's data and sizes at n = 32; tiny: a smoke test); the
+    options given override it"""
+    recipe: str | None = field(default=None, metadata={"choices": tuple(RECIPES)})
+    """the data (and the FFN width) of the base model; every run trains as a causal LM"""
+    hidden_size: int | None = field(default=None, metadata={"check": "positive"})
+    """d of the base model"""
+    num_attention_heads: int | None = field(default=None, metadata={"check": "positive"})
+    """h of the base model (standard d_p = d/h)"""
+    batch_size: int | None = field(default=None, metadata={"check": "positive"})
+    """sequences per step of the base and every continuation"""
+    learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
+    """the peak rate of the base and (without a grid) every continuation"""
+    logging_steps: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    """how often the base's and each continuation's training loss is logged (two values)"""
     seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
-    """continuation seeds, in this order; the first chooses each arm's rate (empty: the preset's)"""
+    """continuation seeds, in this order; the first chooses each arm's rate"""
     base_steps: int | None = field(default=None, metadata={"check": "positive"})
-    """the base run's training steps (None: the preset's; cpu: 400)"""
+    """the base run's training steps"""
     steps: int | None = field(default=None, metadata={"check": "positive"})
-    """each continuation's training steps (None: the preset's; cpu: 100)"""
+    """each continuation's training steps"""
     head_dim: int | None = field(default=None, metadata={"check": "positive"})
     """the widened head size (None: the causal threshold ceil((n - 1)/2), 16 for n = 32)"""
     corpus: str | None = None
-    """the preset's corpus at another path (the same text, e.g. moved)"""
+    """the recipe's corpus at another path (the same text, e.g. moved)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each arm's continuation chooses its rate from on a validation split with the first seed
-    (empty: the preset's one rate for every arm)"""
+    (empty: learning_rate for every arm)"""
     max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
     def __post_init__(self):
         check_fields(self)
-        get_widening_preset(self.preset)  # refused by name
+        if self.preset not in PRESET_NAMES:
+            raise ValueError(f"unknown widen-experiment preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
+        if len(self.logging_steps) not in (0, 2):
+            raise ValueError(f"logging_steps = {self.logging_steps!r}: give two, the base's and a continuation's")
         if self.learning_rates:
             parse_rates(self.learning_rates)
 
 
-def spec(o: WideningOptions) -> tuple[WideningPreset, int]:
-    """The preset ``o`` trains (its seeds, steps, corpus and, with a rate grid, the validation split every
-    run trains without) and the wide head size.
+#: the named options ``--preset NAME`` starts from (the options given override them)
+PRESETS = {
+    # the masked recipe's data and sizes at n = 32, as the committed run was made
+    "cpu": WideningOptions(
+        recipe="cpu-mlm",
+        hidden_size=128,
+        num_attention_heads=16,
+        batch_size=128,
+        learning_rate=1e-3,
+        logging_steps=(25, 10),
+        seeds=(1, 2, 3),
+        base_steps=400,
+        steps=100,
+    ),
+    "tiny": WideningOptions(
+        preset="tiny",
+        recipe="tiny",
+        hidden_size=32,
+        num_attention_heads=8,
+        batch_size=16,
+        learning_rate=2e-3,
+        logging_steps=(5, 5),
+        seeds=(1,),
+        base_steps=20,
+        steps=10,
+    ),
+}
+#: the options a preset gives a value (None or empty in a run's options: the preset's)
+PRESET_FIELDS = (
+    "recipe",
+    "hidden_size",
+    "num_attention_heads",
+    "batch_size",
+    "learning_rate",
+    "logging_steps",
+    "seeds",
+    "base_steps",
+    "steps",
+)
+
+
+def resolve(o: WideningOptions) -> WideningOptions:
+    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value, and the
+    wide head size written out."""
+    o = core.from_preset(PRESETS, o, PRESET_FIELDS, "widen-experiment")
+    n = get_recipe(o.recipe).data.max_seq_length
+    return replace(o, head_dim=o.head_dim if o.head_dim is not None else causal_threshold(n))
+
+
+def spec(o: WideningOptions) -> tuple[Widening, int]:
+    """What ``o`` trains (its preset's values where it leaves them: :func:`resolve`; with a rate grid, the
+    validation split every run trains without) and the wide head size.
 
     Raises:
-        ValueError: bad steps, a recipe that is not causal, a base model that is not standard-head, a bad
-            wide size.
+        ValueError: a base model that is not standard-head, a bad wide size.
     """
-    p = copy.deepcopy(get_widening_preset(o.preset))
-    p.seeds = tuple(o.seeds) or p.seeds
-    if o.corpus is not None:
-        p.data = replace(p.data, corpus=o.corpus)
-    for name, option, override in (("base", "base_steps", o.base_steps), ("continuation", "steps", o.steps)):
-        t = getattr(p, name)
-        if t.objective != "clm":
-            raise ValueError(f"the {name} recipe must use objective='clm', got {t.objective!r}")
-        if override is not None:  # no evaluation or checkpoint inside the run, as in the presets
-            n_steps = core.steps_override(option, override, t.max_steps)
-            setattr(p, name, replace(t, max_steps=n_steps, eval_steps=n_steps + 1, save_steps=n_steps + 1))
-    wide = o.head_dim if o.head_dim is not None else (p.wide_head_dim or causal_threshold(p.data.max_seq_length))
+    o = resolve(o)
+    r = get_recipe(o.recipe)
+    data = replace(r.data, corpus=o.corpus) if o.corpus is not None else r.data
+    model = r.model_fields(
+        hidden_size=o.hidden_size, num_attention_heads=o.num_attention_heads, head_dim=None, num_hidden_layers=2
+    )
+    base, cont = base_and_continuation(o.base_steps, o.steps, o.batch_size, o.learning_rate, o.logging_steps)
+    smoke = "a smoke test (numbers mean nothing): " if o.recipe == "tiny" else ""
+    p = Widening(data=data, model=model, base=base, continuation=cont, seeds=o.seeds, smoke=smoke)
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
-    make_arms(probe, wide)  # refuses a bad wide size
+    make_arms(probe, o.head_dim)  # refuses a bad wide size
     if o.learning_rates:
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
-    return p, wide
+    return p, o.head_dim
 
 
-def _grid(o: WideningOptions, p: WideningPreset) -> dict | None:
+def _grid(o: WideningOptions, p: Widening) -> dict | None:
     if not o.learning_rates:
         return None
     rates = parse_rates(o.learning_rates)
@@ -276,8 +316,8 @@ class WideningStudy(Study):
         spec(o)
 
     def resolve(self, o):
-        p, wide = spec(o)
-        return replace(o, seeds=tuple(p.seeds), head_dim=wide)
+        spec(o)  # refuses a base model or wide size that cannot run
+        return resolve(o)
 
     def first_seed(self, o):
         return spec(o)[0].seeds[0] if o.learning_rates else None
@@ -288,7 +328,7 @@ class WideningStudy(Study):
         first = p.seeds[0]  # every arm continues the base; with a rate grid, a later seed takes its first seed's rate
 
         def needs(a, s):
-            return ("base", *((core.run_key(a, seed=first),) if o.learning_rates and s != first else ()))
+            return ("base", *later_seed_needs(o.learning_rates, s, first, core.run_key(a, seed=first)))
 
         arms = [Point(core.run_key(a, seed=s), (a, s), needs(a, s)) for a, s in core.seed_major(names, p.seeds)]
         return [Point("base", None), *arms]
@@ -377,11 +417,12 @@ class WideningStudy(Study):
             return runs[key]
 
         out = {"arm": arm.name, "seed": seed}
-        if not o.learning_rates:
-            continue_arm(None)
-        elif seed == p.seeds[0]:
-            out["tuning"] = choose_on_validation(continue_arm, parse_rates(o.learning_rates), o.max_extensions)
-        else:
-            first = core.run_key(arm.name, seed=p.seeds[0])
-            continue_arm(done[first]["tuning"]["chosen"])
-        return out | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
+        grid = parse_rates(o.learning_rates) if o.learning_rates else None
+        first = done.get(core.run_key(arm.name, seed=p.seeds[0]))
+        # without a grid the continuation's own rate, its runs keyed without one (ARM-sSEED)
+        rate = point_rate(continue_arm, grid, seed, p.seeds[0], None, first, o.max_extensions)
+        return (
+            out
+            | {k: v for k, v in rate.items() if v is not None}
+            | {"runs": runs, "train_seconds": round(sum(r["train_seconds"] for r in runs.values()), 1)}
+        )
