@@ -7,13 +7,14 @@ part of the table in test_bad_input.py."""
 import argparse
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from fixedhead.cli import build_parser, main
-from fixedhead.studies import STUDIES, study_class
+from fixedhead.studies import STUDIES, study_class, study_help
 from fixedhead.training import TrainSettings
 from fixedhead.training.settings import report_to_integrations
 
@@ -31,6 +32,53 @@ def test_runs_as_a_module(module, monkeypatch, capsys):
     out = capsys.readouterr().out
     for command in ("pretrain", "evaluate", "finetune", "analyze", "compare", "count", "bottleneck", "sweep", "report"):
         assert command in out
+
+
+_SCRIPT = Path(sys.executable).with_name("fixedhead")
+
+
+@pytest.mark.parametrize("start", [["-m", "fixedhead"], [str(_SCRIPT)]], ids=["python -m fixedhead", "script"])
+@pytest.mark.parametrize(
+    "argv, status", [(["--help"], 0), (["pretrain", "--no-such-option"], 2), (["pretrain", "--help"], 0)]
+)
+def test_help_and_a_usage_error_import_neither_torch_nor_transformers(start, argv, status):
+    """`fixedhead --help` and a usage error answer before any heavy import (seconds each: importing torch,
+    and transformers' masking utilities import torch's compiler; benchmarks/bench_startup.py measures it)."""
+    if not Path(start[-1]).is_file() and start[0] != "-m":
+        pytest.skip("no fixedhead script beside this Python")
+    done = subprocess.run([sys.executable, "-X", "importtime", *start, *argv], capture_output=True, text=True)
+    assert done.returncode == status, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "fixedhead.cli" in imported  # the import log is read
+    assert not imported & {"torch", "transformers", "numpy", "fixedhead.model.modeling"}, sorted(imported)
+
+
+def test_the_command_registers_the_auto_classes_once_it_runs(capsys):
+    """The command's own import skips the Auto-class registration that `import fixedhead` does; it registers
+    before running a command, so a command that loads a run through transformers' Auto classes still can."""
+    code = (
+        "import sys; sys.argv = ['fixedhead']; import fixedhead, transformers; "
+        "from transformers import AutoConfig; from transformers.models.auto.configuration_auto import CONFIG_MAPPING; "
+        "before = 'fixedhead' in CONFIG_MAPPING; from fixedhead.cli import main; "
+        "main(['count', '--preset', 'bert-large-h16']); print(before, 'fixedhead' in CONFIG_MAPPING)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "False True"
+
+
+def test_import_fixedhead_offers_every_public_name():
+    import fixedhead
+
+    for name in fixedhead.__all__:
+        assert getattr(fixedhead, name).__name__ == name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        fixedhead.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("command", list(STUDIES))
+def test_a_study_s_help_is_read_without_importing_it(command):
+    assert study_help(command) == study_class(command).help
 
 
 def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):

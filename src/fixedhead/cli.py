@@ -29,7 +29,7 @@ from .options import (
     options_from,
     parse_head_dim,
 )
-from .studies import STUDIES, study_class
+from .studies import STUDIES, study_class, study_help
 
 
 def _allow_pickle(p):
@@ -500,7 +500,9 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``only``, one where only that command has its options (:func:`main`
+    builds that one: a command's options import their dataclasses, a study's its module)."""
     parser = _OneLineErrors(
         prog="fixedhead",
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
@@ -508,9 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     studies = {name: _kit_study(name) for name in STUDIES}  # read here: a study registered later is a command too
     for name, (add, func) in (COMMANDS | studies).items():
-        text = " ".join((func.__doc__ or study_class(name).help).split())  # a study's help is on its class
+        text = " ".join((func.__doc__ or study_help(name)).split())  # a study's help is on its class
         p = sub.add_parser(name, help=text, description=text)
-        add(p)
+        if only in (None, name):
+            add(p)
         p.set_defaults(func=func)
     return parser
 
@@ -549,10 +552,15 @@ def offline_unless_asked() -> None:
 
 def main(argv=None) -> int:
     offline_unless_asked()
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((w for w in words if not w.startswith("-")), "")  # the parser has no option before it
+    args = build_parser(only=command).parse_args(words)
     # the command line as given, for the results files that record it (``main([...])`` from Python too)
-    args.command_line = "fixedhead " + shlex.join(sys.argv[1:] if argv is None else argv)
+    args.command_line = "fixedhead " + shlex.join(words)
     try:
+        from .model.modeling import register_auto_classes  # as `import fixedhead` does outside the command
+
+        register_auto_classes()
         if getattr(args, "threads", None) is not None:
             import torch
 
