@@ -81,6 +81,42 @@ def test_a_study_s_help_is_read_without_importing_it(command):
     assert study_help(command) == study_class(command).help
 
 
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["compare", "--workers", "0"], "--workers"),
+        (["compare", "--threads", "0"], "--threads"),
+        (["compare", "--steps", "0"], "--steps"),
+        (["pretrain", "--output-dir", "out", "--max-steps", "0"], "--max-steps"),
+        (["shrink", "run", "--qk-head-dim", "0", "--output-dir", "out"], "--qk-head-dim"),
+        (["count", "--hidden-size", "0", "--num-attention-heads", "2"], "--hidden-size"),
+    ],
+)
+def test_an_error_names_the_option_as_typed(argv, option, capsys, tmp_path, monkeypatch):
+    """One wording for a bad value, whichever dataclass or check refuses it: the option as the user typed it."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.endswith(f": error: {option} must be a positive int, got 0\n")
+
+
+def test_an_option_name_inside_a_sentence_is_left_alone(tmp_path, capsys):
+    assert main(["pretrain", "--output-dir", str(tmp_path / "run"), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", list(build_parser()._subparsers._group_actions[0].choices))
+def test_help_says_what_a_user_types(command):
+    """`--help` names no Python constant or module (the choices are listed beside the option) and says what a
+    default left to something else is, not "None"."""
+    text = _subparser(command).format_help()
+    assert not re.search(r"\bNone\b|[A-Z]_PRESETS\b|\bfixedhead\.[a-z]", text), text
+
+
+def test_the_corpus_help_gives_the_default_path():
+    (corpus,) = [a for a in _subparser("pretrain")._actions if a.dest == "corpus"]
+    assert "$FIXEDHEAD_DATA_DIR/pretrain/gutenberg_en_books.jsonl.gz" in corpus.help
+
+
 def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
     assert main(["count", "--preset", "bert-large-h16"]) == 0
     assert "336,224,058" in capsys.readouterr().out
@@ -136,16 +172,19 @@ def test_count_applies_size_options_to_a_preset(options, expected, capsys):
     [
         (
             ["count", "--hidden-size", "64", "--num-attention-heads", "4", "--intermediate-size", "0"],
-            "intermediate_size must be a positive int, got 0",
+            "--intermediate-size must be a positive int, got 0",
         ),
-        (["count", "--preset", "bert-large-h16", "--intermediate-size", "0"], "intermediate_size must be a positive"),
-        (["count", "--preset", "bert-large-h16", "--num-hidden-layers", "-1"], "num_hidden_layers must be a positive"),
+        (["count", "--preset", "bert-large-h16", "--intermediate-size", "0"], "--intermediate-size must be a positive"),
+        (
+            ["count", "--preset", "bert-large-h16", "--num-hidden-layers", "-1"],
+            "--num-hidden-layers must be a positive",
+        ),
         (["count", "--preset", "bert-large-h16", "--head-dim", "32"], "--preset fixes d, h and d_p; drop --head-dim"),
         (["count", "--num-hidden-layers", "12"], "--num-hidden-layers also needs --hidden-size, --num-attention-heads"),
         (["count", "--hidden-size", "0"], "--hidden-size also needs --num-attention-heads"),
         (
             ["pretrain", "--output-dir", "never-made", "--intermediate-size", "0"],
-            "intermediate_size must be a positive",
+            "--intermediate-size must be a positive",
         ),
     ],
     ids=[

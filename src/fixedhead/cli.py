@@ -304,10 +304,7 @@ def _kit_study(name: str):
                 f"--quick trains preset {quick_preset}; with --preset {args.preset} it would train that full preset: "
                 f"drop --quick, or pass a quick preset ({allowed})"
             )
-        try:
-            options = options_from(args, s.quick if args.quick else s.Options())
-        except ValueError as e:
-            raise ValueError(in_option_words(str(e), s.Options)) from None
+        options = options_from(args, s.quick if args.quick else s.Options())
         out = study_folder(s, options, args.output_dir, args.quick)
         executor = Executor(args.workers, args.ray_address, args.gpus_per_point, args.threads)
         record = run_study(
@@ -554,7 +551,8 @@ def main(argv=None) -> int:
     offline_unless_asked()
     words = sys.argv[1:] if argv is None else list(argv)
     command = next((w for w in words if not w.startswith("-")), "")  # the parser has no option before it
-    args = build_parser(only=command).parse_args(words)
+    parser = build_parser(only=command)
+    args = parser.parse_args(words)
     # the command line as given, for the results files that record it (``main([...])`` from Python too)
     args.command_line = "fixedhead " + shlex.join(words)
     try:
@@ -567,7 +565,8 @@ def main(argv=None) -> int:
             torch.set_num_threads(positive_int("threads", args.threads))
         return args.func(args) or 0
     except (ValueError, OSError) as e:  # OSError: a missing or occupied path, a full disk, a read-only folder
-        print(f"fixedhead {args.command}: error: {_error_message(e)}", file=sys.stderr)
+        message = in_option_words(_error_message(e), parser._subparsers._group_actions[0].choices[args.command])
+        print(f"fixedhead {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = "rerun the same command to continue (finished points are reused)"
