@@ -47,10 +47,11 @@ def parse_head_dim(text):
 # ---------------------------------------------------------------------- options from dataclasses
 @functools.cache
 def field_docs(cls) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal under each field), as litgpt's
-    jsonargparse reads them: ``{field: text on one line}``."""
+    """The attribute docstrings of a dataclass and of the dataclasses it derives from (the string literal under
+    each field), as litgpt's jsonargparse reads them: ``{field: text on one line}``."""
+    inherited = {k: v for base in cls.__bases__ if dataclasses.is_dataclass(base) for k, v in field_docs(base).items()}
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {
+    return inherited | {
         a.target.id: " ".join(b.value.value.split())
         for a, b in zip(body, body[1:], strict=False)
         if isinstance(a, ast.AnnAssign)
@@ -79,7 +80,8 @@ def add_options(parser, cls, skip=(), title: str | None = None, more_help: dict[
     """
     group = parser.add_argument_group(title or cls.__name__)
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    for f in dataclasses.fields(cls):
+    own = cls.__dict__.get("__annotations__", {})  # a class's own fields first, then those it derives
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own):
         if f.name in skip:
             continue
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

@@ -9,6 +9,8 @@ for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :f
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 from .checks import in_range, positive_float, positive_int
 from .configuration import FixedHeadConfig
 
@@ -194,11 +196,38 @@ def option_names(fields) -> str:
     return ", ".join(sorted(f"--{f.replace('_', '-')}" for f in fields))
 
 
+@dataclass(kw_only=True)
+class CountSizes:
+    """``fixedhead count``'s options: paper presets, or explicit sizes on BERT-large's depth, vocabulary and
+    positions (each field one option; only those given change a preset)."""
+
+    preset: list[str] = field(default_factory=list)
+    """paper preset names (default: all of Tables 1-3)"""
+    hidden_size: int | None = None
+    """d (refused with --preset)"""
+    num_attention_heads: int | None = None
+    """h (refused with --preset)"""
+    head_dim: int | list[int | None] | None = None
+    """d_p, or one per layer (refused with --preset)"""
+    qk_head_dim: int | None = None
+    """queries' and keys' size (refused with --preset)"""
+    v_head_dim: int | None = None
+    """values' size (refused with --preset)"""
+    num_hidden_layers: int = 24
+    """layers, or the preset's"""
+    intermediate_size: int | None = None
+    """feed-forward width, or the preset's (default: 4 x hidden size)"""
+    vocab_size: int = 30522
+    """vocabulary, or the preset's"""
+    max_position_embeddings: int = 512
+    """positions, or the preset's"""
+
+
+#: the sizes of :class:`CountSizes` a preset has too, with their defaults for explicit sizes
 COUNT_DEFAULTS = {
-    "num_hidden_layers": 24,
-    "intermediate_size": None,
-    "vocab_size": 30522,
-    "max_position_embeddings": 512,
+    f.name: f.default
+    for f in fields(CountSizes)
+    if f.name in ("num_hidden_layers", "intermediate_size", "vocab_size", "max_position_embeddings")
 }
 
 
