@@ -1,13 +1,15 @@
 """The ``fixedhead`` command (also ``python -m fixedhead``): :data:`COMMANDS` maps each subcommand
 to its options and the one library function it calls.
 
-Options of a settings dataclass (``ModelSettings``, ``DataSettings``, ``TrainSettings``,
-``FinetuneSettings``) are derived from its fields (:func:`fixedhead.options.add_options`): name,
-type, default and help (the field's attribute docstring) are defined once, on the field; so are a study's,
-from its ``Options`` dataclass (:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`), with the options every study
-shares (``--output-dir``, ``--quick``, ``--grow``, ``--overwrite``, ``--threads``). User errors (ValueError)
-and file-system errors (OSError: a missing or occupied path, a full disk, a read-only folder) become a
-one-line message and exit status 2.
+Every option is a dataclass field (:func:`fixedhead.options.add_options`): name, type, default and help
+(the field's attribute docstring) are defined once, on the field. The dataclasses are the settings
+(``ModelSettings``, ``DataSettings``, ``TrainSettings``, ``FinetuneSettings``, ...), a study's ``Options``
+(:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`) and, here, each command's own (its run folders,
+``--output-dir``, ``--overwrite``; :class:`StudyRunning`, the options every study shares). Only the chosen
+command's options are built, and their modules import neither torch nor transformers for the tools, so
+``--help`` and a usage error answer at once; the work is imported inside each command's function. User
+errors (ValueError) and file-system errors (OSError: a missing or occupied path, a full disk, a read-only
+folder) become a one-line message naming options as typed, and exit status 2.
 """
 
 from __future__ import annotations
