@@ -39,7 +39,14 @@ _SCRIPT = Path(sys.executable).with_name("fixedhead")
 
 @pytest.mark.parametrize("start", [["-m", "fixedhead"], [str(_SCRIPT)]], ids=["python -m fixedhead", "script"])
 @pytest.mark.parametrize(
-    "argv, status", [(["--help"], 0), (["pretrain", "--no-such-option"], 2), (["pretrain", "--help"], 0)]
+    "argv, status",
+    [
+        (["--help"], 0),
+        (["pretrain", "--no-such-option"], 2),
+        (["pretrain", "--help"], 0),
+        (["evaluate", "--help"], 0),
+        (["report", "--help"], 0),
+    ],
 )
 def test_help_and_a_usage_error_import_neither_torch_nor_transformers(start, argv, status):
     """`fixedhead --help` and a usage error answer before any heavy import (seconds each: importing torch,
