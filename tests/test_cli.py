@@ -46,6 +46,7 @@ _SCRIPT = Path(sys.executable).with_name("fixedhead")
         (["pretrain", "--help"], 0),
         (["evaluate", "--help"], 0),
         (["report", "--help"], 0),
+        (["count", "--help"], 0),
     ],
 )
 def test_help_and_a_usage_error_import_neither_torch_nor_transformers(start, argv, status):

@@ -10,9 +10,12 @@ for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :f
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from .checks import in_range, positive_float, positive_int
-from .configuration import FixedHeadConfig
+
+if TYPE_CHECKING:  # imported where used: `fixedhead count --help` reads CountSizes without transformers
+    from .configuration import FixedHeadConfig
 
 
 def estimate_flops(
@@ -159,6 +162,8 @@ def parameter_count(config) -> int:
     once): :func:`count_parameters` without pooler for fixedhead; for
     Llama, ``LlamaForCausalLM`` built on the meta device (no memory, no initialisation) and its
     parameters summed."""
+    from .configuration import FixedHeadConfig
+
     if isinstance(config, FixedHeadConfig):
         return count_parameters(config, pooler=False)
     return sum(p.numel() for p in _meta_model(config).parameters())
@@ -255,6 +260,8 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None) -> 
         if missing:
             verb = "needs" if len(sizes) == 1 else "need"
             raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
+        from .configuration import FixedHeadConfig
+
         d = sizes["hidden_size"]
         cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes})
         separate = "".join(f", {f}={sizes[f]}" for f in ("qk_head_dim", "v_head_dim") if f in sizes)
