@@ -6,8 +6,8 @@ Every option is a dataclass field (:func:`fixedhead.options.add_options`): name,
 (``ModelSettings``, ``DataSettings``, ``TrainSettings``, ``FinetuneSettings``, ...), a study's ``Options``
 (:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`) and, here, each command's own (its run folders,
 ``--output-dir``, ``--overwrite``; :class:`StudyRunning`, the options every study shares). Only the chosen
-command's options are built, and ``fixedhead --help`` and ``pretrain``'s, ``evaluate``'s and ``report``'s
-options import neither torch nor transformers, so their help and usage errors answer at once (the other
+command's options are built, and ``fixedhead --help`` and ``count``'s, ``pretrain``'s, ``evaluate``'s and
+``report``'s options import neither torch nor transformers, so their help and usage errors answer at once (the other
 commands' options still live beside their work); the work is imported inside each command's function. User
 errors (ValueError) and file-system errors (OSError: a missing or occupied path, a full disk, a read-only
 folder) become a one-line message naming options as typed, and exit status 2.
