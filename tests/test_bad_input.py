@@ -652,14 +652,14 @@ def cli_env(small_real_corpus, tmp_path, monkeypatch):
 
 
 CLI_CASES = [
-    ("pretrain --head-dim 0", ["pretrain", "--head-dim", "0"], "head_dim must be a positive int, got 0"),
+    ("pretrain --head-dim 0", ["pretrain", "--head-dim", "0"], "--head-dim must be a positive int, got 0"),
     (
         "pretrain --num-attention-heads 0",
         ["pretrain", "--num-attention-heads", "0"],
-        "num_attention_heads must be a positive int, got 0",
+        "--num-attention-heads must be a positive int, got 0",
     ),
-    ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-    ("pretrain --qk-head-dim 0", ["pretrain", "--qk-head-dim", "0"], "qk_head_dim must be a positive int, got 0"),
+    ("pretrain --max-steps 0", ["pretrain", "--max-steps", "0"], "--max-steps must be a positive int, got 0"),
+    ("pretrain --qk-head-dim 0", ["pretrain", "--qk-head-dim", "0"], "--qk-head-dim must be a positive int, got 0"),
     (
         "pretrain --architecture llama --v-head-dim 16",
         ["pretrain", "--architecture", "llama", "--objective", "clm", "--v-head-dim", "16"],

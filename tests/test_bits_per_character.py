@@ -223,7 +223,7 @@ def test_cli_evaluate_text_errors_are_one_line(tiny_pretrained_run, tmp_path, ca
         (["evaluate", str(run), "--text", str(tmp_path / "short.txt")], "too few for one sequence"),
         (["evaluate", str(tmp_path / "empty_dir"), "--text", str(tmp_path / "good.txt")], "empty_dir"),
         (["evaluate", str(run), "--text", str(tmp_path / "good.txt"), "--corpus", "x.txt"], "not both"),
-        (["evaluate", str(run), "--text", str(tmp_path / "good.txt"), "--max-eval-tokens", "5"], "max_eval_tokens"),
+        (["evaluate", str(run), "--text", str(tmp_path / "good.txt"), "--max-eval-tokens", "5"], "--max-eval-tokens"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

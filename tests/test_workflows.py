@@ -290,21 +290,21 @@ def test_a_corpus_whose_text_changed_is_not_the_runs(small_real_corpus, prepared
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["finetune", "--max-steps", "0"], "max_steps must be a positive int, got 0"),
-        (["finetune", "--max-steps", "-1"], "max_steps must be a positive int, got -1"),
-        (["finetune", "--max-train-examples", "0"], "max_train_examples must be a positive int, got 0"),
-        (["finetune", "--validation-size", "0"], "validation_size must be a positive int, got 0"),
-        (["finetune", "--max-seq-length", "2"], "max_seq_length must be an int >= 8, got 2"),
-        (["finetune", "--learning-rate", "nan"], "learning_rate must be a positive finite number, got nan"),
-        (["pretrain", "--max-train-tokens", "-5"], "max_train_tokens must be an int >= 64, got -5"),
-        (["pretrain", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 64, got 0"),
-        (["pretrain", "--heldout-fraction", "1.5"], "heldout_fraction must be in (0, 1), got 1.5"),
-        (["pretrain", "--seed", "-3"], "seed must be an int >= 0, got -3"),
-        (["evaluate", "--max-eval-tokens", "0"], "max_eval_tokens must be an int >= 32, got 0"),  # the run's n
-        (["analyze", "--max-sequences", "0"], "max_sequences must be a positive int, got 0"),
-        (["evaluate", "--eval-seed", "-1"], "eval_seed must be an int >= 0, got -1"),
+        (["finetune", "--max-steps", "0"], "--max-steps must be a positive int, got 0"),
+        (["finetune", "--max-steps", "-1"], "--max-steps must be a positive int, got -1"),
+        (["finetune", "--max-train-examples", "0"], "--max-train-examples must be a positive int, got 0"),
+        (["finetune", "--validation-size", "0"], "--validation-size must be a positive int, got 0"),
+        (["finetune", "--max-seq-length", "2"], "--max-seq-length must be an int >= 8, got 2"),
+        (["finetune", "--learning-rate", "nan"], "--learning-rate must be a positive finite number, got nan"),
+        (["pretrain", "--max-train-tokens", "-5"], "--max-train-tokens must be an int >= 64, got -5"),
+        (["pretrain", "--max-eval-tokens", "0"], "--max-eval-tokens must be an int >= 64, got 0"),
+        (["pretrain", "--heldout-fraction", "1.5"], "--heldout-fraction must be in (0, 1), got 1.5"),
+        (["pretrain", "--seed", "-3"], "--seed must be an int >= 0, got -3"),
+        (["evaluate", "--max-eval-tokens", "0"], "--max-eval-tokens must be an int >= 32, got 0"),  # the run's n
+        (["analyze", "--max-sequences", "0"], "--max-sequences must be a positive int, got 0"),
+        (["evaluate", "--eval-seed", "-1"], "--eval-seed must be an int >= 0, got -1"),
         (["sweep", "--seeds", "0", "-1"], "--seeds must be an int >= 0, got -1"),
-        (["sweep", "--threads", "0"], "threads must be a positive int, got 0"),
+        (["sweep", "--threads", "0"], "--threads must be a positive int, got 0"),
         (["compare", "--max-steps", "0"], "--steps must be a positive int, got 0"),
     ],
 )
@@ -349,7 +349,7 @@ def test_validation_size_is_never_changed_silently(run_copy, glue, tmp_path, cap
         "8",
     ]
     assert main(argv + ["--validation-size", "5000"]) == 2
-    assert "validation_size must be in [1, 2489] for 2490 training examples, got 5000" in _one_error_line(capsys)
+    assert "--validation-size must be in [1, 2489] for 2490 training examples, got 5000" in _one_error_line(capsys)
     # the default is 1,000 or a fifth of GLUE train, and the result says which it was
     assert main(argv) == 0
     result = _last_json(capsys.readouterr().out)
@@ -581,7 +581,7 @@ def test_review_findings_widen_finetune_resume_permissions(run, prepared, glue, 
     assert main(["widen", str(run), "--head-dim", "48", "--output-dir", str(out)]) == 2
     assert "pass --overwrite" in _one_error_line(capsys) and snapshot(out) == before
     assert main(["widen", str(run), "--head-dim", "32", "--seed", "-1", "--output-dir", str(tmp_path / "w")]) == 2
-    assert "seed must be an int >= 0, got -1" in _one_error_line(capsys)
+    assert "--seed must be an int >= 0, got -1" in _one_error_line(capsys)
     # the widened run keeps its source's data settings: evaluate scores the same held-out set
     assert main(["evaluate", str(out)]) == 0
     assert main(["evaluate", str(run)]) == 0

@@ -2,33 +2,58 @@
 
 Standard multi-head attention ties the head size to the embedding size (d_p = d/h); this package
 decouples it. See README.md.
+
+Importing the package registers the models with transformers' Auto classes (``AutoConfig``,
+``AutoModel*`` and ``pipeline(...)`` then load fixedhead run directories); its public names are
+imported on first use. The ``fixedhead`` command (and ``python -m fixedhead``) registers after parsing
+its options instead (:func:`fixedhead.cli.main`), so that ``--help`` and a usage error answer without
+importing torch and transformers (seconds).
 """
 
-from .model.attention import MultiHeadAttention
-from .model.configuration import FixedHeadConfig
-from .model.from_bert import from_bert
-from .model.modeling import (
-    FixedHeadForCausalLM,
-    FixedHeadForMaskedLM,
-    FixedHeadForSequenceClassification,
-    FixedHeadModel,
-    register_auto_classes,
-)
-from .model.sizes import count_parameters
-from .model.surgery import widen_heads
+from __future__ import annotations
 
-register_auto_classes()  # AutoConfig / AutoModel* / pipeline(...) load fixedhead run directories
+import importlib
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "MultiHeadAttention",
-    "FixedHeadConfig",
-    "FixedHeadModel",
-    "FixedHeadForMaskedLM",
-    "FixedHeadForCausalLM",
-    "FixedHeadForSequenceClassification",
-    "count_parameters",
-    "from_bert",
-    "widen_heads",
-]
+#: public name -> the module that defines it, imported on first use (PEP 562)
+_PUBLIC = {
+    "MultiHeadAttention": ".model.attention",
+    "FixedHeadConfig": ".model.configuration",
+    "from_bert": ".model.from_bert",
+    "FixedHeadModel": ".model.modeling",
+    "FixedHeadForMaskedLM": ".model.modeling",
+    "FixedHeadForCausalLM": ".model.modeling",
+    "FixedHeadForSequenceClassification": ".model.modeling",
+    "register_auto_classes": ".model.modeling",
+    "count_parameters": ".model.sizes",
+    "widen_heads": ".model.surgery",
+}
+
+__all__ = [name for name in _PUBLIC if name != "register_auto_classes"]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])
+
+
+def _started_as_the_command() -> bool:
+    """Whether this import is the ``fixedhead`` script's or ``python -m fixedhead[.cli]``'s (which then
+    register the Auto classes themselves once the options are parsed)."""
+    argv = getattr(sys, "orig_argv", [])
+    by_module = "-m" in argv[:-1] and argv[argv.index("-m") + 1] in ("fixedhead", "fixedhead.cli")
+    return by_module or Path(sys.argv[0] if sys.argv else "").name == "fixedhead"
+
+
+if not _started_as_the_command():
+    __getattr__("register_auto_classes")()

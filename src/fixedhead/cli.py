@@ -1,13 +1,16 @@
 """The ``fixedhead`` command (also ``python -m fixedhead``): :data:`COMMANDS` maps each subcommand
 to its options and the one library function it calls.
 
-Options of a settings dataclass (``ModelSettings``, ``DataSettings``, ``TrainSettings``,
-``FinetuneSettings``) are derived from its fields (:func:`fixedhead.options.add_options`): name,
-type, default and help (the field's attribute docstring) are defined once, on the field; so are a study's,
-from its ``Options`` dataclass (:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`), with the options every study
-shares (``--output-dir``, ``--quick``, ``--grow``, ``--overwrite``, ``--threads``). User errors (ValueError)
-and file-system errors (OSError: a missing or occupied path, a full disk, a read-only folder) become a
-one-line message and exit status 2.
+Every option is a dataclass field (:func:`fixedhead.options.add_options`): name, type, default and help
+(the field's attribute docstring) are defined once, on the field. The dataclasses are the settings
+(``ModelSettings``, ``DataSettings``, ``TrainSettings``, ``FinetuneSettings``, ...), a study's ``Options``
+(:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`) and, here, each command's own (its run folders,
+``--output-dir``, ``--overwrite``; :class:`StudyRunning`, the options every study shares). Only the chosen
+command's options are built, and ``fixedhead --help`` and ``count``'s, ``pretrain``'s, ``evaluate``'s and
+``report``'s options import neither torch nor transformers, so their help and usage errors answer at once (the other
+commands' options still live beside their work); the work is imported inside each command's function. User
+errors (ValueError) and file-system errors (OSError: a missing or occupied path, a full disk, a read-only
+folder) become a one-line message naming options as typed, and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import positive_int
@@ -27,18 +31,31 @@ from .options import (
     given,
     in_option_words,
     options_from,
-    parse_head_dim,
 )
-from .studies import STUDIES, study_class
+from .studies import STUDIES, study_class, study_help
 
 
-def _allow_pickle(p):
-    p.add_argument("--allow-pickle", action="store_true", help="also load pickle weights; only for files you trust")
+def _command(cls):
+    """A command's own options (what it reads and writes, not how it trains): keyword-only, so that a required
+    field may follow one with a default. Each field is one option (:func:`fixedhead.options.add_options`)."""
+    return dataclass(kw_only=True)(cls)
 
 
-def _pick(args, *names) -> dict:
-    """The options ``names`` as keyword arguments of the same names."""
-    return {name: getattr(args, name) for name in names}
+def _read(args, cls):
+    """The options of the dataclass ``cls`` as parsed, its defaults where not given."""
+    return cls(**given(args, cls))
+
+
+@_command
+class _LoadsWeights:
+    allow_pickle: bool = False
+    """also load pickle weights; only for files you trust"""
+
+
+@_command
+class _ShowsProgress:
+    progress: bool = True
+    """progress bars"""
 
 
 def _print_json(result: dict, drop=lambda key: False):
@@ -47,56 +64,41 @@ def _print_json(result: dict, drop=lambda key: False):
 
 # -------------------------------------------------------------------------------------- count
 def _count_options(p):
-    from .model.sizes import COUNT_DEFAULTS
+    from .model.sizes import CountSizes
 
-    p.add_argument("--preset", nargs="*", help="paper preset names (default: all of Tables 1-3)")
-    p.add_argument("--hidden-size", type=int, default=argparse.SUPPRESS, help="d (refused with --preset)")
-    p.add_argument("--num-attention-heads", type=int, default=argparse.SUPPRESS, help="h (refused with --preset)")
-    p.add_argument("--head-dim", type=parse_head_dim, default=argparse.SUPPRESS, help="d_p (refused with --preset)")
-    for name, what in (("qk_head_dim", "queries' and keys' size"), ("v_head_dim", "values' size")):
-        p.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=argparse.SUPPRESS, help=f"{what} (refused with --preset)"
-        )
-    p.add_argument(
-        "--objective",
-        choices=("mlm", "clm"),
-        help="count the language model pretraining trains, masked or causal (no pooler; default: BERT with its "
-        "pooler, as the paper counts)",
-    )
-    for name, value in COUNT_DEFAULTS.items():
-        shown = "4 x hidden size" if value is None else value
-        p.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=argparse.SUPPRESS, help=f"{shown}, or the preset's"
-        )
+    add_options(p, CountSizes, title="sizes")
 
 
 def _count(args):
     """parameter count of a preset or of explicit sizes (paper Tables 1-3)"""
-    from .model.sizes import COUNT_DEFAULTS, count_table
+    from .model.sizes import CountSizes, count_table
 
-    names = ("hidden_size", "num_attention_heads", "head_dim", "qk_head_dim", "v_head_dim", *COUNT_DEFAULTS)
-    sizes = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    print(count_table(args.preset, sizes, args.objective))
+    sizes = given(args, CountSizes)
+    objective = sizes.pop("objective", None)
+    print(count_table(sizes.pop("preset", None), sizes, objective))
 
 
 # ----------------------------------------------------------------------------------- pretrain
+@_command
+class PretrainRun:
+    output_dir: str = field(metadata={"metavar": "DIR"})
+    """run directory (model, tokenizer, metrics, checkpoints, logs)"""
+    resume: bool = False
+    """continue from the newest checkpoint in --output-dir"""
+    overwrite: bool = False
+    """replace a run already in --output-dir"""
+    preset: str | None = None
+    """a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options are then refused"""
+    init_from: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
+    """continue training this run's weights (a pretraining run or a `fixedhead widen` output) on the data it
+    recorded (--corpus may name a moved corpus); model and other data options are refused"""
+
+
 def _pretrain_options(p):
     from .data import DataSettings
     from .training import ModelSettings, TrainSettings
 
-    p.add_argument("--output-dir", required=True, help="run directory (model, tokenizer, metrics, checkpoints, logs)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --output-dir")
-    p.add_argument(
-        "--preset",
-        help="a named model from `fixedhead count` (the paper's Tables 1-3, lm1b-*); the size options are then refused",
-    )
-    p.add_argument(
-        "--init-from",
-        metavar="RUN_DIR",
-        help="continue training this run's weights (a pretraining run or a `fixedhead widen` output) on the data "
-        "it recorded (--corpus may name a moved corpus); model and other data options are refused",
-    )
+    add_options(p, PretrainRun, title="the run")
     add_options(p, ModelSettings, title="model")
     add_options(p, DataSettings, title="data")
     add_options(p, TrainSettings, skip=("progress",), title="training")
@@ -108,50 +110,69 @@ def _pretrain(args):
     from .training import ModelSettings, TrainSettings
     from .training.command import pretrain_command
 
+    run = dataclasses.asdict(_read(args, PretrainRun))
     result = pretrain_command(
-        args.output_dir,
+        run.pop("output_dir"),
         model=given(args, ModelSettings),
         data=given(args, DataSettings),
         train=given(args, TrainSettings),
-        **_pick(args, "preset", "init_from", "resume", "overwrite"),
+        **run,
     )
     _print_json(result, drop=lambda k: k.endswith("_curve"))
 
 
 # ----------------------------------------------------------------------------------- evaluate
+@_command
+class EvaluateRun(_LoadsWeights):
+    run_dir: str = field(metadata={"positional": True})
+    """a pretraining run directory"""
+    corpus: str | None = None
+    """where the run's training corpus is now (its text must be the same)"""
+    text: str | None = None
+    """score new text instead of the held-out set: a .txt/.jsonl(.gz) file or a folder"""
+    eval_seed: int | None = None
+    """masking seed (default: the run's)"""
+    max_eval_tokens: int | None = None
+    """cap on the tokens scored (default: the run's)"""
+
+
 def _evaluate_options(p):
-    p.add_argument("run_dir")
-    p.add_argument("--corpus", help="where the run's training corpus is now (its text must be the same)")
-    p.add_argument("--text", help="score new text instead of the held-out set: a .txt/.jsonl(.gz) file or a folder")
-    p.add_argument("--eval-seed", type=int, help="masking seed (default: the run's)")
-    p.add_argument("--max-eval-tokens", type=int)
-    _allow_pickle(p)
+    add_options(p, EvaluateRun, title="the run and its text")
 
 
 def _evaluate(args):
     """held-out (or --text) loss, perplexity, accuracy and bits per character of a run directory"""
     from .training import evaluate_run, evaluate_text
 
-    common = dict(eval_seed=args.eval_seed, max_eval_tokens=args.max_eval_tokens, allow_pickle=args.allow_pickle)
-    if args.text is not None and args.corpus is not None:
+    o = _read(args, EvaluateRun)
+    common = dict(eval_seed=o.eval_seed, max_eval_tokens=o.max_eval_tokens, allow_pickle=o.allow_pickle)
+    if o.text is not None and o.corpus is not None:
         raise ValueError("pass --text (new text to score) or --corpus (the moved training corpus), not both")
-    if args.text is not None:
-        _print_json(evaluate_text(args.run_dir, args.text, **common))
+    if o.text is not None:
+        _print_json(evaluate_text(o.run_dir, o.text, **common))
     else:
-        _print_json(evaluate_run(args.run_dir, corpus=args.corpus, **common))
+        _print_json(evaluate_run(o.run_dir, corpus=o.corpus, **common))
 
 
 # ----------------------------------------------------------------------------------- finetune
+@_command
+class FinetuneRun:
+    task: str
+    """sst2, cola, mrpc, rte or stsb"""
+    model: str
+    """a pretraining run directory (model.safetensors + tokenizer)"""
+    output_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """a new, empty or earlier fine-tuning folder, never the run (default: MODEL/finetune-TASK)"""
+    data_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """folder holding glue/ (default: ../shared/data)"""
+    overwrite: bool = False
+    """replace an earlier fine-tuning result in --output-dir"""
+
+
 def _finetune_options(p):
     from .training.finetune import FinetuneSettings
 
-    p.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
-    p.add_argument("--model", required=True, help="a pretraining run directory (model.safetensors + tokenizer)")
-    p.add_argument(
-        "--output-dir", help="default: MODEL/finetune-TASK; a new, empty or earlier fine-tuning folder (never the run)"
-    )
-    p.add_argument("--data-dir", help="folder holding glue/ (default: ../shared/data)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning result in --output-dir")
+    add_options(p, FinetuneRun, title="the run")
     add_options(p, FinetuneSettings, skip=("progress", "save_model"), title="fine-tuning")
 
 
@@ -160,78 +181,105 @@ def _finetune(args):
 
     from .training.finetune import FinetuneSettings, finetune
 
-    out = args.output_dir or str(Path(args.model) / f"finetune-{args.task}")
+    o = _read(args, FinetuneRun)
+    out = o.output_dir or str(Path(o.model) / f"finetune-{o.task}")
     settings = FinetuneSettings(**given(args, FinetuneSettings))
-    result = finetune(args.model, args.task, out, settings, data_dir=args.data_dir, overwrite=args.overwrite)
+    result = finetune(o.model, o.task, out, settings, data_dir=o.data_dir, overwrite=o.overwrite)
     _print_json(result, drop=lambda k: k == "fingerprint")
 
 
 # ------------------------------------------------------------------------------------ analyze
+@_command
+class AnalyzeRun(_LoadsWeights):
+    model: str = field(metadata={"positional": True})
+    """a fixedhead run or a local transformers checkpoint (BERT, GPT-2, Llama, ...)"""
+    text: str
+    """a .txt or .jsonl (text field) file, optionally .gz"""
+    output_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """where analysis.json and attention_heatmap.png go, a new, empty or earlier analysis folder (default:
+    runs/analysis/<model directory name>)"""
+
+
 def _analyze_options(p):
-    p.add_argument("model", help="a fixedhead run or a local transformers checkpoint (BERT, GPT-2, Llama, ...)")
-    p.add_argument("--text", required=True, help="a .txt or .jsonl (text field) file, optionally .gz")
     from .analysis import AnalyzeOptions
 
+    add_options(p, AnalyzeRun, title="the model, its text and the output")
     add_options(p, AnalyzeOptions, title="the analysis")
-    p.add_argument(
-        "--output-dir",
-        help="where analysis.json and attention_heatmap.png go (default: runs/analysis/<model directory name>); "
-        "a new, empty or earlier analysis folder",
-    )
-    _allow_pickle(p)
 
 
 def _analyze(args):
     """per-head rank of attention logits, min_head_dim and entropy on a text"""
     from .analysis import AnalyzeOptions, analyze_to_folder, format_table
 
-    o = AnalyzeOptions(**given(args, AnalyzeOptions))
-    options = _pick(args, "output_dir", "allow_pickle")
+    o, run = _read(args, AnalyzeOptions), _read(args, AnalyzeRun)
     result, paths = analyze_to_folder(
-        args.model,
-        args.text,
+        run.model,
+        run.text,
         tokenizer_path=o.tokenizer,
         rtol=o.rtol,
         max_sequences=o.max_sequences,
         max_seq_length=o.max_seq_length,
-        **options,
+        output_dir=run.output_dir,
+        allow_pickle=run.allow_pickle,
     )
     print(format_table(result))
     print(f"wrote {paths['json']} and {paths['heatmap']}")
 
 
 # ---------------------------------------------------------------------------- rank-intervention
+@_command
+class RankInterventionRuns(_ShowsProgress):
+    runs: list[str] = field(metadata={"positional": True, "metavar": "RUN"})
+    """pretraining run directories (fixedhead or Llama-style; seeds of one model share a folder name, e.g.
+    runs/compare/fixed and runs/compare-seed1/fixed)"""
+    output_dir: str = field(default="runs/rank-intervention", metadata={"metavar": "DIR"})
+    """a new, empty or earlier rank-intervention folder"""
+    overwrite: bool = False
+    """replace an earlier rank-intervention output"""
+
+
 def _rank_intervention_options(p):
-    p.add_argument(
-        "runs",
-        nargs="+",
-        help="pretraining run directories (fixedhead or Llama-style; seeds of one model "
-        "share a folder name, e.g. runs/compare/fixed and runs/compare-seed1/fixed)",
-    )
-    p.add_argument(
-        "--output-dir",
-        default="runs/rank-intervention",
-        help="a new, empty or earlier rank-intervention folder (default: runs/rank-intervention)",
-    )
     from .intervention import RankInterventionOptions
 
+    add_options(p, RankInterventionRuns, title="the runs and the output")
     add_options(p, RankInterventionOptions, title="the intervention")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier rank-intervention output")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def _rank_intervention(args):
     """the logit rank a trained model needs: each head's logits cut to rank k, held-out loss against k"""
     from .intervention import RankInterventionOptions, intervene_runs, report_markdown
 
-    o = RankInterventionOptions(**given(args, RankInterventionOptions))
-    options = _pick(args, "output_dir", "overwrite", "progress")
-    results = intervene_runs(args.runs, command=args.command_line, **dataclasses.asdict(o), **options)
+    o, where = _read(args, RankInterventionOptions), dataclasses.asdict(_read(args, RankInterventionRuns))
+    results = intervene_runs(where.pop("runs"), command=args.command_line, **dataclasses.asdict(o), **where)
     print(report_markdown(results, args.command_line))
-    print(f"wrote {args.output_dir}/rank_intervention.{{json,csv,png,md}}")
+    print(f"wrote {where['output_dir']}/rank_intervention.{{json,csv,png,md}}")
 
 
 # ------------------------------------------------------------------------ studies on the kit
+@_command
+class StudyRunning(_ShowsProgress):
+    output_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """where the study writes"""
+    quick: bool = False
+    """the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; options given
+    still apply"""
+    grow: bool = False
+    """accept a plan that differs from the folder's after results exist (the report says so)"""
+    overwrite: bool = False
+    """run every point again with these options (the plan and the stored results are replaced)"""
+    threads: int | None = None
+    """torch CPU threads (per point with Ray; default: torch's choice, with --workers cores / workers, on a
+    cluster 1)"""
+    workers: int | None = None
+    """run N points at once as Ray tasks on a local Ray instance this command starts and stops (default: one
+    after another in this process, no Ray)"""
+    ray_address: str | None = field(default=None, metadata={"metavar": "ADDR"})
+    """run the points as tasks on this existing Ray cluster (auto or HOST:PORT; default: $RAY_ADDRESS);
+    --output-dir must be a path every node sees"""
+    gpus_per_point: float | None = field(default=None, metadata={"metavar": "G"})
+    """GPUs each point's Ray task asks for (default: none)"""
+
+
 def _kit_study(name: str):
     """The study ``name`` of :data:`fixedhead.studies.STUDIES` as a command: one option per field of its
     ``Options`` dataclass (nested dataclasses flattened: ``--steps`` for ``recipe.steps``) and the options
@@ -245,85 +293,40 @@ def _kit_study(name: str):
 
         s = study()
         add_nested_options(p, s.Options, title="the plan (defaults: the full study)")
-        g = p.add_argument_group("running it")
         where, quick_where = default_dir_text(s), default_dir_text(s, quick=True)
-        g.add_argument(
-            "--output-dir", metavar="DIR", help=f"where the study writes (default: {where}; --quick: {quick_where})"
-        )
+        presets = f"; --preset may also be {', '.join(s.quick_presets)}" if s.quick_presets else ""
+        more_help = {
+            "output_dir": f" (default: {where}; --quick: {quick_where})",
+            "quick": f" (it sets {_quick_values(s)}{presets})",
+        }
+        add_options(p, StudyRunning, title="running it", more_help=more_help)
         for flag, why in s.removed.items():
             p.add_argument(flag, nargs="*", action=_Removed, help=argparse.SUPPRESS, why=why)
-        g.add_argument(
-            "--quick",
-            action="store_true",
-            help=(
-                "the seconds-sized version of the study (numbers mean nothing), in its own -quick folder; "
-                f"options given still apply (it sets {_quick_values(s)}"
-                + (f"; --preset may also be {', '.join(s.quick_presets)}" if s.quick_presets else "")
-                + ")"
-            ).replace("%", "%%"),
-        )
-        g.add_argument(
-            "--grow",
-            action="store_true",
-            help="accept a plan that differs from the folder's after results exist (the report says so)",
-        )
-        g.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="run every point again with these options (the plan and the stored results are replaced)",
-        )
-        g.add_argument(
-            "--threads",
-            type=int,
-            metavar="N",
-            help="torch CPU threads (per point with Ray; default: torch's choice, with --workers cores / workers, "
-            "on a cluster 1)",
-        )
-        g.add_argument(
-            "--workers",
-            type=int,
-            metavar="N",
-            help="run N points at once as Ray tasks on a local Ray instance this command starts and stops "
-            "(default: one after another in this process, no Ray)",
-        )
-        g.add_argument(
-            "--ray-address",
-            metavar="ADDR",
-            default=os.environ.get("RAY_ADDRESS") or None,
-            help="run the points as tasks on this existing Ray cluster (auto or HOST:PORT; default: $RAY_ADDRESS); "
-            "--output-dir must be a path every node sees",
-        )
-        g.add_argument(
-            "--gpus-per-point", type=float, metavar="G", help="GPUs each point's Ray task asks for (default: none)"
-        )
-        g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args):
         from .studies.kit.executor import Executor
         from .studies.kit.study import run_study, study_folder
 
-        s = study()
-        quick_preset = getattr(s.quick, "preset", None) if args.quick else None
+        s, o = study(), _read(args, StudyRunning)
+        quick_preset = getattr(s.quick, "preset", None) if o.quick else None
         if quick_preset and getattr(args, "preset", quick_preset) not in (quick_preset, *s.quick_presets):
             allowed = ", ".join((quick_preset, *s.quick_presets))
             raise ValueError(
                 f"--quick trains preset {quick_preset}; with --preset {args.preset} it would train that full preset: "
                 f"drop --quick, or pass a quick preset ({allowed})"
             )
-        try:
-            options = options_from(args, s.quick if args.quick else s.Options())
-        except ValueError as e:
-            raise ValueError(in_option_words(str(e), s.Options)) from None
-        out = study_folder(s, options, args.output_dir, args.quick)
-        executor = Executor(args.workers, args.ray_address, args.gpus_per_point, args.threads)
+        options = options_from(args, s.quick if o.quick else s.Options())
+        out = study_folder(s, options, o.output_dir, o.quick)
+        address = o.ray_address or os.environ.get("RAY_ADDRESS") or None
+        executor = Executor(o.workers, address, o.gpus_per_point, o.threads)
         record = run_study(
             s,
             options,
             out,
-            quick=args.quick,
-            grow=args.grow,
-            overwrite=args.overwrite,
-            progress=not args.no_progress,
+            quick=o.quick,
+            grow=o.grow,
+            overwrite=o.overwrite,
+            progress=o.progress,
             command=args.command_line,
             executor=executor,
         )
@@ -335,7 +338,7 @@ def _kit_study(name: str):
         if record.get("failed"):
             return 1
         if isinstance(record["summary"], dict) and record["summary"].get("passed") is False:
-            if args.quick:  # seconds-sized models: the verdict means nothing, the run is a smoke test
+            if o.quick:  # seconds-sized models: the verdict means nothing, the run is a smoke test
                 print(f"fixedhead {s.name}: the check failed, as --quick's untrained models may", file=sys.stderr)
                 return 0
             print(f"fixedhead {s.name}: the check failed (see {out}/report.md)", file=sys.stderr)
@@ -373,67 +376,91 @@ class _Removed(argparse.Action):
 
 
 # -------------------------------------------------------------------------------------- widen
+@_command
+class WidenRun(_LoadsWeights):
+    run_dir: str = field(metadata={"positional": True})
+    """a fixedhead run directory (masked or causal LM)"""
+    head_dim: int | list[int | None]
+    """new head size d_p' >= the current one, or one per layer (64,64,128,128)"""
+    output_dir: str = field(metadata={"metavar": "DIR"})
+    """a new or empty folder (or an earlier widen output)"""
+    overwrite: bool = False
+    """replace an earlier `fixedhead widen` output there"""
+
+
 def _widen_options(p):
-    p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
-    p.add_argument(
-        "--head-dim",
-        type=parse_head_dim,
-        required=True,
-        help="new head size d_p' >= the current one, or one per layer (64,64,128,128)",
-    )
-    p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier widen output)")
     from .training.widen import WidenOptions
 
+    add_options(p, WidenRun, title="the run and the output")
     add_options(p, WidenOptions, title="the new rows")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead widen` output there")
-    _allow_pickle(p)
 
 
 def _widen(args):
     """grow every head of a run to a larger head size d_p' with the same function (exactly)"""
     from .training.widen import WidenOptions, widen_run
 
-    o = WidenOptions(**given(args, WidenOptions))
-    options = _pick(args, "overwrite", "allow_pickle")
-    record = widen_run(args.run_dir, args.head_dim, args.output_dir, init_std=o.init_std, seed=o.seed, **options)
+    o, run = _read(args, WidenOptions), _read(args, WidenRun)
+    record = widen_run(
+        run.run_dir,
+        run.head_dim,
+        run.output_dir,
+        init_std=o.init_std,
+        seed=o.seed,
+        overwrite=run.overwrite,
+        allow_pickle=run.allow_pickle,
+    )
     print(
-        f"widened {args.run_dir}: head sizes {record['old_head_dims']} -> {record['new_head_dims']}; "
-        f"wrote {args.output_dir}"
+        f"widened {run.run_dir}: head sizes {record['old_head_dims']} -> {record['new_head_dims']}; "
+        f"wrote {run.output_dir}"
     )
 
 
 # ------------------------------------------------------------------------------------- shrink
+@_command
+class ShrinkRun(_ShowsProgress):
+    run_dir: str = field(metadata={"positional": True})
+    """a fixedhead run directory (masked or causal LM)"""
+    qk_head_dim: int
+    """K: the new size of every head's queries and keys (values kept)"""
+    output_dir: str = field(metadata={"metavar": "DIR"})
+    """a new or empty folder (or an earlier shrink output)"""
+    overwrite: bool = False
+    """replace an earlier `fixedhead shrink` output there"""
+
+
 def _shrink_options(p):
-    p.add_argument("run_dir", help="a fixedhead run directory (masked or causal LM)")
-    p.add_argument(
-        "--qk-head-dim", type=int, required=True, help="K: the new size of every head's queries and keys (values kept)"
-    )
-    p.add_argument("--output-dir", required=True, help="a new or empty folder (or an earlier shrink output)")
     from .shrink import ShrinkOptions
 
+    add_options(p, ShrinkRun, title="the run and the output")
     add_options(p, ShrinkOptions, title="the cut and its fine-tuning")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier `fixedhead shrink` output there")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def _shrink(args):
     """cut every head's queries and keys to size K (the realisable rank-K cut folded into the weights)"""
     from .shrink import ShrinkOptions, shrink_run
 
-    o = ShrinkOptions(**given(args, ShrinkOptions))
-    options = _pick(args, "overwrite", "progress")
-    record = shrink_run(args.run_dir, args.qk_head_dim, args.output_dir, **dataclasses.asdict(o), **options)
+    o, run = _read(args, ShrinkOptions), _read(args, ShrinkRun)
+    options = dict(overwrite=run.overwrite, progress=run.progress)
+    record = shrink_run(run.run_dir, run.qk_head_dim, run.output_dir, **dataclasses.asdict(o), **options)
     print(
-        f"shrunk {args.run_dir}: queries and keys {record['old_qk_head_dims']} -> {record['qk_head_dim']} "
-        f"(values {record['v_head_dim']}); wrote {args.output_dir}"
+        f"shrunk {run.run_dir}: queries and keys {record['old_qk_head_dims']} -> {record['qk_head_dim']} "
+        f"(values {record['v_head_dim']}); wrote {run.output_dir}"
     )
 
 
 # ------------------------------------------------------------------------------------ studies
+@_command
+class ReportFolder:
+    folder: str = field(metadata={"positional": True})
+    """a study's output folder (results.json; a sweep's older sweep.json too)"""
+    study: str | None = field(default=None, metadata={"choices": tuple(STUDIES)})
+    """the study that wrote it, where its results do not say"""
+    output_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """where the report goes (default: FOLDER)"""
+
+
 def _report_options(p):
-    p.add_argument("folder", help="a study's output folder (results.json; a sweep's older sweep.json too)")
-    p.add_argument("--study", choices=tuple(STUDIES), help="the study that wrote it, where its results do not say")
-    p.add_argument("--output-dir", help="default: FOLDER")
+    add_options(p, ReportFolder, title="the folder")
 
 
 def _report(args):
@@ -442,7 +469,8 @@ def _report(args):
     from .studies.kit.study import PLAN_FILE, RESULTS_FILE, rerender
     from .studies.sweep import LEGACY_FILE, write_report
 
-    folder = Path(args.folder)
+    o = _read(args, ReportFolder)
+    folder = Path(o.folder)
     results = folder / RESULTS_FILE
     if not any((folder / f).is_file() for f in (RESULTS_FILE, PLAN_FILE, LEGACY_FILE)):
         raise FileNotFoundError(
@@ -454,36 +482,45 @@ def _report(args):
             f"{folder} holds a study's plan but no point has finished ({RESULTS_FILE}): nothing to report"
         )
     meta = load_json_file(results, "study results").get("meta", {}) if results.is_file() else {}
-    name = meta.get("study") or args.study or "sweep"
-    if args.study and name != args.study:
-        raise ValueError(f"{results} holds the results of `fixedhead {name}`, not of `fixedhead {args.study}`")
+    name = meta.get("study") or o.study or "sweep"
+    if o.study and name != o.study:
+        raise ValueError(f"{results} holds the results of `fixedhead {name}`, not of `fixedhead {o.study}`")
     if name == "sweep":  # a sweep written before the kit reads too
-        print(f"wrote {write_report(args.folder, args.output_dir)}")
+        print(f"wrote {write_report(o.folder, o.output_dir)}")
     else:
-        print(f"wrote {rerender(study_class(name)(), Path(args.folder), args.output_dir)}")
+        print(f"wrote {rerender(study_class(name)(), Path(o.folder), o.output_dir)}")
 
 
 # ---------------------------------------------------------------------------------- export-onnx
+@_command
+class ExportRun:
+    run: str = field(metadata={"positional": True})
+    """a masked-LM pretraining run or a fine-tuned (sequence classification) run"""
+    output_dir: str = field(metadata={"metavar": "DIR"})
+    """a new or empty folder for the ONNX model"""
+    overwrite: bool = False
+    """replace an earlier export in --output-dir"""
+
+
 def _export_onnx_options(p):
     from .training.export import OnnxExportOptions
 
-    p.add_argument("run", help="a masked-LM pretraining run or a fine-tuned (sequence classification) run")
-    p.add_argument("--output-dir", required=True, metavar="DIR", help="a new or empty folder for the ONNX model")
+    add_options(p, ExportRun, title="the run and the output")
     add_options(p, OnnxExportOptions, title="export and check")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output-dir")
 
 
 def _export_onnx(args):
     """export an encoder run to ONNX (dynamic batch and length) and check its logits on ONNX Runtime"""
     from .training.export import OnnxExportOptions, export_onnx
 
-    record = export_onnx(args.run, args.output_dir, OnnxExportOptions(**given(args, OnnxExportOptions)), args.overwrite)
+    run = _read(args, ExportRun)
+    record = export_onnx(run.run, run.output_dir, _read(args, OnnxExportOptions), run.overwrite)
     for check in record["checks"]:
         print(
             f"ONNX Runtime vs PyTorch, batch x n = {check['shape'][0]} x {check['shape'][1]}: "
             f"max |logit difference| {check['max_abs_diff']:.2e} (allowed {check['allowed']:.2e})"
         )
-    print(f"wrote {args.output_dir}/model.onnx (+ model.onnx.data, tokenizer, onnx_export.json)")
+    print(f"wrote {run.output_dir}/model.onnx (+ model.onnx.data, tokenizer, onnx_export.json)")
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -516,7 +553,9 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``only``, one where only that command has its options (:func:`main`
+    builds that one: a command's options import their dataclasses, a study's its module)."""
     parser = _OneLineErrors(
         prog="fixedhead",
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
@@ -524,9 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     studies = {name: _kit_study(name) for name in STUDIES}  # read here: a study registered later is a command too
     for name, (add, func) in (COMMANDS | studies).items():
-        text = " ".join((func.__doc__ or study_class(name).help).split())  # a study's help is on its class
+        text = " ".join((func.__doc__ or study_help(name)).split())  # a study's help is on its class
         p = sub.add_parser(name, help=text, description=text)
-        add(p)
+        if only in (None, name):
+            add(p)
         p.set_defaults(func=func)
     return parser
 
@@ -565,17 +605,24 @@ def offline_unless_asked() -> None:
 
 def main(argv=None) -> int:
     offline_unless_asked()
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((w for w in words if not w.startswith("-")), "")  # the parser has no option before it
+    parser = build_parser(only=command)
+    args = parser.parse_args(words)
     # the command line as given, for the results files that record it (``main([...])`` from Python too)
-    args.command_line = "fixedhead " + shlex.join(sys.argv[1:] if argv is None else argv)
+    args.command_line = "fixedhead " + shlex.join(words)
     try:
+        from .model.modeling import register_auto_classes  # as `import fixedhead` does outside the command
+
+        register_auto_classes()
         if getattr(args, "threads", None) is not None:
             import torch
 
             torch.set_num_threads(positive_int("threads", args.threads))
         return args.func(args) or 0
     except (ValueError, OSError) as e:  # OSError: a missing or occupied path, a full disk, a read-only folder
-        print(f"fixedhead {args.command}: error: {_error_message(e)}", file=sys.stderr)
+        message = in_option_words(_error_message(e), parser._subparsers._group_actions[0].choices[args.command])
+        print(f"fixedhead {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         again = "rerun the same command to continue (finished points are reused)"

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import typing
 
@@ -46,10 +47,11 @@ def parse_head_dim(text):
 # ---------------------------------------------------------------------- options from dataclasses
 @functools.cache
 def field_docs(cls) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal under each field), as litgpt's
-    jsonargparse reads them: ``{field: text on one line}``."""
+    """The attribute docstrings of a dataclass and of the dataclasses it derives from (the string literal under
+    each field), as litgpt's jsonargparse reads them: ``{field: text on one line}``."""
+    inherited = {k: v for base in cls.__bases__ if dataclasses.is_dataclass(base) for k, v in field_docs(base).items()}
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {
+    return inherited | {
         a.target.id: " ".join(b.value.value.split())
         for a, b in zip(body, body[1:], strict=False)
         if isinstance(a, ast.AnnAssign)
@@ -64,32 +66,38 @@ _TYPES = {"head_dim": parse_head_dim}
 _ALIASES = {"gradient_checkpointing": ("--activation-checkpointing",), "steps": ("--max-steps",)}
 
 
-def add_options(parser, cls, skip=(), title: str | None = None):
+def add_options(parser, cls, skip=(), title: str | None = None, more_help: dict[str, str] | None = None):
     """One option per field of the dataclass ``cls`` (``--max-steps`` for ``max_steps``): its type
     from the annotation (``X | None`` takes an X, ``list[str]`` any number of words, a bool is a
     flag: ``--name``, or ``--no-name`` when it defaults to True), choices from
-    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default; a field with
-    ``metadata={"positional": True}`` is a required positional argument instead.
+    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default (and
+    ``more_help[field]`` after it, for what only the command knows); a field with no default is a required
+    option; a field with ``metadata={"positional": True}`` is a required positional argument instead (a list:
+    one or more words); ``metadata={"metavar": ...}`` names the value in the usage.
 
     An option left out is absent from the parsed namespace (``argparse.SUPPRESS``), so the
     dataclass's own default applies (:func:`given`) and a command can tell what was given.
     """
     group = parser.add_argument_group(title or cls.__name__)
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
-    for f in dataclasses.fields(cls):
+    own = cls.__dict__.get("__annotations__", {})  # a class's own fields first, then those it derives
+    for f in sorted(dataclasses.fields(cls), key=lambda f: f.name not in own):
         if f.name in skip:
             continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else f.default_factory() if f.default is dataclasses.MISSING else f.default
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        text = docs.get(f.name, "") + _check_words(f)
+        text = help_words(docs.get(f.name, "")) + _check_words(f)
         if not (shown is None or shown == "" or isinstance(shown, bool)):
             text += f" (default: {shown})"
+        text = (text + (more_help or {}).get(f.name, "")).replace("%", "%%")
+        hint = hints[f.name]
         if f.metadata.get("positional"):  # a required argument, named by its metavar
-            group.add_argument(f.name, metavar=f.name.upper(), help=text.replace("%", "%%"))
+            nargs = {"nargs": "+"} if typing.get_origin(hint) is list else {}
+            group.add_argument(f.name, metavar=f.metadata.get("metavar", f.name.upper()), help=text, **nargs)
             continue
         flag = f"--{f.name.replace('_', '-')}"
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=text.replace("%", "%%"))
-        hint = hints[f.name]
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=text, required=required or None)
         if hint is bool:
             kw["action"] = "store_false" if default else "store_true"
             if default:
@@ -102,11 +110,20 @@ def add_options(parser, cls, skip=(), title: str | None = None):
                 if not fixed and inner and inner[0] in (int, float):  # "1e-3 2e-3" or "1e-3,2e-3"
                     kw["action"], kw["type"] = _Words, _words(inner[0])
             kw.setdefault("type", _TYPES.get(f.name) or (inner[0] if inner else hint))
-            kw["metavar"] = {int: "N", float: "X"}.get(inner[0] if inner else kw["type"])
+            kw["metavar"] = f.metadata.get("metavar") or {int: "N", float: "X"}.get(inner[0] if inner else kw["type"])
             if "choices" in f.metadata:
                 kw["choices"], kw["metavar"] = f.metadata["choices"], None
         group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})
     return group
+
+
+def help_words(text: str) -> str:
+    """A field's attribute docstring as ``--help`` shows it: written for the Python reader too, it may name a
+    module constant (``COMPARE_PRESETS``: the choices are listed beside the option) and write a default left
+    to something else as ``None: the preset's``, which the command line spells ``default: the preset's``."""
+    text = re.sub(r" ?\([A-Z][A-Z0-9]*_[A-Z0-9_]+\)", "", text)
+    text = re.sub(r"\([A-Z][A-Z0-9]*_[A-Z0-9_]+: ", "(", text)
+    return re.sub(r"\bNone: ", "default: ", text)
 
 
 def _check_words(f) -> str:
@@ -167,14 +184,16 @@ def add_nested_options(parser, cls, title: str):
         add_options(parser, sub, title=f"{title}: {name} ({sub.__name__})")
 
 
-def in_option_words(message: str, cls) -> str:
-    """A validation message of the dataclass ``cls`` (nested ones included) with its field names written as
-    the command's options where they open a statement (``max_iter must be ...`` → ``--max-iter must be ...``)."""
-    import re
-
-    names = sorted({f.name for c in (cls, *nested(cls).values()) for f in dataclasses.fields(c)}, key=len)[::-1]
-    pattern = r"\b(" + "|".join(map(re.escape, names)) + r")\b(?= must| =| needs|:)"
-    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+def in_option_words(message: str, parser) -> str:
+    """A user error of the command ``parser`` parsed, with each of its options' names written as typed on the
+    command line where it opens a statement (``max_steps must be ...`` → ``--max-steps must be ...``): the
+    dataclasses and checks that raise it name fields, which the command line spells as options."""
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
+    if not flags:
+        return message
+    names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
+    pattern = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
+    return re.sub(pattern, lambda m: flags[m.group(1)], message)
 
 
 def options_from(args, base):

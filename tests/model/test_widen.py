@@ -17,9 +17,10 @@ from fixedhead import (
     from_bert,
     widen_heads,
 )
-from fixedhead.cli import main, parse_head_dim
+from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.model.sizes import estimate_flops
+from fixedhead.options import parse_head_dim
 from fixedhead.training.widen import WIDEN_FILE
 
 D, H, L, V, F = 32, 4, 4, 60, 48

@@ -1,24 +1,38 @@
-"""Data: corpus readers, WordPiece tokenizer training, packing, and language-model batches (masked and causal)."""
+"""Data: corpus readers, WordPiece tokenizer training, packing, and language-model batches (masked and causal).
 
-from .corpus import DEFAULT_CORPUS, DEFAULT_DATA_DIR, Document, read_corpus, read_text, split_documents
-from .lm import DataSettings, PreparedData, fixed_masking, mlm_collator, prepare_data
-from .packing import pack_sequences, text_windows, tokenize_documents
-from .tokenizer import train_tokenizer
+The names below are imported on first use (PEP 562): ``fixedhead.data.settings`` holds the options the
+command line reads, and importing it must not import torch through this package.
+"""
 
-__all__ = [
-    "DEFAULT_CORPUS",
-    "DataSettings",
-    "PreparedData",
-    "fixed_masking",
-    "mlm_collator",
-    "prepare_data",
-    "DEFAULT_DATA_DIR",
-    "Document",
-    "read_corpus",
-    "read_text",
-    "text_windows",
-    "split_documents",
-    "pack_sequences",
-    "tokenize_documents",
-    "train_tokenizer",
-]
+import importlib
+
+#: public name -> the module of this package that defines it
+_PUBLIC = {
+    "DEFAULT_CORPUS": ".corpus",
+    "DEFAULT_DATA_DIR": ".corpus",
+    "Document": ".corpus",
+    "read_corpus": ".corpus",
+    "read_text": ".corpus",
+    "split_documents": ".corpus",
+    "DataSettings": ".settings",
+    "PreparedData": ".lm",
+    "fixed_masking": ".lm",
+    "mlm_collator": ".lm",
+    "prepare_data": ".lm",
+    "pack_sequences": ".packing",
+    "text_windows": ".packing",
+    "tokenize_documents": ".packing",
+    "train_tokenizer": ".tokenizer",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])

@@ -13,8 +13,6 @@ needs (objective, head size, parameter count) for both.
 
 from __future__ import annotations
 
-from .configuration import FixedHeadConfig
-
 #: the model families, in the order the CLI lists them
 ARCHITECTURES = ("fixedhead", "llama")
 
@@ -123,6 +121,8 @@ def build_config(fields: dict):
     Raises:
         ValueError: an unknown architecture, or fields the config refuses (naming them).
     """
+    from .configuration import FixedHeadConfig  # here: the command line reads ARCHITECTURES without transformers
+
     fields = dict(fields)
     architecture = check_architecture(fields.pop("architecture", "fixedhead"))
     return llama_config(**fields) if architecture == "llama" else FixedHeadConfig(**fields)
@@ -149,12 +149,16 @@ def check_objective_for(config, objective: str) -> None:
 
 def head_size_label(config) -> int | list[int]:
     """d_p for reports: the int, or fixedhead's per-layer list where layers differ."""
+    from .configuration import FixedHeadConfig
+
     return config.head_size_label if isinstance(config, FixedHeadConfig) else config.head_dim
 
 
 def is_fixed_head(config) -> bool:
     """Whether the head size is set apart from d/h: fixedhead's explicit ``head_dim``; for Llama,
     whose config always holds a resolved ``head_dim``, a head size other than d/h."""
+    from .configuration import FixedHeadConfig
+
     if isinstance(config, FixedHeadConfig):
         return config.is_fixed_head
     return config.head_dim * config.num_attention_heads != config.hidden_size

@@ -9,8 +9,13 @@ for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :f
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
 from .checks import in_range, positive_float, positive_int
-from .configuration import FixedHeadConfig
+
+if TYPE_CHECKING:  # imported where used: `fixedhead count --help` reads CountSizes without transformers
+    from .configuration import FixedHeadConfig
 
 
 def estimate_flops(
@@ -139,6 +144,8 @@ def parameter_count(config) -> int:
     once): :func:`count_parameters` without pooler for fixedhead; for
     Llama, ``LlamaForCausalLM`` built on the meta device (no memory, no initialisation) and its
     parameters summed."""
+    from .configuration import FixedHeadConfig
+
     if isinstance(config, FixedHeadConfig):
         return count_parameters(config, pooler=False)
     return sum(p.numel() for p in _meta_model(config).parameters())
@@ -176,11 +183,41 @@ def option_names(fields) -> str:
     return ", ".join(sorted(f"--{f.replace('_', '-')}" for f in fields))
 
 
+@dataclass(kw_only=True)
+class CountSizes:
+    """``fixedhead count``'s options: paper presets, or explicit sizes on BERT-large's depth, vocabulary and
+    positions (each field one option; only those given change a preset)."""
+
+    preset: list[str] = field(default_factory=list)
+    """paper preset names (default: all of Tables 1-3)"""
+    hidden_size: int | None = None
+    """d (refused with --preset)"""
+    num_attention_heads: int | None = None
+    """h (refused with --preset)"""
+    head_dim: int | list[int | None] | None = None
+    """d_p, or one per layer (refused with --preset)"""
+    qk_head_dim: int | None = None
+    """queries' and keys' size (refused with --preset)"""
+    v_head_dim: int | None = None
+    """values' size (refused with --preset)"""
+    num_hidden_layers: int = 24
+    """layers, or the preset's"""
+    intermediate_size: int | None = None
+    """feed-forward width, or the preset's (default: 4 x hidden size)"""
+    vocab_size: int = 30522
+    """vocabulary, or the preset's"""
+    max_position_embeddings: int = 512
+    """positions, or the preset's"""
+    objective: str | None = field(default=None, metadata={"choices": ("mlm", "clm")})
+    """count the language model pretraining trains, masked or causal (no pooler; default: BERT with its pooler,
+    as the paper counts)"""
+
+
+#: the sizes of :class:`CountSizes` a preset has too, with their defaults for explicit sizes
 COUNT_DEFAULTS = {
-    "num_hidden_layers": 24,
-    "intermediate_size": None,
-    "vocab_size": 30522,
-    "max_position_embeddings": 512,
+    f.name: f.default
+    for f in fields(CountSizes)
+    if f.name in ("num_hidden_layers", "intermediate_size", "vocab_size", "max_position_embeddings")
 }
 
 
@@ -219,6 +256,8 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None, obj
         if missing:
             verb = "needs" if len(sizes) == 1 else "need"
             raise ValueError(f"{option_names(sizes)} also {verb} {option_names(missing)} (or --preset NAME)")
+        from .configuration import FixedHeadConfig
+
         d = sizes["hidden_size"]
         cfg = FixedHeadConfig(**{**COUNT_DEFAULTS, "intermediate_size": 4 * d, **sizes, **causal})
         if "qk_head_dim" in sizes or "v_head_dim" in sizes:  # no head has d_p: name the two sizes each head has

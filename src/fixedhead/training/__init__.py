@@ -1,22 +1,50 @@
-"""Language-model pretraining, evaluation and fine-tuning on top of transformers' Trainer."""
+"""Language-model pretraining, evaluation and fine-tuning on top of transformers' Trainer.
 
-from ..data.lm import DataSettings, PreparedData, fixed_masking, prepare_data
-from .evaluate import evaluate_lm, evaluate_run, evaluate_text, load_run
-from .pretrain import pretrain, source_data, train_or_reuse
-from .settings import ModelSettings, TrainSettings
+The names below are imported on first use (PEP 562): ``fixedhead.training.settings`` holds the options the
+command line reads, and importing it must not import torch through this package.
+"""
 
-__all__ = [
-    "DataSettings",
-    "ModelSettings",
-    "PreparedData",
-    "TrainSettings",
-    "evaluate_lm",
-    "evaluate_run",
-    "evaluate_text",
-    "fixed_masking",
-    "load_run",
-    "prepare_data",
-    "pretrain",
-    "source_data",
-    "train_or_reuse",
-]
+import importlib
+import sys
+import types
+
+#: public name -> the module that defines it
+_PUBLIC = {
+    "DataSettings": "..data.settings",
+    "PreparedData": "..data.lm",
+    "fixed_masking": "..data.lm",
+    "prepare_data": "..data.lm",
+    "evaluate_lm": ".evaluate",
+    "evaluate_run": ".evaluate",
+    "evaluate_text": ".evaluate",
+    "load_run": ".evaluate",
+    "pretrain": ".pretrain",
+    "source_data": ".pretrain",
+    "train_or_reuse": ".pretrain",
+    "ModelSettings": ".settings",
+    "TrainSettings": ".settings",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])
+
+
+class _Package(types.ModuleType):
+    """This package, where the name ``pretrain`` stays the function: importing the submodule of that name would
+    otherwise bind the module in its place (as the eager ``from .pretrain import pretrain`` used to undo)."""
+
+    def __setattr__(self, name, value):
+        if not (name == "pretrain" and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

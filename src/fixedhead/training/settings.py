@@ -12,10 +12,8 @@ import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from ..checks import in_range, non_negative_int, positive_float, positive_int
-from ..data.lm import OBJECTIVES, check_objective
+from ..data.settings import OBJECTIVES, check_objective
 from ..model.architectures import ARCHITECTURES
 from ..model.parametrization import PARAMETRIZATIONS, QUERY_INITS
 
@@ -227,6 +225,7 @@ def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batc
     ``warmup_steps`` receives the warm-up *ratio*: transformers 5 reads a value below 1 as a
     fraction of ``max_steps`` (its ``warmup_ratio`` argument is deprecated).
     """
+    import torch  # here, not above: the command line reads this module's settings without torch
     from transformers import TrainingArguments
 
     fields = dict(
