@@ -437,3 +437,16 @@ def test_queries_and_keys_of_their_own_size_bound_the_rank_values_do_not():
         assert curve["full"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
     for losses in curve["curves"].values():
         assert losses[qk] == curve["full"] and losses[1] != curve["full"]
+
+
+def test_fit_visible_fits_each_matrix_as_it_would_alone():
+    """Each matrix stops on its own rule: batched with a matrix that needs many more sweeps, its fit is
+    the one it gets alone (so the oracle does not depend on which sequences share a batch)."""
+    torch.manual_seed(5)
+    visible = torch.ones(12, 12, dtype=torch.bool).tril()
+    q, k = torch.randn(2, 12, 6, dtype=torch.float64), torch.randn(2, 12, 6, dtype=torch.float64)
+    easy = q[0, :, :2] @ k[0, :, :2].T  # visible rank 2: exact at k = 2 after a few sweeps
+    hard = (q[1] * torch.tensor([3.0, 2.0, 1.5, 1.0, 0.5, 0.2], dtype=torch.float64)) @ k[1].T
+    together = fit_visible(torch.stack([easy, hard]), visible, 2)
+    torch.testing.assert_close(together[0], fit_visible(easy, visible, 2), atol=1e-12, rtol=0)
+    torch.testing.assert_close(together[1], fit_visible(hard, visible, 2), atol=1e-12, rtol=0)
