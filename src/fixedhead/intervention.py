@@ -299,7 +299,16 @@ def _truncated_attention(module, query, key, value, attention_mask, scaling=None
         a, b = maps  # [heads, d, k]: queries and keys of size k
         logits = (q @ a.to(q.device)) @ (key.double() @ b.to(q.device)).transpose(-1, -2)
     elif method == "oracle" and visible is not None:
-        logits = fit_visible(q @ key.double().transpose(-1, -2), visible, rank)
+        logits = q @ key.double().transpose(-1, -2)
+        fits = maps.setdefault(rank, []) if maps is not None else []  # this rank's fits, by logits
+        if maps is not None and len(maps) > 1:
+            for other in [r for r in maps if r != rank]:
+                del maps[other]
+        fit = next((f for s, f in fits if s.shape == logits.shape and torch.equal(s, logits)), None)
+        if fit is None:
+            fit = fit_visible(logits, visible, rank)
+            fits.append((logits, fit))
+        logits = fit
     else:  # lookahead (or nothing hidden): every entry, then masked
         logits = truncate_product(q, key, rank)
     if visible is not None:
@@ -390,7 +399,10 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
             other text (``maps``, from :func:`fit_head_maps`): a model that exists;
             ``"lookahead"``: the best rank-k fit of all n × n logits, future keys included, masked
             afterwards (an upper bound on the oracle's needed rank for a decoder).
-        maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`).
+        maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`);
+            for ``"oracle"``, optionally one dict per module that keeps the last rank's fits by their
+            logits, so the same logits cut to the same rank again (a layer alone after all layers, whose
+            inputs are the same) are fitted once (:func:`rank_curve` passes them).
 
     Raises:
         ValueError: a rank that is not an int ≥ 0, an unknown method, a layer index out of range, or a
@@ -409,7 +421,8 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
     for i in chosen:
         cut = None
         if rank is not None:
-            cut = (method, rank, None if maps is None else tuple(m[..., :rank] for m in maps[i]))
+            given = None if maps is None else maps[i]
+            cut = (method, rank, tuple(m[..., :rank] for m in given) if method == "realisable" else given)
         setattr(modules[i], _RANK_ATTR, cut)
     try:
         with _switched(model):
@@ -503,7 +516,7 @@ def rank_curve(
         ranks: the k to try; None for :func:`default_ranks` of the largest head size.
         progress: a progress bar over the (setting, k) evaluations.
         per_layer: also cut each layer alone (False: all layers together only, a layer-count times cheaper).
-        method, maps: how the logits are cut (:func:`truncated_logits`).
+        method, maps: how the logits are cut (:func:`truncated_logits`; the oracle's memo of fits is made here).
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
@@ -525,12 +538,14 @@ def rank_curve(
     with truncated_logits(model, 0, modules=modules):
         uniform = float(score(model))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
-    jobs = [
+    jobs = [  # k by k: a layer cut alone after all layers at the same k reuses the oracle's fits of its logits
         (name, layers, k)
-        for name, layers in settings
         for k in ranks
+        for name, layers in settings
         if k < (max(head_dims) if layers is None else head_dims[layers[0]])
     ]
+    if method == "oracle":
+        maps = [{} for _ in modules]
     curves: dict[str, dict[int, float]] = {name: {} for name, _ in settings}
     for name, layers, k in tqdm(jobs, desc="rank intervention", disable=not progress):
         with truncated_logits(model, k, layers, modules=modules, method=method, maps=maps):
