@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import time
+import types
 from pathlib import Path
 
 import fixedhead.intervention as intervention
@@ -31,10 +33,12 @@ def fit_visible_at(commit: str):
         capture_output=True,
         text=True,
     ).stdout
-    namespace = {"__name__": "fixedhead._before_intervention", "__package__": "fixedhead"}
-    exec(compile(source, f"{commit}:intervention.py", "exec"), namespace)  # the project's own history
+    module = types.ModuleType("fixedhead._intervention_before")
+    module.__package__ = "fixedhead"
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
+    exec(compile(source, f"{commit}:intervention.py", "exec"), module.__dict__)  # the project's own history
     intervention._register()  # executing the old module re-registered its attention function: restore ours
-    return namespace["fit_visible"]
+    return module.fit_visible
 
 
 def timed_curve(run: str, max_eval_tokens: int) -> tuple[float, dict]:
