@@ -182,6 +182,31 @@ def test_rank_curve_records_each_layer_and_all_layers():
     assert cheap["curves"] == {"all": {1: curve["curves"]["all"][1], 3: curve["curves"]["all"][3]}}
 
 
+def test_the_oracle_fits_the_first_layers_logits_once_per_rank(monkeypatch):
+    """Layer 0's inputs are the same with all layers cut and with layer 0 cut alone: one fit serves
+    both, and the curve is the one each cut scored apart gives."""
+    import fixedhead.intervention as intervention
+
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    ids = torch.randint(0, 50, (2, 12))
+
+    def score(m):
+        with torch.no_grad():
+            return m(ids, labels=ids).loss
+
+    calls = []
+    fit = intervention.fit_visible
+    monkeypatch.setattr(intervention, "fit_visible", lambda s, v, k: calls.append(k) or fit(s, v, k))
+    curve = rank_curve(model, score, ids, ranks=[1, 2], progress=False)
+    assert sorted(calls) == [0, 0, 1, 1, 1, 2, 2, 2]  # uniform (2 layers); per k: all (2) + layer 1 alone
+    modules = attention_modules(model, ids)
+    for name, layers in (("all", None), ("layer 0", [0]), ("layer 1", [1])):
+        for k in (1, 2):
+            with truncated_logits(model, k, layers, modules=modules):
+                assert curve["curves"][name][k] == float(score(model))
+
+
 def test_needed_rank_is_the_smallest_k_from_which_every_loss_is_within_the_band():
     losses = {1: 5.0, 2: 4.2, 3: 4.01, 4: 4.3, 5: 4.0, 6: 4.0}
     assert needed_rank(losses, 4.0, 0.02) == 5  # k = 3 is within, but k = 4 is not
@@ -437,3 +462,16 @@ def test_queries_and_keys_of_their_own_size_bound_the_rank_values_do_not():
         assert curve["full"] == pytest.approx(float(model(ids, labels=ids).loss), abs=1e-6)
     for losses in curve["curves"].values():
         assert losses[qk] == curve["full"] and losses[1] != curve["full"]
+
+
+def test_fit_visible_fits_each_matrix_as_it_would_alone():
+    """Each matrix stops on its own rule: batched with a matrix that needs many more sweeps, its fit is
+    the one it gets alone (so the oracle does not depend on which sequences share a batch)."""
+    torch.manual_seed(5)
+    visible = torch.ones(12, 12, dtype=torch.bool).tril()
+    q, k = torch.randn(2, 12, 6, dtype=torch.float64), torch.randn(2, 12, 6, dtype=torch.float64)
+    easy = q[0, :, :2] @ k[0, :, :2].T  # visible rank 2: exact at k = 2 after a few sweeps
+    hard = (q[1] * torch.tensor([3.0, 2.0, 1.5, 1.0, 0.5, 0.2], dtype=torch.float64)) @ k[1].T
+    together = fit_visible(torch.stack([easy, hard]), visible, 2)
+    torch.testing.assert_close(together[0], fit_visible(easy, visible, 2), atol=1e-12, rtol=0)
+    torch.testing.assert_close(together[1], fit_visible(hard, visible, 2), atol=1e-12, rtol=0)

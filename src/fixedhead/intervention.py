@@ -122,13 +122,17 @@ def fit_visible(
     visible entries (each row centred over its visible keys, hidden entries 0) as the keys' factors B,
     then alternately solve each query's (a_i, c_i) and each key's b_j by least squares over its
     visible entries (a ridge of 1e-12 · the mean diagonal keeps rows with fewer visible keys than
-    k + 1 solvable). Each half-step minimises the objective over its block, so the visible residual
-    never rises. Stops when, in every matrix, an iteration lowers it by less than the fraction ``tol``
-    (it has stalled) or it is below 1e-24 of the visible entries' squared norm (an exact fit), or
-    after ``max_iter`` iterations. ALS is a local method: "best" is the fit it reaches. The lookahead fit
-    (:func:`truncate_logits` of all entries, with its best shifts) is kept where its visible residual
-    is lower, so the oracle never fits worse than the lookahead cut. (Starting from the lookahead
-    fit instead stalls: its directions serve the hidden entries.)
+    k + 1 solvable). After each sweep the step from the previous sweep is extrapolated (A, B and c
+    moved on by α times their change, α growing 1.5-fold while that lowers the residual, back to 1
+    when it does not), and the extrapolated fit is kept only where its visible residual is lower, so
+    the residual never rises. Each matrix stops on its own when a sweep lowers its residual by less
+    than the fraction ``tol`` (it has stalled) or the residual is below 1e-24 of the visible entries'
+    squared norm (an exact fit), or after ``max_iter`` sweeps; all matrices (e.g. every head of every
+    sequence) are solved together in batched tensor operations, over those still running. ALS is a
+    local method: "best" is the fit it reaches. The lookahead fit (:func:`truncate_logits` of all
+    entries, with its best shifts) is kept where its visible residual is lower, so the oracle never
+    fits worse than the lookahead cut. (Starting from the lookahead fit, or from the rank k − 1 fit
+    plus one direction, stalls higher: those directions serve other entries.)
 
     Args:
         logits: [..., queries, keys] (float64 here).
@@ -146,51 +150,66 @@ def fit_visible(
     if logits.dim() < 2:
         raise ValueError(f"logits must be [..., queries, keys], got shape {tuple(logits.shape)}")
     s = logits.double()
-    m = visible.to(s.device).expand_as(s).double()
-    nq, nk = s.shape[-2:]
+    lead, (nq, nk) = s.shape[:-2], s.shape[-2:]
+    visible = visible.to(s.device)
+    m = visible.expand_as(s).double()
     if bool(m.all()) or rank >= min(nq, nk):
         return truncate_logits(s, rank) + s.mean(-1, keepdim=True)
     ms = m * s
-    norm = ms.pow(2).sum((-2, -1)).clamp(min=1e-300)
-    if rank == 0:
-        shift = ms.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
-        return shift.expand_as(s).clone()
     counts = m.sum(-1, keepdim=True).clamp(min=1)
-    _, _, vh = torch.linalg.svd(m * (s - ms.sum(-1, keepdim=True) / counts), full_matrices=False)
-    b = vh[..., :rank, :].transpose(-1, -2)  # [..., keys, k]: the visible entries' directions, hidden ones 0
+    if rank == 0:
+        return (ms.sum(-1, keepdim=True) / counts).expand_as(s).clone()
+    s, m, counts = s.reshape(-1, nq, nk), m.reshape(-1, nq, nk), counts.reshape(-1, nq, 1)
+    norm = (m * s).pow(2).sum((-2, -1)).clamp(min=1e-300)
+    _, _, vh = torch.linalg.svd(m * (s - (m * s).sum(-1, keepdim=True) / counts), full_matrices=False)
+    b = vh[..., :rank, :].transpose(-1, -2)  # [N, keys, k]: the visible entries' directions, hidden ones 0
+    a = torch.zeros(*s.shape[:-1], rank + 1, dtype=s.dtype, device=s.device)  # [N, queries, k + 1]: a_i and c_i
     ones = torch.ones(*b.shape[:-1], 1, dtype=s.dtype, device=s.device)
     eye = torch.eye(rank + 1, dtype=s.dtype, device=s.device)
-
-    causal = nq == nk and bool(
-        (visible.to(s.device) == torch.ones(nq, nk, dtype=torch.bool, device=s.device).tril()).all()
-    )
+    causal = nq == nk and visible.dim() == 2 and torch.equal(visible, torch.ones_like(visible).tril())
 
     def solve(weights, design, target, upper=False):  # per row r: argmin_x Σ_j w_rj (t_rj − design_j · x)²
-        outer = design[..., :, None] * design[..., None, :]  # [..., J, p, p]
+        outer = design[..., :, None] * design[..., None, :]  # [N, J, p, p]
         if causal:  # row r sees j ≤ r (queries) or j ≥ r (keys, upper): running sums, not an [R, J] product
             gram = outer.flip(-3).cumsum(-3).flip(-3) if upper else outer.cumsum(-3)
         else:
-            gram = (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)  # [..., R, p, p]
+            gram = (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)  # [N, R, p, p]
         ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
         p = design.shape[-1]
-        rhs = (weights * target) @ design  # [..., R, p]
+        rhs = (weights * target) @ design  # [N, R, p]
         return torch.linalg.solve(gram + ridge[..., None, None] * eye[:p, :p], rhs[..., None])[..., 0]
 
-    previous = None
-    for _ in range(max_iter):
-        a = solve(m, torch.cat([b, ones], -1), s)  # [..., queries, k + 1]: a_i and c_i
-        a, shift = a[..., :rank], a[..., rank:]
-        b = solve(m.transpose(-1, -2), a, (s - shift).transpose(-1, -2), upper=True)  # [..., keys, k]
-        fit = a @ b.transpose(-1, -2) + shift
-        residual = (m * (s - fit)).pow(2).sum((-2, -1))
-        done = (residual <= 1e-24 * norm) | ((previous - residual) <= tol * previous if previous is not None else False)
-        if bool(torch.as_tensor(done).all()):
+    def residual_of(s, m, a, b):
+        return (m * (s - a[..., :rank] @ b.transpose(-1, -2) - a[..., rank:])).pow(2).sum((-2, -1))
+
+    residual = torch.full(s.shape[:1], float("inf"), dtype=s.dtype, device=s.device)
+    alpha = torch.ones_like(residual)
+    running = torch.arange(s.shape[0], device=s.device)  # the matrices still iterating
+    for sweep in range(max_iter):
+        sr, mr, br = s[running], m[running], b[running]
+        ar = solve(mr, torch.cat([br, ones[: len(running)]], -1), sr)
+        br = solve(mr.transpose(-1, -2), ar[..., :rank], (sr - ar[..., rank:]).transpose(-1, -2), upper=True)
+        now = residual_of(sr, mr, ar, br)
+        if sweep:  # extrapolate the step from the last sweep; keep it where it fits better
+            step = alpha[running][:, None, None]
+            a_far, b_far = ar + step * (ar - a[running]), br + step * (br - b[running])
+            far = residual_of(sr, mr, a_far, b_far)
+            better = far < now
+            ar = torch.where(better[:, None, None], a_far, ar)
+            br = torch.where(better[:, None, None], b_far, br)
+            alpha[running] = torch.where(better, alpha[running] * 1.5, 1.0)
+            now = torch.minimum(far, now)
+        previous = residual[running]
+        a[running], b[running], residual[running] = ar, br, now
+        done = (now <= 1e-24 * norm[running]) | (previous.isfinite() & (previous - now <= tol * previous))
+        running = running[~done]
+        if not len(running):
             break
-        previous = residual
+    fit = a[..., :rank] @ b.transpose(-1, -2) + a[..., rank:]
     lookahead = truncate_logits(s, rank)  # its best shifts over the visible keys: a second candidate
     lookahead = lookahead + (m * (s - lookahead)).sum(-1, keepdim=True) / counts
     worse = (m * (s - lookahead)).pow(2).sum((-2, -1)) < residual
-    return torch.where(worse[..., None, None], lookahead, fit)
+    return torch.where(worse[..., None, None], lookahead, fit).reshape(*lead, nq, nk)
 
 
 def fit_projections(query_moment: torch.Tensor, key_covariance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,7 +299,16 @@ def _truncated_attention(module, query, key, value, attention_mask, scaling=None
         a, b = maps  # [heads, d, k]: queries and keys of size k
         logits = (q @ a.to(q.device)) @ (key.double() @ b.to(q.device)).transpose(-1, -2)
     elif method == "oracle" and visible is not None:
-        logits = fit_visible(q @ key.double().transpose(-1, -2), visible, rank)
+        logits = q @ key.double().transpose(-1, -2)
+        fits = maps.setdefault(rank, []) if maps is not None else []  # this rank's fits, by logits
+        if maps is not None and len(maps) > 1:
+            for other in [r for r in maps if r != rank]:
+                del maps[other]
+        fit = next((f for s, f in fits if s.shape == logits.shape and torch.equal(s, logits)), None)
+        if fit is None:
+            fit = fit_visible(logits, visible, rank)
+            fits.append((logits, fit))
+        logits = fit
     else:  # lookahead (or nothing hidden): every entry, then masked
         logits = truncate_product(q, key, rank)
     if visible is not None:
@@ -371,7 +399,10 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
             other text (``maps``, from :func:`fit_head_maps`): a model that exists;
             ``"lookahead"``: the best rank-k fit of all n × n logits, future keys included, masked
             afterwards (an upper bound on the oracle's needed rank for a decoder).
-        maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`).
+        maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`);
+            for ``"oracle"``, optionally one dict per module that keeps the last rank's fits by their
+            logits, so the same logits cut to the same rank again (a layer alone after all layers, whose
+            inputs are the same) are fitted once (:func:`rank_curve` passes them).
 
     Raises:
         ValueError: a rank that is not an int ≥ 0, an unknown method, a layer index out of range, or a
@@ -390,7 +421,8 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
     for i in chosen:
         cut = None
         if rank is not None:
-            cut = (method, rank, None if maps is None else tuple(m[..., :rank] for m in maps[i]))
+            given = None if maps is None else maps[i]
+            cut = (method, rank, tuple(m[..., :rank] for m in given) if method == "realisable" else given)
         setattr(modules[i], _RANK_ATTR, cut)
     try:
         with _switched(model):
@@ -484,7 +516,7 @@ def rank_curve(
         ranks: the k to try; None for :func:`default_ranks` of the largest head size.
         progress: a progress bar over the (setting, k) evaluations.
         per_layer: also cut each layer alone (False: all layers together only, a layer-count times cheaper).
-        method, maps: how the logits are cut (:func:`truncated_logits`).
+        method, maps: how the logits are cut (:func:`truncated_logits`; the oracle's memo of fits is made here).
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
@@ -506,12 +538,14 @@ def rank_curve(
     with truncated_logits(model, 0, modules=modules):
         uniform = float(score(model))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
-    jobs = [
+    jobs = [  # k by k: a layer cut alone after all layers at the same k reuses the oracle's fits of its logits
         (name, layers, k)
-        for name, layers in settings
         for k in ranks
+        for name, layers in settings
         if k < (max(head_dims) if layers is None else head_dims[layers[0]])
     ]
+    if method == "oracle":
+        maps = [{} for _ in modules]
     curves: dict[str, dict[int, float]] = {name: {} for name, _ in settings}
     for name, layers, k in tqdm(jobs, desc="rank intervention", disable=not progress):
         with truncated_logits(model, k, layers, modules=modules, method=method, maps=maps):
