@@ -36,6 +36,7 @@ import fixedhead
 SRC = Path(fixedhead.__file__).resolve().parent  # src/fixedhead
 
 LAYERS = [
+    "_lazy",  # the packages' names imported on first use; imports nothing of the package
     "theory",
     "model",
     "checks",

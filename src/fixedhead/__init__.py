@@ -12,9 +12,10 @@ importing torch and transformers (seconds).
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
+
+from ._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -35,16 +36,7 @@ _PUBLIC = {
 __all__ = [name for name in _PUBLIC if name != "register_auto_classes"]
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 
 def _started_as_the_command() -> bool:

@@ -4,9 +4,10 @@ The names below are imported on first use (PEP 562): ``fixedhead.training.settin
 command line reads, and importing it must not import torch through this package.
 """
 
-import importlib
 import sys
 import types
+
+from .._lazy import lazy_names
 
 #: public name -> the module that defines it
 _PUBLIC = {
@@ -28,14 +29,7 @@ _PUBLIC = {
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-
-
-def __dir__():
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 
 class _Package(types.ModuleType):
