@@ -694,8 +694,9 @@ def test_cli_bad_values_exit_2_with_one_line_and_leave_nothing(argv, message, cl
         (["pretrain", "--output-dir", "x", "--head-dim", "abc"], "invalid int value: 'abc'"),
         (["compare", "--preset", "nope"], "invalid choice: 'nope'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["compare", "--nosuch"], "compare: error: unrecognized arguments: --nosuch (see fixedhead compare --help)"),
     ],
-    ids=["--head-dim abc", "compare --preset nope", "unknown command"],
+    ids=["--head-dim abc", "compare --preset nope", "unknown command", "unknown option of a command"],
 )
 def test_cli_unparsable_arguments_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -746,3 +747,28 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
     x[0, 2, 5] = math.inf
     with pytest.raises(ValueError, match=r"first at index \(0, 2, 5\): inf"):
         model(inputs_embeds=x)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["compare", "--preset", "tiny", "--corpus", "{empty}"], "directory holds no .txt/.jsonl"),
+        (["compare", "--preset", "tiny", "--corpus", "{notes}"], "unsupported file type"),
+        (["seq-len", "--lengths", "1"], "--lengths must be >= 3, got 1"),
+        (
+            ["compare", "--preset", "tiny", "--ray-address", "notahost"],
+            "--ray-address notahost: give auto or HOST:PORT",
+        ),
+        (["compare", "--preset", "tiny", "--ray-address", "127.0.0.1:"], "--ray-address 127.0.0.1:: give auto or"),
+    ],
+    ids=["empty corpus folder", "corpus of another type", "seq-len n < 3", "address no HOST:PORT", "address no port"],
+)
+def test_a_study_refuses_bad_input_before_its_folder_exists(argv, message, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.pdf").write_text("text")
+    out = tmp_path / "out"
+    words = [w.format(empty=tmp_path / "empty", notes=tmp_path / "notes.pdf") for w in argv]
+    rc = main([*words, "--output-dir", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+    assert not out.exists()

@@ -608,7 +608,10 @@ def main(argv=None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = next((w for w in words if not w.startswith("-")), "")  # the parser has no option before it
     parser = build_parser(only=command)
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:  # named by the command they were given to (argparse names the top-level parser)
+        commands = parser._subparsers._group_actions[0].choices
+        (commands.get(getattr(args, "command", None)) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     # the command line as given, for the results files that record it (``main([...])`` from Python too)
     args.command_line = "fixedhead " + shlex.join(words)
     try:

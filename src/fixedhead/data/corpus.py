@@ -94,12 +94,17 @@ def _read_file(path: Path, text_field: str) -> list[Document]:
 
 def check_corpus_source(source: str | os.PathLike) -> None:
     """Refuse a path-like corpus ``source`` (with a separator, a corpus suffix or a leading dot) that does not
-    exist, before any work; an existing path or a dataset name passes (:func:`read_corpus`).
+    exist, a folder without corpus files and a file of another type, before any work; another existing path or
+    a dataset name passes (:func:`read_corpus`).
 
     Raises:
-        FileNotFoundError: naming the source and how to pass another.
+        FileNotFoundError: naming the source and how to pass another. ValueError: an empty folder, a file type.
     """
     path = Path(source).expanduser()
+    if path.is_dir() and not _corpus_files(path):
+        raise ValueError(f"corpus {str(source)!r}: directory holds no {'/'.join(_SUFFIXES)} files")
+    if path.is_file() and not path.name.endswith(_SUFFIXES):
+        raise ValueError(f"corpus {str(source)!r}: unsupported file type; expected one of {', '.join(_SUFFIXES)}")
     if path.exists() or not (os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith(".")):
         return
     where = (

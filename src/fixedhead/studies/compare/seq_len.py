@@ -79,7 +79,9 @@ class SeqLenOptions:
                 f"seeds={self.seeds}, head_dims={self.head_dims}"
             )
         for n in self.lengths:
-            if positive_int("lengths", n) > self.tokens_per_step or self.tokens_per_step % n:
+            if positive_int("lengths", n) < 3:  # a causal window needs a token to predict past its first two
+                raise ValueError(f"lengths must be >= 3, got {n}")
+            if n > self.tokens_per_step or self.tokens_per_step % n:
                 raise ValueError(f"tokens_per_step = {self.tokens_per_step} is not a multiple of n = {n}")
         get_recipe(self.recipe)  # an unknown recipe is refused by name
         bad = [a for a in self.architectures if a not in ("fixedhead", "llama")]

@@ -152,8 +152,10 @@ def _reachable(address: str) -> str:
                 "`ray start --head` (and `ray start --address HEAD:6379` on the other nodes), or give the head's "
                 "HOST:PORT (nothing was written)"
             ) from None
-    parsed = parse_address(target.removeprefix("ray://"))
-    if parsed is None:
+        except ValueError:  # not HOST:PORT
+            target = ""
+    parsed = parse_address(target.removeprefix("ray://")) if target else None
+    if parsed is None or not parsed[1].isdigit():
         raise ValueError(f"--ray-address {address}: give auto or HOST:PORT (nothing was written)")
     host, port = parsed
     try:

@@ -263,8 +263,9 @@ def write_plan(
         was_settings = settings_sha256(study, was_options) if was_options else old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
+            more = f"; and {len(changed) - 6} more" if len(changed) > 6 else ""
             raise FileExistsError(
-                f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:4])}); pass "
+                f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:6])}{more}); pass "
                 "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
             )
         if done and not overwrite and was_options is not None:
