@@ -100,7 +100,7 @@ class CoordCheckSettings:
     seeds: tuple[int, ...] = (0, 1, 2)
     """seeds of the models (the batches are the same)"""
     parametrizations: tuple[str, ...] = field(default=PARAMETRIZATIONS, metadata={"choices": PARAMETRIZATIONS})
-    """the variants compared (parametrization_overrides)"""
+    """the variants compared"""
     axes: tuple[str, ...] = field(default=AXES, metadata={"choices": AXES})
     """widths to vary: head_dim (d_p at fixed h), num_heads (h at fixed d_p)"""
 

@@ -45,7 +45,7 @@ class WidenOptions:
     """How ``fixedhead widen`` fills the new rows (its command line)."""
 
     init_std: float | None = None
-    """std of the new random rows (None: the config's initializer_range)"""
+    """std of the new random rows (default: the run's initialisation std, its config's initializer_range)"""
     seed: int = 0
     """seed of the new random rows"""
 

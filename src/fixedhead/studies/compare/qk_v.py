@@ -69,13 +69,14 @@ class QkVOptions:
     steps: int = field(default=2800, metadata={"check": "positive"})
     """training steps of every model"""
     seeds: list[int] = field(default_factory=lambda: list(range(8)), metadata={"check": "non_negative"})
-    """seeds, paired across the arms; 8 = seeds_for(pilot_sd, target, alpha / 3)"""
+    """seeds, paired across the arms; 8: enough to see --target at α = 0.01 over three tests (Holm), from the
+    pilot's paired sd"""
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
-    """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate, a pilot)"""
+    """the grid each arm chooses its rate from with the first seed (empty: every arm at --shared-rate, a pilot)"""
     max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often an arm's grid grows past an edge"""
     shared_rate: float = field(default=2e-3, metadata={"check": "positive_float"})
-    """the rate of every arm when learning_rates is empty (seq-len-long's)"""
+    """the rate of every arm when --learning-rates is empty (seq-len-long's)"""
     target: float = 0.02
     """nats: the smallest effect the study must be able to see"""
     pilot_sd: float = PILOT_SD

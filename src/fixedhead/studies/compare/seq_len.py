@@ -59,7 +59,7 @@ class SeqLenOptions:
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
     """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate)"""
     shared_rate: float = field(default=2e-3, metadata={"check": "positive_float"})
-    """the rate of every arm when learning_rates is empty (a pilot), as make run's models chose at n = 64"""
+    """the rate of every arm when --learning-rates is empty (a pilot), as make run's models chose at n = 64"""
     target: float = 0.02
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
     max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})

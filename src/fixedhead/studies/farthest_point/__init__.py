@@ -75,7 +75,7 @@ class FarthestPointOptions:
     """seeds (each a task instance U, an initialisation and a data stream), in this order"""
     learning_rates: tuple[float, ...] = ()
     """a grid each cell chooses its rate from with the first seed, on the learning-curve sets (empty: every
-    cell at the recipe's learning_rate)"""
+    cell at the recipe's rate)"""
     max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)

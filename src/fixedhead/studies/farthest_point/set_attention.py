@@ -171,7 +171,7 @@ class FarthestPointRecipe:
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW's betas"""
     logit_scale: float = 16.0
-    """the attention logits' scale (softmax temperature 1 / logit_scale)"""
+    """the attention logits' scale (the softmax temperature is its inverse)"""
     input_scale: float = 1.0
     """the scale of the input points"""
     intermediate_size: int | None = None

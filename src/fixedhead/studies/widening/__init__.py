@@ -159,7 +159,7 @@ class WideningOptions:
     """the recipe's corpus at another path (the same text, e.g. moved)"""
     learning_rates: tuple[float, ...] = ()
     """a grid each arm's continuation chooses its rate from on a validation split with the first seed
-    (empty: learning_rate for every arm)"""
+    (empty: --learning-rate for every arm)"""
     max_extensions: int = field(default=3, metadata={"check": "non_negative"})
     """how often the rate grid grows past an edge"""
 
