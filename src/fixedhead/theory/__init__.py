@@ -1,17 +1,9 @@
 """The paper's theorems as code (Bhojanapalli et al., ICML 2020, Section 3), in float64 NumPy/PyTorch.
 
-Rows are tokens: X ∈ R^{n×d} (the paper's Xᵀ), W_q, W_k ∈ R^{d×d_p}, logits L = (X W_q)(X W_k)ᵀ / √d_p ∈ R^{n×n},
-P = softmax(L) row by row, so every *row* sums to 1: ``P_here = P_paper^T`` (the paper's P is column-stochastic).
-
-* :mod:`~fixedhead.theory.theorem1`: Theorem 1's construction (:func:`represent`), the sharp threshold
-  (:func:`min_head_dim`, ≤ n − 1), the best smaller head in logit space (:func:`best_logits`,
-  :func:`logit_errors`) and in KL (:func:`fit_head`).
-* :mod:`~fixedhead.theory.causal`: causal heads (beyond the paper): the exact threshold as a minimum-rank
-  completion, ⌈(n − 1)/2⌉ for generic P, and bounds for smaller heads.
-* :mod:`~fixedhead.theory.theorem2`: Theorem 2's witness, a fixed-head layer no standard layer equals.
-* :mod:`~fixedhead.theory.common`: :func:`check_attention`, :func:`numerical_rank`, :data:`ROW_SUM_TOL`.
-
-Mathematics only (no files or plots); imports nothing from the rest of fixedhead (tests/test_layering.py).
+Rows are tokens: X ∈ R^{n×d} (the paper's Xᵀ), W_q, W_k ∈ R^{d×d_p}, logits L = (X W_q)(X W_k)ᵀ / √d_p,
+P = softmax(L) row by row, so ``P_here = P_paper^T`` (the paper's P is column-stochastic).
+:mod:`~fixedhead.theory.theorem1` (one head), :mod:`~fixedhead.theory.causal` (causal heads, beyond the
+paper), :mod:`~fixedhead.theory.theorem2` (the witness). Imports nothing from the rest of fixedhead.
 """
 
 from .causal import (

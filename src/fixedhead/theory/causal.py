@@ -1,10 +1,8 @@
 """Causal attention (beyond the paper): query i sees keys 0..i only.
 
-Only the lower triangle of the logits is constrained, so the exact threshold is the minimum rank
-of a *completion* (:func:`complete_causal_logits`, Woerdeman 1987): ⌈(n − 1)/2⌉ for a generic P
-(:func:`causal_threshold`), anywhere from 1 to n − 1 for special ones.
-:func:`causal_logit_lower_bounds` and :func:`fit_causal_logits` bracket the best a smaller causal
-head can do. ``causal=True`` in :mod:`fixedhead.theory.theorem1` uses these.
+Only the lower triangle of the logits is constrained, so the exact threshold is the minimum rank of a
+completion (Woerdeman 1987; derivation in docs/theory.md): ⌈(n − 1)/2⌉ for a generic P, 1 to n − 1 for special
+ones. :func:`causal_logit_lower_bounds` and :func:`fit_causal_logits` bracket what a smaller causal head does.
 """
 
 from __future__ import annotations
@@ -19,33 +17,17 @@ from .common import ROW_SUM_TOL, _as_matrix, _check_int, _check_row_sums, _one_t
 
 
 def causal_threshold(n: int) -> int:
-    """⌈(n − 1)/2⌉: the head size that represents a *generic* causal attention pattern on n tokens
-    exactly — what :func:`min_head_dim` with ``causal=True`` returns for a generic P (special P
-    need anything from 1 to n − 1; see :func:`complete_causal_logits`).
-
-    Raises:
-        ValueError: n not a positive int.
-    """
+    """⌈(n − 1)/2⌉: the head size that represents a generic causal attention pattern on n tokens exactly."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     return math.ceil((n - 1) / 2)
 
 
 def check_causal_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
-    """Validate a causal (decoder) head's attention matrix and return it as float64.
+    """Validate a causal head's attention P [n, n] (rows are queries) and return it as float64.
 
-    Args:
-        P: [n, n], rows are queries; query i sees keys 0..i only, so P[i, j] > 0 for j <= i and
-            P[i, j] = 0 for j > i (|P[i, j]| <= ``row_sum_tol`` is accepted there and set to 0),
-            and Σ_{j<=i} P[i, j] = 1 within ``row_sum_tol`` (absolute). Row 0 is therefore [1, 0, …].
-
-    Returns:
-        P as a float64 [n, n] array, exactly 0 above the diagonal (not renormalised).
-
-    Raises:
-        ValueError: P not square or non-finite, an entry above the diagonal that is not 0, an entry
-            on or below it that is <= 0 (log P must exist where the query looks), or a row sum off
-            by more than ``row_sum_tol``.
+    P[i, j] > 0 for j <= i, 0 above the diagonal (|P[i, j]| <= ``row_sum_tol`` is set to 0), and each row sums
+    to 1 within ``row_sum_tol``. Raises ValueError naming the first entry or row that breaks a rule.
     """
     P = _as_matrix("P", P, square=True)
     seen = np.tri(P.shape[0], dtype=bool)
@@ -80,11 +62,10 @@ def _causal_differences(P: np.ndarray) -> np.ndarray:
 
 
 def _causal_rank(D: np.ndarray, rtol: float | None) -> tuple[int, float]:
-    """Minimum rank of a completion of the lower triangle of D (Woerdeman's count), and its threshold.
+    """Minimum rank of a completion of D's lower triangle (Woerdeman's count), and its threshold τ.
 
-    Σ_j rank D[j:, :j+1] − Σ_j rank D[j:, :j], singular values counted above one absolute
-    threshold τ = rtol · (largest singular value of any block). With a common τ, each term
-    rank D[j:, :j+1] − rank D[j:, :j] is 0 or 1 (deleting a column interlaces singular values).
+    Σ_j rank D[j:, :j+1] − Σ_j rank D[j:, :j], with one absolute τ = rtol · (largest singular value of any
+    block), so each term's difference is 0 or 1 (deleting a column interlaces singular values).
     """
     m = D.shape[0]
     if m == 0:
@@ -102,15 +83,9 @@ def _causal_rank(D: np.ndarray, rtol: float | None) -> tuple[int, float]:
 
 
 class CausalCompletion(NamedTuple):
-    """Result of :func:`complete_causal_logits`.
-
-    Attributes:
-        logits: [n, n] float64 logits of rank ``head_dim`` (0 when the rank is 0) whose masked
-            softmax is P; row 0 and column 0 are 0, the entries above the diagonal are the completion.
-        head_dim: the exact causal threshold, ``min_head_dim(P, causal=True)``.
-        error: max over constrained entries (j <= i) of |(logits[i, j] − logits[i, 0]) −
-            (log P[i, j] − log P[i, 0])| in nats: float rounding (~1e-15 relative).
-    """
+    """Result of :func:`complete_causal_logits`: ``logits`` [n, n] of rank ``head_dim`` whose masked softmax is P
+    (row and column 0 are 0), ``head_dim`` the exact causal threshold, ``error`` the largest mismatch of a seen
+    log-difference, in nats (float rounding)."""
 
     logits: np.ndarray
     head_dim: int
@@ -119,22 +94,10 @@ class CausalCompletion(NamedTuple):
 
 @_one_thread
 def complete_causal_logits(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL) -> CausalCompletion:
-    """Minimum-rank logits for a causal head: the exact causal threshold r and its witness (beyond the paper,
-    whose Theorem 1 is bidirectional; the derivation, after Woerdeman 1987, is in docs/theory.md). Generic P
-    need r = ⌈(n − 1)/2⌉, special ones 0 to n − 1.
+    """Minimum-rank logits for a causal head: the exact causal threshold r and its witness.
 
-    Ranks count singular values above τ = ``rtol`` × the largest singular value of the blocks
-    D[j:, :j+1]; the fill uses pseudo-inverses truncated at τ and the filled logits are cut to rank r by SVD.
-
-    Args:
-        P: [n, n] causal attention, rows = queries (:func:`check_causal_attention`).
-        rtol: relative rank tolerance; default n · float64 eps.
-
-    Returns:
-        :class:`CausalCompletion` (logits [n, n], head_dim = max(1, r), error in nats).
-
-    Raises:
-        ValueError: see :func:`check_causal_attention`.
+    Ranks count singular values above τ = ``rtol`` (default n · float64 eps) × the largest singular value of
+    the blocks D[j:, :j+1]; the fill uses pseudo-inverses truncated at τ, then an SVD cuts the logits to rank r.
     """
     P = check_causal_attention(P, row_sum_tol)
     n = P.shape[0]
@@ -165,28 +128,12 @@ def _causal_logit_error(L: np.ndarray, logp: np.ndarray) -> float:
 
 @_one_thread
 def causal_logit_lower_bounds(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
-    """Certified lower bounds on the logit-space error of a causal head of every size k = 0..n.
+    """Certified lower bounds on a causal head's logit-space error for every size k = 0..n: [n + 1], nats.
 
-    The causal analogue of :func:`logit_errors`: the error of a size-k head is
-
-        e_k = inf over L with rank(L) <= k and c ∈ R^n of (Σ_i Σ_{j<=i} (L[i, j] − log P[i, j] − c_i)²)^{1/2},
-
-    only the entries a query sees counting. There is no closed form (a weighted low-rank
-    problem), but every block of rows t..n−1 and columns 0..t is fully seen, so by Eckart–Young
-    on that block with its rows centred (C_t), e_k >= sqrt(Σ_{i>k} σ_i(C_t)²) for each t; the
-    bound is the largest over t. For generic P the middle block (t = ⌊n/2⌋) has centred rank
-    ⌈(n − 1)/2⌉ = min_head_dim(P, causal=True), so the bound one below the threshold is > 0: a
-    smaller head cannot fit P. (It can be 0 below the threshold for special P: see
-    :func:`complete_causal_logits`.) :func:`fit_causal_logits` gives the matching upper bound.
-
-    Args:
-        P: [n, n] causal attention (see :func:`check_causal_attention`).
-
-    Returns:
-        [n + 1] float64, entry k a lower bound on e_k in nats; entry 0 is e_0 itself.
-
-    Raises:
-        ValueError: see :func:`check_causal_attention`.
+    The causal :func:`logit_errors`: e_k = inf over rank(L) <= k and c of (Σ_i Σ_{j<=i} (L[i, j] − log P[i, j] −
+    c_i)²)^{1/2}. Every block of rows t..n−1 and columns 0..t is fully seen, so Eckart–Young on it (rows
+    centred) bounds e_k for each t; the bound is the largest over t (entry 0 is e_0 itself). For generic P
+    the bound one below the threshold is > 0.
     """
     P = check_causal_attention(P, row_sum_tol)
     n = P.shape[0]
@@ -202,14 +149,8 @@ def causal_logit_lower_bounds(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray
 
 
 class CausalLogitFit(NamedTuple):
-    """Result of :func:`fit_causal_logits` (errors in nats, as in :func:`causal_logit_lower_bounds`).
-
-    Attributes:
-        logits: [n, n] float64 of rank <= head_dim (entries above the diagonal are masked anyway).
-        error: the achieved e_k of ``logits`` (an upper bound on the minimum).
-        lower_bound: the certified lower bound on the minimum.
-        restart_errors: the error reached from each start (completion SVD first).
-    """
+    """Result of :func:`fit_causal_logits`, in nats: ``logits`` [n, n] of rank <= head_dim, the achieved
+    ``error`` (an upper bound), the certified ``lower_bound`` and each start's error (completion first)."""
 
     logits: np.ndarray
     error: float
@@ -260,26 +201,12 @@ def fit_causal_logits(
     rtol: float | None = None,
     row_sum_tol: float = ROW_SUM_TOL,
 ) -> CausalLogitFit:
-    """The closest logits a causal head of size ``head_dim`` reaches (numerically), with a lower bound.
+    """The closest logits a causal head of size ``head_dim`` reaches, with a certified lower bound.
 
-    At or above the exact threshold (:func:`min_head_dim` with ``causal=True``) this is the exact
-    completion of :func:`complete_causal_logits` (error ~1e-15). Below it, minimises e_k (see
-    :func:`causal_logit_lower_bounds`) over logits A B^T by variable projection: for keys B the best
-    queries A and shifts solve one small least-squares problem per query, and SciPy's L-BFGS-B
-    optimises B, from the truncated SVD of the completion and ``restarts`` random starts. The
-    problem is non-convex, so the error is achieved, an upper bound; the lower bound is
-    certified. One below the generic threshold the two agreed to 4+ digits in every case tried.
-
-    Args:
-        P: [n, n] causal attention. head_dim: head size >= 1. restarts: extra random starts >= 0.
-        seed: seed of those starts. max_iter: L-BFGS-B iterations per start.
-        rtol: rank tolerance of the completion (see :func:`complete_causal_logits`).
-
-    Returns:
-        :class:`CausalLogitFit`.
-
-    Raises:
-        ValueError: see :func:`check_causal_attention`; head_dim, restarts or max_iter not ints in range.
+    At or above the threshold: the exact completion. Below it, variable projection: for keys B the best
+    queries and shifts solve one least-squares problem per query, and SciPy's L-BFGS-B optimises B from the
+    completion's truncated SVD and ``restarts`` random starts. Non-convex, so the error is an upper bound; one
+    below the generic threshold it matched the lower bound to 4+ digits in every case tried.
     """
     P = check_causal_attention(P, row_sum_tol)
     k = _check_int("head_dim", head_dim)

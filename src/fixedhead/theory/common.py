@@ -1,8 +1,4 @@
-"""What every theorem module shares: checks of attention matrices and of sizes, numerical rank,
-and running the dense maths on one thread.
-
-Rows are queries (the transpose of the paper's columns); see :mod:`fixedhead.theory`.
-"""
+"""What every theorem module shares: checks of attention matrices and sizes, numerical rank, one thread."""
 
 from __future__ import annotations
 
@@ -49,19 +45,10 @@ def _check_row_sums(P: np.ndarray, row_sum_tol: float) -> None:
 
 
 def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
-    """Validate an attention matrix and return it as float64.
+    """Validate an attention matrix P [n, n] and return it as float64 (not renormalised).
 
-    Args:
-        P: [n, n], entrywise positive, each row (query) summing to 1 within ``row_sum_tol``
-            (absolute). Row-stochastic: the transpose of the paper's column-stochastic P.
-        row_sum_tol: tolerance on |Σ_j P[i, j] − 1|.
-
-    Returns:
-        P as a float64 [n, n] array (not renormalised).
-
-    Raises:
-        ValueError: P not square, non-finite, with an entry <= 0 (log P must exist, as Theorem 1
-            requires), or with a row sum off by more than ``row_sum_tol``.
+    Rows are queries (the transpose of the paper's column-stochastic P): entries > 0 (Theorem 1 takes log P),
+    each row summing to 1 within ``row_sum_tol``. Raises ValueError naming the first bad entry or row.
     """
     P = _as_matrix("P", P, square=True)
     if np.any(P <= 0):
@@ -81,12 +68,8 @@ def check_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
 
 @contextlib.contextmanager
 def _single_thread():
-    """Run the theory's dense maths on one BLAS/torch thread, restoring the settings after.
-
-    The matrices here are small (n <= ~1024): on a busy 2-core machine OpenBLAS threads that
-    spin-wait made a 1024×1024 SVD take 11–20 s instead of 1.6 s single-threaded, and made
-    L-BFGS on 64×64 problems several times slower. Usable as a context manager or decorator.
-    """
+    """Run the dense maths on one BLAS/torch thread: on a busy 2-core machine spinning OpenBLAS threads made
+    a 1024×1024 SVD take 11–20 s instead of 1.6 s. A context manager or decorator."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -116,12 +99,8 @@ def _numerical_rank(s: np.ndarray, shape: tuple[int, int], rtol: float | None) -
 
 
 def numerical_rank(matrix, rtol: float | None = None) -> int:
-    """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (0 for a zero matrix);
-    ``rtol`` defaults to max(shape) · float64 eps (NumPy's ``matrix_rank`` rule). Computed in float64.
-
-    Raises:
-        ValueError: ``matrix`` not 2-D.
-    """
+    """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (float64; default
+    max(shape) · eps, NumPy's ``matrix_rank`` rule)."""
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"numerical_rank needs a 2-D matrix, got shape {m.shape}")

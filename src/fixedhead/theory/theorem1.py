@@ -1,9 +1,7 @@
 """Theorem 1 (paper, Section 3): what one head of size d_p can represent.
 
-:func:`represent` builds weights whose head reproduces a given P exactly; :func:`min_head_dim` is
-the sharp threshold rank(log P · (I − 11^T/n)) ≤ n − 1; :func:`best_logits` / :func:`logit_errors`
-(logit space, Eckart–Young) and :func:`fit_head` (probability space, KL) are the best a smaller
-head can do. ``causal=True`` hands over to :mod:`fixedhead.theory.causal`.
+:func:`represent` builds the exact weights, :func:`min_head_dim` is the sharp threshold, :func:`best_logits` /
+:func:`logit_errors` (logit space) and :func:`fit_head` (KL) are the best a smaller head does.
 """
 
 from __future__ import annotations
@@ -21,22 +19,10 @@ from .common import ROW_SUM_TOL, _as_matrix, _check_int, _numerical_rank, _one_t
 
 
 def centred_log_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
-    """The per-query-centred log attention C = log P · (I − 11^T/n).
+    """The per-query-centred log attention C = log P (I − 11ᵀ/n), [n, n] float64 in nats.
 
-    Each row (query) of log P minus that row's mean, i.e. log P[i, j] − (1/n) Σ_k log P[i, k].
-    This is the paper's log(P D_0) with the free per-query diagonal D_0 chosen as the inverse
-    geometric mean of each query's probabilities (Theorem 1 proof). Softmax is invariant to
-    adding a per-row constant, so softmax(C) = P, and C is the representative of the logits of P
-    whose rows are orthogonal to the all-ones vector.
-
-    Args:
-        P: [n, n] attention matrix, see :func:`check_attention`.
-
-    Returns:
-        C: [n, n] float64, C @ 1 = 0 (so rank(C) <= n − 1), in nats.
-
-    Raises:
-        ValueError: see :func:`check_attention`.
+    The paper's log(P D_0) with D_0 the inverse geometric mean of each query's row (Theorem 1 proof):
+    softmax(C) = P and C 1 = 0, so rank(C) ≤ n − 1.
     """
     P = check_attention(P, row_sum_tol)
     logp = np.log(P)
@@ -47,24 +33,11 @@ def centred_log_attention(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
 def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False) -> int:
     """Smallest head size d_p that represents P exactly on an input of rank n (Theorem 1, sharpened).
 
-    A head's logits on X of rank n can be any matrix L of rank ≤ d_p, and softmax(L) = P iff L = log P + c 1ᵀ
-    (the paper's per-query shift D_0). With C = log P (I − 11ᵀ/n) (:func:`centred_log_attention`),
-    L (I − 11ᵀ/n) = C, so rank(L) ≥ rank(C), with equality at c = the row means: the threshold is rank(C) ≤ n − 1
-    (C 1 = 0), one less than the paper's sufficient d_p ≥ n. ``causal=True``: the minimum completion rank of the
-    lower-triangular log-differences (:func:`complete_causal_logits`): ⌈(n − 1)/2⌉ for generic P, 1 to n − 1 for
-    special ones.
-
-    Args:
-        P: [n, n] attention, rows (queries) summing to 1, entries > 0; causal: :func:`check_causal_attention`.
-        rtol: singular values below ``rtol · σ_max`` count as zero (causal: of the staircase blocks); default
-            n · float64 eps (NumPy's ``matrix_rank`` rule).
-        causal: P is a causal (decoder) head's attention.
-
-    Returns:
-        rank(C) (causal: the completion rank), or 1 where that is 0 (a head has at least one dimension).
-
-    Raises:
-        ValueError: see :func:`check_attention` (:func:`check_causal_attention` when causal).
+    softmax(L) = P iff L = log P + c 1ᵀ, and L (I − 11ᵀ/n) = C (:func:`centred_log_attention`), so the
+    threshold is max(1, rank(C)) ≤ n − 1, one less than the paper's sufficient d_p ≥ n. ``causal=True``:
+    the minimum completion rank of the lower-triangular log-differences (:func:`complete_causal_logits`),
+    ⌈(n − 1)/2⌉ for generic P. ``rtol``: singular values below rtol · σ_max count as zero (default
+    n · float64 eps, NumPy's ``matrix_rank`` rule).
     """
     if causal:
         D = _causal_differences(check_causal_attention(P, row_sum_tol))
@@ -75,17 +48,9 @@ def min_head_dim(P, rtol: float | None = None, row_sum_tol: float = ROW_SUM_TOL,
 
 
 def head_attention(X, W_q, W_k, *, causal: bool = False) -> np.ndarray:
-    """One head's attention softmax((X W_q)(X W_k)^T / √d_p), row-wise (rows are queries).
+    """One head's attention softmax((X W_q)(X W_k)ᵀ / √d_p), [n, n] float64, rows are queries.
 
-    Args:
-        X: [n, d] input (rows are tokens). W_q, W_k: [d, d_p] (transposes of the paper's maps).
-        causal: mask keys after the query (logits above the diagonal set to −inf), as a decoder does.
-
-    Returns:
-        [n, n] float64 attention, each row summing to 1 (exactly 0 above the diagonal if causal).
-
-    Raises:
-        ValueError: shapes that do not chain.
+    X [n, d], W_q and W_k [d, d_p] (transposes of the paper's maps); ``causal`` masks keys after the query.
     """
     X, W_q, W_k = _as_matrix("X", X), _as_matrix("W_q", W_q), _as_matrix("W_k", W_k)
     if W_q.shape != W_k.shape or W_q.shape[0] != X.shape[1]:
@@ -112,28 +77,15 @@ def _svd_factors(C: np.ndarray, k: int, svd=None) -> tuple[np.ndarray, np.ndarra
 
 @_one_thread
 def represent(X, P, head_dim: int | None = None, row_sum_tol: float = ROW_SUM_TOL, *, causal: bool = False):
-    """Theorem 1's construction: W_q, W_k with softmax((X W_q)(X W_k)ᵀ / √head_dim) = P exactly.
+    """Theorem 1's construction: W_q, W_k [d, head_dim] with softmax((X W_q)(X W_k)ᵀ / √head_dim) = P.
 
-    X has rank n, so X⁺ = Xᵀ(X Xᵀ)⁻¹ is a right inverse (the paper's left inverse of its X). Take C = log P
-    (I − 11ᵀ/n) (the paper's free shift D_0 set to minus each row's mean, :func:`centred_log_attention`), factor
-    C = A Bᵀ (A, B ∈ R^{n×head_dim}) by SVD, set W_q = head_dim^{1/4} X⁺ A, W_k = head_dim^{1/4} X⁺ B. ``causal``
-    (beyond the paper): the same on :func:`complete_causal_logits`' completion, so the masked softmax reproduces
-    the lower-triangular P with ``min_head_dim(P, causal=True)`` dimensions.
-
-    Args:
-        X: [n, d] input, rows are tokens, rank n (so d ≥ n).
-        P: [n, n] target attention, entries > 0, rows (queries) summing to 1 within ``row_sum_tol``; causal:
-            :func:`check_causal_attention`.
-        head_dim: d_p ≥ min_head_dim(P) (extra columns are zero); None: :func:`min_head_dim` (≤ n − 1).
-        causal: P is a causal head's attention (zero above the diagonal).
-
-    Returns:
-        (W_q, W_k), float64 [d, head_dim] each; P is reproduced to ~1e-12 (tests: ≤ 1e-8 up to n = 256).
+    X [n, d] of rank n has the right inverse X⁺; factor C (:func:`centred_log_attention`) = A Bᵀ by SVD and set
+    W_q = head_dim^{1/4} X⁺ A, W_k = head_dim^{1/4} X⁺ B. ``head_dim=None`` takes :func:`min_head_dim`; extra
+    columns are zero. ``causal`` (beyond the paper) factors :func:`complete_causal_logits`' completion instead.
+    P is reproduced to ~1e-12.
 
     Raises:
-        ValueError: a bad P (an entry ≤ 0 where it must be positive, a row not summing to 1, not [n, n] for X's n);
-            X of rank < n; head_dim < min_head_dim(P) (no head of that size represents P on any input) or not a
-            positive int.
+        ValueError: X of rank < n, or head_dim < min_head_dim(P) (no head of that size represents P on any input).
     """
     X = _as_matrix("X", X)
     P = check_causal_attention(P, row_sum_tol) if causal else check_attention(P, row_sum_tol)
@@ -181,27 +133,12 @@ class BestLogits(NamedTuple):
 
 @_one_thread
 def logit_errors(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
-    """Minimal logit-space error of a head of every size k = 0..n (Eckart–Young on centred log P).
+    """e_k, the least logit-space error of a head of size k, for k = 0..n: [n + 1] float64, in nats.
 
-    The quantity minimised, for each k, is the Frobenius distance from log P to the logits a
-    head of size k can produce, *modulo the per-query shift softmax ignores*:
+        e_k = min over rank(L) <= k and c ∈ R^n of ||L − (log P + c 1ᵀ)||_F = sqrt(Σ_{i>k} σ_i(C)²)
 
-        e_k = min over L with rank(L) <= k and c ∈ R^n of ||L − (log P + c 1^T)||_F
-            = sqrt(Σ_{i>k} σ_i(C)²),   C = log P (I − 11^T/n).
-
-    (For fixed L the best c is the row mean of L − log P, leaving ||L(I − 11^T/n) − C||_F, and
-    L(I − 11^T/n) ranges over all rank-<=k matrices with rows ⊥ 1, which contain C's truncated
-    SVD.) On an input of rank n every rank-<=k logit matrix is reachable, so e_k is the exact
-    bottleneck of a size-k head in logit space (paper Theorem 1). e_k = 0 iff k >= rank(C).
-
-    Args:
-        P: [n, n] attention, rows (queries) summing to 1, entries > 0.
-
-    Returns:
-        [n + 1] float64 array, entry k = e_k in nats (absolute, not normalised; e_0 = ||C||_F).
-
-    Raises:
-        ValueError: see :func:`check_attention`.
+    with C = log P (I − 11ᵀ/n) (Eckart–Young; softmax ignores the per-query shift c). On an input of
+    rank n every rank-k logit matrix is reachable, so e_k is a size-k head's exact bottleneck (Theorem 1).
     """
     C = centred_log_attention(P, row_sum_tol)
     s = np.linalg.svd(C, compute_uv=False)
@@ -211,21 +148,9 @@ def logit_errors(P, row_sum_tol: float = ROW_SUM_TOL) -> np.ndarray:
 
 @_one_thread
 def best_logits(P, head_dim: int, row_sum_tol: float = ROW_SUM_TOL) -> BestLogits:
-    """The closest logits a head of size ``head_dim`` can produce on a rank-n input, and the error.
+    """The closest logits a head of size ``head_dim`` produces on a rank-n input, and the error.
 
-    Returns the truncated SVD of C = log P (I − 11^T/n) (rank <= head_dim, rows ⊥ 1) and
-    e = min_{rank(L) <= head_dim, c ∈ R^n} ||L − (log P + c 1^T)||_F, see :func:`logit_errors`
-    for the exact statement. Theorem 1 (paper, Section 3) in logit space.
-
-    Args:
-        P: [n, n] attention, rows (queries) summing to 1, entries > 0.
-        head_dim: d_p >= 1.
-
-    Returns:
-        BestLogits(logits [n, n] float64, error in nats).
-
-    Raises:
-        ValueError: see :func:`check_attention`; head_dim not a positive int.
+    The truncated SVD of C = log P (I − 11ᵀ/n); the error is :func:`logit_errors`' e_{head_dim}, in nats.
     """
     head_dim = _check_int("head_dim", head_dim)
     C = centred_log_attention(P, row_sum_tol)
@@ -235,14 +160,7 @@ def best_logits(P, head_dim: int, row_sum_tol: float = ROW_SUM_TOL) -> BestLogit
 
 
 def mean_row_kl(P, Q) -> float:
-    """Mean over queries of KL(P[i] || Q[i]) = (1/n) Σ_i Σ_j P_ij log(P_ij / Q_ij), in nats.
-
-    Args:
-        P, Q: [n, n] row-stochastic (rows are queries), Q > 0 wherever P > 0.
-
-    Raises:
-        ValueError: shapes differ.
-    """
+    """Mean over queries of KL(P[i] || Q[i]) for [n, n] row-stochastic P, Q, in nats."""
     P, Q = _as_matrix("P", P), _as_matrix("Q", Q)
     if P.shape != Q.shape:
         raise ValueError(f"P and Q must have the same shape, got {P.shape} and {Q.shape}")
@@ -251,16 +169,8 @@ def mean_row_kl(P, Q) -> float:
 
 @dataclass
 class HeadFit:
-    """Result of :func:`fit_head`.
-
-    Attributes:
-        W_q, W_k: [d, head_dim] float64, the best weights found.
-        attention: [n, n] the achieved softmax((X W_q)(X W_k)^T/√head_dim), rows sum to 1.
-        kl: mean row KL(P || attention) in nats (the bottleneck in probability space).
-        kl_svd_init: the same for the SVD initialisation (truncated SVD of centred log P).
-        max_abs_error: max |attention − P|.
-        restart_kls: KL reached from each start (SVD start first).
-    """
+    """Result of :func:`fit_head`: weights [d, head_dim], the attention they give, its mean row KL to P
+    (``kl``, nats), the same for the SVD start (``kl_svd_init``), max |attention − P| and each start's KL."""
 
     W_q: np.ndarray
     W_k: np.ndarray
@@ -272,10 +182,7 @@ class HeadFit:
 
 
 def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_iter: int) -> np.ndarray:
-    """torch L-BFGS on Z = [W_q, W_k] ([2, d, k]) for the mean row KL(P || softmax(X W_q W_k^T X^T/√k)).
-
-    ``Xt=None`` means X = I (d = n). Returns the final Z as a NumPy array.
-    """
+    """L-BFGS on Z = [W_q, W_k] ([2, d, k]) for the mean row KL to P; ``Xt=None`` means X = I."""
     n, k = Pt.shape[0], Z0.shape[-1]
     logP = torch.log(Pt)
     Z = torch.tensor(Z0, dtype=torch.float64, requires_grad=True)
@@ -305,32 +212,12 @@ def _minimise_kl(Xt: torch.Tensor | None, Pt: torch.Tensor, Z0: np.ndarray, max_
 def fit_head(
     X, P, head_dim: int, *, restarts: int = 0, seed: int = 0, max_iter: int = 1000, row_sum_tol: float = ROW_SUM_TOL
 ) -> HeadFit:
-    """Best one-head fit of P in probability space: minimise the mean row KL(P || softmax(L)).
+    """Best one-head fit of P in probability space: minimise the mean row KL(P || softmax(L)), in nats.
 
-    Minimises (1/n) Σ_i KL(P[i] || softmax(X W_q (X W_k)^T / √head_dim)[i]) (nats) over W_q,
-    W_k ∈ R^{d×head_dim} with ``torch.optim.LBFGS`` (float64, strong-Wolfe line search),
-    starting from the logit-space optimum (the truncated SVD of :func:`best_logits`, mapped
-    through the pseudo-inverse of X) and from ``restarts`` further random starts; returns the
-    best. This is the low-rank bottleneck of paper Theorem 1 measured on probabilities. X need
-    not have rank n (e.g. the paper's counterexample); then only logits X W_q W_k^T X^T are
-    reachable. The returned KL is achieved by the returned weights, so it is an upper bound on
-    the true minimum (the problem is non-convex in W_q, W_k).
-
-    Args:
-        X: [n, d] input, rows are tokens.
-        P: [n, n] target attention, rows (queries) sum to 1, entries > 0.
-        head_dim: head size d_p >= 1.
-        restarts: number of extra random initialisations (>= 0).
-        seed: seed of the random starts.
-        max_iter: L-BFGS iterations per start (it stops earlier once the loss stops changing).
-
-    Returns:
-        :class:`HeadFit`. For head_dim >= min_head_dim(P) and rank-n X the SVD start is already
-        exact (kl ≈ 0 up to float rounding, which can make it ~ ±1e-16).
-
-    Raises:
-        ValueError: bad P (see :func:`check_attention`), P not [n, n] for X's n, head_dim or
-            restarts or max_iter not ints in range.
+    L-BFGS (float64) over W_q, W_k [d, head_dim], from the logit-space optimum (:func:`best_logits` mapped
+    through X's pseudo-inverse) and ``restarts`` random starts; the best is returned. X [n, d] need not have
+    rank n. The problem is non-convex, so the KL is an upper bound on the true minimum; for
+    head_dim >= min_head_dim(P) and rank-n X the SVD start is already exact.
     """
     X = _as_matrix("X", X)
     P = check_attention(P, row_sum_tol)
@@ -367,24 +254,13 @@ def fit_head(
 
 
 def random_attention(n: int, temperature: float = 1.0, seed: int = 0, *, causal: bool = False) -> np.ndarray:
-    """A random entrywise-positive attention matrix P = softmax(G / temperature), G_ij ~ N(0, 1).
+    """A random positive attention matrix softmax(G / temperature), G_ij ~ N(0, 1): [n, n] float64.
 
-    Rows are queries and sum to 1. Lower temperature = more peaked rows. Generic: the centred
-    log P = G (I − 11^T/n) / temperature has rank n − 1 with probability 1.
-
-    ``causal=True``: the masked softmax of the same G (row i over keys 0..i, 0 above the diagonal),
-    so a seed gives the bidirectional and the causal attention of one set of logits. Generic too:
-    ``min_head_dim(P, causal=True)`` = ⌈(n − 1)/2⌉ with probability 1.
-
-    Args:
-        n: sequence length >= 1. temperature: > 0. seed: NumPy seed. causal: mask keys after the query.
-
-    Returns:
-        [n, n] float64.
+    Generic: rank(C) = n − 1 with probability 1. ``causal=True``: the masked softmax of the same G, so one
+    seed gives both; ``min_head_dim(P, causal=True)`` = ⌈(n − 1)/2⌉ with probability 1.
 
     Raises:
-        ValueError: n not a positive int, temperature not a positive finite number or so low
-            that an entry of P (on or below the diagonal if causal) underflows to 0.
+        ValueError: temperature so low that an entry of P underflows to 0.
     """
     n = _check_int("n", n)
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (0 < temperature < math.inf):

@@ -17,19 +17,12 @@ from .common import _check_int, _one_thread
 
 @dataclass
 class MultiHeadWeights:
-    """Weights of one bias-free multi-head attention layer (paper Section 2 / Section 4).
+    """One bias-free multi-head attention layer (paper Sections 2 and 4), rows are tokens:
 
-    Rows are tokens. For an input X ∈ R^{n×d} the layer computes
+        out(X) = Σ_i softmax(X W_q[i] (X W_k[i])ᵀ / √d_p) X W_v[i] W_o[i]   ∈ R^{n×d}
 
-        out(X) = Σ_i softmax(X W_q[i] (X W_k[i])^T / √d_p) X W_v[i] W_o[i]   ∈ R^{n×d},
-
-    which is the paper's W_o · Concat_i(W_v^i X · Softmax[(W_k^i X)^T (W_q^i X)/√d_p]) transposed,
-    with the paper's W_o ∈ R^{d×h·d_p} split into per-head blocks W_o[i] ∈ R^{d_p×d} (transposed).
-    A standard layer has d_p = d/h; a fixed-head layer any d_p. No biases, residual or LayerNorm:
-    Theorem 2 is about the attention map itself.
-
-    Attributes:
-        W_q, W_k, W_v: [h, d, d_p] float64 tensors. W_o: [h, d_p, d].
+    (the paper's W_o · Concat_i(...) transposed, W_o split per head). W_q, W_k, W_v [h, d, d_p], W_o [h, d_p, d],
+    float64. No residual or LayerNorm: Theorem 2 is about the attention map itself.
     """
 
     W_q: torch.Tensor
@@ -62,17 +55,7 @@ class MultiHeadWeights:
 
 
 def multihead(X: torch.Tensor, w: MultiHeadWeights) -> torch.Tensor:
-    """Apply the layer of :class:`MultiHeadWeights` to a batch of sequences.
-
-    Args:
-        X: [batch, n, d] (rows are tokens). w: the layer's weights.
-
-    Returns:
-        [batch, n, d], Σ_i softmax(X W_q[i] (X W_k[i])^T / √d_p) X W_v[i] W_o[i].
-
-    Raises:
-        ValueError: X not [batch, n, w.hidden_size].
-    """
+    """Apply the layer ``w`` to X [batch, n, d]: [batch, n, d] (the formula in :class:`MultiHeadWeights`)."""
     if X.dim() != 3 or X.shape[-1] != w.hidden_size:
         raise ValueError(f"X must be [batch, n, {w.hidden_size}], got {tuple(X.shape)}")
     q = torch.einsum("bnd,hde->bhne", X, w.W_q)
@@ -85,18 +68,8 @@ def multihead(X: torch.Tensor, w: MultiHeadWeights) -> torch.Tensor:
 def embed_standard(w: MultiHeadWeights, head_dim: int) -> MultiHeadWeights:
     """Theorem 2, first part: a layer with head size d_p' is a fixed-head layer for any d_p >= d_p'.
 
-    Pads every head with zero columns up to ``head_dim`` and rescales W_q by √(head_dim/d_p')
-    so the logits, which are divided by √head_dim instead of √d_p', are unchanged. The result
-    computes exactly the same function (up to float rounding).
-
-    Args:
-        w: a layer (typically standard, d_p' = d/h). head_dim: target head size >= w.head_dim.
-
-    Returns:
-        MultiHeadWeights with the same h and d and head size ``head_dim``.
-
-    Raises:
-        ValueError: head_dim < w.head_dim.
+    Pads every head with zero columns up to ``head_dim`` and scales W_q by √(head_dim/d_p') so the logits,
+    now divided by √head_dim, are unchanged: the same function up to rounding.
     """
     head_dim = _check_int("head_dim", head_dim)
     if head_dim < w.head_dim:
@@ -126,26 +99,13 @@ def theorem2_witness(
 ) -> MultiHeadWeights:
     """The paper's Theorem 2 witness: a fixed-head layer no standard multi-head layer equals.
 
-    All h heads share one rank-d_p bilinear form U = W_q[i] W_k[i]^T ∈ R^{d×d} (the paper's
-    (V_k^i)^T V_q^i, transposed): W_q[i] = Q R_i and W_k[i] = K R_i^{-T} with one random
-    Q, K ∈ R^{d×d_p} and a different random invertible R_i per head, so the heads' weights differ
-    but their attention is identical. The combined value/output map
-    M = Σ_i W_v[i] W_o[i] (the paper's V_o·[V_v^1; …; V_v^h]) is random and checked to have full
-    rank d. Hence out(X) = softmax(X U X^T/√d_p) X M. U is scaled so that for X with N(0, 1)
-    entries the logits have standard deviation ``logit_scale`` (E[(x^T U y)²] = ||U||_F²).
-
-    Theorem 2 needs n >= 2, d >= d_p and h > d/d_p (i.e. h·d_p > d, so the standard head size
-    d/h is smaller than d_p).
-
-    Args:
-        hidden_size: d. num_attention_heads: h. head_dim: d_p. logit_scale: > 0. seed: torch seed.
-
-    Returns:
-        MultiHeadWeights with W_q, W_k, W_v [h, d, d_p] and W_o [h, d_p, d].
+    All h heads share one rank-d_p bilinear form U = W_q[i] W_k[i]ᵀ (W_q[i] = Q R_i, W_k[i] = K R_i^{-T}, one
+    random invertible R_i per head), so their attention is identical; the value/output map Σ_i W_v[i] W_o[i]
+    is random with full rank d. U is scaled so logits on N(0, 1) inputs have standard deviation
+    ``logit_scale``. The theorem needs d >= d_p and h·d_p > d (standard heads d/h smaller than d_p).
 
     Raises:
-        ValueError: sizes not positive ints, d < d_p, or h·d_p <= d (then the theorem does not
-            apply: a standard layer has heads at least as large); logit_scale <= 0.
+        ValueError: d < d_p or h·d_p <= d (the theorem does not apply).
     """
     d = _check_int("hidden_size", hidden_size)
     h = _check_int("num_attention_heads", num_attention_heads)
@@ -195,23 +155,10 @@ def fit_multihead(
     tol_change: float = 1e-14,
     init: MultiHeadWeights | None = None,
 ):
-    """Fit a bias-free multi-head layer (h heads of size d_p) to input/output pairs.
+    """Fit a bias-free layer of h heads of size d_p to X, Y [batch, n, d] (Theorem 2, Section 4).
 
-    Minimises the relative squared error Σ_b ||out(X_b) − Y_b||_F² / Σ_b ||Y_b||_F² with
-    ``torch.optim.LBFGS`` (float64) from ``restarts`` random initialisations (plus ``init`` if
-    given) and keeps the best. Used for Theorem 2 (paper Section 4).
-
-    Args:
-        X: [batch, n, d] inputs. Y: [batch, n, d] targets.
-        num_attention_heads: h. head_dim: d_p (d/h for a standard layer).
-        restarts: random starts (>= 0; >= 1 if no ``init``). seed: torch seed of the starts.
-        max_iter: L-BFGS iterations per start. init: an extra starting layer.
-
-    Returns:
-        (best MultiHeadWeights, its relative error, list of every start's relative error).
-
-    Raises:
-        ValueError: X and Y shapes differ or are not [batch, n, d]; no start at all.
+    Minimises Σ_b ||out(X_b) − Y_b||_F² / Σ_b ||Y_b||_F² with L-BFGS (float64) from ``restarts`` random starts
+    (plus ``init``) and returns (the best weights, its relative error, every start's error).
     """
     if X.dim() != 3 or X.shape != Y.shape:
         raise ValueError(f"X and Y must both be [batch, n, d], got {tuple(X.shape)} and {tuple(Y.shape)}")
@@ -253,17 +200,11 @@ def fit_multihead(
 
 @dataclass
 class Theorem2Result:
-    """Numbers of :func:`theorem2_demo` (relative squared errors Σ||out − target||² / Σ||target||²).
+    """Numbers of :func:`theorem2_demo`, relative squared errors Σ||out − target||² / Σ||target||².
 
-    Attributes:
-        hidden_size, num_attention_heads, head_dim, seq_len, num_inputs: the sizes (d, h, d_p, n, inputs).
-        standard_errors: training error reached from each random start by a standard layer
-            (h heads of size d/h), sorted ascending.
-        standard_error: the best of them; standard_test_error: that layer on held-out inputs.
-        fixed_exact_error: the witness's own weights (a fixed-head layer of this shape) on the
-            held-out inputs: 0 up to rounding, by construction.
-        fixed_fit_error, fixed_fit_test_error: a fixed-head layer (h heads of size d_p) fitted by
-            the same optimiser from a perturbed witness (every weight + 10 % noise).
+    ``standard_errors``: each start's training error for a standard layer (sorted), the best and its held-out
+    error; ``fixed_exact_error``: the witness itself on held-out inputs (0 up to rounding); ``fixed_fit_*``: a
+    fixed-head layer fitted from the witness with 10 % noise on every weight.
     """
 
     hidden_size: int
@@ -295,23 +236,10 @@ def theorem2_demo(
 ) -> Theorem2Result:
     """Theorem 2 numerically: the witness is fitted exactly by a fixed-head layer, not by a standard one.
 
-    Builds :func:`theorem2_witness` (d = ``hidden_size``, h = ``num_attention_heads``, d_p = ``head_dim``), draws
-    ``num_inputs`` training and as many held-out X ∈ R^{n×d} with N(0, 1) entries, and fits (a) a standard layer
-    (h heads of size d/h) from ``restarts`` random starts: its best relative error stays clearly above 0 (≈ 0.05
-    train / 0.08 held-out with the defaults); (b) a fixed-head layer, which contains the witness (error 0), from a
-    perturbed witness: it converges back to ≲ 1e-8. The defaults d = h = 4, d_p = 2, n = 4 are the smallest with
-    h > d/d_p and d/h < d_p; 1024 targets against 64 standard-layer parameters rule out interpolation.
-
-    Args:
-        hidden_size, num_attention_heads, head_dim, seq_len: d, h, d_p, n (h·d_p > d, d % h == 0, n ≥ 2).
-        num_inputs: training (and held-out) sequences. logit_scale: see :func:`theorem2_witness`.
-        restarts, max_iter: the standard-layer fits. fixed_max_iter: the fixed-head fit. seed: seeds everything.
-
-    Returns:
-        :class:`Theorem2Result`.
-
-    Raises:
-        ValueError: sizes violating the theorem's hypotheses (:func:`theorem2_witness`), seq_len < 2.
+    Draws ``num_inputs`` training and as many held-out X [n, d] with N(0, 1) entries and fits a standard layer
+    (best error ≈ 0.05 train / 0.08 held-out with the defaults) and a fixed-head layer from a perturbed witness
+    (≲ 1e-8). The defaults d = h = 4, d_p = 2, n = 4 are the smallest with h > d/d_p; 1024 targets against 64
+    standard-layer parameters rule out interpolation.
     """
     w = theorem2_witness(hidden_size, num_attention_heads, head_dim, logit_scale=logit_scale, seed=seed)
     seq_len = _check_int("seq_len", seq_len, minimum=2)
