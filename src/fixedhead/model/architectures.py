@@ -1,15 +1,7 @@
-"""The two model families a study can train, built from one set of field names.
-
-* ``fixedhead``: this library's post-LN BERT-style model (:class:`~fixedhead.model.configuration.FixedHeadConfig`;
-  masked or causal, learned positions, GELU feed-forward, every option of the head size);
-* ``llama``: transformers' own ``LlamaForCausalLM`` (a pre-norm decoder with RMSNorm, rotary
-  positions and a SwiGLU feed-forward), whose ``LlamaConfig(head_dim=...)`` sets the head size d_p
-  apart from d/h as the paper asks. Nothing of it is re-implemented here.
-
-A study describes a model by ``FixedHeadConfig`` fields plus an ``architecture`` key;
-:func:`build_config` turns them into either config, and the helpers below answer what a report
-needs (objective, head size, parameter count) for both.
-"""
+"""The two model families a study can train, built from one set of field names: ``fixedhead`` (this
+library's post-LN BERT-style model, masked or causal) and ``llama`` (transformers' own ``LlamaForCausalLM``,
+whose ``head_dim`` sets d_p apart from d/h as the paper asks). :func:`build_config` turns ``FixedHeadConfig``
+fields plus an ``architecture`` key into either config."""
 
 from __future__ import annotations
 
@@ -56,16 +48,13 @@ def check_architecture(architecture: str) -> str:
 def llama_config(**fields):
     """A ``transformers.LlamaConfig`` from ``FixedHeadConfig`` field names.
 
-    ``head_dim``: None for d/h, an int for a fixed head size (logits scaled by 1/√d_p). Plain multi-head
-    attention unless ``num_key_value_heads`` is given; ``intermediate_size`` defaults to 4d (SwiGLU's three d×f
-    matrices give a Llama layer d·f more weights than GELU's two); embeddings tied unless ``tie_word_embeddings``
-    says otherwise; ``attention_probs_dropout_prob`` → ``attention_dropout``, ``layer_norm_eps`` →
-    ``rms_norm_eps``; ``is_decoder`` and ``type_vocab_size`` are dropped.
+    Plain multi-head attention unless ``num_key_value_heads`` is given; ``intermediate_size`` defaults to 4d;
+    embeddings tied unless told otherwise; dropout and eps fields renamed, ``is_decoder`` and ``type_vocab_size``
+    dropped.
 
     Raises:
-        ValueError: naming the value: per-layer head sizes, ``qk_head_dim`` or ``v_head_dim`` (Llama has one head
-            size), a fixedhead-only option (:data:`FIXEDHEAD_ONLY`) away from its default, hidden dropout, a field
-            Llama lacks, or a size ``LlamaConfig`` refuses (an odd head size: rotary positions rotate pairs).
+        ValueError: a field Llama cannot take (per-layer or qk/v head sizes, a fixedhead-only option away
+            from its default, hidden dropout) or a size ``LlamaConfig`` refuses (an odd head size).
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import LlamaConfig
@@ -114,13 +103,8 @@ def llama_config(**fields):
 
 
 def build_config(fields: dict):
-    """The config of a model described by ``FixedHeadConfig`` fields and an optional
-    ``architecture`` key (default ``"fixedhead"``): a :class:`FixedHeadConfig` or, for
-    ``"llama"``, :func:`llama_config`.
-
-    Raises:
-        ValueError: an unknown architecture, or fields the config refuses (naming them).
-    """
+    """The config for ``FixedHeadConfig`` fields and an optional ``architecture`` (default ``"fixedhead"``):
+    a :class:`FixedHeadConfig` or :func:`llama_config`'s. Raises ValueError naming a refused field."""
     from .configuration import FixedHeadConfig  # here: the command line reads ARCHITECTURES without transformers
 
     fields = dict(fields)
@@ -134,12 +118,7 @@ def objective_of(config) -> str:
 
 
 def check_objective_for(config, objective: str) -> None:
-    """Refuse an objective the config's architecture cannot train (a Llama model is causal only:
-    transformers has no Llama masked LM).
-
-    Raises:
-        ValueError: naming the architecture and the objective.
-    """
+    """Refuse an objective the architecture cannot train (Llama is causal only); ValueError naming both."""
     if config.model_type == "llama" and objective != "clm":
         raise ValueError(
             f"architecture 'llama' trains causal LMs only; got objective {objective!r}: "
@@ -155,8 +134,7 @@ def head_size_label(config) -> int | list[int]:
 
 
 def is_fixed_head(config) -> bool:
-    """Whether the head size is set apart from d/h: fixedhead's explicit ``head_dim``; for Llama,
-    whose config always holds a resolved ``head_dim``, a head size other than d/h."""
+    """Whether the head size is set apart from d/h (for Llama, whose config always holds one: a size other than d/h)."""
     from .configuration import FixedHeadConfig
 
     if isinstance(config, FixedHeadConfig):
@@ -165,12 +143,8 @@ def is_fixed_head(config) -> bool:
 
 
 def new_model(config, objective: str):
-    """A freshly initialised language model of ``config`` for ``objective``: fixedhead's
-    ``FixedHeadForCausalLM`` / ``FixedHeadForMaskedLM``, or transformers' ``LlamaForCausalLM``.
-
-    Raises:
-        ValueError: an objective the architecture cannot train (:func:`check_objective_for`).
-    """
+    """A freshly initialised language model of ``config`` for ``objective`` (ValueError where the architecture
+    cannot train it)."""
     check_objective_for(config, objective)
     if config.model_type == "llama":
         from transformers import LlamaForCausalLM

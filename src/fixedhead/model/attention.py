@@ -1,21 +1,10 @@
-"""Multi-head attention with the head size decoupled from the embedding size.
+"""Multi-head attention with the head size decoupled from the embedding size (paper Sections 2 and 4).
 
-This is the paper's core object (Bhojanapalli et al., ICML 2020, Sections 2 and 4). In standard
-multi-head attention the head size is tied to the embedding size, d_p = d/h; with
-``head_dim=None`` this module is exactly that layer (and, inside :mod:`fixedhead.model.modeling`,
-numerically identical to transformers' BERT self-attention). With an integer ``head_dim`` it is
-the paper's *fixed head size* layer ("FixedMultiHead", Section 4): per head
-W_q^i, W_k^i, W_v^i ∈ R^{d_p×d}, logits scaled by 1/√d_p and an output projection
-W_o ∈ R^{d×(h·d_p)}, for any number of heads h.
-
-Read :func:`multi_head_attention` first: the equation in 20 lines, a shape at every reshape.
-:class:`MultiHeadAttention` is the same computation with biases, dropout, masks (padding and
-causal), a key/value cache and fast kernels (chosen in :mod:`fixedhead.model.kernels`); a test checks
-that the two agree.
-
-Conventions (batch-first, as in PyTorch): hidden states are [batch, seq, hidden_size]; inside
-the layer [batch, heads, seq, head_dim]; attention probabilities are [batch, heads, query, key]
-and each *row* sums to 1 — the transpose of the paper's column-stochastic P.
+``head_dim=None`` is the standard layer, d_p = d/h (numerically BERT's self-attention); an integer
+``head_dim`` is the paper's fixed head size layer for any number of heads h. Read
+:func:`multi_head_attention` first (the equation, a shape at every reshape); :class:`MultiHeadAttention`
+adds biases, dropout, masks, a key/value cache and fast kernels, and a test checks the two agree.
+Probabilities are [batch, heads, query, key] with rows summing to 1, the transpose of the paper's P.
 """
 
 from __future__ import annotations
@@ -49,10 +38,8 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=Non
     """The paper's multi-head attention as plain tensor code (Eq. 1–2; Section 4 for a fixed d_p).
 
     head_i(X) = W_v^i X · Softmax[(W_k^i X)ᵀ (W_q^i X) / √d_p],  MultiHead(X) = W_o · Concat_i head_i(X).
-    x [batch, n, d]; w_q, w_k [h·d_qk, d] and w_v [h·d_v, d] (rows of head i are W^i; the paper has
-    d_qk = d_v = d_p); w_o [d, h·d_v]; padding_mask [batch, n] with 1 = token or None. Returns
-    [batch, n, d]. No biases, no dropout: :class:`MultiHeadAttention` is this equation plus those,
-    and faster kernels.
+    x [batch, n, d]; w_q, w_k [h·d_qk, d], w_v [h·d_v, d], w_o [d, h·d_v]; padding_mask [batch, n] with
+    1 = token, or None. Returns [batch, n, d].
     """
     batch, n, d = x.shape  # x: [batch, n, d]
     qk_head_dim = w_q.shape[0] // num_heads  # d_p of queries and keys: free, not tied to d / h
@@ -73,16 +60,8 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads: int, padding_mask=Non
 
 
 def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int | None) -> int:
-    """Return the per-head size d_p.
-
-    ``head_dim=None`` means the standard tied head size d_p = d/h (paper Section 2), which
-    requires ``hidden_size % num_attention_heads == 0``; an int is a fixed head size (Section 4)
-    with no divisibility requirement.
-
-    Raises:
-        ValueError: a size that is not a positive int (bools and floats included), or standard
-            mode with ``hidden_size`` not divisible by ``num_attention_heads``.
-    """
+    """The per-head size d_p: ``head_dim=None`` is d/h (Section 2, d divisible by h), an int a fixed size
+    (Section 4). Raises ValueError for a size that is not a positive int or d not divisible by h."""
     hidden_size = positive_int("hidden_size", hidden_size)
     num_attention_heads = positive_int("num_attention_heads", num_attention_heads)
     if head_dim is None:
@@ -99,19 +78,14 @@ def resolve_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int |
 def check_padding_mask(
     attention_mask, batch: int | None = None, keys: int | None = None, what: str = "[batch, seq]"
 ) -> torch.Tensor:
-    """Check a transformers padding mask and return it as bool (True = token).
+    """A transformers padding mask [batch, keys] (1 = token, 0 = padding, any real dtype) as bool.
 
-    Args:
-        attention_mask: [batch, keys] with 1 = real token, 0 = padding (any int, bool or float
-            dtype holding only 0/1).
-        batch, keys: the expected shape (None = not checked), named ``what`` in the message.
+    ``batch``, ``keys``: the expected shape (None: not checked), called ``what`` in the message. The 0/1 check
+    runs only where host reads are free (:mod:`fixedhead.model.tensor_checks`).
 
     Raises:
-        ValueError: a mask that is not 2-D, has another shape than [batch, keys], is complex, or
-            holds values other than 0 and 1 (an additive 0/-inf mask, say); the message names the
-            first bad value (the value check runs where host reads are free, see
-            :mod:`fixedhead.model.tensor_checks`).
-        TypeError: a mask that is not a tensor.
+        ValueError: another shape, or a value other than 0 and 1 (an additive 0/-inf mask, say).
+        TypeError: not a tensor.
     """
     require_tensor("attention_mask", attention_mask)
     shape = tuple(attention_mask.shape)
@@ -137,15 +111,9 @@ def check_padding_mask(
 
 
 def padding_mask_to_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn a transformers padding mask [batch, seq] (1 = token, 0 = padding; any dtype holding only 0/1, or None)
-    into an additive bias of ``dtype``: [batch, 1, 1, seq], 0 at tokens and ``finfo(dtype).min`` at padding. None
-    when there is no mask, or when nothing is masked and reading the mask is free (eager, CPU:
-    :mod:`fixedhead.model.tensor_checks`), so SDPA takes its fastest path. A query whose keys are all padding gets
-    a uniform (finite) distribution, never NaN.
-
-    Raises:
-        ValueError, TypeError: see :func:`check_padding_mask`.
-    """
+    """A padding mask [batch, seq] (or None) as an additive bias [batch, 1, 1, seq] of ``dtype``: 0 at tokens,
+    ``finfo(dtype).min`` at padding. None when nothing is masked and reading the mask is free, so SDPA takes
+    its fastest path. A query whose keys are all padding gets a uniform distribution, never NaN."""
     if attention_mask is None:
         return None
     keep = check_padding_mask(attention_mask)
@@ -181,13 +149,10 @@ def eager_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scaling·q kᵀ + mask) with dropout, times v, step by step (BERT's
-    ``eager_attention_forward``, the attention interface's ``"eager"``); returns
-    (output [batch, q, heads, d_p], probabilities [batch, heads, q, kv], rows summing to 1).
+    """softmax(scaling·q kᵀ + mask) with dropout, times v, step by step (BERT's ``"eager"``).
 
-    The mask may be additive float (transformers' ``eager_mask``), boolean (True = attend, the
-    ``"sdpa"`` format, as when ``output_attentions`` asks a model set to ``"sdpa"`` for the
-    probabilities) or None with ``is_causal`` (read as transformers' SDPA integration reads it).
+    Returns (output [batch, q, heads, d_v], probabilities [batch, heads, q, kv]). The mask may be additive
+    float, boolean (True = attend, the ``"sdpa"`` format) or None with ``is_causal``.
     """
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
     if attention_mask is None:
@@ -200,49 +165,34 @@ def eager_attention_forward(
     return context.transpose(1, 2).contiguous(), probs
 
 
-#: fixedhead's view of transformers' attention interface: every registered implementation
-#: (``"eager"``, ``"sdpa"``, ``"flex_attention"``, ``"flash_attention_2/3"``, and any a serving
-#: engine registers with ``AttentionInterface.register``, read at each call), with ``"sdpa"``
-#: replaced, for these layers only, by :func:`fixedhead.model.kernels.sdpa_attention_forward` (the
-#: head-size kernel policy on CUDA, the CPU dropout-attention kernel in training). A local instance,
-#: as transformers recommends for a model that overrides one implementation: the library-wide
-#: registry is untouched. It carries transformers' name because serving engines find attention
-#: layers by it: vLLM's Transformers backend reads each module's ``forward`` source for a local
-#: variable assigned from ``ALL_ATTENTION_FUNCTIONS[...]`` or ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``
-#: and called once (``vllm/model_executor/models/transformers/fusers/attention.py``).
+#: transformers' attention interface with ``"sdpa"`` replaced, for these layers only, by
+#: :func:`fixedhead.model.kernels.sdpa_attention_forward`; a local instance, so the library-wide registry is
+#: untouched. It keeps transformers' name because vLLM's Transformers backend finds attention layers by a
+#: local variable assigned from ``ALL_ATTENTION_FUNCTIONS[...]`` in ``forward``.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 
-#: the implementations known to take queries and keys of one size and values of another: the step
-#: by step "eager", PyTorch's SDPA (its flash kernels need one size and drop out; memory-efficient
-#: and math take two) and flex attention (it checks only that queries and keys match); fixedhead's
-#: analysis and rank intervention add their own (they compute with the value tensors they get).
-#: FlashAttention is checked by :func:`check_flash_head_dim`; any other registered name (a serving
-#: engine's own attention) is refused for qk ≠ v by :func:`check_head_dims`.
+#: the implementations known to take queries and keys of one size and values of another; the analysis and
+#: rank intervention add their own. FlashAttention: :func:`check_flash_head_dim`.
 SEPARATE_VALUE_SIZE_KERNELS = ("eager", "sdpa", "flex_attention")  # the ones a user picks
 SEPARATE_VALUE_SIZE_IMPLEMENTATIONS = set(SEPARATE_VALUE_SIZE_KERNELS)
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
-    """Whether ``attn_implementation`` runs FlashAttention, by every route transformers offers: the
-    ``flash_attention_2/3/4`` names (the flash-attn package, or the hub kernel transformers falls back
-    to when ``kernels`` is installed), a hub kernel named directly (``"kernels-community/flash-attn2"``,
-    ``"kernels-community/vllm-flash-attn3"``, ``"kernels-community/aiter-flash-attn"``) and the
-    ``paged|`` variants. transformers' own rule (``is_flash_attention_requested``): "flash" in the name."""
+    """Whether ``attn_implementation`` runs FlashAttention by any route transformers offers (the
+    ``flash_attention_*`` names, hub kernels, ``paged|`` variants): transformers' own rule, "flash" in the name."""
     return attn_implementation is not None and "flash" in attn_implementation.lower()
 
 
 def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_dim: int | None = None) -> None:
-    """Refuse a FlashAttention implementation (:func:`is_flash_attention`) for head sizes it cannot take, rather than
-    quietly run something else: FlashAttention 2 and 3 take d_p ≤ 256 (a fixed head size may be d_p = n = 512;
-    "sdpa" and "flex_attention" take those, docs/head-sizes.md), and transformers' integration pads values to the
-    queries' size, so values larger than queries would be cut. Reads only the name, before any kernel is loaded.
+    """Refuse FlashAttention for head sizes it cannot take, rather than quietly run something else.
 
-    Args:
-        head_dim: the query and key size d_qk; v_head_dim: the value size (None = head_dim).
+    FlashAttention 2 and 3 take d_p ≤ 256 (a fixed head size may be 512; "sdpa" and "flex_attention" take it,
+    docs/head-sizes.md), and transformers pads values to the queries' size, so v_head_dim > head_dim would be
+    cut. Reads only the name, before any kernel is loaded.
 
     Raises:
-        ValueError: FlashAttention with ``head_dim`` > 256, or with ``v_head_dim`` > ``head_dim``.
+        ValueError: FlashAttention with ``head_dim`` > 256 or ``v_head_dim`` > ``head_dim``.
     """
     if not is_flash_attention(attn_implementation):
         return
@@ -263,12 +213,9 @@ def check_flash_head_dim(attn_implementation: str | None, head_dim: int, v_head_
 def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_dim: int) -> None:
     """Refuse an implementation that cannot take these query/key and value sizes, by name.
 
-    FlashAttention's limits: :func:`check_flash_head_dim`. Queries and keys of one size and values of
-    another (qk ≠ v) run on :data:`SEPARATE_VALUE_SIZE_IMPLEMENTATIONS` and FlashAttention; any other
-    implementation is a serving engine's own attention (vLLM registers ``"vllm"``), which sizes its
-    key/value cache and kernel from one head size in the config and would compute with the wrong one.
-    None (transformers' default, SDPA) passes, and so does a name nothing registered: transformers
-    refuses it as unknown.
+    qk ≠ v runs on :data:`SEPARATE_VALUE_SIZE_IMPLEMENTATIONS` and FlashAttention; a serving engine's own
+    attention (vLLM's ``"vllm"``) sizes its cache and kernel from one head size and would compute wrongly.
+    None and unregistered names pass (transformers refuses the latter).
 
     Raises:
         ValueError: naming the implementation and both sizes.
@@ -288,24 +235,12 @@ def check_head_dims(attn_implementation: str | None, qk_head_dim: int, v_head_di
 
 
 class MultiHeadAttention(nn.Module):
-    """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p; paper Eq. 1–2, Section 4):
-    head_i(X) = W_v^i X · Softmax[(W_k^i X)ᵀ (W_q^i X) / √d_p], MultiHead(X) = W_o · Concat_i head_i(X).
+    """Self-attention with h heads of size d_p, standard (d_p = d/h) or fixed (any d_p; Eq. 1–2, Section 4).
 
-    Queries and keys may have their own size d_qk and values d_v (both d_p by default): the logits' rank is at
-    most d_qk (Theorem 1). One fused projection ``qkv`` maps hidden_size → h·(2·d_qk + d_v), rows [q | k | v] with
-    heads contiguous; the product runs through transformers' attention interface (:data:`ALL_ATTENTION_FUNCTIONS`),
-    chosen by ``config._attn_implementation`` at every call. Without a ``config`` the layer is bidirectional and
-    uses "sdpa" (or "eager" with ``use_sdpa=False``); with one, ``config.is_decoder`` makes it causal.
-
-    Args:
-        hidden_size, num_attention_heads: d and h.
-        head_dim, qk_head_dim, v_head_dim: d_p (None: d/h, d divisible by h), d_qk and d_v (None: head_dim).
-        dropout: on the attention probabilities, training only. bias: projection biases (BERT: yes).
-        layer_idx: the layer's index in a key/value cache. scale: the logit scale; None for 1/√d_qk.
-
-    Raises:
-        ValueError: see :func:`resolve_head_dim`; a qk_head_dim or v_head_dim that is not a positive int; dropout
-            outside [0, 1).
+    Queries and keys may have their own size d_qk, values d_v (both d_p by default); the logits' rank is at most
+    d_qk (Theorem 1). One fused ``qkv`` maps hidden_size → h·(2·d_qk + d_v), rows [q | k | v]; the product runs
+    through :data:`ALL_ATTENTION_FUNCTIONS`, chosen by ``config._attn_implementation`` at every call (no config:
+    "sdpa", bidirectional; ``config.is_decoder`` makes it causal). ``scale``: the logit scale, None for 1/√d_qk.
     """
 
     def __init__(
@@ -342,11 +277,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def head_dim(self) -> int:
-        """d_p, the one head size of queries, keys and values.
-
-        Raises:
-            ValueError: queries/keys and values of different sizes (read ``qk_head_dim`` or ``v_head_dim``).
-        """
+        """d_p, the one head size of queries, keys and values (ValueError when qk and v sizes differ)."""
         if self.qk_head_dim != self.v_head_dim:
             raise ValueError(
                 f"this layer's queries/keys and values have different head sizes (qk_head_dim={self.qk_head_dim}, "
@@ -356,7 +287,7 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def inner_size(self) -> int:
-        """h·d_p, the width of queries, keys and values alike (ValueError as :attr:`head_dim` when they differ)."""
+        """h·d_p, the width of queries, keys and values (ValueError as :attr:`head_dim`)."""
         return self.num_attention_heads * self.head_dim
 
     def forward(
@@ -370,29 +301,13 @@ class MultiHeadAttention(nn.Module):
         cache: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend.
+        """hidden_states [batch, seq, hidden_size] -> (output [batch, seq, hidden_size], probabilities
+        [batch, heads, query, key] or None unless ``output_attentions``).
 
-        Args:
-            hidden_states: [batch, seq, hidden_size].
-            attention_mask: a padding mask [batch, seq] (with a cache: [batch, cached + new]), 1 = token, 0 = padding,
-                turned into what the kernel needs; or a mask prepared by transformers' masking utilities ([batch, 1,
-                query, key] bool or additive float, a flex ``BlockMask``, FlashAttention's padding mask), used as is.
-            output_attentions: also return the probabilities (the "eager" kernel).
-            use_sdpa: False runs the "eager" reference kernel whatever the configuration says.
-            attention_bias: an additive float bias broadcastable to [batch, heads, query, key]; overrides
-                ``attention_mask``.
-            is_causal: a query sees keys at or before its position; None: ``config.is_decoder``.
-            cache: a transformers ``Cache``; this call's keys and values are appended under ``layer_idx``.
-            kwargs: passed to the attention function (``position_ids``, ``cu_seq_lens_q`` for packed FlashAttention).
-
-        Returns:
-            (output [batch, seq, hidden_size], probabilities [batch, heads, query, key] with rows summing to 1, or
-            None unless ``output_attentions``).
-
-        Raises:
-            ValueError: hidden_states not a float [batch, seq, hidden_size]; a bad padding mask
-                (:func:`padding_mask_to_bias`) or attention_bias; a cache without the layer's index; head sizes the
-                implementation cannot take (:func:`check_head_dims`).
+        ``attention_mask``: a padding mask [batch, seq] ([batch, cached + new] with a cache), or a mask already
+        prepared by transformers' masking utilities (4-D, a flex ``BlockMask``), used as is. ``attention_bias``:
+        additive float, broadcastable to [batch, heads, query, key], overrides the mask. ``use_sdpa=False`` runs
+        "eager". ``is_causal`` None: ``config.is_decoder``. ``cache``: keys and values are appended under ``layer_idx``.
         """
         require_tensor("hidden_states", hidden_states)
         if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
@@ -452,11 +367,9 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(context), (probs if output_attentions else None)
 
     def _mask_from_padding(self, padding_mask, hidden_states, is_causal, cache, impl):
-        """The kernel's mask from a [batch, cached + seq] padding mask (or None): without a cache
-        and causality, the [batch, 1, 1, keys] bias of :func:`padding_mask_to_bias` (None when
-        nothing is masked); otherwise transformers' mask for the kernel (eager, sdpa or flex), sized
-        by the cache as transformers' ``create_causal_mask`` sizes it (so a pre-allocated cache's
-        empty slots are hidden)."""
+        """The kernel's mask from a padding mask (or None): without a cache or causality, the additive bias of
+        :func:`padding_mask_to_bias`; otherwise transformers' mask for the kernel, sized by the cache as
+        ``create_causal_mask`` sizes it (so a pre-allocated cache's empty slots are hidden)."""
         batch, seq = hidden_states.shape[:2]
         q_offset, kv_length, kv_offset = 0, seq, 0
         if cache is not None:

@@ -1,12 +1,8 @@
 """FixedHeadConfig: a BERT configuration whose head size is one independent field.
 
-Field names follow transformers' ``BertConfig``. The main addition is ``head_dim``: ``None``
-means the standard tied head size d_p = hidden_size / num_attention_heads (paper Section 2), an
-int is the paper's fixed head size (Section 4), and a list gives each layer its own (one entry per
-layer, each None or an int; :attr:`FixedHeadConfig.layer_head_dims` resolves them).
-``qk_head_dim`` and ``v_head_dim`` (transformers' DeepSeek-V3 names) set the queries' and keys'
-size apart from the values' (both default to each layer's ``head_dim``): Theorem 1 bounds the rank
-of the logits by the first, the width of what a head carries is the second.
+``head_dim``: None is the standard d/h (paper Section 2), an int the paper's fixed head size (Section 4), a
+list one entry per layer. ``qk_head_dim`` and ``v_head_dim`` (DeepSeek-V3's names) size queries and keys
+apart from values: Theorem 1 bounds the logits' rank by the first.
 """
 
 from __future__ import annotations
@@ -38,22 +34,11 @@ def _check_prob(name, value):
 class FixedHeadConfig(PreTrainedConfig):
     """Configuration of a post-LN BERT encoder (or decoder) with standard or fixed head size.
 
-    Args (transformers BERT names; the paper's symbols in brackets):
-        vocab_size [v], hidden_size [d], num_hidden_layers [l], num_attention_heads [h], intermediate_size,
-        max_position_embeddings [≥ n], and BERT's other fields, as ``BertConfig``.
-        head_dim [d_p]: None for the standard d/h, an int for a fixed head size, or one entry per layer.
-        qk_head_dim, v_head_dim: the size of each head's queries and keys (the logits' rank is at most this,
-            Theorem 1) and of its values; None = the layer's head_dim.
-        bos_token_id / eos_token_id: where generation starts and stops (a causal run records its tokenizer's).
-        is_decoder, use_cache: causal attention, and a key/value cache while generating.
-        parametrization ("standard" or "mup"), attention_scale, mup_base_head_dim, mup_base_num_attention_heads,
-            query_init: :mod:`fixedhead.model.parametrization`.
-
-    Raises:
-        ValueError: naming the bad value, at construction, after ``from_pretrained`` overrides and when a model is
-            built (:meth:`check`): a size that is not a positive int, standard heads with d not divisible by h, a
-            per-layer list of the wrong length, dropout outside [0, 1), a special token id outside the vocabulary,
-            a problem_type outside :data:`PROBLEM_TYPES`, bad parametrization fields.
+    transformers' BERT names, the paper's symbols in brackets: vocab_size [v], hidden_size [d],
+    num_hidden_layers [l], num_attention_heads [h], head_dim [d_p], max_position_embeddings [≥ n].
+    ``bos_token_id`` / ``eos_token_id``: where generation starts and stops. ``parametrization``,
+    ``attention_scale``, ``mup_base_*``, ``query_init``: :mod:`fixedhead.model.parametrization`.
+    Bad values raise ValueError naming them (:meth:`check`).
     """
 
     model_type = "fixedhead"
@@ -92,11 +77,10 @@ class FixedHeadConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def check(self) -> None:
-        """Check every field against the rules in the class docstring; raises ValueError naming the value.
+        """Check every field; raises ValueError naming the value.
 
-        Runs when the config is built, again after ``from_pretrained`` / ``from_dict`` apply their
-        keyword overrides (transformers sets those after construction), and when a model is built
-        from the config, so a field changed after construction is caught before any weight exists.
+        Runs at construction, after ``from_pretrained`` / ``from_dict`` set their overrides (transformers sets them
+        after construction) and when a model is built, so a field changed later is caught before any weight exists.
         """
         positive_int("num_hidden_layers", self.num_hidden_layers)
         if isinstance(self.head_dim, (list, tuple)):
@@ -138,10 +122,8 @@ class FixedHeadConfig(PreTrainedConfig):
             )
 
     def to_dict(self) -> dict:
-        """transformers' ``to_dict`` (what config.json holds), without ``qk_head_dim`` / ``v_head_dim``
-        when they are None: a model whose heads have one size writes the config.json it wrote before
-        the fields existed, byte for byte (its hash is part of a run's fingerprint,
-        :func:`fixedhead.runs.model_fingerprint`), and reading it back gives None again."""
+        """transformers' ``to_dict`` without ``qk_head_dim`` / ``v_head_dim`` when they are None: config.json
+        stays byte for byte as before those fields (its hash is in a run's fingerprint)."""
         out = super().to_dict()
         for name in ("qk_head_dim", "v_head_dim"):
             if out.get(name, 0) is None:
@@ -150,10 +132,8 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
-        """transformers' ``from_dict`` (``from_pretrained`` calls it), then :meth:`check` again: the
-        keyword overrides are set after construction, so e.g. ``num_hidden_layers=2`` on a run with a
-        four-entry ``head_dim`` list is refused here, naming both, instead of building a model that
-        cannot be saved and loaded back."""
+        """transformers' ``from_dict``, then :meth:`check` again on the overrides it set (e.g.
+        ``num_hidden_layers=2`` on a run with a four-entry ``head_dim`` list)."""
         overrides = {k: v for k, v in kwargs.items() if k in cls.__dataclass_fields__}
         loaded = super().from_dict(config_dict, **kwargs)
         config = loaded[0] if isinstance(loaded, tuple) else loaded
@@ -165,12 +145,9 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @property
     def per_layer_config(self) -> tuple[FixedHeadConfig, ...]:
-        """Each layer's configuration, where transformers reads per-layer fields (its
-        ``config.per_layer_config[i]``: cache shapes, ``StaticCache`` sizes): a shallow copy whose
-        ``head_dim`` is that layer's key size as an int (:attr:`layer_qk_head_dims`), whichever of
-        None / int / list the config holds, and whose ``qk_head_dim`` is set only where keys and
-        values differ in size (transformers' sign of distinct key and value sizes: ``generate``
-        then lets a ``StaticCache`` size its keys and values from the first ones it gets)."""
+        """Each layer's configuration where transformers reads one (``config.per_layer_config[i]``: cache sizes):
+        a shallow copy with ``head_dim`` that layer's key size as an int, and ``qk_head_dim`` set only where keys and
+        values differ (so a ``StaticCache`` sizes them apart)."""
         layers = []
         for qk, v in zip(self.layer_qk_head_dims, self.layer_v_head_dims, strict=True):
             layer = copy.copy(self)
@@ -187,7 +164,7 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @property
     def layer_head_dims(self) -> list[int]:
-        """The head size d_p of every layer, resolved (None entries = hidden_size // num_attention_heads)."""
+        """Every layer's head size d_p, None entries resolved to d/h."""
         self._check_head_dim_count()
         per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
         return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
@@ -204,11 +181,7 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @property
     def attention_head_size(self) -> int:
-        """The head size d_p in use: ``head_dim`` if set, else hidden_size // num_attention_heads.
-
-        Raises:
-            ValueError: per-layer head sizes that differ (use :attr:`layer_head_dims`).
-        """
+        """The one head size d_p in use (ValueError when layers differ: use :attr:`layer_head_dims`)."""
         sizes = set(self.layer_head_dims)
         if len(sizes) != 1:
             raise ValueError(
@@ -224,7 +197,7 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @property
     def is_fixed_head(self) -> bool:
-        """True when some layer's head size is set explicitly (not the standard d/h)."""
+        """Whether some layer's head size is set explicitly (not the standard d/h)."""
         if isinstance(self.head_dim, list):
             return any(dp is not None for dp in self.head_dim)
         return self.head_dim is not None

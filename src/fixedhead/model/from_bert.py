@@ -1,12 +1,10 @@
-"""From transformers' BERT to fixedhead, losslessly: ``BertModel`` → ``FixedHeadModel``, ``BertForMaskedLM`` →
-``FixedHeadForMaskedLM``, ``BertLMHeadModel`` → ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` →
-``FixedHeadForSequenceClassification``. The result has standard heads (``head_dim=None``) and gives BERT's
+"""From transformers' BERT to fixedhead, losslessly: ``BertModel``, ``BertForMaskedLM``, ``BertLMHeadModel``
+and ``BertForSequenceClassification`` to their fixedhead counterparts with standard heads, giving BERT's
 outputs in float32 eval mode up to rounding (tested to 1e-5).
 
-Every ``BertConfig`` field is in exactly one of :data:`CARRIED` (copied), :data:`REFUSED_UNLESS_DEFAULT` (an
-architecture fixedhead lacks: converted only at BERT's default) or :data:`NO_EFFECT`; an unknown field (a newer
-transformers) is converted only at its default, and a test fails until it is classified. Weights load with
-``strict=True``; whether the decoder is tied is read from the model, not only from ``tie_word_embeddings``.
+Every ``BertConfig`` field is in exactly one of :data:`CARRIED`, :data:`REFUSED_UNLESS_DEFAULT` (an
+architecture fixedhead lacks) or :data:`NO_EFFECT`; an unknown field (a newer transformers) converts only at
+its default, and a test fails until it is classified.
 """
 
 from __future__ import annotations
@@ -73,17 +71,14 @@ def bert_config_fields(bert_config=None) -> set[str]:
 
 
 def config_from_bert(bert_config) -> FixedHeadConfig:
-    """A standard-head ``FixedHeadConfig`` (head_dim=None) that computes what ``bert_config`` does.
+    """A standard-head ``FixedHeadConfig`` that computes what ``bert_config`` does.
 
-    Every field of :data:`CARRIED` is copied; attributes a BERT config carries beyond its fields
-    (e.g. ``gradient_checkpointing`` in old hub configs) are kept as attributes, as transformers
-    does. ``attn_implementation`` "eager" is kept; every other (sdpa, flash, flex) becomes
-    "sdpa", the same computation.
+    :data:`CARRIED` fields are copied and extra attributes kept, as transformers does; ``attn_implementation``
+    "eager" stays, every other becomes "sdpa" (the same computation).
 
     Raises:
-        ValueError: a field of :data:`REFUSED_UNLESS_DEFAULT` away from its default; relative
-            position embeddings; a BertConfig field this module has not classified, away from
-            its default; a ``hidden_act`` that is not an activation name.
+        ValueError: a field fixedhead cannot carry (:data:`REFUSED_UNLESS_DEFAULT`, relative positions, an
+            unclassified field) away from its default.
     """
     from transformers import BertConfig
 
@@ -142,13 +137,8 @@ def _encoder_state_dict(bert_sd: dict, num_layers: int, src: str, dst: str, pool
 def from_bert(bert_model):
     """Convert a transformers BERT model into the fixedhead model that computes the same thing.
 
-    ``BertModel`` → ``FixedHeadModel`` (pooler kept or absent as in the source),
-    ``BertForMaskedLM`` → ``FixedHeadForMaskedLM``, ``BertLMHeadModel`` (``is_decoder=True``) →
-    ``FixedHeadForCausalLM``, ``BertForSequenceClassification`` → ``FixedHeadForSequenceClassification``.
-    The weights are copied exactly (q, k, v fused into one projection); the configuration as
-    :func:`config_from_bert`; an untied MLM decoder stays untied (also when the config says tied
-    but the weights differ); dtype, device and train/eval mode follow the source. In float32 eval
-    mode both give the same outputs up to float rounding (tested to 1e-5).
+    Weights are copied exactly (q, k, v fused); an untied MLM decoder stays untied (read from the weights,
+    not only ``tie_word_embeddings``); dtype, device and mode follow the source.
 
     Raises:
         TypeError: a model with no fixedhead counterpart (the message lists those that have one).

@@ -1,16 +1,9 @@
 """Kernel policy for attention: which fused kernel runs, and a faster CPU kernel for training.
 
-Nothing here changes what attention computes beyond float rounding (the equation is
-:func:`fixedhead.model.attention.multi_head_attention`). It decides *how* the product runs:
-
-* on CUDA, which scaled-dot-product-attention (SDPA) backends a head size allows
-  (:func:`sdpa_backends`), with one warning when the fused kernels drop out
-  (:func:`warn_if_unfused`) — the paper's fixed head size makes d_p a free knob, and large or odd
-  d_p leave FlashAttention;
-* on CPU in training with attention dropout, where PyTorch's SDPA has only its math kernel, a
-  dropout-attention autograd function with the same products (:class:`DropoutAttention`);
-* :func:`sdpa_attention_forward`, what ``attn_implementation="sdpa"`` runs in fixedhead's layers
-  (transformers' SDPA integration with the two points above around it).
+Nothing here changes what attention computes beyond rounding; it decides how the product runs: on CUDA,
+which SDPA backends a head size allows (a free d_p can leave FlashAttention), and on CPU in training with
+attention dropout, where SDPA has only its math kernel, :class:`DropoutAttention`.
+:func:`sdpa_attention_forward` is what ``attn_implementation="sdpa"`` runs in fixedhead's layers.
 """
 
 from __future__ import annotations
@@ -33,21 +26,12 @@ _warned_sdpa: set = set()
 def sdpa_backends(
     head_dim: int, device_type: str, v_head_dim: int | None = None
 ) -> tuple[list[SDPBackend] | None, str | None]:
-    """The SDPA kernels this layer allows for a head size on a device, and why fused ones drop out.
+    """(backends, reason): the SDPA kernels allowed for a head size on a device, and why FlashAttention is out.
 
-    A free d_p (paper Section 4 suggests d_p = n) can leave the fused GPU kernels: FlashAttention takes d_p ≤ 256
-    and q, k, v of one size (``check_head_dim_size_flash`` in PyTorch's ``sdp_utils.cpp``); the fused kernels want
-    d_p % 8 == 0. The math kernel left builds the [batch, heads, n, n] matrix, as eager attention does.
-
-    Args:
-        head_dim: d_p of queries and keys.
-        device_type: ``"cuda"``, ``"cpu"``, ...
-        v_head_dim: d_p of values; None = head_dim.
-
-    Returns:
-        (backends, reason). On CUDA the allowed backends in preference order, always ending with
-        ``SDPBackend.MATH``, and why FlashAttention is out (None when it is not); elsewhere ``(None, None)``:
-        PyTorch's own choice.
+    FlashAttention takes d_p ≤ 256 and q, k, v of one size (PyTorch's ``check_head_dim_size_flash``); the fused
+    kernels want d_p % 8 == 0; the math kernel builds the [batch, heads, n, n] matrix. On CUDA the backends in
+    preference order, ending with ``SDPBackend.MATH`` (reason None when FlashAttention stays in); elsewhere
+    ``(None, None)``: PyTorch's own choice.
     """
     if device_type != "cuda":
         return None, None
@@ -70,8 +54,8 @@ def sdpa_backends(
 
 
 def warn_if_unfused(head_dim: int, device_type: str, v_head_dim: int | None = None) -> list[SDPBackend] | None:
-    """:func:`sdpa_backends`, plus one ``UserWarning`` per (head sizes, device) per process
-    (in eager mode: a warning is a side effect a compiled or exported graph cannot hold)."""
+    """:func:`sdpa_backends`, plus one ``UserWarning`` per (head sizes, device) per process, in eager mode only
+    (a compiled or exported graph cannot hold a warning)."""
     backends, reason = sdpa_backends(head_dim, device_type, v_head_dim)
     key = (head_dim, device_type) if v_head_dim in (None, head_dim) else (head_dim, v_head_dim, device_type)
     if reason is not None and key not in _warned_sdpa and not tracing():
@@ -121,12 +105,9 @@ def use_cpu_fast_path(x: torch.Tensor, p: float, training: bool) -> bool:
 class DropoutAttention(torch.autograd.Function):
     """softmax(scale·q kᵀ + bias) with dropout, times v; q, k [batch, heads, seq, d_qk], v [batch, heads, seq, d_v].
 
-    The computation of SDPA's math kernel with dropout, and the same products (so the same
-    FLOPs): the scale rides on the product (``baddbmm``'s alpha), softmax and its backward are
-    PyTorch's, and the backward is written out so that each [batch·heads, n, n] matrix is read
-    and written as few times as possible. The bias (from :func:`padding_mask_to_bias`) is finite,
-    so a plain softmax never sees an all -inf row. The bias gets no gradient (callers send only a
-    bias that needs none; see :class:`MultiHeadAttention`), and a second backward is refused.
+    SDPA's math kernel with dropout and the same FLOPs, with a hand-written backward that reads and writes each
+    [batch·heads, n, n] matrix as few times as possible. The bias is finite (no all -inf row) and gets no
+    gradient; a second backward is refused.
     """
 
     @staticmethod
@@ -168,9 +149,8 @@ class DropoutAttention(torch.autograd.Function):
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A mask as an additive bias in ``dtype``: a boolean mask (True = attend, transformers' SDPA
-    format) becomes 0 / ``finfo(dtype).min``; a float bias is clamped to ``finfo(dtype).min`` and cast
-    (a float32 minimum would overflow to -inf in fp16/bf16 and give NaN rows)."""
+    """A mask as an additive bias in ``dtype``: bool (True = attend) becomes 0 / ``finfo(dtype).min``; a float
+    bias is clamped to ``finfo(dtype).min`` (a float32 minimum overflows to -inf in fp16/bf16 and gives NaN rows)."""
     if mask.dtype == torch.bool:
         return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
     if mask.dtype != dtype:
@@ -179,16 +159,9 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """The additive bias of causal (left-to-right) attention, [1, 1, query_len, key_len].
-
-    Query i is the token at position ``key_len - query_len + i`` (the queries are the last
-    ``query_len`` tokens, e.g. new tokens after a key/value cache of ``key_len - query_len``): it
-    sees keys at positions up to its own (0) and not after it (``finfo(dtype).min``, finite, so a
-    fully masked row gives a uniform distribution, never NaN).
-
-    Raises:
-        ValueError: query_len > key_len or a length below 1.
-    """
+    """The additive causal bias [1, 1, query_len, key_len]: the queries are the last ``query_len`` tokens (after
+    a cache of ``key_len - query_len``), each seeing keys up to its own position; masked entries are
+    ``finfo(dtype).min``, finite, so a fully masked row is uniform, never NaN."""
     if not 1 <= query_len <= key_len:
         raise ValueError(f"causal attention needs 1 <= query_len <= key_len, got {query_len} and {key_len}")
     # query i sees key j when j <= offset + i: the lower triangle, shifted by the cache
@@ -197,13 +170,11 @@ def causal_bias(query_len: int, key_len: int, dtype: torch.dtype, device=None) -
 
 
 def causal_mask_when_skipped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool):
-    """What transformers' SDPA integration does with ``attention_mask=None`` and ``is_causal``, as
-    explicit tensors for kernels without a causal flag.
+    """(key, value, bias or None): what transformers' SDPA integration does with ``attention_mask=None`` and
+    ``is_causal``, as explicit tensors for kernels without a causal flag.
 
-    transformers' masking utilities return no mask for causal attention only when SDPA's own
-    (top-left aligned) causal flag is exact: one query (it sees every key), as many queries as keys,
-    or a prefill into an empty pre-allocated cache, whose unused key slots are then cut off.
-    Returns (key, value, bias): the bias [1, 1, query, query] (0 / finfo.min) or None.
+    transformers skips the causal mask only where SDPA's top-left aligned flag is exact: one query, as many
+    queries as keys, or a prefill into an empty pre-allocated cache (whose unused slots are then cut off).
     """
     q_len = query.shape[2]
     if not is_causal or q_len == 1:
@@ -222,21 +193,12 @@ def sdpa_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """fixedhead's ``attn_implementation="sdpa"``: transformers' SDPA integration
-    (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, same arguments and
-    result) with this module's kernel policy around it.
+    """fixedhead's ``attn_implementation="sdpa"``: transformers' ``sdpa_attention_forward`` (same arguments
+    and result, ([batch, q, heads, d_v], None)) with this module's policy around it.
 
-    query [batch, heads, q, d_qk], key [batch, heads, kv, d_qk], value [batch, heads, kv, d_v];
-    attention_mask as transformers' ``sdpa_mask`` makes it (bool [batch, 1, q, kv], True = attend), an
-    additive float mask, or None (then ``is_causal``, default ``module.is_causal``, decides). Returns
-    ([batch, q, heads, d_v], None).
-
-    * CPU, training with attention dropout, float32/64, no autocast (:func:`use_cpu_fast_path`):
-      :class:`DropoutAttention`, the same computation as SDPA's math kernel, faster (a learnable
-      float mask keeps SDPA, which gives it a gradient).
-    * CUDA: SDPA restricted to :func:`sdpa_backends`'s kernels for the head size, with one
-      warning when FlashAttention drops out (:func:`warn_if_unfused`).
-    * Otherwise transformers' function as is.
+    CPU training with attention dropout (:func:`use_cpu_fast_path`): :class:`DropoutAttention` (a learnable
+    float mask keeps SDPA, which gives it a gradient). CUDA: SDPA restricted to :func:`sdpa_backends`, warning
+    once when FlashAttention drops out. Otherwise transformers' function as is.
     """
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
     learnable = attention_mask is not None and attention_mask.is_floating_point() and attention_mask.requires_grad

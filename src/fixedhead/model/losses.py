@@ -1,7 +1,6 @@
-"""The losses of the fixedhead models, beside them (as transformers keeps its own in ``loss/loss_utils.py``):
-the masked-LM cross-entropy over the labelled positions only, and ``BertForSequenceClassification``'s loss
-per problem type. The causal LM uses transformers' own ``ForCausalLMLoss`` (``self.loss_function``).
-"""
+"""The models' losses, beside them (as transformers' ``loss/loss_utils.py``): the masked-LM cross-entropy
+over the labelled positions, and ``BertForSequenceClassification``'s loss per problem type. The causal LM
+uses transformers' ``ForCausalLMLoss``."""
 
 from __future__ import annotations
 
@@ -14,12 +13,8 @@ from .tensor_checks import check_finite, check_integer, first_out_of_range, firs
 
 
 def check_token_labels(labels: torch.Tensor, hidden_states: torch.Tensor, decoder: nn.Linear) -> int:
-    """Check language-model labels [batch, seq] (token ids, -100 = not scored) against the hidden
-    states they score and the *current* output vocabulary (resizing changes it); returns its size.
-
-    Raises:
-        ValueError: not an integer tensor, the wrong shape, or a label outside the vocabulary.
-    """
+    """Check LM labels [batch, seq] (-100 = not scored) against the hidden states and the current output
+    vocabulary (resizing changes it); returns the vocabulary size. Raises ValueError naming a bad label."""
     vocab = decoder.weight.shape[0]
     check_integer("labels", labels, "an integer tensor of token ids (-100 = not scored)")
     if tuple(labels.shape) != tuple(hidden_states.shape[:2]):
@@ -40,12 +35,10 @@ def masked_lm_loss_and_logits(
 ):
     """Mean cross-entropy over the labelled positions, and logits [batch, seq, vocab].
 
-    ``num_items_in_batch`` (from transformers' Trainer): the labelled positions of the whole global batch, so
-    data-parallel and accumulated steps average over every masked token; without it, this call's. The output layer
-    runs only at the labelled positions (as the original BERT code), scattered into zeros of ``BertForMaskedLM``'s
-    shape; pass no labels for logits everywhere. Nothing labelled: loss 0 with a zero gradient (BERT gives NaN).
-    Under ``torch.compile``/``torch.export`` it runs at every position (same values, full cost); eager on a GPU,
-    finding the positions is one host sync per step.
+    ``num_items_in_batch`` (from the Trainer): the labelled positions of the whole global batch, so
+    data-parallel and accumulated steps average over every masked token. The output layer runs only at the
+    labelled positions (as the original BERT code), scattered into zeros. Nothing labelled: loss 0 with a zero
+    gradient (BERT gives NaN). Under ``torch.compile``/``export`` it runs everywhere (same values, full cost).
     """
     batch, seq, hidden = sequence_output.shape
     flat_labels = labels.reshape(-1).long()
@@ -81,20 +74,11 @@ def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
 
 
 def sequence_classification_loss(problem_type: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss ``BertForSequenceClassification`` computes for ``problem_type`` (in float32).
+    """The loss ``BertForSequenceClassification`` computes for ``problem_type``, in float32; logits [batch, num_labels].
 
-    Args:
-        problem_type: ``"regression"`` (MSE; labels [batch] or [batch, 1] for one output,
-            [batch, num_labels] for several), ``"single_label_classification"`` (cross-entropy;
-            class ids [batch], -100 = not scored) or ``"multi_label_classification"``
-            (binary cross-entropy with logits; multi-hot labels [batch, num_labels] in [0, 1]).
-        logits: [batch, num_labels].
-        labels: see above.
-
-    Raises:
-        ValueError: labels of the wrong shape or dtype for the problem type; a class id outside
-            [0, num_labels); a regression target or multi-label target that is NaN/±inf; a
-            multi-label target outside [0, 1]. Value checks follow :mod:`fixedhead.model.tensor_checks`.
+    ``"regression"``: MSE, labels [batch] or [batch, num_labels]; ``"single_label_classification"``:
+    cross-entropy, class ids [batch] (-100 = not scored); ``"multi_label_classification"``: BCE with logits,
+    multi-hot labels in [0, 1]. Labels of the wrong shape, dtype or range raise ValueError naming them.
     """
     batch, num_labels = logits.shape
     shape = tuple(labels.shape)

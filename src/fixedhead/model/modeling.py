@@ -1,16 +1,9 @@
-"""BERT-style encoders with standard or fixed head size, as transformers models.
+"""BERT-style encoders and a decoder with standard or fixed head size, as transformers models.
 
-Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then
-LN(Z + FFN(Z)), GELU feed-forward, learned absolute positions and token types, tied input/output
-embeddings. With ``config.head_dim=None`` the models are numerically BERT
-(see :func:`fixedhead.from_bert` and the parity test); with an int they are the paper's
-fixed-head models.
-
-transformers' contract holds here as for ``BertModel``, ``BertForMaskedLM`` and
-``BertForSequenceClassification``: output shapes, losses and ``problem_type``,
-``resize_token_embeddings``, gradient (activation) checkpointing, ``torch.compile(fullgraph=True)``
-and ``torch.export``. Bad input is refused with a message naming the value; which checks run
-where (eager, compiled, GPU) is :mod:`fixedhead.model.tensor_checks`.
+Post-LN blocks as in BERT and the paper (Section 2): Z = LN(X + MultiHead(X)), then LN(Z + FFN(Z)), GELU,
+learned absolute positions and token types, tied embeddings. ``config.head_dim=None`` is numerically BERT
+(:func:`fixedhead.from_bert`); an int gives the paper's fixed-head models. transformers' contract holds as
+for ``BertModel`` and its heads; which value checks run where is :mod:`fixedhead.model.tensor_checks`.
 """
 
 from __future__ import annotations
@@ -57,10 +50,8 @@ from .tensor_checks import (
 def refuse_unsuitable_cache(cache: Cache, device: torch.device) -> None:
     """Refuse, by name, a key/value cache that cannot hold what fixedhead's attention reads.
 
-    Every layer attends to all earlier tokens, so a cache that forgets keys (sliding-window
-    layers) would silently change the model; an offloading cache moves layers between a GPU and
-    the CPU with CUDA streams, which a model on the CPU does not have. Dynamic, static and
-    quantized caches (and offloading on a GPU) hold every key and are accepted.
+    Every layer attends to all earlier tokens, so a sliding-window cache would silently change the model; an
+    offloading cache needs CUDA streams, which a CPU model lacks.
 
     Raises:
         ValueError: a cache with sliding-window layers, or an offloading cache on a CPU model.
@@ -83,15 +74,9 @@ def refuse_unsuitable_cache(cache: Cache, device: torch.device) -> None:
 
 
 def packed_sequence_ids(kwargs: dict, batch: int, seq: int, device) -> torch.Tensor | None:
-    """Which packed sequence each token belongs to, [batch, seq], from the keys transformers'
-    ``DataCollatorWithFlattening`` adds: ``seq_idx`` ([batch or 1, seq], ``return_seq_idx=True``) or
-    ``cu_seq_lens_q`` (cumulative lengths [0, n_1, n_1 + n_2, ...] of one flattened row,
-    ``return_flash_attn_kwargs=True``); None when neither is given.
-
-    Raises:
-        ValueError: ``seq_idx`` of another shape, or ``cu_seq_lens_q`` with a batch of several rows
-            or not ending at the row's length.
-    """
+    """Which packed sequence each token belongs to, [batch, seq], or None, from the keys transformers'
+    ``DataCollatorWithFlattening`` adds: ``seq_idx`` ([batch or 1, seq]) or ``cu_seq_lens_q`` (cumulative
+    lengths of one flattened row). Raises ValueError for a wrong shape or lengths not ending at the row's."""
     seq_idx, cu = kwargs.get("seq_idx"), kwargs.get("cu_seq_lens_q")
     if seq_idx is not None:
         seq_idx = torch.as_tensor(seq_idx, device=device)
@@ -114,8 +99,7 @@ def packed_sequence_ids(kwargs: dict, batch: int, seq: int, device) -> torch.Ten
 class FixedHeadEmbeddings(nn.Module):
     """Word + absolute position + token type embeddings, then LayerNorm and dropout (as BERT).
 
-    Table sizes are read from the tables at every call, never remembered from the config: after
-    ``resize_token_embeddings``, ``set_input_embeddings`` or a replaced position / token-type
+    Table sizes are read from the tables at every call, so after ``resize_token_embeddings`` or a replaced
     table, ids are checked against the table that will be indexed.
     """
 
@@ -137,11 +121,9 @@ class FixedHeadEmbeddings(nn.Module):
     ) -> torch.Tensor:
         """Embed [batch, seq] ids (or take [batch, seq, hidden] ``inputs_embeds``); returns [batch, seq, hidden].
 
-        ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all
-        rows (as BERT); ``token_type_ids`` also [batch, 1] / [1, 1] / [1], one type for a whole row
-        (BERT's sum broadcasts it). Without ``position_ids`` the tokens sit at positions ``cache_length`` ..
-        ``cache_length + seq - 1`` (after the tokens already in a key/value cache, as BERT).
-        Raises ValueError naming the value: see :class:`FixedHeadModel`.
+        ``token_type_ids`` and ``position_ids``: [batch, seq], or [1, seq] / [seq] shared by all rows;
+        ``token_type_ids`` also one per row ([batch, 1]) as BERT's sum broadcasts it. Without ``position_ids``
+        tokens sit after the ``cache_length`` tokens already cached.
         """
         hidden = self.LayerNorm.normalized_shape[0]
         if inputs_embeds is None:
@@ -208,11 +190,8 @@ class FixedHeadEmbeddings(nn.Module):
 class FixedHeadLayer(GradientCheckpointingLayer):
     """One post-LN encoder block: LN(X + Attn(X)), then LN(Z + FFN(Z)) (paper Section 2).
 
-    A ``GradientCheckpointingLayer``: after ``model.activation_checkpointing_enable()`` (or the
-    older ``gradient_checkpointing_enable()``), training recomputes the block in the backward
-    pass instead of keeping its activations (same gradients; dropout masks are replayed). The
-    cache arrives as a keyword, so checkpointing drops it as in transformers' own layers (a
-    recomputed block must not append its keys to the cache a second time).
+    A ``GradientCheckpointingLayer``: the cache arrives as a keyword so that checkpointing drops it, and a
+    recomputed block does not append its keys twice.
     """
 
     def __init__(self, config: FixedHeadConfig, layer_idx: int | None = None):
@@ -250,9 +229,8 @@ class FixedHeadLayer(GradientCheckpointingLayer):
         is_causal: bool | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], attention probabilities
-        [batch, heads, seq, keys] or None); the mask (prepared by the model with transformers'
-        masking utilities), ``cache``, ``is_causal`` and ``kwargs`` as in :class:`MultiHeadAttention`."""
+        """hidden_states [batch, seq, hidden] -> ([batch, seq, hidden], probabilities [batch, heads, seq, keys]
+        or None); the arguments as in :class:`MultiHeadAttention`."""
         attn_out, probs = self.attention(
             hidden_states,
             attention_mask=attention_mask,
@@ -289,20 +267,14 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """transformers' ``save_pretrained`` (same arguments); a model whose class is registered for an
-        Auto class (fixedhead registers every class when imported, :func:`register_auto_classes`;
-        transformers registers a class it loaded as remote code) also writes its modeling code.
+        """transformers' ``save_pretrained``; a class registered for an Auto class also writes its modeling code.
 
-        transformers' ``custom_object_save`` copies this module and the modules it imports from its
-        folder (``configuration.py``, ``attention.py``, ...: :func:`remote_code_files`) next to
-        ``config.json``; here config.json's ``auto_map`` names every fixedhead class (:func:`auto_map`),
-        so ``AutoConfig`` and every ``AutoModel*`` class of :data:`AUTO_CLASSES` open the folder with
-        ``trust_remote_code=True`` where fixedhead is not installed, as they open it without
-        ``trust_remote_code`` where it is (local code then wins).
+        transformers copies this module and the modules it imports (:func:`remote_code_files`) beside config.json,
+        whose ``auto_map`` (:func:`auto_map`) lets every ``AutoModel*`` class open the folder with
+        ``trust_remote_code=True`` where fixedhead is not installed.
 
         Raises:
-            OSError: a full disk or file-size limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``), naming ``save_directory``
-                (a failed copy of the modeling code names its source otherwise); else what transformers raises.
+            OSError: a full disk or file-size limit, naming ``save_directory``.
         """
         if self.is_remote_code():
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map()}
@@ -327,40 +299,30 @@ class FixedHeadPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias[:rows])
 
     def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, *args, **kwargs) -> str:
-        """transformers' choice (at ``__init__``, ``from_pretrained`` and ``set_attn_implementation``),
-        after refusing by name an implementation that cannot take the head sizes (FlashAttention above
-        its limit; queries/keys and values of different sizes on a serving engine's attention, which
-        vLLM's Transformers backend sets before it builds the model), before transformers imports a
-        package or fetches a hub kernel and before any weights are read (see
-        :func:`~fixedhead.model.attention.check_head_dims`)."""
+        """transformers' choice, after refusing an implementation that cannot take the head sizes
+        (:func:`~fixedhead.model.attention.check_head_dims`), before a package is imported, a hub kernel fetched
+        or weights read (vLLM sets its own implementation before it builds the model)."""
         for qk_head_dim, v_head_dim in zip(self.config.layer_qk_head_dims, self.config.layer_v_head_dims, strict=True):
             check_head_dims(attn_implementation, qk_head_dim, v_head_dim)
         return super()._check_and_adjust_attn_implementation(attn_implementation, *args, **kwargs)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' choice, after the same head-size refusal (the path transformers takes for
-        names that are not hub kernels)."""
+        """transformers' choice after the same head-size refusal (its path for names that are not hub kernels)."""
         for qk_head_dim, v_head_dim in zip(self.config.layer_qk_head_dims, self.config.layer_v_head_dims, strict=True):
             check_head_dims(requested_attention, qk_head_dim, v_head_dim)
         return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
 
 class FixedHeadModel(FixedHeadPreTrainedModel):
-    """The bare encoder (with ``config.is_decoder``: decoder): embeddings, ``num_hidden_layers`` blocks, an optional
-    BERT pooler. A decoder's attention is causal, and ``use_cache`` / ``cache`` keep a transformers ``Cache`` for
-    generation (``attention_mask`` then covers cached + new tokens).
+    """The bare encoder (with ``config.is_decoder``: a causal decoder): embeddings, ``num_hidden_layers`` blocks,
+    an optional BERT pooler; ``use_cache`` / ``cache`` keep a transformers ``Cache`` for generation.
 
     forward(input_ids [batch, seq] | inputs_embeds [batch, seq, hidden], attention_mask [batch, seq] (1 = token,
-    0 = padding), token_type_ids and position_ids ([batch, seq], or [1, seq] / [seq] shared by all rows)) returns
+    [batch, cached + new] with a cache), token_type_ids, position_ids) returns
     ``BaseModelOutputWithPoolingAndCrossAttentions``: last_hidden_state [batch, seq, hidden_size], pooler_output
-    [batch, hidden_size] or None, on request hidden_states and attentions ([batch, heads, query, key], rows sum to
-    1). A row whose mask is all 0 gives finite (meaningless) outputs.
-
-    Raises (value checks where :mod:`fixedhead.model.tensor_checks` runs them):
-        ValueError: neither or both of input_ids / inputs_embeds; a sequence longer than the position table; a
-            tensor of the wrong shape or dtype; ids outside their embedding tables; a mask value other than 0/1;
-            NaN or ±inf in ``inputs_embeds``.
-        TypeError: a tensor argument that is not a tensor.
+    [batch, hidden_size] or None, on request hidden_states and attentions [batch, heads, query, key]. A row whose
+    mask is all 0 gives finite (meaningless) outputs. Bad input raises ValueError (TypeError for a non-tensor)
+    naming the value.
     """
 
     def __init__(self, config: FixedHeadConfig, add_pooling_layer: bool = True):
@@ -379,24 +341,17 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         self.embeddings.word_embeddings = value
 
     def _attention_mask(self, attention_mask, embeds, cache, position_ids, is_causal, output_attentions, kwargs):
-        """The mask every layer's attention gets, made once by transformers' masking utilities for
-        ``config._attn_implementation``. None when the kernel needs none (no padding: SDPA's fastest
-        path); a 4-D mask is taken as prepared.
+        """The mask every layer gets, made once by transformers' masking utilities for the implementation;
+        None when the kernel needs none, a 4-D mask taken as prepared.
 
-        * Decoder: ``create_causal_mask``, sized by the cache (so a pre-allocated cache's empty slots
-          are hidden); with neither mask nor cache, sequences packed into one row are found from
-          ``position_ids`` restarting (transformers' rule for decoders, e.g. Llama).
-        * Encoder: ``create_bidirectional_mask``, given ``position_ids`` as BERT gives them, so the
-          encoder does what the installed release's BERT does: from transformers 5.25, positions
-          that restart within a row (with no padding mask) mark packed sequences that do not attend
-          to each other; up to 5.24 they are positions only (tests/test_contract.py compares with
-          BERT in the installed release). Packed sequences are also kept apart when the batch says
-          where they are, as ``DataCollatorWithFlattening`` does with ``return_seq_idx=True``
-          (``seq_idx`` [1, tokens]) or ``return_flash_attn_kwargs=True`` (``cu_seq_lens_q``).
+        Decoder: ``create_causal_mask``, sized by the cache; without mask or cache, restarting ``position_ids``
+        mark packed sequences (transformers' decoder rule). Encoder: ``create_bidirectional_mask`` given
+        ``position_ids`` as BERT gives them, so it does what the installed release's BERT does (from 5.25 restarting
+        positions mark packed sequences; tests/test_contract.py compares). ``seq_idx`` / ``cu_seq_lens_q`` from
+        ``DataCollatorWithFlattening`` also keep packed sequences apart.
 
         Raises:
-            ValueError: a padding mask of the wrong shape or with values other than 0/1;
-                ``output_attentions`` with an implementation that computes no probabilities.
+            ValueError: ``output_attentions`` with an implementation that computes no probabilities.
         """
         batch, seq = embeds.shape[:2]
         impl = self.config._attn_implementation
@@ -445,8 +400,7 @@ class FixedHeadModel(FixedHeadPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions | tuple:
-        """See the class docstring; returns ``BaseModelOutputWithPoolingAndCrossAttentions``
-        (``cache`` set when a decoder uses one)."""
+        """See the class docstring (``cache`` set in the output when a decoder uses one)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
@@ -518,8 +472,8 @@ class FixedHeadPooler(nn.Module):
 
 
 class FixedHeadLMHead(nn.Module):
-    """The language-model head of both objectives (``FixedHeadForMaskedLM`` and ``FixedHeadForCausalLM``),
-    laid out as BERT's MLM head: dense + activation + LayerNorm, then the (tied) decoder to the vocabulary."""
+    """The LM head of both objectives, laid out as BERT's MLM head: dense + activation + LayerNorm, then
+    the (tied) decoder to the vocabulary."""
 
     def __init__(self, config: FixedHeadConfig):
         super().__init__()
@@ -534,18 +488,12 @@ class FixedHeadLMHead(nn.Module):
 
 
 class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
-    """Encoder + MLM head (decoder weight tied to the word embeddings unless ``tie_word_embeddings=False``).
+    """Encoder + MLM head (decoder tied to the word embeddings unless ``tie_word_embeddings=False``).
 
-    forward(..., labels [batch, seq] with -100 at unscored positions) returns ``MaskedLMOutput``
-    with logits [batch, seq, vocab_size] whether or not labels are given, as ``BertForMaskedLM``.
-    With labels, the output layer runs only at the labelled positions (see
-    :func:`masked_lm_loss_and_logits`): logits there are the model's, elsewhere 0; loss is the
-    mean cross-entropy over the labelled positions (0 with a zero gradient when nothing is
-    labelled, never NaN).
-
-    Raises:
-        ValueError: as :class:`FixedHeadModel`; labels of the wrong shape or dtype, or holding
-            a value that is neither -100 nor a token id of the (current) output vocabulary.
+    forward(..., labels [batch, seq], -100 = not scored) returns ``MaskedLMOutput`` with logits
+    [batch, seq, vocab_size] as ``BertForMaskedLM``. With labels the output layer runs only at the labelled
+    positions (:func:`masked_lm_loss_and_logits`; logits elsewhere are 0); the loss is the mean cross-entropy
+    there (0 with a zero gradient when nothing is labelled). Labels outside the vocabulary raise ValueError.
     """
 
     #: the Trainer passes num_items_in_batch: the loss averages over the global batch's masked tokens
@@ -585,8 +533,7 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        """input_ids [batch, seq], labels [batch, seq] (-100 = not scored) -> logits [batch, seq, vocab]
-        and the mean masked-LM loss; see the class docstring."""
+        """See the class docstring."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.fixedhead(
             input_ids,
@@ -613,23 +560,13 @@ class FixedHeadForMaskedLM(FixedHeadPreTrainedModel):
 
 
 class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
-    """A decoder-only (left-to-right) language model with standard or fixed head size.
+    """A decoder-only language model with standard or fixed head size (``config.is_decoder`` set to True).
 
-    The same blocks, attention layer and ``head_dim`` semantics as the encoders (``None`` = d/h),
-    with causal attention (``config.is_decoder`` is set to True), learned absolute positions and
-    the MLM head's transform + decoder as the LM head, tied to the input embeddings by default
-    (the layout of transformers' ``BertLMHeadModel``). Works with ``generate`` (greedy, sampling,
-    beam search) through transformers' ``DynamicCache``, and with ``pipeline("text-generation")``.
-
-    forward(input_ids [batch, seq], attention_mask [batch, cached + new] (1 = token), ...,
-    labels [batch, seq] (-100 = not scored), cache, use_cache, logits_to_keep) returns
-    ``CausalLMOutputWithCrossAttentions``: logits [batch, seq, vocab] (or the last
-    ``logits_to_keep``), loss = mean cross-entropy of predicting token t+1 from tokens ≤ t
-    (transformers' ``ForCausalLMLoss``: labels are shifted inside, as for every causal LM), cache.
-
-    Raises:
-        ValueError: labels of the wrong shape or dtype, or outside the vocabulary (other than
-            -100); plus everything :class:`FixedHeadModel` refuses.
+    The encoders' blocks with causal attention and the MLM head as LM head, tied by default (transformers'
+    ``BertLMHeadModel`` layout); works with ``generate`` and ``pipeline("text-generation")``.
+    forward(input_ids, attention_mask [batch, cached + new], labels [batch, seq] (-100 = not scored), cache,
+    use_cache, logits_to_keep) returns ``CausalLMOutputWithCrossAttentions``: logits [batch, seq, vocab] (or the
+    last ``logits_to_keep``), loss = mean next-token cross-entropy (``ForCausalLMLoss`` shifts labels inside).
     """
 
     _tied_weights_keys = {"cls.decoder.weight": "fixedhead.embeddings.word_embeddings.weight"}
@@ -654,10 +591,8 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
-        """transformers' length checks, then the learned position table's: a sequence of L tokens
-        embeds its first L - 1 (the last one is only predicted), so L may reach
-        max_position_embeddings + 1, as for GPT-2's table; longer is refused here, before the
-        first forward pass, instead of failing once generation reaches the end of the table."""
+        """transformers' length checks, then the position table's: L tokens embed their first L − 1, so L may
+        reach max_position_embeddings + 1 (as GPT-2); longer is refused before the first forward pass."""
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
         n_positions = self.fixedhead.embeddings.position_embeddings.weight.shape[0]
         if generation_config.max_length - 1 > n_positions:
@@ -730,14 +665,9 @@ class FixedHeadForCausalLM(FixedHeadPreTrainedModel, GenerationMixin):
 class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
     """Encoder + BERT pooler + dropout + linear classifier (GLUE-style fine-tuning).
 
-    forward(..., labels) returns ``SequenceClassifierOutput`` with logits [batch, num_labels]
-    and, with labels, the loss ``BertForSequenceClassification`` gives for ``config.problem_type``
-    (see :func:`sequence_classification_loss`): MSE for ``"regression"`` (STS-B),
-    cross-entropy for ``"single_label_classification"``, binary cross-entropy with logits for
-    ``"multi_label_classification"``. When ``problem_type`` is None it is inferred from
-    ``num_labels`` and the labels' dtype and recorded in the config, as BERT does
-    (:func:`infer_problem_type`; the text-classification pipeline then applies sigmoid or softmax
-    accordingly).
+    forward(..., labels) returns ``SequenceClassifierOutput`` with logits [batch, num_labels] and, with labels,
+    the loss ``BertForSequenceClassification`` gives for ``config.problem_type``
+    (:func:`sequence_classification_loss`); a None ``problem_type`` is inferred and recorded, as BERT does.
     """
 
     def __init__(self, config: FixedHeadConfig):
@@ -761,9 +691,7 @@ class FixedHeadForSequenceClassification(FixedHeadPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> SequenceClassifierOutput | tuple:
-        """input_ids [batch, seq], labels [batch] (classes or regression targets) or [batch, num_labels]
-        (multi-label, or several regression targets) -> logits [batch, num_labels] and the loss of
-        ``config.problem_type``; see the class docstring."""
+        """labels [batch] (classes or regression targets) or [batch, num_labels]; see the class docstring."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.fixedhead(
             input_ids,
@@ -806,20 +734,15 @@ AUTO_CLASSES = {
 
 
 def auto_map() -> dict[str, str]:
-    """config.json's ``auto_map`` for a saved fixedhead model: Auto class name -> ``"module.Class"``,
-    the class in the module file ``save_pretrained`` writes beside config.json (transformers names a
-    module by the last part of its dotted name: ``"modeling.FixedHeadForCausalLM"``). ``AutoConfig``
-    and the four model classes of :data:`AUTO_CLASSES`: any of them opens any fixedhead run, as with
-    fixedhead imported (a masked-LM run as a classifier to fine-tune, say)."""
+    """config.json's ``auto_map``: Auto class name -> ``"modeling.Class"`` for ``AutoConfig`` and the model classes
+    of :data:`AUTO_CLASSES`, so any of them opens any fixedhead run (a masked-LM run as a classifier, say)."""
     classes = {"AutoConfig": FixedHeadConfig, **AUTO_CLASSES}
     return {auto: f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}" for auto, cls in classes.items()}
 
 
 def remote_code_files() -> tuple[str, ...]:
-    """The names of the code files ``save_pretrained`` writes beside config.json (sorted): this
-    module's file and every module it imports relatively, followed as transformers follows them
-    (``transformers.dynamic_module_utils.get_relative_import_files``: same-folder imports only, so
-    the model folder imports nothing from the rest of fixedhead; tests/test_layering.py checks it)."""
+    """The code files ``save_pretrained`` writes beside config.json (sorted): this module and what it imports
+    relatively, followed as transformers follows them (so the model folder imports nothing else of fixedhead)."""
     from pathlib import Path
 
     from transformers.dynamic_module_utils import get_relative_import_files
@@ -828,15 +751,11 @@ def remote_code_files() -> tuple[str, ...]:
 
 
 def register_auto_classes() -> None:
-    """Register ``FixedHeadConfig`` and the models with transformers' Auto classes.
+    """Register ``FixedHeadConfig`` and the models with transformers' Auto classes (idempotent).
 
-    Called when :mod:`fixedhead` is imported, so that ``AutoConfig``, ``AutoModel``,
-    ``AutoModelForMaskedLM``, ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` and
-    ``transformers.pipeline`` load a fixedhead run directory (``model_type: "fixedhead"`` in its
-    config.json) without ``trust_remote_code``. Each class is also registered *for* its Auto class
-    (``register_for_auto_class``), so that ``save_pretrained`` writes the modeling code and
-    ``auto_map`` that open the run where fixedhead is not installed (see
-    :meth:`FixedHeadPreTrainedModel.save_pretrained`). Idempotent (``exist_ok=True``).
+    Called on import, so Auto classes and ``pipeline`` load a ``model_type: "fixedhead"`` run without
+    ``trust_remote_code``; each class is also registered for its Auto class so ``save_pretrained`` writes the
+    code and ``auto_map`` for machines without fixedhead.
     """
     import transformers
 

@@ -1,8 +1,5 @@
-"""Named model configurations: the paper's BERT sizes (Tables 1–3) and LM1B-style models (Fig. 1/3a).
-
-Every paper preset records the parameter count the paper reports (``paper_params``, in
-millions), so the implementation can be checked against it (tests/model/test_count.py).
-"""
+"""Named model configurations: the paper's BERT sizes (Tables 1–3) and LM1B-style models (Fig. 1/3a),
+each with the parameter count the paper reports (tests/model/test_count.py checks them)."""
 
 from __future__ import annotations
 
@@ -106,5 +103,5 @@ def lookup(table: dict, name: str, kind: str):
 
 
 def get_preset(name: str) -> ModelPreset:
-    """Look up a model preset by name. Raises ValueError listing the known names."""
+    """Look up a model preset by name (ValueError listing the known names)."""
     return lookup(PAPER_PRESETS, name, "model")

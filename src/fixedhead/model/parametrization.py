@@ -25,13 +25,7 @@ QUERY_INITS = ("normal", "zero")
 
 
 def check_parametrization(config) -> None:
-    """Validate a config's parametrization fields (called by ``FixedHeadConfig``).
-
-    Raises:
-        ValueError: an unknown ``parametrization`` or ``query_init``; "mup" without a positive
-            int ``mup_base_head_dim``; a ``mup_base_num_attention_heads`` that is not a positive
-            int; an ``attention_scale`` that is not a positive finite number.
-    """
+    """Validate a config's parametrization fields (called by ``FixedHeadConfig``); ValueError naming the field."""
     if config.parametrization not in PARAMETRIZATIONS:
         raise ValueError(f"parametrization must be one of {PARAMETRIZATIONS}, got {config.parametrization!r}")
     if config.query_init not in QUERY_INITS:
@@ -72,12 +66,8 @@ def output_projection_multiplier(config, head_dim: int) -> float:
 
 
 def learning_rate_multipliers(model) -> dict[str, float]:
-    """``{parameter name: factor}`` for the parameters whose learning rate is not the base one
-    (μP's output projections); empty under the standard parametrization.
-
-    The training loop gives each listed parameter ``learning_rate × factor`` (biases keep the base
-    rate: their fan-in is 1).
-    """
+    """``{parameter name: factor}`` for the parameters whose learning rate is not the base one (μP's output
+    projections; biases keep the base rate, their fan-in is 1); empty under the standard parametrization."""
     from .attention import MultiHeadAttention
 
     config = getattr(model, "config", None)

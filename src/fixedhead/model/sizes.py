@@ -1,11 +1,6 @@
-"""Sizes of a model with standard or fixed head size, every formula in one place: its parameter counts
-(:func:`count_parameters` without building it; :func:`parameter_count` and :func:`non_embedding_parameters`
-of either family), its FLOPs (BERT-style encoder or Llama-style decoder) and the ``fixedhead count`` table.
-
-Used by the benchmarks for achieved GFLOP/s and model-FLOP utilisation (MFU), to predict the
-compute cost of the paper's fixed head size (Section 4) relative to the standard d_p = d/h, and
-for the GPU-hour estimates of the paper-size presets (:func:`training_flops`, :func:`gpu_hours`).
-"""
+"""Sizes of a model with standard or fixed head size, every formula in one place: parameter counts, FLOPs
+(BERT-style encoder or Llama-style decoder) and the ``fixedhead count`` table. The benchmarks read them for
+GFLOP/s and MFU, and the paper presets for GPU-hour estimates."""
 
 from __future__ import annotations
 
@@ -25,10 +20,10 @@ def estimate_flops(
     masked_fraction: float = 0.15,
     training: bool = True,
 ) -> int:
-    """Matrix-multiply FLOPs of one masked-LM step (forward, or forward + backward).
+    """Matrix-multiply FLOPs of one masked-LM step (forward, or forward + backward with ``training``).
 
-    2 FLOPs per multiply-accumulate of every matrix product. With d = hidden_size, i = h·d_p, f =
-    intermediate_size, v = vocab_size, l = num_hidden_layers, n = seq_len, T = batch_size·n tokens and
+    2 FLOPs per multiply-accumulate. With d = hidden_size, i = h·d_p, f = intermediate_size, v = vocab_size,
+    l = num_hidden_layers, n = seq_len (padding counts), T = batch_size·n tokens and
     M = round(masked_fraction·T) positions where the MLM output layer runs:
 
       per layer, per token     2·d·3i       fused q, k, v projection          d → 3i
@@ -43,24 +38,9 @@ def estimate_flops(
 
     Per-layer head sizes sum per layer; with ``qk_head_dim`` and ``v_head_dim`` the projection is
     2·d·(2·i_qk + i_v), W_o 2·i_v·d, the logits 2·n·i_qk, the context 2·n·i_v. A ``LlamaConfig`` counts
-    separate q, k, v (2·d·(i + 2·i_kv) with fewer key/value heads), a SwiGLU feed-forward (2·3·d·f) and no
-    transform. Training is 3× forward (dX and dW per product). O(d)-per-token work (embeddings, LayerNorm,
-    softmax, the loss, the optimizer) is not counted: model-FLOP utilisation is meant to expose it.
-    ``masked_fraction``: the masking rate for ``FixedHeadForMaskedLM`` with labels, 1.0 for full logits or a
-    causal LM.
-
-    Args:
-        config: the model configuration.
-        batch_size: sequences per step (≥ 1).
-        seq_len: tokens per sequence (≥ 1; padding counts).
-        masked_fraction: in [0, 1].
-        training: forward + backward if True.
-
-    Returns:
-        FLOPs per step, an int.
-
-    Raises:
-        ValueError: non-positive batch_size / seq_len, masked_fraction outside [0, 1].
+    separate q, k, v with fewer key/value heads, a SwiGLU feed-forward (2·3·d·f) and no transform. Training is
+    3× forward. O(d)-per-token work (LayerNorm, softmax, the optimizer) is not counted: MFU is meant to expose it.
+    ``masked_fraction``: 1.0 for full logits or a causal LM.
     """
     positive_int("batch_size", batch_size)
     positive_int("seq_len", seq_len)
@@ -85,14 +65,9 @@ def estimate_flops(
 
 
 def training_flops(config: FixedHeadConfig, tokens: int, seq_len: int) -> float:
-    """Training cost of ``tokens`` tokens in sequences of ``seq_len``, in FLOPs: :func:`estimate_flops`
-    of a forward + backward step with the output layer at every position (an upper bound for the
-    masked LM, which needs it at ~15%), per token, times ``tokens``. Within 1% of the 6·N·T rule plus
-    the attention products for the paper's presets. An estimate for planning, not a measurement.
-
-    Raises:
-        ValueError: non-positive ``tokens`` or ``seq_len``.
-    """
+    """Training FLOPs for ``tokens`` tokens in sequences of ``seq_len``, with the output layer at every
+    position (an upper bound for the masked LM). Within 1% of 6·N·T plus the attention products for the
+    paper's presets; an estimate for planning."""
     positive_int("tokens", tokens)
     per_sequence = estimate_flops(config, 1, seq_len, masked_fraction=1.0, training=True)
     return float(per_sequence) * tokens / seq_len
@@ -122,8 +97,8 @@ def count_parameters(
       MLM head    d² + d + 2d + v             transform, LayerNorm, output bias; decoder tied
       NSP head    2d + 2                      (``nsp_head=True``, as in the paper's pretraining)
 
-    Defaults match ``FixedHeadModel`` + pooler + MLM head, i.e. BERT as counted in the paper's
-    Tables 1–3 (checked to within 1% there; exactly against ``sum(p.numel())`` in the tests).
+    Defaults match ``FixedHeadModel`` + pooler + MLM head, BERT as counted in the paper's Tables 1–3 (within
+    1% there; exactly ``sum(p.numel())`` in the tests).
     """
     d, v, f = config.hidden_size, config.vocab_size, config.intermediate_size
     total = v * d + config.max_position_embeddings * d + max(config.type_vocab_size, 1) * d + 2 * d
@@ -140,10 +115,8 @@ def count_parameters(
 
 
 def parameter_count(config) -> int:
-    """Trainable parameters of the language model a study trains with ``config`` (a tied matrix
-    once): :func:`count_parameters` without pooler for fixedhead; for
-    Llama, ``LlamaForCausalLM`` built on the meta device (no memory, no initialisation) and its
-    parameters summed."""
+    """Trainable parameters of the language model a study trains with ``config`` (a tied matrix once); Llama
+    models are built on the meta device and summed."""
     from .configuration import FixedHeadConfig
 
     if isinstance(config, FixedHeadConfig):
@@ -165,8 +138,7 @@ def _meta_model(config):
 
 
 def non_embedding_parameters(config) -> int:
-    """N, the parameters outside embedding tables (token, position, type) and outside an output
-    layer tied to them — Kaplan et al.'s count — of either family's causal or masked LM."""
+    """N, the parameters outside embedding tables and a tied output layer (Kaplan et al.'s count)."""
     from torch import nn
 
     model = _meta_model(config)
@@ -222,19 +194,13 @@ COUNT_DEFAULTS = {
 
 
 def count_table(presets: list[str] | None = None, sizes: dict | None = None, objective: str | None = None) -> str:
-    """``fixedhead count``: the parameter count of explicit sizes (``sizes`` with ``hidden_size``
-    and ``num_attention_heads``; BERT-large's depth, vocabulary and positions unless given, a
-    feed-forward of 4d) as one line, or a table of paper presets (default: all of Tables 1-3 and
-    the LM1B-style ones) beside the counts the paper reports. ``sizes`` may change a preset's
-    depth, feed-forward width, vocabulary and positions (the paper column is then left out).
-    ``objective``: None counts BERT as the paper does (encoder, pooler and MLM head); ``"mlm"`` or
-    ``"clm"`` counts the language model pretraining trains, ``FixedHeadForMaskedLM`` or
-    ``FixedHeadForCausalLM`` (no pooler; the paper column is then left out).
+    """``fixedhead count``: one line for explicit ``sizes``, or a table of paper presets (default: Tables 1–3 and
+    the LM1B-style ones) beside the paper's counts.
 
-    Raises:
-        ValueError: ``hidden_size``, ``num_attention_heads``, ``head_dim``, ``qk_head_dim`` or
-            ``v_head_dim`` with presets, or explicit sizes without both of the first two; an unknown
-            preset or objective; a size the config refuses.
+    ``sizes`` needs ``hidden_size`` and ``num_attention_heads`` (BERT-large's depth, vocabulary and positions
+    unless given, f = 4d), or changes a preset's depth, feed-forward, vocabulary and positions (then the paper
+    column is left out). ``objective``: None counts BERT as the paper does; ``"mlm"`` / ``"clm"`` the language
+    model pretraining trains (no pooler). Raises ValueError naming a size or preset that does not fit.
     """
     from .paper_presets import PAPER_PRESETS, get_preset
 

@@ -1,16 +1,14 @@
-"""Widen the heads of a trained model, exactly: d_p → d_p' ≥ d_p with the same function (paper Section 4 fixes
-d_p apart from d; a widened model trains on without its old head size's bottleneck).
+"""Widen the heads of a trained model, exactly: d_p → d_p' ≥ d_p with the same function (paper Section 4).
 
-Per head, fused ``qkv`` rows [q | k | v] (each [h·d_p], heads contiguous), ``out_proj`` columns [h·d_p]:
+Per head, fused ``qkv`` rows [q | k | v] and ``out_proj`` columns:
 
 * queries: old rows and bias × √(d_p'/d_p), so (c·q)·k / √d_p' = q·k / √d_p; new rows small random, bias 0;
 * keys: new rows and bias **zero**, so the new logit terms are 0;
 * values: new rows small random, bias 0;
 * output projection: new columns **zero**, so the new value dimensions add nothing.
 
-One side of each new product is random, so the zero side gets a gradient in the first backward pass (zeros
-on both sides would stay zero). The key bias is the exception: softmax ignores a per-query shift, so its
-gradient is always zero.
+One side of each new product is random, so the zero side gets a gradient at once (zeros on both sides
+would stay zero); the key bias never does, since softmax ignores a per-query shift.
 """
 
 from __future__ import annotations
@@ -54,14 +52,8 @@ def new_head_dims(old: list[int], head_dim) -> list[int]:
 def widen_attention(
     attention: MultiHeadAttention, head_dim: int, init_std: float, generator: torch.Generator | None = None
 ) -> MultiHeadAttention:
-    """A :class:`MultiHeadAttention` with head size ``head_dim`` ≥ ``attention.head_dim`` that
-    computes what ``attention`` does (see the module docstring for the construction).
-
-    Weights keep the old layer's dtype and device; new random entries are N(0, init_std²).
-
-    Raises:
-        ValueError: ``head_dim`` smaller than the current head size.
-    """
+    """A :class:`MultiHeadAttention` with head size ``head_dim`` ≥ ``attention.head_dim`` computing what
+    ``attention`` does (the module docstring's construction); new random entries are N(0, init_std²)."""
     h, old, d = attention.num_attention_heads, attention.head_dim, attention.hidden_size
     if head_dim < old:
         raise ValueError(f"head_dim={head_dim} is smaller than the current head size {old}")
@@ -104,27 +96,14 @@ def widen_attention(
 def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0):
     """A copy of ``model`` whose attention heads are wider and which computes the same function.
 
-    Args:
-        model: a fixedhead model (``FixedHeadModel``, ``FixedHeadForMaskedLM``,
-            ``FixedHeadForCausalLM``, ``FixedHeadForSequenceClassification``; a transformers BERT
-            converted with :func:`fixedhead.from_bert` included). Not modified.
-        head_dim: the new head size d_p' for every layer (an int), or a list with one entry per
-            layer (an int, or None to keep that layer's size). Each must be ≥ the layer's current
-            d_p; equal sizes leave a layer exactly as it is.
-        init_std: standard deviation of the new random query and value rows (default: the
-            config's ``initializer_range``). Small values keep training close to the old model.
-        seed: seeds the new random rows (the same seed, the same widened model).
-
-    Returns:
-        the widened model (a deep copy, in the original's train/eval mode, dtype and device), whose
-        ``config.head_dim`` is the new size: an int when ``head_dim`` was one, else the per-layer
-        list. In float32 eval mode its outputs equal the original's to float rounding.
+    ``head_dim``: the new d_p' for every layer, or a list with one entry per layer (None keeps a layer), each
+    ≥ the layer's d_p. ``init_std``: of the new query and value rows (default ``initializer_range``); ``seed``
+    seeds them. The copy keeps mode, dtype and device; in float32 eval mode its outputs equal the original's to
+    rounding.
 
     Raises:
-        ValueError: a size smaller than a layer's current head size (the message names the layer
-            and both sizes), a list of the wrong length, a size that is not a positive int, a model
-            whose config sets ``qk_head_dim`` or ``v_head_dim`` (widening grows the one ``head_dim``
-            of queries, keys and values), or a model without fixedhead attention layers.
+        ValueError: a size below a layer's current one (naming the layer), a list of the wrong length, or a
+            config with ``qk_head_dim`` / ``v_head_dim`` set (widening grows the one ``head_dim``).
     """
     separate = {f: getattr(model.config, f, None) for f in ("qk_head_dim", "v_head_dim")}
     if any(size is not None for size in separate.values()):
@@ -153,17 +132,9 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
 
 @torch.no_grad()
 def widen_feed_forward(model, intermediate_size: int, *, init_std: float | None = None, seed: int = 0):
-    """A copy of a fixedhead language model whose feed-forward layers are ``intermediate_size``
-    wide and which computes the same function (the parameter-matched control of
-    ``fixedhead widen-experiment``).
-
-    Per layer, the new units' input rows are N(0, init_std²) (default: ``initializer_range``) with
-    zero bias, and their output columns are zero, so they add nothing until trained; as in
-    :func:`fixedhead.widen_heads`, one side of each product is random, so every new weight learns.
-
-    Raises:
-        ValueError: ``intermediate_size`` smaller than the model's.
-    """
+    """A copy of a fixedhead language model whose feed-forward layers are ``intermediate_size`` wide, computing
+    the same function (the parameter-matched control of ``fixedhead widen-experiment``): new input rows
+    N(0, init_std²), output columns zero, as in :func:`widen_heads`. Raises ValueError for a narrower size."""
     old = model.config.intermediate_size
     if positive_int("intermediate_size", intermediate_size) < old:
         raise ValueError(f"intermediate_size={intermediate_size} is smaller than the model's {old}")

@@ -18,12 +18,8 @@ _mode = "auto"
 
 
 def set_value_checks(mode: str) -> str:
-    """Choose where value checks run: ``"auto"`` (eager, CPU tensors; the default), ``"always"``
-    (eager, every device: one host sync per check on a GPU) or ``"never"``. Returns the previous mode.
-
-    Raises:
-        ValueError: an unknown mode.
-    """
+    """Choose where value checks run: ``"auto"`` (eager, CPU tensors; the default), ``"always"`` (eager, every
+    device: one host sync per check on a GPU) or ``"never"``. Returns the previous mode."""
     global _mode
     if mode not in _MODES:
         raise ValueError(f"value-check mode must be one of {_MODES}, got {mode!r}")
@@ -60,12 +56,8 @@ def check_integer(name: str, tensor: torch.Tensor, what: str = "an integer tenso
 
 
 def first_out_of_range(tensor: torch.Tensor, low: int, high: int, ignore: int | None = None):
-    """Value check: ``(value, index)`` of the first element of integer ``tensor`` outside ``[low, high)``
-    (``ignore`` is allowed too), or None when all are in range.
-
-    None as well where host reads are not free (see :func:`host_reads_allowed`): the caller raises
-    with its own wording, e.g. ``input_ids hold token id 103, outside the vocabulary [0, 100)``.
-    """
+    """Value check: ``(value, index)`` of the first element of an integer ``tensor`` outside ``[low, high)``
+    (``ignore`` allowed), or None, also where host reads are not free; the caller raises in its own words."""
     if tensor.numel() == 0 or not host_reads_allowed(tensor):
         return None
     bad = (tensor < low) | (tensor >= high)
