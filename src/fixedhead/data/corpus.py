@@ -1,8 +1,7 @@
-"""Corpus readers: plain text, JSON lines, their gzip forms, directories, or a Hugging Face dataset.
+"""Corpus readers: plain text, JSON lines, their gzip forms, folders, or a Hugging Face dataset.
 
-A *document* is the unit that train/held-out splits respect: a whole ``.txt`` file, or one JSON
-line (one Gutenberg book, one Wikipedia summary). Nothing is downloaded unless the user names a
-hub dataset.
+A document is the unit train/held-out splits respect: a whole ``.txt`` file or one JSON line (one book).
+Nothing is downloaded unless the user names a hub dataset.
 """
 
 from __future__ import annotations
@@ -33,20 +32,15 @@ class Document:
 
 
 def open_text(path: Path, newline: str | None = None):
-    """A text file or its ``.gz`` form, read as strict UTF-8; utf-8-sig: a byte-order mark (as
-    Windows editors save UTF-8) is dropped, not read as text."""
+    """A text file or its ``.gz`` form as strict UTF-8 (utf-8-sig: a byte-order mark is dropped, not read as text)."""
     return (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8-sig", newline=newline)
 
 
 def _corpus_files(root: Path) -> list[Path]:
-    """The corpus files under the folder ``root``, recursively, sorted by path, skipping hidden
-    files and folders, whose names start with a dot (``.ipynb_checkpoints/``, ``.git/``, editor
-    backups: copies a user never meant as text).
+    """The corpus files under ``root``, recursively, sorted, skipping hidden files and folders.
 
-    Symlinked subfolders are followed (``Path.rglob`` does not follow them before Python 3.13, so a
-    corpus assembled from links read as empty). Each real folder is read once, under the first
-    path that reaches it in sorted order, so a link to a folder already read (or a link loop such
-    as ``sub/up -> ..``) neither repeats its documents nor recurses forever.
+    Symlinked folders are followed (``Path.rglob`` does not before Python 3.13); each real folder is read once,
+    so a repeated link or a loop (``sub/up -> ..``) neither repeats documents nor recurses forever.
     """
     files = []
     visited = set()
@@ -93,12 +87,12 @@ def _read_file(path: Path, text_field: str) -> list[Document]:
 
 
 def check_corpus_source(source: str | os.PathLike) -> None:
-    """Refuse a path-like corpus ``source`` (with a separator, a corpus suffix or a leading dot) that does not
-    exist, a folder without corpus files and a file of another type, before any work; another existing path or
-    a dataset name passes (:func:`read_corpus`).
+    """Refuse, before any work, a path-like corpus ``source`` (a separator, a corpus suffix or a leading dot) that
+    does not exist, a folder without corpus files or a file of another type; other names pass as datasets.
 
     Raises:
-        FileNotFoundError: naming the source and how to pass another. ValueError: an empty folder, a file type.
+        FileNotFoundError: a missing path (with how to pass another).
+        ValueError: an empty folder or another file type.
     """
     path = Path(source).expanduser()
     if path.is_dir() and not _corpus_files(path):
@@ -120,15 +114,13 @@ def check_corpus_source(source: str | os.PathLike) -> None:
 
 
 def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str = "train") -> list[Document]:
-    """Read documents from ``source``: a ``.txt`` / ``.jsonl`` file or its ``.gz`` form; a folder of them (recursively,
-    through symlinked folders, sorted by path, hidden entries skipped); or, where no such path exists, a Hugging
-    Face dataset name (``text_field``, ``split``). Returns the documents in a fixed order, whitespace-only ones
-    dropped (a UTF-8 byte-order mark is ignored).
+    """Read documents from ``source``: a ``.txt`` / ``.jsonl`` file (or ``.gz``), a folder of them, or, where no
+    such path exists, a Hugging Face dataset (``text_field``, ``split``). A fixed order; whitespace-only
+    documents are dropped.
 
     Raises:
-        FileNotFoundError: a path-like source that does not exist (with a hint).
-        ValueError: not UTF-8; a JSON line without ``text_field``; a folder without corpus files; no non-empty
-            document.
+        FileNotFoundError: a path-like source that does not exist.
+        ValueError: not UTF-8, a JSON line without ``text_field``, or no document.
     """
     path = Path(source).expanduser()
     if path.is_dir():
@@ -168,15 +160,8 @@ def split_documents(
 ) -> tuple[list[Document], list[Document]]:
     """Split by whole documents (books are never cut between train and held-out).
 
-    Exact duplicate documents (the same text twice, e.g. a file and its backup copy) are kept
-    once, first occurrence, *before* splitting: otherwise a held-out document could also sit in
-    the training split and be trained on. N is then the number of distinct documents; a seeded
-    shuffle of their indices picks ``max(min_heldout, round(f·N))`` held-out documents; both
-    lists keep the corpus order. Deterministic for a given seed. ``len(docs) - len(train) -
-    len(heldout)`` is the number of duplicates dropped.
-
-    Raises:
-        ValueError: fraction outside (0, 1), or fewer than 2 documents.
+    Exact duplicates are kept once before splitting, so no held-out document is also trained on; a seeded
+    shuffle picks ``max(min_heldout, round(f·N))`` of the N distinct documents. Both lists keep corpus order.
     """
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
@@ -192,14 +177,7 @@ def split_documents(
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The text of a corpus file or folder, documents joined by blank lines.
-
-    Read by :func:`read_corpus` (``.txt``, ``.jsonl`` with a ``text`` field,
-    their ``.gz`` forms, folders of them; a malformed line is reported with its file and line).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: unreadable, malformed, or holds no text.
-    """
+    """The text of a corpus file or folder (:func:`read_corpus`), documents joined by blank lines."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"text file {str(path)!r} does not exist")

@@ -1,10 +1,7 @@
-"""Minimal GLUE TSV reader with strict validation (SST-2, CoLA, MRPC, RTE, STS-B).
+"""GLUE TSV reader that fails clearly (SST-2, CoLA, MRPC, RTE, STS-B): every error names the file, line and value.
 
-A small, dependency-free reader whose job is to fail clearly on bad files: every error names
-the file, the line and the offending value. Files are the GLUE distribution's TSVs (optionally
-gzip-compressed), read as UTF-8 with any byte-order mark stripped (MRPC's header has one) and
-with quoting turned off (``csv.QUOTE_NONE``), as GLUE's own readers do, since sentences contain
-bare quote characters.
+UTF-8 with any byte-order mark stripped (MRPC's header has one), quoting off (``csv.QUOTE_NONE``) as GLUE's
+own readers, since sentences contain bare quotes; ``.tsv`` or ``.tsv.gz``.
 """
 
 from __future__ import annotations
@@ -21,13 +18,8 @@ from .corpus import DEFAULT_DATA_DIR, open_text
 
 @dataclass(frozen=True)
 class GlueTask:
-    """How one task's TSV is laid out.
-
-    ``text_a``/``text_b``/``label`` are header names, or int column indices for headerless files
-    (CoLA). ``labels`` lists the allowed label strings in class-id order; None means regression
-    (a float label in ``score_range``, inclusive). ``num_columns`` is the exact number of
-    tab-separated fields per row.
-    """
+    """How one task's TSV is laid out: ``text_a``/``text_b``/``label`` are header names or column indices
+    (headerless CoLA); ``labels`` in class-id order, None for regression (a float in ``score_range``)."""
 
     name: str
     directory: str
@@ -62,22 +54,11 @@ def get_glue_task(task: str) -> GlueTask:
 
 
 def read_glue_tsv(path: str | os.PathLike, task: str) -> list[dict]:
-    """Read one GLUE split file.
-
-    Args:
-        path: a ``.tsv`` or ``.tsv.gz`` file, e.g. ``shared/data/glue/SST-2/dev.tsv.gz``.
-        task: one of :data:`GLUE_TASKS` (``sst2``, ``cola``, ``mrpc``, ``rte``, ``stsb``).
-
-    Returns:
-        one dict per example: ``{"text_a": str, "text_b": str | None, "label": int | float}``
-        (class id in ``GlueTask.labels`` order, or the float score for STS-B).
+    """One GLUE split file as ``{"text_a": str, "text_b": str | None, "label": int | float}`` per example.
 
     Raises:
-        ValueError: unknown task; a header missing a needed column; a row with the wrong number
-            of fields; a label outside the task's label set (for STS-B: a score that is not a
-            finite number in [0, 5], e.g. ``nan``); not UTF-8; an empty file. The message names
-            the file and line.
-        FileNotFoundError: no such file.
+        ValueError: a missing column, a row with the wrong number of fields, a label outside the task's set
+            (STS-B: not a finite number in [0, 5]) or not UTF-8, naming the file and line.
     """
     spec = get_glue_task(task)
     path = Path(path)
@@ -144,12 +125,8 @@ GLUE_DEV_EXAMPLES = {"sst2": 872, "cola": 1043, "mrpc": 408, "rte": 277, "stsb":
 
 
 def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """``DATA_DIR/glue/<Task dir>/<split>.tsv.gz`` (or ``.tsv`` when only that exists).
-
-    ``data_dir`` defaults to the project's shared data (``$FIXEDHEAD_DATA_DIR`` or
-    ``../shared/data``). ``split`` is ``train`` or ``dev`` (GLUE's test labels are not public:
-    the dev split is the test set here). Raises ValueError for an unknown task or split.
-    """
+    """``DATA_DIR/glue/<Task>/<split>.tsv.gz`` (or ``.tsv``); ``split`` is ``train`` or ``dev`` (GLUE's test
+    labels are not public: dev is the test set here). ``data_dir``: ``$FIXEDHEAD_DATA_DIR`` or ``../shared/data``."""
     spec = get_glue_task(task)
     if split not in ("train", "dev"):
         raise ValueError(f"unknown GLUE split {split!r}; use 'train' or 'dev'")
@@ -161,15 +138,8 @@ def glue_path(task: str, split: str, data_dir: str | os.PathLike | None = None) 
 def majority_class_accuracy(
     task: str, data_dir: str | os.PathLike | None = None, max_examples: int | None = None
 ) -> float | None:
-    """Dev accuracy of always answering the most frequent dev label, in [0, 1]: the score a
-    classifier that never leaves the majority class reaches (None for STS-B, a regression). With
-    ``max_examples``, on the dev set's first ``max_examples`` (what fine-tuning with
-    ``max_dev_examples`` scores).
-
-    Raises:
-        ValueError: an unknown task, or a malformed dev file (named).
-        FileNotFoundError: no dev file at :func:`glue_path`.
-    """
+    """Dev accuracy in [0, 1] of always answering the most frequent dev label (None for STS-B); with
+    ``max_examples``, on the first ``max_examples``, as fine-tuning with ``max_dev_examples`` scores."""
     if get_glue_task(task).labels is None:
         return None
     labels = [e["label"] for e in read_glue_tsv(glue_path(task, "dev", data_dir), task)][:max_examples]
@@ -177,24 +147,14 @@ def majority_class_accuracy(
 
 
 def glue_metrics(task: str, predictions, labels) -> dict:
-    """GLUE's metrics for ``task``, computed with scikit-learn / SciPy.
+    """GLUE's metrics for ``task`` (scikit-learn / SciPy): sst2 / rte ``accuracy``; cola ``matthews``,
+    ``accuracy``; mrpc ``f1`` (class 1), ``accuracy``; stsb ``pearson``, ``spearman``.
 
-    Args:
-        predictions: class ids [N] (or logits [N, num_labels], arg-maxed here) for classification;
-            real scores [N] (or [N, 1]) for STS-B.
-        labels: gold class ids [N], or gold scores [N] for STS-B.
-
-    Returns:
-        sst2 / rte: ``{"accuracy"}``; cola: ``{"matthews", "accuracy"}`` (Matthews correlation
-        coefficient); mrpc: ``{"f1", "accuracy"}`` (F1 of the positive class "paraphrase" = 1);
-        stsb: ``{"pearson", "spearman"}``. All floats; the task's headline metric is
-        :data:`MAIN_METRIC`. A constant prediction makes a correlation undefined: it is reported
-        as 0.0 (as scikit-learn does for Matthews), never as NaN.
+    ``predictions``: class ids [N] or logits [N, num_labels]; scores [N] for STS-B. An undefined correlation
+    (constant prediction) is 0.0, never NaN.
 
     Raises:
-        ValueError: unknown task; predictions and labels of different lengths; a NaN or ±inf
-            among the predictions or labels (a diverged model, or labels not read through
-            :func:`read_glue_tsv`), named with its index, rather than a NaN result.
+        ValueError: lengths that differ, or a NaN or ±inf (a diverged model), named with its index.
     """
     import numpy as np
 

@@ -1,12 +1,9 @@
-"""From a corpus to language-model batches: data settings, preparation, datasets, masking and labels.
+"""From a corpus to language-model batches: preparation, datasets, masking and labels.
 
-:func:`prepare_data` reads the corpus (:mod:`fixedhead.data.corpus`), splits it by whole
-document, trains or loads the WordPiece tokenizer (:mod:`fixedhead.data.tokenizer`), tokenises and
-packs into [num_sequences, n] tensors (:mod:`fixedhead.data.packing`). Masking is transformers'
-``DataCollatorForLanguageModeling`` (15%; 80% [MASK] / 10% random / 10% kept): random and seeded
-per training batch, and one fixed seeded masking of the held-out set so every model is scored on
-identical positions. The causal objective (``"clm"``) needs no masking: every token is predicted
-from the ones before it (:func:`causal_labels`), on the same packed sequences.
+:func:`prepare_data` reads, splits by document, trains or loads the tokenizer and packs [num_sequences, n]
+tensors. Masking is transformers' ``DataCollatorForLanguageModeling`` (15%; 80/10/10), seeded per training
+batch, with one fixed masking of the held-out set so every model is scored on the same positions. The causal
+objective predicts every token from those before it on the same sequences.
 """
 
 from __future__ import annotations
@@ -25,8 +22,8 @@ from .tokenizer import texts_sha256, tokenizer_sha256, train_tokenizer
 
 
 def documents_sha256(docs) -> str:
-    """SHA-256 of the documents' text (each followed by a NUL byte), in order: what the text is,
-    whatever the files are called (a run's ``corpus_sha256``; results are keyed on it)."""
+    """SHA-256 of the documents' text (each followed by NUL), in order: a run's ``corpus_sha256``, whatever the
+    files are called."""
     return texts_sha256(d.text for d in docs)
 
 
@@ -49,13 +46,9 @@ class PreparedData:
 def prepare_data(
     settings: DataSettings, cache_dir=None, progress: bool = True, tokenizer=None, heldout_only: bool = False
 ) -> PreparedData:
-    """Read the corpus, split by document, train/load the tokenizer, tokenise and pack.
+    """Read the corpus, split by document, train or load the tokenizer, tokenise and pack.
 
-    ``tokenizer`` reuses a trained one (e.g. a run directory's); ``heldout_only`` skips
-    tokenising the training documents (``train`` is then empty), for evaluation.
-
-    Raises:
-        FileNotFoundError / ValueError: from :func:`fixedhead.data.read_corpus` and friends.
+    ``tokenizer`` reuses a trained one; ``heldout_only`` skips the training documents (``train`` is empty).
     """
     t0 = time.time()
     docs = read_corpus(settings.corpus, settings.text_field)
@@ -133,8 +126,7 @@ class SequenceDataset(StackDataset):
 
 
 class LabelledDataset(StackDataset):
-    """Rows with their labels fixed: ``{"input_ids", "labels"}``, the held-out batches of either
-    objective (:func:`heldout_batches`: one fixed masking, or the causal labels)."""
+    """Rows with fixed labels, ``{"input_ids", "labels"}``: the held-out batches of either objective."""
 
     def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor):
         super().__init__(input_ids=input_ids, labels=labels)
@@ -150,11 +142,9 @@ def mlm_collator(tokenizer, mlm_probability: float = 0.15, seed: int | None = No
 class TrainOrFixedCollator:
     """Random masking for training batches; pre-masked (held-out) batches are only stacked.
 
-    Training batch k of the run (k = 1, 2, ...) is masked with its own generator seeded from
-    ``(seed, k)``, never the global RNG. Trainer restores the global RNG on resume only *after*
-    fetching the first batch, so masking from the global RNG would differ after a resume; with
-    this, a run resumed from step s (``batches_seen = s``) masks exactly as an uninterrupted one.
-    Assumes one process collating (``dataloader_num_workers=0``) and no gradient accumulation.
+    Training batch k is masked with a generator seeded from ``(seed, k)``, not the global RNG, which the Trainer
+    restores only after fetching the first batch on resume; so a resumed run masks as an uninterrupted one.
+    Assumes one collating process and no gradient accumulation.
     """
 
     def __init__(self, tokenizer, mlm_probability=0.15, seed: int = 0):
@@ -170,21 +160,15 @@ class TrainOrFixedCollator:
 
 
 def fixed_masking(sequences: torch.Tensor, tokenizer, seed: int = 1234, mlm_probability: float = 0.15):
-    """One seeded masking of ``sequences`` so every model is scored on identical positions.
-
-    Returns:
-        (input_ids, labels), both [N, n]; labels are -100 except at the masked positions.
-    """
+    """One seeded masking of ``sequences`` [N, n]: (input_ids, labels), labels -100 except where masked."""
     collator = mlm_collator(tokenizer, mlm_probability, seed=seed)
     batch = collator([{"input_ids": s} for s in sequences])
     return batch["input_ids"], batch["labels"]
 
 
 def causal_labels(sequences: torch.Tensor) -> torch.Tensor:
-    """Causal-LM labels of packed ``[CLS] … [SEP]`` rows [N, n]: the tokens themselves (the model
-    shifts them: position t predicts token t + 1), except the row's closing [SEP], which only marks
-    where packing cut the stream and is not predicted (-100). [SEP]s inside a row end a document
-    and are predicted. So n − 2 tokens per row are scored."""
+    """Causal-LM labels of packed ``[CLS] … [SEP]`` rows [N, n]: the tokens themselves (the model shifts them),
+    except each row's closing [SEP], which marks only where packing cut (-100); n − 2 tokens per row are scored."""
     labels = sequences.clone()
     labels[:, -1] = -100
     return labels
@@ -208,14 +192,10 @@ def heldout_batches(sequences: torch.Tensor, tokenizer, objective: str = "mlm", 
 
 
 def scored_characters(labels: torch.Tensor, chars: torch.Tensor, objective: str = "mlm") -> int:
-    """Characters of original text covered by the scored tokens: the sum of ``chars`` (aligned with
-    ``labels``, as :attr:`PreparedData.heldout_chars`) where a label is scored. For ``"clm"`` the
-    targets are ``labels[:, 1:]`` (position t predicts token t + 1), so the counts are those of
-    the target tokens, ``chars[:, 1:]``; special tokens count 0. The denominator of bits per
-    character (:func:`bits_per_character`).
+    """Characters of original text covered by the scored tokens: the denominator of :func:`bits_per_character`.
 
-    Raises:
-        ValueError: ``chars`` not of the shape of ``labels``.
+    ``chars`` is aligned with ``labels``; for ``"clm"`` the targets are ``labels[:, 1:]``, so ``chars[:, 1:]``
+    counts. Raises ValueError when the shapes differ.
     """
     if tuple(chars.shape) != tuple(labels.shape):
         raise ValueError(f"chars {tuple(chars.shape)} must be aligned with labels {tuple(labels.shape)}")
@@ -225,20 +205,14 @@ def scored_characters(labels: torch.Tensor, chars: torch.Tensor, objective: str 
 
 
 def bits_per_character(total_nats: float, characters: int) -> float | None:
-    """Total cross-entropy of the scored tokens, in bits, per character of original text they cover:
-    ``total_nats / ln 2 / characters`` (None when no character is covered). Unlike perplexity per
-    token it does not depend on how the tokenizer cuts the text into tokens."""
+    """Cross-entropy in bits per character of the text covered: ``total_nats / ln 2 / characters`` (None for
+    none). Unlike per-token perplexity it does not depend on the tokenizer."""
     return total_nats / math.log(2) / characters if characters > 0 else None
 
 
 def unigram_perplexity(data: PreparedData, eval_seed: int = 1234, objective: str = "mlm") -> float:
-    """Perplexity of a context-free guess on the held-out tokens the models are scored on: the
-    training-set unigram frequencies (add-one smoothed, special tokens excluded) at the masked
-    positions (``"mlm"``, same fixed masking) or at every predicted position (``"clm"``).
-
-    A reference line: a model whose perplexity is near this value has learnt word frequencies but
-    little that uses context, i.e. little that attention can contribute.
-    """
+    """Perplexity of the training-set unigram frequencies (add-one, special tokens excluded) on the held-out
+    positions the models are scored on: a model near it has learnt word frequencies but little from context."""
     vocab = len(data.tokenizer)
     counts = torch.bincount(data.train.reshape(-1), minlength=vocab).double()
     special = [i for i in data.tokenizer.all_special_ids if i is not None and i < vocab]

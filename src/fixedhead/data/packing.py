@@ -15,21 +15,12 @@ def tokenize_documents(
     chunk_chars: int = 50_000,
     with_chars: bool = False,
 ):
-    """Token ids (no special tokens) of each document, in order.
+    """Token ids (no special tokens) of each document, in order, stopping once ``max_tokens`` are produced.
 
-    Long documents are encoded in ``chunk_chars`` pieces cut at whitespace (the fast tokenizer
-    then runs them in parallel). Stops early once ``max_tokens`` ids have been produced.
-
-    ``with_chars`` also counts the characters of the original text each token covers, from the
-    fast tokenizer's offset mapping (which refers to the un-normalised text): a token covers the
-    characters from the end of the previous token of the same document (its start, for the first
-    token) to its own end, so the whitespace before a word belongs to the word's first token.
-    The counts of a document's tokens sum to the end offset of its last token (trailing
-    whitespace is covered by no token); they are the denominator of bits per character.
-
-    Returns:
-        a list with one ``list[int]`` per document (the last possibly cut short); with
-        ``with_chars``, ``(ids, chars)``: two such lists, ``chars`` aligned with ``ids``.
+    Long documents are encoded in ``chunk_chars`` pieces cut at whitespace (run in parallel). ``with_chars``
+    also returns, aligned with the ids, the characters of original text each token covers: from the end of the
+    previous token to its own end (from the fast tokenizer's offsets), so a word's leading space is its first
+    token's; the denominator of bits per character.
     """
     backend = tokenizer.backend_tokenizer
     out, out_chars, total = [], [], 0
@@ -72,22 +63,11 @@ def pack_sequences(
     sep_id: int,
     chars: list[list[int]] | None = None,
 ):
-    """Concatenate documents (each followed by [SEP]) and cut into ``[CLS] … [SEP]`` sequences.
-
-    Every row has exactly ``max_seq_length`` tokens, so no padding and no attention mask is
-    needed; the incomplete tail is dropped.
-
-    ``chars``: per-token character counts aligned with ``token_ids`` (from
-    :func:`tokenize_documents` with ``with_chars``); they are packed the same way, with 0 at
-    every [CLS] and [SEP] (special tokens cover no text).
-
-    Returns:
-        int64 tensor [num_sequences, max_seq_length]; with ``chars``, ``(ids, chars)``: two such
-        tensors, aligned.
+    """Concatenate documents (each followed by [SEP]) and cut into ``[CLS] … [SEP]`` rows: int64
+    [num_sequences, max_seq_length], no padding, the tail dropped. ``chars`` is packed alike, 0 at [CLS] and [SEP].
 
     Raises:
-        ValueError: max_seq_length < 3, too little text for one sequence, or ``chars`` not
-            aligned with ``token_ids``.
+        ValueError: too little text for one sequence.
     """
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length must be >= 3, got {max_seq_length}")
@@ -109,17 +89,9 @@ def pack_sequences(
 
 
 def text_windows(tokenizer, text: str, seq_len: int, max_sequences: int = 8) -> torch.Tensor:
-    """Windows of ``seq_len`` tokens of the text, evenly spread over it, framed as the model expects:
-    [CLS] + tokens + [SEP] for a tokenizer with a [CLS] token (BERT-style), [BOS] + tokens for one
-    with a beginning-of-sequence token only (GPT-2, Llama), the tokens alone otherwise.
-
-    Returns:
-        [num_sequences, seq_len] token ids, num_sequences = min(max_sequences, windows available);
-        a text shorter than one window gives one shorter sequence.
-
-    Raises:
-        ValueError: seq_len < 3, max_sequences < 1, or a text with no tokens.
-    """
+    """Up to ``max_sequences`` windows of ``seq_len`` tokens spread evenly over ``text``, [num_sequences, seq_len],
+    framed as the model expects: [CLS] … [SEP] (BERT-style), [BOS] … (GPT-2, Llama) or bare. A shorter text
+    gives one shorter sequence."""
     if seq_len < 3:
         raise ValueError(f"seq_len must be >= 3 ([CLS] token [SEP]), got {seq_len}")
     if max_sequences < 1:

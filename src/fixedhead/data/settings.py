@@ -74,6 +74,6 @@ class DataSettings:
         in_range("validation_fraction", self.validation_fraction, 0.0, 1.0)
 
     def record(self) -> dict:
-        """The settings as a dict for a run's or a study's settings record: fields added later
-        (:attr:`ADDED_LATER`) are left out at the value older records imply, so those still match."""
+        """The settings for a settings record; fields in :attr:`ADDED_LATER` at the value older records imply are
+        left out, so those records still match."""
         return {k: v for k, v in asdict(self).items() if not (k in self.ADDED_LATER and self.ADDED_LATER[k] == v)}

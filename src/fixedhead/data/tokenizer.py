@@ -1,14 +1,10 @@
-"""WordPiece tokenizer: a vocabulary chosen deterministically here, tokenising done by the tokenizers
-library, with BERT's special tokens; cached on disk.
+"""WordPiece tokenizer: a vocabulary chosen deterministically here, tokenising by the tokenizers library,
+BERT's special tokens; cached on disk.
 
-Why not ``tokenizers.trainers.WordPieceTrainer``: its merge loop breaks ties between equally frequent
-pairs by ids that it hands out while iterating a randomly seeded hash map, so the same text trains a
-different vocabulary, or the same one with other ids, on every call (huggingface/tokenizers#1794),
-and a seed fixes the embedding rows, not which token owns which row. :func:`learn_wordpiece_vocab`
-runs the same algorithm (BPE merges with the ``##`` continuing-subword prefix, as that trainer does)
-with every order fixed: words sorted, the alphabet sorted by code point, ties broken by the lower
-ids, which are themselves assigned in a fixed order. Same text and settings, same bytes of
-``tokenizer.json``, on any machine and with any number of threads.
+Not ``WordPieceTrainer``: it breaks ties between equally frequent pairs by ids from a randomly seeded hash
+map, so the same text trains another vocabulary on every call (huggingface/tokenizers#1794).
+:func:`learn_wordpiece_vocab` runs the same algorithm with every order fixed: same text and settings, same
+``tokenizer.json`` bytes on any machine and thread count.
 """
 
 from __future__ import annotations
@@ -54,20 +50,11 @@ def learn_wordpiece_vocab(
     special_tokens: list[str] = SPECIAL_TOKENS,
     prefix: str = CONTINUING_SUBWORD_PREFIX,
 ) -> list[str]:
-    """Choose a WordPiece vocabulary by byte-pair merges, deterministically (the tokenizers library's
-    ``WordPieceTrainer`` algorithm): start from the special tokens, every character and every ``prefix``-ed
-    character (each sorted), then merge the most frequent adjacent pair (``"th" + "##e" → "the"``) until
-    ``vocab_size`` pieces or no pair is left. Ties go to the pair with the lower ids, so the result depends on
-    ``word_counts`` alone.
+    """Choose a WordPiece vocabulary by byte-pair merges, deterministically: ``vocab[i]`` has id ``i``.
 
-    Args:
-        word_counts: normalised words and their counts.
-        vocab_size: the size to stop at, special tokens and alphabet included.
-        special_tokens: ids 0, 1, ... in this order.
-        prefix: the continuing-subword prefix (BERT's ``##``).
-
-    Returns:
-        the vocabulary: token ``vocab[i]`` has id ``i``.
+    Start from ``special_tokens``, every character and every ``prefix``-ed character (sorted), then merge the
+    most frequent adjacent pair (``"th" + "##e" → "the"``) until ``vocab_size`` pieces or no pair is left;
+    ties go to the lower ids, so the result depends on ``word_counts`` alone.
     """
     words_sorted = sorted((w, n) for w, n in word_counts.items() if w and n > 0)
     vocab: list[str] = []
@@ -133,8 +120,7 @@ def learn_wordpiece_vocab(
 
 
 def count_words(texts, lowercase: bool = True) -> Counter:
-    """Occurrences of each word after BERT's normalisation and pre-tokenisation (the tokenizers
-    library's ``BertNormalizer`` and ``BertPreTokenizer``), read in chunks of 100,000 characters."""
+    """Occurrences of each word after BERT's normaliser and pre-tokeniser, read in 100,000-character chunks."""
     from tokenizers import pre_tokenizers
 
     normalizer = _normalizer(lowercase)
@@ -152,11 +138,8 @@ def _normalizer(lowercase: bool):
 
 
 def tokenizer_sha256(tokenizer) -> str:
-    """SHA-256 of what turns text into ids: the normaliser, pre-tokeniser and vocabulary with its
-    ids (of a ``transformers`` fast tokenizer or a ``tokenizers.Tokenizer``). The post-processor
-    (which special tokens frame a sequence) is left out, so a causal run's copy of a tokenizer
-    (:func:`fixedhead.training.pretrain.causal_tokenizer`) has the hash of the tokenizer it was
-    made from. Two runs with the same hash saw the same ids for the same text."""
+    """SHA-256 of what turns text into ids (normaliser, pre-tokeniser, vocabulary): two runs with the same hash
+    saw the same ids. The post-processor is left out, so a causal run's copy has its source's hash."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     spec = json.loads(backend.to_str())
     model = dict(spec["model"])
@@ -173,25 +156,14 @@ def train_tokenizer(
     max_chars: int | None = 20_000_000,
     model_max_length: int = 512,
 ):
-    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``, deterministically: the same text and
-    settings give a byte-identical ``tokenizer.json`` on any machine and thread count (about 16 s for 18M characters
-    on one core). The vocabulary is :func:`learn_wordpiece_vocab`'s; the cache key hashes the text learnt from and
-    the settings. Special tokens: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    """Train (or load from cache) a BERT WordPiece tokenizer on ``texts``: a ``BertTokenizerFast``.
 
-    Args:
-        texts: documents to learn the vocabulary from.
-        vocab_size: target vocabulary size, special tokens included.
-        lowercase: BERT-uncased normalisation (lowercase, strip accents).
-        cache_dir: default :func:`default_cache_dir`/tokenizers.
-        max_chars: learn from the first ``max(1, max_chars // len(texts))`` characters of each document, so no
-            long book dominates; None: every character.
-        model_max_length: recorded in the tokenizer (the model's max_position_embeddings).
-
-    Returns:
-        a ``transformers.BertTokenizerFast``.
+    Deterministic (:func:`learn_wordpiece_vocab`; about 16 s for 18M characters on one core); the cache key
+    hashes the text and settings. [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. ``max_chars``: learn from the
+    first ``max_chars // len(texts)`` characters of each document, so no long book dominates.
 
     Raises:
-        ValueError: vocab_size below 100 or no text.
+        ValueError: vocab_size below 100, or no text.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import BertTokenizerFast
