@@ -34,7 +34,7 @@ __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 class _Package(types.ModuleType):
     """This package, where the name ``pretrain`` stays the function: importing the submodule of that name would
-    otherwise bind the module in its place (as the eager ``from .pretrain import pretrain`` used to undo)."""
+    otherwise bind the module in its place."""
 
     def __setattr__(self, name, value):
         if not (name == "pretrain" and isinstance(value, types.ModuleType)):

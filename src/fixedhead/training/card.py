@@ -1,10 +1,5 @@
-"""The model card (``README.md``) written into every pretraining run directory.
-
-A Hugging Face-style card: YAML front matter (``library_name``, ``pipeline_tag``, tags) and
-sections for the model's configuration, the data, the training budget and the held-out metrics,
-all taken from what the run recorded (``pretrain_settings.json`` and ``metrics.json``), never
-typed by hand.
-"""
+"""The model card (``README.md``) of every pretraining run: YAML front matter and sections for the
+configuration, data, budget and held-out metrics, all from what the run recorded, never typed by hand."""
 
 from __future__ import annotations
 
@@ -37,16 +32,8 @@ def _table(rows: list[tuple[str, object]]) -> str:
 
 
 def model_card(result: dict, recorded: dict) -> str:
-    """Render the card of a finished run.
-
-    Args:
-        result: the metrics dict returned by :func:`fixedhead.training.pretrain` (``metrics.json``).
-        recorded: the run's recorded settings (``pretrain_settings.json``): ``config`` (the
-            config's non-default fields), ``train``, ``data`` and ``data_info``.
-
-    Returns:
-        Markdown text with YAML front matter.
-    """
+    """The Markdown card of a finished run from its ``metrics.json`` (``result``) and ``pretrain_settings.json``
+    (``recorded``)."""
     config = dict(recorded.get("config", {}))
     train = recorded.get("train", {})
     data = recorded.get("data", {})

@@ -1,10 +1,9 @@
 """Safe checkpoints: atomic writes, truncation checks, and loading that never runs what it loads.
 
-transformers' ``Trainer`` writes ``checkpoint-STEP`` in place, so a run killed while saving leaves a partial
-newest checkpoint that ``resume_from_checkpoint=True`` would pick. Here each checkpoint is written in a hidden
-staging folder and renamed into place when complete (:func:`atomic_checkpoint_trainer`), and a checkpoint is
-checked before resuming, falling back to the newest complete one with a warning (:func:`find_resume_checkpoint`).
-Nothing here calls ``torch.load``; Trainer loads its state with ``weights_only=True``.
+The Trainer writes ``checkpoint-STEP`` in place, so a kill while saving leaves a partial newest checkpoint
+that resume would pick. Here each is staged and renamed into place when complete
+(:func:`atomic_checkpoint_trainer`), and resume skips an incomplete one with a warning
+(:func:`find_resume_checkpoint`). Nothing calls ``torch.load``.
 """
 
 from __future__ import annotations
@@ -35,15 +34,9 @@ class CheckpointWarning(UserWarning):
 
 
 def check_checkpoint(checkpoint: str | os.PathLike) -> None:
-    """Check that a Trainer checkpoint directory is complete enough to resume from.
-
-    Requires ``trainer_state.json`` (written last by Trainer) to parse, ``model.safetensors`` to be
-    whole, and each of ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` that is present to be
-    a complete zip archive (torch.save's format).
-
-    Raises:
-        ValueError: what is missing or damaged.
-    """
+    """Check that a Trainer checkpoint folder can be resumed from: ``trainer_state.json`` (written last) parses,
+    ``model.safetensors`` is whole, and each of ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` present is a
+    complete zip. Raises ValueError saying what is missing or damaged."""
     checkpoint = Path(checkpoint)
     state = checkpoint / "trainer_state.json"
     if not state.is_file():
@@ -69,12 +62,8 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def find_resume_checkpoint(run_dir: str | os.PathLike) -> str | None:
-    """The newest complete checkpoint in ``run_dir`` (None if there is none).
-
-    Newer checkpoints that fail :func:`check_checkpoint` are skipped with a
-    :class:`CheckpointWarning` naming them and the reason; they are left on disk (the next save
-    at that step replaces them).
-    """
+    """The newest complete checkpoint in ``run_dir``, or None; newer incomplete ones are skipped with a
+    :class:`CheckpointWarning` and left for the next save at that step to replace."""
     for checkpoint in reversed(list_checkpoints(run_dir)):
         try:
             check_checkpoint(checkpoint)
@@ -103,10 +92,8 @@ def _fsync_tree(root: Path) -> None:
 
 
 def apply_learning_rate_multipliers(optimizer, model) -> None:
-    """Give the parameters that the model's parametrization lists
-    (:func:`fixedhead.model.parametrization.learning_rate_multipliers`, μP's output projections)
-    their own parameter groups at ``lr × factor``, before the first step; the scheduler then scales
-    every group alike. Does nothing under the standard parametrization."""
+    """Give the parameters the parametrization lists (μP's output projections) their own parameter groups at
+    ``lr × factor`` before the first step; the scheduler scales every group alike."""
     from ..model.parametrization import learning_rate_multipliers
 
     multipliers = learning_rate_multipliers(model)
@@ -124,9 +111,8 @@ def apply_learning_rate_multipliers(optimizer, model) -> None:
 
 @functools.cache
 def parametrized_trainer():
-    """A ``transformers.Trainer`` subclass whose optimizer gives the parameters the model's
-    parametrization lists (μP's output projections) their own learning rates
-    (:func:`apply_learning_rate_multipliers`); Trainer itself under the standard parametrization."""
+    """A ``Trainer`` subclass applying :func:`apply_learning_rate_multipliers` (Trainer itself under the standard
+    parametrization)."""
     from transformers import Trainer
 
     class ParametrizedTrainer(Trainer):
@@ -140,14 +126,12 @@ def parametrized_trainer():
 
 @functools.cache
 def atomic_checkpoint_trainer():
-    """A ``transformers.Trainer`` subclass whose checkpoints appear atomically.
+    """A ``Trainer`` subclass whose checkpoints appear atomically.
 
-    Each ``checkpoint-STEP`` is written completely into ``RUN_DIR/.staging-checkpoint-*/``, its files
-    are fsynced, then the directory is renamed to ``RUN_DIR/checkpoint-STEP`` (one ``os.replace``
-    on the same filesystem) and old checkpoints are rotated as Trainer would. A kill at any moment
-    leaves either the previous set of checkpoints or the new one, plus at most a staging
-    directory that :func:`remove_staging` deletes. With several processes (``world_size > 1``)
-    Trainer's own in-place save is kept, and only the check at resume protects.
+    Each checkpoint is written into ``RUN_DIR/.staging-checkpoint-*/``, fsynced and renamed to
+    ``checkpoint-STEP`` (one ``os.replace``), then old ones are rotated as Trainer would: a kill leaves the old
+    set or the new one, plus at most a staging folder. With several processes Trainer's own save is kept and
+    only the check at resume protects.
     """
     from transformers.trainer_utils import rotate_checkpoints
 

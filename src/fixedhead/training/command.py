@@ -1,11 +1,6 @@
-"""``fixedhead pretrain`` and ``fixedhead count`` as library functions.
-
-Each takes the options a user gave (``{field: value}`` of :class:`~fixedhead.training.ModelSettings`,
-:class:`~fixedhead.data.DataSettings` and :class:`~fixedhead.training.TrainSettings`; a field left
-out keeps its default), refuses options that contradict each other before any slow work, and
-returns the result the command prints. Messages name the command-line options (``--hidden-size``
-for ``hidden_size``).
-"""
+"""``fixedhead pretrain`` and ``fixedhead count`` as library functions: each takes the options given (a field
+left out keeps its default), refuses contradicting ones before any slow work, and names them as options
+(``--hidden-size``)."""
 
 from __future__ import annotations
 
@@ -75,18 +70,11 @@ def pretrain_command(
     resume: bool = False,
     overwrite: bool = False,
 ) -> dict:
-    """Pretrain the model that the options describe (``fixedhead pretrain``) and return its metrics.
+    """Pretrain the model the options describe (``fixedhead pretrain``) and return its metrics.
 
-    The model is one of: a paper preset (``preset``; ``model`` may then hold only ``dropout``, and
-    the objective defaults to the preset's), a run to continue (``init_from``: its model, objective
-    and recorded data; ``data`` may hold only ``corpus``, where the corpus moved to), or
-    :class:`ModelSettings` ``model`` trained from scratch. The corpus defaults to
-    :data:`fixedhead.data.DEFAULT_CORPUS`. Every option is checked, and an occupied output folder
-    refused, before the data is prepared.
-
-    Raises:
-        ValueError: contradicting or bad options (naming them).
-        FileNotFoundError / FileExistsError: see :func:`~fixedhead.training.pretrain.pretrain`.
+    The model is a paper preset (``model`` may hold only ``dropout``), a run to continue (``init_from``; ``data``
+    may hold only a moved ``corpus``) or :class:`ModelSettings` from scratch. Every option is checked, and an
+    occupied output folder refused, before the data is prepared (ValueError naming the options).
     """
     from ..model.architectures import check_objective_for
     from ..runs import PRETRAIN_FILE

@@ -1,9 +1,6 @@
 """Scoring a language model on held-out text (masked or causal), and opening a finished run to score it.
-
-:func:`evaluate_lm` is the one score of every model: the metrics ``pretrain`` records, what
-``fixedhead evaluate`` prints (:func:`evaluate_run` on the run's own held-out set,
-:func:`evaluate_text` on new text) and the tokens-to-quality benchmark.
-"""
+:func:`evaluate_lm` is the one score of every model: pretraining's metrics, ``fixedhead evaluate`` and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -31,24 +28,19 @@ from ..runs import open_run
 
 
 class DivergedError(ValueError):
-    """Training or held-out loss became non-finite, or the held-out loss lies far above chance
-    (:func:`check_not_diverged`): the learning rate is too high for this model (a study choosing a
-    learning rate counts the run as the worst)."""
+    """A non-finite loss, or a held-out loss far above chance (:func:`check_not_diverged`): the learning rate is
+    too high for this model (a study choosing a rate counts the run as the worst)."""
 
 
 def check_not_diverged(loss: float, vocab_size: int, what: str = "held-out loss") -> None:
     """Refuse a loss that is not a result: not finite, or above ``2 · ln(vocab_size)`` nats.
 
-    Uniform guessing over the vocabulary scores ln V nats per token, and a freshly initialised
-    model scores about that; any training that learns something scores below it. The margin of
-    a further ln V above chance (perplexity above V², each token given on average less than
-    1/V² of probability) is only reached by a model that is confidently wrong, i.e. one whose
-    training blew up (a masked tiny run at learning rate 10 ends at 284 nats where ln V is 5.99),
-    never by one that is merely slow; it scales with the vocabulary, and it keeps every reported
-    perplexity far below ``math.exp``'s overflow at 709 nats.
+    Uniform guessing scores ln V; only a confidently wrong model, one whose training blew up, ends a further
+    ln V above it (a masked tiny run at learning rate 10 ends at 284 nats, ln V = 5.99). The margin scales with
+    the vocabulary and keeps every perplexity far below ``math.exp``'s overflow.
 
     Raises:
-        DivergedError: the loss is not finite or above the margin; the message says which.
+        DivergedError: saying which.
     """
     bound = 2 * math.log(vocab_size)
     if not math.isfinite(loss) or loss > bound:
@@ -68,20 +60,11 @@ def evaluate_lm(
     objective: str = "mlm",
     chars: torch.Tensor | None = None,
 ) -> dict:
-    """Held-out language-model metrics over fixed batches (:func:`fixedhead.data.lm.heldout_batches`): at the masked
-    positions (``objective="mlm"``) or every next token (``"clm"``, logits at t score the label at t + 1).
+    """Held-out metrics over fixed batches, at the masked positions (``"mlm"``) or every next token (``"clm"``):
+    ``{"loss": nats per scored token, "perplexity", "accuracy": top-1, "masked_tokens"}``.
 
-    ``chars``: the characters of text each token covers, aligned with ``labels`` (0 at special tokens); with it,
-    bits per character = the scored tokens' cross-entropy in bits / the characters they cover
-    (:func:`~fixedhead.data.lm.scored_characters`).
-
-    Returns:
-        ``{"loss": nats per scored token, "perplexity": exp(loss), "accuracy": top-1, "masked_tokens": scored
-        tokens}``, with ``chars`` also ``"scored_characters"`` and ``"bits_per_character"``.
-
-    Raises:
-        DivergedError: a non-finite loss (the 2 ln V rule is pretraining's, :func:`check_not_diverged`).
-        ValueError: no scored token, or ``chars`` not aligned with ``labels``.
+    ``chars`` (aligned with ``labels``, 0 at special tokens) adds ``"scored_characters"`` and
+    ``"bits_per_character"``. A non-finite loss raises :class:`DivergedError`; no scored token, ValueError.
     """
     characters = None if chars is None else scored_characters(labels, chars, objective)
     was_training = model.training
@@ -115,8 +98,8 @@ def evaluate_lm(
 
 
 def same_corpus_text(saved: dict, corpus_sha256: str | None) -> bool:
-    """Whether a saved ``pretrain_settings.json`` was computed on the corpus text whose digest is
-    ``corpus_sha256`` (``data_info.corpus_sha256``); runs saved before digests were recorded match."""
+    """Whether a saved ``pretrain_settings.json`` was computed on the text with digest ``corpus_sha256`` (a record
+    without a digest matches)."""
     old = (saved.get("data_info") or {}).get("corpus_sha256")
     return old is None or corpus_sha256 is None or old == corpus_sha256
 
@@ -140,16 +123,8 @@ def check_same_text(run_dir, saved: dict, data: PreparedData) -> None:
 
 
 def load_run(run_dir: str | os.PathLike, allow_pickle: bool = False):
-    """Load ``(model, tokenizer, settings)`` from a pretraining run directory (a masked or causal LM).
-
-    The directory is validated by :func:`fixedhead.runs.open_run` (the one way every command
-    opens a run) before anything is loaded; nothing in it is executed.
-
-    Raises:
-        FileNotFoundError: no such directory, or it holds no finished model.
-        ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
-            truncated weights, pickle weights without ``allow_pickle``.
-    """
+    """``(model, tokenizer, settings)`` from a pretraining run folder, validated by :func:`fixedhead.runs.open_run`
+    first; nothing in it is executed. ``allow_pickle``: accept pickle weights."""
     run = open_run(run_dir, allow_pickle=allow_pickle)
     return load_model(run), run.tokenizer, run.settings
 
@@ -167,12 +142,11 @@ def load_model(run):
 
 
 def recorded_corpus(run_dir: str | os.PathLike, saved: dict) -> str:
-    """The corpus a run was trained on, as recorded in its ``pretrain_settings.json``.
+    """The corpus a run was trained on, as its ``pretrain_settings.json`` records it.
 
     Raises:
-        ValueError: nothing recorded, or a relative path (runs saved before paths were recorded
-            resolved): which file it meant depends on the folder it was started from, so the user
-            must say it with ``--corpus``.
+        ValueError: nothing recorded, or a relative path (which file it meant depends on where the run
+            started): the user must give ``--corpus``.
     """
     corpus = (saved.get("data") or {}).get("corpus")
     if not corpus:
@@ -194,12 +168,8 @@ def evaluate_run(
     batch_size: int = 128,
     allow_pickle: bool = False,
 ) -> dict:
-    """Score a run directory's model on its held-out documents (same split, same fixed masking).
-
-    ``corpus`` overrides the corpus recorded in the run (the split seed and fraction still
-    apply); ``eval_seed`` the masking seed; ``allow_pickle`` see :func:`load_run`. Returns the
-    :func:`evaluate_lm` metrics, bits per character of the held-out set included, and the objective.
-    """
+    """Score a run's model on its held-out documents (same split, same fixed masking): :func:`evaluate_lm`'s
+    metrics with bits per character and the objective. ``corpus`` overrides the recorded corpus."""
     if eval_seed is not None:
         eval_seed = non_negative_int("eval_seed", eval_seed)
     run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
@@ -224,26 +194,15 @@ def evaluate_text(
     allow_pickle: bool = False,
     text_field: str = "text",
 ) -> dict:
-    """Score a run directory's model on new text: a ``.txt``/``.jsonl(.gz)`` file or a folder of
-    them (anything :func:`fixedhead.data.read_corpus` reads from a path).
+    """Score a run's model on new text (a file or folder :func:`fixedhead.data.read_corpus` reads).
 
-    Every document is new text (no train/held-out split): all are tokenised with the run's own
-    tokenizer (the first ``max_eval_tokens`` tokens, when given), packed into rows of the run's
-    sequence length as the held-out set is (the incomplete last row is dropped), and scored as
-    the run's held-out set: every next token for a causal run, one fixed seeded masking
-    (``eval_seed``, default the run's) for a masked one. Bits per character are over the text of
-    the scored tokens: all of it for a causal run, the masked tokens' for a masked one.
-
-    Returns:
-        the :func:`evaluate_lm` metrics (loss, perplexity, accuracy, bits per character, scored
-        tokens and characters) with ``objective``, ``text`` (the path), ``text_sha256`` (of the
-        documents' text, as a run's ``corpus_sha256``), ``documents``, ``text_tokens`` (all tokens
-        read), ``sequences`` and ``eval_seed`` (None for a causal run).
+    Every document is tokenised with the run's tokenizer (up to ``max_eval_tokens``), packed into the run's
+    sequence length and scored as its held-out set (every next token, or one fixed masking with ``eval_seed``).
+    Returns :func:`evaluate_lm`'s metrics with ``objective``, ``text``, ``text_sha256``, ``documents``,
+    ``text_tokens``, ``sequences`` and ``eval_seed``.
 
     Raises:
-        FileNotFoundError: no such text path, or ``run_dir`` holds no finished model.
-        ValueError: text with no words, or too few tokens for one sequence; a bad run directory
-            or option (see :func:`evaluate_run`).
+        ValueError: text with too few tokens for one sequence.
     """
     if eval_seed is not None:
         non_negative_int("eval_seed", eval_seed)

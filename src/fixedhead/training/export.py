@@ -1,10 +1,8 @@
 """ONNX export of an encoder run, checked on ONNX Runtime against PyTorch.
 
-The export is transformers' (:class:`transformers.exporters.OnnxExporter`), batch and sequence axes dynamic.
-fixedhead runs the graph on ONNX Runtime's CPU provider at other shapes than the traced one, with padding, and
-compares its logits with PyTorch's; the folder appears only when they agree within the tolerance. Any head size
-exports: at the default opset (20) attention is MatMul and Softmax, from opset 23 ONNX's ``Attention`` op
-(docs/head-sizes.md).
+The export is transformers' (``OnnxExporter``), batch and sequence axes dynamic; the graph runs on ONNX
+Runtime's CPU provider at other shapes than the traced one, with padding, and the folder appears only when
+its logits agree. Any head size exports (opset 20: MatMul and Softmax; from 23 ONNX's ``Attention``).
 """
 
 from __future__ import annotations
@@ -43,9 +41,7 @@ def max_opset() -> int:
 
 
 def owned_files() -> tuple[str, ...]:
-    """Every file an export folder holds (what ``--overwrite`` may replace): the graph and its weights,
-    transformers' export record, the config with the model's code (as a run carries it), the tokenizer
-    and this module's record."""
+    """Every file an export folder holds, what ``--overwrite`` may replace."""
     from ..model.modeling import remote_code_files
 
     graph = ("model.onnx", "model.onnx.data", "export.json", "config.json", "generation_config.json")
@@ -97,8 +93,8 @@ def _model_class(run):
 
 
 def _batch(tokenizer, vocab_size: int, batch: int, length: int, generator) -> dict[str, torch.Tensor]:
-    """Random token ids (ids of the tokenizer's own tokens) of shape (batch, length), the last row padded
-    after half its length, with the inputs the tokenizer gives a model (token_type_ids, attention_mask)."""
+    """Random token ids [batch, length] of the tokenizer's own tokens, the last row padded after half its length,
+    with the inputs the tokenizer gives a model."""
     ids = torch.randint(0, min(len(tokenizer), vocab_size), (batch, length), generator=generator)
     mask = torch.ones_like(ids)
     if batch > 1 and length > 1:
@@ -111,15 +107,8 @@ def _batch(tokenizer, vocab_size: int, batch: int, length: int, generator) -> di
 
 
 def check_on_onnxruntime(onnx_path, model, batches, atol: float, rtol: float) -> list[dict]:
-    """Run the ONNX graph at ``onnx_path`` on ONNX Runtime's CPU provider and compare its first output
-    with ``model(**batch)``'s logits for each batch.
-
-    Returns:
-        one record per batch: ``shape`` [batch, n], ``max_abs_diff`` and ``allowed`` (atol + rtol x the
-        largest |logit|), ``ok``.
-    Raises:
-        ValueError: the graph's inputs are not the batch's keys.
-    """
+    """Compare the graph's first output on ONNX Runtime's CPU provider with ``model(**batch)``'s logits: one
+    record per batch with ``shape``, ``max_abs_diff``, ``allowed`` (atol + rtol × the largest |logit|) and ``ok``."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -146,19 +135,14 @@ def check_on_onnxruntime(onnx_path, model, batches, atol: float, rtol: float) ->
 def export_onnx(run_dir, output_dir, options: OnnxExportOptions | None = None, overwrite: bool = False) -> dict:
     """Export a masked-LM or sequence-classification run to ONNX and check it on ONNX Runtime.
 
-    Writes ``model.onnx``, ``model.onnx.data`` (the weights), transformers' ``export.json``, the run's
-    ``config.json`` and tokenizer, and ``onnx_export.json`` (the check's shapes, largest |ONNX Runtime − PyTorch|
-    logit differences, tolerance, versions). Inputs ``input_ids``, ``attention_mask`` (and ``token_type_ids``
-    where the tokenizer gives them), int64 [batch, n], 1 ≤ n ≤ ``max_position_embeddings``; output ``logits``
-    [batch, n, vocab] or [batch, num_labels]. The files are checked in a staging folder and moved into place only
-    when every check batch agrees. ``overwrite`` replaces an earlier export's files (:func:`owned_files`) only.
+    Writes ``model.onnx`` and ``model.onnx.data``, transformers' ``export.json``, the config and tokenizer, and
+    ``onnx_export.json`` (shapes, largest logit differences, tolerance, versions). Inputs int64 [batch, n],
+    output ``logits``. Checked in a staging folder and moved into place only when every batch agrees.
 
     Raises:
-        FileNotFoundError / ValueError: a run :func:`fixedhead.runs.open_run` refuses; not an encoder; bad options;
-            another opset than ``opset_version`` written.
-        FileExistsError: ``output_dir`` holds something else (or an earlier export, without ``overwrite``).
-        RuntimeError: ONNX Runtime's logits differ from PyTorch's by more than the tolerance (nothing is written).
-        ImportError: onnx, onnxscript or onnxruntime is not installed.
+        FileExistsError: ``output_dir`` holds something else (or an export, without ``overwrite``).
+        RuntimeError: the logits differ by more than the tolerance (nothing is written).
+        ImportError: onnx, onnxscript or onnxruntime is missing.
     """
     from transformers.exporters import OnnxConfig, OnnxExporter
 

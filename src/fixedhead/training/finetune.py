@@ -1,16 +1,9 @@
-"""GLUE fine-tuning of a pretrained run on top of transformers' ``Trainer``.
+"""GLUE fine-tuning of a pretrained run on transformers' ``Trainer`` (the paper fine-tunes on SQuAD and MNLI,
+Tables 1–3; here the GLUE tasks the project ships).
 
-The paper fine-tunes its BERT models on SQuAD and MNLI (Tables 1–3, dev-set scores); this
-module does the same kind of thing on the GLUE tasks the project ships (SST-2, CoLA, MRPC, RTE,
-STS-B). GLUE's test labels are not public, so:
-
-* the GLUE **dev** split is the test set (scored once, with the chosen checkpoint);
-* a **validation** split is carved out of GLUE train (seeded) and used for early stopping and
-  for choosing the best checkpoint (``load_best_model_at_end``).
-
-The pretrained encoder is loaded from a pretraining run directory (``model.safetensors`` +
-tokenizer, see :func:`fixedhead.training.pretrain.pretrain`); the pooler and classifier are new
-(our pretraining has no next-sentence task, so unlike BERT's the pooler starts untrained).
+GLUE's test labels are not public, so GLUE dev is the test set (scored once, with the chosen checkpoint)
+and a seeded validation split of GLUE train drives early stopping and the best checkpoint. The pooler and
+classifier are new (pretraining has no next-sentence task).
 """
 
 from __future__ import annotations
@@ -69,10 +62,8 @@ DEFAULT_VALIDATION_SIZE = 1000
 
 @dataclass
 class FinetuneSettings:
-    """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT): validation
-    on a split carved out of GLUE train every ``eval_steps``, early stopping after ``patience``
-    evaluations without improvement of the task's headline metric; the best checkpoint is the one
-    scored on GLUE dev."""
+    """Fine-tuning budget and optimisation (AdamW, linear warm-up then decay, as BERT): validation every
+    ``eval_steps``, early stopping after ``patience`` evaluations without improvement of the headline metric."""
 
     max_seq_length: int = 128
     """tokens per example (a pair is truncated to fit)"""
@@ -123,12 +114,9 @@ class FinetuneSettings:
 
 
 def finetune_settings_record(run_dir, task: str, settings: FinetuneSettings, data_dir=None) -> dict:
-    """A fine-tuning result's settings record (saved under the key ``"fingerprint"``): what it is
-    computed from: the pretrained model's *content* (a hash of its weights, config and tokenizer,
-    see :func:`fixedhead.runs.model_fingerprint`), the GLUE files'
-    content, the task and the settings that matter. A result is reused only when all of them
-    match, whatever the run's folder is called or where it moved; retraining a run in place
-    changes its record."""
+    """A fine-tuning result's settings record: the pretrained model's content hash
+    (:func:`fixedhead.runs.model_fingerprint`), the GLUE files' content, the task and the settings. A result is
+    reused only when all match, wherever the run lives; retraining a run in place changes it."""
     files = [glue_path(task, split, data_dir) for split in ("train", "dev")]
     how_it_runs = ("progress", "save_model", "gradient_checkpointing")  # not what it computes
     record = {
@@ -163,11 +151,7 @@ class GlueDataset(Dataset):
 
 
 def split_train_validation(examples: list[dict], validation_size: int, seed: int = 0):
-    """Seeded shuffle of GLUE train, then ``(train, validation)`` with ``validation_size`` held out.
-
-    Raises:
-        ValueError: validation_size < 1 or leaves fewer than one training example.
-    """
+    """Seeded shuffle of GLUE train, then ``(train, validation)`` with ``validation_size`` held out."""
     if validation_size < 1 or validation_size >= len(examples):
         raise ValueError(
             f"validation_size must be in [1, {len(examples) - 1}] for {len(examples)} training examples, "
@@ -188,24 +172,15 @@ def finetune(
 ) -> dict:
     """Fine-tune the pretrained model in ``run_dir`` on GLUE ``task`` and score it on GLUE dev.
 
-    Args:
-        run_dir: a pretraining run folder (``model.safetensors``, ``config.json``, tokenizer).
-        task: ``sst2``, ``cola``, ``mrpc``, ``rte`` or ``stsb`` (regression, num_labels=1).
-        output_dir: checkpoints, the fine-tuned model and ``finetune_metrics.json``; a finished result of the same
-            model content, GLUE data and settings is returned as it is unless ``overwrite``.
-        data_dir: the folder holding ``glue/`` (default: the project's shared data).
-
-    Returns:
-        ``{"task", "metric", "dev", "validation", "score" (the dev headline metric), "best_step", "steps",
-        "train_examples", "validation_examples", "dev_examples", "train_seconds", "settings", "run_dir"}``.
+    ``output_dir`` gets checkpoints, the model and ``finetune_metrics.json``; a finished result of the same
+    model content, data and settings is returned as it is unless ``overwrite``. Returns ``{"task", "metric",
+    "dev", "validation", "score" (the dev headline metric), "best_step", "steps", the example counts,
+    "train_seconds", "settings", "run_dir"}``.
 
     Raises:
-        ValueError: unknown task; malformed GLUE files (:func:`read_glue_tsv`); a run :func:`fixedhead.runs.open_run`
-            refuses; a validation size that leaves no training example; a non-finite training loss
-            (:class:`~fixedhead.training.evaluate.DivergedError`).
-        FileNotFoundError: no finished model in ``run_dir``, or missing GLUE files.
-        FileExistsError: ``output_dir`` is the run itself, holds anything fine-tuning did not write, or another
-            model's, data's or settings' result (without ``overwrite``, which removes only what fine-tuning wrote).
+        FileExistsError: ``output_dir`` is the run itself, holds files fine-tuning did not write, or another
+            result (without ``overwrite``, which removes only what fine-tuning wrote).
+        DivergedError: a non-finite training loss.
     """
     from transformers import DataCollatorWithPadding, EarlyStoppingCallback, set_seed
 

@@ -1,12 +1,9 @@
-"""Run identity: is the run in a folder the one these settings would train? (``pretrain --resume``,
-and every study that reuses finished runs, ask it here.)
+"""Run identity: is the run in a folder the one these settings would train? (``pretrain --resume`` and every
+study that reuses runs ask here.)
 
-A run's settings record (:func:`run_settings_record`: model config, data settings, the training settings that
-change what is computed, the weights it started from) is written to ``pretrain_settings.json``; a folder is
-reused or resumed only when the record matches (:func:`settings_differences`, fields added after runs were
-first saved counted at the default those runs used) and the corpus text and tokenizer are the same
-(:func:`data_differences`). It lives in the training layer, not in :mod:`fixedhead.runs`, because it compares
-the data and training settings (the layers below ``runs``; tests/test_layering.py).
+A folder is reused or resumed only when its ``pretrain_settings.json`` matches :func:`run_settings_record`
+and the corpus text and tokenizer are the same (:func:`data_differences`). It lives in the training layer
+because it compares data and training settings, which sit below :mod:`fixedhead.runs`.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ _ADDED_LATER = {"bf16": False, "objective": "mlm", "mlm_probability": 0.15, "lr_
 
 
 def with_later_defaults(train: dict) -> dict:
-    """Recorded training settings with every field added after runs were first saved filled in at
-    the default those runs used (``_ADDED_LATER``): the one way saved and current settings are
-    compared, so an omitted field and its default are the same setting."""
+    """Recorded training settings with every field added later (``_ADDED_LATER``) at the default older runs used,
+    so an omitted field and its default compare equal."""
     return {**_ADDED_LATER, **train}
 
 
@@ -42,11 +38,9 @@ def run_settings_record(
     data_settings: DataSettings | None,
     init_from: dict | None = None,
 ) -> dict:
-    """A run's settings record: what must match for a run directory to be resumed or reused:
-    model config, data settings, the training settings that affect the result (not logging or progress options), and the
-    weights training started from: ``init_from`` is ``{"model_sha256": ...}`` (see
-    :func:`init_from_record`) for a run continued from another run, None for one trained from
-    scratch (runs saved before this was recorded count as from scratch)."""
+    """What must match for a run folder to be resumed or reused: model config, data settings, the training
+    settings that affect the result, and ``init_from`` (``{"model_sha256": ...}`` of the weights a continued
+    run started from, None from scratch)."""
     # fields added later are omitted at their default: older run directories still resume
     train = {k: v for k, v in asdict(settings).items() if k not in _NOT_MATCHED and (k, v) not in _ADDED_LATER.items()}
     record = {
@@ -60,23 +54,15 @@ def run_settings_record(
 
 
 def init_from_record(run_dir: str | os.PathLike) -> dict:
-    """Where a continued run starts: ``{"path": absolute path, "model_sha256": hash of the
-    config, weights and tokenizer (:func:`fixedhead.runs.model_fingerprint`)}``.
-
-    Raises:
-        FileNotFoundError: ``run_dir`` does not exist.
-    """
+    """Where a continued run starts: ``{"path", "model_sha256"}`` (:func:`fixedhead.runs.model_fingerprint`)."""
     if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     return {"path": resolve_local_path(run_dir), "model_sha256": model_fingerprint(run_dir)}
 
 
 def settings_differences(previous: dict, record: dict) -> list[str]:
-    """The settings in which a saved ``pretrain_settings.json`` differs from a :func:`run_settings_record`,
-    as ``"section.field: saved → now"`` strings (fields outside the record, such as logging
-    options, may differ freely). Training fields added later (``_ADDED_LATER``) count at their
-    default where either side omits them, so a run at a non-default value never matches one at
-    the default."""
+    """How a saved ``pretrain_settings.json`` differs from a :func:`run_settings_record`, as
+    ``"section.field: saved → now"``; fields outside the record (logging) may differ freely."""
     diffs = []
     for key, value in record.items():
         old = previous.get(key)
@@ -102,9 +88,8 @@ DIVERGED_FILE = "diverged.json"
 
 
 def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
-    """The :func:`~fixedhead.data.tokenizer.tokenizer_sha256` of the tokenizer a run trains with:
-    recorded in its ``pretrain_settings.json`` (``saved``), else hashed from the tokenizer saved in
-    ``run_dir``; None when the run has neither (started before tokenizers were kept with the run)."""
+    """The tokenizer hash of a run: recorded in ``saved``, else hashed from the tokenizer in ``run_dir``; None
+    when it has neither."""
     recorded = (saved.get("data_info") or {}).get("tokenizer_sha256")
     path = Path(run_dir) / "tokenizer.json"
     if recorded or not path.is_file():
@@ -118,9 +103,8 @@ def run_tokenizer_sha256(run_dir: str | os.PathLike, saved: dict) -> str | None:
 
 
 def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -> list[str]:
-    """How the data a saved run trained on differs from prepared data (``data_info``,
-    :attr:`PreparedData.info`): another corpus text, or another tokenizer (which id each piece of
-    text gets; a run whose tokenizer is unknown counts as different). Empty when they agree."""
+    """How a saved run's data differs from ``data_info``: another corpus text, or another tokenizer (an unknown
+    one counts as different). Empty when they agree."""
     diffs = []
     if not same_corpus_text(saved, data_info.get("corpus_sha256")):
         diffs.append("data: the corpus text changed since the run started")
@@ -135,10 +119,8 @@ def data_differences(run_dir: str | os.PathLike, saved: dict, data_info: dict) -
 
 
 def same_corpus_path(a, b) -> bool:
-    """Two recorded corpus paths that name the same file or folder, or files of the same name in
-    other folders (a checkout moved, another machine). Only the path is compared here: whenever
-    a run is reused or resumed its corpus *text* is compared by digest (:func:`data_differences`),
-    so a moved corpus matches and an edited one does not."""
+    """Whether two recorded corpus paths name the same file or folder, or files of one name in other folders (a
+    moved checkout): the text itself is compared by digest wherever a run is reused."""
     if not (isinstance(a, str) and isinstance(b, str)):
         return False
     try:
@@ -157,10 +139,8 @@ def same_run_settings(previous: dict, record: dict) -> bool:
 def finished_metrics(
     run_dir: str | os.PathLike, record: dict, data_info: dict, marker: str | os.PathLike = METRICS_FILE
 ) -> dict | None:
-    """The metrics of a run in ``run_dir`` that finished with these settings (``record``) on
-    the same corpus text and tokenizer (``data_info``, see :func:`data_differences`); None for an
-    unfinished run, a missing or unreadable record, or other settings. The one answer to "is this
-    run done?": :func:`pretrain` with ``resume`` and every study that reuses runs ask it."""
+    """The metrics of a run in ``run_dir`` that finished with these settings on the same corpus text and
+    tokenizer, else None: the one answer to "is this run done?"."""
     run_dir = Path(run_dir)
     if not (run_dir / marker).is_file() or not (run_dir / PRETRAIN_FILE).is_file():
         return None
@@ -174,16 +154,13 @@ def finished_metrics(
 
 
 def check_run_dir(run_dir: Path, record: dict, resume: bool, overwrite: bool, data_info: dict | None = None):
-    """Refuse ``run_dir`` for a pretraining run unless it is new or empty, a fixedhead run being
-    resumed with the same settings (``record``, a :func:`run_settings_record`, and the same corpus text and tokenizer as
-    ``data_info``, see :func:`data_differences`), or one being replaced (``overwrite``). Nothing
-    is changed.
+    """Refuse ``run_dir`` for pretraining unless it is new or empty, a run resumed with the same settings and data,
+    or one being replaced (``overwrite``). Changes nothing.
 
     Raises:
-        FileExistsError: a file; another run (without ``resume``/``overwrite``); different
-            settings with ``resume``; a folder holding something that is not a fixedhead run.
+        FileExistsError: another run (without ``resume``/``overwrite``), other settings with ``resume``, or
+            something that is not a fixedhead run.
         FileNotFoundError: ``resume`` with nothing to resume.
-        ValueError: both ``resume`` and ``overwrite``.
     """
     settings_file = run_dir / PRETRAIN_FILE
     if run_dir.exists() and not run_dir.is_dir():

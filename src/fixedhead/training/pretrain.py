@@ -1,9 +1,6 @@
-"""Language-model pretraining (masked or causal) on top of transformers' ``Trainer``.
-
-The Trainer brings AdamW, warm-up + linear decay, seeding, checkpoints and resume, progress bars,
-TensorBoard logs (``RUN_DIR/runs``) and torchrun/accelerate support; this module builds the model,
-trains it on data prepared by :mod:`fixedhead.data.lm` and scores it.
-"""
+"""Language-model pretraining (masked or causal) on transformers' ``Trainer``, which brings AdamW, the
+schedule, seeding, checkpoints and resume, logs and torchrun/accelerate; this module builds the model,
+trains it on :mod:`fixedhead.data.lm`'s data and scores it."""
 
 from __future__ import annotations
 
@@ -77,16 +74,10 @@ from .settings import TrainSettings, transformers_progress_bars
 
 
 def lm_config(config, tokenizer, objective: str = "mlm"):
-    """Fill in what a run's config (a ``FixedHeadConfig`` or ``LlamaConfig``) takes from its
-    tokenizer and objective (in place; returned): vocabulary size and padding id; for a causal LM
-    ``is_decoder`` (fixedhead's; a Llama model is always one) and, since generation starts from
-    [CLS] and a document ends with [SEP] as in the packed data, ``bos``/``eos`` token ids.
-    :func:`pretrain` and the reuse check of ``compare``/``sweep`` both call it, so a finished run's
-    settings record is compared with the config it was trained with.
-
-    Raises:
-        ValueError: an unknown objective, or one the architecture cannot train (a masked Llama).
-    """
+    """Fill in (in place, and return) what a run's config takes from its tokenizer and objective: vocabulary
+    size, padding id, and for a causal LM ``is_decoder`` and the bos/eos ids ([CLS] and [SEP], as in the packed
+    data). :func:`pretrain` and the studies' reuse check both call it, so a settings record is compared with the
+    config it was trained with."""
     check_objective_for(config, check_objective(objective))
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id
@@ -100,9 +91,8 @@ def lm_config(config, tokenizer, objective: str = "mlm"):
 def train_or_reuse(
     config: FixedHeadConfig, data: PreparedData, run_dir: str | os.PathLike, settings: TrainSettings, overwrite=False
 ) -> dict:
-    """:func:`pretrain` into ``run_dir``: the metrics of a run that finished there with these settings
-    (:func:`~fixedhead.training.identity.finished_metrics`), an unfinished one continued from its newest
-    checkpoint, or a new run (``overwrite``: always a new run). What makes a study resumable.
+    """:func:`pretrain` into ``run_dir``: the metrics of a run that finished there with these settings, an
+    unfinished one continued, or a new run (``overwrite``: always new). What makes a study resumable.
 
     Raises:
         FileExistsError: ``run_dir`` holds a run with other settings (without ``overwrite``).
@@ -121,29 +111,22 @@ def pretrain(
     init_from: str | os.PathLike | None = None,
     callbacks: list | None = None,
 ) -> dict:
-    """Pretrain a ``FixedHeadForMaskedLM`` on ``data`` and score it on the held-out set.
+    """Pretrain a ``FixedHeadForMaskedLM`` (``objective="clm"``: ``FixedHeadForCausalLM``, or ``LlamaForCausalLM``
+    for a ``LlamaConfig``) on ``data``, score it on the held-out set and return the metrics: parameters,
+    training tokens, wall time, held-out loss (nats/token), perplexity, accuracy and the loss curves.
 
-    ``settings.objective="clm"`` trains a ``FixedHeadForCausalLM``, or transformers' ``LlamaForCausalLM`` for a
-    ``LlamaConfig``. ``init_from`` starts from another run's weights (a pretraining run or a ``fixedhead widen``
-    output; pass ``config=None``, the same objective and data in its tokenizer): its path and content hash join
-    the run's settings record, so the run is never reused as one trained from scratch.
-
-    Writes to ``run_dir``: the model (safetensors) and tokenizer (``from_pretrained``, ``pipeline``),
-    ``metrics.json``, ``pretrain_settings.json``, a model card, ``checkpoint-STEP`` folders and TensorBoard logs.
-    Under ``torchrun``/``accelerate launch``, ``settings.batch_size`` is per process and only the main process
-    writes. ``resume`` continues from the newest complete checkpoint and ends where an uninterrupted run would;
-    ``overwrite`` replaces the run. ``callbacks``: extra ``transformers.TrainerCallback`` objects.
-
-    Returns:
-        the metrics dict: parameters, training tokens, wall time, held-out loss (nats/token), perplexity and
-        accuracy, and the learning curves (loss by step).
+    ``init_from`` starts from another run's weights (``config=None``, its tokenizer's data); its path and hash
+    join the settings record, so the run is never reused as one trained from scratch. Writes the model
+    (safetensors), tokenizer, ``metrics.json``, ``pretrain_settings.json``, a model card, checkpoints and logs to
+    ``run_dir``; under torchrun ``batch_size`` is per process and only the main process writes. ``resume``
+    continues from the newest complete checkpoint and ends where an uninterrupted run would.
 
     Raises:
-        FileExistsError: ``run_dir`` holds another run (without ``overwrite``) or other settings (with
-            ``resume``), or is a file, or is ``init_from``.
+        FileExistsError: ``run_dir`` holds another run (without ``overwrite``), other settings (with
+            ``resume``), or is ``init_from``.
         FileNotFoundError: ``init_from`` is not a finished run.
-        ValueError: non-finite training loss; the masked objective for a Llama config; with ``init_from``: a
-            ``config``, another objective or another vocabulary.
+        ValueError: a non-finite training loss (:class:`DivergedError`), or an ``init_from`` of another
+            objective or vocabulary.
     """
     from transformers import set_seed
 
@@ -339,10 +322,8 @@ def _load_checkpoint_weights(model, checkpoint: Path) -> None:
 
 
 class FirstBatchRecorder:
-    """A data collator that passes every batch through and writes the SHA-256 of the first
-    *training* batch it makes (``input_ids`` and ``labels`` after masking, so the data order and
-    the masking) to ``path``: two runs of one command took the same first step only if these
-    agree. Held-out batches (features that bring their own labels) are not recorded."""
+    """A data collator that writes the SHA-256 of the first training batch (``input_ids`` and ``labels`` after
+    masking) to ``path``: two runs took the same first step only if these agree. Held-out batches are not recorded."""
 
     def __init__(self, collator, path: Path):
         self.collator, self.path, self.recorded = collator, Path(path), False
@@ -356,9 +337,7 @@ class FirstBatchRecorder:
 
 
 def save_tokenizer_atomic(tokenizer, run_dir: Path) -> None:
-    """``tokenizer.save_pretrained(run_dir)`` with each file appearing whole: written into a
-    staging folder (removed by :func:`~fixedhead.training.checkpoints.remove_staging` if a kill
-    leaves it), then moved into place file by file."""
+    """``tokenizer.save_pretrained(run_dir)`` with each file appearing whole (staged, then moved file by file)."""
     staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=STAGING_PREFIX))
     try:
         tokenizer.save_pretrained(str(staging))
@@ -400,15 +379,12 @@ def source_data(
     progress: bool = True,
     allow_pickle: bool = False,
 ) -> PreparedData:
-    """The data a run was trained on, prepared again to continue it (:func:`pretrain` with ``init_from``):
-    its recorded data settings (``pretrain_settings.json``, or a widened run's source settings in
-    ``widen.json``) and its own tokenizer, so the training and held-out sequences are the run's.
-
-    ``corpus`` replaces the recorded corpus path (a moved file); its text must be the same.
+    """The data a run was trained on, prepared again to continue it: its recorded data settings
+    (``pretrain_settings.json``, or ``widen.json``'s source) and its own tokenizer. ``corpus`` replaces a moved
+    corpus path; its text must be the same.
 
     Raises:
-        FileNotFoundError: no such run.
-        ValueError: the run records no corpus and none is given, or the corpus text changed.
+        ValueError: no corpus recorded and none given, or the corpus text changed.
     """
     run = open_run(init_from, allow_pickle=allow_pickle)
     data = prepare_data(
@@ -419,10 +395,8 @@ def source_data(
 
 
 def causal_tokenizer(tokenizer):
-    """A copy of a run's WordPiece tokenizer for a causal LM: it adds only [CLS] in front (the
-    beginning of a packed sequence), not [SEP] at the end, so a prompt from
-    ``pipeline("text-generation")`` or ``generate`` is continued rather than closed; [CLS] and
-    [SEP] become its ``bos_token`` and ``eos_token``."""
+    """A copy of a run's WordPiece tokenizer for a causal LM: only [CLS] in front, no [SEP] at the end, so a
+    prompt is continued rather than closed; [CLS] and [SEP] become ``bos_token`` and ``eos_token``."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 

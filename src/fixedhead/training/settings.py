@@ -1,10 +1,6 @@
-"""What a pretraining run is trained with, defined once: the model size trained from scratch
-(:class:`ModelSettings`), the optimisation (:class:`TrainSettings`), and the
-``transformers.TrainingArguments`` that pretraining and fine-tuning share.
-
-Each field's default and its attribute docstring are the only copy: ``fixedhead pretrain``'s
-options and their ``--help`` are derived from them (:func:`fixedhead.options.add_options`).
-"""
+"""What a pretraining run is trained with, defined once: the model size (:class:`ModelSettings`), the
+optimisation (:class:`TrainSettings`) and the ``TrainingArguments`` pretraining and fine-tuning share.
+Each field's default and attribute docstring are ``fixedhead pretrain``'s option and ``--help``."""
 
 from __future__ import annotations
 
@@ -23,13 +19,8 @@ LR_SCHEDULERS = ("linear", "cosine", "constant_with_warmup")
 
 
 def report_to_integrations(names: list[str]) -> list[str]:
-    """``report_to`` as the Trainer takes it: repeats dropped (keeping the first, in order),
-    ``none`` (or no value) = ``[]``, ``all`` = every installed integration.
-
-    Raises:
-        ValueError: an unknown or uninstalled integration, or ``none``/``all`` together with
-            another value (naming the values).
-    """
+    """``report_to`` as the Trainer takes it: repeats dropped, ``none`` (or nothing) = ``[]``, ``all`` = every
+    installed integration. Raises ValueError naming an unknown or uninstalled one, or ``none``/``all`` with others."""
     from transformers.integrations import integration_utils as iu
 
     names = list(dict.fromkeys(names))  # a repeated integration would log every scalar twice
@@ -89,14 +80,9 @@ class ModelSettings:
     """normal, or zero: W_q starts at 0 (uniform attention at step 0)"""
 
     def config(self, max_position_embeddings: int):
-        """The ``FixedHeadConfig`` (or, for ``architecture="llama"``, ``LlamaConfig``:
-        :func:`~fixedhead.model.architectures.llama_config`) of this size for sequences of
-        ``max_position_embeddings`` tokens (vocabulary and special tokens come from the tokenizer,
-        :func:`~fixedhead.training.pretrain.lm_config`).
-
-        Raises:
-            ValueError: a size the config refuses, or an option the architecture lacks (naming it).
-        """
+        """The ``FixedHeadConfig`` (``LlamaConfig`` for ``architecture="llama"``) of this size for
+        ``max_position_embeddings`` tokens; vocabulary and special tokens come later from the tokenizer
+        (:func:`~fixedhead.training.pretrain.lm_config`). Raises ValueError naming a refused size or option."""
         from ..model.architectures import build_config
 
         if self.architecture == "llama" and self.dropout:
@@ -217,14 +203,9 @@ class TrainSettings:
 
 
 def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batch_size: int, **own):
-    """``transformers.TrainingArguments`` for ``settings`` (a :class:`TrainSettings` or
-    :class:`~fixedhead.training.finetune.FinetuneSettings`: AdamW, linear warm-up then linear decay
-    as BERT unless ``own`` sets another ``lr_scheduler_type``), with ``own`` fields of the calling
-    module added or overriding.
-
-    ``warmup_steps`` receives the warm-up *ratio*: transformers 5 reads a value below 1 as a
-    fraction of ``max_steps`` (its ``warmup_ratio`` argument is deprecated).
-    """
+    """``TrainingArguments`` for ``settings`` (AdamW, linear warm-up then decay unless ``own`` says otherwise),
+    with the caller's ``own`` fields added or overriding. ``warmup_steps`` gets the warm-up ratio: transformers 5
+    reads a value below 1 as a fraction of ``max_steps``."""
     import torch  # here, not above: the command line reads this module's settings without torch
     from transformers import TrainingArguments
 
@@ -251,8 +232,7 @@ def shared_training_arguments(output_dir: str | os.PathLike, settings, eval_batc
 
 @contextlib.contextmanager
 def transformers_progress_bars(enabled: bool):
-    """transformers' own progress bars (e.g. "Writing model shards" at every save) on or off inside the
-    block, as a run's ``progress`` setting says; the previous state is restored after."""
+    """transformers' own progress bars on or off inside the block, as a run's ``progress`` says; restored after."""
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.is_progress_bar_enabled()

@@ -1,9 +1,5 @@
-"""``fixedhead widen``: a pretraining run's language model with wider heads, saved as a new run folder.
-
-The model surgery itself (:func:`fixedhead.widen_heads`) works on a model in memory; this
-module opens the source run (:func:`fixedhead.runs.open_run`), claims the output folder and writes
-the widened model, its tokenizer and ``widen.json`` there.
-"""
+"""``fixedhead widen``: a pretraining run's language model with wider heads (:func:`fixedhead.widen_heads`),
+saved as a new run folder."""
 
 from __future__ import annotations
 
@@ -60,19 +56,11 @@ def widen_run(
     overwrite: bool = False,
     allow_pickle: bool = False,
 ) -> dict:
-    """``fixedhead widen``: widen the heads of a run's language model and save it as a new run folder.
-
-    Opens ``run_dir`` with :func:`fixedhead.runs.open_run` (masked or causal LM), widens it with
-    :func:`fixedhead.widen_heads`, and writes the model, its tokenizer and ``widen.json`` (source run, old and
-    new per-layer head sizes, seed, init_std) to ``output_dir``.
-
-    Returns:
-        the ``widen.json`` record.
+    """Widen the heads of a run's language model and save the model, tokenizer and ``widen.json`` (source, old and
+    new head sizes, seed, init_std) to ``output_dir``; returns the record.
 
     Raises:
-        ValueError: see :func:`fixedhead.widen_heads` and :func:`~fixedhead.runs.open_run`.
-        FileExistsError: ``output_dir`` holds files that ``fixedhead widen`` did not write.
-        FileNotFoundError: no such run.
+        FileExistsError: ``output_dir`` holds files ``fixedhead widen`` did not write.
     """
     non_negative_int("seed", seed)
     if Path(output_dir).resolve() == Path(run_dir).resolve():
