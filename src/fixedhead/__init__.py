@@ -1,13 +1,8 @@
-"""fixedhead: fixed head size multi-head attention (Bhojanapalli et al., ICML 2020).
+"""fixedhead: fixed head size multi-head attention (Bhojanapalli et al., ICML 2020). See README.md.
 
-Standard multi-head attention ties the head size to the embedding size (d_p = d/h); this package
-decouples it. See README.md.
-
-Importing the package registers the models with transformers' Auto classes (``AutoConfig``,
-``AutoModel*`` and ``pipeline(...)`` then load fixedhead run directories); its public names are
-imported on first use. The ``fixedhead`` command (and ``python -m fixedhead``) registers after parsing
-its options instead (:func:`fixedhead.cli.main`), so that ``--help`` and a usage error answer without
-importing torch and transformers (seconds).
+Importing the package registers the models with transformers' Auto classes; its public names are imported
+on first use. The ``fixedhead`` command registers after parsing its options instead, so ``--help`` answers
+without importing torch.
 """
 
 from __future__ import annotations

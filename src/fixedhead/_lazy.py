@@ -8,12 +8,8 @@ import sys
 
 
 def lazy_names(package: str, public: dict[str, str]):
-    """The ``__getattr__`` and ``__dir__`` of ``package``: each name of ``public`` (name -> module,
-    relative to ``package``) is imported from its module on first use and kept on the package.
-
-    Raises (from ``__getattr__``):
-        AttributeError: a name not in ``public``.
-    """
+    """The ``__getattr__`` and ``__dir__`` of ``package``: each name of ``public`` (name -> module relative to
+    ``package``) is imported on first use and kept; another name raises AttributeError."""
 
     def __getattr__(name: str):
         if name not in public:

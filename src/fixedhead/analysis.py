@@ -1,18 +1,15 @@
-"""Rank and entropy diagnostics of the attention heads of a fixedhead model or a transformers model (paper Section 3).
+"""Rank and entropy diagnostics of the attention heads of a fixedhead or transformers model (paper Section 3).
 
-Per layer and head, on windows of ``n`` tokens of real text (:func:`fixedhead.data.text_windows`), averaged
-over windows:
+Per layer and head, on windows of ``n`` tokens of real text, averaged over windows:
 
-* ``logit_rank``: the numerical rank of S = Q Kᵀ / √d_p ([query, key], float64, from the model's own q and k),
-  singular values above ``rtol · σ_max`` (:data:`DEFAULT_RTOL` = 1e-5, about 100× float32 resolution). A head
-  has rank(S) ≤ d_p: the low-rank bottleneck.
-* ``min_head_dim``: :func:`fixedhead.theory.min_head_dim` of P = softmax(S) at the same ``rtol``, the rank of
-  the per-query-centred log P, so logit_rank − 1 ≤ min_head_dim ≤ logit_rank in exact arithmetic.
+* ``logit_rank``: the numerical rank of S = Q Kᵀ / √d_p (float64, from the model's own q and k), singular
+  values above ``rtol · σ_max`` (:data:`DEFAULT_RTOL` = 1e-5, about 100× float32 resolution); rank(S) ≤ d_p.
+* ``min_head_dim``: :func:`fixedhead.theory.min_head_dim` of P = softmax(S) at the same ``rtol``, so
+  logit_rank − 1 ≤ min_head_dim ≤ logit_rank in exact arithmetic.
 * ``entropy``: the mean over queries of −Σ_k P[q, k] ln P[q, k], nats (0: one key; ln n: uniform).
 
-Models: fixedhead models and any transformers model whose attention goes through transformers' attention
-interface (BERT, RoBERTa, GPT-2, Llama, ...; grouped key heads repeated per query head, rotary models read after
-the rotation), loaded from a local folder with ``AutoModel``. A decoder's heads are analysed as causal.
+Any model whose attention goes through transformers' attention interface (BERT, GPT-2, Llama, ...; grouped
+key heads repeated, rotary models read after the rotation); a decoder's heads are analysed as causal.
 """
 
 from __future__ import annotations
@@ -46,14 +43,9 @@ SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(_CAPTURE)  # it runs SDPA on the values 
 def capture_queries_keys(model):
     """Record every self-attention layer's queries and keys during a forward pass.
 
-    Yields a list each forward pass fills, in layer order, with ``(q, k, scale, causal)``: q and k [batch, heads,
-    seq, qk_head_dim] in the model's dtype, grouped key heads repeated per query head (head i's logits are
-    ``q[:, i] @ k[:, i].T · scale``), rotary models captured after the rotation. Works for any model whose
-    attention goes through transformers' attention interface (``_supports_attention_backend``), fixedhead's
-    included: it switches the model, for the duration, to an implementation that records q and k and runs SDPA.
-
-    Raises:
-        ValueError: the model has no attention this can capture.
+    Yields a list each forward fills, in layer order, with ``(q, k, scale, causal)``: q and k [batch, heads, seq,
+    qk_head_dim], head i's logits ``q[:, i] @ k[:, i].T · scale``. For the duration the model runs an attention
+    implementation that records q and k and then runs SDPA. Raises ValueError for a model with nothing to capture.
     """
     if not (getattr(model, "_supports_attention_backend", False) and hasattr(model, "set_attn_implementation")):
         raise ValueError(
@@ -85,18 +77,8 @@ def capture_queries_keys(model):
 
 @torch.no_grad()
 def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Each layer's pre-softmax attention logits S = Q K^T · scale, in float64.
-
-    Args:
-        model: a fixedhead model or a transformers model (see :func:`capture_queries_keys`).
-        input_ids: [batch, seq] token ids.
-        attention_mask: [batch, seq] (1 = token, 0 = padding) or None. Padding is *not* applied
-            to the returned logits (they are the raw bilinear form of the head).
-
-    Returns:
-        one [batch, heads, query, key] float64 tensor per layer; softmax over the last dimension
-        (plus the padding bias, if any) is the model's attention probabilities.
-    """
+    """Each layer's pre-softmax logits S = Q Kᵀ · scale for input_ids [batch, seq]: one [batch, heads, query, key]
+    float64 tensor per layer. Padding is not applied (the raw bilinear form)."""
     model.eval()
     with capture_queries_keys(model) as captured:
         model(input_ids=input_ids, attention_mask=attention_mask)
@@ -105,11 +87,7 @@ def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 # ---------------------------------------------------------------------------- per-head stats
 def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
-    """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (0 for a zero matrix).
-
-    Raises:
-        ValueError: ``matrix`` not 2-D, or ``rtol`` not in (0, 1).
-    """
+    """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (0 for a zero matrix)."""
     in_range("rtol", rtol, 0.0, 1.0, low_open=True)
     from .theory import numerical_rank as rank  # one definition of numerical rank; refuses a matrix not 2-D
 
@@ -117,19 +95,10 @@ def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
 
 
 def head_statistics(logits: torch.Tensor, rtol: float = DEFAULT_RTOL, causal: bool = False) -> dict:
-    """Rank, minimal head size and entropy of one head on one sequence.
+    """``{"logit_rank", "min_head_dim", "entropy" (nats, mean over queries)}`` of one head's [n, n] logits.
 
-    Args:
-        logits: [n, n] logits of one head (queries are rows), as from :func:`attention_logits`.
-        rtol: relative singular-value tolerance of ``logit_rank``.
-        causal: a decoder's head: query i attends to keys 0..i only, so P is the softmax of the
-            lower triangle and ``min_head_dim`` is the causal threshold
-            (:func:`fixedhead.theory.min_head_dim` with ``causal=True``; ⌈(n − 1)/2⌉ for a
-            generic P). ``logit_rank`` stays the rank of the raw bilinear form (≤ d_p).
-
-    Returns:
-        ``{"logit_rank": int, "min_head_dim": int or None (P has entries that underflow to 0 in
-        float64), "entropy": float (nats, mean over queries)}``.
+    ``causal``: P is the softmax of the lower triangle and ``min_head_dim`` the causal threshold (⌈(n − 1)/2⌉ for
+    generic P); ``logit_rank`` stays the raw form's. ``min_head_dim`` is None where P underflows to 0.
     """
     logits = logits.double()
     masked = logits
@@ -181,13 +150,9 @@ class AttentionAnalysis:
     def summary(self) -> dict:
         """Over all heads: does the low-rank bottleneck bind?
 
-        Returns:
-            ``{"heads", "windows", "rtol", "logit_rank": the mean over heads of each head's mean
-            over sequences, "logit_rank_max": the largest head mean, "at_ceiling": the fraction of
-            heads whose mean rank is within 0.5 of their ceiling min(d_p, n) (so at the ceiling on
-            at least half the sequences), "pattern_rank" / "pattern_rank_max": the same two for
-            ``min_head_dim``, the head size the attention patterns need (None when no head has
-            one)}``.
+        ``logit_rank``: the mean over heads of each head's mean, ``logit_rank_max`` the largest; ``at_ceiling``: the
+        fraction of heads whose mean is within 0.5 of min(d_p, n); ``pattern_rank`` / ``pattern_rank_max``: the same
+        for ``min_head_dim`` (None when no head has one).
         """
         rows = self.rows()
         ranks = [r["logit_rank"] for r in rows]
@@ -208,14 +173,7 @@ class AttentionAnalysis:
 def analyze_model(
     model, input_ids: torch.Tensor, rtol: float = DEFAULT_RTOL, batch_size: int = 8, name: str = ""
 ) -> AttentionAnalysis:
-    """Diagnostics of every head of ``model`` on the sequences ``input_ids`` [num_sequences, n].
-
-    Sequences must be unpadded (every token real). See the module docstring for the quantities.
-
-    Raises:
-        ValueError: ``input_ids`` not a non-empty [num_sequences, n] tensor with n >= 2; an
-            unsupported model; ``rtol`` outside (0, 1).
-    """
+    """Diagnostics of every head of ``model`` on unpadded sequences ``input_ids`` [num_sequences, n], n >= 2."""
     if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] < 2:
         raise ValueError(f"input_ids must be [num_sequences >= 1, n >= 2], got shape {tuple(input_ids.shape)}")
     in_range("rtol", rtol, 0.0, 1.0, low_open=True)
@@ -267,19 +225,12 @@ def analyze_model(
 def load_encoder(
     model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, allow_pickle: bool = False
 ):
-    """Load ``(model, tokenizer)`` from a local fixedhead run or transformers checkpoint directory.
-
-    A fixedhead run is opened by :func:`fixedhead.runs.open_run` (the one way every command opens
-    a run); any other checkpoint is checked by :func:`fixedhead.runs.check_model_dir` first (whole
-    safetensors, pickle weights only with ``allow_pickle``). The encoder is loaded with
-    ``AutoModel`` (the base model: a language-model or classification head is dropped; a missing
-    pooler is fine: it does not touch attention).
+    """``(model, tokenizer)`` from a local fixedhead run (:func:`fixedhead.runs.open_run`) or transformers
+    checkpoint (:func:`fixedhead.runs.check_model_dir`), the base model via ``AutoModel`` (heads dropped).
 
     Raises:
-        FileNotFoundError: no such directory, no config.json, no weights, or no tokenizer (the
-            message says to pass ``tokenizer_path``).
-        ValueError: a damaged config or weights file, pickle weights without ``allow_pickle``,
-            or a checkpoint that lacks encoder weights.
+        FileNotFoundError: no tokenizer (the message says to pass ``tokenizer_path``), config or weights.
+        ValueError: a checkpoint that lacks encoder weights.
     """
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -322,14 +273,8 @@ def analyze(
     rtol: float = DEFAULT_RTOL,
     allow_pickle: bool = False,
 ) -> AttentionAnalysis:
-    """Load a local model directory and analyse its heads on a text file (``fixedhead analyze``).
-
-    ``max_seq_length`` (n) defaults to the model's ``max_position_embeddings`` (capped at 512).
-
-    Raises:
-        FileNotFoundError / ValueError: see :func:`load_encoder`, :func:`fixedhead.data.read_text`,
-            :func:`fixedhead.data.text_windows`; n above ``max_position_embeddings``.
-    """
+    """Analyse a local model's heads on a text file (``fixedhead analyze``); n defaults to the model's
+    ``max_position_embeddings``, capped at 512."""
     model, tokenizer = load_encoder(model_path, tokenizer_path, allow_pickle=allow_pickle)
     max_pos = int(model.config.max_position_embeddings)
     n = max_seq_length if max_seq_length is not None else min(max_pos, 512)
@@ -409,14 +354,10 @@ ANALYSIS_OWNED = (ANALYSIS_FILE, HEATMAP_FILE, f".{ANALYSIS_FILE}.*", f".{HEATMA
 
 
 def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> dict:
-    """Write ``analysis.json`` (all fields) and the heatmap PNG; returns ``{"json": path, "heatmap": path}``.
-
-    Both files appear together or not at all (a full disk leaves the folder as it was). The folder
-    must be new, empty, or an earlier analysis output (whose two files are replaced).
+    """Write ``analysis.json`` and the heatmap PNG together or not at all; returns ``{"json", "heatmap"}`` paths.
 
     Raises:
-        FileExistsError: ``output_dir`` holds files that ``analyze`` did not write.
-        OSError: the files cannot be written (nothing is left half-written).
+        FileExistsError: ``output_dir`` holds files ``analyze`` did not write.
     """
     from .runs import claim_output_dir, staged_outputs
 
@@ -452,12 +393,7 @@ def analyze_to_folder(
     **kw,
 ):
     """``fixedhead analyze``: check the numbers and refuse an occupied ``output_dir`` (default
-    ``runs/analysis/<model folder name>``) before the work, then :func:`analyze` and
-    :func:`write_analysis`. Returns ``(result, paths)``.
-
-    Raises:
-        ValueError / FileNotFoundError / FileExistsError: see :func:`analyze`, :func:`write_analysis`.
-    """
+    ``runs/analysis/<model folder name>``) before the work, then :func:`analyze` and :func:`write_analysis`."""
     from .runs import claim_output_dir
 
     positive_int("max_sequences", max_sequences)

@@ -1,10 +1,5 @@
-"""Checks of the numbers a user passes (settings dataclasses, the command line), with one wording:
-:mod:`fixedhead.model.checks`, under the name every layer below the model imports, and
-:func:`check_fields`, the checks an Options field's metadata names.
-
-The number checks are defined in the model folder because ``FixedHeadConfig`` uses them and a saved run
-carries that folder's modules as its modeling code (see :mod:`fixedhead.model.checks`).
-"""
+"""Checks of the numbers a user passes, with one wording: :mod:`fixedhead.model.checks` under the name every
+layer imports, and :func:`check_fields`, the checks an Options field's metadata names."""
 
 from __future__ import annotations
 
@@ -33,11 +28,7 @@ FIELD_CHECKS = {
 
 def check_fields(options) -> None:
     """Check each field of the dataclass ``options`` as its metadata says: ``check`` (:data:`FIELD_CHECKS`),
-    ``nonempty`` (a tuple with at least one value), ``distinct`` (no value twice).
-
-    Raises:
-        ValueError: naming the field and the value.
-    """
+    ``nonempty``, ``distinct``; ValueError naming the field and the value."""
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
         values = list(value) if isinstance(value, (tuple, list)) else [value]

@@ -1,9 +1,4 @@
-"""matplotlib set-up shared by every figure the project writes (off-screen, PNG).
-
-One place chooses the non-interactive Agg backend (no display is needed; plots are files) and
-finishes a figure the same way: grid, legend where something is labelled, tight layout, PNG at a
-fixed resolution, figure closed so long sweeps do not leak memory.
-"""
+"""matplotlib set-up shared by every figure: the off-screen Agg backend and one way to finish a figure."""
 
 from __future__ import annotations
 
@@ -23,9 +18,8 @@ def pyplot():
 
 
 def save_figure(fig, path: str | os.PathLike, axes=(), legend: bool = True, grid: bool = True, dpi: int = 120) -> Path:
-    """Grid (and a legend where something is labelled) on each of ``axes``, tight layout, write the
-    PNG to ``path`` atomically (its folder is created; an interrupted write leaves the old file),
-    close the figure; returns the path."""
+    """Grid and legend (where something is labelled) on ``axes``, tight layout, the PNG written to ``path``
+    atomically, the figure closed (long sweeps do not leak); returns the path."""
     for ax in axes:
         if grid:
             ax.grid(alpha=0.3)

@@ -1,11 +1,10 @@
 """Run folders: claim an output folder, open a saved run, write results.
 
-A command takes a folder through :func:`claim_output_dir` only when it is missing, empty or holds the command's
-own output (a *marker* file written first); ``--overwrite`` removes only the entries the command writes. A
-trained model is opened through :func:`open_run` (a fixedhead run) or :func:`check_model_dir` (any transformers
-checkpoint): JSON that parses, whole safetensors weights, no pickle unless the caller opts in. Results are keyed
-on what they were computed from (:func:`model_fingerprint`: weights, config, tokenizer), never on a path. Files
-are written atomically (a temporary file, then ``os.replace``) with the user's umask.
+A command takes a folder (:func:`claim_output_dir`) only when it is missing, empty or holds its own output
+(a marker file written first); ``--overwrite`` removes only what the command writes. A trained model is
+opened through :func:`open_run` or :func:`check_model_dir`: JSON that parses, whole safetensors, no pickle
+unless asked. Results are keyed on content (:func:`model_fingerprint`), never on a path. Files are written
+atomically with the user's umask.
 """
 
 from __future__ import annotations
@@ -29,12 +28,8 @@ METRICS_FILE = "metrics.json"
 
 # ------------------------------------------------------------------------ permissions
 def follow_umask(path: str | os.PathLike) -> None:
-    """Give ``path`` the mode a plain ``open()``/``mkdir()`` would have given it under the umask.
-
-    ``tempfile.mkstemp`` and ``mkdtemp`` create 0600 files and 0700 folders whatever the umask;
-    after renaming them into place they would make a shared run directory or cache unreadable to
-    colleagues.
-    """
+    """Give ``path`` the mode a plain ``open()``/``mkdir()`` would under the umask (``mkstemp``/``mkdtemp`` make
+    0600/0700, which would lock colleagues out of a shared run folder or cache)."""
     mask = os.umask(0o022)  # the process umask: read by setting it and restoring it at once
     os.umask(mask)
     os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~mask)
@@ -42,10 +37,8 @@ def follow_umask(path: str | os.PathLike) -> None:
 
 # ----------------------------------------------------------------------------- writing
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
-
-    A failure (a full disk, a read-only folder) leaves ``path`` as it was and no temporary file.
-    """
+    """Write ``data`` to a temporary file beside ``path``, fsync, rename over ``path``: a failure leaves ``path`` as
+    it was and no temporary file."""
     path = Path(path)
     with staged_outputs(path.parent) as stage:
         stage(path.name).write_bytes(data)
@@ -62,12 +55,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def create_json_exclusive(path: str | os.PathLike, value, what: str) -> None:
-    """Write ``value`` as JSON to ``path`` only if no file of that name exists, atomically: the
-    whole file appears at once (a hard link from a staged copy, which fails where the name is
-    taken), so of two processes claiming one folder exactly one succeeds.
+    """Write ``value`` as JSON to ``path`` only if no such file exists, atomically (a hard link from a staged copy),
+    so of two processes claiming one folder exactly one succeeds.
 
     Raises:
-        FileExistsError: ``path`` exists (another process wrote it first); nothing is changed.
+        FileExistsError: ``path`` exists; nothing is changed.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".claim")
@@ -90,12 +82,9 @@ def create_json_exclusive(path: str | os.PathLike, value, what: str) -> None:
 
 @contextmanager
 def staged_outputs(output_dir: str | os.PathLike):
-    """Write several output files so that either all of them appear or none do.
-
-    Yields a function ``stage(name) -> Path``: a temporary path in ``output_dir`` to write
-    ``name`` to. When the block finishes, every staged file is renamed into place; if the block
-    raises (a full disk, say), every staged file is deleted and the folder keeps its old outputs.
-    """
+    """Write several output files so that either all appear or none do: yields ``stage(name) -> Path``, a
+    temporary path to write ``name`` to; at the end every staged file is renamed into place, and if the block
+    raises they are deleted."""
     out = Path(output_dir)
     staged: dict[str, Path] = {}
 
@@ -124,13 +113,8 @@ def staged_outputs(output_dir: str | os.PathLike):
 
 # ----------------------------------------------------------------------------- reading
 def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
-    """Parse a JSON object from ``path``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not UTF-8, not valid JSON (a truncated file, say), or not a JSON object; the
-            message names the file.
-    """
+    """Parse a JSON object from ``path``; ValueError naming the file when it is not UTF-8, not valid JSON (a
+    truncated file) or not an object."""
     path = Path(path)
     label = str(path) if what is None else f"{path} ({what})"
     if not path.is_file():
@@ -147,15 +131,8 @@ def load_json_file(path: str | os.PathLike, what: str | None = None) -> dict:
 
 
 def check_safetensors(path: str | os.PathLike) -> None:
-    """Check that a safetensors file is whole: its header parses and covers the file exactly.
-
-    Only the header is read (safetensors refuses a file whose size disagrees with it), so this is
-    cheap even for large models.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: truncated or corrupt (the message names the file and the reason).
-    """
+    """Check that a safetensors file is whole: its header parses and covers the file exactly (only the header is
+    read). Raises ValueError naming the file and the reason."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -169,20 +146,14 @@ def check_safetensors(path: str | os.PathLike) -> None:
 
 
 def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) -> str:
-    """Validate any saved transformers model directory before loading it; return its weights format.
+    """Validate a saved transformers model folder before loading it; return ``"safetensors"`` or ``"pickle"``.
 
-    Checks: the directory exists; ``config.json`` parses as a JSON object; the weights are a whole
-    ``model.safetensors``. Pickle weights (``pytorch_model.bin``) can run arbitrary code when
-    loaded by older tools and are refused unless ``allow_pickle=True`` (then transformers loads
-    them with ``torch.load(weights_only=True)``).
-
-    Returns:
-        ``"safetensors"`` or ``"pickle"``.
+    ``config.json`` must parse and the weights be a whole ``model.safetensors``; pickle weights can run code in
+    older tools and are refused unless ``allow_pickle`` (then loaded with ``weights_only=True``).
 
     Raises:
-        FileNotFoundError: no directory, no config.json, or no weights file.
-        ValueError: a config that is not valid JSON, truncated safetensors, or pickle weights
-            without the opt-in.
+        FileNotFoundError: no folder, config.json or weights.
+        ValueError: a bad config, truncated safetensors, or pickle weights without the opt-in.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -208,13 +179,8 @@ def check_model_dir(model_dir: str | os.PathLike, allow_pickle: bool = False) ->
 
 @dataclass
 class OpenedRun:
-    """A validated fixedhead run directory (nothing loaded into a model yet).
-
-    ``config`` is the :class:`~fixedhead.model.configuration.FixedHeadConfig` (a ``LlamaConfig`` for
-    a Llama run, :mod:`fixedhead.model.architectures`), ``tokenizer`` the
-    run's tokenizer (``BertTokenizerFast``; a causal LM's adds no closing [SEP]), ``settings`` its
-    ``pretrain_settings.json`` ({} if absent), ``weights`` ``"safetensors"`` or ``"pickle"``.
-    """
+    """A validated fixedhead run folder, nothing loaded yet: ``config`` (``FixedHeadConfig`` or ``LlamaConfig``),
+    ``tokenizer``, ``settings`` (its ``pretrain_settings.json``, {} if absent) and the ``weights`` format."""
 
     path: Path
     config: object
@@ -227,13 +193,8 @@ class OpenedRun:
         return self.weights == "safetensors"
 
     def load_model(self, cls, **kwargs):
-        """``cls.from_pretrained`` on this run (its weights format; ``kwargs`` passed on).
-
-        Raises:
-            ValueError: in one line naming the folder, where the weights do not fit the config's
-                sizes (a hand-edited ``config.json``) or ``torch.load(weights_only=True)`` refuses
-                pickle weights (``pickle.UnpicklingError``).
-        """
+        """``cls.from_pretrained`` on this run. Raises ValueError in one line naming the folder where the weights do
+        not fit the config (a hand-edited ``config.json``) or pickle weights are refused."""
         import pickle
 
         try:
@@ -253,18 +214,16 @@ class OpenedRun:
 
 
 def open_run(run_dir: str | os.PathLike, allow_pickle: bool = False) -> OpenedRun:
-    """Validate a fixedhead run directory and load its config, tokenizer and settings.
+    """Validate a fixedhead run folder and load its config, tokenizer and settings: the one way every command
+    opens a trained model.
 
-    The one way every command opens a trained model: the config and tokenizer JSON must parse and
-    describe a model of one of fixedhead's architectures (``fixedhead``, or transformers' ``llama``
-    as ``pretrain --architecture llama`` trains it) whose vocabulary covers the tokenizer; weights must be a whole
-    ``model.safetensors`` (pickle weights only with ``allow_pickle``). ``trust_remote_code`` is
-    never used. A transformers BERT checkpoint is refused with the way to convert it.
+    The config and tokenizer must describe a model of fixedhead's architectures whose vocabulary covers the
+    tokenizer; ``trust_remote_code`` is never used; a transformers BERT checkpoint is refused with the way to
+    convert it.
 
     Raises:
-        FileNotFoundError: no such directory, or it holds no finished model.
-        ValueError: a config or tokenizer file that is not valid JSON or not a fixedhead model,
-            truncated weights, pickle weights without ``allow_pickle``.
+        FileNotFoundError: no such folder, or no finished model in it.
+        ValueError: a bad config or tokenizer, truncated weights, pickle weights without ``allow_pickle``.
     """
     from transformers import AutoTokenizer, LlamaConfig
 
@@ -320,20 +279,15 @@ def file_digest(paths, chunk: int = 1 << 20) -> str:
 
 
 def model_fingerprint(model_dir: str | os.PathLike) -> str:
-    """What a result computed from a saved model depends on: a hash of its config, weights and
-    tokenizer files (whichever exist), independent of the folder's name or place.
-
-    A model retrained into the same folder gets a new fingerprint; a folder moved or copied keeps
-    its own.
-    """
+    """A hash of a saved model's config, weights and tokenizer files, independent of the folder's name or place:
+    what a result computed from it depends on (retrained in place: a new fingerprint)."""
     model_dir = Path(model_dir)
     names = ["config.json", SAFE_WEIGHTS, *PICKLE_WEIGHTS, "tokenizer.json", "vocab.txt"]
     return file_digest([model_dir / n for n in names if (model_dir / n).is_file()])
 
 
 def tensors_sha256(tensors: dict) -> str:
-    """SHA-256 of named tensors (a ``state_dict``, a batch): names sorted, each with its dtype,
-    shape and bytes. The same values give the same hash on any device."""
+    """SHA-256 of named tensors (names sorted, each with dtype, shape and bytes); the same on any device."""
     import torch
 
     h = hashlib.sha256()
@@ -348,8 +302,7 @@ def tensors_sha256(tensors: dict) -> str:
 
 
 def cpu_name() -> str | None:
-    """The CPU's vendor, family and model as Linux's ``/proc/cpuinfo`` names them (e.g. ``"AMD EPYC
-    (AuthenticAMD family 23 model 49)"``), else :func:`platform.processor`, else None."""
+    """The CPU's vendor, family and model from ``/proc/cpuinfo``, else :func:`platform.processor`, else None."""
     import platform
 
     try:
@@ -365,8 +318,7 @@ def cpu_name() -> str | None:
 
 
 def environment_info() -> dict:
-    """Software versions and the machine, recorded with every results file: two runs of one
-    command that differ can be told apart by what differed."""
+    """Software versions and the machine, recorded with every results file."""
     import platform
 
     import torch
@@ -398,9 +350,8 @@ def environment_info() -> dict:
 
 
 def invocation_commands(command: str | None, previous_meta: dict) -> tuple[str, list[str]]:
-    """This invocation's command line (``command``, else ``fixedhead`` and the process arguments) and every
-    distinct command recorded in ``previous_meta["commands"]`` followed by it: what a results file of
-    a resumed or shared run folder (sweep workers, resumed experiments) lists as its commands."""
+    """This invocation's command line and every distinct command of ``previous_meta["commands"]`` before it:
+    what the results file of a resumed or shared folder lists."""
     import shlex
     import sys
 
@@ -409,8 +360,7 @@ def invocation_commands(command: str | None, previous_meta: dict) -> tuple[str, 
 
 
 def resolve_local_path(value: str | os.PathLike) -> str:
-    """An existing local path as an absolute, symlink-free string; anything else (a Hugging Face
-    dataset name) unchanged. Recorded paths must mean the same file from any working folder."""
+    """An existing local path as an absolute, symlink-free string; anything else (a dataset name) unchanged."""
     p = Path(value).expanduser()
     return str(p.resolve()) if p.exists() else str(value)
 
@@ -421,9 +371,8 @@ def _matches(name: str, patterns) -> bool:
 
 
 def results_owner(path: Path) -> str | None:
-    """The command a study's results file names as its writer: ``meta.study``, else (files written
-    before that field) the subcommand of its recorded ``meta.command`` (``fixedhead NAME ...``); None
-    for a missing or unreadable file, or one that says neither."""
+    """The command a study's results file names as its writer (``meta.study``, else the subcommand of
+    ``meta.command``), or None."""
     try:
         meta = json.loads(path.read_text()).get("meta")
     except (OSError, ValueError, AttributeError):
@@ -445,24 +394,15 @@ def claim_output_dir(
     results_file: str | None = None,
     exclusive: bool = False,
 ) -> Path:
-    """Take ``output_dir`` for a command's output, or refuse it; never touch what is not ours.
+    """Take ``output_dir`` for a command's output, or refuse it; never touch what is not ours. Returns the folder.
 
-    Args:
-        output_dir: the folder the command will write.
-        markers: file names that say "this folder holds this command's output" (written first).
-        owned: glob patterns of every entry the command writes (markers included).
-        command: the command's name, for messages.
-        overwrite: first remove the owned entries of an earlier output (other entries stay).
-        create: False only checks (removes nothing), so a command can refuse a folder before its slow work.
-        results_file: a results file whose ``meta.study`` must name ``command`` (studies share ``results.json``).
-        exclusive: the folder may hold only owned entries (for a marker other commands write too: ``report.md``).
-
-    Returns:
-        the folder, created if missing.
+    ``markers``: files saying the folder holds this command's output (written first); ``owned``: globs of
+    every entry it writes; ``overwrite`` removes those first; ``create=False`` only checks; ``results_file``:
+    its ``meta.study`` must name ``command``; ``exclusive``: the folder may hold only owned entries.
 
     Raises:
-        FileExistsError: ``output_dir`` is a file; or a non-empty folder without a marker, whose ``results_file``
-            another command wrote, or (``exclusive``) with an entry the command does not own. Nothing is changed.
+        FileExistsError: a file, or a non-empty folder without a marker, with another command's results,
+            or (``exclusive``) with an entry not owned. Nothing is changed.
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():

@@ -1,20 +1,14 @@
 """``fixedhead shrink``: a run whose queries and keys have size K, the realisable rank-K cut folded into its weights.
 
 The rank intervention's realisable cut (:func:`fixedhead.intervention.fit_head_maps`) maps each head's
-scaled queries q̃ = s·q and keys k to size K by fixed maps A, B [d_qk, K] fitted on training text,
-and scores the logits (q̃ᵀA)(Bᵀk). Those maps fold into the query and key rows of the fused ``qkv``
-projection: with the new head's logit scale s' (1/√K in the standard parametrization),
+scaled queries q̃ = s·q and keys k by fixed maps A, B [d_qk, K] and scores (q̃ᵀA)(Bᵀk). With the new logit
+scale s' (1/√K in the standard parametrization) they fold into the fused ``qkv`` rows:
 
     W_q' = (s/s') Aᵀ W_q,  b_q' = (s/s') Aᵀ b_q,  W_k' = Bᵀ W_k,  b_k' = Bᵀ b_k,
 
-so that s'·q'ᵀk' = (q̃ᵀA)(Bᵀk) exactly: the shrunk model computes the realisable cut, with a key cache
-of h·K instead of h·d_qk numbers per layer and token. Values and every other weight are copied
-unchanged (``v_head_dim`` keeps each layer's old size). Theorem 1 (Section 3) bounds a head's logit
-rank by the size of its queries and keys; this spends that size only where the trained model uses it.
-
-fixedhead's own families only: transformers' Llama has one head size for queries, keys and values, and
-its rotary positions act on queries and keys after the projection, so a map fitted on the rotated q
-and k (as the intervention and Loki fit them) does not fold into its weights.
+so s'·q'ᵀk' = (q̃ᵀA)(Bᵀk) exactly, with a key cache of h·K numbers per layer and token; values keep their
+size. Theorem 1 (Section 3) bounds a head's logit rank by that size. fixedhead's own families only: Llama's
+rotary positions act after the projection, so maps fitted on rotated q and k do not fold into its weights.
 """
 
 from __future__ import annotations
@@ -56,21 +50,13 @@ def _attention_layers(model):
 
 @torch.no_grad()
 def shrink_model(model, maps: list, qk_head_dim: int):
-    """A copy of a fixedhead model whose queries and keys have size ``qk_head_dim`` (the module docstring).
+    """A copy of a fixedhead model whose queries and keys have size ``qk_head_dim`` = K (the module docstring).
 
-    Args:
-        model: a fixedhead model (not modified) whose config sets no ``qk_head_dim`` below ``qk_head_dim``.
-        maps: one (A, B) pair per attention layer in module order, each [heads, d_qk, ≥ qk_head_dim]
-            (:func:`fixedhead.intervention.fit_head_maps`), fitted on the model's scaled queries.
-        qk_head_dim: K, the new size of every head's queries and keys, 1 ≤ K ≤ every layer's d_qk.
-
-    Returns:
-        the new model (same class, eval mode, the original's dtype and device) with
-        ``config.qk_head_dim = K``; its logits are s'·q'ᵀk' = (q̃ᵀA_K)(B_Kᵀk).
+    ``maps``: one (A, B) per attention layer in module order, each [heads, d_qk, ≥ K], fitted on the scaled
+    queries. The copy is in eval mode with the original's dtype and device and ``config.qk_head_dim = K``.
 
     Raises:
-        ValueError: K not a positive int or above a layer's d_qk; a model without fixedhead attention
-            layers; ``maps`` not one pair per layer.
+        ValueError: K above a layer's d_qk, or ``maps`` not one pair per layer.
     """
     positive_int("qk_head_dim", qk_head_dim)
     old_layers = _attention_layers(model)
@@ -131,23 +117,16 @@ def shrink_run(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """``fixedhead shrink``: cut a run's queries and keys to size K and save the result as a run folder.
+    """Cut a run's queries and keys to size K and save the result as a run folder (``fixedhead shrink``).
 
-    Fits the realisable maps on the first ``fit_tokens`` tokens of the run's training split
-    (:func:`fixedhead.intervention.fit_head_maps`), folds them into the weights (:func:`shrink_model`),
-    and writes the model (safetensors), its tokenizer and ``shrink.json`` (source run, sizes, tokens
-    fitted on, the source's data settings, so ``fixedhead evaluate`` scores it on the source's held-out
-    text). With ``finetune_steps`` > 0 the cut model is then trained further on the run's own data
-    (:func:`fixedhead.training.pretrain.pretrain` with ``init_from``) into ``output_dir/finetuned``,
-    a pretraining run of its own.
-
-    Returns:
-        the ``shrink.json`` record (with the fine-tuned run's metrics under ``finetuned`` if any).
+    Fits the maps on the first ``fit_tokens`` tokens of the training split, folds them in (:func:`shrink_model`)
+    and writes the model, tokenizer and ``shrink.json`` (source, sizes, tokens fitted, the source's data
+    settings so ``fixedhead evaluate`` scores the source's held-out text); returns that record. With
+    ``finetune_steps`` > 0 the cut model trains on into ``output_dir/finetuned``, a pretraining run of its own.
 
     Raises:
-        ValueError: a Llama-style or non-pretraining run, a K not in [1, d_qk], bad counts.
-        FileExistsError: ``output_dir`` holds files that ``fixedhead shrink`` did not write, or is the run.
-        FileNotFoundError: no such run.
+        ValueError: a Llama or non-pretraining run.
+        FileExistsError: ``output_dir`` holds files ``fixedhead shrink`` did not write, or is the run.
     """
     from .data import prepare_data
     from .data.lm import heldout_batches
@@ -224,14 +203,9 @@ def train_on(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Continue ``run_dir``'s model for ``steps`` optimizer steps at peak ``learning_rate`` on ``data``
-    with the pretraining Trainer (:func:`fixedhead.training.pretrain.pretrain` with ``init_from``), the
-    rest of its recorded training settings kept; the same call continues the original run as the
-    control of a shrunk one (``benchmarks/bench_shrink.py``).
-
-    Returns:
-        pretrain's metrics of the new run in ``output_dir``.
-    """
+    """Continue ``run_dir``'s model for ``steps`` steps at peak ``learning_rate`` on ``data`` (``pretrain`` with
+    ``init_from``, other recorded settings kept) and return the new run's metrics; also the control of a shrunk
+    run in ``benchmarks/bench_shrink.py``."""
     from .training.pretrain import pretrain
     from .training.settings import TrainSettings
 
