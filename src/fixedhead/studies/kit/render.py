@@ -105,10 +105,9 @@ def commands_line(meta: dict, several: str = "") -> str:
 
 
 def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process: str = "") -> str:
-    """``- wall time: ... min while an invocation ran; the runs' own WORK time sums to ... min; CORES (CPU, torch
-    kernels; platform), torch threads T``, the accelerator named where one trained (with ``on``). A results file
-    without ``meta.active`` reads "from the first start to the last result", as its wall time was measured.
-    """
+    """``- wall time: ...`` while invocations ran, the runs' own ``work`` time, cores, kernels and torch threads,
+    and the accelerator where one trained. A results file without ``meta.active`` reads "from the first start to
+    the last result", as its wall time was measured."""
     compute = meta.get("compute_seconds")
     accelerator = f"{meta['accelerator']} and " if on and meta.get("accelerator") else ""
     span = (
@@ -127,7 +126,7 @@ def wall_time_line(meta: dict, work: str = "training", on: str = "", per_process
 
 
 def cpu_text(meta: dict) -> str:
-    """``"CPU, torch kernels CAPABILITY; "`` where ``meta`` records them (results files from before carry neither)."""
+    """``"CPU, torch kernels CAPABILITY; "`` where ``meta`` records them, else empty."""
     kernels = f", torch kernels {meta['cpu_capability']}" if meta.get("cpu_capability") else ""
     return f"{meta['cpu']}{kernels}; " if meta.get("cpu") else ""
 

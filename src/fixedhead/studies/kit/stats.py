@@ -1,17 +1,12 @@
-"""Seeds to numbers and numbers to verdicts: mean ± std and its text, and the verdict rules of the
-studies side by side, each fixed before the run it judges.
+"""Seeds to numbers and numbers to verdicts, each rule fixed before the run it judges.
 
-* :func:`welch_verdict` (``sweep``/``report``, ``scaling``): Welch's two-sample t-test over seeds,
-  p < α in the paper's direction agrees, in the other direction does not, otherwise cannot tell;
-  a study that tests several claims at once adjusts their p-values with :func:`holm` first
-  (:data:`CLAIMS_RULE`, recorded in its results file before training);
-* :func:`pooled_verdict` (``widen-experiment``): a difference of means beyond ``RULE_STDS`` pooled
-  standard deviations;
-* :func:`threshold_verdict` (``farthest-point``): every seed above a success bar, or every seed
-  below a failure bar;
-* :func:`paired_difference` (arms that share seeds, i.e. the data order) and :func:`welch_difference`
-  (independent arms): a difference with its 95% interval, which :func:`difference_word` reads as
-  decided, equivalent within a stated smallest difference (:data:`TARGET_NATS`), or underpowered.
+* :func:`welch_verdict` (sweep, scaling): Welch's t-test over seeds, p < α in the paper's direction agrees,
+  in the other does not, else cannot tell; several claims are Holm-adjusted first (:data:`CLAIMS_RULE`);
+* :func:`pooled_verdict` (widen-experiment): a difference beyond ``RULE_STDS`` pooled standard deviations;
+* :func:`threshold_verdict` (farthest-point): every seed above a success bar, or every seed below a failure bar;
+* :func:`paired_difference` (arms sharing seeds) and :func:`welch_difference` (independent arms): a difference
+  with its 95% interval, read by :func:`difference_word` as decided, equivalent within :data:`TARGET_NATS`, or
+  underpowered.
 """
 
 from __future__ import annotations
@@ -77,11 +72,9 @@ EXACT_SPEARMAN_MAX = 8
 
 
 def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Spearman's ρ between ``x`` and ``y`` and its two-sided p-value: exact for up to
-    :data:`EXACT_SPEARMAN_MAX` pairs (the share of the n! pairings of ranks whose |ρ| is at least the
-    observed one), SciPy's t approximation beyond. The approximation is wrong for few pairs: for a
-    perfect ρ = −1 on 5 runs it gives p ≈ 1e-24, where the exact p is 2/5! = 0.017. ρ is nan when one
-    side is constant (all scores equal), and so is p."""
+    """Spearman's ρ and its two-sided p: exact (the share of the n! rank pairings with |ρ| at least the observed)
+    for up to :data:`EXACT_SPEARMAN_MAX` pairs, SciPy's t approximation beyond (which gives p ≈ 1e-24 for ρ = −1
+    on 5 runs, where the exact p is 2/5! = 0.017). Both nan when one side is constant."""
     import itertools
 
     import numpy as np
@@ -101,9 +94,8 @@ def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
 
 
 def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjustment of ``pvalues`` (in their order): the k-th smallest is multiplied
-    by (m − k + 1), made non-decreasing, capped at 1; NaN stays NaN and does not count in m.
-    A family of tests is then significant at level α where its adjusted p < α (Holm 1979)."""
+    """Holm's step-down adjustment (Holm 1979) of ``pvalues`` in their order: the k-th smallest × (m − k + 1), made
+    non-decreasing, capped at 1; NaN stays NaN and does not count in m."""
     order = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
     m, adjusted, running = len(order), [float("nan")] * len(pvalues), 0.0
     for k, (p, i) in enumerate(order):
@@ -129,13 +121,9 @@ def rule_text(rule: dict) -> str:
 
 # ------------------------------------------------------------------------------- pooled σ
 def pooled_verdict(losses_a: list[float], losses_b: list[float]) -> dict:
-    """B against A on a loss (lower is better), by ``RULE_STDS`` pooled standard deviations.
-
-    Returns:
-        ``{"difference": mean(A) − mean(B) (> 0: B has the lower loss), "pooled_std":
-        √((s_A² + s_B²)/2), "threshold": RULE_STDS × pooled_std, "verdict": "lower loss",
-        "higher loss", "no measurable difference" or "undecided (one seed)"}``.
-    """
+    """B against A on a loss (lower is better), by ``RULE_STDS`` pooled standard deviations:
+    ``{"difference": mean(A) − mean(B), "pooled_std": √((s_A² + s_B²)/2), "threshold", "verdict"}``, the verdict
+    "lower loss", "higher loss", "no measurable difference" or "undecided (one seed)"."""
     ma, sa = mean_std(losses_a)
     mb, sb = mean_std(losses_b)
     pooled = math.sqrt((sa**2 + sb**2) / 2)
@@ -165,7 +153,7 @@ def threshold_verdict(rates: list[float]) -> str:
 
 
 # ------------------------------------------------------------------- differences with intervals
-#: the smallest difference of held-out loss a study must be able to see, in nats (issue 42's default)
+#: the smallest difference of held-out loss a study must be able to see, in nats
 TARGET_NATS = 0.02
 #: the words of :func:`difference_word`
 DECIDED = "decided"
@@ -195,21 +183,10 @@ def _interval(delta: float, se: float, df: float, confidence: float) -> tuple[fl
 
 
 def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) -> dict:
-    """``b − a`` over pairs (``a[i]`` and ``b[i]`` share seed ``i``, i.e. the same data order):
-    the mean of the per-seed differences, its t-interval (n − 1 degrees of freedom) and the paired
-    t-test's two-sided p.
-
-    Args:
-        a, b: one value per seed (e.g. held-out loss in nats), in the same seed order, equal length ≥ 2.
-        confidence: the interval's coverage, in (0, 1).
-
-    Returns:
-        ``{"difference", "low", "high", "p", "df", "n", "paired": True}``, in the values' unit.
-
-    Raises:
-        ValueError: sides of different lengths, fewer than 2 pairs, a value that is not finite, or a
-        confidence outside (0, 1).
-    """
+    """``b − a`` over pairs sharing seed ``i`` (the same data order): the mean per-seed difference, its t-interval
+    (n − 1 degrees of freedom) and the paired t-test's p, as ``{"difference", "low", "high", "p", "df", "n",
+    "paired": True}`` in the values' unit. Raises ValueError for sides of different lengths, fewer than 2 pairs
+    or a non-finite value."""
     if len(a) != len(b):
         raise ValueError(f"a paired difference needs one value per seed on each side, got {len(a)} and {len(b)}")
     _check_sides(a, b, "a paired difference")
@@ -221,19 +198,9 @@ def paired_difference(a: list[float], b: list[float], confidence: float = 0.95) 
 
 
 def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -> dict:
-    """``mean(b) − mean(a)`` of two independent samples with Welch's interval: standard error
-    √(s_a²/n_a + s_b²/n_b), Welch–Satterthwaite degrees of freedom, and Welch's two-sided p.
-
-    Args:
-        a, b: the seeds' values of each side (e.g. held-out loss in nats), ≥ 2 each, any lengths.
-        confidence: the interval's coverage, in (0, 1).
-
-    Returns:
-        ``{"difference", "low", "high", "p", "df", "n": (n_a, n_b), "paired": False}``, in the values' unit.
-
-    Raises:
-        ValueError: fewer than 2 values on a side, a value that is not finite, or a confidence outside (0, 1).
-    """
+    """``mean(b) − mean(a)`` of two independent samples (≥ 2 values each) with Welch's interval (standard error
+    √(s_a²/n_a + s_b²/n_b), Welch–Satterthwaite df) and p: ``{"difference", "low", "high", "p", "df", "n":
+    (n_a, n_b), "paired": False}``."""
     _check_sides(a, b, "Welch's interval")
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
     va, vb = sa**2 / len(a), sb**2 / len(b)
@@ -246,22 +213,10 @@ def welch_difference(a: list[float], b: list[float], confidence: float = 0.95) -
 def difference_word(
     difference: float, low: float, high: float, p: float, alpha: float = 0.01, target: float = TARGET_NATS
 ) -> str:
-    """What a difference with its interval says, against the smallest difference of interest ``target``:
-
-    * ``"decided"``: the interval excludes 0 and ``p < alpha`` (pass the p the study's rule uses,
-      e.g. Holm-adjusted);
-    * ``"equivalent: no difference larger than X nats"`` (X = ``target``): the interval lies inside
-      (−target, +target);
-    * ``"cannot tell (underpowered)"``: neither; the study could not have told.
-
-    Args:
-        difference, low, high: the difference and its interval, in nats (low ≤ difference ≤ high).
-        p: the rule's p-value for the difference; NaN counts as not passing.
-        alpha: the rule's level; target: the smallest difference of interest, in nats, > 0.
-
-    Raises:
-        ValueError: a difference or bound that is not finite, bounds out of order, or target/alpha out of range.
-    """
+    """What a difference and its interval (nats) say against the smallest difference of interest ``target``:
+    ``"decided"`` (the interval excludes 0 and ``p < alpha``, p as the study's rule uses it; NaN fails),
+    ``"equivalent: no difference larger than X nats"`` (the interval inside ±target) or
+    ``"cannot tell (underpowered)"``."""
     if not all(math.isfinite(v) for v in (difference, low, high)):
         raise ValueError(f"difference and interval must be finite, got {difference}, [{low}, {high}]")
     if not low <= difference <= high:
@@ -278,21 +233,10 @@ def difference_word(
 
 
 def seeds_for(sd: float, target: float = TARGET_NATS, alpha: float = 0.01, power: float = 0.8) -> int:
-    """Seeds a paired comparison needs to detect a difference of ``target`` with probability ``power``
-    by a two-sided paired t-test at level ``alpha``, when the per-seed differences have standard
-    deviation ``sd`` (e.g. a pilot's): the smallest n ≥ 2 whose noncentral-t power reaches ``power``
-    (the computation of G*Power's "matched pairs" test, effect size d_z = target / sd).
-
-    Args:
-        sd: standard deviation of the paired differences (nats, ≥ 0); target: the difference (nats, > 0).
-        alpha: the test's level (pass alpha / m for Holm's worst case over m tests); power: in (0, 1).
-
-    Returns:
-        n; 2 when ``sd`` is 0.
-
-    Raises:
-        ValueError: a value out of range, or more than 100,000 seeds needed.
-    """
+    """Seeds a paired comparison needs to detect ``target`` nats with probability ``power`` by a two-sided paired
+    t-test at ``alpha`` (alpha / m for Holm's worst case), given the differences' standard deviation ``sd``: the
+    smallest n ≥ 2 whose noncentral-t power reaches it (G*Power's matched pairs, d_z = target / sd); 2 when
+    ``sd`` is 0. Raises ValueError beyond 100,000 seeds."""
     from scipy import stats as st
 
     if not (math.isfinite(sd) and sd >= 0):

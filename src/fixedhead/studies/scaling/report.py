@@ -1,8 +1,6 @@
-"""The scaling study's summary and rendering (:mod:`fixedhead.studies.scaling` plans and runs it):
-per family, mean ± std held-out loss per size, power laws L = a·X^(−b) against non-embedding
-parameters N and training FLOPs C, each family against ``standard`` (Welch's p, Holm-corrected over
-a family's sizes; the compute multiplier), the trained heads' ranks; ``report.md``,
-``scaling.png`` and ``ranks.png``, all from the results state alone."""
+"""The scaling study's summary and rendering: per family, held-out loss per size, power laws L = a·X^(−b)
+against non-embedding parameters N and training FLOPs C, each family against ``standard`` (Welch's p,
+Holm-corrected; the compute multiplier) and the trained heads' ranks, from the results state alone."""
 
 from __future__ import annotations
 
@@ -48,11 +46,9 @@ def power_law(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def summarise(state: dict) -> dict:
-    """Per family: its points (mean ± std loss over seeds, bits per character), power-law fits
-    against N and C (all seeds pooled, and the exponent per seed), and against ``standard``:
-    the per-size loss difference with Welch's p and the compute multiplier (the FLOPs the
-    standard fit needs to reach the family's loss, over the family's FLOPs; > 1: the family is
-    cheaper)."""
+    """Per family: its points (mean ± std loss, bits per character), power laws against N and C (pooled and per
+    seed), and against ``standard`` the per-size difference with Welch's p and the compute multiplier (the FLOPs
+    the standard fit needs to reach the family's loss over the family's; > 1: the family is cheaper)."""
     rows = chosen_rows(state)
     points = {pt["key"]: pt for pt in state["meta"]["plan"]["points"]}
     families: dict[str, dict] = {}
@@ -251,8 +247,8 @@ def plot_ranks(state: dict, path: Path) -> None:
 
 
 def plot(state: dict, path: Path) -> None:
-    """Held-out loss against non-embedding parameters and against training FLOPs (log x), each
-    family's seeds as points with its mean, fitted power law and the band of its per-seed fits."""
+    """Held-out loss against N and against training FLOPs (log x): each family's seeds, mean, fitted power law
+    and the band of its per-seed fits."""
     import numpy as np
 
     families = summarise(state)

@@ -1,9 +1,6 @@
-"""A sweep's report: markdown tables and the paper-claim table (:func:`report_markdown`) and the PNG plots
-(:func:`write_plots`: ``heads.png``, ``params.png``, ``head_size.png``, ``finetune_vs_perplexity.png`` and,
-where each model chose its rate, ``learning_rates.png``), of a sweep's state
-(:func:`fixedhead.studies.sweep.load_sweep`). The claims and the verdict rule they are judged by live in
-:mod:`fixedhead.studies.sweep.claims`.
-"""
+"""A sweep's report: the markdown (:func:`report_markdown`: references, rates, the paper-claim table, each
+experiment's points) and the figures (:func:`write_plots`) of a sweep's state. The claims and their verdict
+rule live in :mod:`fixedhead.studies.sweep.claims`."""
 
 from __future__ import annotations
 
@@ -153,8 +150,8 @@ def points_table(pts: list[PointStats], xname: str, task: str | None) -> render.
 
 
 def _majority_rate(meta: dict, task: str) -> float | None:
-    """The majority-class dev accuracy the sweep recorded; sweeps from before the record read the dev
-    labels now (None where they are absent: the report then omits the line and the plot's rule)."""
+    """The majority-class dev accuracy the sweep recorded, else read from the dev labels now (None where absent:
+    the report omits it)."""
     if "majority_class_accuracy" in meta:
         return meta["majority_class_accuracy"]
     try:

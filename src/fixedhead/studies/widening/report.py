@@ -1,7 +1,5 @@
-"""`fixedhead widen-experiment`'s summary and rendering: one row per arm, the report's questions
-(arm B against arm A, :func:`fixedhead.studies.kit.stats.pooled_verdict`), the table, the plot and
-``report.md``, all from the state :func:`fixedhead.studies.widening.state_of` reads from a record.
-"""
+"""`fixedhead widen-experiment`'s summary and rendering: one row per arm, arm B against arm A
+(:func:`fixedhead.studies.kit.stats.pooled_verdict`), the table, the plot and the report."""
 
 from __future__ import annotations
 
