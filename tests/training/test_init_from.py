@@ -95,7 +95,7 @@ def test_the_start_is_part_of_the_fingerprint(source, tiny_prepared, tmp_path):
     fingerprint = identity.run_settings_record(scratch, settings, tiny_prepared.settings)
     assert fingerprint["init_from"] is None
     older = {k: v for k, v in fingerprint.items() if k != "init_from"}  # runs saved before init_from was recorded
-    assert identity.same_run_settings(older, fingerprint)
+    assert not identity.settings_differences(older, fingerprint)
 
 
 def test_continued_training_refuses_what_contradicts_the_source(source, tiny_prepared, tmp_path):

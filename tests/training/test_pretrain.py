@@ -60,20 +60,20 @@ def test_tiny_pretrain_and_evaluate_on_real_text(small_real_corpus, tmp_path):
 
 
 def test_resume_ignores_logging_options_but_not_training_ones():
-    from fixedhead.training.identity import run_settings_record, same_run_settings
+    from fixedhead.training.identity import run_settings_record, settings_differences
 
     config = FixedHeadConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64)
     saved = run_settings_record(
         config, TrainSettings(progress=True, report_to=["tensorboard"]), DataSettings(corpus="c")
     )
     saved["train"]["progress"] = True  # the settings file keeps every field
-    assert same_run_settings(
+    assert not settings_differences(
         saved, run_settings_record(config, TrainSettings(progress=False, report_to=[]), DataSettings(corpus="c"))
     )
-    assert not same_run_settings(
+    assert settings_differences(
         saved, run_settings_record(config, TrainSettings(learning_rate=0.5), DataSettings(corpus="c"))
     )
-    assert not same_run_settings(saved, run_settings_record(config, TrainSettings(), DataSettings(corpus="other")))
+    assert settings_differences(saved, run_settings_record(config, TrainSettings(), DataSettings(corpus="other")))
 
 
 def test_training_masking_rate_and_schedule_are_settings_that_reach_the_trainer(tmp_path):

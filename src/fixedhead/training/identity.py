@@ -131,11 +131,6 @@ def same_corpus_path(a, b) -> bool:
     return Path(a).name == Path(b).name
 
 
-def same_run_settings(previous: dict, record: dict) -> bool:
-    """Whether a saved settings file matches a :func:`run_settings_record` (see :func:`settings_differences`)."""
-    return not settings_differences(previous, record)
-
-
 def finished_metrics(
     run_dir: str | os.PathLike, record: dict, data_info: dict, marker: str | os.PathLike = METRICS_FILE
 ) -> dict | None:
