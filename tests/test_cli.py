@@ -130,7 +130,7 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
     assert main(["count", "--preset", "bert-large-h16"]) == 0
     assert "336,224,058" in capsys.readouterr().out
     assert main(["count", "--hidden-size", "1024", "--num-attention-heads", "12"]) == 2
-    assert "num_attention_heads=12" in capsys.readouterr().err
+    assert "got --hidden-size 1024 and --num-attention-heads 12" in capsys.readouterr().err
 
 
 def test_report_on_a_folder_that_is_not_a_study_says_so_and_lists_the_studies(tmp_path, capsys):
@@ -146,7 +146,7 @@ def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
     assert TrainSettings(report_to=[]).training_arguments(tmp_path).report_to == []
     assert report_to_integrations(["none"]) == [] and report_to_integrations(["tensorboard"]) == ["tensorboard"]
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
-    assert rc == 2 and "report_to nosuchtracker: unknown integration" in capsys.readouterr().err
+    assert rc == 2 and "--report-to nosuchtracker: unknown integration" in capsys.readouterr().err
     from transformers.integrations import is_wandb_available
 
     if not is_wandb_available():
@@ -241,7 +241,7 @@ def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
         assert f"{word} alone" in message and other in message and "unknown" not in message, message
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "tensorboard", "none"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "report_to tensorboard none: none turns reporting off" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "--report-to tensorboard none: none turns reporting off" in err, err
     assert not (tmp_path / "r").exists()  # refused before any work
 
 
@@ -463,7 +463,7 @@ def test_every_option_shows_its_dataclass_fields_default(command):
                 assert (action.option_strings[0].startswith("--no-")) == default, f.name
             elif default not in (None, "", [], ()):
                 shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
-                assert action.help.endswith(f"(default: {shown})"), (f.name, action.help)
+                assert f"(default: {shown})" in action.help, (f.name, action.help)
             checked += 1
     assert checked >= 1
 
@@ -484,7 +484,7 @@ def test_a_kit_study_reads_its_options_nested_recipe_included():
     "argv, words",
     [
         (["bottleneck", "--max-iter", "0"], "--max-iter must be"),
-        (["known-rank", "--rank", "4", "--num-points", "4", "--head-dims", "4"], "--rank = 4 needs num_points"),
+        (["known-rank", "--rank", "4", "--num-points", "4", "--head-dims", "4"], "--rank = 4 needs --num-points"),
         (["seq-len", "--shared-rate", "-1"], "--shared-rate must be"),
     ],
 )

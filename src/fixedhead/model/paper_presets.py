@@ -7,8 +7,10 @@ millions), so the implementation can be checked against it (tests/model/test_cou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .configuration import FixedHeadConfig
+if TYPE_CHECKING:  # imported where used: `--help` lists the preset names without transformers
+    from .configuration import FixedHeadConfig
 
 #: the paper's BERT pretraining setup shared by every table (PAPER.md, "Experiments")
 _BERT_COMMON = dict(vocab_size=30522, num_hidden_layers=24, max_position_embeddings=512, type_vocab_size=2)
@@ -27,6 +29,8 @@ class ModelPreset:
     objective: str = "mlm"
 
     def build_config(self, **overrides) -> FixedHeadConfig:
+        from .configuration import FixedHeadConfig
+
         return FixedHeadConfig(**{**self.config, **overrides})
 
 
