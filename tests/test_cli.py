@@ -121,6 +121,34 @@ def test_help_says_what_a_user_types(command):
     assert not re.search(r"\bNone\b|[A-Z]_PRESETS\b|\bfixedhead\.[a-z]", text), text
 
 
+@pytest.mark.parametrize("command", list(build_parser()._subparsers._group_actions[0].choices))
+def test_help_names_values_by_their_kind_not_by_their_field(command):
+    """An option's value in `--help` is N, X, PATH, FIELD, NAME, a list of choices or a metavar its field names,
+    never its field's name in capitals (``[HEAD_SIZE_FAMILIES ...]``, ``TEXT_FIELD``)."""
+    parser = _subparser(command)
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS:
+            kind = action.metavar in ("N", "X")  # --n N: the int's own name
+            assert action.choices or kind or action.metavar not in (None, action.dest.upper()), (command, action.dest)
+
+
+def test_help_metavars_say_what_to_type():
+    usage = _subparser("pretrain").format_usage() + _subparser("scaling").format_usage()
+    for shown in ("--corpus PATH", "--text-field FIELD", "--report-to [NAME ...]", "--preset NAME", "--dropout X"):
+        assert shown in usage, shown
+    assert "--head-size-families [NAME ...]" in usage and "TEXT_FIELD" not in usage, usage
+
+
+def test_preset_help_lists_the_names_and_dropout_one_default():
+    from fixedhead.model.paper_presets import PAPER_PRESETS
+
+    for command in ("count", "pretrain"):
+        (preset,) = [a for a in _subparser(command)._actions if a.dest == "preset"]
+        assert all(name in preset.help for name in PAPER_PRESETS), preset.help
+    (dropout,) = [a for a in _subparser("pretrain")._actions if a.dest == "dropout"]
+    assert dropout.help.count("default") == 1 and "(default: 0.0)" in dropout.help, dropout.help
+
+
 def test_the_corpus_help_gives_the_default_path():
     (corpus,) = [a for a in _subparser("pretrain")._actions if a.dest == "corpus"]
     assert "$FIXEDHEAD_DATA_DIR/pretrain/gutenberg_en_books.jsonl.gz" in corpus.help
@@ -138,6 +166,11 @@ def test_report_on_a_folder_that_is_not_a_study_says_so_and_lists_the_studies(tm
     err = capsys.readouterr().err
     assert f"{tmp_path} is not a study folder (no plan.json or results.json)" in err and "sweep results" not in err
     assert all(name in err for name in STUDIES) and len(err.splitlines()) == 1
+    assert main(["report", str(tmp_path / "gone")]) == 2
+    assert capsys.readouterr().err == f"fixedhead report: error: {tmp_path / 'gone'} does not exist\n"
+    (tmp_path / "file.md").write_text("x")
+    assert main(["report", str(tmp_path / "file.md")]) == 2
+    assert capsys.readouterr().err == f"fixedhead report: error: {tmp_path / 'file.md'} is not a folder\n"
 
 
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
@@ -564,3 +597,18 @@ def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
     assert "seeds; an int >= 0, nonempty, distinct" in text and "steps; a positive int" in text
     # a study's options say so too
     assert "an int >= 0, distinct" in " ".join(_subparser("sweep").format_help().split())
+
+
+def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):
+    """`fixedhead report` re-renders the tables and figures too: it names each file it wrote, none it left."""
+    import shutil
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "results" / "known-rank"
+    folder = tmp_path / "known-rank"
+    shutil.copytree(committed, folder)
+    assert main(["report", str(folder), "--output-dir", str(tmp_path / "r")]) == 0
+    written = sorted(p.name for p in (tmp_path / "r").iterdir() if not p.name.startswith("."))
+    assert written == ["known_rank.csv", "known_rank.png", "report.md"]
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'r'}/: {', '.join(written)}\n"
+    assert main(["report", str(folder)]) == 0  # in place: results.json and the README are read, not written
+    assert capsys.readouterr().out == f"wrote {folder}/: {', '.join(written)}\n"
