@@ -809,6 +809,12 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
             ["seq-len", "--quick", "--head-dims", "7"],
             "at least two --head-dims, got --lengths 32 64, --seeds 0 1, --head-dims 7",
         ),
+        (["compare", "--quick", "--corpus", "{one_txt}"], "one.txt' holds 1 distinct document(s); training needs"),
+        (["compare", "--quick", "--corpus", "{twice}"], "twice.jsonl' holds 1 distinct document(s); training needs"),
+        (
+            ["compare", "--quick", "--corpus", "nosuchdataset"],
+            "'nosuchdataset' is neither a local corpus path nor a loadable Hugging Face dataset",
+        ),
     ],
     ids=[
         "empty corpus folder",
@@ -822,13 +828,19 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
         "coordcheck one width",
         "widen-experiment a narrower head",
         "seq-len one head size",
+        "a one-document corpus",
+        "one document twice",
+        "a dataset name that does not load",
     ],
 )
 def test_a_study_refuses_bad_input_before_its_folder_exists(argv, message, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.pdf").write_text("text")
+    (tmp_path / "one.txt").write_text("A whole corpus in one document.\n\nA .txt file is one document.\n")
+    (tmp_path / "twice.jsonl").write_text('{"text": "the same text"}\n{"text": "the same text"}\n{"text": " "}\n')
     out = tmp_path / "out"
-    words = [w.format(empty=tmp_path / "empty", notes=tmp_path / "notes.pdf") for w in argv]
+    files = {name: tmp_path / f for name, f in [("empty", "empty"), ("notes", "notes.pdf"), ("one_txt", "one.txt")]}
+    words = [w.format(twice=tmp_path / "twice.jsonl", **files) for w in argv]
     rc = main([*words, "--output-dir", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1, err
