@@ -612,3 +612,22 @@ def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):
     assert capsys.readouterr().out == f"wrote {tmp_path / 'r'}/: {', '.join(written)}\n"
     assert main(["report", str(folder)]) == 0  # in place: results.json and the README are read, not written
     assert capsys.readouterr().out == f"wrote {folder}/: {', '.join(written)}\n"
+
+
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        ("head_dim=[8, 16] is refused", "--head-dim 8,16 is refused"),  # the one word --head-dim takes
+        ("standard attention (head_dim=None) needs", "standard attention (no --head-dim) needs"),
+        ("parametrization='mup' needs mup_base_head_dim", "--parametrization mup needs --mup-base-head-dim"),
+        ("report_to: got ['x', 'y']", "--report-to: got x y"),
+        ("learning rates: got (0.001,)", "learning rates: got 0.001"),
+        ("warmup_ratio must be in (0, 1), got 2.0", "--warmup-ratio must be in (0, 1), got 2.0"),  # an interval
+        ("/runs/max_steps/head_dim.json: no 'head_dim' key", "/runs/max_steps/head_dim.json: no 'head_dim' key"),
+        ("the model and the text", "the model and the text"),  # one-word fields are words in a sentence
+    ],
+)
+def test_an_error_is_rewritten_in_the_command_lines_words(message, words):
+    from fixedhead.options import in_option_words
+
+    assert in_option_words(message, _subparser("pretrain")) == words

@@ -216,22 +216,21 @@ def in_option_words(message: str, parser) -> str:
     """
     actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
     flags = {name: a.option_strings[0] for name, a in actions.items()}
-    message = re.sub(r"(?:(?<=got )|(?<==)|(?<=: )|(?<=→ ))(" + _SEQUENCE + ")", lambda m: _as_words(m[1]), message)
-    if not flags:
-        return message
-    names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
-    free = r"(?<![\w/.'\"-])"  # not inside a path, a quoted key or an option already
+    if flags:
+        names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
+        free = r"(?<![\w/.'\"-])"  # not inside a path, a quoted key or an option already
 
-    def typed(m):  # --head-dim takes one word, its layers' sizes joined by commas
-        value = _as_words(m[2], "," if actions[m[1]].type is parse_head_dim else " ").strip("'\"")
-        return f"no {flags[m[1]]}" if value == "None" else f"{flags[m[1]]} {value}"
+        def typed(m):  # --head-dim takes one word, its layers' sizes joined by commas
+            value = _as_words(m[2], "," if actions[m[1]].type is parse_head_dim else " ").strip("'\"")
+            return f"no {flags[m[1]]}" if value == "None" else f"{flags[m[1]]} {value}"
 
-    message = re.sub(free + rf"({names})=({_SEQUENCE}|'[^']*'|[^\s,;:)]+)", typed, message)
-    underscored = "|".join(re.escape(n) for n in sorted(flags, key=len)[::-1] if "_" in n)
-    if underscored:
-        message = re.sub(free + rf"({underscored})(?![\w/'\"(-]|\.\w)", lambda m: flags[m[1]], message)
-    opening = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
-    return re.sub(opening, lambda m: flags[m.group(1)], message)
+        message = re.sub(free + rf"({names})=({_SEQUENCE}|'[^']*'|[^\s,;:)]+)", typed, message)
+        underscored = "|".join(re.escape(n) for n in sorted(flags, key=len)[::-1] if "_" in n)
+        if underscored:
+            message = re.sub(free + rf"({underscored})(?![\w/'\"(-]|\.\w)", lambda m: flags[m[1]], message)
+        opening = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
+        message = re.sub(opening, lambda m: flags[m.group(1)], message)
+    return re.sub(r"(?:(?<=got )|(?<==)|(?<=: )|(?<=→ ))(" + _SEQUENCE + ")", lambda m: _as_words(m[1]), message)
 
 
 #: a Python tuple or list of numbers, None or quoted words, as ``repr`` writes it: ``(0.001,)``, ``[64, 64]``
