@@ -622,6 +622,11 @@ def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):
         ("parametrization='mup' needs mup_base_head_dim", "--parametrization mup needs --mup-base-head-dim"),
         ("report_to: got ['x', 'y']", "--report-to: got x y"),
         ("learning rates: got (0.001,)", "learning rates: got 0.001"),
+        (
+            "attention_scale must be a positive number or None, got -1.0",
+            "--attention-scale must be a positive number or left out, got -1.0",
+        ),
+        ("hidden_size [30] and num_attention_heads [2, 4]", "--hidden-size 30 and --num-attention-heads 2 4"),
         ("warmup_ratio must be in (0, 1), got 2.0", "--warmup-ratio must be in (0, 1), got 2.0"),  # an interval
         ("/runs/max_steps/head_dim.json: no 'head_dim' key", "/runs/max_steps/head_dim.json: no 'head_dim' key"),
         ("the model and the text", "the model and the text"),  # one-word fields are words in a sentence

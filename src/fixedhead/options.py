@@ -209,10 +209,10 @@ def in_option_words(message: str, parser) -> str:
       ``parametrization='mup'`` → ``--parametrization mup``; ``=None``: ``no --option``);
     * a field name with an underscore anywhere (an identifier, never an English word): the option;
     * a one-word field name where it opens a statement before ``must``, ``=``, ``needs`` or ``:``;
-    * a tuple or list of values after ``got``, ``=``, ``:`` or ``→``: its values as words (``(0.001,)`` →
-      ``0.001``).
+    * a tuple or list of values after an option, ``got``, ``=``, ``:`` or ``→``: its values as words
+      (``(0.001,)`` → ``0.001``).
 
-    A name inside a path or quotes (a file's key) is left alone.
+    A name inside a path or quotes (a file's key) is left alone; ``or None`` reads ``or left out``.
     """
     actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
     flags = {name: a.option_strings[0] for name, a in actions.items()}
@@ -230,6 +230,8 @@ def in_option_words(message: str, parser) -> str:
             message = re.sub(free + rf"({underscored})(?![\w/'\"(-]|\.\w)", lambda m: flags[m[1]], message)
         opening = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
         message = re.sub(opening, lambda m: flags[m.group(1)], message)
+    message = re.sub(r"\bor None\b", "or left out", message)  # an option's None is an option not given
+    message = re.sub(r"(--[a-z][a-z-]* )(" + _SEQUENCE + ")", lambda m: m[1] + _as_words(m[2]), message)
     return re.sub(r"(?:(?<=got )|(?<==)|(?<=: )|(?<=→ ))(" + _SEQUENCE + ")", lambda m: _as_words(m[1]), message)
 
 
