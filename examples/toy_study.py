@@ -106,8 +106,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=LogitRankStudy.help)
     parser.add_argument("--output-dir", help="default: runs/logit-rank (--quick: runs/logit-rank-quick)")
     parser.add_argument("--quick", action="store_true", help="two head sizes, one seed")
+    parser.add_argument("--grow", action="store_true", help="accept another plan after results exist")
+    parser.add_argument("--overwrite", action="store_true", help="run every point again")
     args = parser.parse_args()
     study = LogitRankStudy()
     command = shlex.join(["python", "examples/toy_study.py", *sys.argv[1:]])  # as given, --quick included
-    run_study(study, output_dir=args.output_dir, quick=args.quick, command=command)
+    how = {"grow": args.grow, "overwrite": args.overwrite}
+    try:
+        run_study(study, output_dir=args.output_dir, quick=args.quick, command=command, **how)
+    except (ValueError, OSError) as e:  # a refusal: one line and exit status 2, as the fixedhead command
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     print((study.folder / "report.md").read_text())

@@ -663,7 +663,29 @@ CLI_CASES = [
     (
         "pretrain --architecture llama --v-head-dim 16",
         ["pretrain", "--architecture", "llama", "--objective", "clm", "--v-head-dim", "16"],
-        "v_head_dim=16: architecture 'llama' (transformers' LlamaForCausalLM) has one head size",
+        "--v-head-dim 16: architecture 'llama' (transformers' LlamaForCausalLM) has one head size",
+    ),
+    (
+        "pretrain --hidden-size 30 (standard heads)",
+        ["pretrain", "--hidden-size", "30"],
+        "standard attention (no --head-dim) needs --hidden-size divisible by --num-attention-heads, got "
+        "--hidden-size 30 and --num-attention-heads 4; pass an explicit --head-dim",
+    ),
+    (
+        "pretrain --head-dim per layer, too many",
+        ["pretrain", "--head-dim", "8,8"],
+        "--head-dim as a list needs one entry per layer (--num-hidden-layers 1), got 2",
+    ),
+    ("pretrain --dropout 1.5", ["pretrain", "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+    (
+        "pretrain --parametrization mup",
+        ["pretrain", "--parametrization", "mup"],
+        "--parametrization mup needs --mup-base-head-dim: the head size",
+    ),
+    (
+        "pretrain clm --mlm-probability",
+        ["pretrain", "--objective", "clm", "--mlm-probability", "0.3"],
+        "--mlm-probability 0.3 applies to the masked objective only",
     ),
     (
         "pretrain --corpus missing",
@@ -703,6 +725,15 @@ def test_cli_unparsable_arguments_exit_2(argv, message, capsys):
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_names_a_presets_dropout_as_the_option(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["pretrain", "--output-dir", str(out), "--preset", "lm1b-fixed-d256-h4-dp32", "--dropout", "1.5"]
+    assert main([*argv, "--corpus", str(tmp_path / "no-corpus")]) == 2  # refused before the corpus is looked for
+    err = capsys.readouterr().err
+    assert "--dropout must be in [0, 1), got 1.5" in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 def test_cli_refuses_a_different_run_and_a_pickle(finished_run, cli_env, tmp_path, capsys):
@@ -760,14 +791,56 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
             "--ray-address notahost: give auto or HOST:PORT",
         ),
         (["compare", "--preset", "tiny", "--ray-address", "127.0.0.1:"], "--ray-address 127.0.0.1:: give auto or"),
+        (
+            ["compare", "--preset", "tiny", "--learning-rates", "-1", "0.1"],
+            "--learning-rates must be a positive finite number, got -1.0",
+        ),
+        (
+            ["compare", "--quick", "--learning-rates", "0.001"],
+            "--learning-rates needs at least 2 rates (a grid), got 0.001",
+        ),
+        (
+            ["compare", "--quick", "--hidden-size", "30"],
+            "needs --hidden-size divisible by --num-attention-heads, got --hidden-size 30 and --num-attention-heads 8",
+        ),
+        (["coordcheck", "--quick", "--head-dims", "8"], "--head-dims needs at least two widths to compare, got 8"),
+        (["widen-experiment", "--quick", "--head-dim", "2"], "--head-dim 2 must be larger than the base's head size 4"),
+        (
+            ["seq-len", "--quick", "--head-dims", "7"],
+            "at least two --head-dims, got --lengths 32 64, --seeds 0 1, --head-dims 7",
+        ),
+        (["compare", "--quick", "--corpus", "{one_txt}"], "one.txt' holds 1 distinct document(s); training needs"),
+        (["compare", "--quick", "--corpus", "{twice}"], "twice.jsonl' holds 1 distinct document(s); training needs"),
+        (
+            ["compare", "--quick", "--corpus", "nosuchdataset"],
+            "'nosuchdataset' is neither a local corpus path nor a loadable Hugging Face dataset",
+        ),
     ],
-    ids=["empty corpus folder", "corpus of another type", "seq-len n < 3", "address no HOST:PORT", "address no port"],
+    ids=[
+        "empty corpus folder",
+        "corpus of another type",
+        "seq-len n < 3",
+        "address no HOST:PORT",
+        "address no port",
+        "a negative rate in the grid",
+        "a grid of one rate",
+        "standard heads that do not divide",
+        "coordcheck one width",
+        "widen-experiment a narrower head",
+        "seq-len one head size",
+        "a one-document corpus",
+        "one document twice",
+        "a dataset name that does not load",
+    ],
 )
 def test_a_study_refuses_bad_input_before_its_folder_exists(argv, message, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.pdf").write_text("text")
+    (tmp_path / "one.txt").write_text("A whole corpus in one document.\n\nA .txt file is one document.\n")
+    (tmp_path / "twice.jsonl").write_text('{"text": "the same text"}\n{"text": "the same text"}\n{"text": " "}\n')
     out = tmp_path / "out"
-    words = [w.format(empty=tmp_path / "empty", notes=tmp_path / "notes.pdf") for w in argv]
+    files = {name: tmp_path / f for name, f in [("empty", "empty"), ("notes", "notes.pdf"), ("one_txt", "one.txt")]}
+    words = [w.format(twice=tmp_path / "twice.jsonl", **files) for w in argv]
     rc = main([*words, "--output-dir", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1, err

@@ -121,6 +121,34 @@ def test_help_says_what_a_user_types(command):
     assert not re.search(r"\bNone\b|[A-Z]_PRESETS\b|\bfixedhead\.[a-z]", text), text
 
 
+@pytest.mark.parametrize("command", list(build_parser()._subparsers._group_actions[0].choices))
+def test_help_names_values_by_their_kind_not_by_their_field(command):
+    """An option's value in `--help` is N, X, PATH, FIELD, NAME, a list of choices or a metavar its field names,
+    never its field's name in capitals (``[HEAD_SIZE_FAMILIES ...]``, ``TEXT_FIELD``)."""
+    parser = _subparser(command)
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS:
+            kind = action.metavar in ("N", "X")  # --n N: the int's own name
+            assert action.choices or kind or action.metavar not in (None, action.dest.upper()), (command, action.dest)
+
+
+def test_help_metavars_say_what_to_type():
+    usage = _subparser("pretrain").format_usage() + _subparser("scaling").format_usage()
+    for shown in ("--corpus PATH", "--text-field FIELD", "--report-to [NAME ...]", "--preset NAME", "--dropout X"):
+        assert shown in usage, shown
+    assert "--head-size-families [NAME ...]" in usage and "TEXT_FIELD" not in usage, usage
+
+
+def test_preset_help_lists_the_names_and_dropout_one_default():
+    from fixedhead.model.paper_presets import PAPER_PRESETS
+
+    for command in ("count", "pretrain"):
+        (preset,) = [a for a in _subparser(command)._actions if a.dest == "preset"]
+        assert all(name in preset.help for name in PAPER_PRESETS), preset.help
+    (dropout,) = [a for a in _subparser("pretrain")._actions if a.dest == "dropout"]
+    assert dropout.help.count("default") == 1 and "(default: 0.0)" in dropout.help, dropout.help
+
+
 def test_the_corpus_help_gives_the_default_path():
     (corpus,) = [a for a in _subparser("pretrain")._actions if a.dest == "corpus"]
     assert "$FIXEDHEAD_DATA_DIR/pretrain/gutenberg_en_books.jsonl.gz" in corpus.help
@@ -130,7 +158,7 @@ def test_count_a_preset_and_refuse_sizes_that_do_not_divide(capsys):
     assert main(["count", "--preset", "bert-large-h16"]) == 0
     assert "336,224,058" in capsys.readouterr().out
     assert main(["count", "--hidden-size", "1024", "--num-attention-heads", "12"]) == 2
-    assert "num_attention_heads=12" in capsys.readouterr().err
+    assert "got --hidden-size 1024 and --num-attention-heads 12" in capsys.readouterr().err
 
 
 def test_report_on_a_folder_that_is_not_a_study_says_so_and_lists_the_studies(tmp_path, capsys):
@@ -138,6 +166,11 @@ def test_report_on_a_folder_that_is_not_a_study_says_so_and_lists_the_studies(tm
     err = capsys.readouterr().err
     assert f"{tmp_path} is not a study folder (no plan.json or results.json)" in err and "sweep results" not in err
     assert all(name in err for name in STUDIES) and len(err.splitlines()) == 1
+    assert main(["report", str(tmp_path / "gone")]) == 2
+    assert capsys.readouterr().err == f"fixedhead report: error: {tmp_path / 'gone'} does not exist\n"
+    (tmp_path / "file.md").write_text("x")
+    assert main(["report", str(tmp_path / "file.md")]) == 2
+    assert capsys.readouterr().err == f"fixedhead report: error: {tmp_path / 'file.md'} is not a folder\n"
 
 
 def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
@@ -146,7 +179,7 @@ def test_report_to_is_passed_to_the_trainer_and_checked_early(tmp_path, capsys):
     assert TrainSettings(report_to=[]).training_arguments(tmp_path).report_to == []
     assert report_to_integrations(["none"]) == [] and report_to_integrations(["tensorboard"]) == ["tensorboard"]
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "nosuchtracker"])
-    assert rc == 2 and "report_to nosuchtracker: unknown integration" in capsys.readouterr().err
+    assert rc == 2 and "--report-to nosuchtracker: unknown integration" in capsys.readouterr().err
     from transformers.integrations import is_wandb_available
 
     if not is_wandb_available():
@@ -241,7 +274,7 @@ def test_report_to_drops_repeats_and_takes_none_alone(tmp_path, capsys):
         assert f"{word} alone" in message and other in message and "unknown" not in message, message
     rc = main(["pretrain", "--output-dir", str(tmp_path / "r"), "--report-to", "tensorboard", "none"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "report_to tensorboard none: none turns reporting off" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "--report-to tensorboard none: none turns reporting off" in err, err
     assert not (tmp_path / "r").exists()  # refused before any work
 
 
@@ -463,7 +496,7 @@ def test_every_option_shows_its_dataclass_fields_default(command):
                 assert (action.option_strings[0].startswith("--no-")) == default, f.name
             elif default not in (None, "", [], ()):
                 shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
-                assert action.help.endswith(f"(default: {shown})"), (f.name, action.help)
+                assert f"(default: {shown})" in action.help, (f.name, action.help)
             checked += 1
     assert checked >= 1
 
@@ -484,7 +517,7 @@ def test_a_kit_study_reads_its_options_nested_recipe_included():
     "argv, words",
     [
         (["bottleneck", "--max-iter", "0"], "--max-iter must be"),
-        (["known-rank", "--rank", "4", "--num-points", "4", "--head-dims", "4"], "--rank = 4 needs num_points"),
+        (["known-rank", "--rank", "4", "--num-points", "4", "--head-dims", "4"], "--rank = 4 needs --num-points"),
         (["seq-len", "--shared-rate", "-1"], "--shared-rate must be"),
     ],
 )
@@ -564,3 +597,42 @@ def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
     assert "seeds; an int >= 0, nonempty, distinct" in text and "steps; a positive int" in text
     # a study's options say so too
     assert "an int >= 0, distinct" in " ".join(_subparser("sweep").format_help().split())
+
+
+def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):
+    """`fixedhead report` re-renders the tables and figures too: it names each file it wrote, none it left."""
+    import shutil
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "results" / "known-rank"
+    folder = tmp_path / "known-rank"
+    shutil.copytree(committed, folder)
+    assert main(["report", str(folder), "--output-dir", str(tmp_path / "r")]) == 0
+    written = sorted(p.name for p in (tmp_path / "r").iterdir() if not p.name.startswith("."))
+    assert written == ["known_rank.csv", "known_rank.png", "report.md"]
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'r'}/: {', '.join(written)}\n"
+    assert main(["report", str(folder)]) == 0  # in place: results.json and the README are read, not written
+    assert capsys.readouterr().out == f"wrote {folder}/: {', '.join(written)}\n"
+
+
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        ("head_dim=[8, 16] is refused", "--head-dim 8,16 is refused"),  # the one word --head-dim takes
+        ("standard attention (head_dim=None) needs", "standard attention (no --head-dim) needs"),
+        ("parametrization='mup' needs mup_base_head_dim", "--parametrization mup needs --mup-base-head-dim"),
+        ("report_to: got ['x', 'y']", "--report-to: got x y"),
+        ("learning rates: got (0.001,)", "learning rates: got 0.001"),
+        (
+            "attention_scale must be a positive number or None, got -1.0",
+            "--attention-scale must be a positive number or left out, got -1.0",
+        ),
+        ("hidden_size [30] and num_attention_heads [2, 4]", "--hidden-size 30 and --num-attention-heads 2 4"),
+        ("warmup_ratio must be in (0, 1), got 2.0", "--warmup-ratio must be in (0, 1), got 2.0"),  # an interval
+        ("/runs/max_steps/head_dim.json: no 'head_dim' key", "/runs/max_steps/head_dim.json: no 'head_dim' key"),
+        ("the model and the text", "the model and the text"),  # one-word fields are words in a sentence
+    ],
+)
+def test_an_error_is_rewritten_in_the_command_lines_words(message, words):
+    from fixedhead.options import in_option_words
+
+    assert in_option_words(message, _subparser("pretrain")) == words

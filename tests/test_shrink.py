@@ -136,14 +136,19 @@ def test_the_command_writes_a_run_that_loads_and_scores_like_any_run(tiny_causal
     assert main([*argv, "--no-progress"]) == 2  # an earlier output, without --overwrite
 
 
-def test_the_command_fine_tunes_the_shrunk_model_with_the_pretraining_trainer(tiny_causal_run, tmp_path):
+def test_the_command_fine_tunes_the_shrunk_model_with_the_pretraining_trainer(tiny_causal_run, tmp_path, capsys):
     from fixedhead.cli import main
     from fixedhead.runs import open_run
 
     run, _, _ = tiny_causal_run
     out = tmp_path / "small"
     argv = ["shrink", str(run), "--qk-head-dim", "2", "--output-dir", str(out), "--fit-tokens", "2000"]
+    capsys.readouterr()
     assert main([*argv, "--finetune-steps", "2", "--no-progress"]) == 0
+    # --no-progress: nothing per step, neither the Trainer's log dicts nor transformers' loading bars
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == [printed.out.splitlines()[-1]] and printed.out.startswith("shrunk "), printed.out
+    assert "{'" not in printed.out and "it/s]" not in printed.err, printed.err
     record = json.loads((out / "shrink.json").read_text())
     tuned = open_run(out / "finetuned")
     assert tuned.config.qk_head_dim == 2 and record["finetuned"]["steps"] == 2

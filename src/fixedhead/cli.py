@@ -63,10 +63,17 @@ def _print_json(result: dict, drop=lambda key: False):
 
 
 # -------------------------------------------------------------------------------------- count
+def _preset_names() -> str:
+    """The model presets' names, for ``--preset``'s help."""
+    from .model.paper_presets import PAPER_PRESETS
+
+    return ", ".join(PAPER_PRESETS)
+
+
 def _count_options(p):
     from .model.sizes import CountSizes
 
-    add_options(p, CountSizes, title="sizes")
+    add_options(p, CountSizes, title="sizes", more_help={"preset": f"; one or more of: {_preset_names()}"})
 
 
 def _count(args):
@@ -98,10 +105,11 @@ def _pretrain_options(p):
     from .data import DataSettings
     from .training import ModelSettings, TrainSettings
 
-    add_options(p, PretrainRun, title="the run")
-    add_options(p, ModelSettings, title="model")
+    add_options(p, PretrainRun, title="the run", more_help={"preset": f"; one of: {_preset_names()}"})
+    add_options(p, ModelSettings, title="model", more_help={"dropout": "; with --preset, the preset's (0.1)"})
     add_options(p, DataSettings, title="data")
-    add_options(p, TrainSettings, skip=("progress",), title="training")
+    with_preset = {"objective": "; with --preset, the preset's (clm for lm1b-*)"}
+    add_options(p, TrainSettings, skip=("progress",), title="training", more_help=with_preset)
 
 
 def _pretrain(args):
@@ -472,6 +480,8 @@ def _report(args):
     o = _read(args, ReportFolder)
     folder = Path(o.folder)
     results = folder / RESULTS_FILE
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}")
     if not any((folder / f).is_file() for f in (RESULTS_FILE, PLAN_FILE, LEGACY_FILE)):
         raise FileNotFoundError(
             f"{folder} is not a study folder (no {PLAN_FILE} or {RESULTS_FILE}); give the --output-dir of one of "
@@ -485,10 +495,19 @@ def _report(args):
     name = meta.get("study") or o.study or "sweep"
     if o.study and name != o.study:
         raise ValueError(f"{results} holds the results of `fixedhead {name}`, not of `fixedhead {o.study}`")
+    out = Path(o.output_dir or folder)
+    before = _file_times(out)
     if name == "sweep":  # a sweep written before the kit reads too
-        print(f"wrote {write_report(o.folder, o.output_dir)}")
+        write_report(o.folder, o.output_dir)
     else:
-        print(f"wrote {rerender(study_class(name)(), Path(o.folder), o.output_dir)}")
+        rerender(study_class(name)(), folder, o.output_dir)
+    after = _file_times(out)
+    print(f"wrote {out}/: " + ", ".join(sorted(f for f in after if before.get(f) != after[f])))
+
+
+def _file_times(folder: Path) -> dict[str, int]:
+    """``{name: modification time}`` of the files directly in ``folder`` (none when it does not exist)."""
+    return {p.name: p.stat().st_mtime_ns for p in folder.glob("*") if p.is_file()} if folder.is_dir() else {}
 
 
 # ---------------------------------------------------------------------------------- export-onnx
@@ -622,6 +641,11 @@ def main(argv=None) -> int:
             import torch
 
             torch.set_num_threads(positive_int("threads", args.threads))
+        if getattr(args, "progress", True) is False:  # --no-progress: transformers' own bars (loading weights) too
+            from .training.settings import transformers_progress_bars
+
+            with transformers_progress_bars(False):
+                return args.func(args) or 0
         return args.func(args) or 0
     except (ValueError, OSError) as e:  # OSError: a missing or occupied path, a full disk, a read-only folder
         message = in_option_words(_error_message(e), parser._subparsers._group_actions[0].choices[args.command])

@@ -110,11 +110,27 @@ def add_options(parser, cls, skip=(), title: str | None = None, more_help: dict[
                 if not fixed and inner and inner[0] in (int, float):  # "1e-3 2e-3" or "1e-3,2e-3"
                     kw["action"], kw["type"] = _Words, _words(inner[0])
             kw.setdefault("type", _TYPES.get(f.name) or (inner[0] if inner else hint))
-            kw["metavar"] = f.metadata.get("metavar") or {int: "N", float: "X"}.get(inner[0] if inner else kw["type"])
+            kw["metavar"] = f.metadata.get("metavar") or _metavar(f.name, inner[0] if inner else kw["type"])
             if "choices" in f.metadata:
                 kw["choices"], kw["metavar"] = f.metadata["choices"], None
         group.add_argument(flag, *_ALIASES.get(f.name, ()), **{k: v for k, v in kw.items() if v is not None})
     return group
+
+
+#: option names whose value is a file or folder (a corpus, a run, a text to score)
+_PATH_OPTIONS = {"corpus", "text", "tokenizer", "model", "checkpoints", "init_from"}
+
+
+def _metavar(name: str, kind) -> str | None:
+    """What ``--help`` calls an option's value when its field does not say (``metadata={"metavar": ...}``): N
+    (an int), X (a number), PATH (a file or folder), FIELD (a record's field), NAME (any other word)."""
+    if kind in (int, float):
+        return {int: "N", float: "X"}[kind]
+    if kind is not str:
+        return None
+    if name in _PATH_OPTIONS or name.endswith(("_dir", "_path", "_file")):
+        return "PATH"
+    return "FIELD" if name.endswith("_field") else "NAME"
 
 
 def help_words(text: str) -> str:
@@ -185,15 +201,50 @@ def add_nested_options(parser, cls, title: str):
 
 
 def in_option_words(message: str, parser) -> str:
-    """A user error of the command ``parser`` parsed, with each of its options' names written as typed on the
-    command line where it opens a statement (``max_steps must be ...`` → ``--max-steps must be ...``): the
-    dataclasses and checks that raise it name fields, which the command line spells as options."""
-    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
-    if not flags:
-        return message
-    names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
-    pattern = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
-    return re.sub(pattern, lambda m: flags[m.group(1)], message)
+    """A user error of the command ``parser`` parsed, in the command line's words: the dataclasses, configs and
+    checks that raise it name fields (``max_steps must be ...``, ``head_dim=None``), which the command line spells
+    as options (``--max-steps must be ...``, ``no --head-dim``).
+
+    * ``field=value`` anywhere: the option and its value as typed (``qk_head_dim=8`` → ``--qk-head-dim 8``,
+      ``parametrization='mup'`` → ``--parametrization mup``; ``=None``: ``no --option``);
+    * a field name with an underscore anywhere (an identifier, never an English word): the option;
+    * a one-word field name where it opens a statement before ``must``, ``=``, ``needs`` or ``:``;
+    * a tuple or list of values after an option, ``got``, ``=``, ``:`` or ``→``: its values as words
+      (``(0.001,)`` → ``0.001``).
+
+    A name inside a path or quotes (a file's key) is left alone; ``or None`` reads ``or left out``.
+    """
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    flags = {name: a.option_strings[0] for name, a in actions.items()}
+    if flags:
+        names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
+        free = r"(?<![\w/.'\"-])"  # not inside a path, a quoted key or an option already
+
+        def typed(m):  # --head-dim takes one word, its layers' sizes joined by commas
+            value = _as_words(m[2], "," if actions[m[1]].type is parse_head_dim else " ").strip("'\"")
+            return f"no {flags[m[1]]}" if value == "None" else f"{flags[m[1]]} {value}"
+
+        message = re.sub(free + rf"({names})=({_SEQUENCE}|'[^']*'|[^\s,;:)]+)", typed, message)
+        underscored = "|".join(re.escape(n) for n in sorted(flags, key=len)[::-1] if "_" in n)
+        if underscored:
+            message = re.sub(free + rf"({underscored})(?![\w/'\"(-]|\.\w)", lambda m: flags[m[1]], message)
+        opening = r"(?:^|(?<=; )|(?<=: )|(?<=, ))(" + names + r")\b(?= must| =| needs|:)"
+        message = re.sub(opening, lambda m: flags[m.group(1)], message)
+    message = re.sub(r"\bor None\b", "or left out", message)  # an option's None is an option not given
+    message = re.sub(r"(--[a-z][a-z-]* )(" + _SEQUENCE + ")", lambda m: m[1] + _as_words(m[2]), message)
+    return re.sub(r"(?:(?<=got )|(?<==)|(?<=: )|(?<=→ ))(" + _SEQUENCE + ")", lambda m: _as_words(m[1]), message)
+
+
+#: a Python tuple or list of numbers, None or quoted words, as ``repr`` writes it: ``(0.001,)``, ``[64, 64]``
+_ITEM = r"(?:-?[\d.]+(?:e[-+]?\d+)?|None|'[^',]*')"
+_SEQUENCE = rf"\((?:{_ITEM}, )+{_ITEM}\)|\({_ITEM},\)|\[(?:(?:{_ITEM}, )*{_ITEM})?\]"
+
+
+def _as_words(value: str, sep: str = " ") -> str:
+    """``(0.001, 0.002)`` or ``['a']`` as the command line takes them (``0.001 0.002``, ``a``); else ``value``."""
+    if not re.fullmatch(_SEQUENCE, value):
+        return value
+    return sep.join(v.strip().strip("'") for v in value[1:-1].split(",") if v.strip()) or "none"
 
 
 def options_from(args, base):

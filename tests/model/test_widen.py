@@ -381,7 +381,7 @@ def test_cli_widen_errors_are_one_line(tmp_path, capsys):
     out = tmp_path / "wide"
     assert main(["widen", str(src), "--head-dim", "8", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "head_dim=8 for layer 0 is smaller than its current head size 12" in err
+    assert err.count("\n") == 1 and "--head-dim 8 for layer 0 is smaller than its current head size 12" in err
     assert not out.exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()

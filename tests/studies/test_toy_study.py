@@ -63,3 +63,45 @@ def test_run_as_a_script_it_records_its_command_as_given(tmp_path, monkeypatch, 
     report = (out / "report.md").read_text()
     assert f"Command: `{command}`" in report and "fixedhead logit-rank" not in report
     assert "Every head's logits reach the bound" in capsys.readouterr().out
+
+
+def test_run_as_a_script_a_refusal_is_one_line_and_exit_status_2(tmp_path, monkeypatch, capsys):
+    """The script refuses as the fixedhead command does: one line on stderr, exit status 2, no traceback; the
+    --grow the refusal names is an option of the script too."""
+    import runpy
+
+    script = str(Path(__file__).resolve().parents[2] / "examples" / "toy_study.py")
+    out = str(tmp_path / "q")
+    for argv in (["--quick", "--output-dir", out], ["--output-dir", out]):  # the full plan after the quick one
+        monkeypatch.setattr(sys, "argv", ["examples/toy_study.py", *argv])
+        capsys.readouterr()
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            status = e.code
+        else:
+            status = 0
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("toy_study.py: error: ") and "pass --grow" in err
+    monkeypatch.setattr(sys, "argv", ["examples/toy_study.py", "--output-dir", out, "--grow"])
+    runpy.run_path(script, run_name="__main__")
+    assert len(json.loads((tmp_path / "q" / "results.json").read_text())["runs"]) == 15
+
+
+def test_asking_for_fewer_points_of_a_finished_study_is_not_called_growth(tmp_path):
+    """Options that ask for a subset of the folder's points (one seed of three) are refused with what a subset
+    means, not "pass --grow to extend"; --grow then makes the plan those points and the report covers them."""
+    full = LogitRankOptions(n=12, hidden_size=16, head_dims=(2, 8), seeds=(0, 1, 2))
+    run_study(LogitRankStudy(), full, tmp_path / "t", progress=False)
+    before = (tmp_path / "t" / "plan.json").read_text()
+    one_seed = LogitRankOptions(n=12, hidden_size=16, head_dims=(2, 8), seeds=(0,))
+    with pytest.raises(FileExistsError) as info:
+        run_study(LogitRankStudy(), one_seed, tmp_path / "t", progress=False)
+    message = str(info.value)
+    assert "holds a study of 6 points (6 finished); these options ask for 2 of them" in message, message
+    assert "extend" not in message and "report.md" in message
+    assert (tmp_path / "t" / "plan.json").read_text() == before  # nothing was changed
+    record = run_study(LogitRankStudy(), one_seed, tmp_path / "t", grow=True, progress=False)
+    assert record["missing"] == [] and [r["ranks"] for r in record["summary"]["rows"]] == [[2], [8]]
+    assert len(record["runs"]) == 6  # the other seeds' results are kept

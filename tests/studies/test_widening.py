@@ -154,7 +154,7 @@ def test_cli_errors_are_one_line_and_come_before_any_work(tmp_path, capsys):
     assert main(["widen-experiment", "--output-dir", str(tmp_path), "--no-progress"]) == 2
     assert "did not create (foreign.txt)" in _one_line(capsys)
     for extra, message in (
-        (["--head-dim", "8"], "wide_head_dim=8 must be larger than the base's head size 8"),
+        (["--head-dim", "8"], "--head-dim 8 must be larger than the base's head size 8"),
         (["--steps", "0"], "--steps must be a positive int, got 0"),
         (["--threads", "0"], "threads must be a positive int, got 0"),
         (["--seeds", "-1"], "seeds must be an int >= 0, got -1"),

@@ -140,10 +140,10 @@ def test_analyze_reads_a_llama_run(llama_run, tmp_path, capsys):
     "options, message",
     [
         (["--objective", "mlm"], "architecture 'llama' trains causal LMs only; got objective 'mlm'"),
-        (["--objective", "clm", "--head-dim", "8,16"], "one head size for every layer; got per-layer head_dim"),
-        (["--objective", "clm", "--parametrization", "mup", "--mup-base-head-dim", "8"], "parametrization='mup'"),
-        (["--objective", "clm", "--query-init", "zero"], "query_init='zero'"),
-        (["--objective", "clm", "--attention-scale", "0.5"], "attention_scale=0.5"),
+        (["--objective", "clm", "--head-dim", "8,16"], "one head size for every layer; got per-layer --head-dim"),
+        (["--objective", "clm", "--parametrization", "mup", "--mup-base-head-dim", "8"], "--parametrization mup"),
+        (["--objective", "clm", "--query-init", "zero"], "--query-init zero"),
+        (["--objective", "clm", "--attention-scale", "0.5"], "--attention-scale 0.5"),
     ],
 )
 def test_pretrain_refuses_fixedhead_only_options_for_llama_before_any_work(options, message, tmp_path, capsys):

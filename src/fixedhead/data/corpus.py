@@ -6,6 +6,7 @@ Nothing is downloaded unless the user names a hub dataset.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -59,7 +60,11 @@ def _corpus_files(root: Path) -> list[Path]:
 
 
 def _read_file(path: Path, text_field: str) -> list[Document]:
-    docs = []
+    return list(_documents(path, text_field))
+
+
+def _documents(path: Path, text_field: str):
+    """The documents of one corpus file, read as they are asked for (:func:`check_corpus_source` stops at two)."""
     try:
         with open_text(path) as f:
             if path.name.endswith((".jsonl", ".jsonl.gz")):
@@ -74,32 +79,47 @@ def _read_file(path: Path, text_field: str) -> list[Document]:
                         raise ValueError(f"{path}:{lineno}: JSON line has no {text_field!r} field")
                     if not isinstance(record[text_field], str):
                         raise ValueError(f"{path}:{lineno}: field {text_field!r} is not a string")
-                    docs.append(Document(record[text_field], f"{path}:{lineno}", str(record.get("title", ""))))
+                    yield Document(record[text_field], f"{path}:{lineno}", str(record.get("title", "")))
             else:
-                docs.append(Document(f.read(), str(path), path.stem))
+                yield Document(f.read(), str(path), path.stem)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except (OSError, EOFError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(f"{path}: cannot read ({e})") from None
-    return docs
 
 
-def check_corpus_source(source: str | os.PathLike) -> None:
-    """Refuse, before any work, a path-like corpus ``source`` (a separator, a corpus suffix or a leading dot) that
-    does not exist, a folder without corpus files or a file of another type; other names pass as datasets.
+def check_corpus_source(source: str | os.PathLike, text_field: str = "text", hub: bool = True) -> None:
+    """Refuse, before any work, a path-like corpus ``source`` that does not exist, a folder without corpus files, a
+    file of another type or a corpus of fewer than two distinct documents (reading stops at the second); a dataset
+    name (``hub``) must have a loadable builder (metadata only; offline, the local cache).
 
     Raises:
-        FileNotFoundError: a missing path (with how to pass another).
-        ValueError: an empty folder or another file type.
+        FileNotFoundError: a missing path. ValueError: an empty folder, a file type, one document, a dataset name
+            that does not load.
     """
     path = Path(source).expanduser()
     if path.is_dir() and not _corpus_files(path):
         raise ValueError(f"corpus {str(source)!r}: directory holds no {'/'.join(_SUFFIXES)} files")
     if path.is_file() and not path.name.endswith(_SUFFIXES):
         raise ValueError(f"corpus {str(source)!r}: unsupported file type; expected one of {', '.join(_SUFFIXES)}")
-    if path.exists() or not (os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith(".")):
+    if path.exists():
+        distinct = set()
+        for doc in (d for f in (_corpus_files(path) if path.is_dir() else [path]) for d in _documents(f, text_field)):
+            distinct |= {doc.text} if doc.text.strip() else set()
+            if len(distinct) == 2:
+                return
+        raise ValueError(
+            f"corpus {str(source)!r} holds {len(distinct)} distinct document(s); training needs at least 2 to hold "
+            "some out (a .txt file is one document: pass a folder of them, or a .jsonl with one document a line)"
+        )
+    if not (os.sep in str(source) or str(source).endswith(_SUFFIXES) or str(source).startswith(".")):
+        if hub:
+            import datasets
+
+            with _hub_refusal(str(source)):
+                datasets.load_dataset_builder(str(source))
         return
     where = (
         " (the default: the project's shared data beside the repository, or $FIXEDHEAD_DATA_DIR)"
@@ -133,7 +153,7 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
             raise ValueError(f"{path}: unsupported corpus file type; expected one of {', '.join(_SUFFIXES)}")
         docs = _read_file(path, text_field)
     else:
-        check_corpus_source(source)  # a path-like source that does not exist: refused with a hint
+        check_corpus_source(source, hub=False)  # a path-like source that does not exist: refused with a hint
         docs = _read_hub_dataset(str(source), text_field, split)
     docs = [d for d in docs if d.text.strip()]
     if not docs:
@@ -144,15 +164,22 @@ def read_corpus(source: str | os.PathLike, text_field: str = "text", split: str 
 def _read_hub_dataset(name: str, text_field: str, split: str) -> list[Document]:
     import datasets
 
-    try:
+    with _hub_refusal(name):
         ds = datasets.load_dataset(name, split=split)
-    except Exception as e:  # the hub raises many types; the user needs the name and the reason
-        raise ValueError(
-            f"{name!r} is neither a local corpus path nor a loadable Hugging Face dataset ({type(e).__name__}: {e})"
-        ) from None
     if text_field not in ds.column_names:
         raise ValueError(f"dataset {name!r} has no {text_field!r} column (columns: {ds.column_names})")
     return [Document(t, f"{name}:{i}") for i, t in enumerate(ds[text_field]) if isinstance(t, str)]
+
+
+@contextlib.contextmanager
+def _hub_refusal(name: str):
+    """Whatever the hub raises (many types) as one ValueError with the name and the reason."""
+    try:
+        yield
+    except Exception as e:
+        raise ValueError(
+            f"{name!r} is neither a local corpus path nor a loadable Hugging Face dataset ({type(e).__name__}: {e})"
+        ) from None
 
 
 def split_documents(

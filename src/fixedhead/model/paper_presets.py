@@ -4,8 +4,10 @@ each with the parameter count the paper reports (tests/model/test_count.py check
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .configuration import FixedHeadConfig
+if TYPE_CHECKING:  # imported where used: `--help` lists the preset names without transformers
+    from .configuration import FixedHeadConfig
 
 #: the paper's BERT pretraining setup shared by every table (PAPER.md, "Experiments")
 _BERT_COMMON = dict(vocab_size=30522, num_hidden_layers=24, max_position_embeddings=512, type_vocab_size=2)
@@ -24,6 +26,8 @@ class ModelPreset:
     objective: str = "mlm"
 
     def build_config(self, **overrides) -> FixedHeadConfig:
+        from .configuration import FixedHeadConfig
+
         return FixedHeadConfig(**{**self.config, **overrides})
 
 

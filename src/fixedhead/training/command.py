@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checks import in_range
 from ..data import DEFAULT_CORPUS, DataSettings, prepare_data
 from ..model.sizes import option_names
 from .settings import ModelSettings, TrainSettings
@@ -49,6 +50,8 @@ def _preset_config(preset: str, model: dict, max_seq_length: int):
         raise ValueError(f"--preset {preset} fixes the model size; drop {option_names(sizes)} (or drop --preset)")
     p = get_preset(preset)
     dropout = model.get("dropout")
+    if dropout is not None:
+        in_range("dropout", dropout, 0.0, 1.0)  # the config would name its two fields
     config = p.build_config(
         **({} if dropout is None else dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
     )

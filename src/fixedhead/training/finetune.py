@@ -33,7 +33,7 @@ from ..runs import (
 )
 from .checkpoints import parametrized_trainer
 from .evaluate import DivergedError
-from .settings import shared_training_arguments
+from .settings import quiet_unless, shared_training_arguments
 
 FINETUNE_FILE = "finetune_metrics.json"
 #: written first: marks a folder as a fine-tuning output and records what it is computed from
@@ -295,10 +295,7 @@ def finetune(
         compute_metrics=compute_metrics,
         callbacks=[EarlyStoppingCallback(early_stopping_patience=settings.patience)],
     )
-    if not settings.progress:
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)
+    quiet_unless(settings.progress, trainer)
     t0 = time.time()
     trainer.train()
     wall = time.time() - t0

@@ -70,7 +70,7 @@ from .identity import (
     init_from_record,
     run_settings_record,
 )
-from .settings import TrainSettings, transformers_progress_bars
+from .settings import TrainSettings, quiet_unless, transformers_progress_bars
 
 
 def lm_config(config, tokenizer, objective: str = "mlm"):
@@ -221,6 +221,7 @@ def pretrain(
         processing_class=run_tokenizer,  # saved into every checkpoint
         callbacks=callbacks,
     )
+    quiet_unless(settings.progress, trainer)
     try:  # train, save the model, score it and write metrics.json
         t0 = time.time()
         state = load_json_file(Path(checkpoint) / "trainer_state.json") if checkpoint is not None else {}

@@ -68,7 +68,7 @@ class ModelSettings:
     intermediate_size: int | None = None
     """feed-forward width (default 4d)"""
     dropout: float = 0.0
-    """hidden and attention dropout (with a preset: default the preset's, 0.1)"""
+    """hidden and attention dropout"""
     parametrization: str = field(default="standard", metadata={"choices": PARAMETRIZATIONS})
     """how the logit scale and the output projection's init and learning rate follow d_p: standard
     (BERT, 1/sqrt(d_p)) or mup (1/d_p; needs --mup-base-head-dim)"""
@@ -85,6 +85,7 @@ class ModelSettings:
         (:func:`~fixedhead.training.pretrain.lm_config`). Raises ValueError naming a refused size or option."""
         from ..model.architectures import build_config
 
+        in_range("dropout", self.dropout, 0.0, 1.0)  # the config would name its two fields
         if self.architecture == "llama" and self.dropout:
             raise ValueError(
                 f"architecture 'llama' has attention dropout only, and --dropout sets hidden dropout too; "
@@ -150,8 +151,7 @@ class TrainSettings:
     """recompute each encoder block in the backward pass: less activation memory for about one more
     forward pass of time; same gradients (dropout masks are replayed)"""
     objective: str = field(default="mlm", metadata={"choices": OBJECTIVES})
-    """mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM,
-    FixedHeadForCausalLM (with --preset: default the preset's, clm for the LM1B-style presets)"""
+    """mlm: masked LM (BERT, the paper's Tables 1-3); clm: causal (left-to-right) LM, FixedHeadForCausalLM"""
     mlm_probability: float = 0.15
     """masked LM: fraction of training tokens masked (BERT's; Wettig et al., EACL 2023, find 0.4
     better); the held-out set is always masked at 0.15, so every model is scored alike"""
@@ -241,3 +241,14 @@ def transformers_progress_bars(enabled: bool):
         yield
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+def quiet_unless(progress: bool, trainer):
+    """With ``progress`` off, the Trainer prints nothing per step: ``disable_tqdm`` swaps its bar for
+    ``PrinterCallback``, which prints every log dict (``{'loss': ...}``), so that callback goes too. Returns
+    ``trainer``."""
+    from transformers.trainer_callback import PrinterCallback
+
+    if not progress:
+        trainer.remove_callback(PrinterCallback)
+    return trainer

@@ -102,11 +102,11 @@ def parse_rates(text: str | Iterable[float]) -> list[float]:
         try:
             value = float(p)
         except (TypeError, ValueError):
-            raise ValueError(f"learning rate {p!r} is not a number") from None
-        rates.append(_round(positive_float("learning rate", value)))  # rates that print alike are one rate
+            raise ValueError(f"learning_rates: {p!r} is not a number") from None
+        rates.append(_round(positive_float("learning_rates", value)))  # rates that print alike are one rate
     rates = sorted(set(rates))
-    if len(rates) < 2:
-        raise ValueError(f"a learning-rate grid needs at least 2 rates, got {rates}")
+    if len(rates) < 2:  # named as the Options field every study holds its grid in
+        raise ValueError(f"learning_rates needs at least 2 rates (a grid), got {rates}")
     return rates
 
 

@@ -276,6 +276,16 @@ def write_plan(
                     f"{study.first_seed(options)}; pass {was} first in --seeds, or choose another --output-dir "
                     "(nothing was changed)"
                 )
+        asked, planned = new["plan"]["points"], old["plan"].get("points", [])
+        if done and not (grow or overwrite) and set(asked) < set(planned):  # fewer of the same points: not growth
+            report = folder / REPORT_FILE
+            raise FileExistsError(
+                f"{folder} holds a study of {len(planned)} points ({len(done)} finished); these options ask for "
+                f"{len(asked)} of them{f' (its report of all: {report})' if report.is_file() else ''}; give the "
+                "folder's options to finish or report the whole study, pass --grow to make its plan these points "
+                "only (stored results are kept; the report covers these and says the plan changed), or choose "
+                "another --output-dir (nothing was changed)"
+            )
         if done and not (grow or overwrite):
             raise FileExistsError(
                 f"{path} holds another plan (sha256 {old['sha256'][:12]}, this one {new['sha256'][:12]}) and "

@@ -241,7 +241,7 @@ def spec(o: WideningOptions) -> tuple[Widening, int]:
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
-    make_arms(probe, o.head_dim)  # refuses a bad wide size
+    make_arms(probe, o.head_dim, "head_dim")  # refuses a bad wide size, named as its option
     if o.learning_rates:
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
     return p, o.head_dim

@@ -53,17 +53,17 @@ def replace_config(config, **fields):
     return c
 
 
-def make_arms(config, wide_head_dim: int) -> list[Arm]:
+def make_arms(config, wide_head_dim: int, name: str = "wide_head_dim") -> list[Arm]:
     """The arms for a base ``config`` (standard heads) and the wide head size (see the module docstring).
 
     Raises:
-        ValueError: ``wide_head_dim`` not larger than the base's head size.
+        ValueError: ``wide_head_dim`` not larger than the base's head size (named ``name``).
     """
     layers = config.num_hidden_layers
     old = config.layer_head_dims
-    if positive_int("wide_head_dim", wide_head_dim) <= max(old):
+    if positive_int(name, wide_head_dim) <= max(old):
         raise ValueError(
-            f"wide_head_dim={wide_head_dim} must be larger than the base's head size {max(old)}: "
+            f"{name}={wide_head_dim} must be larger than the base's head size {max(old)}: "
             "widening to the same size changes nothing"
         )
     w = wide_head_dim
