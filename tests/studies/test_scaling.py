@@ -95,7 +95,7 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         f"{k}-s{s}" for s in (0, 1) for k in ("standard-d16", "standard-d32", "threshold-d16", "threshold-d32")
     ]
     assert plan["options"]["preset"] == "tiny" and record["missing"] == []
-    state = scaling.state_of(scaling.ScalingStudy.quick, record["runs"].values(), record["meta"])
+    state = scaling.state_of(scaling.spec(scaling.ScalingStudy.quick), record["runs"].values(), record["meta"])
     assert state["meta"]["plan"]["seeds"] == [0, 1] and state["meta"]["plan"]["learning_rates"] == [0.002, 0.004]
     # seed 0 at both rates per point, seed 1 at the chosen one
     assert len(state["runs"]) == 4 * 3

@@ -567,9 +567,10 @@ def test_a_missing_corpus_is_named_before_the_folder_is_made(tmp_path, capsys):
 def test_the_description_is_written_from_the_settings_the_runs_train_with():
     """The steps and the rate a sweep's runs train at, for every preset (the 300-step masked one too), and the
     recipe's own where the options leave them."""
-    from fixedhead.studies.sweep import describe
+    from fixedhead.studies.sweep import SweepStudy
     from fixedhead.studies.sweep.presets import SWEEP_PRESETS
 
+    describe = lambda o: SweepStudy().describe(SweepStudy().resolve(o))  # noqa: E731
     for name in SWEEP_PRESETS:
         steps = get_sweep_preset(name).train.max_steps
         assert f"{steps} steps of" in describe(SweepOptions(preset=name)), name

@@ -238,9 +238,9 @@ def resolve(o: CompareOptions) -> CompareOptions:
 
 @dataclass
 class Spec:
-    """A comparison resolved from its options: the data and training settings, each model's config
-    fields (the widened one not yet sized: that needs the trained tokenizer), each model's rate (or the
-    grid's), and the description."""
+    """A comparison resolved from its options (``options``, its preset's fields filled in): the data and
+    training settings, each model's config fields (the widened one not yet sized: that needs the trained
+    tokenizer), each model's rate (or the grid's), and the description."""
 
     comparison: Comparison
     data: DataSettings
@@ -249,12 +249,15 @@ class Spec:
     rates: dict[str, float]
     grid: list[float] | None
     description: str
+    options: CompareOptions
 
 
 def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
     """The :class:`Spec` of ``o`` (its preset's fields filled in: :func:`resolve`), or of ``base`` with ``o``'s
     overrides (seq-len's and qk-v's)."""
-    p = base or comparison(resolve(o))
+    if base is None:
+        o = resolve(o)
+    p = base or comparison(o)
     data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     grid = parse_rates(o.learning_rates) if o.learning_rates else None
     if grid:
@@ -279,7 +282,7 @@ def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
     configs = {name: dict(fields) for name, fields in p.models.items()}
     own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
     rates = {name: own.get(name, train.learning_rate) for name in configs}
-    return Spec(p, data_settings, train, configs, rates, grid, description)
+    return Spec(p, data_settings, train, configs, rates, grid, description, o)
 
 
 def sized_fields(s: Spec, name: str, vocab: int) -> dict:
@@ -336,11 +339,11 @@ def train_model(
     return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "tuning": tuning}
 
 
-def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
-    """What the table, report and figures read: ``meta`` (description, data, training settings, the plan,
-    the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
+def state_of(s: Spec, results, meta: dict | None = None) -> dict:
+    """What the table, report and figures read of the spec ``s``: ``meta`` (description, data, training settings,
+    the plan, the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
-    s = spec(o)
+    o = s.options
     # a result recorded before the choice had one record shape keeps it under "selection"
     results = [{"tuning": r["selection"], **r} if "selection" in r else r for r in results]
     first = results[0] if results else {}
@@ -423,26 +426,24 @@ class CompareStudy(Study):
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_files)
 
-    def state(self, o, results, record=None):
-        return state_of(o, results, record and record["meta"])
+    def state(self, s, results, record=None):
+        return state_of(s, results, record and record["meta"])
 
     def resolve(self, o):
-        train = spec(o).train
-        return replace(resolve(o), seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
+        train = spec(o).train  # the recipe's seed, steps and batch written out: giving them is the same comparison
+        return spec(replace(resolve(o), seed=train.seed, steps=train.max_steps, batch_size=train.batch_size))
 
-    def describe(self, o):
-        return spec(o).description
+    def describe(self, s):
+        return s.description
 
-    def check(self, o):
-        s = spec(o)
+    def check(self, s):
         for fields in s.configs.values():  # every model buildable and trainable before any slow work
             check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
-    def plan(self, o):
-        return [Point(name) for name in MODELS if not o.models or name in o.models]
+    def plan(self, s):
+        return [Point(name) for name in MODELS if not s.options.models or name in s.options.models]
 
-    def plan_record(self, o):
-        s = spec(o)
+    def plan_record(self, s):
         widen, match = s.comparison.widen, s.comparison.match_to
         sized = {
             "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
@@ -452,17 +453,16 @@ class CompareStudy(Study):
             "models": {
                 name: s.configs[name] | (sized if name == widen else {})
                 for name in s.configs
-                if not o.models or name in o.models
+                if not s.options.models or name in s.options.models
             },
-            "rates": {"grid": s.grid, "max_extensions": o.max_extensions} if s.grid else s.rates,
+            "rates": {"grid": s.grid, "max_extensions": s.options.max_extensions} if s.grid else s.rates,
             "pairing": "every model trains on the same batches in the same order (one seed) and is scored on "
             "the same held-out tokens",
         }
 
-    def run(self, o, point, folder, done, progress):
-        s = spec(o)
+    def run(self, s, point, folder, done, progress):
         data = self.data(s.data, progress)
-        result = train_model(s, point.key, data, folder, o.max_extensions, self.overwriting, progress)
+        result = train_model(s, point.key, data, folder, s.options.max_extensions, self.overwriting, progress)
         if s.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
             result["samples"] = continuations(folder / result["run"], seed=s.train.seed)
         return result | {

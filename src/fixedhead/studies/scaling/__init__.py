@@ -276,17 +276,17 @@ def _seconds(runs: dict) -> float:
 
 
 def data_settings(o: ScalingOptions):
-    """The recipe's data (another corpus where ``o`` names one), with the validation split every run trains
-    without."""
-    recipe = get_recipe(spec(o).recipe)
+    """The recipe's data (another corpus where the resolved options ``o`` name one), with the validation split
+    every run trains without."""
+    recipe = get_recipe(o.recipe)
     return with_validation_split(replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data)
 
 
-def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
-    """The study's state as its summary and report read it, from its options and per-point ``results``:
+def state_of(p: ScalingOptions, results, meta: dict | None = None) -> dict:
+    """The study's state as its summary and report read it, from its resolved options (:func:`spec`) and
+    per-point ``results``:
     ``meta`` (with ``plan``: points, seeds, grid, rules; ``n``, ``objective``), ``unigram_perplexity``,
     ``tuning`` and ``ranks`` (per point, from its first seed) and every run at every rate."""
-    p = spec(o)
     recipe = get_recipe(p.recipe)
     results = list(results)
     firsts = [r for r in results if "ranks" in r]
@@ -351,17 +351,16 @@ class ScalingStudy(Study):
     def state(self, o, results, record=None):
         return state_of(o, results, record and record["meta"])
 
-    def describe(self, o):
-        return describe(spec(o))
+    def describe(self, p):
+        return describe(p)
 
     def resolve(self, o):
         return spec(o)
 
-    def first_seed(self, o):
-        return spec(o).seeds[0] if spec(o).learning_rates else None
+    def first_seed(self, p):
+        return p.seeds[0] if p.learning_rates else None
 
-    def plan(self, o):
-        p = spec(o)
+    def plan(self, p):
         first = p.seeds[0]  # a later seed trains at the rate its first seed chose
 
         def needs(pt, s):
@@ -372,8 +371,7 @@ class ScalingStudy(Study):
             for pt, s in core.seed_major(points_of(p), p.seeds)
         ]
 
-    def plan_record(self, o):
-        p = spec(o)
+    def plan_record(self, p):
         return {
             "pairing": "by seed: every point of one seed trains on the same batches in the same order",
             "rate_rule": RULE,
@@ -381,18 +379,16 @@ class ScalingStudy(Study):
             "verdict_rule": VERDICT_RULE,
         }
 
-    def check(self, o):
+    def check(self, p):
         """Every model buildable and trainable (a Llama model is causal) before any slow work."""
-        p = spec(o)
         recipe = get_recipe(p.recipe)
         size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
         check_objective_for(build_config(recipe.model_fields(**size, **model_fields(p))), recipe.train.objective)
 
-    def run(self, o, point, folder, done, progress):
+    def run(self, p, point, folder, done, progress):
         pt, seed = point.spec
-        p = spec(o)
         recipe = get_recipe(p.recipe)
-        data = self.data(data_settings(o), progress)
+        data = self.data(data_settings(p), progress)
         train = replace(recipe.train, progress=progress)
         runs: dict[str, dict] = {}
 

@@ -26,16 +26,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from ...checks import check_fields
 from ...data.glue import MAIN_METRIC, get_glue_task, majority_class_accuracy
-from ...data.lm import unigram_perplexity
+from ...data.lm import DataSettings, unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
 from ...model.sizes import parameter_count
 from ...runs import claim_output_dir, load_json_file, write_text_atomic
-from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
+from ...training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
 from ...training.pretrain import train_or_reuse
+from ...training.settings import TrainSettings
 from ..kit import core
 from ..kit.learning_rate import (
     later_seed_needs,
@@ -52,6 +52,7 @@ from .presets import (
     EXPERIMENTS,
     QUICK_PRESETS,
     SWEEP_PRESETS,
+    SweepPreset,
     as_architecture,
     as_mup,
     get_sweep_preset,
@@ -138,10 +139,22 @@ def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
 EVALUATIONS = 2
 
 
-def spec(o: SweepOptions) -> SimpleNamespace:
-    """What ``o`` trains: ``preset`` (the preset's points restricted to ``o``'s experiments and models, as
-    ``o``'s architecture and parametrization, with ``o``'s seeds), ``data``, ``train``, ``finetune`` (None: no
-    fine-tuning) and ``task``.
+@dataclass(frozen=True)
+class SweepSpec:
+    """What the options ``options`` train: ``preset`` (the preset's points restricted to their experiments and
+    models, as their architecture and parametrization, with their seeds), ``data``, ``train``, ``finetune``
+    (None: no fine-tuning) and ``task``."""
+
+    preset: SweepPreset
+    data: DataSettings
+    train: TrainSettings
+    finetune: FinetuneSettings | None
+    task: str
+    options: SweepOptions
+
+
+def spec(o: SweepOptions) -> SweepSpec:
+    """The :class:`SweepSpec` of ``o``.
 
     Raises:
         ValueError: a model key the preset's experiments do not have, a fine-tuning task for a preset
@@ -167,16 +180,16 @@ def spec(o: SweepOptions) -> SimpleNamespace:
             f"sweep preset {o.preset!r} has no fine-tuning, so --finetune-task {o.finetune_task!r} does not apply"
         )
     ft = None if o.skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
-    return SimpleNamespace(preset=p, data=data, train=train, finetune=ft, task=o.finetune_task or p.finetune_task)
+    return SweepSpec(p, data, train, ft, o.finetune_task or p.finetune_task, o)
 
 
-def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
+def state_of(s: SweepSpec, results, meta: dict | None = None) -> dict:
     """The sweep's state as its claims, report and plots read it (:mod:`fixedhead.studies.sweep.claims`): ``meta``
     (the settings, the data and the verdict rule, from ``o`` and the first seed's results; a stored ``meta``'s
     values win, so a sweep recorded before the kit reads as it was), ``points`` (the plan's, with each model's
     key), ``runs`` (``{run folder: result}``) and, where each model chose its rate, ``tuning`` (``{model key:
     the choice's record}``)."""
-    s, results = spec(o), list(results)
+    o, results = s.options, list(results)
     first = next((r for r in results if "unigram_perplexity" in r), {})
     computed = {
         "preset": o.preset,
@@ -215,10 +228,9 @@ def summarise(state: dict) -> dict:
     return {"runs": len(state["runs"]), "claims": [dict(claim=c, measurement=m, verdict=v) for c, m, v in rows]}
 
 
-def describe(o: SweepOptions) -> str:
-    """The preset's description with the training settings and rate ``o``'s runs train with (:func:`spec`)."""
-    s = spec(o)
-    rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
+def describe(s: SweepSpec) -> str:
+    """The preset's description with the training settings and rate the spec's runs train with."""
+    rate = " at each model's own rate" if s.options.learning_rates else f" at lr {s.train.learning_rate:g}"
     layers = s.preset.common.get("num_hidden_layers", 2)
     points = f"; {s.preset.description}" if s.preset.description else ""
     return f"{s.preset.smoke}{training_text(s.data, s.train, layers)}{rate} per run{points}"
@@ -246,14 +258,15 @@ class SweepStudy(Study):
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 
-    def state(self, o, results, record=None):
-        return state_of(o, results, record and record["meta"])
+    def state(self, s, results, record=None):
+        return state_of(s, results, record and record["meta"])
 
-    def describe(self, o):
-        return describe(o)
+    def describe(self, s):
+        return describe(s)
 
     def resolve(self, o):
-        """Every default written out or dropped, so that giving it explicitly is the same sweep: the preset's
+        """The :class:`SweepSpec` of ``o`` with every default written out or dropped, so that giving it explicitly
+        is the same sweep: the preset's
         seeds and experiments; a fine-tuning task, architecture or corpus equal to the preset's as None (a corpus
         path as the file it names); the grid's extensions at their default without a grid."""
         preset = get_sweep_preset(o.preset)
@@ -268,7 +281,8 @@ class SweepStudy(Study):
             "finetune_task": o.finetune_task in (None, preset.finetune_task) and preset.finetune is not None,
             "architecture": o.architecture in (None, preset.common.get("architecture", "fixedhead")),
         }
-        return replace(
+        return spec(
+            replace(
             o,
             seeds=tuple(spec(o).preset.seeds),
             experiments=tuple(experiments),
@@ -277,14 +291,13 @@ class SweepStudy(Study):
             finetune_task=None if same["finetune_task"] else o.finetune_task,
             architecture=None if same["architecture"] else o.architecture,
             max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
-        )
+        ))
 
-    def first_seed(self, o):
-        return spec(o).preset.seeds[0] if o.learning_rates else None
+    def first_seed(self, s):
+        return s.preset.seeds[0] if s.options.learning_rates else None
 
-    def plan(self, o):
-        s = spec(o)
-        first = s.preset.seeds[0]
+    def plan(self, s):
+        o, first = s.options, s.preset.seeds[0]
 
         def needs(key, seed):  # a later seed trains at the rate its first seed chose
             return later_seed_needs(o.learning_rates, seed, first, core.run_key(key, seed=first))
@@ -294,26 +307,25 @@ class SweepStudy(Study):
             for key, fields, seed in plan_runs(s.preset)
         ]
 
-    def plan_record(self, o):
+    def plan_record(self, s):
         return {
             "pairing": "by seed: every model of one seed trains on the same batches in the same order",
             "verdict_rule": rule_text(CLAIMS_RULE),
-            **({"rates_chosen_with_seed": self.first_seed(o)} if o.learning_rates else {}),
+            **({"rates_chosen_with_seed": self.first_seed(s)} if s.options.learning_rates else {}),
         }
 
-    def check(self, o):
+    def check(self, s):
         """Every model buildable and trainable with the objective, and the fine-tuning task's data present,
         before any slow work."""
-        s = spec(o)
         if s.finetune is not None:
             get_glue_task(s.task)
             majority_class_accuracy(s.task, max_examples=s.finetune.max_dev_examples)  # no dev file: named here
         for _, fields, _ in plan_runs(s.preset):
             check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
-    def run(self, o, point, folder, done, progress):
+    def run(self, s, point, folder, done, progress):
         key, fields, seed = point.spec
-        s = spec(o)
+        o = s.options
         data = self.data(s.data, progress)
         check_same_tokenizer(done.values(), data.info["tokenizer_sha256"], folder)
         train = replace(s.train, progress=progress)
@@ -389,7 +401,7 @@ def load_sweep(folder: str | Path) -> dict:
             raise ValueError(f"{folder / RESULTS_FILE} holds the results of `fixedhead {study}`, not of a sweep")
         study = SweepStudy()
         record, _ = regenerate(study, folder)
-        return record_state(study, options_from_dict(SweepOptions, record["options"]), record)
+        return record_state(study, study.resolve(options_from_dict(SweepOptions, record["options"])), record)
     path = folder / LEGACY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no sweep results ({RESULTS_FILE}): run `fixedhead sweep` first")
