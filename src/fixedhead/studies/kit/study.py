@@ -232,7 +232,8 @@ def settings_sha256(study: Study, options) -> str:
     """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
     that only choose which points exist or only enter the summary) and ``study.paths``. A stored point is
     reused only under the same settings. ``options``: resolved options, or a spec holding them."""
-    values = {k: v for k, v in dataclasses.asdict(options_in(options)).items() if k not in study.points_only + study.paths}
+    skip = study.points_only + study.paths
+    values = {k: v for k, v in dataclasses.asdict(options_in(options)).items() if k not in skip}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -283,15 +283,16 @@ class SweepStudy(Study):
         }
         return spec(
             replace(
-            o,
-            seeds=tuple(spec(o).preset.seeds),
-            experiments=tuple(experiments),
-            models=tuple(sorted(o.models)),
-            corpus=corpus,
-            finetune_task=None if same["finetune_task"] else o.finetune_task,
-            architecture=None if same["architecture"] else o.architecture,
-            max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
-        ))
+                o,
+                seeds=tuple(spec(o).preset.seeds),
+                experiments=tuple(experiments),
+                models=tuple(sorted(o.models)),
+                corpus=corpus,
+                finetune_task=None if same["finetune_task"] else o.finetune_task,
+                architecture=None if same["architecture"] else o.architecture,
+                max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
+            )
+        )
 
     def first_seed(self, s):
         return s.preset.seeds[0] if s.options.learning_rates else None
