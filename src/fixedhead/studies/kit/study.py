@@ -664,7 +664,7 @@ def rerender(study: Study, folder: Path, output_dir=None) -> Path:
 
 def options_from_dict(cls, values: dict):
     """The dataclass ``cls`` from its :func:`dataclasses.asdict` after a JSON round trip: nested
-    dataclasses rebuilt, lists back to tuples where the field's default is a tuple."""
+    dataclasses rebuilt, lists back to tuples where the field is a tuple."""
     import typing
 
     hints, out = typing.get_type_hints(cls), dict(values)
@@ -673,6 +673,6 @@ def options_from_dict(cls, values: dict):
             continue
         if dataclasses.is_dataclass(hints[f.name]) and isinstance(out[f.name], dict):
             out[f.name] = options_from_dict(hints[f.name], out[f.name])
-        elif isinstance(f.default, tuple) and isinstance(out[f.name], list):
+        elif typing.get_origin(hints[f.name]) is tuple and isinstance(out[f.name], list):
             out[f.name] = tuple(out[f.name])
     return cls(**out)

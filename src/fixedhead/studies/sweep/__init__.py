@@ -77,8 +77,8 @@ class SweepOptions:
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
     8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1;
     cpu = the original 300-step masked sweep; tiny, tiny-clm = --quick's)"""
-    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
-    """seeds, paired across models (empty: the preset's); with --learning-rates the first chooses each model's rate"""
+    seeds: tuple[int, ...] = field(default=None, metadata={"check": "non_negative", "distinct": True, "nonempty": True})
+    """seeds, paired across models (None: the preset's); with --learning-rates the first chooses each model's rate"""
     experiments: tuple[str, ...] = field(default=(), metadata={"choices": EXPERIMENTS})
     """train only these experiments' points (empty: every experiment of the preset)"""
     models: tuple[str, ...] = ()
@@ -168,7 +168,7 @@ def spec(o: SweepOptions) -> SweepSpec:
         p = as_architecture(p, o.architecture)
     if o.mup_base_head_dim is not None:
         p = as_mup(p, o.mup_base_head_dim)
-    p = replace(p, points=points, seeds=tuple(o.seeds) or p.seeds)
+    p = replace(p, points=points, seeds=p.seeds if o.seeds is None else tuple(o.seeds))
     data = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     if o.learning_rates:
         data = with_validation_split(data)  # rates are chosen on text no model trains on
@@ -318,6 +318,12 @@ class SweepStudy(Study):
     def check(self, s):
         """Every model buildable and trainable with the objective, and the fine-tuning task's data present,
         before any slow work."""
+        if s.preset.common.get("architecture") == "llama" and s.train.objective != "clm":
+            causal = [name for name, make in SWEEP_PRESETS.items() if make().train.objective == "clm"]
+            raise ValueError(
+                f"--architecture llama trains causal LMs only, and sweep preset {s.options.preset!r} trains masked "
+                f"LMs: pass a causal preset (--preset {' or '.join(causal)})"
+            )
         if s.finetune is not None:
             get_glue_task(s.task)
             majority_class_accuracy(s.task, max_examples=s.finetune.max_dev_examples)  # no dev file: named here

@@ -133,7 +133,7 @@ PRESET_NAMES = ("cpu", "tiny")
 @dataclass(frozen=True)
 class WideningOptions:
     """What ``fixedhead widen-experiment`` trains: a preset (:data:`PRESETS`: data, base model, recipes, seeds) and
-    what a run changes of it; a field left None (or empty) takes the preset's value."""
+    what a run changes of it; a field left None takes the preset's value."""
 
     preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
     """the options to start from (cpu: the masked recipe's data and sizes at n = 32; tiny: a smoke test); the
@@ -148,9 +148,9 @@ class WideningOptions:
     """sequences per step of the base and every continuation"""
     learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
     """the peak rate of the base and (without a grid) every continuation"""
-    logging_steps: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    logging_steps: tuple[int, ...] = field(default=None, metadata={"check": "positive"})
     """how often the base's and each continuation's training loss is logged (two values)"""
-    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
+    seeds: tuple[int, ...] = field(default=None, metadata={"check": "non_negative", "distinct": True, "nonempty": True})
     """continuation seeds, in this order; the first chooses each arm's rate"""
     base_steps: int | None = field(default=None, metadata={"check": "positive"})
     """the base run's training steps"""
@@ -170,7 +170,7 @@ class WideningOptions:
         check_fields(self)
         if self.preset not in PRESET_NAMES:
             raise ValueError(f"unknown widen-experiment preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
-        if len(self.logging_steps) not in (0, 2):
+        if self.logging_steps is not None and len(self.logging_steps) != 2:
             raise ValueError(f"logging_steps = {self.logging_steps!r}: give two, the base's and a continuation's")
         if self.learning_rates:
             parse_rates(self.learning_rates)
@@ -203,7 +203,7 @@ PRESETS = {
         steps=10,
     ),
 }
-#: the options a preset gives a value (None or empty in a run's options: the preset's)
+#: the options a preset gives a value (None in a run's options: the preset's)
 PRESET_FIELDS = (
     "recipe",
     "hidden_size",
@@ -218,8 +218,8 @@ PRESET_FIELDS = (
 
 
 def resolve(o: WideningOptions) -> WideningOptions:
-    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value, and the
-    wide head size written out."""
+    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value, and the wide head size
+    written out."""
     o = core.from_preset(PRESETS, o, PRESET_FIELDS, "widen-experiment")
     n = get_recipe(o.recipe).data.max_seq_length
     return replace(o, head_dim=o.head_dim if o.head_dim is not None else causal_threshold(n))
