@@ -106,3 +106,19 @@ def test_a_llama_refusal_suggests_an_option_the_command_has(argv, suggested, tmp
     assert main([*argv, "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert "trains causal LMs only" in err and suggested in err and "objective" not in err and not out.exists()
+
+
+def test_a_sweep_preset_is_named_options_it_starts_from(capsys):
+    """As compare's, scaling's and widening's: --preset NAME runs exactly PRESETS[NAME], the options given override
+    it, and --help lists every name."""
+    from fixedhead.studies.sweep import PRESETS, SweepStudy
+
+    study = SweepStudy()
+    for name, preset in PRESETS.items():
+        assert preset.preset == name and study.resolve(SweepOptions(preset=name)) == study.resolve(preset)
+        assert study.resolve(SweepOptions(preset=name)).options.seeds == preset.seeds
+        assert study.resolve(SweepOptions(preset=name, seeds=(7,))).options.seeds == (7,)
+    assert PRESETS["cpu-mlm"].seeds == (0, 1, 2) and PRESETS["cpu-clm"].seeds == (0, 1)  # the committed sweeps'
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert f"--preset {{{','.join(PRESETS)}}}" in capsys.readouterr().out

@@ -70,8 +70,9 @@ _DATA_FIELDS = ("tuning", "data_info", "unigram_perplexity", "majority_class_acc
 
 @dataclass(frozen=True)
 class SweepOptions:
-    """What ``fixedhead sweep`` trains: a preset (data, recipe, points, seeds, fine-tuning) and what a run
-    changes of it."""
+    """What ``fixedhead sweep`` trains: a preset (:data:`PRESETS`: the options it starts from; its data, recipe,
+    points and fine-tuning: :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`) and what a run changes of it; a
+    field left None takes the preset's value."""
 
     preset: str = field(default="cpu-mlm", metadata={"choices": tuple(SWEEP_PRESETS)})
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
@@ -118,6 +119,19 @@ class SweepOptions:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
 
 
+#: the named options ``--preset NAME`` starts from (the options given override them); what else each name trains
+#: (data, recipe, points, fine-tuning) is :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`'s
+PRESETS = {
+    "cpu-mlm": SweepOptions(seeds=(0, 1, 2)),
+    "cpu-clm": SweepOptions(preset="cpu-clm", seeds=(0, 1)),
+    "cpu": SweepOptions(preset="cpu", seeds=(0, 1)),
+    "tiny": SweepOptions(preset="tiny", seeds=(0, 1)),
+    "tiny-clm": SweepOptions(preset="tiny-clm", seeds=(0, 1)),
+}
+#: the options a preset gives a value (None in a run's options: the preset's)
+PRESET_FIELDS = ("seeds",)
+
+
 def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
     """Refuse to add a run trained with this tokenizer to a folder whose finished ``results`` were trained with
     another (a worker on a machine whose tokenizer library learns other merges): per-token results of two
@@ -154,12 +168,13 @@ class SweepSpec:
 
 
 def spec(o: SweepOptions) -> SweepSpec:
-    """The :class:`SweepSpec` of ``o``.
+    """The :class:`SweepSpec` of ``o`` (its preset's fields filled in).
 
     Raises:
         ValueError: a model key the preset's experiments do not have, a fine-tuning task for a preset
             without fine-tuning.
     """
+    o = core.from_preset(PRESETS, o, PRESET_FIELDS, "sweep")
     p = get_sweep_preset(o.preset)
     experiments = list(o.experiments) or None
     points = only_models(p, list(o.models), o.preset, experiments).points if o.models else p.points
@@ -168,7 +183,7 @@ def spec(o: SweepOptions) -> SweepSpec:
         p = as_architecture(p, o.architecture)
     if o.mup_base_head_dim is not None:
         p = as_mup(p, o.mup_base_head_dim)
-    p = replace(p, points=points, seeds=p.seeds if o.seeds is None else tuple(o.seeds))
+    p = replace(p, points=points)
     data = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     if o.learning_rates:
         data = with_validation_split(data)  # rates are chosen on text no model trains on
@@ -199,7 +214,7 @@ def state_of(s: SweepSpec, results, meta: dict | None = None) -> dict:
         "train": {k: v for k, v in asdict(s.train).items() if k != "progress"},
         "finetune": asdict(s.finetune) if s.finetune else None,
         "finetune_task": s.task if s.finetune else None,
-        "seeds": list(s.preset.seeds),
+        "seeds": list(o.seeds),
         "experiments": list(o.experiments or EXPERIMENTS),
         "objective": s.train.objective,
         "verdict_rule": rule_text(CLAIMS_RULE),
@@ -210,7 +225,7 @@ def state_of(s: SweepSpec, results, meta: dict | None = None) -> dict:
         computed["majority_class_accuracy"] = first["majority_class_accuracy"]
     if o.learning_rates:
         computed["learning_rate_selection"] = selection_record(
-            parse_rates(o.learning_rates), o.max_extensions, s.preset.seeds[0], s.data.validation_fraction
+            parse_rates(o.learning_rates), o.max_extensions, o.seeds[0], s.data.validation_fraction
         )
     state = {
         "meta": {**computed, **(meta or {})},
@@ -284,7 +299,7 @@ class SweepStudy(Study):
         return spec(
             replace(
                 o,
-                seeds=tuple(spec(o).preset.seeds),
+                seeds=spec(o).options.seeds,
                 experiments=tuple(experiments),
                 models=tuple(sorted(o.models)),
                 corpus=corpus,
@@ -295,17 +310,17 @@ class SweepStudy(Study):
         )
 
     def first_seed(self, s):
-        return s.preset.seeds[0] if s.options.learning_rates else None
+        return s.options.seeds[0] if s.options.learning_rates else None
 
     def plan(self, s):
-        o, first = s.options, s.preset.seeds[0]
+        o, first = s.options, s.options.seeds[0]
 
         def needs(key, seed):  # a later seed trains at the rate its first seed chose
             return later_seed_needs(o.learning_rates, seed, first, core.run_key(key, seed=first))
 
         return [
             Point(core.run_key(key, seed=seed), (key, fields, seed), needs(key, seed))
-            for key, fields, seed in plan_runs(s.preset)
+            for key, fields, seed in plan_runs(s.preset, o.seeds)
         ]
 
     def plan_record(self, s):
@@ -327,7 +342,7 @@ class SweepStudy(Study):
         if s.finetune is not None:
             get_glue_task(s.task)
             majority_class_accuracy(s.task, max_examples=s.finetune.max_dev_examples)  # no dev file: named here
-        for _, fields, _ in plan_runs(s.preset):
+        for _, fields, _ in plan_runs(s.preset, s.options.seeds[:1]):
             check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
     def run(self, s, point, folder, done, progress):
@@ -339,7 +354,7 @@ class SweepStudy(Study):
         config = build_config(
             {**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id}
         )
-        rates, first = parse_rates(o.learning_rates) if o.learning_rates else None, s.preset.seeds[0]
+        rates, first = parse_rates(o.learning_rates) if o.learning_rates else None, o.seeds[0]
 
         trained: dict[float, dict] = {}  # this point's runs by rate (the chosen one is not trained twice)
 

@@ -1,7 +1,8 @@
-"""The sweep's presets: the paper's three experiments as lists of points (model configurations),
-the CPU recipes they train with, and the transforms a command applies to a preset (another
-architecture, the μP-style parametrization, a subset of the models) before
-:class:`fixedhead.studies.sweep.SweepStudy` plans its runs.
+"""What each named sweep trains: the paper's three experiments as lists of points (model configurations),
+the CPU recipes they train with and the fine-tuning, and the transforms a sweep's options apply to it (another
+architecture, the μP-style parametrization, a subset of the models) when
+:class:`fixedhead.studies.sweep.SweepStudy` resolves them; the options each name starts from (its seeds) are
+:data:`fixedhead.studies.sweep.PRESETS`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class SweepPoint:
 
 @dataclass
 class SweepPreset:
-    """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
+    """What the options of a sweep preset train: shared data/training/fine-tuning settings, common model fields and
+    the points."""
 
     description: str
     """what the sweep's points are (the runs' training settings and rate are written before it from the settings
@@ -46,7 +48,6 @@ class SweepPreset:
     train: TrainSettings
     common: dict
     points: list[SweepPoint]
-    seeds: tuple[int, ...] = (0, 1)
     finetune: FinetuneSettings | None = None
     finetune_task: str = "sst2"
     smoke: str = ""
@@ -130,7 +131,6 @@ def _quick(description: str, **train) -> SweepPreset:
         points=_points_heads(32, [2, 8], [8], 16)
         + _points_embedding([32, 48], 8, 32, [8], 16)
         + _points_head_size(32, 4, [8, 16]),
-        seeds=(0, 1),
         finetune=FinetuneSettings(
             max_seq_length=r.data.max_seq_length,
             max_train_examples=300,
@@ -205,7 +205,6 @@ def _cpu_mlm_sweep() -> SweepPreset:
         points=_points_heads(128, [2, 8, 32], [8, 32], 32)
         + _points_embedding([128, 192], 8, 128, [8, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
-        seeds=(0, 1, 2),
         finetune=FinetuneSettings(max_seq_length=n, max_train_examples=4000, save_model=False, **_FINETUNE),
     )
 
@@ -285,8 +284,8 @@ def only_models(preset: SweepPreset, models: list[str], name: str = "custom", ex
     return replace(preset, points=[pt for pt in preset.points if key(pt) in models])
 
 
-def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
-    """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
+def plan_runs(preset: SweepPreset, seeds, experiments=None) -> list[tuple[str, dict, int]]:
+    """The distinct ``(key, model fields, seed)`` runs of a preset with ``seeds``, seed-major (every model's first
     seed before any second seed, so an interrupted sweep has the widest picture).
 
     Raises:
@@ -299,4 +298,4 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
         if not experiments or p.experiment in experiments:
             fields = canonical_fields({**preset.common, **p.model})
             models.setdefault(model_key(fields), fields)
-    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]
+    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), seeds)]
