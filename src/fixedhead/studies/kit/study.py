@@ -634,6 +634,9 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
     check_points(Path(folder), stored, again=again)
     values = plan["plan"]["options"] if plan else stored["options"]
+    if plan is None:  # written before plans, when an empty list stood for the preset's (today None does)
+        unset = {f.name for f in dataclasses.fields(study.Options) if f.default is None}
+        values = {k: None if k in unset and v == [] else v for k, v in values.items()}
     spec = study.resolve(options_from_dict(study.Options, values))
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
     points = study.plan(spec)
