@@ -36,7 +36,6 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
         pytest.skip("shared GLUE data not found")
     root = tmp_path_factory.mktemp("ft-seeds")
     preset = SweepPreset(
-        description="test",
         data=replace(TINY.data, corpus=str(small_real_corpus), max_seq_length=16, max_eval_tokens=2000),
         train=replace(TINY.train, batch_size=8, max_steps=3, logging_steps=1, eval_steps=3, save_steps=3),
         common=dict(num_hidden_layers=1, max_position_embeddings=16),

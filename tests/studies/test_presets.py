@@ -122,3 +122,24 @@ def test_a_sweep_preset_is_named_options_it_starts_from(capsys):
     with pytest.raises(SystemExit):
         main(["sweep", "--help"])
     assert f"--preset {{{','.join(PRESETS)}}}" in capsys.readouterr().out
+
+
+def test_a_sweeps_description_is_written_from_the_points_it_trains():
+    """The description names the points the options train (a subset of the models, an experiment, another family,
+    μP), never a preset's prose about all of them."""
+    from fixedhead.studies.sweep import SweepStudy
+
+    study = SweepStudy()
+
+    def describe(**options):
+        return study.describe(study.resolve(SweepOptions(**options)))
+
+    pair = describe(preset="cpu-clm", models=("d128-h32-dp4", "d128-h32-dp32-fixed"), architecture="llama")
+    assert "heads at d=128 (standard h=32 vs fixed d_p=32, h=32)" in pair and "h=2" not in pair
+    assert "every model as llama" in pair
+    full = describe(preset="cpu-clm")
+    assert "heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32)" in full
+    assert "standard d=192 (8 heads) vs fixed d=128, d_p=32, h=8, 32" in full
+    sizes = describe(experiments=("head_size",), mup_base_head_dim=16)
+    assert "head size 8, 16, 32, 64 at d=128, 8 heads" in sizes and "heads at" not in sizes
+    assert "every model μP-style, based at d_p = 16" in sizes and "GLUE sst2 fine-tuning at 32 tokens" in sizes

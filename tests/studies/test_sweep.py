@@ -87,7 +87,6 @@ def _register(monkeypatch, preset: SweepPreset, name: str = "test", **options) -
 def _tiny_preset(corpus):
     short = replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000)
     return SweepPreset(
-        description="test",
         data=short,
         train=replace(TINY.train, batch_size=8, max_steps=3, logging_steps=1, eval_steps=3, save_steps=3),
         common=dict(

@@ -59,6 +59,7 @@ from .presets import (
     model_key,
     only_models,
     plan_runs,
+    points_text,
 )
 from .report import PLOT_FILES, report_markdown, write_plots
 
@@ -244,10 +245,13 @@ def summarise(state: dict) -> dict:
 
 
 def describe(s: SweepSpec) -> str:
-    """The preset's description with the training settings and rate the spec's runs train with."""
+    """What the spec's runs train, written from it: the training settings and rate, the points
+    (:func:`~fixedhead.studies.sweep.presets.points_text`) and the fine-tuning."""
     rate = " at each model's own rate" if s.options.learning_rates else f" at lr {s.train.learning_rate:g}"
     layers = s.preset.common.get("num_hidden_layers", 2)
-    points = f"; {s.preset.description}" if s.preset.description else ""
+    points = f"; {points_text(s.preset)}" if s.preset.points else ""
+    if s.finetune is not None:
+        points += f"; GLUE {s.task} fine-tuning at {s.finetune.max_seq_length} tokens"
     return f"{s.preset.smoke}{training_text(s.data, s.train, layers)}{rate} per run{points}"
 
 

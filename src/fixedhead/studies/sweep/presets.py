@@ -41,9 +41,6 @@ class SweepPreset:
     """What the options of a sweep preset train: shared data/training/fine-tuning settings, common model fields and
     the points."""
 
-    description: str
-    """what the sweep's points are (the runs' training settings and rate are written before it from the settings
-    a sweep trains with: :func:`fixedhead.studies.sweep.describe`)"""
     data: DataSettings
     train: TrainSettings
     common: dict
@@ -123,7 +120,6 @@ def _quick(description: str, **train) -> SweepPreset:
     r = get_recipe("tiny")
     r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
-        description="",
         smoke=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): ",
         data=r.data,
         train=r.train,
@@ -156,9 +152,6 @@ def _cpu_sweep() -> SweepPreset:
         batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description="heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
-        "fixed d=128, d_p=32, 4-32 heads; "
-        "head size 8-64 at d=128, 8 heads",
         data=data,
         train=train,
         common=_common(2, 64),
@@ -176,8 +169,6 @@ def _cpu_clm_sweep() -> SweepPreset:
     d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
-        description="the paper's LM1B claims: heads at d=128 (standard h=2, 32 vs fixed "
-        "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
         data=r.data,
         train=replace(r.train, logging_steps=25, report_to=[]),
         common=_common(r.layers, r.data.max_seq_length),
@@ -196,9 +187,6 @@ def _cpu_mlm_sweep() -> SweepPreset:
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
-        description="heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
-        f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
-        f"{n} tokens",
         data=r.data,
         train=replace(r.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
         common=_common(r.layers, n),
@@ -226,45 +214,66 @@ def get_sweep_preset(name: str) -> SweepPreset:
     return core.pick(SWEEP_PRESETS, name, "sweep")
 
 
-def _also(preset: SweepPreset, text: str) -> str:
-    """The preset's description of its points with ``text`` after it."""
-    return "; ".join(t for t in (preset.description, text) if t)
+def points_text(preset: SweepPreset) -> str:
+    """What the preset's points are, per experiment, written from them (its models' family and parametrization
+    too): ``heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128,
+    d_p=32, h=8, 32``."""
+
+    def points(experiment, series):
+        return [p for p in preset.points if p.experiment == experiment and p.series == series]
+
+    def values(points, field):
+        return ", ".join(map(str, sorted({p.model[field] for p in points})))
+
+    def fixed(points, with_d=True):
+        d = f"d={values(points, 'hidden_size')}, " if with_d else ""
+        return f"fixed {d}d_p={values(points, 'head_dim')}, h={values(points, 'num_attention_heads')}"
+
+    parts = []
+    std, fix = points("heads", "standard"), points("heads", "fixed")
+    if std or fix:
+        sides = [f"standard h={values(std, 'num_attention_heads')}"] if std else []
+        sides += [fixed(fix, with_d=False)] if fix else []
+        parts.append(f"heads at d={values(std + fix, 'hidden_size')} ({' vs '.join(sides)})")
+    std, fix = points("embedding", "standard"), points("embedding", "fixed")
+    if std or fix:
+        sides = [f"standard d={values(std, 'hidden_size')} ({values(std, 'num_attention_heads')} heads)"] if std else []
+        parts.append(" vs ".join(sides + ([fixed(fix)] if fix else [])))
+    if sizes := points("head_size", "fixed"):
+        parts.append(
+            f"head size {values(sizes, 'head_dim')} at d={values(sizes, 'hidden_size')}, "
+            f"{values(sizes, 'num_attention_heads')} heads"
+        )
+    if (architecture := preset.common.get("architecture", "fixedhead")) != "fixedhead":
+        parts.append(f"every model as {architecture}" + " (transformers' LlamaForCausalLM)" * (architecture == "llama"))
+    if preset.common.get("parametrization", "standard") == "mup":
+        parts.append(f"every model μP-style, based at d_p = {preset.common['mup_base_head_dim']}")
+    return "; ".join(parts)
 
 
 def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
     """The preset with every point a model of ``architecture`` (:mod:`fixedhead.model.architectures`;
-    the same d, h, d_p, feed-forward width and depth), said in its description.
+    the same d, h, d_p, feed-forward width and depth).
 
     Raises:
         ValueError: an unknown architecture.
     """
     if preset.common.get("architecture", "fixedhead") == check_architecture(architecture):
         return preset
-    return replace(
-        preset,
-        common={**preset.common, "architecture": architecture},
-        description=_also(
-            preset,
-            f"every model as {architecture}" + (" (transformers' LlamaForCausalLM)" if architecture == "llama" else ""),
-        ),
-    )
+    return replace(preset, common={**preset.common, "architecture": architecture})
 
 
 def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
     """The preset with every point under the μP-style parametrization based at head size
     ``base_head_dim`` (:mod:`fixedhead.model.parametrization`: logits scaled by √K/d_p, W_o's
-    initialisation and Adam rate by K/d_p, each model at its own h), said in its description.
+    initialisation and Adam rate by K/d_p, each model at its own h).
     A model whose d_p is K is the same model as under the standard parametrization.
 
     Raises:
         ValueError: a ``base_head_dim`` that is not a positive int (named).
     """
     positive_int("mup_base_head_dim", base_head_dim)
-    return replace(
-        preset,
-        common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim},
-        description=_also(preset, f"every model μP-style, based at d_p = {base_head_dim}"),
-    )
+    return replace(preset, common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim})
 
 
 def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
