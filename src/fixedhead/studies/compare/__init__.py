@@ -304,11 +304,9 @@ def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
         description += f"; each model at its own learning rate ({own}), chosen on a validation split"
     else:
         description += f"; learning rate {train.learning_rate:g}"
-        preset = PRESETS[o.preset]
-        if base is None and o.learning_rate is None and preset.model_learning_rates and rated_for_others(o):
-            description += (
-                f" (not preset {o.preset}'s own rates, chosen for its models: here {', '.join(rated_for_others(o))})"
-            )
+        others = rated_for_others(o) if base is None and PRESETS[o.preset].model_learning_rates else []
+        if others and o.learning_rate is None:
+            description += f" (not preset {o.preset}'s own rates, chosen for its models: here {', '.join(others)})"
     configs = {name: dict(fields) for name, fields in p.models.items()}
     own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
     rates = {name: own.get(name, train.learning_rate) for name in configs}

@@ -156,9 +156,9 @@ EVALUATIONS = 2
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What the options ``options`` train: ``preset`` (the preset's points restricted to their experiments and
-    models, as their architecture and parametrization, with their seeds), ``data``, ``train``, ``finetune``
-    (None: no fine-tuning) and ``task``."""
+    """What the options ``options`` (their preset's fields filled in) train: ``preset`` (the preset's points
+    restricted to their experiments and models, as their architecture and parametrization), ``data``, ``train``,
+    ``finetune`` (None: no fine-tuning) and ``task``."""
 
     preset: SweepPreset
     data: DataSettings
@@ -285,9 +285,9 @@ class SweepStudy(Study):
 
     def resolve(self, o):
         """The :class:`SweepSpec` of ``o`` with every default written out or dropped, so that giving it explicitly
-        is the same sweep: the preset's
-        seeds and experiments; a fine-tuning task, architecture or corpus equal to the preset's as None (a corpus
-        path as the file it names); the grid's extensions at their default without a grid."""
+        is the same sweep: the preset's seeds and experiments; a fine-tuning task, architecture or corpus equal to
+        the preset's as None (a corpus path as the file it names); the grid's extensions at their default without a
+        grid."""
         preset = get_sweep_preset(o.preset)
         present = {pt.experiment for pt in preset.points}
         experiments = [e for e in EXPERIMENTS if e in (o.experiments or present)]
@@ -303,7 +303,6 @@ class SweepStudy(Study):
         return spec(
             replace(
                 o,
-                seeds=spec(o).options.seeds,
                 experiments=tuple(experiments),
                 models=tuple(sorted(o.models)),
                 corpus=corpus,
