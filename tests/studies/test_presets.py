@@ -3,6 +3,7 @@ refusal), never the preset's; a preset's own rates hold only for its models; err
 name the preset; a refusal suggests only options the command has."""
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -143,3 +144,21 @@ def test_a_sweeps_description_is_written_from_the_points_it_trains():
     sizes = describe(experiments=("head_size",), mup_base_head_dim=16)
     assert "head size 8, 16, 32, 64 at d=128, 8 heads" in sizes and "heads at" not in sizes
     assert "every model μP-style, based at d_p = 16" in sizes and "GLUE sst2 fine-tuning at 32 tokens" in sizes
+
+
+def test_resolving_the_resolved_options_gives_the_same_spec():
+    """plan.json records the spec's options; read back (a resumed or re-rendered study), they resolve to the same
+    spec, for every study's presets and quick options."""
+    from fixedhead.studies import STUDIES, study_class
+
+    for name in STUDIES:
+        study = study_class(name)()
+        fields = {f.name: f for f in dataclasses.fields(study.Options)}
+        presets = fields["preset"].metadata.get("choices", ()) if "preset" in fields else ()
+        for options in (study.quick, study.Options(), *(study.Options(preset=p) for p in presets)):
+            try:
+                spec = study.resolve(options)
+            except ValueError:  # finetune-sweep without a sweep folder
+                continue
+            again = study.resolve(getattr(spec, "options", spec))
+            assert again == spec, (name, options)

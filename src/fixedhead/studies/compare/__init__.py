@@ -458,8 +458,9 @@ class CompareStudy(Study):
         return state_of(s, results, record and record["meta"])
 
     def resolve(self, o):
-        train = spec(o).train  # the recipe's seed, steps and batch written out: giving them is the same comparison
-        return spec(replace(resolve(o), seed=train.seed, steps=train.max_steps, batch_size=train.batch_size))
+        s = spec(o)  # the recipe's seed, steps and batch written out: giving them is the same comparison
+        written = dict(seed=s.train.seed, steps=s.train.max_steps, batch_size=s.train.batch_size)
+        return replace(s, options=replace(s.options, **written))
 
     def describe(self, s):
         return s.description
