@@ -20,6 +20,7 @@ from fixedhead.studies.sweep.presets import (
     get_sweep_preset,
     model_key,
     plan_runs,
+    points_text,
 )
 from fixedhead.studies.sweep.report import points_table
 from fixedhead.training.evaluate import load_run
@@ -306,7 +307,7 @@ def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
 
     clm = get_sweep_preset("cpu-clm")
     llama = as_architecture(clm, "llama")
-    assert llama.points == clm.points and "LlamaForCausalLM" in llama.description
+    assert llama.points == clm.points and "LlamaForCausalLM" in points_text(llama)
     keys = [key for key, _, _ in plan_runs(llama, (0,))]
     assert keys == [f"{key}-llama" for key, _, _ in plan_runs(clm, (0,))]
     assert all(fields["architecture"] == "llama" for _, fields, _ in plan_runs(llama, (0,)))
@@ -345,7 +346,7 @@ def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
 
     mlm = get_sweep_preset("cpu-mlm")
     mup = as_mup(mlm, 16)
-    assert mup.points == mlm.points and "μP-style, based at d_p = 16" in mup.description
+    assert mup.points == mlm.points and "μP-style, based at d_p = 16" in points_text(mup)
     plan, base_plan = plan_runs(mup, (0, 1)), plan_runs(mlm, (0, 1))
     assert [key for key, _, _ in plan] == [f"{key}-mup16" for key, _, _ in base_plan]
     assert all((f["parametrization"], f["mup_base_head_dim"]) == ("mup", 16) for _, f, _ in plan)
