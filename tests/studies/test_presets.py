@@ -80,13 +80,13 @@ def test_an_invalid_value_a_preset_gave_names_the_preset(tmp_path, capsys):
     assert main(["compare", "--preset", "cpu-mup", "--architecture", "llama", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert "parametrization='mup' is an option of fixedhead's attention only" in err
-    assert "(parametrization='mup': preset cpu-mup's; give --parametrization to override it)" in err
+    assert "(--preset cpu-mup sets --parametrization mup; give --parametrization to override it)" in err
     assert not out.exists()
     argv = ["scaling", "--preset", "tiny", "--hidden-sizes", "16", "30", "--output-dir", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "hidden_size 30 is not a multiple of num_attention_heads 4" in err
-    assert "(num_attention_heads=(2, 4): preset tiny's; give --num-attention-heads to override it)" in err
+    assert "(--preset tiny sets --num-attention-heads 2 4; give --num-attention-heads to override it)" in err
     assert not out.exists()
     # a value the user gave is the user's: no preset named
     argv = ["scaling", "--preset", "tiny", "--hidden-sizes", "16", "30", "--num-attention-heads", "2", "4"]

@@ -39,17 +39,18 @@ def filled_by_preset(presets: dict, options, fields: tuple[str, ...], kind: str)
 @contextlib.contextmanager
 def naming_preset(name: str, filled: dict):
     """A ValueError raised inside that names a field whose value came from preset ``name`` (``filled``:
-    :func:`filled_by_preset`) says so, so that the value is not taken for one the user gave:
-    ``... (parametrization='mup' is preset cpu-mup's; give --parametrization to override it)``."""
+    :func:`filled_by_preset`) says so, so that the value is not taken for one the user gave: ``... (--preset
+    cpu-mup sets --parametrization mup; give --parametrization to override it)``."""
     try:
         yield
     except ValueError as e:
         named = [k for k in filled if re.search(rf"\b{k}\b", str(e))]
         if not named:
             raise
-        values = ", ".join(f"{k}={filled[k]!r}" for k in named)
-        options = ", ".join(f"--{k.replace('_', '-')}" for k in named)
-        raise ValueError(f"{e} ({values}: preset {name}'s; give {options} to override it)") from None
+        flag = {k: f"--{k.replace('_', '-')}" for k in named}
+        words = {k: " ".join(map(str, v)) if isinstance(v, (tuple, list)) else v for k, v in filled.items()}
+        sets = ", ".join(f"{flag[k]} {words[k]}" for k in named)
+        raise ValueError(f"{e} (--preset {name} sets {sets}; give {', '.join(flag.values())} to override it)") from None
 
 
 def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
