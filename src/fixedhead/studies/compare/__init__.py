@@ -208,7 +208,8 @@ class CompareOptions:
             raise ValueError(f"no model {', '.join(map(repr, unknown))} in a comparison: it has {', '.join(MODELS)}")
         if self.model_learning_rates is not None and len(self.model_learning_rates) not in (0, len(MODELS)):
             raise ValueError(
-                f"model_learning_rates = {self.model_learning_rates!r}: give one rate per model ({', '.join(MODELS)})"
+                f"model_learning_rates = {list(self.model_learning_rates)}: give one rate per model "
+                f"({', '.join(MODELS)})"
             )
         if self.learning_rates:
             parse_rates(self.learning_rates)

@@ -171,7 +171,7 @@ class WideningOptions:
         if self.preset not in PRESET_NAMES:
             raise ValueError(f"unknown widen-experiment preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
         if self.logging_steps is not None and len(self.logging_steps) != 2:
-            raise ValueError(f"logging_steps = {self.logging_steps!r}: give two, the base's and a continuation's")
+            raise ValueError(f"logging_steps = {list(self.logging_steps)}: give two, the base's and a continuation's")
         if self.learning_rates:
             parse_rates(self.learning_rates)
 
