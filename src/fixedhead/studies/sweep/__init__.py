@@ -177,7 +177,9 @@ def spec(o: SweepOptions) -> SweepSpec:
     """
     o = core.from_preset(PRESETS, o, PRESET_FIELDS, "sweep")
     p = get_sweep_preset(o.preset)
-    experiments = list(o.experiments) or None
+    present = {pt.experiment for pt in p.points}
+    # a choice of experiments only where it is not all of the preset's (the resolved options name them all)
+    experiments = list(o.experiments) if o.experiments and set(o.experiments) != present else None
     points = only_models(p, list(o.models), o.preset, experiments).points if o.models else p.points
     points = [pt for pt in points if not experiments or pt.experiment in experiments]
     if o.architecture is not None:
