@@ -54,6 +54,7 @@ class LogitRankStudy(Study):
     quick = LogitRankOptions(head_dims=(4, 64), seeds=(0,))
     files = ("logit_rank.csv",)
     points_only = ("head_dims", "seeds")  # they only choose which points exist: more of them need only --grow
+    # no resolve(): the spec run_study hands every hook is the options themselves (o)
 
     def plan(self, o):
         return [Point(run_key(f"dp{d_p}", seed=s), (d_p, s)) for d_p, s in seed_major(o.head_dims, o.seeds)]

@@ -596,7 +596,7 @@ def test_an_options_checks_come_from_its_field_metadata_and_show_in_help():
     text = " ".join(parser.format_help().split())
     assert "seeds; an int >= 0, nonempty, distinct" in text and "steps; a positive int" in text
     # a study's options say so too
-    assert "an int >= 0, distinct" in " ".join(_subparser("sweep").format_help().split())
+    assert "an int >= 0, nonempty, distinct" in " ".join(_subparser("sweep").format_help().split())
 
 
 def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):

@@ -161,7 +161,7 @@ def test_each_model_chooses_its_learning_rate_on_the_validation_split(small_real
     )
     record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
     results = list(record["runs"].values())
-    state = compare.state_of(options, results, record["meta"])
+    state = compare.state_of(compare.CompareStudy().resolve(options), results, record["meta"])
     selection = state["meta"]["learning_rate_selection"]
     assert state["meta"]["data"]["validation_fraction"] == VALIDATION_FRACTION
     for r in results:
@@ -313,7 +313,7 @@ def test_a_rate_grid_records_a_diverged_rate_and_chooses_among_the_others(small_
         preset="tiny", corpus=str(small_real_corpus), steps=10, learning_rates=(1e-3, 10.0), max_extensions=0
     )
     record = run_study(compare.CompareStudy(), options, tmp_path / "c", progress=False)
-    selection = compare.state_of(options, list(record["runs"].values()), record["meta"])["meta"][
+    selection = compare.state_of(compare.spec(options), list(record["runs"].values()), record["meta"])["meta"][
         "learning_rate_selection"
     ]
     for r in record["runs"].values():

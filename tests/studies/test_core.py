@@ -102,13 +102,15 @@ def test_a_preset_is_the_options_a_run_starts_from_and_given_options_override_it
     class Toy:
         preset: str = "small"
         width: int | None = None
-        seeds: tuple[int, ...] = ()
+        seeds: tuple[int, ...] = None  # None: not given (the preset's)
         steps: int = 10  # not a preset's field: always the run's own
 
     presets = {"small": Toy(width=8, seeds=(0, 1), steps=99), "big": Toy("big", width=64, seeds=(0,))}
     fields = ("width", "seeds")
     assert core.from_preset(presets, Toy(), fields, "toy") == Toy(width=8, seeds=(0, 1))
     assert core.from_preset(presets, Toy("big", seeds=(3,)), fields, "toy") == Toy("big", width=64, seeds=(3,))
+    # an empty list given is a value, not the preset's
+    assert core.from_preset(presets, Toy(seeds=()), fields, "toy") == Toy(width=8, seeds=())
     with pytest.raises(ValueError, match="unknown toy preset 'huge'; known: small, big"):
         core.from_preset(presets, Toy("huge"), fields, "toy")
     with pytest.raises(ValueError, match="unknown toy preset 'big'; known: small"):

@@ -29,6 +29,14 @@ class TinyOptions:
     """training steps"""
 
 
+@dataclasses.dataclass(frozen=True)
+class TinySpec:
+    """What the hooks read: the options and each arm's hidden size, derived once (sent to the Ray workers)."""
+
+    options: TinyOptions
+    widths: dict
+
+
 class Tiny(Study):
     """Fits y = sin(3x) with a one-hidden-layer net per point; a later seed's rate depends on its first seed's
     loss (as a later seed trains at the rate its first seed chose), so the plan has needs."""
@@ -40,14 +48,18 @@ class Tiny(Study):
     kill_once_at: str | None = None
     kill_always_at: str | None = None
 
-    def plan(self, o):
+    def resolve(self, o):
+        return TinySpec(o, {"narrow": 4, "wide": 16})
+
+    def plan(self, s):
+        o = s.options
         first = o.seeds[0]
         return [
             Point(run_key(a, seed=s), (a, s), () if s == first else (run_key(a, seed=first),))
             for a, s in seed_major(o.arms, o.seeds)
         ]
 
-    def run(self, o, point, folder, done, progress):
+    def run(self, s, point, folder, done, progress):
         import torch
         from safetensors.torch import save_file
 
@@ -60,12 +72,12 @@ class Tiny(Study):
             os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-point
         lr = 0.05 if not point.needs else 0.05 * (1 + done[point.needs[0]]["loss"])
         torch.manual_seed(seed)
-        width = 4 if arm == "narrow" else 16
+        width = s.widths[arm]
         net = torch.nn.Sequential(torch.nn.Linear(1, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
         opt = torch.optim.Adam(net.parameters(), lr=lr)
         x = torch.linspace(-1, 1, 256).unsqueeze(1)
         y = torch.sin(3 * x)
-        for _ in range(o.steps):
+        for _ in range(s.options.steps):
             loss = torch.nn.functional.mse_loss(net(x), y)
             opt.zero_grad()
             loss.backward()

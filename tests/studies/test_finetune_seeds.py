@@ -9,7 +9,7 @@ from _tiny_run import TINY
 from fixedhead.cli import main
 from fixedhead.runs import model_fingerprint
 from fixedhead.studies.kit.study import run_study
-from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, SweepStudy, load_sweep
+from fixedhead.studies.sweep import LEGACY_FILE, PRESETS, SweepOptions, SweepStudy, load_sweep
 from fixedhead.studies.sweep.claims import claims
 from fixedhead.studies.sweep.finetune_seeds import (
     FinetuneSweepOptions,
@@ -36,7 +36,6 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
         pytest.skip("shared GLUE data not found")
     root = tmp_path_factory.mktemp("ft-seeds")
     preset = SweepPreset(
-        description="test",
         data=replace(TINY.data, corpus=str(small_real_corpus), max_seq_length=16, max_eval_tokens=2000),
         train=replace(TINY.train, batch_size=8, max_steps=3, logging_steps=1, eval_steps=3, save_steps=3),
         common=dict(num_hidden_layers=1, max_position_embeddings=16),
@@ -44,11 +43,11 @@ def masked_sweep(small_real_corpus, tmp_path_factory):
             SweepPoint("heads", "standard", 4, dict(hidden_size=16, num_attention_heads=4)),
             SweepPoint("heads", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
         ],
-        seeds=(0, 1),
         finetune=FT,  # the sweep's fine-tuning budget, which the study fine-tunes every checkpoint with
     )
     with pytest.MonkeyPatch.context() as mp:  # the preset stays known while the module's tests read the sweep
         mp.setitem(SWEEP_PRESETS, "test-ft", lambda: preset)
+        mp.setitem(PRESETS, "test-ft", SweepOptions(preset="test-ft", seeds=(0, 1)))
         run_study(SweepStudy(root / "cache"), SweepOptions(preset="test-ft"), root / "sweep", progress=False)
         yield root / "sweep"
 

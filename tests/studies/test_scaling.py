@@ -95,7 +95,7 @@ def test_scaling_tiny_end_to_end(small_real_corpus, tmp_path, monkeypatch):
         f"{k}-s{s}" for s in (0, 1) for k in ("standard-d16", "standard-d32", "threshold-d16", "threshold-d32")
     ]
     assert plan["options"]["preset"] == "tiny" and record["missing"] == []
-    state = scaling.state_of(scaling.ScalingStudy.quick, record["runs"].values(), record["meta"])
+    state = scaling.state_of(scaling.spec(scaling.ScalingStudy.quick), record["runs"].values(), record["meta"])
     assert state["meta"]["plan"]["seeds"] == [0, 1] and state["meta"]["plan"]["learning_rates"] == [0.002, 0.004]
     # seed 0 at both rates per point, seed 1 at the chosen one
     assert len(state["runs"]) == 4 * 3
@@ -138,7 +138,7 @@ def test_scaling_options_are_refused_by_name_before_the_folder_is_touched(tmp_pa
     argv = ["scaling", "--preset", "tiny", "--output-dir", str(out), "--no-progress"]
     # a masked recipe as Llama is refused, not trained as fixedhead
     assert main([*argv, "--architecture", "llama"]) == 2
-    assert "architecture 'llama' trains causal LMs only" in capsys.readouterr().err
+    assert "--architecture llama trains causal LMs only, and recipe 'tiny'" in capsys.readouterr().err
     assert main([*argv, "--seeds", "1", "1"]) == 2
     assert "seeds must be distinct, got [1, 1]" in capsys.readouterr().err
     assert main([*argv, "--learning-rates", "1e-3"]) == 2
@@ -171,7 +171,7 @@ def test_a_llama_family_counts_its_own_parameters_and_is_causal_only(tmp_path):
     )
     i = h * dp
     assert non_embedding_parameters(config) == layers * (4 * d * i + 3 * d * f + 2 * d) + d
-    with pytest.raises(ValueError, match="architecture 'llama' trains causal LMs only"):
+    with pytest.raises(ValueError, match="llama trains causal LMs only, and recipe .tiny. trains masked"):
         run_study(
             scaling.ScalingStudy(),
             scaling.ScalingOptions(preset="tiny", architecture="llama"),

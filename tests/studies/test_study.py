@@ -239,3 +239,77 @@ def test_an_empty_folder_option_puts_the_default_folder_here_not_at_the_root():
     from fixedhead.studies.sweep.finetune_seeds import FinetuneSweepOptions, FinetuneSweepStudy
 
     assert study_folder(FinetuneSweepStudy(), FinetuneSweepOptions(sweep_dir="")).as_posix() == "finetune-sst2"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySpec:
+    options: ToyOptions
+    losses: dict  # derived once from the options: {arm: loss at seed 0}
+
+
+class ResolvedOnce(Toy):
+    """A study whose spec derives values from its options: resolved once per invocation, handed to every hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.resolved, self.seen = 0, set()
+
+    def resolve(self, o):
+        self.resolved += 1
+        return ToySpec(o, {arm: o.scale if arm == "fixed" else 1.0 for arm in o.arms})
+
+    def describe(self, s):
+        self.seen.add(id(s))
+        return f"arms {', '.join(s.losses)}"
+
+    def check(self, s):
+        self.seen.add(id(s))
+
+    def plan(self, s):
+        self.seen.add(id(s))
+        return super().plan(s.options)
+
+    def plan_record(self, s):
+        self.seen.add(id(s))
+        return {"pairing": "by seed"}
+
+    def run(self, s, point, folder, done, progress):
+        self.seen.add(id(s))
+        arm, seed = point.spec
+        return {"loss": s.losses[arm] * (1 + seed), "train_seconds": 1.0}
+
+    def state(self, s, results, record=None):
+        self.seen.add(id(s))
+        return {**(record or {}), "options": s.options, "results": list(results)}
+
+
+def test_run_study_resolves_once_and_every_hook_reads_that_spec(tmp_path):
+    """The spec from Study.resolve reaches every hook as one object; plan.json records its options, as the
+    options themselves would be recorded (the derived values are not part of the plan)."""
+    study = ResolvedOnce()
+    record = run_study(study, ToyOptions(), tmp_path / "t", progress=False)
+    assert study.resolved == 1 and len(study.seen) == 1
+    assert record["meta"]["description"] == "arms standard, fixed"
+    assert record["runs"]["fixed-s1"]["loss"] == 2.0 * 2
+    run_study(Toy(), ToyOptions(), tmp_path / "plain", progress=False)
+    plans = [json.loads((tmp_path / f / "plan.json").read_text()) for f in ("t", "plain")]
+    assert plans[0]["plan"]["options"] == {"arms": ["standard", "fixed"], "seeds": [0, 1], "scale": 2.0}
+    assert plans[0]["sha256"] == plans[1]["sha256"]
+
+
+def test_every_registered_study_resolves_to_a_spec_that_pickles():
+    """Ray sends the spec to its workers: every study's resolved spec (quick and full options) survives pickle."""
+    import pickle
+
+    from fixedhead.studies import STUDIES, study_class
+    from fixedhead.studies.kit.study import options_in
+
+    for name in STUDIES:
+        study = study_class(name)()
+        for options in (study.quick, study.Options()):
+            try:
+                spec = study.resolve(options)
+            except ValueError:  # finetune-sweep without a sweep folder
+                continue
+            again = pickle.loads(pickle.dumps(spec))
+            assert again == spec and options_in(again) == options_in(spec), name

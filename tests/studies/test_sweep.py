@@ -10,7 +10,7 @@ from _tiny_run import TINY, require_data
 from fixedhead.cli import main
 from fixedhead.model.attention import MultiHeadAttention
 from fixedhead.studies.kit.study import run_study
-from fixedhead.studies.sweep import LEGACY_FILE, SweepOptions, SweepStudy, load_sweep, write_report
+from fixedhead.studies.sweep import LEGACY_FILE, PRESETS, SweepOptions, SweepStudy, load_sweep, write_report
 from fixedhead.studies.sweep.claims import PointStats, claims, collect_points
 from fixedhead.studies.sweep.presets import (
     SWEEP_PRESETS,
@@ -20,6 +20,7 @@ from fixedhead.studies.sweep.presets import (
     get_sweep_preset,
     model_key,
     plan_runs,
+    points_text,
 )
 from fixedhead.studies.sweep.report import points_table
 from fixedhead.training.evaluate import load_run
@@ -38,7 +39,7 @@ def test_same_architecture_is_one_run():
 
 def test_cpu_plan_is_deduplicated_and_seed_major():
     preset = get_sweep_preset("cpu")
-    plan = plan_runs(preset)
+    plan = plan_runs(preset, PRESETS["cpu"].seeds)
     keys = [k for k, _, s in plan if s == 0]
     assert len(keys) == len(set(keys)) == 12
     assert [s for _, _, s in plan] == [0] * 12 + [1] * 12
@@ -51,9 +52,9 @@ def test_cpu_plan_is_deduplicated_and_seed_major():
         ("embedding", "fixed"),
         ("head_size", "fixed"),
     }
-    assert len(plan_runs(preset, ["head_size"])) == 2 * 4
+    assert len(plan_runs(preset, (0, 1), ["head_size"])) == 2 * 4
     with pytest.raises(ValueError, match="'bogus'"):
-        plan_runs(preset, ["bogus"])
+        plan_runs(preset, (0, 1), ["bogus"])
     with pytest.raises(ValueError, match="'gpu'"):
         get_sweep_preset("gpu")
 
@@ -68,8 +69,8 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
     n = preset.data.max_seq_length
     assert n == recipe.data.max_seq_length == preset.common["max_position_embeddings"]
     assert preset.finetune is not None and preset.finetune.max_seq_length <= n  # no untrained positions
-    plan = plan_runs(preset)
-    assert len({k for k, _, _ in plan}) == 8 and len(preset.seeds) >= 3
+    plan = plan_runs(preset, PRESETS["cpu-mlm"].seeds)
+    assert len({k for k, _, _ in plan}) == 8 and len(PRESETS["cpu-mlm"].seeds) >= 3
     assert {p.experiment for p in preset.points} == {"heads", "embedding", "head_size"}
     assert get_sweep_preset("tiny").train.mlm_probability == 0.4
     with pytest.raises(ValueError, match="'cpu-clm' has no fine-tuning.*'cola'"):
@@ -78,15 +79,15 @@ def test_cpu_mlm_sweep_uses_the_masked_recipe_and_covers_every_claim():
 
 
 def _register(monkeypatch, preset: SweepPreset, name: str = "test", **options) -> SweepOptions:
-    """A sweep of ``preset`` (a test's own points and recipe), registered as preset ``name``."""
+    """A sweep of ``preset`` (a test's own points and recipe) with seeds 0 and 1, registered as preset ``name``."""
     monkeypatch.setitem(SWEEP_PRESETS, name, lambda: preset)
+    monkeypatch.setitem(PRESETS, name, SweepOptions(preset=name, seeds=(0, 1)))
     return SweepOptions(preset=name, **options)
 
 
 def _tiny_preset(corpus):
     short = replace(TINY.data, corpus=str(corpus), max_seq_length=16, max_eval_tokens=2000)
     return SweepPreset(
-        description="test",
         data=short,
         train=replace(TINY.train, batch_size=8, max_steps=3, logging_steps=1, eval_steps=3, save_steps=3),
         common=dict(
@@ -101,7 +102,6 @@ def _tiny_preset(corpus):
             SweepPoint("head_size", "fixed", 4, dict(hidden_size=16, num_attention_heads=4, head_dim=4)),
             SweepPoint("head_size", "fixed", 8, dict(hidden_size=16, num_attention_heads=4, head_dim=8)),
         ],
-        seeds=(0, 1),
         finetune=FinetuneSettings(
             max_seq_length=16,
             batch_size=8,
@@ -307,10 +307,10 @@ def test_a_sweep_preset_as_llama_keeps_its_points_and_names_its_runs():
 
     clm = get_sweep_preset("cpu-clm")
     llama = as_architecture(clm, "llama")
-    assert llama.points == clm.points and "LlamaForCausalLM" in llama.description
-    keys = [key for key, _, _ in plan_runs(llama)]
-    assert keys == [f"{key}-llama" for key, _, _ in plan_runs(clm)]
-    assert all(fields["architecture"] == "llama" for _, fields, _ in plan_runs(llama))
+    assert llama.points == clm.points and "LlamaForCausalLM" in points_text(llama)
+    keys = [key for key, _, _ in plan_runs(llama, (0,))]
+    assert keys == [f"{key}-llama" for key, _, _ in plan_runs(clm, (0,))]
+    assert all(fields["architecture"] == "llama" for _, fields, _ in plan_runs(llama, (0,)))
     assert as_architecture(clm, "fixedhead") is clm
     with pytest.raises(ValueError, match="architecture must be one of fixedhead, llama, got 'bert'"):
         as_architecture(clm, "bert")
@@ -322,8 +322,9 @@ def test_cli_quick_causal_sweep_as_llama(small_real_corpus, tmp_path, monkeypatc
     common = ["sweep", "--quick", "--corpus", str(small_real_corpus), "--output-dir", str(out), "--threads", "1"]
     # the masked preset cannot be trained as Llama: refused before any work
     assert main([*common, "--architecture", "llama"]) == 2
-    assert "architecture 'llama' trains causal LMs only; got objective 'mlm'" in capsys.readouterr().err
-    assert not out.exists()
+    err = capsys.readouterr().err  # sweep has no --objective: the refusal names the causal presets
+    assert "--architecture llama trains causal LMs only, and sweep preset 'tiny' trains masked LMs" in err
+    assert "(--preset cpu-clm or tiny-clm)" in err and not out.exists()
     args = ["--preset", "tiny-clm", "--architecture", "llama", "--experiments", "head_size", "--seeds", "0"]
     with pytest.raises(SystemExit) as exit:  # the report is always written: said so
         main([*common, *args, "--no-report"])
@@ -345,8 +346,8 @@ def test_a_sweep_preset_under_mup_names_its_runs_and_refuses_a_bad_base():
 
     mlm = get_sweep_preset("cpu-mlm")
     mup = as_mup(mlm, 16)
-    assert mup.points == mlm.points and "μP-style, based at d_p = 16" in mup.description
-    plan, base_plan = plan_runs(mup), plan_runs(mlm)
+    assert mup.points == mlm.points and "μP-style, based at d_p = 16" in points_text(mup)
+    plan, base_plan = plan_runs(mup, (0, 1)), plan_runs(mlm, (0, 1))
     assert [key for key, _, _ in plan] == [f"{key}-mup16" for key, _, _ in base_plan]
     assert all((f["parametrization"], f["mup_base_head_dim"]) == ("mup", 16) for _, f, _ in plan)
     for bad in (0, -8, 2.5, True):
@@ -365,7 +366,7 @@ def test_a_sweep_restricted_to_some_models_keeps_their_points_only(tmp_path, cap
         ("heads", "fixed", 32),
         ("embedding", "fixed", 128),
     ]
-    assert [key for key, _, seed in plan_runs(pair) if seed == 0] == ["d128-h32-dp4", "d128-h32-dp32-fixed"]
+    assert [key for key, _, seed in plan_runs(pair, (0,)) if seed == 0] == ["d128-h32-dp4", "d128-h32-dp32-fixed"]
     for bad in (["d128-h32-dp8"], []):
         with pytest.raises(ValueError, match=r"model '(d128-h32-dp8|\(none\))' is not in sweep preset 'cpu-clm' \(its"):
             only_models(clm, bad, "cpu-clm")
@@ -406,8 +407,8 @@ def test_a_grown_sweep_accepts_two_models_at_one_point(small_real_corpus, tmp_pa
     points = [
         SweepPoint("embedding", "fixed", 32, dict(hidden_size=32, num_attention_heads=h, head_dim=16)) for h in (2, 4)
     ]
-    preset = replace(get_sweep_preset("tiny"), points=points, seeds=(0,), finetune=None)
-    options = _register(monkeypatch, preset, corpus=str(small_real_corpus), steps=2)
+    preset = replace(get_sweep_preset("tiny"), points=points, finetune=None)
+    options = _register(monkeypatch, preset, corpus=str(small_real_corpus), steps=2, seeds=(0,))
     kw = dict(progress=False)
     run_study(SweepStudy(tmp_path / "cache"), replace(options, models=("d32-h2-dp16",)), tmp_path / "s", **kw)
     with pytest.raises(FileExistsError, match="--grow"):
@@ -567,9 +568,10 @@ def test_a_missing_corpus_is_named_before_the_folder_is_made(tmp_path, capsys):
 def test_the_description_is_written_from_the_settings_the_runs_train_with():
     """The steps and the rate a sweep's runs train at, for every preset (the 300-step masked one too), and the
     recipe's own where the options leave them."""
-    from fixedhead.studies.sweep import describe
+    from fixedhead.studies.sweep import SweepStudy
     from fixedhead.studies.sweep.presets import SWEEP_PRESETS
 
+    describe = lambda o: SweepStudy().describe(SweepStudy().resolve(o))  # noqa: E731
     for name in SWEEP_PRESETS:
         steps = get_sweep_preset(name).train.max_steps
         assert f"{steps} steps of" in describe(SweepOptions(preset=name)), name

@@ -34,7 +34,7 @@ def _one_line(capsys) -> str:
 
 # -------------------------------------------------------------------------------- the design
 def test_arms_and_their_parameter_counts_for_make_runs_model():
-    config = FixedHeadConfig(**W.spec(W.WideningOptions())[0].model, vocab_size=8192)
+    config = FixedHeadConfig(**W.spec(W.WideningOptions()).model, vocab_size=8192)
     assert config.layer_head_dims == [8, 8] and causal_threshold(32) == 16
     arms = {a.name: a for a in A.make_arms(config, 16)}
     assert list(arms) == ["as-is", "wide-all", "wide-early", "wide-late", "ffn-matched"]
@@ -104,7 +104,7 @@ def _options(monkeypatch, corpus, **kw) -> W.WideningOptions:
 
 
 def _state(options, record):
-    return W.state_of(options, record["runs"].values(), record["meta"])
+    return W.state_of(W.spec(options), record["runs"].values(), record["meta"])
 
 
 def test_tiny_experiment_end_to_end_and_resume(small_real_corpus, tmp_path, monkeypatch):

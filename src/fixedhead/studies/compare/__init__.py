@@ -77,7 +77,7 @@ class Comparison:
 MODELS = ("standard", "fixed", "standard-wide")
 #: the names of :data:`PRESETS`
 PRESET_NAMES = ("cpu", "cpu-llama", "cpu-mup", "cpu-mlm", "tiny")
-#: the options a preset gives a value (None or empty in a run's options: the preset's)
+#: the options a preset gives a value (None in a run's options: the preset's)
 PRESET_FIELDS = (
     "recipe",
     "hidden_size",
@@ -161,7 +161,7 @@ def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int
 @dataclass(frozen=True)
 class CompareOptions:
     """What ``fixedhead compare`` trains: a preset (:data:`PRESETS`: recipe, sizes, rates) and what a run changes
-    of it; a field left None (or empty) takes the preset's value."""
+    of it; a field left None takes the preset's value."""
 
     preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
     """the options to start from (cpu: make run's; cpu-mlm: masked LMs at fixed d_p = n; cpu-llama: Llama
@@ -176,9 +176,10 @@ class CompareOptions:
     """the fixed model's head size d_p"""
     parametrization: str | None = field(default=None, metadata={"choices": ("standard", "mup")})
     """mup: every model μP-style, based at the standard model (d_p = d/h, h heads)"""
-    model_learning_rates: tuple[float, ...] = field(default=(), metadata={"check": "positive_float"})
+    model_learning_rates: tuple[float, ...] = field(default=None, metadata={"check": "positive_float"})
     """each model's own rate (standard, fixed, standard-wide), chosen beforehand on the validation split, which
-    the models then train without"""
+    the models then train without (None: the preset's, kept only for the models it chose them for; given
+    empty: none, every model at the recipe's rate)"""
     seed: int | None = field(default=None, metadata={"check": "non_negative"})
     """one seed for every model: its initialisation and data order (None: the recipe's)"""
     steps: int | None = field(default=None, metadata={"check": "positive"})
@@ -205,9 +206,10 @@ class CompareOptions:
         check_fields(self)
         if unknown := sorted(set(self.models) - set(MODELS)):
             raise ValueError(f"no model {', '.join(map(repr, unknown))} in a comparison: it has {', '.join(MODELS)}")
-        if len(self.model_learning_rates) not in (0, len(MODELS)):
+        if self.model_learning_rates is not None and len(self.model_learning_rates) not in (0, len(MODELS)):
             raise ValueError(
-                f"model_learning_rates = {self.model_learning_rates!r}: give one rate per model ({', '.join(MODELS)})"
+                f"model_learning_rates = {list(self.model_learning_rates)}: give one rate per model "
+                f"({', '.join(MODELS)})"
             )
         if self.learning_rates:
             parse_rates(self.learning_rates)
@@ -218,29 +220,53 @@ class CompareOptions:
                 )
 
 
-_CPU = CompareOptions(recipe="cpu-clm", hidden_size=128, num_attention_heads=16, head_dim=causal_threshold(64))
+_CPU = CompareOptions(
+    recipe="cpu-clm", hidden_size=128, num_attention_heads=16, head_dim=causal_threshold(64), model_learning_rates=()
+)
 #: the named options ``--preset NAME`` starts from (the options given override them); the rates of cpu and
 #: cpu-mup: `fixedhead compare --learning-rates 5e-4,1e-3,2e-3,4e-3` (docs/results/make-run-lr, docs/results/mup)
 PRESETS = {
     "cpu": replace(_CPU, model_learning_rates=(2e-3, 2e-3, 2e-3)),
     "cpu-llama": replace(_CPU, preset="cpu-llama", architecture="llama"),
     "cpu-mup": replace(_CPU, preset="cpu-mup", parametrization="mup", model_learning_rates=(2e-3, 2e-3, 1e-3)),
-    "cpu-mlm": CompareOptions(preset="cpu-mlm", recipe="cpu-mlm", hidden_size=128, num_attention_heads=16, head_dim=32),
-    "tiny": CompareOptions(preset="tiny", recipe="tiny", hidden_size=32, num_attention_heads=8, head_dim=16),
+    "cpu-mlm": replace(_CPU, preset="cpu-mlm", recipe="cpu-mlm", head_dim=32),
+    "tiny": CompareOptions(
+        preset="tiny", recipe="tiny", hidden_size=32, num_attention_heads=8, head_dim=16, model_learning_rates=()
+    ),
 }
+#: the options that make the models a preset chose its own rates for (another value of one: other models)
+RATED_FOR = ("recipe", "hidden_size", "num_attention_heads", "head_dim", "parametrization", "architecture", "objective")
+
+
+def rated_for_others(o: CompareOptions) -> list[str]:
+    """``FIELD=VALUE`` of each option of :data:`RATED_FOR` ``o`` gives another value than its preset, whose own
+    rates were chosen for the preset's models (the objective: another than the recipe's)."""
+    preset = core.lookup(PRESETS, o.preset, "compare")
+    objective = get_recipe(o.recipe or preset.recipe).train.objective
+    return [
+        f"{k}={getattr(o, k)!r}"
+        for k in RATED_FOR
+        if getattr(o, k) not in (None, objective if k == "objective" else getattr(preset, k))
+    ]
 
 
 def resolve(o: CompareOptions) -> CompareOptions:
-    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value. Raises
-    ValueError naming an unknown preset."""
-    return core.from_preset(PRESETS, o, PRESET_FIELDS, "compare")
+    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value; the preset's own
+    rates only for its own models (with another recipe, size, parametrization, architecture or objective,
+    :func:`rated_for_others`, and no rate given, every model trains at the recipe's rate). Raises ValueError
+    naming an unknown preset, or a bad value a preset gave (naming the preset)."""
+    if o.model_learning_rates is None and not (o.learning_rate or o.learning_rates) and rated_for_others(o):
+        o = replace(o, model_learning_rates=())  # the preset's rates were chosen for other models
+    filled = core.filled_by_preset(PRESETS, o, PRESET_FIELDS, "compare")
+    with core.naming_preset(o.preset, filled):
+        return replace(o, **filled)
 
 
 @dataclass
 class Spec:
-    """A comparison resolved from its options: the data and training settings, each model's config
-    fields (the widened one not yet sized: that needs the trained tokenizer), each model's rate (or the
-    grid's), and the description."""
+    """A comparison resolved from its options (``options``, its preset's fields filled in): the data and
+    training settings, each model's config fields (the widened one not yet sized: that needs the trained
+    tokenizer), each model's rate (or the grid's), and the description."""
 
     comparison: Comparison
     data: DataSettings
@@ -249,12 +275,15 @@ class Spec:
     rates: dict[str, float]
     grid: list[float] | None
     description: str
+    options: CompareOptions
 
 
 def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
     """The :class:`Spec` of ``o`` (its preset's fields filled in: :func:`resolve`), or of ``base`` with ``o``'s
     overrides (seq-len's and qk-v's)."""
-    p = base or comparison(resolve(o))
+    if base is None:
+        o = resolve(o)
+    p = base or comparison(o)
     data_settings = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     grid = parse_rates(o.learning_rates) if o.learning_rates else None
     if grid:
@@ -276,10 +305,13 @@ def spec(o: CompareOptions, base: Comparison | None = None) -> Spec:
         description += f"; each model at its own learning rate ({own}), chosen on a validation split"
     else:
         description += f"; learning rate {train.learning_rate:g}"
+        others = rated_for_others(o) if base is None and PRESETS[o.preset].model_learning_rates else []
+        if others and o.learning_rate is None:
+            description += f" (not preset {o.preset}'s own rates, chosen for its models: here {', '.join(others)})"
     configs = {name: dict(fields) for name, fields in p.models.items()}
     own = p.learning_rates if o.learning_rate is None else {}  # without a grid: a given rate, else each model's own
     rates = {name: own.get(name, train.learning_rate) for name in configs}
-    return Spec(p, data_settings, train, configs, rates, grid, description)
+    return Spec(p, data_settings, train, configs, rates, grid, description, o)
 
 
 def sized_fields(s: Spec, name: str, vocab: int) -> dict:
@@ -336,11 +368,11 @@ def train_model(
     return {**runs[best], "name": name, "fields": fields, "run": run, "learning_rate": best, "tuning": tuning}
 
 
-def state_of(o: CompareOptions, results, meta: dict | None = None) -> dict:
-    """What the table, report and figures read: ``meta`` (description, data, training settings, the plan,
-    the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
+def state_of(s: Spec, results, meta: dict | None = None) -> dict:
+    """What the table, report and figures read of the spec ``s``: ``meta`` (description, data, training settings,
+    the plan, the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
     and ``results`` (one per model, in plan order)."""
-    s = spec(o)
+    o = s.options
     # a result recorded before the choice had one record shape keeps it under "selection"
     results = [{"tuning": r["selection"], **r} if "selection" in r else r for r in results]
     first = results[0] if results else {}
@@ -423,26 +455,28 @@ class CompareStudy(Study):
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_files)
 
-    def state(self, o, results, record=None):
-        return state_of(o, results, record and record["meta"])
+    def state(self, s, results, record=None):
+        return state_of(s, results, record and record["meta"])
 
     def resolve(self, o):
-        train = spec(o).train
-        return replace(resolve(o), seed=train.seed, steps=train.max_steps, batch_size=train.batch_size)
+        s = spec(o)  # the recipe's seed, steps and batch written out: giving them is the same comparison
+        written = dict(seed=s.train.seed, steps=s.train.max_steps, batch_size=s.train.batch_size)
+        return replace(s, options=replace(s.options, **written))
 
-    def describe(self, o):
-        return spec(o).description
+    def describe(self, s):
+        return s.description
 
-    def check(self, o):
-        s = spec(o)
-        for fields in s.configs.values():  # every model buildable and trainable before any slow work
-            check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
+    def check(self, s):
+        preset = PRESETS[s.options.preset]  # a value the preset gave is named as the preset's
+        given = {k: getattr(preset, k) for k in PRESET_FIELDS if getattr(s.options, k) == getattr(preset, k)}
+        with core.naming_preset(s.options.preset, given):
+            for fields in s.configs.values():  # every model buildable and trainable before any slow work
+                check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
-    def plan(self, o):
-        return [Point(name) for name in MODELS if not o.models or name in o.models]
+    def plan(self, s):
+        return [Point(name) for name in MODELS if not s.options.models or name in s.options.models]
 
-    def plan_record(self, o):
-        s = spec(o)
+    def plan_record(self, s):
         widen, match = s.comparison.widen, s.comparison.match_to
         sized = {
             "hidden_size": f"the smallest whose parameters reach {match}'s, once the tokenizer is trained",
@@ -452,17 +486,16 @@ class CompareStudy(Study):
             "models": {
                 name: s.configs[name] | (sized if name == widen else {})
                 for name in s.configs
-                if not o.models or name in o.models
+                if not s.options.models or name in s.options.models
             },
-            "rates": {"grid": s.grid, "max_extensions": o.max_extensions} if s.grid else s.rates,
+            "rates": {"grid": s.grid, "max_extensions": s.options.max_extensions} if s.grid else s.rates,
             "pairing": "every model trains on the same batches in the same order (one seed) and is scored on "
             "the same held-out tokens",
         }
 
-    def run(self, o, point, folder, done, progress):
-        s = spec(o)
+    def run(self, s, point, folder, done, progress):
         data = self.data(s.data, progress)
-        result = train_model(s, point.key, data, folder, o.max_extensions, self.overwriting, progress)
+        result = train_model(s, point.key, data, folder, s.options.max_extensions, self.overwriting, progress)
         if s.train.objective == "clm":  # what a causal model says: the sensible-output check of the README
             result["samples"] = continuations(folder / result["run"], seed=s.train.seed)
         return result | {

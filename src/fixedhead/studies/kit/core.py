@@ -4,6 +4,8 @@ file's meta (environment, commands, timing) written atomically, run keys and a s
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -21,11 +23,34 @@ def pick(table: dict[str, Callable], name: str, kind: str, *args):
 
 
 def from_preset(presets: dict, options, fields: tuple[str, ...], kind: str):
-    """``options`` with each of ``fields`` it leaves None (or empty) at the value of its preset,
-    ``presets[options.preset]``: a preset is the options a run starts from, and the options given override it.
-    Raises ValueError naming an unknown preset (``kind``: the study) and listing the known names."""
+    """``options`` with each of ``fields`` it leaves None at the value of its preset, ``presets[options.preset]``:
+    a preset is the options a run starts from, and the options given override it (an empty list given is a
+    value: the study says what it means). Raises ValueError naming an unknown preset (``kind``: the study) and
+    listing the known names."""
+    return replace(options, **filled_by_preset(presets, options, fields, kind))
+
+
+def filled_by_preset(presets: dict, options, fields: tuple[str, ...], kind: str) -> dict:
+    """``{field: the preset's value}`` of each of ``fields`` that ``options`` leaves None (see :func:`from_preset`)."""
     preset = lookup(presets, options.preset, kind)
-    return replace(options, **{k: getattr(preset, k) for k in fields if getattr(options, k) in (None, ())})
+    return {k: getattr(preset, k) for k in fields if getattr(options, k) is None}
+
+
+@contextlib.contextmanager
+def naming_preset(name: str, filled: dict):
+    """A ValueError raised inside that names a field whose value came from preset ``name`` (``filled``:
+    :func:`filled_by_preset`) says so, so that the value is not taken for one the user gave: ``... (--preset
+    cpu-mup sets --parametrization mup; give --parametrization to override it)``."""
+    try:
+        yield
+    except ValueError as e:
+        named = [k for k in filled if re.search(rf"\b{k}\b", str(e))]
+        if not named:
+            raise
+        flag = {k: f"--{k.replace('_', '-')}" for k in named}
+        words = {k: " ".join(map(str, v)) if isinstance(v, (tuple, list)) else v for k, v in filled.items()}
+        sets = ", ".join(f"{flag[k]} {words[k]}" for k in named)
+        raise ValueError(f"{e} (--preset {name} sets {sets}; give {', '.join(flag.values())} to override it)") from None
 
 
 def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:

@@ -121,15 +121,16 @@ class Executor:
         finally:
             ray.shutdown()
 
-    def run(self, study, options, folder: Path, points: list, stored: dict, progress: bool) -> Iterator[Outcome]:
-        """Run ``points`` (plan order; each point's ``needs`` are earlier points or ``stored`` results),
-        yielding each one's :class:`Outcome` as it finishes. In-process an exception of ``study.run`` ends the
+    def run(self, study, spec, folder: Path, points: list, stored: dict, progress: bool) -> Iterator[Outcome]:
+        """Run ``points`` (plan order; each point's ``needs`` are earlier points or ``stored`` results) of the study's
+        ``spec`` (:meth:`~fixedhead.studies.kit.study.Study.resolve`), yielding each one's :class:`Outcome` as it
+        finishes. In-process an exception of ``study.run`` ends the
         run (as any command's error); on Ray it is the point's ``error`` and the rest go on."""
         if not self.distributed:
-            yield from _in_process(study, options, folder, points, stored, progress)
+            yield from _in_process(study, spec, folder, points, stored, progress)
         else:
             with self.connected(progress):
-                yield from _on_ray(self, study, options, folder, points, stored, progress)
+                yield from _on_ray(self, study, spec, folder, points, stored, progress)
 
 
 PROBE_SECONDS = 5.0
@@ -186,7 +187,7 @@ def _start_local(ray, workers: int, threads: int, progress: bool) -> None:
     )
 
 
-def run_point(study, options, point, folder: Path, done: dict, progress: bool, ray_version: str | None = None):
+def run_point(study, spec, point, folder: Path, done: dict, progress: bool, ray_version: str | None = None):
     """``study.run`` of one point, to ``(result, record)``: the result through a JSON round trip with its
     ``train_seconds`` (wall seconds when the study gives none); the record names the node and versions that ran
     it (Ray's on Ray) and the digests of its run files (:func:`point_files`)."""
@@ -196,7 +197,7 @@ def run_point(study, options, point, folder: Path, done: dict, progress: bool, r
     import transformers
 
     start = time.time()
-    result = json.loads(json.dumps(study.run(options, point, folder, done, progress)))
+    result = json.loads(json.dumps(study.run(spec, point, folder, done, progress)))
     result.setdefault("train_seconds", round(time.time() - start, 1))
     record = {
         "node": socket.gethostname(),
@@ -233,10 +234,10 @@ def point_files(folder: Path, key: str) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _in_process(study, options, folder, points, stored, progress) -> Iterator[Outcome]:
+def _in_process(study, spec, folder, points, stored, progress) -> Iterator[Outcome]:
     done = dict(stored)
     for point in _ordered(points, stored):
-        result, record = run_point(study, options, point, folder, done, progress)
+        result, record = run_point(study, spec, point, folder, done, progress)
         done[point.key] = result
         yield Outcome(point.key, result, record)
 
@@ -264,7 +265,7 @@ def _ordered(points, stored) -> list:
     return out
 
 
-def _ray_task(study, options, point, folder, stored, progress, threads, keys, *needed):
+def _ray_task(study, spec, point, folder, stored, progress, threads, keys, *needed):
     """One point on a Ray worker: torch at ``threads`` threads, ``done`` = the results stored before this command
     and those of the points it needs that run in this command (``keys``; ``needed``: their (result, record)
     pairs, which Ray resolved from their tasks before starting this one)."""
@@ -273,23 +274,23 @@ def _ray_task(study, options, point, folder, stored, progress, threads, keys, *n
 
     torch.set_num_threads(threads)
     done = {**stored, **{k: r for k, (r, _) in zip(keys, needed, strict=True)}}
-    return run_point(study, options, point, Path(folder), done, progress, ray_version=ray.__version__)
+    return run_point(study, spec, point, Path(folder), done, progress, ray_version=ray.__version__)
 
 
-def _on_ray(ex: Executor, study, options, folder, points, stored, progress) -> Iterator[Outcome]:
+def _on_ray(ex: Executor, study, spec, folder, points, stored, progress) -> Iterator[Outcome]:
     import ray
 
     threads = ex.point_threads
     task = ray.remote(_ray_task).options(
         num_cpus=threads, num_gpus=ex.gpus_per_point or 0, max_retries=1, retry_exceptions=False
     )
-    study_ref, stored_ref = ray.put(study), ray.put(dict(stored))
+    study_ref, spec_ref, stored_ref = ray.put(study), ray.put(spec), ray.put(dict(stored))
     refs: dict[str, Any] = {}
     planned = {p.key: p for p in points}
     for point in _ordered(points, stored):
         keys = [k for k in point.needs if k in refs]
         refs[point.key] = task.remote(
-            study_ref, options, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
+            study_ref, spec_ref, point, str(folder), stored_ref, progress, threads, keys, *(refs[k] for k in keys)
         )
     waiting = {ref: key for key, ref in refs.items()}
     while waiting:

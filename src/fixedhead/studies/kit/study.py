@@ -6,6 +6,8 @@ A study subclasses :class:`Study` and declares
 * ``name``: its ``fixedhead`` command, ``help``: its one-line help, ``Options``: a frozen dataclass (the
   command line reads its fields, defaults and attribute docstrings: :func:`fixedhead.options.add_options`),
   ``quick``: the seconds-sized options and ``default_dir``: where it writes by default;
+* :meth:`Study.resolve`: the spec, everything the other hooks read, computed once from the options (the
+  options themselves by default); every hook below receives it;
 * :meth:`Study.plan`: the points to run, each a :class:`Point` with its run key
   (:func:`~fixedhead.studies.kit.core.run_key`), in the order to run them (seed-major:
   :func:`~fixedhead.studies.kit.core.seed_major`), and :meth:`Study.plan_record`: what else the plan
@@ -116,45 +118,48 @@ class Study:
         return self._prepared[key]
 
     def resolve(self, options):
-        """The options with every value that stands for another written out (empty seeds: the preset's), so
-        that giving a default explicitly is the same study; the options themselves by default."""
+        """The spec every other hook receives, computed once per invocation: the options themselves (the
+        default), or an object holding them as ``options`` with what they derive (settings, models, the
+        description). Its options have every value that stands for another written out (a preset's fields, empty
+        seeds: the preset's), so that giving a default explicitly is the same study: ``plan.json`` records them.
+        It is sent to Ray workers, so it pickles."""
         return options
 
-    def still_valid(self, options, point: Point, result: dict) -> bool:
+    def still_valid(self, spec, point: Point, result: dict) -> bool:
         """Whether a stored point's ``result`` still holds for the inputs it read (a checkpoint retrained since
         makes a result computed from it stale; :func:`run_study` then refuses to reuse it); True by default."""
         return True
 
-    def describe(self, options) -> str:
+    def describe(self, spec) -> str:
         """One line on what the study trains, recorded as ``meta.description`` (the study's name by default)."""
         return self.name
 
-    def check(self, options) -> None:
+    def check(self, spec) -> None:
         """Refuse options that cannot run (raise ValueError) before the folder is touched; nothing by default."""
 
-    def first_seed(self, options) -> int | None:
+    def first_seed(self, spec) -> int | None:
         """The seed whose points choose what the other seeds reuse (their learning rates), fixed once results
         exist; None (the default): no seed plays that part."""
         return None
 
-    def plan(self, options) -> list[Point]:
+    def plan(self, spec) -> list[Point]:
         raise NotImplementedError
 
-    def plan_record(self, options) -> dict:
+    def plan_record(self, spec) -> dict:
         """What the plan states besides its options and points (the pairing, the target); {} by default."""
         return {}
 
-    def run(self, options, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
+    def run(self, spec, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
         """Run ``point`` in ``folder`` (the study's output folder); ``done``: results of points finished before it
         started, among them every point of ``point.needs`` (e.g. the rates the first seed chose)."""
         raise NotImplementedError
 
-    def state(self, options, results: list[dict], record: dict | None = None) -> Any:
+    def state(self, spec, results: list[dict], record: dict | None = None) -> Any:
         """The one view of the plan's finished points (``results``, in plan order) that :meth:`summarise`,
         :meth:`report` and :meth:`write_files` read; ``record``: the results record (``meta``, ``plan_sha256``,
         ``plan_history``, ``runs``, ``missing``, ``summary``), None while summarising. Default: the record's
-        fields with ``options`` and ``results``."""
-        return {**(record or {}), "options": options, "results": list(results)}
+        fields with ``options`` (the spec's) and ``results``."""
+        return {**(record or {}), "options": options_in(spec), "results": list(results)}
 
     def summarise(self, state) -> Any:
         """The summary (``results.json``'s ``summary``) of a :meth:`state` read without a record."""
@@ -171,6 +176,11 @@ class Study:
 def options_of(study: Study, options=None, quick: bool = False):
     """The study's options: ``options``, else ``study.quick`` when ``quick``, else ``study.Options()``."""
     return options if options is not None else (study.quick if quick else study.Options())
+
+
+def options_in(spec):
+    """The resolved options a spec (:meth:`Study.resolve`) holds: its ``options``, or the spec itself."""
+    return getattr(spec, "options", spec)
 
 
 def study_folder(study: Study, options, output_dir=None, quick: bool = False) -> Path:
@@ -192,14 +202,14 @@ def _default_dir(study: Study, quick: bool) -> str:
     return study.default_dir.replace("-{preset}", "") + "-quick" if quick else study.default_dir
 
 
-def plan_file(study: Study, options) -> dict:
-    """The plan record (``study``, ``options``, ``points``, ``settings_sha256`` and :meth:`Study.plan_record`)
-    and its sha256.
+def plan_file(study: Study, spec) -> dict:
+    """The plan record of a spec (:meth:`Study.resolve`): ``study``, ``options``, ``points``,
+    ``settings_sha256`` and :meth:`Study.plan_record`; and its sha256.
 
     Raises:
         ValueError: an empty plan, or a point key twice (a value given twice, e.g. ``--seeds 1 1``).
     """
-    keys = [p.key for p in study.plan(options)]
+    keys, options = [p.key for p in study.plan(spec)], options_in(spec)
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if not keys or twice:
         raise ValueError(
@@ -212,7 +222,7 @@ def plan_file(study: Study, options) -> dict:
         "options": dataclasses.asdict(options),
         "points": keys,
         "settings_sha256": settings_sha256(study, options),
-        **study.plan_record(options),
+        **study.plan_record(spec),
     }
     text = json.dumps(plan, indent=1, sort_keys=True)
     return {"plan": json.loads(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}
@@ -221,13 +231,14 @@ def plan_file(study: Study, options) -> dict:
 def settings_sha256(study: Study, options) -> str:
     """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
     that only choose which points exist or only enter the summary) and ``study.paths``. A stored point is
-    reused only under the same settings."""
-    values = {k: v for k, v in dataclasses.asdict(options).items() if k not in study.points_only + study.paths}
+    reused only under the same settings. ``options``: resolved options, or a spec holding them."""
+    skip = study.points_only + study.paths
+    values = {k: v for k, v in dataclasses.asdict(options_in(options)).items() if k not in skip}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def write_plan(
-    folder: Path, study: Study, options, grow: bool = False, overwrite: bool = False, new: dict | None = None
+    folder: Path, study: Study, spec, grow: bool = False, overwrite: bool = False, new: dict | None = None
 ) -> dict:
     """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. A folder whose plan
     differs takes the new one while no point has finished. Once results exist: points run with other
@@ -239,7 +250,7 @@ def write_plan(
         FileExistsError: another study's plan; other settings without ``overwrite``; other points
             without ``grow``; results in an older format. Nothing is changed.
     """
-    new = new or plan_file(study, options)
+    new = new or plan_file(study, spec)
     path, history = folder / PLAN_FILE, []
     if path.is_file():
         old = read_plan(path, study.name)
@@ -253,14 +264,14 @@ def write_plan(
         # the stored options read through today's Options (a field added since takes its default, which keeps
         # what the stored points ran); the stored hash only where they no longer read (a field gone since)
         try:
-            was_options = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
+            was_spec = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
         except (TypeError, ValueError):
-            was_options = None
-        if was_options is not None and plan_file(study, was_options)["sha256"] == new["sha256"]:
+            was_spec = None
+        if was_spec is not None and plan_file(study, was_spec)["sha256"] == new["sha256"]:
             record = new | {"history": old.get("history", [])}  # the same plan, its options read through today's
             write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")  # (a field added since)
             return record
-        was_settings = settings_sha256(study, was_options) if was_options else old["plan"].get("settings_sha256")
+        was_settings = settings_sha256(study, was_spec) if was_spec else old["plan"].get("settings_sha256")
         if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
             changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
             more = f"; and {len(changed) - 6} more" if len(changed) > 6 else ""
@@ -268,12 +279,12 @@ def write_plan(
                 f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:6])}{more}); pass "
                 "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
             )
-        if done and not overwrite and was_options is not None:
-            was = study.first_seed(was_options)
-            if was is not None and was != study.first_seed(options):
+        if done and not overwrite and was_spec is not None:
+            was = study.first_seed(was_spec)
+            if was is not None and was != study.first_seed(spec):
                 raise FileExistsError(
                     f"{folder}: the stored points chose their rates with seed {was}, this plan's first seed is "
-                    f"{study.first_seed(options)}; pass {was} first in --seeds, or choose another --output-dir "
+                    f"{study.first_seed(spec)}; pass {was} first in --seeds, or choose another --output-dir "
                     "(nothing was changed)"
                 )
         asked, planned = new["plan"]["points"], old["plan"].get("points", [])
@@ -511,34 +522,35 @@ def run_study(
     from tqdm.auto import tqdm
 
     executor = executor or Executor()
-    options = study.resolve(options_of(study, options, quick))
+    spec = study.resolve(options_of(study, options, quick))  # once: every hook reads this spec
+    options = options_in(spec)
     if getattr(options, "corpus", None):  # a corpus path that does not exist, named before the folder is touched
         from ...data.corpus import check_corpus_source
 
         check_corpus_source(options.corpus)
-    study.check(options)
-    new = plan_file(study, options)  # a plan that cannot run is refused before the folder is touched
+    study.check(spec)
+    new = plan_file(study, spec)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
     owned = output_files(study) + tuple(study.files)
     with executor.connected(progress):  # Ray reached and its GPUs counted before the folder is touched
         lock = _take_folder(folder, study, owned)
         try:
             study.overwriting, study.folder = overwrite, folder
-            points, previous = study.plan(options), _stored(folder)
+            points, previous = study.plan(spec), _stored(folder)
             stored = {} if overwrite else previous.get("runs", {})
             if not overwrite:
                 check_points(folder, previous)
-            changed = [p.key for p in points if p.key in stored and not study.still_valid(options, p, stored[p.key])]
+            changed = [p.key for p in points if p.key in stored and not study.still_valid(spec, p, stored[p.key])]
             if changed:
                 raise FileExistsError(
                     f"{folder}: {len(changed)} stored point(s) were computed from inputs that have changed since "
                     f"({', '.join(changed[:3])}{' …' if len(changed) > 3 else ''}); pass --overwrite to run them all "
                     "again, or choose another --output-dir (nothing was changed)"
                 )
-            plan = write_plan(folder, study, options, grow, overwrite, new)
+            plan = write_plan(folder, study, spec, grow, overwrite, new)
             preset = getattr(options, "preset", "custom")
             meta = core.start_meta(
-                preset, study.describe(options), command, previous, study.name, plan_sha256=plan["sha256"]
+                preset, study.describe(spec), command, previous, study.name, plan_sha256=plan["sha256"]
             )
             state = {
                 "meta": meta,
@@ -548,7 +560,7 @@ def run_study(
             }
             todo = [p for p in points if p.key not in state["runs"]]
             bar = tqdm(total=len(todo), desc=study.name, unit="point", disable=not progress or not todo)
-            for outcome in executor.run(study, options, folder.absolute(), todo, state["runs"], progress):
+            for outcome in executor.run(study, spec, folder.absolute(), todo, state["runs"], progress):
                 if outcome.error is None:
                     state["runs"][outcome.key] = outcome.result
                     state["points"][outcome.key] = {**outcome.record, "result_sha256": result_sha256(outcome.result)}
@@ -559,44 +571,44 @@ def run_study(
                 bar.update()
             bar.close()
             runs = state["runs"]
-            record = _record(study, options, state["meta"], plan, runs, points, state["points"], state["failed"])
+            record = _record(study, spec, state["meta"], plan, runs, points, state["points"], state["failed"])
             core.save_state(folder / RESULTS_FILE, record, runs.values())
-            study.write_files(record_state(study, options, record), folder)
-            write_text_atomic(folder / REPORT_FILE, _report(study, options, record))
+            study.write_files(record_state(study, spec, record), folder)
+            write_text_atomic(folder / REPORT_FILE, _report(study, spec, record))
         finally:
             lock.close()
     return record
 
 
 def _record(
-    study: Study, options, meta: dict, plan: dict, runs: dict, points: list[Point], recorded=None, failed=None
+    study: Study, spec, meta: dict, plan: dict, runs: dict, points: list[Point], recorded=None, failed=None
 ) -> dict:
     keys = [p.key for p in points]
     ordered = {k: runs[k] for k in keys if k in runs} | {k: v for k, v in runs.items() if k not in keys}
     return {
         "meta": meta,
-        "options": dataclasses.asdict(options),
+        "options": dataclasses.asdict(options_in(spec)),
         "plan_sha256": plan["sha256"],
         "plan_history": plan["history"],
         "runs": ordered,
         **({"points": {k: recorded[k] for k in ordered if k in recorded}} if recorded else {}),
         **({"failed": {k: v for k, v in failed.items() if k not in runs}} if failed else {}),
         "missing": [k for k in keys if k not in runs],
-        "summary": study.summarise(study.state(options, [runs[k] for k in keys if k in runs])),
+        "summary": study.summarise(study.state(spec, [runs[k] for k in keys if k in runs])),
     }
 
 
-def record_state(study: Study, options, record: dict):
+def record_state(study: Study, spec, record: dict):
     """The study's state of a record: the plan's points (a grown-then-shrunk plan's other stored points left
     out, as the summary leaves them)."""
-    keys = {p.key for p in study.plan(options)}
-    return study.state(options, [v for k, v in record["runs"].items() if k in keys], record)
+    keys = {p.key for p in study.plan(spec)}
+    return study.state(spec, [v for k, v in record["runs"].items() if k in keys], record)
 
 
-def _report(study: Study, options, record: dict) -> str:
+def _report(study: Study, spec, record: dict) -> str:
     """The study's report, with the kit's notes: an incomplete study (points missing) at the top and, for a
     study whose report does not state its plan itself, the plan's hash and growth at the end."""
-    text = study.report(record_state(study, options, record))
+    text = study.report(record_state(study, spec, record))
     if record["missing"]:
         title, _, rest = text.partition("\n")
         failed = record.get("failed", {})
@@ -632,12 +644,15 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
     check_points(Path(folder), stored, again=again)
     values = plan["plan"]["options"] if plan else stored["options"]
-    options = options_from_dict(study.Options, values)
+    if plan is None:  # written before plans, when an empty list stood for the preset's (today None does)
+        unset = {f.name for f in dataclasses.fields(study.Options) if f.default is None}
+        values = {k: None if k in unset and v == [] else v for k, v in values.items()}
+    spec = study.resolve(options_from_dict(study.Options, values))
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
-    points = study.plan(options)
+    points = study.plan(spec)
     recorded, failed = stored.get("points"), stored.get("failed")
-    record = _record(study, options, stored["meta"], plan, stored["runs"], points, recorded, failed)
-    return record, _report(study, options, record)
+    record = _record(study, spec, stored["meta"], plan, stored["runs"], points, recorded, failed)
+    return record, _report(study, spec, record)
 
 
 def rerender(study: Study, folder: Path, output_dir=None) -> Path:
@@ -654,15 +669,15 @@ def rerender(study: Study, folder: Path, output_dir=None) -> Path:
     if out.resolve() != folder.resolve():  # report.md: every study's marker
         owned = (REPORT_FILE, f".{REPORT_FILE}.*", *study.files)
         claim_output_dir(out, (REPORT_FILE,), owned, "report", exclusive=True)
-    options = options_from_dict(study.Options, record["options"])
-    study.write_files(record_state(study, options, record), out)
+    spec = study.resolve(options_from_dict(study.Options, record["options"]))
+    study.write_files(record_state(study, spec, record), out)
     write_text_atomic(out / REPORT_FILE, text)
     return out / REPORT_FILE
 
 
 def options_from_dict(cls, values: dict):
     """The dataclass ``cls`` from its :func:`dataclasses.asdict` after a JSON round trip: nested
-    dataclasses rebuilt, lists back to tuples where the field's default is a tuple."""
+    dataclasses rebuilt, lists back to tuples where the field is a tuple."""
     import typing
 
     hints, out = typing.get_type_hints(cls), dict(values)
@@ -671,6 +686,6 @@ def options_from_dict(cls, values: dict):
             continue
         if dataclasses.is_dataclass(hints[f.name]) and isinstance(out[f.name], dict):
             out[f.name] = options_from_dict(hints[f.name], out[f.name])
-        elif isinstance(f.default, tuple) and isinstance(out[f.name], list):
+        elif typing.get_origin(hints[f.name]) is tuple and isinstance(out[f.name], list):
             out[f.name] = tuple(out[f.name])
     return cls(**out)

@@ -121,18 +121,18 @@ PRESET_NAMES = ("cpu", "gpu", "tiny")
 @dataclass(frozen=True)
 class ScalingOptions:
     """What ``fixedhead scaling`` trains: a preset (:data:`PRESETS`: sizes, families, token rule, grid) and what a
-    run changes of it; a field left None (or empty) takes the preset's value."""
+    run changes of it; a field left None takes the preset's value."""
 
     preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
     """the options to start from (cpu: 4 causal sizes on a CPU; gpu: one GPU's; tiny: a smoke test); the options
     given override it"""
     recipe: str | None = field(default=None, metadata={"choices": tuple(RECIPES)})
     """the data and training recipe of every run"""
-    hidden_sizes: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    hidden_sizes: tuple[int, ...] = field(default=None, metadata={"check": "positive"})
     """d of each size (at least 2; the FFN is 4d)"""
-    num_attention_heads: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    num_attention_heads: tuple[int, ...] = field(default=None, metadata={"check": "positive"})
     """h of each size, one per hidden size (standard d_p = d/h)"""
-    head_size_families: tuple[str, ...] = ()
+    head_size_families: tuple[str, ...] = field(default=None, metadata={"nonempty": True})
     """the head-size families: standard (d/h), threshold (the paper's for the objective), d_p=K"""
     tokens_per_parameter: float | None = field(default=None, metadata={"check": "positive_float"})
     """training tokens per non-embedding parameter of each run"""
@@ -140,9 +140,9 @@ class ScalingOptions:
     """the fewest steps of a run"""
     max_tokens: int | None = field(default=None, metadata={"check": "positive"})
     """the most training tokens of a run"""
-    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
+    seeds: tuple[int, ...] = field(default=None, metadata={"check": "non_negative", "distinct": True, "nonempty": True})
     """seeds, paired across points; the first chooses each point's rate"""
-    learning_rates: tuple[float, ...] = ()
+    learning_rates: tuple[float, ...] = field(default=None, metadata={"nonempty": True})
     """each point's grid, chosen on a validation split with the first seed"""
     max_extensions: int | None = field(default=None, metadata={"check": "non_negative"})
     """how often a point's grid grows past an edge"""
@@ -157,7 +157,7 @@ class ScalingOptions:
             raise ValueError(f"unknown scaling preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
         if self.learning_rates:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
-        for f in self.head_size_families:
+        for f in self.head_size_families or ():
             family_head_dim(f, "clm", 64)  # refuses an unknown family by name
         check_architecture(self.architecture)
 
@@ -216,7 +216,7 @@ PRESETS = {
         max_extensions=0,
     ),
 }
-#: the options a preset gives a value (None or empty in a run's options: the preset's)
+#: the options a preset gives a value (None in a run's options: the preset's)
 PRESET_FIELDS = (
     "recipe",
     "hidden_sizes",
@@ -232,22 +232,25 @@ PRESET_FIELDS = (
 
 
 def spec(o: ScalingOptions) -> ScalingOptions:
-    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value.
+    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value.
 
     Raises:
-        ValueError: fewer than 2 sizes, a head count per hidden size missing, a d that is not a multiple of its h.
+        ValueError: fewer than 2 sizes, a head count per hidden size missing, a d that is not a multiple of its h
+            (a value the preset gave named as the preset's).
     """
-    p = core.from_preset(PRESETS, o, PRESET_FIELDS, "scaling")
-    if len(p.hidden_sizes) != len(p.num_attention_heads):
-        raise ValueError(
-            f"hidden_sizes {list(p.hidden_sizes)} and num_attention_heads {list(p.num_attention_heads)}: give one "
-            "head count per hidden size"
-        )
-    if len(p.sizes) < 2:
-        raise ValueError(f"a scaling study needs at least 2 sizes, got {list(p.sizes)}")
-    for d, h in p.sizes:
-        if d % h:
-            raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {h} (standard d_p = d/h)")
+    filled = core.filled_by_preset(PRESETS, o, PRESET_FIELDS, "scaling")
+    with core.naming_preset(o.preset, filled):
+        p = replace(o, **filled)
+        if len(p.hidden_sizes) != len(p.num_attention_heads):
+            raise ValueError(
+                f"hidden_sizes {list(p.hidden_sizes)} and num_attention_heads {list(p.num_attention_heads)}: give "
+                "one head count per hidden size"
+            )
+        if len(p.sizes) < 2:
+            raise ValueError(f"a scaling study needs at least 2 sizes, got {list(p.sizes)}")
+        for d, h in p.sizes:
+            if d % h:
+                raise ValueError(f"hidden_size {d} is not a multiple of num_attention_heads {h} (standard d_p = d/h)")
     return p
 
 
@@ -276,17 +279,17 @@ def _seconds(runs: dict) -> float:
 
 
 def data_settings(o: ScalingOptions):
-    """The recipe's data (another corpus where ``o`` names one), with the validation split every run trains
-    without."""
-    recipe = get_recipe(spec(o).recipe)
+    """The recipe's data (another corpus where the resolved options ``o`` name one), with the validation split
+    every run trains without."""
+    recipe = get_recipe(o.recipe)
     return with_validation_split(replace(recipe.data, corpus=o.corpus) if o.corpus else recipe.data)
 
 
-def state_of(o: ScalingOptions, results, meta: dict | None = None) -> dict:
-    """The study's state as its summary and report read it, from its options and per-point ``results``:
+def state_of(p: ScalingOptions, results, meta: dict | None = None) -> dict:
+    """The study's state as its summary and report read it, from its resolved options (:func:`spec`) and
+    per-point ``results``:
     ``meta`` (with ``plan``: points, seeds, grid, rules; ``n``, ``objective``), ``unigram_perplexity``,
     ``tuning`` and ``ranks`` (per point, from its first seed) and every run at every rate."""
-    p = spec(o)
     recipe = get_recipe(p.recipe)
     results = list(results)
     firsts = [r for r in results if "ranks" in r]
@@ -351,17 +354,16 @@ class ScalingStudy(Study):
     def state(self, o, results, record=None):
         return state_of(o, results, record and record["meta"])
 
-    def describe(self, o):
-        return describe(spec(o))
+    def describe(self, p):
+        return describe(p)
 
     def resolve(self, o):
         return spec(o)
 
-    def first_seed(self, o):
-        return spec(o).seeds[0] if spec(o).learning_rates else None
+    def first_seed(self, p):
+        return p.seeds[0] if p.learning_rates else None
 
-    def plan(self, o):
-        p = spec(o)
+    def plan(self, p):
         first = p.seeds[0]  # a later seed trains at the rate its first seed chose
 
         def needs(pt, s):
@@ -372,8 +374,7 @@ class ScalingStudy(Study):
             for pt, s in core.seed_major(points_of(p), p.seeds)
         ]
 
-    def plan_record(self, o):
-        p = spec(o)
+    def plan_record(self, p):
         return {
             "pairing": "by seed: every point of one seed trains on the same batches in the same order",
             "rate_rule": RULE,
@@ -381,18 +382,22 @@ class ScalingStudy(Study):
             "verdict_rule": VERDICT_RULE,
         }
 
-    def check(self, o):
+    def check(self, p):
         """Every model buildable and trainable (a Llama model is causal) before any slow work."""
-        p = spec(o)
         recipe = get_recipe(p.recipe)
+        if p.architecture == "llama" and recipe.train.objective != "clm":
+            causal = [name for name in RECIPES if get_recipe(name).train.objective == "clm"]
+            raise ValueError(
+                f"--architecture llama trains causal LMs only, and recipe {p.recipe!r} trains masked LMs: pass a "
+                f"causal --recipe ({', '.join(causal)})"
+            )
         size = dict(hidden_size=p.sizes[0][0], num_attention_heads=p.sizes[0][1])
         check_objective_for(build_config(recipe.model_fields(**size, **model_fields(p))), recipe.train.objective)
 
-    def run(self, o, point, folder, done, progress):
+    def run(self, p, point, folder, done, progress):
         pt, seed = point.spec
-        p = spec(o)
         recipe = get_recipe(p.recipe)
-        data = self.data(data_settings(o), progress)
+        data = self.data(data_settings(p), progress)
         train = replace(recipe.train, progress=progress)
         runs: dict[str, dict] = {}
 

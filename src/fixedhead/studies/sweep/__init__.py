@@ -26,16 +26,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from ...checks import check_fields
 from ...data.glue import MAIN_METRIC, get_glue_task, majority_class_accuracy
-from ...data.lm import unigram_perplexity
+from ...data.lm import DataSettings, unigram_perplexity
 from ...model.architectures import build_config, check_architecture, check_objective_for, head_size_label
 from ...model.sizes import parameter_count
 from ...runs import claim_output_dir, load_json_file, write_text_atomic
-from ...training.finetune import FINETUNE_FILE, finetune, finetune_settings_record
+from ...training.finetune import FINETUNE_FILE, FinetuneSettings, finetune, finetune_settings_record
 from ...training.pretrain import train_or_reuse
+from ...training.settings import TrainSettings
 from ..kit import core
 from ..kit.learning_rate import (
     later_seed_needs,
@@ -52,12 +52,14 @@ from .presets import (
     EXPERIMENTS,
     QUICK_PRESETS,
     SWEEP_PRESETS,
+    SweepPreset,
     as_architecture,
     as_mup,
     get_sweep_preset,
     model_key,
     only_models,
     plan_runs,
+    points_text,
 )
 from .report import PLOT_FILES, report_markdown, write_plots
 
@@ -69,15 +71,16 @@ _DATA_FIELDS = ("tuning", "data_info", "unigram_perplexity", "majority_class_acc
 
 @dataclass(frozen=True)
 class SweepOptions:
-    """What ``fixedhead sweep`` trains: a preset (data, recipe, points, seeds, fine-tuning) and what a run
-    changes of it."""
+    """What ``fixedhead sweep`` trains: a preset (:data:`PRESETS`: the options it starts from; its data, recipe,
+    points and fine-tuning: :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`) and what a run changes of it; a
+    field left None takes the preset's value."""
 
     preset: str = field(default="cpu-mlm", metadata={"choices": tuple(SWEEP_PRESETS)})
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
     8 models x seeds 0-2, SST-2 fine-tuning; cpu-clm = the LM1B claims as causal LMs, 5 models x seeds 0-1;
     cpu = the original 300-step masked sweep; tiny, tiny-clm = --quick's)"""
-    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
-    """seeds, paired across models (empty: the preset's); with --learning-rates the first chooses each model's rate"""
+    seeds: tuple[int, ...] = field(default=None, metadata={"check": "non_negative", "distinct": True, "nonempty": True})
+    """seeds, paired across models (None: the preset's); with --learning-rates the first chooses each model's rate"""
     experiments: tuple[str, ...] = field(default=(), metadata={"choices": EXPERIMENTS})
     """train only these experiments' points (empty: every experiment of the preset)"""
     models: tuple[str, ...] = ()
@@ -117,6 +120,19 @@ class SweepOptions:
             parse_rates(self.learning_rates)  # a grid of >= 2 positive rates, named when not
 
 
+#: the named options ``--preset NAME`` starts from (the options given override them); what else each name trains
+#: (data, recipe, points, fine-tuning) is :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`'s
+PRESETS = {
+    "cpu-mlm": SweepOptions(seeds=(0, 1, 2)),
+    "cpu-clm": SweepOptions(preset="cpu-clm", seeds=(0, 1)),
+    "cpu": SweepOptions(preset="cpu", seeds=(0, 1)),
+    "tiny": SweepOptions(preset="tiny", seeds=(0, 1)),
+    "tiny-clm": SweepOptions(preset="tiny-clm", seeds=(0, 1)),
+}
+#: the options a preset gives a value (None in a run's options: the preset's)
+PRESET_FIELDS = ("seeds",)
+
+
 def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
     """Refuse to add a run trained with this tokenizer to a folder whose finished ``results`` were trained with
     another (a worker on a machine whose tokenizer library learns other merges): per-token results of two
@@ -138,24 +154,39 @@ def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
 EVALUATIONS = 2
 
 
-def spec(o: SweepOptions) -> SimpleNamespace:
-    """What ``o`` trains: ``preset`` (the preset's points restricted to ``o``'s experiments and models, as
-    ``o``'s architecture and parametrization, with ``o``'s seeds), ``data``, ``train``, ``finetune`` (None: no
-    fine-tuning) and ``task``.
+@dataclass(frozen=True)
+class SweepSpec:
+    """What the options ``options`` (their preset's fields filled in) train: ``preset`` (the preset's points
+    restricted to their experiments and models, as their architecture and parametrization), ``data``, ``train``,
+    ``finetune`` (None: no fine-tuning) and ``task``."""
+
+    preset: SweepPreset
+    data: DataSettings
+    train: TrainSettings
+    finetune: FinetuneSettings | None
+    task: str
+    options: SweepOptions
+
+
+def spec(o: SweepOptions) -> SweepSpec:
+    """The :class:`SweepSpec` of ``o`` (its preset's fields filled in).
 
     Raises:
         ValueError: a model key the preset's experiments do not have, a fine-tuning task for a preset
             without fine-tuning.
     """
+    o = core.from_preset(PRESETS, o, PRESET_FIELDS, "sweep")
     p = get_sweep_preset(o.preset)
-    experiments = list(o.experiments) or None
+    present = {pt.experiment for pt in p.points}
+    # a choice of experiments only where it is not all of the preset's (the resolved options name them all)
+    experiments = list(o.experiments) if o.experiments and set(o.experiments) != present else None
     points = only_models(p, list(o.models), o.preset, experiments).points if o.models else p.points
     points = [pt for pt in points if not experiments or pt.experiment in experiments]
     if o.architecture is not None:
         p = as_architecture(p, o.architecture)
     if o.mup_base_head_dim is not None:
         p = as_mup(p, o.mup_base_head_dim)
-    p = replace(p, points=points, seeds=tuple(o.seeds) or p.seeds)
+    p = replace(p, points=points)
     data = replace(p.data, corpus=o.corpus) if o.corpus else p.data
     if o.learning_rates:
         data = with_validation_split(data)  # rates are chosen on text no model trains on
@@ -167,16 +198,16 @@ def spec(o: SweepOptions) -> SimpleNamespace:
             f"sweep preset {o.preset!r} has no fine-tuning, so --finetune-task {o.finetune_task!r} does not apply"
         )
     ft = None if o.skip_finetune or p.finetune is None else replace(p.finetune, progress=False)
-    return SimpleNamespace(preset=p, data=data, train=train, finetune=ft, task=o.finetune_task or p.finetune_task)
+    return SweepSpec(p, data, train, ft, o.finetune_task or p.finetune_task, o)
 
 
-def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
+def state_of(s: SweepSpec, results, meta: dict | None = None) -> dict:
     """The sweep's state as its claims, report and plots read it (:mod:`fixedhead.studies.sweep.claims`): ``meta``
     (the settings, the data and the verdict rule, from ``o`` and the first seed's results; a stored ``meta``'s
     values win, so a sweep recorded before the kit reads as it was), ``points`` (the plan's, with each model's
     key), ``runs`` (``{run folder: result}``) and, where each model chose its rate, ``tuning`` (``{model key:
     the choice's record}``)."""
-    s, results = spec(o), list(results)
+    o, results = s.options, list(results)
     first = next((r for r in results if "unigram_perplexity" in r), {})
     computed = {
         "preset": o.preset,
@@ -186,7 +217,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
         "train": {k: v for k, v in asdict(s.train).items() if k != "progress"},
         "finetune": asdict(s.finetune) if s.finetune else None,
         "finetune_task": s.task if s.finetune else None,
-        "seeds": list(s.preset.seeds),
+        "seeds": list(o.seeds),
         "experiments": list(o.experiments or EXPERIMENTS),
         "objective": s.train.objective,
         "verdict_rule": rule_text(CLAIMS_RULE),
@@ -197,7 +228,7 @@ def state_of(o: SweepOptions, results, meta: dict | None = None) -> dict:
         computed["majority_class_accuracy"] = first["majority_class_accuracy"]
     if o.learning_rates:
         computed["learning_rate_selection"] = selection_record(
-            parse_rates(o.learning_rates), o.max_extensions, s.preset.seeds[0], s.data.validation_fraction
+            parse_rates(o.learning_rates), o.max_extensions, o.seeds[0], s.data.validation_fraction
         )
     state = {
         "meta": {**computed, **(meta or {})},
@@ -215,12 +246,14 @@ def summarise(state: dict) -> dict:
     return {"runs": len(state["runs"]), "claims": [dict(claim=c, measurement=m, verdict=v) for c, m, v in rows]}
 
 
-def describe(o: SweepOptions) -> str:
-    """The preset's description with the training settings and rate ``o``'s runs train with (:func:`spec`)."""
-    s = spec(o)
-    rate = " at each model's own rate" if o.learning_rates else f" at lr {s.train.learning_rate:g}"
+def describe(s: SweepSpec) -> str:
+    """What the spec's runs train, written from it: the training settings and rate, the points
+    (:func:`~fixedhead.studies.sweep.presets.points_text`) and the fine-tuning."""
+    rate = " at each model's own rate" if s.options.learning_rates else f" at lr {s.train.learning_rate:g}"
     layers = s.preset.common.get("num_hidden_layers", 2)
-    points = f"; {s.preset.description}" if s.preset.description else ""
+    points = f"; {points_text(s.preset)}" if s.preset.points else ""
+    if s.finetune is not None:
+        points += f"; GLUE {s.task} fine-tuning at {s.finetune.max_seq_length} tokens"
     return f"{s.preset.smoke}{training_text(s.data, s.train, layers)}{rate} per run{points}"
 
 
@@ -246,16 +279,17 @@ class SweepStudy(Study):
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 
-    def state(self, o, results, record=None):
-        return state_of(o, results, record and record["meta"])
+    def state(self, s, results, record=None):
+        return state_of(s, results, record and record["meta"])
 
-    def describe(self, o):
-        return describe(o)
+    def describe(self, s):
+        return describe(s)
 
     def resolve(self, o):
-        """Every default written out or dropped, so that giving it explicitly is the same sweep: the preset's
-        seeds and experiments; a fine-tuning task, architecture or corpus equal to the preset's as None (a corpus
-        path as the file it names); the grid's extensions at their default without a grid."""
+        """The :class:`SweepSpec` of ``o`` with every default written out or dropped, so that giving it explicitly
+        is the same sweep: the preset's seeds and experiments; a fine-tuning task, architecture or corpus equal to
+        the preset's as None (a corpus path as the file it names); the grid's extensions at their default without a
+        grid."""
         preset = get_sweep_preset(o.preset)
         present = {pt.experiment for pt in preset.points}
         experiments = [e for e in EXPERIMENTS if e in (o.experiments or present)]
@@ -268,59 +302,64 @@ class SweepStudy(Study):
             "finetune_task": o.finetune_task in (None, preset.finetune_task) and preset.finetune is not None,
             "architecture": o.architecture in (None, preset.common.get("architecture", "fixedhead")),
         }
-        return replace(
-            o,
-            seeds=tuple(spec(o).preset.seeds),
-            experiments=tuple(experiments),
-            models=tuple(sorted(o.models)),
-            corpus=corpus,
-            finetune_task=None if same["finetune_task"] else o.finetune_task,
-            architecture=None if same["architecture"] else o.architecture,
-            max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
+        return spec(
+            replace(
+                o,
+                experiments=tuple(experiments),
+                models=tuple(sorted(o.models)),
+                corpus=corpus,
+                finetune_task=None if same["finetune_task"] else o.finetune_task,
+                architecture=None if same["architecture"] else o.architecture,
+                max_extensions=o.max_extensions if o.learning_rates else SweepOptions.max_extensions,
+            )
         )
 
-    def first_seed(self, o):
-        return spec(o).preset.seeds[0] if o.learning_rates else None
+    def first_seed(self, s):
+        return s.options.seeds[0] if s.options.learning_rates else None
 
-    def plan(self, o):
-        s = spec(o)
-        first = s.preset.seeds[0]
+    def plan(self, s):
+        o, first = s.options, s.options.seeds[0]
 
         def needs(key, seed):  # a later seed trains at the rate its first seed chose
             return later_seed_needs(o.learning_rates, seed, first, core.run_key(key, seed=first))
 
         return [
             Point(core.run_key(key, seed=seed), (key, fields, seed), needs(key, seed))
-            for key, fields, seed in plan_runs(s.preset)
+            for key, fields, seed in plan_runs(s.preset, o.seeds)
         ]
 
-    def plan_record(self, o):
+    def plan_record(self, s):
         return {
             "pairing": "by seed: every model of one seed trains on the same batches in the same order",
             "verdict_rule": rule_text(CLAIMS_RULE),
-            **({"rates_chosen_with_seed": self.first_seed(o)} if o.learning_rates else {}),
+            **({"rates_chosen_with_seed": self.first_seed(s)} if s.options.learning_rates else {}),
         }
 
-    def check(self, o):
+    def check(self, s):
         """Every model buildable and trainable with the objective, and the fine-tuning task's data present,
         before any slow work."""
-        s = spec(o)
+        if s.preset.common.get("architecture") == "llama" and s.train.objective != "clm":
+            causal = [name for name, make in SWEEP_PRESETS.items() if make().train.objective == "clm"]
+            raise ValueError(
+                f"--architecture llama trains causal LMs only, and sweep preset {s.options.preset!r} trains masked "
+                f"LMs: pass a causal preset (--preset {' or '.join(causal)})"
+            )
         if s.finetune is not None:
             get_glue_task(s.task)
             majority_class_accuracy(s.task, max_examples=s.finetune.max_dev_examples)  # no dev file: named here
-        for _, fields, _ in plan_runs(s.preset):
+        for _, fields, _ in plan_runs(s.preset, s.options.seeds[:1]):
             check_objective_for(build_config({**fields, "vocab_size": s.data.vocab_size}), s.train.objective)
 
-    def run(self, o, point, folder, done, progress):
+    def run(self, s, point, folder, done, progress):
         key, fields, seed = point.spec
-        s = spec(o)
+        o = s.options
         data = self.data(s.data, progress)
         check_same_tokenizer(done.values(), data.info["tokenizer_sha256"], folder)
         train = replace(s.train, progress=progress)
         config = build_config(
             {**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id}
         )
-        rates, first = parse_rates(o.learning_rates) if o.learning_rates else None, s.preset.seeds[0]
+        rates, first = parse_rates(o.learning_rates) if o.learning_rates else None, o.seeds[0]
 
         trained: dict[float, dict] = {}  # this point's runs by rate (the chosen one is not trained twice)
 
@@ -389,7 +428,7 @@ def load_sweep(folder: str | Path) -> dict:
             raise ValueError(f"{folder / RESULTS_FILE} holds the results of `fixedhead {study}`, not of a sweep")
         study = SweepStudy()
         record, _ = regenerate(study, folder)
-        return record_state(study, options_from_dict(SweepOptions, record["options"]), record)
+        return record_state(study, study.resolve(options_from_dict(SweepOptions, record["options"])), record)
     path = folder / LEGACY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no sweep results ({RESULTS_FILE}): run `fixedhead sweep` first")

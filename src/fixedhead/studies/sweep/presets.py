@@ -1,7 +1,8 @@
-"""The sweep's presets: the paper's three experiments as lists of points (model configurations),
-the CPU recipes they train with, and the transforms a command applies to a preset (another
-architecture, the μP-style parametrization, a subset of the models) before
-:class:`fixedhead.studies.sweep.SweepStudy` plans its runs.
+"""What each named sweep trains: the paper's three experiments as lists of points (model configurations),
+the CPU recipes they train with and the fine-tuning, and the transforms a sweep's options apply to it (another
+architecture, the μP-style parametrization, a subset of the models) when
+:class:`fixedhead.studies.sweep.SweepStudy` resolves them; the options each name starts from (its seeds) are
+:data:`fixedhead.studies.sweep.PRESETS`.
 """
 
 from __future__ import annotations
@@ -37,16 +38,13 @@ class SweepPoint:
 
 @dataclass
 class SweepPreset:
-    """Shared data/training/fine-tuning settings, common model fields, the points and the seeds."""
+    """What the options of a sweep preset train: shared data/training/fine-tuning settings, common model fields and
+    the points."""
 
-    description: str
-    """what the sweep's points are (the runs' training settings and rate are written before it from the settings
-    a sweep trains with: :func:`fixedhead.studies.sweep.describe`)"""
     data: DataSettings
     train: TrainSettings
     common: dict
     points: list[SweepPoint]
-    seeds: tuple[int, ...] = (0, 1)
     finetune: FinetuneSettings | None = None
     finetune_task: str = "sst2"
     smoke: str = ""
@@ -122,7 +120,6 @@ def _quick(description: str, **train) -> SweepPreset:
     r = get_recipe("tiny")
     r = replace(r, train=replace(r.train, **train))  # the description says the objective it trains
     return SweepPreset(
-        description="",
         smoke=f"--quick {description}(CI-sized, seconds per run; numbers mean nothing): ",
         data=r.data,
         train=r.train,
@@ -130,7 +127,6 @@ def _quick(description: str, **train) -> SweepPreset:
         points=_points_heads(32, [2, 8], [8], 16)
         + _points_embedding([32, 48], 8, 32, [8], 16)
         + _points_head_size(32, 4, [8, 16]),
-        seeds=(0, 1),
         finetune=FinetuneSettings(
             max_seq_length=r.data.max_seq_length,
             max_train_examples=300,
@@ -156,9 +152,6 @@ def _cpu_sweep() -> SweepPreset:
         batch_size=32, max_steps=300, learning_rate=2e-3, eval_steps=150, save_steps=300, report_to=[]
     )
     return SweepPreset(
-        description="heads at d=128 (standard vs d_p=32), standard d=128..192 (8 heads) vs "
-        "fixed d=128, d_p=32, 4-32 heads; "
-        "head size 8-64 at d=128, 8 heads",
         data=data,
         train=train,
         common=_common(2, 64),
@@ -176,8 +169,6 @@ def _cpu_clm_sweep() -> SweepPreset:
     d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
-        description="the paper's LM1B claims: heads at d=128 (standard h=2, 32 vs fixed "
-        "d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128, h=32 at about equal parameters",
         data=r.data,
         train=replace(r.train, logging_steps=25, report_to=[]),
         common=_common(r.layers, r.data.max_seq_length),
@@ -196,16 +187,12 @@ def _cpu_mlm_sweep() -> SweepPreset:
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
-        description="heads at d=128 (standard h=2, 8, 32 vs fixed d_p=32, h=8, 32); standard "
-        f"d=128, 192 (8 heads) vs fixed d=128, h=8, 32; head size 8-64 at d=128, 8 heads; SST-2 fine-tuning at "
-        f"{n} tokens",
         data=r.data,
         train=replace(r.train, logging_steps=50, eval_steps=1400, save_steps=1400, report_to=[]),
         common=_common(r.layers, n),
         points=_points_heads(128, [2, 8, 32], [8, 32], 32)
         + _points_embedding([128, 192], 8, 128, [8, 32], 32)
         + _points_head_size(128, 8, [8, 16, 32, 64]),
-        seeds=(0, 1, 2),
         finetune=FinetuneSettings(max_seq_length=n, max_train_examples=4000, save_model=False, **_FINETUNE),
     )
 
@@ -227,45 +214,66 @@ def get_sweep_preset(name: str) -> SweepPreset:
     return core.pick(SWEEP_PRESETS, name, "sweep")
 
 
-def _also(preset: SweepPreset, text: str) -> str:
-    """The preset's description of its points with ``text`` after it."""
-    return "; ".join(t for t in (preset.description, text) if t)
+def points_text(preset: SweepPreset) -> str:
+    """What the preset's points are, per experiment, written from them (its models' family and parametrization
+    too): ``heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128,
+    d_p=32, h=8, 32``."""
+
+    def points(experiment, series):
+        return [p for p in preset.points if p.experiment == experiment and p.series == series]
+
+    def values(points, field):
+        return ", ".join(map(str, sorted({p.model[field] for p in points})))
+
+    def fixed(points, with_d=True):
+        d = f"d={values(points, 'hidden_size')}, " if with_d else ""
+        return f"fixed {d}d_p={values(points, 'head_dim')}, h={values(points, 'num_attention_heads')}"
+
+    parts = []
+    std, fix = points("heads", "standard"), points("heads", "fixed")
+    if std or fix:
+        sides = [f"standard h={values(std, 'num_attention_heads')}"] if std else []
+        sides += [fixed(fix, with_d=False)] if fix else []
+        parts.append(f"heads at d={values(std + fix, 'hidden_size')} ({' vs '.join(sides)})")
+    std, fix = points("embedding", "standard"), points("embedding", "fixed")
+    if std or fix:
+        sides = [f"standard d={values(std, 'hidden_size')} ({values(std, 'num_attention_heads')} heads)"] if std else []
+        parts.append(" vs ".join(sides + ([fixed(fix)] if fix else [])))
+    if sizes := points("head_size", "fixed"):
+        parts.append(
+            f"head size {values(sizes, 'head_dim')} at d={values(sizes, 'hidden_size')}, "
+            f"{values(sizes, 'num_attention_heads')} heads"
+        )
+    if (architecture := preset.common.get("architecture", "fixedhead")) != "fixedhead":
+        parts.append(f"every model as {architecture}" + " (transformers' LlamaForCausalLM)" * (architecture == "llama"))
+    if preset.common.get("parametrization", "standard") == "mup":
+        parts.append(f"every model μP-style, based at d_p = {preset.common['mup_base_head_dim']}")
+    return "; ".join(parts)
 
 
 def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
     """The preset with every point a model of ``architecture`` (:mod:`fixedhead.model.architectures`;
-    the same d, h, d_p, feed-forward width and depth), said in its description.
+    the same d, h, d_p, feed-forward width and depth).
 
     Raises:
         ValueError: an unknown architecture.
     """
     if preset.common.get("architecture", "fixedhead") == check_architecture(architecture):
         return preset
-    return replace(
-        preset,
-        common={**preset.common, "architecture": architecture},
-        description=_also(
-            preset,
-            f"every model as {architecture}" + (" (transformers' LlamaForCausalLM)" if architecture == "llama" else ""),
-        ),
-    )
+    return replace(preset, common={**preset.common, "architecture": architecture})
 
 
 def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
     """The preset with every point under the μP-style parametrization based at head size
     ``base_head_dim`` (:mod:`fixedhead.model.parametrization`: logits scaled by √K/d_p, W_o's
-    initialisation and Adam rate by K/d_p, each model at its own h), said in its description.
+    initialisation and Adam rate by K/d_p, each model at its own h).
     A model whose d_p is K is the same model as under the standard parametrization.
 
     Raises:
         ValueError: a ``base_head_dim`` that is not a positive int (named).
     """
     positive_int("mup_base_head_dim", base_head_dim)
-    return replace(
-        preset,
-        common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim},
-        description=_also(preset, f"every model μP-style, based at d_p = {base_head_dim}"),
-    )
+    return replace(preset, common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim})
 
 
 def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
@@ -285,8 +293,8 @@ def only_models(preset: SweepPreset, models: list[str], name: str = "custom", ex
     return replace(preset, points=[pt for pt in preset.points if key(pt) in models])
 
 
-def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, int]]:
-    """The distinct ``(key, model fields, seed)`` runs of a preset, seed-major (every model's first
+def plan_runs(preset: SweepPreset, seeds, experiments=None) -> list[tuple[str, dict, int]]:
+    """The distinct ``(key, model fields, seed)`` runs of a preset with ``seeds``, seed-major (every model's first
     seed before any second seed, so an interrupted sweep has the widest picture).
 
     Raises:
@@ -299,4 +307,4 @@ def plan_runs(preset: SweepPreset, experiments=None) -> list[tuple[str, dict, in
         if not experiments or p.experiment in experiments:
             fields = canonical_fields({**preset.common, **p.model})
             models.setdefault(model_key(fields), fields)
-    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), preset.seeds)]
+    return [(key, fields, seed) for (key, fields), seed in core.seed_major(models.items(), seeds)]

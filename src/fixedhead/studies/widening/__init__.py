@@ -62,8 +62,9 @@ from .report import PLOT_FILE, report_markdown, summarise, write_plots
 # ----------------------------------------------------------------------------------- design
 @dataclass
 class Widening:
-    """What the experiment trains, resolved from its options (:func:`spec`): the data, the base model, the two
-    training recipes and the seeds.
+    """What the experiment trains, resolved from its options (:func:`spec`; ``options``, its preset's fields and
+    the wide size written out): the data, the base model, the two training recipes, the seeds and the wide head
+    size.
 
     ``model`` holds :class:`~fixedhead.model.configuration.FixedHeadConfig` fields of a standard-head
     model (``head_dim=None``); ``base`` trains it from scratch; ``continuation`` is every arm's
@@ -76,6 +77,8 @@ class Widening:
     continuation: TrainSettings
     seeds: tuple[int, ...]
     smoke: str = ""  # said first in the description of a study whose numbers mean nothing
+    wide_head_dim: int | None = None
+    options: WideningOptions | None = None
 
     @property
     def description(self) -> str:
@@ -130,7 +133,7 @@ PRESET_NAMES = ("cpu", "tiny")
 @dataclass(frozen=True)
 class WideningOptions:
     """What ``fixedhead widen-experiment`` trains: a preset (:data:`PRESETS`: data, base model, recipes, seeds) and
-    what a run changes of it; a field left None (or empty) takes the preset's value."""
+    what a run changes of it; a field left None takes the preset's value."""
 
     preset: str = field(default="cpu", metadata={"choices": PRESET_NAMES})
     """the options to start from (cpu: the masked recipe's data and sizes at n = 32; tiny: a smoke test); the
@@ -145,9 +148,9 @@ class WideningOptions:
     """sequences per step of the base and every continuation"""
     learning_rate: float | None = field(default=None, metadata={"check": "positive_float"})
     """the peak rate of the base and (without a grid) every continuation"""
-    logging_steps: tuple[int, ...] = field(default=(), metadata={"check": "positive"})
+    logging_steps: tuple[int, ...] = field(default=None, metadata={"check": "positive"})
     """how often the base's and each continuation's training loss is logged (two values)"""
-    seeds: tuple[int, ...] = field(default=(), metadata={"check": "non_negative", "distinct": True})
+    seeds: tuple[int, ...] = field(default=None, metadata={"check": "non_negative", "distinct": True, "nonempty": True})
     """continuation seeds, in this order; the first chooses each arm's rate"""
     base_steps: int | None = field(default=None, metadata={"check": "positive"})
     """the base run's training steps"""
@@ -167,8 +170,8 @@ class WideningOptions:
         check_fields(self)
         if self.preset not in PRESET_NAMES:
             raise ValueError(f"unknown widen-experiment preset {self.preset!r}; known: {', '.join(PRESET_NAMES)}")
-        if len(self.logging_steps) not in (0, 2):
-            raise ValueError(f"logging_steps = {self.logging_steps!r}: give two, the base's and a continuation's")
+        if self.logging_steps is not None and len(self.logging_steps) != 2:
+            raise ValueError(f"logging_steps = {list(self.logging_steps)}: give two, the base's and a continuation's")
         if self.learning_rates:
             parse_rates(self.learning_rates)
 
@@ -200,7 +203,7 @@ PRESETS = {
         steps=10,
     ),
 }
-#: the options a preset gives a value (None or empty in a run's options: the preset's)
+#: the options a preset gives a value (None in a run's options: the preset's)
 PRESET_FIELDS = (
     "recipe",
     "hidden_size",
@@ -215,16 +218,16 @@ PRESET_FIELDS = (
 
 
 def resolve(o: WideningOptions) -> WideningOptions:
-    """``o`` with each field it leaves None (or empty) of :data:`PRESET_FIELDS` at its preset's value, and the
-    wide head size written out."""
+    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value, and the wide head size
+    written out."""
     o = core.from_preset(PRESETS, o, PRESET_FIELDS, "widen-experiment")
     n = get_recipe(o.recipe).data.max_seq_length
     return replace(o, head_dim=o.head_dim if o.head_dim is not None else causal_threshold(n))
 
 
-def spec(o: WideningOptions) -> tuple[Widening, int]:
+def spec(o: WideningOptions) -> Widening:
     """What ``o`` trains (its preset's values where it leaves them: :func:`resolve`; with a rate grid, the
-    validation split every run trains without) and the wide head size.
+    validation split every run trains without).
 
     Raises:
         ValueError: a base model that is not standard-head, a bad wide size.
@@ -237,14 +240,14 @@ def spec(o: WideningOptions) -> tuple[Widening, int]:
     )
     base, cont = base_and_continuation(o.base_steps, o.steps, o.batch_size, o.learning_rate, o.logging_steps)
     smoke = "a smoke test (numbers mean nothing): " if o.recipe == "tiny" else ""
-    p = Widening(data=data, model=model, base=base, continuation=cont, seeds=o.seeds, smoke=smoke)
+    p = Widening(data, model, base, cont, o.seeds, smoke, o.head_dim, o)
     probe = FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size)
     if probe.is_fixed_head:
         raise ValueError(f"the base model must have standard heads (head_dim=None), got {probe.head_dim!r}")
     make_arms(probe, o.head_dim, "head_dim")  # refuses a bad wide size, named as its option
     if o.learning_rates:
         p.data = with_validation_split(p.data)  # rates are chosen on text no run trains on
-    return p, o.head_dim
+    return p
 
 
 def _grid(o: WideningOptions, p: Widening) -> dict | None:
@@ -254,12 +257,12 @@ def _grid(o: WideningOptions, p: Widening) -> dict | None:
     return {"grid": rates, "max_extensions": o.max_extensions, "validation_fraction": p.data.validation_fraction}
 
 
-def state_of(o: WideningOptions, results, meta: dict | None = None) -> dict:
+def state_of(p: Widening, results, meta: dict | None = None) -> dict:
     """What the summary, report and plots read, from the options and the per-point ``results``: ``meta``
     (settings, seeds, n, wide size, arms, rule, data, the rate grid's record; a record written before the
     kit keeps its own), ``unigram_perplexity``, ``base``, ``runs`` (``{run key: run}``) and, with a rate
     grid, ``tuning`` (per arm)."""
-    p, wide = spec(o)
+    o, wide = p.options, p.wide_head_dim
     results = list(results)
     base = next((r for r in results if "base" in r), None)
     n, grid = p.data.max_seq_length, _grid(o, p)
@@ -306,24 +309,20 @@ class WideningStudy(Study):
     report = staticmethod(report_markdown)
     write_files = staticmethod(write_plots)
 
-    def state(self, o, results, record=None):
-        return state_of(o, results, record and record["meta"])
+    def state(self, p, results, record=None):
+        return state_of(p, results, record and record["meta"])
 
-    def describe(self, o):
-        return spec(o)[0].description
-
-    def check(self, o):
-        spec(o)
+    def describe(self, p):
+        return p.description
 
     def resolve(self, o):
-        spec(o)  # refuses a base model or wide size that cannot run
-        return resolve(o)
+        return spec(o)  # refuses a base model or wide size that cannot run
 
-    def first_seed(self, o):
-        return spec(o)[0].seeds[0] if o.learning_rates else None
+    def first_seed(self, p):
+        return p.seeds[0] if p.options.learning_rates else None
 
-    def plan(self, o):
-        p, wide = spec(o)
+    def plan(self, p):
+        o, wide = p.options, p.wide_head_dim
         names = [a.name for a in make_arms(FixedHeadConfig(**p.model, vocab_size=p.data.vocab_size), wide)]
         first = p.seeds[0]  # every arm continues the base; with a rate grid, a later seed takes its first seed's rate
 
@@ -333,20 +332,19 @@ class WideningStudy(Study):
         arms = [Point(core.run_key(a, seed=s), (a, s), needs(a, s)) for a, s in core.seed_major(names, p.seeds)]
         return [Point("base", None), *arms]
 
-    def plan_record(self, o):
+    def plan_record(self, p):
         return {
             "pairing": "by seed: seed s is every arm's continuation data order (and the widened models' new weights)",
             "rule": {"stds": RULE_STDS},
         }
 
-    def _data_and_config(self, o, progress):
-        p, _ = spec(o)
+    def _data_and_config(self, p, progress):
         data = self.data(p.data, progress)
         return data, lm_config(FixedHeadConfig(**p.model, vocab_size=len(data.tokenizer)), data.tokenizer, "clm")
 
-    def run(self, o, point, folder, done, progress):
-        p, wide = spec(o)
-        data, config = self._data_and_config(o, progress)
+    def run(self, p, point, folder, done, progress):
+        o, wide = p.options, p.wide_head_dim
+        data, config = self._data_and_config(p, progress)
         n = p.data.max_seq_length
         base_dir = folder / "base"
         if point.key == "base":
