@@ -183,6 +183,11 @@ def test_quick_never_writes_into_the_real_folder_and_foreign_folders_are_refused
     monkeypatch.chdir(tmp_path)
     run_study(Toy(), quick=True, progress=False)
     assert (tmp_path / "runs" / "toy-quick" / "results.json").is_file() and not (tmp_path / "runs" / "toy").exists()
+    quick_report = (tmp_path / "runs" / "toy-quick" / "report.md").read_text()
+    assert "(`--quick`): it shows the study runs end to end; its numbers mean nothing" in quick_report
+    assert regenerate(Toy(), tmp_path / "runs" / "toy-quick")[1] == quick_report  # kept when re-rendered
+    run_study(Toy(), output_dir=tmp_path / "full", progress=False)
+    assert "--quick" not in (tmp_path / "full" / "report.md").read_text()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="did not create"):

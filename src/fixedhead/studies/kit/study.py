@@ -552,6 +552,8 @@ def run_study(
             meta = core.start_meta(
                 preset, study.describe(spec), command, previous, study.name, plan_sha256=plan["sha256"]
             )
+            if quick or previous.get("meta", {}).get("quick"):
+                meta["quick"] = True  # the report says its numbers mean nothing
             state = {
                 "meta": meta,
                 "runs": dict(stored),
@@ -609,6 +611,12 @@ def _report(study: Study, spec, record: dict) -> str:
     """The study's report, with the kit's notes: an incomplete study (points missing) at the top and, for a
     study whose report does not state its plan itself, the plan's hash and growth at the end."""
     text = study.report(record_state(study, spec, record))
+    if record["meta"].get("quick"):
+        title, _, rest = text.partition("\n")
+        note = (
+            "**The seconds-sized version (`--quick`): it shows the study runs end to end; its numbers mean nothing.**"
+        )
+        text = f"{title}\n\n{note}\n{rest}"
     if record["missing"]:
         title, _, rest = text.partition("\n")
         failed = record.get("failed", {})
