@@ -2,7 +2,8 @@
 
 ``head_dim``: None is the standard d/h (paper Section 2), an int the paper's fixed head size (Section 4), a
 list one entry per layer. ``qk_head_dim`` and ``v_head_dim`` (DeepSeek-V3's names) size queries and keys
-apart from values: Theorem 1 bounds the logits' rank by the first.
+apart from values: Theorem 1 bounds the logits' rank by the first. With both given no layer reads d/h, so d
+need not be divisible by h.
 """
 
 from __future__ import annotations
