@@ -278,11 +278,15 @@ def test_the_report_says_the_oracle_is_not_causal_and_the_realisable_cut_is():
     assert "a causal model with query/key heads of size k exists" in text
 
 
-def test_rank_curve_refuses_ranks_above_the_largest_query_key_size():
+def test_rank_curve_refuses_ranks_below_1_and_reads_the_full_loss_above_the_head_size():
+    """A study's arms of several head sizes share one list of ranks: above a model's head size nothing is cut."""
     torch.manual_seed(0)
     model = _models()[0].eval()  # head_dim 6
-    with pytest.raises(ValueError, match="ranks must be at most 6, the largest query/key head size of the model"):
-        rank_curve(model, lambda m: 0.0, torch.randint(0, 50, (1, 12)), ranks=[1, 7], progress=False)
+    ids = torch.randint(0, 50, (1, 12))
+    with pytest.raises(ValueError, match="ranks must be ints >= 1"):
+        rank_curve(model, lambda m: 0.0, ids, ranks=[0, 2], progress=False)
+    curve = rank_curve(model, lambda m: float(m(ids).logits.double().sum()), ids, ranks=[7], progress=False)
+    assert curve["curves"]["all"][7] == curve["full"]
 
 
 def test_default_ranks():

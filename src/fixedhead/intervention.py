@@ -570,7 +570,8 @@ def rank_curve(
     modules = attention_modules(model, input_ids)
     head_dims = [_head_dim(m) for m in modules]
     n = int(input_ids.shape[1])
-    ranks = check_ranks(ranks, max(head_dims)) if ranks else default_ranks(max(head_dims), n)
+    ranks = check_ranks(ranks) if ranks else default_ranks(max(head_dims), n)  # k ≥ d_p: the full loss (a study's
+    # arms of several head sizes share one list; `fixedhead rank-intervention` refuses k above every head size)
     with truncated_logits(model, None, modules=modules):
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
