@@ -10,11 +10,13 @@ so every cut is free to add one (it is not counted in the rank; the paper's D_0 
 * the **oracle** (:func:`fit_visible`): per sequence, the best rank-k fit of each head's logits over
   the keys each query may see. A decoder's future keys are hidden, so no rank is spent on them;
   without a mask this is the Eckart–Young truncation of the row-centred logits (:func:`truncate_logits`).
-  No fixed weights realise a per-sequence fit: the rank it needs is the low end of the band (it is
-  the best fit in squared logit error that a local method finds, not a proven bound on the loss).
+  No fixed weights realise a per-sequence fit, and it is not causal (its factors are shared by all of
+  a sequence's queries, so its fit at a position depends on later tokens): the rank it needs is the
+  optimistic low end of the band (it is the best fit in squared logit error that a local method
+  finds, not a proven bound on the loss).
 * the **realisable** cut (:func:`fit_head_maps`, :func:`fit_projections`): each head's queries and
   keys mapped to size k by fixed maps fitted on training text and scored on held-out text, i.e. a
-  model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
+  causal model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
   trained LLMs; for rotary models the maps act on the rotated queries and keys, as Loki's do, so
   they cannot be folded into the projection weights there).
 
@@ -571,7 +573,7 @@ def rank_curve(
     head_dims = [_head_dim(m) for m in modules]
     n = int(input_ids.shape[1])
     ranks = check_ranks(ranks) if ranks else default_ranks(max(head_dims), n)  # k ≥ d_p: the full loss (a study's
-    # arms of several head sizes share one list; `fixedhead rank-intervention` refuses k above every head size)
+    # arms of several head sizes share one list; `fixedhead rank-intervention` refuses k above a run's largest)
     with truncated_logits(model, None, modules=modules):
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
