@@ -663,7 +663,7 @@ CLI_CASES = [
     (
         "pretrain --architecture llama --v-head-dim 16",
         ["pretrain", "--architecture", "llama", "--objective", "clm", "--v-head-dim", "16"],
-        "--v-head-dim 16: architecture 'llama' (transformers' LlamaForCausalLM) has one head size",
+        "(transformers' LlamaForCausalLM) has one head size for queries, keys and values; give",
     ),
     (
         "pretrain --hidden-size 30 (standard heads)",

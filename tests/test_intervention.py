@@ -216,6 +216,79 @@ def test_needed_rank_is_the_smallest_k_from_which_every_loss_is_within_the_band(
         needed_rank(losses, 4.0, -0.1)
 
 
+def test_the_needed_rank_is_0_where_uniform_attention_is_within_the_band():
+    """k = 0 (uniform attention) within the band, and every k tried too: the model needs no logit rank. The curves
+    start at k = 1, so the uniform loss is read beside them."""
+    losses = {1: 4.001, 2: 4.0, 3: 4.0}
+    assert needed_rank(losses, 4.0, 0.01, uniform=4.005) == 0
+    assert needed_rank(losses, 4.0, 0.01, uniform=4.02) == 1  # attention gain 0.02 > the band
+    assert needed_rank({1: 4.3, 2: 4.0}, 4.0, 0.01, uniform=4.005) == 2  # k = 1 outside: not 0
+    assert needed_rank(losses, 4.0, 0.01) == 1  # no uniform loss given: k = 0 was not scored
+
+
+def test_the_summary_reads_the_uniform_loss_as_k_0_for_all_layers_only():
+    from fixedhead.intervention import summarise
+
+    curve = {"name": "m", "run": "r", "full": 4.0, "uniform": 4.004, "method": "oracle"}
+    curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}}
+    (row,) = summarise([curve], band=0.01, tolerances=(0.002,))
+    assert row["needed"] == {"all": 0, "layer 0": 1}  # a layer alone is not scored at k = 0
+    assert row["needed_at"]["0.002"] == {"all": 1, "layer 0": 1}  # gain 0.004 > 0.002
+
+
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--ranks", "-1", "--ranks must be ints >= 1 (k = 0, uniform attention, is always scored), got -1"),
+        ("--ranks", "0", "--ranks must be ints >= 1"),
+        ("--ranks", "17", "--ranks must be at most 16, the largest query/key head size of"),
+        ("--band", "nan", "--band must be a finite number >= 0, got nan, which is not finite"),
+        ("--band", "inf", "--band must be a finite number >= 0, got inf, which is not finite"),
+        ("--tolerances", "nan", "--tolerances must be a finite number >= 0, got nan, which is not finite"),
+    ],
+)
+def test_the_command_refuses_bad_ranks_and_tolerances_by_option_before_scoring(
+    option, value, words, tiny_causal_run, tmp_path, capsys, monkeypatch
+):
+    """A rank above the run's query/key head size (16) would report a needed rank the logits cannot have; it is
+    refused before any run is scored, as are ranks below 1 and tolerances that are not finite."""
+    import fixedhead.intervention as intervention
+    from fixedhead.cli import main
+
+    monkeypatch.setattr(intervention, "run_rank_curve", lambda *a, **k: pytest.fail("scored before the refusal"))
+    run, _, _ = tiny_causal_run
+    out = tmp_path / "ri"
+    assert main(["rank-intervention", str(run), "--output-dir", str(out), option, value, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert not out.exists()
+
+
+def test_the_report_says_the_oracle_is_not_causal_and_the_realisable_cut_is():
+    from fixedhead.intervention import report_markdown, summarise
+
+    curves = []
+    for method in ("oracle", "realisable"):
+        c = {"name": "m", "run": "r", "seed": 0, "head_dims": [4], "seq_len": 8, "full": 4.0, "uniform": 4.1}
+        c |= {"attention_gain": 0.1, "method": method, "curves": {"all": {1: 4.0}}}
+        curves.append(c)
+    text = " ".join(report_markdown(summarise(curves, tolerances=(0.01,)), "cmd").split())
+    assert "It is not causal" in text and "its logits at a position depend on later tokens too" in text
+    assert "an optimistic bound that no causal model (no fixed weights) realises" in text
+    assert "a causal model with query/key heads of size k exists" in text
+
+
+def test_rank_curve_refuses_ranks_below_1_and_reads_the_full_loss_above_the_head_size():
+    """A study's arms of several head sizes share one list of ranks: above a model's head size nothing is cut."""
+    torch.manual_seed(0)
+    model = _models()[0].eval()  # head_dim 6
+    ids = torch.randint(0, 50, (1, 12))
+    with pytest.raises(ValueError, match="ranks must be ints >= 1"):
+        rank_curve(model, lambda m: 0.0, ids, ranks=[0, 2], progress=False)
+    curve = rank_curve(model, lambda m: float(m(ids).logits.double().sum()), ids, ranks=[7], progress=False)
+    assert curve["curves"]["all"][7] == curve["full"]
+
+
 def test_default_ranks():
     assert default_ranks(8, 64) == list(range(1, 9))
     assert default_ranks(32, 16) == list(range(1, 16))  # a head larger than n: up to n - 1
@@ -249,10 +322,11 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
     for tol, by_setting in row["needed"].items():
         width = float(tol) if tol != "band" else oracle["band"]
         for setting, (low, high) in by_setting.items():
-            assert low == needed_rank({int(k): v for k, v in oracle["curves"][setting].items()}, oracle["full"], width)
-            assert high == needed_rank(
-                {int(k): v for k, v in realisable["curves"][setting].items()}, oracle["full"], width
-            )
+            uniform = oracle["uniform"] if setting == "all" else None  # k = 0 is scored with all layers cut
+            curve = {int(k): v for k, v in oracle["curves"][setting].items()}
+            assert low == needed_rank(curve, oracle["full"], width, uniform)
+            curve = {int(k): v for k, v in realisable["curves"][setting].items()}
+            assert high == needed_rank(curve, oracle["full"], width, uniform)
     result = oracle
     assert (
         record["versions"]["transformers"] and result["band"] == 0.01 and result["band_source"] == "default (one run)"
@@ -475,3 +549,37 @@ def test_fit_visible_fits_each_matrix_as_it_would_alone():
     together = fit_visible(torch.stack([easy, hard]), visible, 2)
     torch.testing.assert_close(together[0], fit_visible(easy, visible, 2), atol=1e-12, rtol=0)
     torch.testing.assert_close(together[1], fit_visible(hard, visible, 2), atol=1e-12, rtol=0)
+
+
+# ------------------------------------------------------------------ which cuts are causal
+
+
+@pytest.mark.parametrize("index", [0, 2], ids=["fixedhead-causal", "llama-gqa"])
+def test_the_realisable_cut_is_causal_and_the_oracle_is_not(index):
+    """Two sequences that share their first 8 tokens: a causal model's outputs there are the same whatever
+    follows. The realisable cut (fixed maps) keeps that; the oracle fits each sequence's visible logits with
+    factors shared by all its queries, so its outputs at the shared prefix depend on the later tokens too (an
+    optimistic bound that no causal model realises). Only the oracle's difference being above rounding is
+    asserted, not its size."""
+    torch.manual_seed(0)
+    model = _models()[index].eval()
+    with torch.no_grad():  # sharp attention: initialised weights attend almost uniformly
+        for name, weight in model.named_parameters():
+            if name.endswith(("qkv.weight", "q_proj.weight", "k_proj.weight")):
+                weight.mul_(6)
+    prefix, tail = torch.randint(0, 50, (1, 8)), torch.randint(0, 50, (2, 8))
+    ids = torch.cat([prefix.expand(2, -1), tail], dim=1)  # [2, 16]: one prefix, two continuations
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, torch.randint(0, 50, (4, 16)), modules)
+
+    def prefix_difference(method, rank, maps=None):
+        with torch.no_grad(), truncated_logits(model, rank, modules=modules, method=method, maps=maps):
+            logits = model(ids).logits.double()
+        return (logits[0, :8] - logits[1, :8]).abs().max().item()
+
+    with torch.no_grad():
+        full = model(ids).logits.double()
+    assert (full[0, :8] - full[1, :8]).abs().max().item() < 1e-5  # the model itself is causal
+    for k in (1, 2):
+        realisable, oracle = prefix_difference("realisable", k, maps), prefix_difference("oracle", k)
+        assert realisable < 1e-5 and oracle > 1e-4

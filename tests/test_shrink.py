@@ -167,3 +167,55 @@ def test_a_masked_lm_run_shrinks_to_what_the_intervention_scores(tiny_pretrained
     score = evaluate_run(tmp_path / "small", max_eval_tokens=1000)["loss"]
     curve = run_rank_curve(run, 1000, ranks=[2], per_layer=False, progress=False, method="realisable", fit_tokens=2000)
     assert score == pytest.approx(curve["curves"]["all"][2], abs=1e-5)
+
+
+def _without_corpus(run, folder):
+    """A copy of ``run`` whose settings record no corpus (as a run trained from Python on text in memory)."""
+    import shutil
+
+    copy = folder / "no-corpus"
+    shutil.copytree(run, copy)
+    path = copy / "pretrain_settings.json"
+    settings = json.loads(path.read_text())
+    settings["data"]["corpus"] = None
+    path.write_text(json.dumps(settings))
+    return copy
+
+
+def test_a_run_that_records_no_corpus_is_shrunk_and_intervened_with_the_corpus_option(
+    tiny_causal_run, small_real_corpus, tmp_path, capsys
+):
+    """The refusal's advice can be followed: both commands take --corpus, the corpus the fit reads."""
+    from fixedhead.cli import main
+    from fixedhead.training.evaluate import evaluate_run
+
+    run = _without_corpus(tiny_causal_run[0], tmp_path)
+    out = tmp_path / "small"
+    argv = ["shrink", str(run), "--qk-head-dim", "4", "--output-dir", str(out), "--fit-tokens", "2000", "--no-progress"]
+    assert main(argv) == 2
+    assert "records no corpus; pass --corpus" in capsys.readouterr().err and not out.exists()
+    assert main([*argv, "--corpus", str(small_real_corpus)]) == 0
+    assert evaluate_run(out, max_eval_tokens=500)["loss"] > 0  # the shrunk run records where its text is
+
+    ri = tmp_path / "ri"
+    argv = ["rank-intervention", str(run), "--output-dir", str(ri), "--ranks", "4", "--max-eval-tokens", "500"]
+    argv += ["--fit-tokens", "1000", "--no-progress"]
+    assert main(argv) == 2
+    assert "records no corpus; pass --corpus" in capsys.readouterr().err and not ri.exists()
+    assert main([*argv, "--corpus", str(small_real_corpus)]) == 0
+    assert (ri / "rank_intervention.json").is_file()
+
+
+def test_no_progress_shows_none_of_transformers_bars(tiny_causal_run, tmp_path, capfd):
+    """--no-progress: no bar while the weights load or the shrunk model is written (transformers' own switch)."""
+    from transformers.utils import logging as hf_logging
+
+    from fixedhead.shrink import shrink_run
+
+    run, _, _ = tiny_causal_run
+    assert hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    shrink_run(run, 4, tmp_path / "small", fit_tokens=2000, progress=False)
+    err = capfd.readouterr().err
+    assert "Loading" not in err and "Writing" not in err and "it/s" not in err, err
+    assert hf_logging.is_progress_bar_enabled()  # switched back afterwards

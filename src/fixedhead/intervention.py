@@ -10,11 +10,13 @@ so every cut is free to add one (it is not counted in the rank; the paper's D_0 
 * the **oracle** (:func:`fit_visible`): per sequence, the best rank-k fit of each head's logits over
   the keys each query may see. A decoder's future keys are hidden, so no rank is spent on them;
   without a mask this is the Eckart–Young truncation of the row-centred logits (:func:`truncate_logits`).
-  No fixed weights realise a per-sequence fit: the rank it needs is the low end of the band (it is
-  the best fit in squared logit error that a local method finds, not a proven bound on the loss).
+  No fixed weights realise a per-sequence fit, and it is not causal (its factors are shared by all of
+  a sequence's queries, so its fit at a position depends on later tokens): the rank it needs is the
+  optimistic low end of the band (it is the best fit in squared logit error that a local method
+  finds, not a proven bound on the loss).
 * the **realisable** cut (:func:`fit_head_maps`, :func:`fit_projections`): each head's queries and
   keys mapped to size k by fixed maps fitted on training text and scored on held-out text, i.e. a
-  model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
+  causal model with query/key heads of size k that exists (as Loki and Eigen Attention project the keys of
   trained LLMs; for rotary models the maps act on the rotated queries and keys, as Loki's do, so
   they cannot be folded into the projection weights there).
 
@@ -477,16 +479,19 @@ def default_ranks(head_dim: int, seq_len: int) -> list[int]:
     return sorted(k for k in grid | {top} if k <= top)
 
 
-def needed_rank(losses: dict[int, float], full: float, band: float) -> int | None:
+def needed_rank(losses: dict[int, float], full: float, band: float, uniform: float | None = None) -> int | None:
     """The smallest k whose loss is at most ``full + band``, and every larger k too (None when none is).
 
     Args:
         losses: {k: loss in nats}.
         full: the full-rank loss (nats).
         band: the tolerance (nats, ≥ 0), e.g. the seed-to-seed spread of ``full``.
+        uniform: the loss at k = 0 (uniform attention over the visible keys), where ``losses`` has none:
+            within the band together with every k tried, the needed rank is 0 (the model needs no attention).
     """
-    if not math.isfinite(band) or band < 0:
-        raise ValueError(f"band must be a finite number >= 0, got {band}")
+    _check_tolerance("band", band)
+    if uniform is not None and 0 not in losses:
+        losses = {0: uniform} | losses
     within = None
     for k in sorted(losses, reverse=True):
         if losses[k] <= full + band:
@@ -494,6 +499,41 @@ def needed_rank(losses: dict[int, float], full: float, band: float) -> int | Non
         else:
             break
     return within
+
+
+def _check_tolerance(name: str, value) -> float:
+    """``value`` as a tolerance in nats; ValueError naming it (and saying why) unless a finite number ≥ 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}, which is not finite")
+    if value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return float(value)
+
+
+def _largest_qk_head_dim(config) -> int:
+    """The largest size of a model's queries and keys over its layers, the bound on its logits' rank:
+    fixedhead's ``layer_qk_head_dims``, else the one ``head_dim`` (d/h where the config has none)."""
+    sizes = getattr(config, "layer_qk_head_dims", None)
+    if sizes:
+        return max(sizes)
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def check_ranks(ranks, largest: int | None = None, where: str = "the model") -> list[int]:
+    """``ranks`` (the k a curve tries) as a list; ValueError naming the value unless every k is an int ≥ 1 (k = 0,
+    uniform attention, is always scored) and, given ``largest`` (the largest query/key head size), k ≤ it."""
+    ranks = list(ranks)
+    for k in ranks:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"ranks must be ints >= 1 (k = 0, uniform attention, is always scored), got {k!r}")
+    if largest is not None and ranks and max(ranks) > largest:
+        raise ValueError(
+            f"ranks must be at most {largest}, the largest query/key head size of {where} (its logits have no "
+            f"higher rank to cut), got {max(ranks)}"
+        )
+    return ranks
 
 
 def rank_curve(
@@ -532,7 +572,8 @@ def rank_curve(
     modules = attention_modules(model, input_ids)
     head_dims = [_head_dim(m) for m in modules]
     n = int(input_ids.shape[1])
-    ranks = ranks or default_ranks(max(head_dims), n)
+    ranks = check_ranks(ranks) if ranks else default_ranks(max(head_dims), n)  # k ≥ d_p: the full loss (a study's
+    # arms of several head sizes share one list; `fixedhead rank-intervention` refuses k above a run's largest)
     with truncated_logits(model, None, modules=modules):
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
@@ -599,10 +640,12 @@ def run_rank_curve(
     device: str | torch.device = "cpu",
     method: str = "oracle",
     fit_tokens: int = 32_768,
+    corpus: str | None = None,
 ) -> dict:
     """:func:`rank_curve` of a pretraining run (fixedhead or Llama-style, masked or causal) on its own
     held-out documents, scored as ``fixedhead evaluate`` scores them (same split, same fixed masking),
-    capped at ``max_eval_tokens`` tokens (None: all), with the model on ``device`` (e.g. ``"cuda"``).
+    capped at ``max_eval_tokens`` tokens (None: all), with the model on ``device`` (e.g. ``"cuda"``);
+    ``corpus``: where the run's training corpus is now (None: where the run records it).
     For ``method="realisable"`` the maps (:func:`fit_head_maps`) are fitted on the first
     ``fit_tokens`` tokens of the run's training split (masked as the held-out text for a masked model),
     so the cut is scored on text it was not fitted on.
@@ -622,7 +665,7 @@ def run_rank_curve(
     from .training.settings import transformers_progress_bars
 
     run = open_run(run_dir)
-    data_settings = recorded_data_settings(run_dir, run, None, max_eval_tokens)
+    data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
     with transformers_progress_bars(progress):
         model = load_model(run).eval().to(device)
     key = (json.dumps(data_settings.record(), sort_keys=True), run.tokenizer.backend_tokenizer.to_str())
@@ -687,13 +730,19 @@ def summarise(curves: list[dict], band: float | None = None, tolerances=()) -> l
 
         def needed(width, c=c):
             return {
-                s: needed_rank({int(k): v for k, v in losses.items()}, c["full"], width)
+                s: needed_rank({int(k): v for k, v in losses.items()}, c["full"], width, _uniform(c, s))
                 for s, losses in c["curves"].items()
             }
 
         extra = {"needed_at": {f"{t:g}": needed(t) for t in tolerances}} if tolerances else {}
         out.append(c | {"band": width, "band_source": source, "needed": needed(width)} | extra)
     return out
+
+
+def _uniform(curve: dict, setting: str) -> float | None:
+    """The measured loss at k = 0 of a curve's setting: the uniform loss for "all" (every layer's heads uniform);
+    None for a layer alone, which is not scored at k = 0."""
+    return curve.get("uniform") if setting == "all" else None
 
 
 def needed_band(results: list[dict]) -> list[dict]:
@@ -733,15 +782,18 @@ def report_markdown(results: list[dict], command: str) -> str:
         "",
         "Each head's logits cut to rank k (k = 1 .. d_p), in one layer or in all layers, and the held-out loss",
         "scored again, two ways. *Oracle*: per sequence, the best rank-k fit of each head's logits over the keys",
-        "each query may see (a decoder's future keys cost no rank), up to a per-query shift the softmax ignores;",
-        "no fixed weights realise it: the low end (a least-squares fit of logits, not a proven bound on the loss).",
+        "each query may see (a decoder's future keys cost no rank), up to a per-query shift the softmax ignores.",
+        "It is not causal: the fit's factors are shared by all of a sequence's queries, so its logits at a",
+        "position depend on later tokens too. It is an optimistic bound that no causal model (no fixed weights)",
+        "realises: the low end (a least-squares fit of logits, not a proven bound on the loss).",
         "*Realisable*: each head's queries and keys mapped to size k by maps fitted on training text (the best",
-        "rank-k form of q·k in expectation), scored on held-out text: a model with query/key heads of size k",
-        "exists, so its needed rank is achievable.",
+        "rank-k form of q·k in expectation), scored on held-out text: a causal model with query/key heads of",
+        "size k exists, so its needed rank is achievable.",
         "*Needed rank*: the smallest k from which the loss stays within a tolerance of the full-rank loss, shown",
         "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
-        "full-rank loss where a model has several seeds). *Attention gain*: uniform attention over the visible",
-        "keys (k = 0) minus the full-rank loss. `fixedhead.intervention`.",
+        "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
+        "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
+        "`fixedhead.intervention`.",
         "",
         f"Command: `{command}`",
         "",
@@ -807,7 +859,10 @@ class RankInterventionOptions:
     fit_tokens: int = 32_768
     """training tokens the realisable cut's query and key maps are fitted on"""
     ranks: tuple[int, ...] = ()
-    """the ranks k tried (empty: every k up to d_p)"""
+    """the ranks k tried, each at most the largest query/key head size (empty: every k up to d_p)"""
+    corpus: str | None = None
+    """where the runs' training corpus is now, for runs that record none or whose corpus moved (its text must be
+    the same)"""
 
 
 def intervene_runs(
@@ -821,29 +876,37 @@ def intervene_runs(
     tolerances=RankInterventionOptions.tolerances,
     fit_tokens: int = RankInterventionOptions.fit_tokens,
     ranks=RankInterventionOptions.ranks,
+    corpus: str | None = RankInterventionOptions.corpus,
 ) -> list[dict]:
     """:func:`run_rank_curve` of every run, oracle and realisable, then :func:`summarise`; writes
     ``rank_intervention.json`` (with the command and versions, every curve and :func:`needed_band`),
     ``.csv`` (run, seed, method, setting, k, loss), ``.png`` and ``.md`` into ``output_dir``.
 
     Raises:
-        ValueError: no run, a ``band`` or tolerance that is not a finite number >= 0.
+        ValueError: no run, a ``band`` or tolerance that is not a finite number >= 0, a rank that is not an int >= 1
+            or above a run's largest query/key head size (before any run is scored).
         FileExistsError: ``output_dir`` holds something else (see :func:`fixedhead.runs.claim_output_dir`).
     """
     import csv
     import io
 
-    from .runs import claim_output_dir, environment_info, write_json_atomic, write_text_atomic
+    from .runs import claim_output_dir, environment_info, open_run, write_json_atomic, write_text_atomic
 
     if not run_dirs:
         raise ValueError("give at least one run directory")
-    for name, value in [("band", band)] + [("tolerances", t) for t in tolerances]:
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise ValueError(f"{name} must be finite numbers >= 0, got {value}")
+    if band is not None:
+        _check_tolerance("band", band)
+    for t in tolerances:
+        _check_tolerance("tolerances", t)
+    check_ranks(ranks)
     positive_int("fit_tokens", fit_tokens)
+    for r in run_dirs:  # every run's head sizes before any is scored
+        check_ranks(ranks, _largest_qk_head_dim(open_run(r).config), r)
     claim_output_dir(output_dir, (RESULTS_FILE,), OWNED, "rank-intervention", overwrite=overwrite, create=False)
     curves = [
-        run_rank_curve(r, max_eval_tokens, list(ranks) or None, progress, method=method, fit_tokens=fit_tokens)
+        run_rank_curve(
+            r, max_eval_tokens, list(ranks) or None, progress, method=method, fit_tokens=fit_tokens, corpus=corpus
+        )
         for r in run_dirs
         for method in ("oracle", "realisable")
     ]

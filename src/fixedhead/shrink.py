@@ -40,6 +40,9 @@ class ShrinkOptions:
     """optimizer steps of further pretraining on the run's own data after the cut (0: none)"""
     learning_rate: float = 5e-4
     """peak learning rate of that fine-tuning"""
+    corpus: str | None = None
+    """where the run's training corpus is now, for a run that records none or whose corpus moved (its text must be
+    the same)"""
 
 
 def _attention_layers(model):
@@ -114,6 +117,7 @@ def shrink_run(
     fit_tokens: int = ShrinkOptions.fit_tokens,
     finetune_steps: int = ShrinkOptions.finetune_steps,
     learning_rate: float = ShrinkOptions.learning_rate,
+    corpus: str | None = ShrinkOptions.corpus,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
@@ -121,8 +125,9 @@ def shrink_run(
 
     Fits the maps on the first ``fit_tokens`` tokens of the training split, folds them in (:func:`shrink_model`)
     and writes the model, tokenizer and ``shrink.json`` (source, sizes, tokens fitted, the source's data
-    settings so ``fixedhead evaluate`` scores the source's held-out text); returns that record. With
-    ``finetune_steps`` > 0 the cut model trains on into ``output_dir/finetuned``, a pretraining run of its own.
+    settings so ``fixedhead evaluate`` scores the source's held-out text; ``corpus``, where given, in place of the
+    recorded one); returns that record. With ``finetune_steps`` > 0 the cut model trains on into
+    ``output_dir/finetuned``, a pretraining run of its own. ``progress`` False: no bar, transformers' own included.
 
     Raises:
         ValueError: a Llama or non-pretraining run.
@@ -131,7 +136,8 @@ def shrink_run(
     from .data import prepare_data
     from .data.lm import heldout_batches
     from .intervention import attention_modules, fit_head_maps
-    from .training.evaluate import recorded_data_settings
+    from .training.evaluate import check_same_text, recorded_data_settings
+    from .training.settings import transformers_progress_bars
 
     positive_int("qk_head_dim", qk_head_dim)
     positive_int("fit_tokens", fit_tokens)
@@ -154,18 +160,24 @@ def shrink_run(
     kinds = set(run.config.architectures or []) - {"FixedHeadForMaskedLM", "FixedHeadForCausalLM"}
     if kinds:
         raise ValueError(f"{run_dir} holds a {', '.join(sorted(kinds))}; `fixedhead shrink` takes pretraining runs")
-    model = load_model(run).eval()
-    sizes = [m.qk_head_dim for m in _attention_layers(model)]
+    sizes = run.config.layer_qk_head_dims
     if qk_head_dim > min(sizes):
         raise ValueError(f"--qk-head-dim {qk_head_dim} is larger than the run's query/key head sizes {sizes}")
+    data_settings = recorded_data_settings(run_dir, run, corpus)  # a run that records no corpus: refused here
+    with transformers_progress_bars(progress):
+        model = load_model(run).eval()
     objective = "clm" if run.config.is_decoder else "mlm"
-    data = prepare_data(recorded_data_settings(run_dir, run), tokenizer=run.tokenizer, progress=progress)
+    data = prepare_data(data_settings, tokenizer=run.tokenizer, progress=progress)
+    check_same_text(run_dir, run.settings, data)
     seq = data.train.shape[1]
     train = data.train[: max(1, math.ceil(fit_tokens / seq))]
     eval_seed = run.settings.get("train", {}).get("eval_seed", 1234)
     fit_ids, _ = heldout_batches(train, run.tokenizer, objective, eval_seed)  # masked as scored, for an MLM
     maps = fit_head_maps(model, fit_ids, attention_modules(model, fit_ids[:1]))
     small = shrink_model(model, maps, qk_head_dim)
+    settings = run.settings
+    if corpus is not None:  # where the text is now: the shrunk run's own evaluate needs no --corpus
+        settings = settings | {"data": settings.get("data", {}) | {"corpus": resolve_local_path(corpus)}}
     record = {
         "source_run": resolve_local_path(run_dir),
         "objective": objective,
@@ -173,11 +185,12 @@ def shrink_run(
         "qk_head_dim": qk_head_dim,
         "v_head_dim": small.config.v_head_dim,
         "fit_tokens": int(fit_ids.numel()),
-        "source_settings": run.settings,  # `evaluate` scores the shrunk model on the source's held-out set
+        "source_settings": settings,  # `evaluate` scores the shrunk model on the source's held-out set
     }
     out = claim_output_dir(output_dir, (SHRINK_FILE,), owned, "shrink", overwrite=overwrite)
     write_json_atomic(out / SHRINK_FILE, record)  # the marker first: a failed save can be overwritten
-    small.save_pretrained(str(out), safe_serialization=True)
+    with transformers_progress_bars(progress):
+        small.save_pretrained(str(out), safe_serialization=True)
     follow_umask(out / "model.safetensors")  # safetensors writes 0600
     run.tokenizer.save_pretrained(str(out))
     if finetune_steps:

@@ -243,11 +243,36 @@ def test_flops_count_each_size_where_it_is_used():
 # ------------------------------------------------------------------------------- what refuses them
 
 
-def test_llama_runs_refuse_them_by_name():
+def test_llama_runs_refuse_two_sizes_by_name_and_take_one():
+    """transformers' Llama has one head size: a query/key or value size other than it is refused, each field as
+    ``field=value`` (what the command line rewrites as its option and value: ``--qk-head-dim 4``); one size given
+    under several names is that size."""
+    llama = {"architecture": "llama", "hidden_size": 32, "num_attention_heads": 4}  # d/h = 8
     for name in ("qk_head_dim", "v_head_dim"):
-        with pytest.raises(ValueError, match=f"{name}=8: architecture 'llama'.*one head size"):
-            build_config({"architecture": "llama", "hidden_size": 32, "num_attention_heads": 4, name: 8})
-    build_config({"architecture": "llama", "hidden_size": 32, "num_attention_heads": 4, "qk_head_dim": None})
+        refused = rf"{name}=4 with head_dim=16: architecture='llama' .* one head size .*; give head_dim alone, or "
+        with pytest.raises(ValueError, match=refused + "architecture='fixedhead' for separate sizes"):
+            build_config(llama | {"head_dim": 16, name: 4})
+        with pytest.raises(ValueError, match=rf"{name}=4 with head_dim=None \(d/h = 8\)"):
+            build_config(llama | {name: 4})
+    with pytest.raises(ValueError, match=r"v_head_dim=8 with head_dim=16"):
+        build_config(llama | {"head_dim": 16, "qk_head_dim": 16, "v_head_dim": 8})
+    assert build_config(llama | {"qk_head_dim": None}).head_dim == 8
+    assert build_config(llama | {"head_dim": 16, "qk_head_dim": 16, "v_head_dim": 16}).head_dim == 16
+    assert build_config(llama | {"qk_head_dim": 8}).head_dim == 8  # d/h
+    assert build_config(llama | {"qk_head_dim": 16, "v_head_dim": 16}).head_dim == 16  # both: d/h unused
+
+
+def test_the_llama_refusal_names_the_options_as_typed(tmp_path, capsys):
+    """From the command line the refusal reads in options; nothing is written."""
+    from fixedhead.cli import main
+
+    out = tmp_path / "run"
+    argv = ["pretrain", "--architecture", "llama", "--objective", "clm", "--hidden-size", "32"]
+    argv += ["--num-attention-heads", "4", "--head-dim", "16", "--qk-head-dim", "4", "--output-dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "qk" in err and "head" in err and "fixedhead" in err, err
+    assert not out.exists()
 
 
 def test_flash_attention_takes_values_no_wider_than_queries():
@@ -300,8 +325,32 @@ def test_sdpa_on_cuda_leaves_flash_out_for_two_sizes():
 
 
 def test_widening_refuses_separate_sizes():
-    with pytest.raises(ValueError, match="widen_heads grows head_dim.*qk_head_dim=3, v_head_dim=10"):
+    """Named by what widening does (no function name) and the sizes the layers have: the value size 10, not the
+    config's unset field."""
+    refused = r"^widening grows head_dim, .*its values have sizes of their own \(qk_head_dim=3, v_head_dim=10\)$"
+    with pytest.raises(ValueError, match=refused):
         widen_heads(FixedHeadForCausalLM(config(3, 10)), 16)
+    with pytest.raises(ValueError, match=r"\(qk_head_dim=4, v_head_dim=8\)$"):  # v_head_dim None: head_dim's 8
+        widen_heads(FixedHeadForCausalLM(config(4, None, head_dim=8)), 16)
+
+
+def test_both_sizes_given_need_no_divisible_hidden_size(capsys):
+    """With qk_head_dim and v_head_dim both given no layer reads d/h, so d need not be divisible by h (as with an
+    explicit head_dim); the model builds and runs at those sizes, and the command line counts it."""
+    from fixedhead.cli import main
+
+    cfg = config(4, 6, hidden_size=18, num_attention_heads=4)
+    model = FixedHeadForCausalLM(cfg).eval()
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert [(m.qk_head_dim, m.v_head_dim, m.qkv.out_features) for m in layers] == [(4, 6, 4 * (2 * 4 + 6))] * 2
+    assert model(torch.randint(3, 61, (1, 5))).logits.shape == (1, 5, 61)
+    mlm, pooler = FixedHeadForMaskedLM(cfg), FixedHeadModel(cfg).pooler  # what count counts: BERT's MLM and pooler
+    assert count_parameters(cfg) == sum(p.numel() for m in (mlm, pooler) for p in m.parameters())
+    with pytest.raises(ValueError, match="divisible by num_attention_heads"):  # one size given: d/h is read
+        config(4, None, hidden_size=18, num_attention_heads=4)
+    argv = ["count", "--hidden-size", "18", "--num-attention-heads", "4", "--qk-head-dim", "4", "--v-head-dim", "6"]
+    assert main(argv) == 0
+    assert "d=18, h=4, qk_head_dim=4, v_head_dim=6" in capsys.readouterr().out
 
 
 def test_the_count_command_takes_both_sizes(capsys):

@@ -192,3 +192,19 @@ def test_every_committed_report_regenerates(folder, tmp_path):
     extra = ["--study", study] if study and "study" not in _state(folder)["meta"] else []
     assert main(["report", str(RESULTS / folder), "--output-dir", str(tmp_path / "r"), *extra]) == 0
     assert (tmp_path / "r" / "report.md").read_bytes() == (RESULTS / folder / "report.md").read_bytes()
+
+
+@pytest.mark.parametrize("model", ["standard", "fixed", "standard-wide"])
+def test_rank_intervention_reports_regenerate(model):
+    """The committed `fixedhead rank-intervention` tables are what the code renders from the runs and command in
+    the JSON beside them, and their needed ranks are what the code reads from the curves."""
+    from fixedhead.intervention import needed_band, report_markdown, summarise
+
+    folder = RESULTS / "make-run-rank" / "visible" / model
+    record = json.loads((folder / "rank_intervention.json").read_text())
+    assert report_markdown(record["runs"], record["command"]) == (folder / "rank_intervention.md").read_text()
+    tolerances = tuple(float(t) for t in record["runs"][0]["needed_at"])
+    fresh = [
+        {k: v for k, v in r.items() if k not in ("band", "band_source", "needed", "needed_at")} for r in record["runs"]
+    ]
+    assert needed_band(summarise(fresh, tolerances=tolerances)) == record["needed"]

@@ -53,8 +53,9 @@ def llama_config(**fields):
     dropped.
 
     Raises:
-        ValueError: a field Llama cannot take (per-layer or qk/v head sizes, a fixedhead-only option away
-            from its default, hidden dropout) or a size ``LlamaConfig`` refuses (an odd head size).
+        ValueError: a field Llama cannot take (per-layer head sizes, query/key and value sizes that differ, a
+            fixedhead-only option away from its default, hidden dropout) or a size ``LlamaConfig`` refuses (an odd
+            head size).
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import LlamaConfig
@@ -65,13 +66,7 @@ def llama_config(**fields):
         raise ValueError(
             f"architecture 'llama' takes one head size for every layer; got per-layer head_dim={list(head_dim)!r}"
         )
-    for name in ("qk_head_dim", "v_head_dim"):
-        value = fields.pop(name, None)
-        if value is not None:
-            raise ValueError(
-                f"{name}={value!r}: architecture 'llama' (transformers' LlamaForCausalLM) has one head size for "
-                f"queries, keys and values; set head_dim, or train architecture 'fixedhead' for separate sizes"
-            )
+    head_dim = _one_head_size(head_dim, fields.pop("qk_head_dim", None), fields.pop("v_head_dim", None), fields)
     for name, off in FIXEDHEAD_ONLY.items():
         value = fields.pop(name, off)
         if value != off:
@@ -100,6 +95,29 @@ def llama_config(**fields):
         raise ValueError(
             f"LlamaConfig refuses {kwargs | {'head_dim': head_dim}}: {getattr(e, '__cause__', None) or e}"
         ) from None
+
+
+def _one_head_size(head_dim, qk_head_dim, v_head_dim, fields: dict):
+    """Llama's one ``head_dim`` from fixedhead's three head-size fields: accepted where every one given (and d/h
+    for ``head_dim`` left out beside a query/key or value size) is the same size. The refusal writes fields as
+    ``field=value``, which the command line rewrites as its options (``--qk-head-dim 4``)."""
+    sizes = {"qk_head_dim": qk_head_dim, "v_head_dim": v_head_dim}
+    sizes = {name: size for name, size in sizes.items() if size is not None}
+    if not sizes:
+        return head_dim
+    d, h = fields.get("hidden_size"), fields.get("num_attention_heads")
+    standard = d // h if isinstance(d, int) and isinstance(h, int) and h > 0 and d % h == 0 else None
+    if head_dim is None and len(sizes) == 2 and qk_head_dim == v_head_dim:
+        return qk_head_dim  # both given: no layer reads d/h
+    one = head_dim if head_dim is not None else standard
+    if all(size == one for size in sizes.values()):
+        return head_dim
+    name, size = next((n, s) for n, s in sizes.items() if s != one)
+    shown = f"head_dim={head_dim}" if head_dim is not None else "head_dim=None" + (f" (d/h = {one})" if one else "")
+    raise ValueError(
+        f"{name}={size} with {shown}: architecture='llama' (transformers' LlamaForCausalLM) has one head size for "
+        f"queries, keys and values; give head_dim alone, or architecture='fixedhead' for separate sizes"
+    )
 
 
 def build_config(fields: dict):

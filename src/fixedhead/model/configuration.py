@@ -2,7 +2,8 @@
 
 ``head_dim``: None is the standard d/h (paper Section 2), an int the paper's fixed head size (Section 4), a
 list one entry per layer. ``qk_head_dim`` and ``v_head_dim`` (DeepSeek-V3's names) size queries and keys
-apart from values: Theorem 1 bounds the logits' rank by the first.
+apart from values: Theorem 1 bounds the logits' rank by the first. With both given no layer reads d/h, so d
+need not be divisible by h.
 """
 
 from __future__ import annotations
@@ -83,19 +84,19 @@ class FixedHeadConfig(PreTrainedConfig):
         after construction) and when a model is built, so a field changed later is caught before any weight exists.
         """
         positive_int("num_hidden_layers", self.num_hidden_layers)
+        for name in ("qk_head_dim", "v_head_dim"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
         if isinstance(self.head_dim, (list, tuple)):
             self.head_dim = list(self.head_dim)  # saved as a JSON list, reloaded the same
             self._check_head_dim_count()
             for layer, dp in enumerate(self.head_dim):
                 try:
-                    resolve_head_dim(self.hidden_size, self.num_attention_heads, dp)
+                    self._resolve(dp)
                 except ValueError as e:
                     raise ValueError(f"head_dim[{layer}] (layer {layer}): {e}") from None
         else:
-            resolve_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)  # d, h, d_p first
-        for name in ("qk_head_dim", "v_head_dim"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
+            self._resolve(self.head_dim)  # d, h, d_p first
         for name in ("vocab_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings"):
             positive_int(name, getattr(self, name))
         non_negative_int("type_vocab_size", self.type_vocab_size)
@@ -113,6 +114,16 @@ class FixedHeadConfig(PreTrainedConfig):
         if not (isinstance(self.layer_norm_eps, numbers.Real) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         check_parametrization(self)
+
+    def _resolve(self, head_dim: int | None) -> int:
+        """A layer's head size d_p: :func:`resolve_head_dim`, except that with both ``qk_head_dim`` and
+        ``v_head_dim`` given no layer reads d/h, so d need not be divisible by h; where it is not, the entry
+        reads ``qk_head_dim`` (the size transformers' cache sizes keys by)."""
+        if head_dim is None and self.qk_head_dim is not None and self.v_head_dim is not None:
+            d = positive_int("hidden_size", self.hidden_size)
+            if d % positive_int("num_attention_heads", self.num_attention_heads):
+                return self.qk_head_dim
+        return resolve_head_dim(self.hidden_size, self.num_attention_heads, head_dim)
 
     def _check_head_dim_count(self) -> None:
         if isinstance(self.head_dim, list) and len(self.head_dim) != self.num_hidden_layers:
@@ -164,10 +175,11 @@ class FixedHeadConfig(PreTrainedConfig):
 
     @property
     def layer_head_dims(self) -> list[int]:
-        """Every layer's head size d_p, None entries resolved to d/h."""
+        """Every layer's head size d_p, None entries resolved to d/h (to ``qk_head_dim`` where d/h does not exist and
+        both ``qk_head_dim`` and ``v_head_dim`` are given: :meth:`_resolve`)."""
         self._check_head_dim_count()
         per_layer = self.head_dim if isinstance(self.head_dim, list) else [self.head_dim] * self.num_hidden_layers
-        return [resolve_head_dim(self.hidden_size, self.num_attention_heads, dp) for dp in per_layer]
+        return [self._resolve(dp) for dp in per_layer]
 
     @property
     def layer_qk_head_dims(self) -> list[int]:

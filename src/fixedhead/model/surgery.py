@@ -105,15 +105,17 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
         ValueError: a size below a layer's current one (naming the layer), a list of the wrong length, or a
             config with ``qk_head_dim`` / ``v_head_dim`` set (widening grows the one ``head_dim``).
     """
-    separate = {f: getattr(model.config, f, None) for f in ("qk_head_dim", "v_head_dim")}
-    if any(size is not None for size in separate.values()):
-        sizes = ", ".join(f"{f}={size}" for f, size in separate.items())
-        raise ValueError(
-            f"widen_heads grows head_dim, the one size of queries, keys and values; this model sets {sizes}"
-        )
-    old = [m.head_dim for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    if not old:
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
         raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")
+    if any(getattr(model.config, f, None) is not None for f in ("qk_head_dim", "v_head_dim")):
+        sizes = {f: sorted({getattr(m, f) for m in layers}) for f in ("qk_head_dim", "v_head_dim")}
+        shown = ", ".join(f"{f}={s[0] if len(s) == 1 else s}" for f, s in sizes.items())
+        raise ValueError(
+            f"widening grows head_dim, the one size of queries, keys and values; this model's queries and keys "
+            f"and its values have sizes of their own ({shown})"
+        )
+    old = [m.head_dim for m in layers]
     new = new_head_dims(old, head_dim)
     std = positive_float("init_std", init_std if init_std is not None else model.config.initializer_range)
     generator = torch.Generator().manual_seed(seed)
