@@ -233,7 +233,7 @@ def fit_visible(
     visible_filled = torch.linalg.svd(m * (s - ms.sum(-1, keepdim=True) / counts), full_matrices=False)[2]
     starts = torch.cat([vh[..., :rank, :], visible_filled[..., :rank, :]]).transpose(-1, -2)  # [2N, keys, k]
     probe = min(PROBE_SWEEPS, max_iter)
-    twice = [torch.cat([x, x]) for x in (ms, m, squares, norm)]
+    twice = [None if x is None else torch.cat([x, x]) for x in (ms, None if causal else m, squares, norm)]
     _, b, residual = sweeps(starts, *twice, probe)  # a few sweeps from each start: go on from the better
     n_mats = s.shape[0]
     from_lookahead = residual[:n_mats] <= residual[n_mats:]
