@@ -583,3 +583,69 @@ def test_the_realisable_cut_is_causal_and_the_oracle_is_not(index):
     for k in (1, 2):
         realisable, oracle = prefix_difference("realisable", k, maps), prefix_difference("oracle", k)
         assert realisable < 1e-5 and oracle > 1e-4
+
+
+def _numpy_als(s, visible, rank, max_iter=100, tol=1e-4):
+    """The oracle's earlier algorithm, written plainly in NumPy for one matrix: alternating least squares from
+    the visible-filled SVD, each query's and each key's least squares solved alone over its visible entries,
+    the step extrapolated as :func:`fit_visible` does, every residual summed entry by entry. Returns the fit's
+    visible residual."""
+    m = visible.astype(float)
+    n_q, n_k = s.shape
+    counts = np.maximum(m.sum(1, keepdims=True), 1)
+    b = np.linalg.svd(m * (s - (m * s).sum(1, keepdims=True) / counts))[2][:rank].T
+    a = np.zeros((n_q, rank + 1))
+
+    def ridged(g):
+        return g + 1e-12 * max(np.trace(g) / len(g), 1e-300) * np.eye(len(g))
+
+    def residual(a, b):
+        return float(((m * (s - a[:, :rank] @ b.T - a[:, rank:])) ** 2).sum())
+
+    best, alpha = np.inf, 1.0
+    for sweep in range(max_iter):
+        bt = np.hstack([b, np.ones((n_k, 1))])
+        new_a = np.stack(
+            [np.linalg.solve(ridged(bt.T @ (m[i, :, None] * bt)), bt.T @ (m[i] * s[i])) for i in range(n_q)]
+        )
+        ak, c = new_a[:, :rank], new_a[:, rank]
+        new_b = np.stack(
+            [np.linalg.solve(ridged(ak.T @ (m[:, j, None] * ak)), ak.T @ (m[:, j] * (s[:, j] - c))) for j in range(n_k)]
+        )
+        now = residual(new_a, new_b)
+        if sweep:
+            a_far, b_far = new_a + alpha * (new_a - a), new_b + alpha * (new_b - b)
+            far = residual(a_far, b_far)
+            if far < now:
+                new_a, new_b, now, alpha = a_far, b_far, far, alpha * 1.5
+            else:
+                alpha = 1.0
+        a, b, previous, best = new_a, new_b, best, now
+        if now <= 1e-24 * float(((m * s) ** 2).sum()) or (np.isfinite(previous) and previous - now <= tol * previous):
+            break
+    return best
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_fit_visible_fits_no_worse_than_plain_alternating_least_squares(rotary):
+    """Against the earlier algorithm (one matrix, one row and one key at a time, in NumPy), on logits of rank 8
+    with and without rotary positions, at every k below 8: no matrix is fitted worse by more than 1e-6 of its
+    visible logits' squared norm, and over all matrices and k the residual is lower."""
+    rng = np.random.default_rng(7)
+    n, d_p = 14, 8
+    q = rng.normal(size=(3, n, d_p)) * np.logspace(0.3, -1, d_p) + rng.normal(size=(3, 1, d_p))
+    k = rng.normal(size=(3, n, d_p)) * np.logspace(-1, 0.3, d_p) + rng.normal(size=(3, 1, d_p))
+    if rotary:  # pairs (i, i + d_p / 2) rotated by position × frequency, as Llama's rotary embedding
+        angle = np.arange(n)[:, None] * 10000.0 ** (-np.arange(d_p // 2) / (d_p // 2))
+        cos, sin = np.tile(np.cos(angle), 2), np.tile(np.sin(angle), 2)
+        q, k = (x * cos + np.concatenate([-x[..., d_p // 2 :], x[..., : d_p // 2]], -1) * sin for x in (q, k))
+    s = q @ k.transpose(0, 2, 1)
+    visible = np.tril(np.ones((n, n), dtype=bool))
+    ours, theirs = 0.0, 0.0
+    for rank in range(1, d_p):
+        got = fit_visible(torch.from_numpy(s), torch.from_numpy(visible), rank).numpy()
+        for i in range(3):
+            residual, reference = ((got[i] - s[i])[visible] ** 2).sum(), _numpy_als(s[i], visible, rank)
+            assert residual <= reference + 1e-6 * (s[i][visible] ** 2).sum()
+            ours, theirs = ours + residual, theirs + reference
+    assert ours < theirs

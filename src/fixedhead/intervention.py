@@ -51,6 +51,7 @@ from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
 SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(RANK_IMPLEMENTATION)  # it multiplies by the values it gets, of any size
 _RANK_ATTR = "_fixedhead_logit_rank"  # (method, rank, maps) on the attention modules being cut, for the duration
+PROBE_SWEEPS = 5  # the oracle's sweeps from each of its two starts before it goes on from the better
 
 
 def truncate_logits(logits: torch.Tensor, rank: int) -> torch.Tensor:
@@ -120,21 +121,26 @@ def fit_visible(
     over its visible keys first would instead add a rank). M is the visibility mask: for a decoder,
     keys up to the query, so no rank is spent on logits the query never sees. Where every entry is
     visible this is :func:`truncate_logits` (Eckart–Young); otherwise there is no closed form, and the
-    fit is found by alternating least squares: start from the k leading right singular vectors of the
-    visible entries (each row centred over its visible keys, hidden entries 0) as the keys' factors B,
-    then alternately solve each query's (a_i, c_i) and each key's b_j by least squares over its
-    visible entries (a ridge of 1e-12 · the mean diagonal keeps rows with fewer visible keys than
-    k + 1 solvable). After each sweep the step from the previous sweep is extrapolated (A, B and c
-    moved on by α times their change, α growing 1.5-fold while that lowers the residual, back to 1
-    when it does not), and the extrapolated fit is kept only where its visible residual is lower, so
-    the residual never rises. Each matrix stops on its own when a sweep lowers its residual by less
-    than the fraction ``tol`` (it has stalled) or the residual is below 1e-24 of the visible entries'
-    squared norm (an exact fit), or after ``max_iter`` sweeps; all matrices (e.g. every head of every
-    sequence) are solved together in batched tensor operations, over those still running. ALS is a
-    local method: "best" is the fit it reaches. The lookahead fit (:func:`truncate_logits` of all
-    entries, with its best shifts) is kept where its visible residual is lower, so the oracle never
-    fits worse than the lookahead cut. (Starting from the lookahead fit, or from the rank k − 1 fit
-    plus one direction, stalls higher: those directions serve other entries.)
+    fit is found by alternating least squares (ALS). A sweep solves each query's (a_i, c_i) and then each
+    key's b_j by least squares over its visible entries (a ridge of 1e-12 · the mean diagonal keeps rows
+    with fewer visible keys than k + 1 solvable); the step from the previous sweep is then extrapolated
+    (A, B and c moved on by α times their change, α growing 1.5-fold while that lowers the residual,
+    back to 1 when it does not), and the extrapolated fit is kept only where its visible residual is
+    lower, so the residual never rises. ALS starts twice, from the k leading right singular vectors of
+    all the row-centred logits (the lookahead cut's key directions) and from those of the visible
+    entries alone (each row centred over its visible keys, hidden entries 0) as the keys' factors B;
+    each start runs :data:`PROBE_SWEEPS` sweeps and the one with the lower residual goes on. On trained
+    heads the first start mostly wins and stops sooner (from the second, one head of a trained model
+    stalls at a residual of 168 where the first reaches 0.8); on logits after rotary positions the
+    second sometimes does. Residuals come from each query's k + 1 × k + 1 gram G_i and right-hand side
+    r_i (Σ_i ‖s_i‖² − 2 ã_i·r_i + ã_iᵀ G_i ã_i over visible entries), not from a pass over the n × n
+    entries, so they resolve to about 1e-15 of the visible entries' squared norm. Each matrix stops
+    on its own when a sweep lowers its residual by less than the fraction ``tol`` (it has stalled) or
+    the residual is below 1e-24 of the visible entries' squared norm (an exact fit), or after
+    ``max_iter`` sweeps in all; all matrices (e.g. every head of every sequence) are solved together in
+    batched tensor operations, over those still running. ALS is a local method: "best" is the fit it
+    reaches. The lookahead fit (:func:`truncate_logits` of all entries, with its best shifts) is kept
+    where its visible residual is lower, so the oracle never fits worse than the lookahead cut.
 
     Args:
         logits: [..., queries, keys] (float64 here).
@@ -161,56 +167,83 @@ def fit_visible(
     counts = m.sum(-1, keepdim=True).clamp(min=1)
     if rank == 0:
         return (ms.sum(-1, keepdim=True) / counts).expand_as(s).clone()
-    s, m, counts = s.reshape(-1, nq, nk), m.reshape(-1, nq, nk), counts.reshape(-1, nq, 1)
-    norm = (m * s).pow(2).sum((-2, -1)).clamp(min=1e-300)
-    _, _, vh = torch.linalg.svd(m * (s - (m * s).sum(-1, keepdim=True) / counts), full_matrices=False)
-    b = vh[..., :rank, :].transpose(-1, -2)  # [N, keys, k]: the visible entries' directions, hidden ones 0
-    a = torch.zeros(*s.shape[:-1], rank + 1, dtype=s.dtype, device=s.device)  # [N, queries, k + 1]: a_i and c_i
-    ones = torch.ones(*b.shape[:-1], 1, dtype=s.dtype, device=s.device)
+    s, m, ms, counts = (x.reshape(-1, nq, x.shape[-1]) for x in (s, m, ms, counts))
+    squares = ms.pow(2).sum(-1)  # [N, queries]: each query's visible logits' squared norm
+    norm = squares.sum(-1).clamp(min=1e-300)
+    tril = torch.ones(nq, nk, dtype=torch.bool, device=s.device).tril()
+    causal = nq == nk and bool((visible == tril).all())  # query i sees keys j ≤ i: grams are running sums
     eye = torch.eye(rank + 1, dtype=s.dtype, device=s.device)
-    causal = nq == nk and visible.dim() == 2 and torch.equal(visible, torch.ones_like(visible).tril())
 
-    def solve(weights, design, target, upper=False):  # per row r: argmin_x Σ_j w_rj (t_rj − design_j · x)²
+    def gram(design, weights, upper=False):  # per row r: Σ_j w_rj design_j design_jᵀ, [N, R, p, p]
         outer = design[..., :, None] * design[..., None, :]  # [N, J, p, p]
-        if causal:  # row r sees j ≤ r (queries) or j ≥ r (keys, upper): running sums, not an [R, J] product
-            gram = outer.flip(-3).cumsum(-3).flip(-3) if upper else outer.cumsum(-3)
-        else:
-            gram = (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)  # [N, R, p, p]
+        if causal:  # row r sees j ≤ r (queries), or is seen by j ≥ r (keys, upper): no [R, J] product
+            return outer.flip(-3).cumsum(-3).flip(-3) if upper else outer.cumsum(-3)
+        weights = weights.transpose(-1, -2) if upper else weights
+        return (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)
+
+    def solve(gram, rhs):  # per row: (gram + ridge) x = rhs
         ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
-        p = design.shape[-1]
-        rhs = (weights * target) @ design  # [N, R, p]
+        p = gram.shape[-1]
         return torch.linalg.solve(gram + ridge[..., None, None] * eye[:p, :p], rhs[..., None])[..., 0]
 
-    def residual_of(s, m, a, b):
-        return (m * (s - a[..., :rank] @ b.transpose(-1, -2) - a[..., rank:])).pow(2).sum((-2, -1))
+    def row_terms(ms, m, b):  # the queries' least squares for keys' factors b: each query's gram and M⊙S B̃
+        design = torch.cat([b, torch.ones_like(b[..., :1])], -1)
+        return gram(design, m), ms @ design
 
-    residual = torch.full(s.shape[:1], float("inf"), dtype=s.dtype, device=s.device)
-    alpha = torch.ones_like(residual)
-    running = torch.arange(s.shape[0], device=s.device)  # the matrices still iterating
-    for sweep in range(max_iter):
-        sr, mr, br = s[running], m[running], b[running]
-        ar = solve(mr, torch.cat([br, ones[: len(running)]], -1), sr)
-        br = solve(mr.transpose(-1, -2), ar[..., :rank], (sr - ar[..., rank:]).transpose(-1, -2), upper=True)
-        now = residual_of(sr, mr, ar, br)
-        if sweep:  # extrapolate the step from the last sweep; keep it where it fits better
-            step = alpha[running][:, None, None]
-            a_far, b_far = ar + step * (ar - a[running]), br + step * (br - b[running])
-            far = residual_of(sr, mr, a_far, b_far)
-            better = far < now
-            ar = torch.where(better[:, None, None], a_far, ar)
-            br = torch.where(better[:, None, None], b_far, br)
-            alpha[running] = torch.where(better, alpha[running] * 1.5, 1.0)
-            now = torch.minimum(far, now)
-        previous = residual[running]
-        a[running], b[running], residual[running] = ar, br, now
-        done = (now <= 1e-24 * norm[running]) | (previous.isfinite() & (previous - now <= tol * previous))
-        running = running[~done]
-        if not len(running):
-            break
+    def residual_of(squares, a, terms):  # ‖M ⊙ (S − Ã B̃ᵀ)‖² = Σ_i ‖s_i‖² − 2 ã_i·r_i + ã_iᵀ G_i ã_i
+        g, rhs = terms
+        quadratic = (a * (g @ a[..., None])[..., 0]).sum(-1)
+        return (squares - 2 * (a * rhs).sum(-1) + quadratic).sum(-1).clamp(min=0)
+
+    def sweeps(b, ms, m, squares, norm, max_iter):  # ALS from keys' factors b: (Ã, B, visible residual)
+        a = torch.zeros(*ms.shape[:-1], rank + 1, dtype=s.dtype, device=s.device)  # [N, queries, k + 1]: a_i, c_i
+        residual = torch.full(ms.shape[:1], float("inf"), dtype=s.dtype, device=s.device)
+        alpha = torch.ones_like(residual)
+        running = torch.arange(ms.shape[0], device=s.device)  # the matrices still iterating
+        terms = row_terms(ms, m, b)
+        b = b.clone()
+        for sweep in range(max_iter):
+            msr, mr, sq = ms[running], (None if causal else m[running]), squares[running]
+            ar = solve(*terms)
+            key_a, shift = ar[..., :rank], ar[..., :rank] * ar[..., rank:]  # target S − c 1ᵀ: Σ_i m_ij a_i c_i
+            shift = shift.flip(-2).cumsum(-2).flip(-2) if causal else mr.transpose(-1, -2) @ shift
+            br = solve(gram(key_a, mr, upper=True), msr.transpose(-1, -2) @ key_a - shift)
+            terms = row_terms(msr, mr, br)
+            now = residual_of(sq, ar, terms)
+            if sweep:  # extrapolate the step from the last sweep; keep it where it fits better
+                step = alpha[running][:, None, None]
+                a_far, b_far = ar + step * (ar - a[running]), br + step * (br - b[running])
+                terms_far = row_terms(msr, mr, b_far)
+                far = residual_of(sq, a_far, terms_far)
+                better = far < now
+                ar = torch.where(better[:, None, None], a_far, ar)
+                br = torch.where(better[:, None, None], b_far, br)
+                pick = [better.view(-1, 1, 1, 1), better.view(-1, 1, 1)]  # the gram and the right-hand side
+                terms = tuple(torch.where(w, f, t) for w, f, t in zip(pick, terms_far, terms, strict=True))
+                alpha[running] = torch.where(better, alpha[running] * 1.5, 1.0)
+                now = torch.minimum(far, now)
+            previous = residual[running]
+            a[running], b[running], residual[running] = ar, br, now
+            done = (now <= 1e-24 * norm[running]) | (previous.isfinite() & (previous - now <= tol * previous))
+            running, terms = running[~done], tuple(t[~done] for t in terms)
+            if not len(running):
+                break
+        return a, b, residual
+
+    u, sv, vh = torch.linalg.svd(s - s.mean(-1, keepdim=True), full_matrices=False)
+    lookahead = (u[..., :rank] * sv[..., None, :rank]) @ vh[..., :rank, :]  # truncate_logits(s, rank)
+    visible_filled = torch.linalg.svd(m * (s - ms.sum(-1, keepdim=True) / counts), full_matrices=False)[2]
+    starts = torch.cat([vh[..., :rank, :], visible_filled[..., :rank, :]]).transpose(-1, -2)  # [2N, keys, k]
+    probe = min(PROBE_SWEEPS, max_iter)
+    twice = [None if x is None else torch.cat([x, x]) for x in (ms, None if causal else m, squares, norm)]
+    _, b, residual = sweeps(starts, *twice, probe)  # a few sweeps from each start: go on from the better
+    n_mats = s.shape[0]
+    from_lookahead = residual[:n_mats] <= residual[n_mats:]
+    b = torch.where(from_lookahead[:, None, None], b[:n_mats], b[n_mats:])
+    a, b, _ = sweeps(b, ms, m, squares, norm, max(max_iter - probe, 1))
     fit = a[..., :rank] @ b.transpose(-1, -2) + a[..., rank:]
-    lookahead = truncate_logits(s, rank)  # its best shifts over the visible keys: a second candidate
-    lookahead = lookahead + (m * (s - lookahead)).sum(-1, keepdim=True) / counts
-    worse = (m * (s - lookahead)).pow(2).sum((-2, -1)) < residual
+    lookahead = lookahead + (m * (s - lookahead)).sum(-1, keepdim=True) / counts  # its best shifts: a candidate
+    worse = (m * (s - lookahead)).pow(2).sum((-2, -1)) < (m * (s - fit)).pow(2).sum((-2, -1))
     return torch.where(worse[..., None, None], lookahead, fit).reshape(*lead, nq, nk)
 
 
