@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How long the rank intervention's oracle takes: one run's oracle rank curve
-(:func:`fixedhead.intervention.run_rank_curve`, every layer alone and all together, k = 1 .. d_p − 1)
-with the current :func:`~fixedhead.intervention.fit_visible` and with the ones at ``--before`` (git
+(:func:`fixedhead.diagnostics.intervention.run_rank_curve`, every layer alone and all together, k = 1 .. d_p − 1)
+with the current :func:`~fixedhead.diagnostics.intervention.fit_visible` and with the ones at ``--before`` (git
 commits; each function is read from that commit's source and swapped in), side by side in this one
 process, on the same held-out tokens, alternated ``--repeat`` times (the machine may be shared: read
 the spread). Prints the seconds of each, each earlier version's median time over the current one's,
@@ -28,20 +28,23 @@ from pathlib import Path
 
 import torch
 
-import fixedhead.intervention as intervention
+import fixedhead.diagnostics.intervention as intervention
 
 
 def fit_visible_at(commit: str):
     """``fit_visible`` as the package had it at ``commit`` (the module's source run in a fresh namespace)."""
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(
-        ["git", "-C", str(root), "show", f"{commit}:src/fixedhead/intervention.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    places = {"diagnostics/intervention.py": "fixedhead.diagnostics", "intervention.py": "fixedhead"}  # it moved
+    shown = {
+        path: subprocess.run(["git", "-C", str(root), "show", f"{commit}:src/fixedhead/{path}"], capture_output=True)
+        for path in places
+    }
+    found = [path for path in places if shown[path].returncode == 0]
+    if not found:
+        raise SystemExit(f"--before {commit}: no intervention module at that commit")
+    source, package_name = shown[found[0]].stdout.decode(), places[found[0]]
     module = types.ModuleType(f"fixedhead._intervention_{commit}")
-    module.__package__ = "fixedhead"
+    module.__package__ = package_name
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(source, f"{commit}:intervention.py", "exec"), module.__dict__)  # the project's own history
     intervention._register()  # executing the old module re-registered its attention function: restore ours

@@ -14,7 +14,7 @@ The study, in the order it runs (runs side by side as worker processes, ``--work
    batches in the same order, so the head-size gap (fixed − standard held-out loss) is paired by seed:
    mean, 95% t-interval, paired t-test, and the word :func:`fixedhead.studies.kit.stats.difference_word`
    gives it against ``--target`` nats.
-3. **Rank intervention** (:func:`fixedhead.intervention.run_rank_curve`, all layers together) on each
+3. **Rank intervention** (:func:`fixedhead.diagnostics.intervention.run_rank_curve`, all layers together) on each
    reported model: held-out loss when every head's logits are cut to rank k, k = 0 (uniform attention)
    to d_p, and the attention gain (uniform − full).
 
@@ -90,7 +90,7 @@ def job(preset: str, seed: int, lr: float, run_dir: str, train_settings, interve
     """One worker's run: train (or reuse a finished run) and, with ``intervene``, the rank intervention."""
     import torch
 
-    from fixedhead.intervention import run_rank_curve
+    from fixedhead.diagnostics.intervention import run_rank_curve
     from fixedhead.model.paper_presets import get_preset
     from fixedhead.training.pretrain import train_or_reuse
 

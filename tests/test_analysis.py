@@ -1,4 +1,4 @@
-"""fixedhead.analysis: per-head rank and entropy diagnostics of a checkpoint (``fixedhead analyze``),
+"""fixedhead.diagnostics.analysis: per-head rank and entropy diagnostics of a checkpoint (``fixedhead analyze``),
 on the shared tiny pretraining run and on a transformers BERT checkpoint."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fixedhead import FixedHeadForMaskedLM
-from fixedhead.analysis import AttentionAnalysis, analyze, attention_logits, head_statistics, numerical_rank
 from fixedhead.cli import main
+from fixedhead.diagnostics.analysis import AttentionAnalysis, analyze, attention_logits, head_statistics, numerical_rank
 
 
 def test_head_statistics_on_known_heads():
@@ -157,7 +157,7 @@ def test_causal_heads_report_the_causal_threshold(head_dim):
     import math
 
     from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
-    from fixedhead.analysis import analyze_model, format_table
+    from fixedhead.diagnostics.analysis import analyze_model, format_table
 
     torch.manual_seed(0)
     n = 20
@@ -272,7 +272,7 @@ def test_heads_with_values_of_their_own_size_are_read_at_the_query_and_key_size(
     import math
 
     from fixedhead import FixedHeadConfig, FixedHeadForCausalLM
-    from fixedhead.analysis import analyze_model
+    from fixedhead.diagnostics.analysis import analyze_model
 
     torch.manual_seed(0)
     n, qk = 20, 3

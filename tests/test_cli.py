@@ -441,8 +441,8 @@ def _dataclasses_of(command):
     if command in STUDIES:
         options = study_class(command).Options
         return [options, *nested(options).values(), cli.StudyRunning]
-    from fixedhead.analysis import AnalyzeOptions
-    from fixedhead.intervention import RankInterventionOptions
+    from fixedhead.diagnostics.analysis import AnalyzeOptions
+    from fixedhead.diagnostics.intervention import RankInterventionOptions
     from fixedhead.shrink import ShrinkOptions
     from fixedhead.training.export import OnnxExportOptions
     from fixedhead.training.widen import WidenOptions

@@ -1,4 +1,4 @@
-"""The rank intervention (fixedhead.intervention): expected values from NumPy and from constructions
+"""The rank intervention (fixedhead.diagnostics.intervention): expected values from NumPy and from constructions
 whose logit rank is known."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fixedhead import FixedHeadConfig, FixedHeadForCausalLM, FixedHeadForMaskedLM
-from fixedhead.intervention import (
+from fixedhead.diagnostics.intervention import (
     _RANK_ATTR,
     _truncated_attention,
     attention_modules,
@@ -185,7 +185,7 @@ def test_rank_curve_records_each_layer_and_all_layers():
 def test_the_oracle_fits_the_first_layers_logits_once_per_rank(monkeypatch):
     """Layer 0's inputs are the same with all layers cut and with layer 0 cut alone: one fit serves
     both, and the curve is the one each cut scored apart gives."""
-    import fixedhead.intervention as intervention
+    import fixedhead.diagnostics.intervention as intervention
 
     torch.manual_seed(0)
     model = _models()[0].eval()
@@ -227,7 +227,7 @@ def test_the_needed_rank_is_0_where_uniform_attention_is_within_the_band():
 
 
 def test_the_summary_reads_the_uniform_loss_as_k_0_for_all_layers_only():
-    from fixedhead.intervention import summarise
+    from fixedhead.diagnostics.intervention import summarise
 
     curve = {"name": "m", "run": "r", "full": 4.0, "uniform": 4.004, "method": "oracle"}
     curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}}
@@ -252,7 +252,7 @@ def test_the_command_refuses_bad_ranks_and_tolerances_by_option_before_scoring(
 ):
     """A rank above the run's query/key head size (16) would report a needed rank the logits cannot have; it is
     refused before any run is scored, as are ranks below 1 and tolerances that are not finite."""
-    import fixedhead.intervention as intervention
+    import fixedhead.diagnostics.intervention as intervention
     from fixedhead.cli import main
 
     monkeypatch.setattr(intervention, "run_rank_curve", lambda *a, **k: pytest.fail("scored before the refusal"))
@@ -265,7 +265,7 @@ def test_the_command_refuses_bad_ranks_and_tolerances_by_option_before_scoring(
 
 
 def test_the_report_says_the_oracle_is_not_causal_and_the_realisable_cut_is():
-    from fixedhead.intervention import report_markdown, summarise
+    from fixedhead.diagnostics.intervention import report_markdown, summarise
 
     curves = []
     for method in ("oracle", "realisable"):

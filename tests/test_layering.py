@@ -13,10 +13,10 @@ order, top to bottom:
     runs         run folders: claim an output folder, open a saved run, atomic writes
     data         text to batches (uses run-folder helpers: cache files, the recorded tokenizer)
     training     transformers' Trainer on run folders
-    plotting     matplotlib set-up shared by every figure (used by analysis and studies, so it is
+    plotting     matplotlib set-up shared by every figure (used by diagnostics and studies, so it is
                  part of neither)
-    analysis     head-rank diagnostics of a checkpoint
-    intervention the rank a trained model needs: its heads' logits cut to rank k, held-out loss against k
+    diagnostics  what a trained model's heads use: head-rank diagnostics of a checkpoint (analysis), the
+                 rank it needs: its heads' logits cut to rank k, held-out loss against k (intervention)
     shrink       a run whose queries and keys are cut to size K (the intervention's realisable cut as weights)
     studies      the paper's questions as resumable commands (the scaling study reads its trained
                  runs' ranks with analysis)
@@ -45,8 +45,7 @@ LAYERS = [
     "data",
     "training",
     "plotting",
-    "analysis",
-    "intervention",
+    "diagnostics",
     "shrink",
     "studies",
     "options",

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fixedhead.intervention import attention_modules, fit_head_maps, truncated_logits
+from fixedhead.diagnostics.intervention import attention_modules, fit_head_maps, truncated_logits
 from fixedhead.model.configuration import FixedHeadConfig
 from fixedhead.model.modeling import FixedHeadForCausalLM, FixedHeadForMaskedLM
 from fixedhead.shrink import shrink_model
@@ -112,7 +112,7 @@ def test_the_command_writes_a_run_that_loads_and_scores_like_any_run(tiny_causal
     from transformers import AutoModelForCausalLM
 
     from fixedhead.cli import main
-    from fixedhead.intervention import run_rank_curve
+    from fixedhead.diagnostics.intervention import run_rank_curve
     from fixedhead.training.evaluate import evaluate_run
 
     run, _, _ = tiny_causal_run
@@ -157,7 +157,7 @@ def test_the_command_fine_tunes_the_shrunk_model_with_the_pretraining_trainer(ti
 
 
 def test_a_masked_lm_run_shrinks_to_what_the_intervention_scores(tiny_pretrained_run, tmp_path):
-    from fixedhead.intervention import run_rank_curve
+    from fixedhead.diagnostics.intervention import run_rank_curve
     from fixedhead.shrink import shrink_run
     from fixedhead.training.evaluate import evaluate_run
 

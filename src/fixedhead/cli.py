@@ -209,7 +209,7 @@ class AnalyzeRun(_LoadsWeights):
 
 
 def _analyze_options(p):
-    from .analysis import AnalyzeOptions
+    from .diagnostics.analysis import AnalyzeOptions
 
     add_options(p, AnalyzeRun, title="the model, its text and the output")
     add_options(p, AnalyzeOptions, title="the analysis")
@@ -217,7 +217,7 @@ def _analyze_options(p):
 
 def _analyze(args):
     """per-head rank of attention logits, min_head_dim and entropy on a text"""
-    from .analysis import AnalyzeOptions, analyze_to_folder, format_table
+    from .diagnostics.analysis import AnalyzeOptions, analyze_to_folder, format_table
 
     o, run = _read(args, AnalyzeOptions), _read(args, AnalyzeRun)
     result, paths = analyze_to_folder(
@@ -247,7 +247,7 @@ class RankInterventionRuns(_ShowsProgress):
 
 
 def _rank_intervention_options(p):
-    from .intervention import RankInterventionOptions
+    from .diagnostics.intervention import RankInterventionOptions
 
     add_options(p, RankInterventionRuns, title="the runs and the output")
     add_options(p, RankInterventionOptions, title="the intervention")
@@ -255,7 +255,7 @@ def _rank_intervention_options(p):
 
 def _rank_intervention(args):
     """the logit rank a trained model needs: each head's logits cut to rank k, held-out loss against k"""
-    from .intervention import RankInterventionOptions, intervene_runs, report_markdown
+    from .diagnostics.intervention import RankInterventionOptions, intervene_runs, report_markdown
 
     o, where = _read(args, RankInterventionOptions), dataclasses.asdict(_read(args, RankInterventionRuns))
     results = intervene_runs(where.pop("runs"), command=args.command_line, **dataclasses.asdict(o), **where)

@@ -1,6 +1,6 @@
 """``fixedhead shrink``: a run whose queries and keys have size K, the realisable rank-K cut folded into its weights.
 
-The rank intervention's realisable cut (:func:`fixedhead.intervention.fit_head_maps`) maps each head's
+The rank intervention's realisable cut (:func:`fixedhead.diagnostics.intervention.fit_head_maps`) maps each head's
 scaled queries q̃ = s·q and keys k by fixed maps A, B [d_qk, K] and scores (q̃ᵀA)(Bᵀk). With the new logit
 scale s' (1/√K in the standard parametrization) they fold into the fused ``qkv`` rows:
 
@@ -135,7 +135,7 @@ def shrink_run(
     """
     from .data import prepare_data
     from .data.lm import heldout_batches
-    from .intervention import attention_modules, fit_head_maps
+    from .diagnostics.intervention import attention_modules, fit_head_maps
     from .training.evaluate import check_same_text, recorded_data_settings
     from .training.settings import transformers_progress_bars
 

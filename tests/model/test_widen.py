@@ -125,7 +125,7 @@ def test_cli_head_dim_lists(capsys):
 
 
 def test_analyze_reads_per_layer_head_sizes():
-    from fixedhead.analysis import analyze_model
+    from fixedhead.diagnostics.analysis import analyze_model
 
     result = analyze_model(FixedHeadForMaskedLM(cfg([None, 6, 16, None])), torch.randint(0, V, (1, 10)))
     assert result.head_dims == [8, 6, 16, 8]

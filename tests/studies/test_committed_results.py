@@ -198,7 +198,7 @@ def test_every_committed_report_regenerates(folder, tmp_path):
 def test_rank_intervention_reports_regenerate(model):
     """The committed `fixedhead rank-intervention` tables are what the code renders from the runs and command in
     the JSON beside them, and their needed ranks are what the code reads from the curves."""
-    from fixedhead.intervention import needed_band, report_markdown, summarise
+    from fixedhead.diagnostics.intervention import needed_band, report_markdown, summarise
 
     folder = RESULTS / "make-run-rank" / "visible" / model
     record = json.loads((folder / "rank_intervention.json").read_text())

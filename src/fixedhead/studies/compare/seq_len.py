@@ -8,7 +8,7 @@ architecture (learned positions, post-LN) and Llama-style (rotary, pre-norm), ar
 n ∈ ``lengths`` on the same number of tokens per step, each arm at its own learning rate (chosen on a
 validation split with the first seed, :mod:`fixedhead.studies.kit.learning_rate`), paired by seed (the arms
 of one seed see the same batches). Every trained model then goes through the rank intervention
-(:mod:`fixedhead.intervention`): the rank it needs per layer, and its *attention gain* (the loss it
+(:mod:`fixedhead.diagnostics.intervention`): the rank it needs per layer, and its *attention gain* (the loss it
 loses when every head's attention is made uniform; a model that gains little from attention cannot
 show a head-size effect through rank).
 
@@ -207,7 +207,7 @@ class SeqLenStudy(Study):
         return plan_record(o)
 
     def run(self, o, point, folder, done, progress):
-        from ...intervention import run_rank_curve
+        from ...diagnostics.intervention import run_rank_curve
         from . import CompareOptions, spec, train_model
 
         n, arch, seed = point.spec
@@ -258,8 +258,8 @@ class SeqLenStudy(Study):
 
 def models(results: list[dict]) -> list[dict]:
     """Every trained model of the points' ``results``, each with its rank curve's band and needed ranks
-    (:func:`fixedhead.intervention.summarise`: the band is the seed spread over models of one name)."""
-    from ...intervention import summarise as summarise_curves
+    (:func:`fixedhead.diagnostics.intervention.summarise`: the band is the seed spread over models of one name)."""
+    from ...diagnostics.intervention import summarise as summarise_curves
 
     rows = [m for r in results for m in r["models"]]
     return [m | {"curve": c} for m, c in zip(rows, summarise_curves([m["curve"] for m in rows]), strict=True)]

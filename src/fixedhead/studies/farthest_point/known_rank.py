@@ -3,7 +3,7 @@
 A farthest-point task of rank r (:mod:`fixedhead.data.synthetic`) needs attention logits of rank r: a
 one-layer model whose head size d_p is at least r learns it and one with d_p < r does not
 (``docs/results/synthetic``: all 16 cells of that grid follow d_p ≥ r). So when a trained model's logits
-are cut to rank k by :mod:`fixedhead.intervention`, it must keep solving the task for every k ≥ r and
+are cut to rank k by :mod:`fixedhead.diagnostics.intervention`, it must keep solving the task for every k ≥ r and
 stop solving it below r, whatever its d_p: the rank the intervention reports is known in advance.
 
 The check trains the farthest-point model (:func:`fixedhead.studies.farthest_point.set_attention.train_cell`, the
@@ -15,7 +15,7 @@ of the rank each model needs:
   :data:`~fixedhead.studies.kit.stats.SUCCEEDS_AT` (the farthest-point study's "succeeds");
 * by the loss, as ``fixedhead rank-intervention`` reads text models: the smallest k from which
   MSE × d stays within a band of the full-rank MSE × d (the band: the seed spread of the full-rank
-  value among the models of one d_p, :func:`fixedhead.intervention.needed_rank`).
+  value among the models of one d_p, :func:`fixedhead.diagnostics.intervention.needed_rank`).
 
 The check passes when both are r for every model.
 """
@@ -29,7 +29,7 @@ import torch
 
 from ...checks import check_fields, positive_int
 from ...data.synthetic import FarthestPointTask
-from ...intervention import attention_modules, needed_rank, truncated_logits
+from ...diagnostics.intervention import attention_modules, needed_rank, truncated_logits
 from ..kit import render
 from ..kit.core import run_key
 from ..kit.stats import SUCCEEDS_AT
@@ -181,8 +181,9 @@ def report_markdown(record: dict, check: KnownRankCheck) -> str:
             [
                 f"Task: d = {c['dim']}, N = {c['num_points']} points, rank r = {r}; models with h = {c['num_heads']} "
                 f"heads of size d_p ∈ {{{', '.join(map(str, c['head_dims']))}}}, seeds {list(c['seeds'])}, "
-                f"{c['recipe']['steps']} steps (the farthest-point study's recipe). Each model's logits cut to rank k "
-                f"(`fixedhead.intervention`) and scored on its {c['recipe']['eval_sets']} held-out sets. Expected: "
+                f"{c['recipe']['steps']} steps (the farthest-point study's recipe). Each model's logits cut to rank "
+                f"k (`fixedhead.diagnostics.intervention`) and scored on its {c['recipe']['eval_sets']} held-out "
+                "sets. Expected: "
                 f"every model needs rank r = {r}, whatever its d_p. Cells: MSE × d / hit rate.",
                 f"Command: `{record['meta']['command']}`",
                 render.Table(columns, models),

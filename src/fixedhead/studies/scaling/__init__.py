@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ...analysis import analyze_model, load_encoder
 from ...checks import check_fields
 from ...data.lm import unigram_perplexity
+from ...diagnostics.analysis import analyze_model, load_encoder
 from ...model.architectures import build_config, check_architecture, check_objective_for
 from ...model.sizes import non_embedding_parameters
 from ...theory import causal_threshold
@@ -311,7 +311,7 @@ def state_of(p: ScalingOptions, results, meta: dict | None = None) -> dict:
 
 def trained_ranks(run_dir: Path, windows, rtol: float = RANK_RTOL) -> dict:
     """Does the low-rank bottleneck bind in a trained run? Its heads' ranks on ``windows``
-    [num_windows, n]: :meth:`fixedhead.analysis.AttentionAnalysis.summary`."""
+    [num_windows, n]: :meth:`fixedhead.diagnostics.analysis.AttentionAnalysis.summary`."""
     model, _ = load_encoder(run_dir)
     return analyze_model(model, windows, rtol=rtol).summary()
 

@@ -202,7 +202,7 @@ def rank_section(state: dict) -> render.Section | None:
         [
             render.Figure(RANK_PLOT_FILE, "mean logit rank and heads at their ceiling against N"),
             f"Each point's seed-{meta['plan']['seeds'][0]} run at its chosen rate, on {first['windows']} evenly spaced "
-            f"held-out windows of n = {n} tokens (`fixedhead.analysis`). Rank counts singular values above "
+            f"held-out windows of n = {n} tokens (`fixedhead.diagnostics.analysis`). Rank counts singular values above "
             f"{first['rtol']:g} of the largest (at float32 resolution every head fills its structural rank). "
             "\"logit rank\": of each head's n × n logits, a mean over heads of each head's mean over windows, "
             'and the largest head mean; "at ceiling": heads whose mean is within 0.5 of min(d_p, n); "pattern '

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checks import in_range, optional_positive_int, positive_int
-from .data import read_text, text_windows
-from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
-from .theory import min_head_dim
+from ..checks import in_range, optional_positive_int, positive_int
+from ..data import read_text, text_windows
+from ..model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
+from ..theory import min_head_dim
 
 DEFAULT_RTOL = 1e-5
 ANALYSIS_FILE = "analysis.json"
@@ -89,7 +89,7 @@ def attention_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 def numerical_rank(matrix: torch.Tensor, rtol: float = DEFAULT_RTOL) -> int:
     """Number of singular values of a 2-D ``matrix`` above ``rtol · σ_max`` (0 for a zero matrix)."""
     in_range("rtol", rtol, 0.0, 1.0, low_open=True)
-    from .theory import numerical_rank as rank  # one definition of numerical rank; refuses a matrix not 2-D
+    from ..theory import numerical_rank as rank  # one definition of numerical rank; refuses a matrix not 2-D
 
     return rank(matrix.detach().double().cpu().numpy(), rtol)
 
@@ -235,7 +235,7 @@ def load_encoder(
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .runs import check_model_dir, load_json_file, open_run
+    from ..runs import check_model_dir, load_json_file, open_run
 
     path = Path(model_path)
     weights = check_model_dir(path, allow_pickle=allow_pickle)
@@ -318,7 +318,7 @@ def format_table(result: AttentionAnalysis) -> str:
 
 def plot_heatmap(result: AttentionAnalysis, path: str | os.PathLike) -> Path:
     """Three layer × head heatmaps (rank of logits, min_head_dim, entropy) as a PNG; returns the path."""
-    from .plotting import pyplot, save_figure
+    from ..plotting import pyplot, save_figure
 
     plt = pyplot()
     panels = [
@@ -359,7 +359,7 @@ def write_analysis(result: AttentionAnalysis, output_dir: str | os.PathLike) -> 
     Raises:
         FileExistsError: ``output_dir`` holds files ``analyze`` did not write.
     """
-    from .runs import claim_output_dir, staged_outputs
+    from ..runs import claim_output_dir, staged_outputs
 
     out = claim_output_dir(output_dir, (ANALYSIS_FILE, HEATMAP_FILE), ANALYSIS_OWNED, "analyze")
     with staged_outputs(out) as stage:
@@ -394,7 +394,7 @@ def analyze_to_folder(
 ):
     """``fixedhead analyze``: check the numbers and refuse an occupied ``output_dir`` (default
     ``runs/analysis/<model folder name>``) before the work, then :func:`analyze` and :func:`write_analysis`."""
-    from .runs import claim_output_dir
+    from ..runs import claim_output_dir
 
     positive_int("max_sequences", max_sequences)
     optional_positive_int("max_seq_length", max_seq_length, minimum=3)

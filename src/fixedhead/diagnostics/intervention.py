@@ -1,6 +1,6 @@
 """Rank intervention: how much of its heads' logit rank does a trained model need?
 
-Counting the numerical rank of attention logits (:mod:`fixedhead.analysis`) says what rank a head
+Counting the numerical rank of attention logits (:mod:`fixedhead.diagnostics.analysis`) says what rank a head
 *has*; this module measures what rank the model *needs*, by intervention: every head's logits
 S = Q Kᵀ · scale ([n queries, n keys], after rotary positions where the model has them) are cut to
 rank k before the softmax, and held-out text is scored again. Softmax ignores a per-query shift,
@@ -45,8 +45,8 @@ from pathlib import Path
 
 import torch
 
-from .checks import non_negative_int, positive_int
-from .model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
+from ..checks import non_negative_int, positive_int
+from ..model.attention import SEPARATE_VALUE_SIZE_IMPLEMENTATIONS
 
 RANK_IMPLEMENTATION = "fixedhead_truncated_logits"  # the attention implementation registered below
 SEPARATE_VALUE_SIZE_IMPLEMENTATIONS.add(RANK_IMPLEMENTATION)  # it multiplies by the values it gets, of any size
@@ -384,7 +384,7 @@ def attention_modules(model, inputs: torch.Tensor) -> list[torch.nn.Module]:
 @contextmanager
 def _switched(model):
     """The model (or its MultiHeadAttention layers) set to the intervention's implementation, restored after."""
-    from .model.attention import MultiHeadAttention
+    from ..model.attention import MultiHeadAttention
 
     if getattr(model, "_supports_attention_backend", False) and hasattr(model, "set_attn_implementation"):
         previous = model.config._attn_implementation
@@ -690,12 +690,12 @@ def run_rank_curve(
     Raises:
         FileNotFoundError / ValueError: as :func:`fixedhead.training.evaluate.evaluate_run`.
     """
-    from .data import prepare_data
-    from .data.lm import heldout_batches
-    from .model.architectures import objective_of
-    from .runs import open_run
-    from .training.evaluate import check_same_text, evaluate_lm, load_model, recorded_data_settings
-    from .training.settings import transformers_progress_bars
+    from ..data import prepare_data
+    from ..data.lm import heldout_batches
+    from ..model.architectures import objective_of
+    from ..runs import open_run
+    from ..training.evaluate import check_same_text, evaluate_lm, load_model, recorded_data_settings
+    from ..training.settings import transformers_progress_bars
 
     run = open_run(run_dir)
     data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
@@ -826,7 +826,7 @@ def report_markdown(results: list[dict], command: str) -> str:
         "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
         "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
         "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
-        "`fixedhead.intervention`.",
+        "`fixedhead.diagnostics.intervention`.",
         "",
         f"Command: `{command}`",
         "",
@@ -851,7 +851,7 @@ def report_markdown(results: list[dict], command: str) -> str:
 def plot_curves(results: list[dict], path) -> None:
     """Loss increase over the full-rank loss against k: one panel per model name; the oracle solid,
     the realisable cut dashed, one colour per setting (all layers, each layer), one line per seed."""
-    from .plotting import pyplot, save_figure
+    from ..plotting import pyplot, save_figure
 
     plt = pyplot()
     names = list(dict.fromkeys(r["name"] for r in results))
@@ -923,7 +923,7 @@ def intervene_runs(
     import csv
     import io
 
-    from .runs import claim_output_dir, environment_info, open_run, write_json_atomic, write_text_atomic
+    from ..runs import claim_output_dir, environment_info, open_run, write_json_atomic, write_text_atomic
 
     if not run_dirs:
         raise ValueError("give at least one run directory")
