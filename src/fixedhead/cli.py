@@ -1,16 +1,11 @@
 """The ``fixedhead`` command (also ``python -m fixedhead``): :data:`COMMANDS` maps each subcommand
 to its options and the one library function it calls.
 
-Every option is a dataclass field (:func:`fixedhead.options.add_options`): name, type, default and help
-(the field's attribute docstring) are defined once, on the field. The dataclasses are the settings
-(``ModelSettings``, ``DataSettings``, ``TrainSettings``, ``FinetuneSettings``, ...), a study's ``Options``
-(:data:`fixedhead.studies.STUDIES`, :func:`_kit_study`) and, here, each command's own (its run folders,
-``--output-dir``, ``--overwrite``; :class:`StudyRunning`, the options every study shares). Only the chosen
-command's options are built, and ``fixedhead --help`` and ``count``'s, ``pretrain``'s, ``evaluate``'s and
-``report``'s options import neither torch nor transformers, so their help and usage errors answer at once (the other
-commands' options still live beside their work); the work is imported inside each command's function. User
-errors (ValueError) and file-system errors (OSError: a missing or occupied path, a full disk, a read-only
-folder) become a one-line message naming options as typed, and exit status 2.
+Every option is a dataclass field (:func:`fixedhead.options.add_options`): the settings, a study's ``Options``
+and, here, each command's own (:class:`StudyRunning`: the options every study shares). Only the chosen
+command's options are built, and ``--help`` and ``count``, ``pretrain``, ``evaluate`` and ``report`` import
+neither torch nor transformers, so their help and usage errors answer at once. User errors (ValueError) and
+file-system errors (OSError) become one line naming options as typed, and exit status 2.
 """
 
 from __future__ import annotations
@@ -36,8 +31,8 @@ from .studies import STUDIES, study_class, study_help
 
 
 def _command(cls):
-    """A command's own options (what it reads and writes, not how it trains): keyword-only, so that a required
-    field may follow one with a default. Each field is one option (:func:`fixedhead.options.add_options`)."""
+    """A command's own options (what it reads and writes): keyword-only, so a required field may follow one
+    with a default."""
     return dataclass(kw_only=True)(cls)
 
 
@@ -289,9 +284,8 @@ class StudyRunning(_ShowsProgress):
 
 
 def _kit_study(name: str):
-    """The study ``name`` of :data:`fixedhead.studies.STUDIES` as a command: one option per field of its
-    ``Options`` dataclass (nested dataclasses flattened: ``--steps`` for ``recipe.steps``) and the options
-    every study shares; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report."""
+    """The study ``name`` as a command: one option per field of its ``Options`` (nested ones flattened) and
+    :class:`StudyRunning`'s; it runs :func:`~fixedhead.studies.kit.study.run_study` and prints the report."""
 
     def study():
         return study_class(name)()
@@ -565,16 +559,15 @@ _RESUME_HINTS = {
 
 
 class _OneLineErrors(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (``fixedhead CMD: error: ...``) with exit status 2,
-    like every other error of the command; ``--help`` still shows the full usage."""
+    """argparse, but a usage error is one line with exit status 2, like every other error of the command."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command; with ``only``, one where only that command has its options (:func:`main`
-    builds that one: a command's options import their dataclasses, a study's its module)."""
+    """The parser of every command; with ``only``, only that command's options are built (a command's options
+    import their dataclasses)."""
     parser = _OneLineErrors(
         prog="fixedhead",
         description="Fixed head size attention (Bhojanapalli et al., ICML 2020): train, compare, analyse.",
@@ -606,11 +599,9 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def offline_unless_asked() -> None:
-    """No command reaches a network unless the user asks: the model hub (a hub name, or a hub kernel
-    that transformers would fetch for ``flash_attention_*`` when ``kernels`` is installed), datasets'
-    hub and telemetry are switched off for this process and the workers it starts, unless
-    ``HF_HUB_OFFLINE=0`` is set. Every command works on local files; the hub's clients read their
-    switches when imported, so the already-imported ones are set too."""
+    """No command reaches a network unless the user asks (``HF_HUB_OFFLINE=0``): the model hub (hub kernels
+    for ``flash_attention_*`` included), datasets' hub and telemetry are switched off for this process and its
+    workers; the already-imported clients too, since they read their switches when imported."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _FALSE:
         return
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):

@@ -1,8 +1,6 @@
-"""Command-line options derived from the settings dataclasses, and the options every study shares.
-
-A dataclass field becomes one option (``--max-steps`` for ``max_steps``) whose type, default,
-choices and help (the attribute docstring under the field, as litgpt reads them) are the field's:
-defined once, so the command line and the Python API cannot drift apart.
+"""Command-line options derived from the settings dataclasses: a field becomes one option (``--max-steps``
+for ``max_steps``) whose type, default, choices and help (the attribute docstring under the field, as litgpt
+reads them) are the field's, so the command line and the Python API cannot drift apart.
 """
 
 from __future__ import annotations
@@ -20,13 +18,8 @@ from .checks import FIELD_CHECKS
 
 
 def parse_head_dim(text):
-    """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer
-    (``64,64,128,128``; ``none`` = the standard d/h for that layer). The options' argparse ``type``.
-
-    Raises:
-        argparse.ArgumentTypeError: an entry that is neither an int nor ``none`` (argparse turns
-            it into its usage error, exit status 2).
-    """
+    """``--head-dim`` as the config takes it: None, an int (``64``), or one entry per layer (``64,64,128,128``;
+    ``none`` = the standard d/h for that layer); argparse.ArgumentTypeError for any other entry."""
     if text is None or isinstance(text, (int, list)):
         return text
     values = []
@@ -47,8 +40,7 @@ def parse_head_dim(text):
 # ---------------------------------------------------------------------- options from dataclasses
 @functools.cache
 def field_docs(cls) -> dict[str, str]:
-    """The attribute docstrings of a dataclass and of the dataclasses it derives from (the string literal under
-    each field), as litgpt's jsonargparse reads them: ``{field: text on one line}``."""
+    """``{field: its attribute docstring on one line}`` of a dataclass and the dataclasses it derives from."""
     inherited = {k: v for base in cls.__bases__ if dataclasses.is_dataclass(base) for k, v in field_docs(base).items()}
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     return inherited | {
@@ -67,16 +59,13 @@ _ALIASES = {"gradient_checkpointing": ("--activation-checkpointing",), "steps": 
 
 
 def add_options(parser, cls, skip=(), title: str | None = None, more_help: dict[str, str] | None = None):
-    """One option per field of the dataclass ``cls`` (``--max-steps`` for ``max_steps``): its type
-    from the annotation (``X | None`` takes an X, ``list[str]`` any number of words, a bool is a
-    flag: ``--name``, or ``--no-name`` when it defaults to True), choices from
-    ``field(metadata={"choices": ...})``, help from the attribute docstring with the default (and
-    ``more_help[field]`` after it, for what only the command knows); a field with no default is a required
-    option; a field with ``metadata={"positional": True}`` is a required positional argument instead (a list:
-    one or more words); ``metadata={"metavar": ...}`` names the value in the usage.
+    """One option per field of the dataclass ``cls``: its type from the annotation (``X | None`` takes an X,
+    ``list[str]`` any number of words, a bool is ``--name`` or ``--no-name`` when it defaults to True), help from
+    the attribute docstring with the default and ``more_help[field]``; ``metadata`` may give ``choices``,
+    ``positional`` and ``metavar``. A field with no default is required.
 
-    An option left out is absent from the parsed namespace (``argparse.SUPPRESS``), so the
-    dataclass's own default applies (:func:`given`) and a command can tell what was given.
+    An option left out is absent from the namespace (``argparse.SUPPRESS``), so the dataclass's own default
+    applies (:func:`given`) and a command can tell what was given.
     """
     group = parser.add_argument_group(title or cls.__name__)
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
@@ -122,8 +111,7 @@ _PATH_OPTIONS = {"corpus", "text", "tokenizer", "model", "checkpoints", "init_fr
 
 
 def _metavar(name: str, kind) -> str | None:
-    """What ``--help`` calls an option's value when its field does not say (``metadata={"metavar": ...}``): N
-    (an int), X (a number), PATH (a file or folder), FIELD (a record's field), NAME (any other word)."""
+    """What ``--help`` calls an option's value when its field does not say: N, X, PATH, FIELD or NAME."""
     if kind in (int, float):
         return {int: "N", float: "X"}[kind]
     if kind is not str:
@@ -134,17 +122,15 @@ def _metavar(name: str, kind) -> str | None:
 
 
 def help_words(text: str) -> str:
-    """A field's attribute docstring as ``--help`` shows it: written for the Python reader too, it may name a
-    module constant (``COMPARE_PRESETS``: the choices are listed beside the option) and write a default left
-    to something else as ``None: the preset's``, which the command line spells ``default: the preset's``."""
+    """A field's attribute docstring as ``--help`` shows it: a module constant it names (``COMPARE_PRESETS``)
+    dropped, since the choices are listed beside the option, and ``None: the preset's`` as ``default: ...``."""
     text = re.sub(r" ?\([A-Z][A-Z0-9]*_[A-Z0-9_]+\)", "", text)
     text = re.sub(r"\([A-Z][A-Z0-9]*_[A-Z0-9_]+: ", "(", text)
     return re.sub(r"\bNone: ", "default: ", text)
 
 
 def _check_words(f) -> str:
-    """What the field's metadata checks (:func:`fixedhead.checks.check_fields`), for its help: ``; each a positive
-    int, distinct``."""
+    """What the field's metadata checks, for its help: ``; each a positive int, distinct``."""
     words = [FIELD_CHECKS[f.metadata["check"]][1]] if "check" in f.metadata else []
     words += [w for w in ("nonempty", "distinct") if f.metadata.get(w)]
     return f"; {', '.join(words)}" if words else ""
@@ -171,8 +157,7 @@ class _Words(argparse.Action):
 
 
 def given(args, cls) -> dict:
-    """``{field: value}`` of the options of ``cls`` given on the command line (see :func:`add_options`);
-    a tuple field's words as a tuple."""
+    """``{field: value}`` of the options of ``cls`` given on the command line (a tuple field's as a tuple)."""
     hints = typing.get_type_hints(cls)
     return {
         f.name: tuple(getattr(args, f.name)) if typing.get_origin(hints[f.name]) is tuple else getattr(args, f.name)
@@ -188,8 +173,8 @@ def nested(cls) -> dict[str, type]:
 
 
 def add_nested_options(parser, cls, title: str):
-    """:func:`add_options` for ``cls`` and, flattened into their own groups, the fields of its nested
-    dataclasses (``--steps`` for ``recipe.steps``). Raises ValueError: two fields of one name."""
+    """:func:`add_options` for ``cls`` and, in their own groups, the fields of its nested dataclasses
+    (``--steps`` for ``recipe.steps``); ValueError for two fields of one name."""
     inner = nested(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name not in inner]
     names += [f.name for sub in inner.values() for f in dataclasses.fields(sub)]

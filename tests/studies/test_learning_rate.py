@@ -12,15 +12,14 @@ from fixedhead.studies.kit.learning_rate import (
     later_seed_needs,
     parse_rates,
     point_rate,
-    rate_grid,
     shared_rate_cost,
     shared_rate_text,
 )
 
+GRID = [5e-4, 1e-3, 2e-3, 4e-3]
 
-def test_grid_is_factor_two_around_the_center():
-    assert rate_grid(1e-3) == [5e-4, 1e-3, 2e-3, 4e-3]
-    assert rate_grid(1e-3, points=5) == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
+
+def test_rates_are_parsed_distinct_and_ascending():
     assert parse_rates("2e-3, 5e-4,1e-3,1e-3") == [5e-4, 1e-3, 2e-3]
     assert parse_rates("1e-3,1.0000001e-3,2e-3") == [1e-3, 2e-3]  # rates that print alike (run names) are one
     for bad, message in [("1e-3", "at least 2 rates"), ("1e-3,fast", "'fast' is not a number"), ("0,1e-3", "positive")]:
@@ -41,7 +40,7 @@ def bowl(optimum):
 
 def test_an_interior_optimum_needs_no_extension():
     train, calls = bowl(1e-3)
-    best, losses, bracketed = choose_rate(train, rate_grid(1e-3))
+    best, losses, bracketed = choose_rate(train, GRID)
     assert (best, bracketed) == (1e-3, True) and calls == [5e-4, 1e-3, 2e-3, 4e-3]
 
 
@@ -50,7 +49,7 @@ def test_an_interior_optimum_needs_no_extension():
 )
 def test_an_optimum_at_an_edge_extends_the_grid_until_bracketed(optimum, added):
     train, calls = bowl(optimum)
-    best, losses, bracketed = choose_rate(train, rate_grid(1e-3))
+    best, losses, bracketed = choose_rate(train, GRID)
     assert (best, bracketed) == (optimum, True)
     assert calls[4:] == added  # one factor-2 step at a time, past the edge the best sits on
     assert sorted(losses) == sorted(calls)
@@ -58,10 +57,10 @@ def test_an_optimum_at_an_edge_extends_the_grid_until_bracketed(optimum, added):
 
 def test_extensions_are_capped_and_say_so():
     train, calls = bowl(1.0)
-    best, losses, bracketed = choose_rate(train, rate_grid(1e-3), max_extensions=2)
+    best, losses, bracketed = choose_rate(train, GRID, max_extensions=2)
     assert (best, bracketed) == (1.6e-2, False) and len(calls) == 6
     with pytest.raises(ValueError, match="max_extensions must be an int >= 0, got -1"):
-        choose_rate(train, rate_grid(1e-3), max_extensions=-1)  # would never stop
+        choose_rate(train, GRID, max_extensions=-1)  # would never stop
     assert len(calls) == 6  # refused before training anything
 
 

@@ -79,13 +79,13 @@ def test_an_invalid_value_a_preset_gave_names_the_preset(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["compare", "--preset", "cpu-mup", "--architecture", "llama", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "parametrization='mup' is an option of fixedhead's attention only" in err
+    assert "--parametrization mup is an option of fixedhead's attention only" in err
     assert "(--preset cpu-mup sets --parametrization mup; give --parametrization to override it)" in err
     assert not out.exists()
     argv = ["scaling", "--preset", "tiny", "--hidden-sizes", "16", "30", "--output-dir", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "hidden_size 30 is not a multiple of num_attention_heads 4" in err
+    assert "hidden_size 30 is not a multiple of --num-attention-heads 4" in err
     assert "(--preset tiny sets --num-attention-heads 2 4; give --num-attention-heads to override it)" in err
     assert not out.exists()
     # a value the user gave is the user's: no preset named

@@ -140,7 +140,7 @@ def test_scaling_options_are_refused_by_name_before_the_folder_is_touched(tmp_pa
     assert main([*argv, "--architecture", "llama"]) == 2
     assert "--architecture llama trains causal LMs only, and recipe 'tiny'" in capsys.readouterr().err
     assert main([*argv, "--seeds", "1", "1"]) == 2
-    assert "seeds must be distinct, got [1, 1]" in capsys.readouterr().err
+    assert "--seeds must be distinct, got 1 1" in capsys.readouterr().err
     assert main([*argv, "--learning-rates", "1e-3"]) == 2
     assert "rate" in capsys.readouterr().err
     # splitting a study by family is gone: workers sharing the folder split it point by point

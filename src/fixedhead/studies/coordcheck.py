@@ -1,21 +1,15 @@
 """Coordinate check: do a parametrization's activations move by the same amount at every head size?
 
-The test μP is built on (Yang et al. 2022, "Tensor Programs V", Section 7 and Fig. 5;
-microsoft/mup ``get_coord_data``): train models that differ only in width for a few Adam steps at
-one learning rate and follow the mean absolute value of each activation. Under a parametrization
-where one learning rate is fair to every width, the curves are flat in width; a slope says the
-same rate moves a wide model further (or less far) than a narrow one.
+The test μP is built on (Yang et al. 2022, "Tensor Programs V", Section 7 and Fig. 5): train models that
+differ only in width for a few Adam steps at one learning rate and follow the mean absolute value of each
+activation. Where one rate is fair to every width, the curves are flat in width.
 
-Here the width is the head size d_p (d and h fixed) or the number of heads h (d and d_p fixed), and
-the activations are the attention's own: query and key [batch, h, n, d_p], the logits
-scale · q k^T [batch, h, n, n], the heads' concatenated output before the output projection
-("context", [batch, n, h·d_p]), the output projection's output (the attention sublayer,
-[batch, n, d]) and the block's output (after the residual and layer norm, [batch, n, d]). For each
-we record mean |x_t| and mean |x_t − x_0| on one fixed batch after t steps, averaged over layers;
-"flat" is judged by the slope of log mean |x_t − x_0| against log width (0 = flat) at the last step.
-
-Models are causal LMs without dropout trained on fixed seeded batches; the variants compared are
-``PARAMETRIZATIONS`` (config overrides, see :mod:`fixedhead.model.parametrization`).
+The width is the head size d_p (d and h fixed) or the number of heads h (d and d_p fixed); the activations
+are query and key [batch, h, n, d_p], the logits [batch, h, n, n], the heads' concatenated output
+("context", [batch, n, h·d_p]), the attention sublayer's output and the block's output ([batch, n, d]). For
+each, mean |x_t| and mean |x_t − x_0| on one fixed batch after t steps, averaged over layers; "flat" is the
+slope of log mean |x_t − x_0| against log width at the last step (0 = flat). Models are causal LMs without
+dropout on fixed seeded batches.
 """
 
 from __future__ import annotations
@@ -194,13 +188,9 @@ def _activations(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def measure(config, batches: torch.Tensor, eval_ids: torch.Tensor, learning_rate: float, seed: int) -> list[dict]:
-    """Train a causal LM of ``config`` on ``batches`` [steps, batch, n] with AdamW (the model's
-    per-parameter learning-rate factors applied) and record, before and after each step, mean |x|
-    and mean |x − x_0| of every quantity on ``eval_ids`` [batch, n], averaged over layers.
-
-    Returns:
-        one row per (step, quantity): ``{"step", "quantity", "mean_abs", "mean_abs_change"}``.
-    """
+    """Train a causal LM of ``config`` on ``batches`` [steps, batch, n] with AdamW and record, before and after
+    each step, mean |x| and mean |x − x_0| of every quantity on ``eval_ids`` [batch, n], averaged over layers:
+    one row ``{"step", "quantity", "mean_abs", "mean_abs_change"}`` per (step, quantity)."""
     from ..model.modeling import FixedHeadForCausalLM
     from ..training.checkpoints import apply_learning_rate_multipliers
 

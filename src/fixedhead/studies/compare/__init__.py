@@ -1,24 +1,16 @@
 """`fixedhead compare`: standard vs fixed head size, trained and scored on the same real text.
 
-The default preset ``cpu`` is CPU-sized (the README's ``make run``): three causal (left-to-right)
-language models on the same tokenizer, data and step budget, at n = 64 tokens —
+The default preset ``cpu`` (``make run``): three causal LMs on the same tokenizer, data and step budget,
+at n = 64 tokens —
 
-* ``standard``: hidden d=128 with h=16 heads, so d_p = d/h = 8, far below n (the paper's
-  bottleneck regime, Section 3);
-* ``fixed``: the same d and h with a fixed head size d_p = 32, the paper's fix (Section 4) at the
-  threshold of a causal head, ⌈(n − 1)/2⌉ = 32 (:func:`fixedhead.theory.min_head_dim` with
-  ``causal=True``: a causal head's logits are free above the diagonal, so generic causal
-  attention needs about half the rank of bidirectional attention);
-* ``standard-wide``: a standard model whose hidden size is chosen to match the fixed model's
-  parameter count (the paper's Fig. 1/2 question: is the fixed model better than simply making
-  the standard one bigger?).
+* ``standard``: d=128, h=16, so d_p = d/h = 8, far below n (the bottleneck regime, Section 3);
+* ``fixed``: the same d and h with d_p = 32 (Section 4), the threshold of a causal head ⌈(n − 1)/2⌉
+  (:func:`fixedhead.theory.min_head_dim` with ``causal=True``);
+* ``standard-wide``: a standard model widened to the fixed model's parameter count (the paper's
+  Fig. 1/2 question: is the fixed model better than a bigger standard one?).
 
-``cpu-mlm`` is the same question for masked LMs (n = 32, fixed d_p = n, the masked-LM recipe of
-``benchmarks/bench_tokens_to_quality.py``); ``cpu-llama`` the ``cpu`` question for Llama-style
-decoders (transformers' ``LlamaForCausalLM``: pre-norm, rotary, SwiGLU), and ``architecture="llama"``
-(``--architecture llama``) asks it of any preset's models; ``tiny`` a seconds-long smoke test. A causal LM is
-used by default because on a CPU budget it is the objective that leaves the word-frequency plateau
-(docs/performance.md, "Tokens to quality").
+``cpu-mlm`` asks it of masked LMs (n = 32, d_p = n), ``cpu-llama`` (or ``--architecture llama``) of
+Llama-style decoders; ``tiny`` is a smoke test.
 """
 
 from __future__ import annotations
@@ -101,13 +93,9 @@ def _why(head_dim: int, n: int, objective: str) -> str:
 
 
 def comparison(o: CompareOptions) -> Comparison:
-    """The :class:`Comparison` of the resolved options ``o`` (:func:`resolve`): three models of one recipe,
-    standard d_p = d/h, fixed d_p and a standard model widened to the fixed one's parameter count; with
-    ``parametrization="mup"``, all three under the μP-style parametrization
-    (:mod:`fixedhead.model.parametrization`) based at the standard model (d_p = d/h, h heads), where it is
-    the standard parametrization. With each model's own rate (chosen by ``--learning-rates`` on the
-    validation split) the models train without that split too, so each trains exactly as when its rate
-    was chosen."""
+    """The :class:`Comparison` of the resolved options ``o``: standard, fixed and widened models of one
+    recipe; with ``parametrization="mup"``, μP based at the standard model. With each model's own rate the
+    models train without the validation split too, so each trains exactly as when its rate was chosen."""
     r = get_recipe(o.recipe)
     d, h, mup = o.hidden_size, o.num_attention_heads, o.parametrization == "mup"
     extra = dict(parametrization="mup", mup_base_head_dim=d // h, mup_base_num_attention_heads=h) if mup else {}
@@ -143,9 +131,7 @@ def widened_ffn(base: dict, d: int) -> int:
 
 def match_hidden_size(base: dict, target_params: int, vocab_size: int, step: int | None = None) -> int:
     """Smallest standard hidden size (a multiple of the head count, FFN at the base's ratio f/d) whose parameter
-    count reaches ``target_params`` (:func:`~fixedhead.model.sizes.parameter_count` of the
-    fields' architecture: fixedhead's without pooler, as the MLM model has none). A Llama model's
-    d/h stays even (a multiple of 2h): rotary positions rotate pairs of coordinates."""
+    count reaches ``target_params``. A Llama model's d/h stays even: rotary positions rotate pairs."""
     heads = base["num_attention_heads"]
     step = step or heads * (2 if base.get("architecture") == "llama" else 1)
     d = base["hidden_size"]
@@ -251,10 +237,9 @@ def rated_for_others(o: CompareOptions) -> list[str]:
 
 
 def resolve(o: CompareOptions) -> CompareOptions:
-    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value; the preset's own
-    rates only for its own models (with another recipe, size, parametrization, architecture or objective,
-    :func:`rated_for_others`, and no rate given, every model trains at the recipe's rate). Raises ValueError
-    naming an unknown preset, or a bad value a preset gave (naming the preset)."""
+    """``o`` with each field of :data:`PRESET_FIELDS` it leaves None at its preset's value; the preset's own
+    rates only for its own models (else, with no rate given, every model trains at the recipe's rate).
+    ValueError for an unknown preset or a bad value a preset gave (naming the preset)."""
     if o.model_learning_rates is None and not (o.learning_rate or o.learning_rates) and rated_for_others(o):
         o = replace(o, model_learning_rates=())  # the preset's rates were chosen for other models
     filled = core.filled_by_preset(PRESETS, o, PRESET_FIELDS, "compare")
@@ -264,9 +249,8 @@ def resolve(o: CompareOptions) -> CompareOptions:
 
 @dataclass
 class Spec:
-    """A comparison resolved from its options (``options``, its preset's fields filled in): the data and
-    training settings, each model's config fields (the widened one not yet sized: that needs the trained
-    tokenizer), each model's rate (or the grid's), and the description."""
+    """A comparison resolved from its options: settings, each model's config fields (the widened one sized
+    later, from the trained tokenizer), each model's rate and the description."""
 
     comparison: Comparison
     data: DataSettings
@@ -329,11 +313,10 @@ def sized_fields(s: Spec, name: str, vocab: int) -> dict:
 def train_model(
     s: Spec, name: str, data, out: Path, max_extensions: int = 3, overwrite: bool = False, progress: bool = True
 ) -> dict:
-    """Train (or reuse) model ``name`` of the spec ``s`` in ``out/NAME``, or, with a rate grid, at every rate of it
-    in ``out/lr-grid/NAME-lrRATE`` keeping the best on the validation split. Returns its result
-    (:func:`fixedhead.training.pretrain`) with ``name``, ``fields`` (its config fields), ``run`` (its folder
-    inside ``out``), ``learning_rate`` where models have their own, and ``tuning`` with a grid (the choice's record,
-    :func:`~fixedhead.studies.kit.learning_rate.choose_on_validation`, with each rate's held-out loss)."""
+    """Train (or reuse) model ``name`` in ``out/NAME``, or with a rate grid at every rate in
+    ``out/lr-grid/NAME-lrRATE``, keeping the best on the validation split. Returns its pretraining result
+    with ``name``, ``fields``, ``run`` (its folder inside ``out``), ``learning_rate`` and, with a grid,
+    ``tuning``."""
     fields = sized_fields(s, name, len(data.tokenizer))
     config = build_config({**fields, "vocab_size": len(data.tokenizer), "pad_token_id": data.tokenizer.pad_token_id})
     train = replace(s.train, progress=progress)
@@ -369,9 +352,7 @@ def train_model(
 
 
 def state_of(s: Spec, results, meta: dict | None = None) -> dict:
-    """What the table, report and figures read of the spec ``s``: ``meta`` (description, data, training settings,
-    the plan, the unigram reference, the rate grid's record; a results file written before the kit keeps its own)
-    and ``results`` (one per model, in plan order)."""
+    """What the table, report and figures read: ``meta`` and ``results`` (one per model, in plan order)."""
     o = s.options
     # a result recorded before the choice had one record shape keeps it under "selection"
     results = [{"tuning": r["selection"], **r} if "selection" in r else r for r in results]
@@ -509,14 +490,8 @@ SAMPLE_PROMPTS = ("it was a dark and stormy night, and", "the king said to his s
 
 
 def continuations(run_dir, prompts=SAMPLE_PROMPTS, max_new_tokens: int = 24, seed: int = 0) -> dict[str, str]:
-    """Sampled continuations of ``prompts`` by a causal run, through transformers'
-    ``pipeline("text-generation")`` (top-k 40, temperature 0.8, seeded; only the new text):
-    ``{prompt: continuation}``. A continuation stops where the model's learned positions end
-    (``max_position_embeddings``).
-
-    Raises:
-        ValueError: a prompt that already fills the learned positions.
-    """
+    """``{prompt: continuation}`` sampled by a causal run (top-k 40, temperature 0.8, seeded), stopping where
+    its learned positions end; ValueError for a prompt that already fills them."""
     from transformers import pipeline, set_seed
 
     generate = pipeline("text-generation", model=str(run_dir), device="cpu")

@@ -1,32 +1,16 @@
 """Logit rank or value width (``fixedhead qk-v``): what carries a larger head's lead?
 
-Theorem 1 of the paper bounds the rank of a head's logits Q Kᵀ by the size of its queries and keys
-(``qk_head_dim``); a larger head also carries wider values (``v_head_dim``), and the fixed-head design
-changes both at once. At n = 256 (``docs/results/seq-len-long``) fixedhead's d_p = 32 causal LMs lead the
-d_p = 8 ones by 0.035–0.060 nats, yet lose at most 0.002 nats when every head's logits are cut to rank 8:
-rank does not seem to carry the lead, and nothing there separates the two. This study does: a 2 × 2 of
-fixedhead causal LMs, (qk, v) ∈ {small, large}², each arm at its own learning rate (chosen on a validation
-split with the first seed, :mod:`fixedhead.studies.kit.learning_rate`; later seeds train at it), paired by
-seed (the arms of one seed see the same batches in the same order). Per seed:
+Theorem 1 bounds the rank of a head's logits Q Kᵀ by the size of its queries and keys (``qk_head_dim``); a
+larger head also carries wider values (``v_head_dim``), and the fixed-head design changes both. At n = 256
+(``docs/results/seq-len-long``) d_p = 32 causal LMs lead d_p = 8 ones by 0.035–0.060 nats yet lose at most
+0.002 nats when cut to rank 8. This study separates the two: a 2 × 2 of causal LMs, (qk, v) ∈ {small,
+large}², each arm at its own learning rate, paired by seed. Per seed, the main effect of qk (mean over v of
+loss(qk large) − loss(qk small)), of v, and the interaction (L,L) − (L,S) − (S,L) + (S,S); each with its paired
+95% t-interval over seeds, Holm over the three at α = 0.01, against a smallest effect of interest
+(``target``, nats). Negative: the larger size lowers the loss.
 
-* the main effect of qk: the mean over v of loss(qk large) − loss(qk small);
-* the main effect of v: the mean over qk of loss(v large) − loss(v small);
-* the interaction: loss(L, L) − loss(L, S) − loss(S, L) + loss(S, S) (how much the effect of one depends
-  on the other);
-
-each with its paired 95% t-interval over seeds (:func:`fixedhead.studies.kit.stats.paired_difference`),
-Holm over the three at α = 0.01, read by :func:`~fixedhead.studies.kit.stats.difference_word` against a
-smallest effect of interest (``target``, 0.02 nats). Negative: the larger size lowers the loss.
-
-The defaults are the setting where the lead was measured: n = 256, d = 64, h = 8 (so the small size is
-the standard d/h = 8 and the large the fixed d_p = 32), two layers, 2,800 steps of 2,048 tokens (5.7M
-tokens a model), recipe ``cpu-clm``. ``hidden_size`` and ``num_attention_heads`` are options (d = 128,
-h = 16 is the other CPU setting, ``make run``'s) but no lead has been measured there at n = 256; the (S, S)
-and (L, L) arms at the defaults are seq-len-long's d_p = 8 and d_p = 32 models, each at its own rate.
-
-The seeds are sized before any run from a pilot's paired sd (``pilot_sd``: seq-len-long's fixedhead
-gaps, see :data:`PILOT_SD`) with :func:`~fixedhead.studies.kit.stats.seeds_for`; ``plan.json`` states the
-sizing, the pairing and the rule, with its SHA-256, before the first point.
+The defaults are the setting where the lead was measured: n = 256, d = 64, h = 8 (small = d/h = 8, large =
+32), recipe ``cpu-clm``. The seeds are sized before any run from a pilot's paired sd (:data:`PILOT_SD`).
 """
 
 from __future__ import annotations
@@ -161,11 +145,9 @@ def arm_preset(o: QkVOptions, rates: dict[str, float] | None = None):
 def effects(losses: dict[tuple[int, int, int], float], o: QkVOptions) -> dict:
     """The three effects over the seeds every arm finished. ``losses``: {(qk, v, seed): held-out loss, nats}.
 
-    Per seed, with S, L the small and large sizes: qk = ((L,S) − (S,S) + (L,L) − (S,L)) / 2, v = ((S,L) − (S,S)
-    + (L,L) − (L,S)) / 2, interaction = (L,L) − (L,S) − (S,L) + (S,S); each is the paired difference of two
-    per-seed values (:func:`paired_difference`), so its interval and p are the paired t-test's. Returns
-    ``{"seeds": [...], "per_seed": {effect: [...]}, "rows": [{"effect", "estimate", "low", "high", "p",
-    "p_holm", "sd", "word", "seeds_for_target"}]}``; with one seed no interval (``low`` None)."""
+    Per seed: qk = ((L,S) − (S,S) + (L,L) − (S,L)) / 2, v = ((S,L) − (S,S) + (L,L) − (L,S)) / 2, interaction =
+    (L,L) − (L,S) − (S,L) + (S,S), each a paired difference of two per-seed values. Returns ``{"seeds",
+    "per_seed": {effect: [...]}, "rows": [...]}``; with one seed no interval (``low`` None)."""
     small, large = o.head_dims
     seeds = [s for s in o.seeds if all((qk, v, s) in losses for qk, v in arms(o))]
 
@@ -229,11 +211,9 @@ def summarise(results: list[dict], o: QkVOptions) -> dict:
 
 # --------------------------------------------------------------------------------- plan
 def sizing(o: QkVOptions) -> dict:
-    """The seeds each effect needs at the pilot's sd (:func:`seeds_for`, 80% power, two-sided paired t-test at
-    α / 3, Holm's worst case), under independent noise per model: a main effect's per-seed sd is the pilot
-    gap's / √2 (four models, each counted with weight ½), the interaction's √2 times it (four models, weight 1);
-    ``gap``: the pilot's own contrast (two models), which also bounds a main effect whose two halves move
-    together."""
+    """The seeds each effect needs at the pilot's sd (80% power, paired t-test at α / 3), under independent
+    noise per model: a main effect's per-seed sd is the pilot gap's / √2 (four models at weight ½), the
+    interaction's √2 times it; ``gap``: the pilot's own two-model contrast."""
     level = ALPHA / len(EFFECTS)
     sds = {"gap": o.pilot_sd, "main": o.pilot_sd / math.sqrt(2), "interaction": o.pilot_sd * math.sqrt(2)}
     return {
@@ -281,9 +261,8 @@ def plan_record(o: QkVOptions) -> dict:
 
 
 class QkVStudy(Study):
-    """One point per (arm, seed): a fixedhead causal LM in ``FOLDER/qkQK-vV-sSEED`` (with a rate grid, its runs
-    in ``lr-grid/`` there, the best on the validation split kept). The first seed's points choose each arm's
-    rate; a later seed's point needs its arm's first-seed point and trains at that rate."""
+    """One point per (arm, seed): a causal LM in ``FOLDER/qkQK-vV-sSEED``; the first seed chooses each arm's
+    rate, a later seed trains at it."""
 
     name = "qk-v"
     help = "what carries a larger head's lead: the rank of its logits (qk_head_dim) or its values' width (v_head_dim)?"

@@ -1,23 +1,13 @@
 """The sequence-length axis (``fixedhead seq-len``): does head size start to matter as n / d_p grows?
 
-Theorem 1 of the paper ties the bottleneck to the head size d_p *against the sequence length n*: a head
-can express an arbitrary attention over n tokens only if d_p ≥ n (causal: ⌈(n − 1)/2⌉, Theorem 2). Every
-other text study here holds n at 32 or 64 and moves d, h or d_p; this one moves n. At fixed d and h,
-causal LMs with a small head size (standard d_p = d/h) and a large one (fixed d_p), in the fixedhead
-architecture (learned positions, post-LN) and Llama-style (rotary, pre-norm), are trained at
-n ∈ ``lengths`` on the same number of tokens per step, each arm at its own learning rate (chosen on a
-validation split with the first seed, :mod:`fixedhead.studies.kit.learning_rate`), paired by seed (the arms
-of one seed see the same batches). Every trained model then goes through the rank intervention
-(:mod:`fixedhead.diagnostics.intervention`): the rank it needs per layer, and its *attention gain* (the loss it
-loses when every head's attention is made uniform; a model that gains little from attention cannot
-show a head-size effect through rank).
-
-One plot answers the question: against n / d_p of the small head, the head-size gap (large − small,
-paired by seed, 95% interval), the rank each arm needs, and the attention gain.
-
-The plan (every arm, seed, grid and the smallest difference the study must see) is written to
-``plan.json`` with its SHA-256 before the first run; results refer to that hash, and a plan changed
-after results exist is refused unless asked to grow, which the report then states.
+Theorem 1 ties the bottleneck to d_p *against the sequence length n*: a head can express an arbitrary
+attention over n tokens only if d_p ≥ n (causal: ⌈(n − 1)/2⌉). The other text studies hold n and move d, h or
+d_p; this one moves n. At fixed d and h, causal LMs with the standard d_p = d/h and a fixed d_p, fixedhead and
+Llama-style, train at n ∈ ``lengths`` on the same tokens per step, each arm at its own rate, paired by seed.
+Every model then goes through the rank intervention (:mod:`fixedhead.diagnostics.intervention`): the rank it needs per
+layer and its *attention gain* (the loss it loses when attention is made uniform; a model that gains little
+from attention cannot show a head-size effect through rank). The plot: against n / d_p of the small head, the
+head-size gap (95% interval), the rank each arm needs and the attention gain.
 """
 
 from __future__ import annotations
@@ -178,10 +168,9 @@ def compare_preset(o: SeqLenOptions, n: int, architecture: str, rates: dict[str,
 
 
 class SeqLenStudy(Study):
-    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (n, architecture, seed), a
-    ``fixedhead compare`` run of every head size in ``FOLDER/n{n}-{architecture}-s{seed}`` (finished models
-    are reused) followed by the rank intervention on each model. The first seed of an (n, architecture)
-    chooses each arm's rate on the grid; the other seeds train at it."""
+    """One point per (n, architecture, seed): a ``fixedhead compare`` run of every head size in
+    ``FOLDER/n{n}-{architecture}-s{seed}``, then the rank intervention on each model. The first seed chooses
+    each arm's rate; the other seeds train at it."""
 
     name = "seq-len"
     help = "does head size matter more as n / d_p grows? causal LMs at several n, small vs large d_p, rank-cut"

@@ -2,24 +2,14 @@
 
 The task (:mod:`fixedhead.data.synthetic`): sets of N points on the unit sphere in R^d; the target
 of point i is the point x_j with the smallest ⟨U x_i, U x_j⟩ for a fixed U ∈ R^{r×d} with
-orthonormal rows. The logit a head needs, −x_iᵀ UᵀU x_j, has rank r. Bhojanapalli et al. (ICML
-2020, Section 3) bound a head's logit rank by its size d_p; their Theorem 2 says heads of a small
-size are not rescued by having more of them. The prediction this experiment tests: a one-layer
-model learns the task iff d_p ≥ r, whatever the number of heads h.
+orthonormal rows, so the logit a head needs, −x_iᵀ UᵀU x_j, has rank r. A head's logit rank is at
+most its size d_p (paper Section 3) and more small heads do not help (Theorem 2): a one-layer model
+should learn the task iff d_p ≥ r, whatever the number of heads h.
 
-The model (:class:`SetAttentionModel`) is one post-LN encoder block around this project's
-:class:`fixedhead.model.attention.MultiHeadAttention`, with no positions (the task is a set task), and a
-linear read-out. The grid trains it over (r, d_p) at d = 32, h = 8 (d_p = 4 is the standard d/h;
-larger d_p are the paper's fixed head size at the same d and h), plus a "more heads" row: d_p = 4
-with h = 8..64 at r = 16. Every cell is trained with the same recipe (:class:`FarthestPointRecipe`)
-and several seeds; each seed is its own task instance (U), initialisation and data stream.
-
-Metrics and the model: :mod:`fixedhead.studies.farthest_point.set_attention`.
-
-Outputs in the output folder: ``results.json`` (every run, with its learning curve; written
-atomically after every run, so an interrupted grid resumes and reuses finished runs),
-``results.csv``, ``heatmap.png``, ``more_heads.png``, ``learning_curves.png`` and ``report.md``
-(verdict per cell, stated rule).
+The grid trains the set model (:mod:`~fixedhead.studies.farthest_point.set_attention`) over (r, d_p) at
+d = 32, h = 8 (d_p = 4 is the standard d/h), plus a "more heads" row: d_p = 4 with h = 8..64 at r = 16;
+each seed is its own task instance (U), initialisation and data stream. Besides ``report.md`` it writes
+``results.csv``, ``heatmap.png``, ``more_heads.png`` and ``learning_curves.png``.
 """
 
 from __future__ import annotations
@@ -150,9 +140,8 @@ OUTPUT_FILES = ("results.csv", "heatmap.png", "more_heads.png", "learning_curves
 
 
 def state_of(o: FarthestPointOptions, results, meta: dict | None = None) -> dict:
-    """What the report and plots read, from the options and the per-point ``results``: ``meta`` (the grid,
-    seeds, cells, rule, settings and, with a rate grid, its record), ``references`` (per rank), ``runs``
-    (``{run key: run}``) and, with a rate grid, ``tuning`` (per cell) and ``lr_grid``."""
+    """What the report and plots read: ``meta``, ``references`` (per rank), ``runs`` (``{run key: run}``)
+    and, with a rate grid, ``tuning`` (per cell) and ``lr_grid``."""
     results = list(results)
     runs = {core.run_key(r["run"]["key"], seed=r["run"]["seed"]): r["run"] for r in results}
     references = {}
@@ -423,9 +412,8 @@ def report_markdown(state: dict) -> str:
 
 
 class FarthestPointStudy(Study):
-    """The study on the kit (:mod:`fixedhead.studies.kit.study`): one point per (cell, seed), seed-major.
-    With a rate grid a cell's first seed trains every rate (``lr_grid``) and keeps the best on the
-    learning-curve sets; its other seeds train at that rate."""
+    """One point per (cell, seed), seed-major. With a rate grid a cell's first seed keeps the best rate on
+    the learning-curve sets; its other seeds train at that rate."""
 
     name = "farthest-point"
     help = (

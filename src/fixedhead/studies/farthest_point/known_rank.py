@@ -1,23 +1,15 @@
 """The rank intervention's known-answer check (``fixedhead known-rank``).
 
-A farthest-point task of rank r (:mod:`fixedhead.data.synthetic`) needs attention logits of rank r: a
-one-layer model whose head size d_p is at least r learns it and one with d_p < r does not
-(``docs/results/synthetic``: all 16 cells of that grid follow d_p ≥ r). So when a trained model's logits
-are cut to rank k by :mod:`fixedhead.diagnostics.intervention`, it must keep solving the task for every k ≥ r and
-stop solving it below r, whatever its d_p: the rank the intervention reports is known in advance.
+A farthest-point task of rank r needs attention logits of rank r (``docs/results/synthetic``: all 16 cells
+follow d_p ≥ r), so a trained model whose logits :mod:`fixedhead.diagnostics.intervention` cuts to rank k must keep
+solving it for every k ≥ r and fail below r, whatever its d_p: the answer is known in advance.
 
-The check trains the farthest-point model (:func:`fixedhead.studies.farthest_point.set_attention.train_cell`, the
-committed recipe) at rank r for several head sizes d_p ≥ r and seeds, then scores it on its held-out
-sets (the ones its results are scored on) with the logits cut to k = 1 .. min(d_p, N − 1). Two readings
-of the rank each model needs:
-
-* by the task's verdict metric: the smallest k from which the hit rate stays ≥
-  :data:`~fixedhead.studies.kit.stats.SUCCEEDS_AT` (the farthest-point study's "succeeds");
-* by the loss, as ``fixedhead rank-intervention`` reads text models: the smallest k from which
-  MSE × d stays within a band of the full-rank MSE × d (the band: the seed spread of the full-rank
-  value among the models of one d_p, :func:`fixedhead.diagnostics.intervention.needed_rank`).
-
-The check passes when both are r for every model.
+The check trains the farthest-point model at rank r for several d_p ≥ r and seeds and scores it on its
+held-out sets with the logits cut to k = 1 .. min(d_p, N − 1). It passes when both readings of the needed
+rank are r for every model: the smallest k from which the hit rate stays ≥
+:data:`~fixedhead.studies.kit.stats.SUCCEEDS_AT`, and the smallest k from which MSE × d stays within the
+seed spread of the full-rank value (:func:`fixedhead.diagnostics.intervention.needed_rank`, as ``fixedhead
+rank-intervention`` reads text models).
 """
 
 from __future__ import annotations

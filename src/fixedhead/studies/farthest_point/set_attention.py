@@ -1,18 +1,15 @@
 """The one-layer set model of ``fixedhead farthest-point``, its metrics and its training loop: one
-run of the study (one cell, one seed). The task is :mod:`fixedhead.data.synthetic`; the plan, the
-results file and the report are :mod:`fixedhead.studies.farthest_point`.
+run of the study (one cell, one seed); the task is :mod:`fixedhead.data.synthetic`.
 
 Metrics, on fresh held-out sets:
 
-* ``mse``: squared distance ‖output − x_{j*}‖² averaged over points (= MSE × d, Amsel et al.'s
-  scaling): predicting 0 scores exactly 1.
-* ``hit_rate``: the fraction of points whose output lies within half the gap around the right
-  point, ‖output − x_{j*}‖ < ½ min_{k≠j*} ‖x_k − x_{j*}‖ — so the output is nearer to x_{j*} than
-  to any other point, by a margin: it can be read as x_{j*} and as nothing else.
-* ``nearest_rate``: the fraction whose *nearest* point is x_{j*}, with no margin. Reported but not
-  used for verdicts: it is fooled by a layer that ignores attention — the linear map
-  x_i ↦ −UᵀU x_i has inner product −⟨Ux_i, Ux_j⟩ with every x_j, so its nearest point on the sphere
-  is exactly j*(i), on every point, without looking at the set.
+* ``mse``: ‖output − x_{j*}‖² averaged over points (= MSE × d, Amsel et al.'s scaling): predicting 0
+  scores exactly 1.
+* ``hit_rate``: the fraction of points with ‖output − x_{j*}‖ < ½ min_{k≠j*} ‖x_k − x_{j*}‖: the output
+  can be read as x_{j*} and as nothing else.
+* ``nearest_rate``: the fraction whose *nearest* point is x_{j*}. Not used for verdicts: the
+  attention-free map x_i ↦ −UᵀU x_i has inner product −⟨Ux_i, Ux_j⟩ with every x_j, so its nearest
+  point is exactly j*(i) without looking at the set.
 """
 
 from __future__ import annotations
@@ -40,18 +37,12 @@ class SetAttentionModel(nn.Module):
     the paper's fixed head size, Section 4), whose logits q·k/√d_p are multiplied by ``logit_scale``
     (an inverse temperature, the same for every head size).
 
-    Args:
-        hidden_size: d, the dimension of the points.
-        num_attention_heads: h.
-        head_dim: d_p.
-        intermediate_size: feed-forward width (None: 4d).
-        logit_scale: multiplies the attention logits (> 0).
-        input_scale: s_in, multiplies the points before the block (> 0; 1 feeds the unit vectors
-            as they are, as Amsel et al. do).
+    ``hidden_size`` is d, ``intermediate_size`` defaults to 4d, ``input_scale`` is s_in (1 feeds the unit
+    vectors as they are, as Amsel et al. do).
 
     Raises:
         ValueError: a size that is not a positive int, h·d_p < d (the values could not carry a
-            d-dimensional point), or a logit_scale / input_scale that is not a positive finite number.
+            d-dimensional point), or a scale that is not a positive finite number.
     """
 
     def __init__(
@@ -98,15 +89,8 @@ class SetAttentionModel(nn.Module):
 def prediction_metrics(
     points: torch.Tensor, targets: torch.Tensor, index: torch.Tensor, outputs: torch.Tensor
 ) -> dict[str, float]:
-    """``mse`` (‖o − x_{j*}‖² per point, i.e. MSE × d), ``hit_rate`` and ``nearest_rate`` (module docstring).
-
-    Args:
-        points: [batch, N, d]; targets: [batch, N, d] (= points[index]); index: [batch, N];
-            outputs: [batch, N, d].
-
-    Returns:
-        A dict of three floats, each a mean over batch × N points.
-    """
+    """``mse``, ``hit_rate`` and ``nearest_rate`` (module docstring), each a mean over batch × N points.
+    ``points``, ``targets`` (= points[index]) and ``outputs``: [batch, N, d]; ``index``: [batch, N]."""
     err = ((outputs - targets) ** 2).sum(-1)  # [batch, N]
     gaps = torch.cdist(targets, points)  # [batch, N(query), N(point)]
     gaps = gaps.masked_fill(nn.functional.one_hot(index, points.shape[1]).bool(), float("inf"))
@@ -133,12 +117,9 @@ def evaluate(
 
 
 def attention_free_reference(task: FarthestPointTask, num_sets: int = 4096, seed: int = 0) -> dict[str, float]:
-    """What a layer that ignores the other points can reach: the least-squares affine map
-    x_i ↦ W x_i + b fitted to x_{j*(i)} on ``num_sets`` sets, scored on as many fresh ones.
-
-    It is the reference line of the report: below its ``mse`` a model must be using attention.
-    Its ``nearest_rate`` is 1 (see the module docstring), its ``hit_rate`` near 0.
-    """
+    """What a layer that ignores the other points can reach: the least-squares affine map x_i ↦ W x_i + b
+    fitted to x_{j*(i)} on ``num_sets`` sets, scored on as many fresh ones. Below its ``mse`` a model must be
+    using attention."""
     u = task.projection
     fit_x, fit_t, _ = task.sample(num_sets, torch.Generator().manual_seed(seed + 50_000), u)
     a = torch.cat([fit_x.reshape(-1, task.dim), torch.ones(fit_x.numel() // task.dim, 1)], 1).double()
@@ -150,13 +131,8 @@ def attention_free_reference(task: FarthestPointTask, num_sets: int = 4096, seed
 # ----------------------------------------------------------------------------------- recipe
 @dataclass(frozen=True)
 class FarthestPointRecipe:
-    """The one training recipe every cell gets.
-
-    AdamW (betas 0.9/0.95, as Amsel et al.), linear warm-up for ``warmup_ratio`` of the steps then
-    cosine decay to 0; loss = MSE × d on a fresh batch of sets every step; the learning curve is
-    measured on ``curve_sets`` fixed held-out sets every ``steps // curve_points`` steps and the
-    final metrics on ``eval_sets`` other held-out sets.
-    """
+    """The one training recipe every cell gets: AdamW (betas 0.9/0.95, as Amsel et al.), linear warm-up then
+    cosine decay to 0, loss = MSE × d on a fresh batch of sets every step."""
 
     steps: int = 3000
     """training steps (one fresh batch of sets each)"""
@@ -227,18 +203,10 @@ def train_cell(
 ) -> dict | tuple[dict, SetAttentionModel]:
     """Train one :class:`SetAttentionModel` on ``task`` with ``recipe``; return its metrics and curve.
 
-    ``seed`` sets the initialisation (``torch.manual_seed``) and the stream of training sets; the
-    held-out sets come from their own fixed seeds, the same for every cell of a (task, seed).
-
-    Returns:
-        A dict: the cell's fields, ``seed``, ``parameters``, the final ``mse``/``hit_rate``/
-        ``nearest_rate`` on ``recipe.eval_sets`` held-out sets, ``train_seconds`` and ``curve``
-        (a list of [step, mse, hit_rate] on the curve sets, step 0 included); with ``return_model``,
-        (that dict, the trained model in eval mode).
-
-    Raises:
-        ValueError: a cell whose rank differs from the task's, or a model size that
-            :class:`SetAttentionModel` refuses.
+    ``seed`` sets the initialisation and the training sets; the held-out sets are the same for every cell of
+    a (task, seed). Returns the cell's fields, ``seed``, ``parameters``, the final metrics, ``train_seconds``
+    and ``curve`` ([step, mse, hit_rate] from step 0); with ``return_model``, (that dict, the model in eval
+    mode). ValueError for a cell whose rank differs from the task's.
     """
     from tqdm.auto import tqdm
 

@@ -17,16 +17,14 @@ from ...runs import environment_info, invocation_commands, write_json_atomic
 
 
 def pick(table: dict[str, Callable], name: str, kind: str, *args):
-    """``table[name](*args)``: a fresh preset of a study's table. Raises ValueError naming ``kind``
-    and listing the known names."""
+    """``table[name](*args)``: a fresh preset; ValueError naming ``kind`` and listing the known names."""
     return lookup(table, name, kind)(*args)
 
 
 def from_preset(presets: dict, options, fields: tuple[str, ...], kind: str):
-    """``options`` with each of ``fields`` it leaves None at the value of its preset, ``presets[options.preset]``:
-    a preset is the options a run starts from, and the options given override it (an empty list given is a
-    value: the study says what it means). Raises ValueError naming an unknown preset (``kind``: the study) and
-    listing the known names."""
+    """``options`` with each of ``fields`` it leaves None at the value of ``presets[options.preset]``: a preset
+    is the options a run starts from, and the options given override it (an empty list is a value). ValueError
+    for an unknown preset, listing the known names."""
     return replace(options, **filled_by_preset(presets, options, fields, kind))
 
 
@@ -38,9 +36,8 @@ def filled_by_preset(presets: dict, options, fields: tuple[str, ...], kind: str)
 
 @contextlib.contextmanager
 def naming_preset(name: str, filled: dict):
-    """A ValueError raised inside that names a field whose value came from preset ``name`` (``filled``:
-    :func:`filled_by_preset`) says so, so that the value is not taken for one the user gave: ``... (--preset
-    cpu-mup sets --parametrization mup; give --parametrization to override it)``."""
+    """A ValueError raised inside that names a field the preset ``name`` filled says so: ``... (--preset cpu-mup
+    sets --parametrization mup; give --parametrization to override it)``."""
     try:
         yield
     except ValueError as e:
@@ -54,18 +51,14 @@ def naming_preset(name: str, filled: dict):
 
 
 def first_unknown(chosen: Iterable[str], known: Iterable[str]) -> str | None:
-    """The first of ``chosen`` that is not in ``known`` (``"(none)"`` for an empty choice), else None:
-    what a study's subset option (models, families, experiments) names in its error."""
+    """The first of ``chosen`` not in ``known`` (``"(none)"`` for an empty choice), else None."""
     chosen, known = list(chosen), set(known)
     return next((c for c in chosen if c not in known), None) if chosen else "(none)"
 
 
 def start_meta(preset, description: str, command: str | None, previous: dict, study: str, **fields) -> dict:
-    """A results file's ``meta``: the ``study`` (the command that owns the folder), the preset's name (``"custom"``
-    for a preset object), the description, this invocation's command and every earlier one in ``previous``, the
-    study's own ``fields``, when the first invocation started, and the software and machine
-    (:func:`fixedhead.runs.environment_info`).
-    """
+    """A results file's ``meta``: study, preset name, description, this and every earlier command, the study's
+    ``fields``, start times, software and machine."""
     previous_meta = previous.get("meta", {})
     this_command, commands = invocation_commands(command, previous_meta)
     now = time.time()
@@ -96,12 +89,9 @@ def active_spans(spans: Iterable[Iterable[float]]) -> list[list[float]]:
 
 
 def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
-    """Write ``state`` atomically to ``path`` with its wall time and the training seconds of ``runs`` summed,
-    fine-tuning included (``meta.total_seconds``, ``meta.compute_seconds``). The wall time is the length of the
-    union of every invocation's span (``meta.active``), so the time between invocations does not count; results
-    recorded before spans count their first start plus their wall time as one span. ``meta_sha256``: the hash of
-    the meta as written (JSON, keys sorted), which a rerun and ``fixedhead report`` check.
-    """
+    """Write ``state`` atomically with ``meta.total_seconds`` (the union of every invocation's span, so time
+    between invocations does not count), ``meta.compute_seconds`` (the training seconds of ``runs``, fine-tuning
+    included) and ``meta_sha256``, which a rerun and ``fixedhead report`` check."""
     meta = state["meta"]
     spans = [[meta["invocation_started"], time.time()]]
     spans += meta.get("active") or (
@@ -116,8 +106,7 @@ def save_state(path: Path, state: dict, runs: Iterable[dict]) -> None:
 
 
 def meta_sha256(meta: dict) -> str:
-    """The hash of a results file's meta as JSON (keys sorted): an edited command, description or timing no
-    longer matches."""
+    """The hash of a results file's meta as JSON (keys sorted)."""
     import hashlib
     import json
 
@@ -125,13 +114,12 @@ def meta_sha256(meta: dict) -> str:
 
 
 def run_key(name: str, lr: float | None = None, seed: int | None = None) -> str:
-    """The one name of a study's run: ``NAME``, ``NAME-lrRATE``, ``NAME-sSEED`` or ``NAME-lrRATE-sSEED``
-    (the rate as ``%g``: ``NAME-lr0.002-s1``), used for its folder and its key in the results file."""
+    """The one name of a study's run, its folder and results key: ``NAME[-lrRATE][-sSEED]`` (``NAME-lr0.002-s1``)."""
     return name + ("" if lr is None else f"-lr{lr:g}") + ("" if seed is None else f"-s{seed}")
 
 
 def seed_major(items: Iterable, seeds: Iterable[int]) -> list[tuple[Any, int]]:
-    """``(item, seed)`` pairs, every item's first seed before any second seed: an interrupted study
-    has the widest picture first."""
+    """``(item, seed)`` pairs, every item's first seed before any second: an interrupted study has the widest
+    picture first."""
     items = list(items)
     return [(item, seed) for seed in seeds for item in items]

@@ -1,11 +1,7 @@
 """Where a study's points run: in this process one after another (the default; Ray is not imported), or as
-Ray tasks, ``workers`` at once on a local Ray instance this command starts and stops, or on an existing Ray
-cluster (``ray_address``). The driver (:func:`fixedhead.studies.kit.study.run_study`) stays the only writer of
-the study's plan, results and report; an executor only runs points and hands back what each returned.
-
-A point that needs another's result (a later seed trains at the rate its first seed chose: ``Point.needs``)
-runs after it and receives it in ``done``; on Ray the needed task's result is an argument of the dependent
-task, so Ray itself holds the dependent back until it exists.
+Ray tasks on a local instance this command starts (``workers``) or an existing cluster (``ray_address``). The
+driver stays the only writer of the study's files; an executor only runs points and hands back their results.
+On Ray a needed point's result is an argument of the dependent task, so Ray holds the dependent back.
 """
 
 from __future__ import annotations
@@ -42,14 +38,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Executor:
-    """How points run. ``workers``: points at once on a local Ray instance (None: in this process, no Ray);
-    ``ray_address``: an existing Ray cluster (``auto`` or ``HOST:PORT``); ``gpus_per_point``: GPUs each task
-    asks the cluster for; ``threads``: torch CPU threads per point (None in-process: torch's choice, or what
-    ``--threads`` set; on a local instance: cores // workers, so workers × threads ≤ cores; on a cluster: 1).
-
-    Raises:
-        ValueError: a non-positive ``workers``, ``threads`` or ``gpus_per_point``; ``gpus_per_point`` without Ray;
-            both ``workers`` and ``ray_address``; Ray not installed.
+    """How points run. ``workers``: points at once on a local Ray instance (None: in this process);
+    ``ray_address``: an existing cluster (``auto`` or ``HOST:PORT``); ``gpus_per_point``: GPUs per task;
+    ``threads``: torch CPU threads per point (default on a local instance cores // workers, on a cluster 1).
+    ValueError for a non-positive number, ``gpus_per_point`` without Ray, both ``workers`` and ``ray_address``,
+    or Ray not installed.
     """
 
     workers: int | None = None
@@ -87,14 +80,11 @@ class Executor:
 
     @contextlib.contextmanager
     def connected(self, progress: bool = True):
-        """Ray started (``workers``) or reached (``ray_address``) for the length of the ``with``, and shut down
-        after (``progress``: the workers' output shown here); nothing in this process. The driver enters it
-        before it touches the study's folder, so a cluster that cannot run the points is refused with nothing
-        written.
+        """Ray started or reached for the length of the ``with`` (nothing in-process); the driver enters it
+        before it touches the study's folder.
 
         Raises:
-            ConnectionError: ``auto`` finds no Ray cluster on this machine, or nothing answers at ``HOST:PORT``
-                within :data:`PROBE_SECONDS` (one line naming the address and what to run).
+            ConnectionError: no Ray cluster answers within :data:`PROBE_SECONDS`.
             ValueError: ``gpus_per_point`` exceeds the GPUs the cluster has.
         """
         if not self.distributed:
@@ -122,10 +112,8 @@ class Executor:
             ray.shutdown()
 
     def run(self, study, spec, folder: Path, points: list, stored: dict, progress: bool) -> Iterator[Outcome]:
-        """Run ``points`` (plan order; each point's ``needs`` are earlier points or ``stored`` results) of the study's
-        ``spec`` (:meth:`~fixedhead.studies.kit.study.Study.resolve`), yielding each one's :class:`Outcome` as it
-        finishes. In-process an exception of ``study.run`` ends the
-        run (as any command's error); on Ray it is the point's ``error`` and the rest go on."""
+        """Run ``points`` (plan order), yielding each one's :class:`Outcome` as it finishes. In-process an
+        exception of ``study.run`` ends the run; on Ray it is the point's ``error`` and the rest go on."""
         if not self.distributed:
             yield from _in_process(study, spec, folder, points, stored, progress)
         else:
@@ -138,8 +126,8 @@ PROBE_SECONDS = 5.0
 
 
 def _reachable(address: str) -> str:
-    """``address`` (``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``) as ``ray.init`` takes it, once a TCP connection
-    to it opened within :data:`PROBE_SECONDS` (Ray itself retries an unreachable address for minutes)."""
+    """``address`` as ``ray.init`` takes it, once a TCP connection to it opened within :data:`PROBE_SECONDS`
+    (Ray itself retries an unreachable address for minutes)."""
     from ray._private.services import canonicalize_bootstrap_address_or_die, parse_address
 
     if address.startswith("ray://"):
@@ -188,9 +176,8 @@ def _start_local(ray, workers: int, threads: int, progress: bool) -> None:
 
 
 def run_point(study, spec, point, folder: Path, done: dict, progress: bool, ray_version: str | None = None):
-    """``study.run`` of one point, to ``(result, record)``: the result through a JSON round trip with its
-    ``train_seconds`` (wall seconds when the study gives none); the record names the node and versions that ran
-    it (Ray's on Ray) and the digests of its run files (:func:`point_files`)."""
+    """``study.run`` of one point, to ``(result through a JSON round trip, record)``; the record names the node,
+    the versions and the digests of its run files."""
     import platform
 
     import torch
@@ -217,10 +204,8 @@ def result_sha256(result: dict) -> str:
 
 
 def point_files(folder: Path, key: str) -> dict[str, str]:
-    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` in the run folders of point ``key``: the
-    folders below ``folder`` named as :func:`~fixedhead.studies.kit.core.run_key` names the point's runs (its key,
-    or its key with a rate before the seed: ``KEY-lrRATE-sSEED`` for point ``KEY-sSEED``); checkpoints not
-    included (a finished run may delete them)."""
+    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` in the run folders of point ``key``
+    (``KEY-sSEED`` or ``KEY-lrRATE-sSEED``); checkpoints not included (a finished run may delete them)."""
     from ...runs import file_digest
 
     name, seed = re.fullmatch(r"(.*?)((?:-s\d+)?)", key).groups()
@@ -243,8 +228,8 @@ def _in_process(study, spec, folder, points, stored, progress) -> Iterator[Outco
 
 
 def _ordered(points, stored) -> list:
-    """``points`` in plan order, each after the points it needs (a need that is neither planned nor stored is
-    refused: the plan cannot run)."""
+    """``points`` in plan order, each after the points it needs (ValueError for a need neither planned nor
+    stored)."""
     planned, out, placed = {p.key: p for p in points}, [], set(stored)
 
     def place(point, chain=()):
@@ -266,9 +251,8 @@ def _ordered(points, stored) -> list:
 
 
 def _ray_task(study, spec, point, folder, stored, progress, threads, keys, *needed):
-    """One point on a Ray worker: torch at ``threads`` threads, ``done`` = the results stored before this command
-    and those of the points it needs that run in this command (``keys``; ``needed``: their (result, record)
-    pairs, which Ray resolved from their tasks before starting this one)."""
+    """One point on a Ray worker; ``needed``: the (result, record) pairs of the points ``keys``, which Ray
+    resolved before starting this one."""
     import ray
     import torch
 
@@ -305,7 +289,7 @@ def _on_ray(ex: Executor, study, spec, folder, points, stored, progress) -> Iter
 
 
 def _failed_need(ray, point, refs: dict) -> str | None:
-    """For a point that did not run because a point it needs failed: says which."""
+    """Which point a point needs failed, for one that did not run."""
     for need in point.needs:
         try:
             ray.get(refs[need]) if need in refs else None

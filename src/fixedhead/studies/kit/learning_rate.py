@@ -1,14 +1,10 @@
 """A learning rate per arm, chosen on a validation split: the grid, its extension, the choice.
 
-A comparison of models is fair only when each model trains at its own best learning rate (Kaplan
-et al. 2020, Section 3.2 and Fig. 5: shape effects shrink to a few percent once each shape is
-tuned). Each arm is trained at every rate of a grid of factor-2 steps on the training split minus
-the validation split (:attr:`fixedhead.data.DataSettings.validation_fraction`), scored on the
-validation split, and the rate with the lowest validation loss is chosen; when that rate sits at an
-edge of the grid, the grid grows by one factor-2 step past that edge and the new rate is trained,
-until the best rate has a neighbour on each side (a bracketed optimum) or ``max_extensions`` steps
-were added. A run that diverges counts as infinitely bad. The held-out set reports the chosen
-rate's runs only.
+A comparison of models is fair only when each trains at its own best rate (Kaplan et al. 2020, Section 3.2
+and Fig. 5). Each arm trains at every rate of a factor-2 grid on the training split minus a validation split
+and keeps the rate of lowest validation loss; while that rate sits at an edge, the grid grows by one factor-2
+step past it, up to ``max_extensions``. A diverged run counts as infinitely bad. The held-out set reports the
+chosen rate's runs only.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...checks import non_negative_int, positive_float, positive_int
+from ...checks import non_negative_int, positive_float
 from ...plotting import pyplot, save_figure
 from ...training.evaluate import DivergedError
 from . import render
@@ -49,18 +45,13 @@ def selection_record(
     rule_text: str = RULE,
     **extra,
 ) -> dict:
-    """The ``learning_rate_selection`` record of a study's results (``meta``): the ``grid`` each arm
-    chooses from, the ``max_extensions`` it may grow by, the ``validation_fraction`` of the training
-    documents the rates are scored on (where the study holds one back), the first ``seed`` the
-    rates are chosen with, the rule in words, then the study's own ``extra`` fields (e.g. each
-    model's choice)."""
+    """The ``meta.learning_rate_selection`` record of a study's results, the study's ``extra`` fields last."""
     fraction = {} if validation_fraction is None else {"validation_fraction": validation_fraction}
     return {"grid": grid, "max_extensions": max_extensions, **fraction, "seed": seed, "rule": rule_text, **extra}
 
 
 def with_validation_split(data_settings):
-    """``data_settings`` with a validation split (:data:`VALIDATION_FRACTION` of the training
-    documents) unless it has one."""
+    """``data_settings`` with a validation split (:data:`VALIDATION_FRACTION`) unless it has one."""
     if data_settings.validation_fraction > 0:
         return data_settings
     return replace(data_settings, validation_fraction=VALIDATION_FRACTION)
@@ -71,31 +62,13 @@ def losses_record(losses: dict[float, float]) -> dict[str, float | None]:
     return {f"{lr:g}": (v if math.isfinite(v) else None) for lr, v in sorted(losses.items())}
 
 
-def rate_grid(center: float, points: int = 4, factor: float = 2.0) -> list[float]:
-    """``points`` rates a ``factor`` apart around ``center``, ascending (for 4 points and factor 2:
-    center/2, center, 2·center, 4·center).
-
-    Raises:
-        ValueError: a non-positive center or factor ≤ 1, fewer than 2 points.
-    """
-    positive_float("center", center)
-    positive_int("points", points, minimum=2)
-    if not factor > 1:
-        raise ValueError(f"factor must be > 1, got {factor!r}")
-    low = -((points - 1) // 2)
-    return [_round(center * factor**i) for i in range(low, low + points)]
-
-
 def _round(lr: float) -> float:
     return float(f"{lr:.6g}")  # 1e-3 · 2^-1 = 0.0005, not 0.00050000000000001
 
 
 def parse_rates(text: str | Iterable[float]) -> list[float]:
-    """Rates from ``"5e-4,1e-3,2e-3,4e-3"`` (or any iterable of numbers), distinct and ascending.
-
-    Raises:
-        ValueError: fewer than 2 rates, or one that is not a positive number (named).
-    """
+    """Rates from ``"5e-4,1e-3,2e-3,4e-3"`` (or any iterable of numbers), distinct and ascending; ValueError
+    for fewer than 2 or one that is not a positive number."""
     parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
     rates = []
     for p in parts:
@@ -111,8 +84,7 @@ def parse_rates(text: str | Iterable[float]) -> list[float]:
 
 
 def best_rate(losses: dict[float, float]) -> float:
-    """The rate with the lowest validation loss (ties: the smaller rate). Raises ValueError when
-    every run diverged."""
+    """The rate with the lowest validation loss (ties: the smaller); ValueError when every run diverged."""
     finite = {lr: loss for lr, loss in losses.items() if math.isfinite(loss)}
     if not finite:
         raise ValueError(f"every learning rate diverged: {sorted(losses)}; try smaller rates")
@@ -120,9 +92,7 @@ def best_rate(losses: dict[float, float]) -> float:
 
 
 def next_rate(losses: dict[float, float], factor: float = 2.0) -> float | None:
-    """The rate to train next so that the best one is bracketed: one ``factor`` step below the
-    grid if the best is its smallest rate, above if it is its largest, None when the best has a
-    trained neighbour on each side."""
+    """The rate one ``factor`` step past the edge the best rate sits on; None when it is bracketed."""
     rates = sorted(losses)
     best = best_rate(losses)
     if best == rates[0]:
@@ -139,19 +109,10 @@ def choose_rate(
     factor: float = 2.0,
     losses: dict[float, float] | None = None,
 ) -> tuple[float, dict[float, float], bool]:
-    """Train at every rate of ``grid`` (``train(lr)`` returns the validation loss, or
-    :data:`DIVERGED`), extend past an edge while the best rate sits there, return the choice.
-
-    ``losses`` holds rates already trained (a resumed study), which are not trained again.
-
-    Returns:
-        ``(best rate, {rate: validation loss} of every rate trained, bracketed)``: ``bracketed``
-        is False when ``max_extensions`` ran out with the best rate still at an edge (say so
-        where the rate is reported).
-
-    Raises:
-        ValueError: a negative ``max_extensions``; every rate diverged.
-    """
+    """Train at every rate of ``grid`` (``train(lr)`` returns the validation loss, or :data:`DIVERGED`) not
+    already in ``losses``, extend past an edge while the best rate sits there, and return ``(best rate, {rate:
+    loss}, bracketed)``; ``bracketed`` is False when ``max_extensions`` ran out with the best still at an edge.
+    ValueError for a negative ``max_extensions`` or when every rate diverged."""
     non_negative_int("max_extensions", max_extensions)  # before any training: a negative one never stops
     losses = dict(losses or {})
     for lr in grid:
@@ -175,12 +136,10 @@ def choose_on_validation(
     factor: float = 2.0,
     maximise: bool = False,
 ) -> dict:
-    """:func:`choose_rate` on ``score(run(lr))`` (default: ``run(lr)["validation_loss"]``; a run raising
-    ``DivergedError`` or scoring a non-finite value counts as :data:`DIVERGED`); the rates of ``recorded`` (a
-    resumed study's :func:`losses_record`) are not trained again. ``maximise``: the score is one to raise (a
-    GLUE validation score), recorded as ``validation_score``. Returns the one record of a choice,
-    ``{"chosen", "bracketed", "validation_loss" (or "validation_score"): losses_record(...)}``; raises
-    ValueError as :func:`choose_rate` does."""
+    """:func:`choose_rate` on ``score(run(lr))`` (default: its ``validation_loss``; ``DivergedError`` or a
+    non-finite score counts as :data:`DIVERGED`), not training the rates ``recorded`` holds. ``maximise``: a
+    score to raise (GLUE), recorded as ``validation_score``. Returns ``{"chosen", "bracketed",
+    "validation_loss" (or "validation_score")}``."""
     score = score or (lambda result: result["validation_loss"])
     sign = -1.0 if maximise else 1.0
 
@@ -199,19 +158,13 @@ def choose_on_validation(
 
 
 def later_seed_needs(grid, seed: int, first_seed: int, first_key: str) -> tuple[str, ...]:
-    """A point's ``needs`` under the rate protocol (:func:`point_rate`): a later seed's point, with a grid, needs
-    its first seed's point ``first_key`` (on Ray, a task dependency); otherwise nothing."""
+    """A point's ``needs`` under :func:`point_rate`: with a grid, a later seed needs its first seed's point."""
     return (first_key,) if grid and seed != first_seed else ()
 
 
 def chosen_rate(first: dict) -> float:
-    """The rate a first seed's point chose, from its result: ``tuning.chosen`` where it recorded its choice,
-    else the ``learning_rate`` it trained at; a result written before the record had one shape reads from its
-    ``chosen``.
-
-    Raises:
-        ValueError: a result holding none of these (named).
-    """
+    """The rate a first seed's result chose: ``tuning.chosen``, else ``learning_rate``, else an older result's
+    ``chosen``; ValueError when it holds none."""
     if isinstance(first.get("tuning"), dict) and "chosen" in first["tuning"]:
         return first["tuning"]["chosen"]
     for key in ("learning_rate", "chosen"):
@@ -234,14 +187,9 @@ def point_rate(
     **choice,
 ) -> dict:
     """The rate protocol of one point, trained by ``run(lr)``: without a ``grid``, the ``default`` rate; with
-    one, the first seed chooses (:func:`choose_on_validation`, ``choice``: its ``score``, ``factor``,
-    ``maximise``) and a later seed trains at the rate its first seed's result ``first`` chose
-    (:func:`chosen_rate`; its point is in ``needs``: :func:`later_seed_needs`).
-
-    Returns:
-        the point's record: ``{"learning_rate": the rate it trained at}``, with ``"tuning"`` (the choice's
-        record) on the first seed with a grid.
-    """
+    one, the first seed chooses (:func:`choose_on_validation` with ``choice``) and a later seed trains at the
+    rate its first seed's result ``first`` chose. Returns ``{"learning_rate"}``, plus ``"tuning"`` (the choice)
+    on the first seed with a grid."""
     if not grid:
         run(default)
         return {"learning_rate": default}
@@ -259,22 +207,17 @@ def _losses(record: dict[str, float | None]) -> dict[float, float]:
 
 
 def shared_rate_cost(tuning: dict[str, dict]) -> dict[float, dict[str, float]]:
-    """What one rate shared by every model would cost each one against its own best: the price of
-    the unfair comparison the per-model choice avoids, and what a μP-style parametrization
-    (:mod:`fixedhead.model.parametrization`) is meant to make small.
-
-    ``tuning``: ``{model: {"validation_loss": losses_record(...)}}``, as studies record it.
-    Returns ``{rate: {model: its validation loss at rate − its lowest, in nats (inf: diverged)}}``
-    for each rate every model trained, ascending (empty when there is none)."""
+    """What one rate shared by every model would cost each against its own best (what μP is meant to make
+    small): ``{rate: {model: validation loss at rate − its lowest, in nats (inf: diverged)}}`` for each rate
+    every model trained, ascending. ``tuning``: ``{model: {"validation_loss": losses_record(...)}}``."""
     curves = {key: _losses(t["validation_loss"]) for key, t in tuning.items()}
     common = set.intersection(*(set(c) for c in curves.values())) if curves else set()
     return {lr: {key: c[lr] - min(c.values()) for key, c in curves.items()} for lr in sorted(common)}
 
 
 def shared_rate_text(tuning: dict[str, dict], unit: str = "nats of validation loss") -> str:
-    """One sentence: the shared rate that costs the worst-off model least, and what it costs
-    (:func:`shared_rate_cost`) in ``unit``, or that it costs nothing where every model chose the same
-    rate; "" for fewer than 2 models or no rate they all trained."""
+    """One sentence: the shared rate that costs the worst-off model least and what it costs in ``unit``; ""
+    for fewer than 2 models or no rate they all trained."""
     costs = shared_rate_cost(tuning)
     if len(tuning) < 2 or not costs:
         return ""
@@ -292,11 +235,9 @@ def shared_rate_text(tuning: dict[str, dict], unit: str = "nats of validation lo
 
 
 def selection_markdown(selection: dict, tuning: dict[str, dict], what: str = "model") -> list[str]:
-    """A report's section on the rate each ``what`` (model, arm) chose: the rule, the shared-rate
-    cost (:func:`shared_rate_text`), ``learning_rates.png`` and a table of every validation loss.
-    ``selection``: ``{"grid", "seed", "validation_fraction", "rule"}`` as studies record it, or with
-    ``"validation"`` (what the rates are chosen on, in words) and ``"unit"`` (of the validation
-    loss, for the shared-rate cost) for a study whose validation split is not a fraction of documents."""
+    """A report's section on the rate each ``what`` chose: the rule, the shared-rate cost,
+    ``learning_rates.png`` and every validation loss. ``selection``: the :func:`selection_record`, with
+    ``"validation"`` and ``"unit"`` in words where the split is not a fraction of documents."""
     rates = sorted({float(lr) for t in tuning.values() for lr in t["validation_loss"]})
 
     def cell(losses: dict, lr: float) -> str:
@@ -337,10 +278,9 @@ def selection_markdown(selection: dict, tuning: dict[str, dict], what: str = "mo
 def plot_learning_rates(
     selection: dict, path: Path, ylabel: str = "validation loss (nats)", title: str | None = None
 ) -> None:
-    """Validation loss (or another score: ``ylabel``) against learning rate, one line per model,
-    its chosen rate circled (a diverged rate is drawn as a cross at the top). ``selection``:
-    ``{"models": {label: {"chosen", "bracketed", "validation_loss": losses_record(...)}},
-    "validation_fraction": float}`` (the fraction only for the default ``title``)."""
+    """Validation loss (or ``ylabel``) against learning rate, one line per model, its chosen rate circled and a
+    diverged rate a cross at the top. ``selection``: ``{"models": {label: choice record}, "validation_fraction"}``
+    (the fraction only for the default ``title``)."""
     plt = pyplot()
     many = len(selection["models"]) > 8  # a legend beside the axes, not over the lines
     fig, ax = plt.subplots(figsize=(9.5 if many else 6.5, 4.2))

@@ -1,13 +1,7 @@
 """Training recipes: named data and training settings, the one home of every number a language-model
-study trains with (``compare``, ``sweep``, ``widen-experiment``) and of the tests' tiny runs.
-
-* ``cpu-clm`` (``make run``, the causal sweep): causal LMs at n = 64 for 700 steps at lr 1e-3; on a CPU budget a
-  causal LM leaves the word-frequency plateau where a masked LM does not (docs/performance.md);
-* ``cpu-mlm``: masked LMs at n = 32 with 40% of the training tokens masked, batch 32, lr 2e-3,
-  2,800 steps (the masked-LM recipe of ``benchmarks/bench_tokens_to_quality.py``);
-* ``tiny``: seconds-long runs on a slice of text, for smoke tests and the test suite.
-
-A recipe's :meth:`Recipe.describe` is written from its fields, so the text cannot drift from the numbers.
+study trains with and of the tests' tiny runs. ``cpu-clm`` (``make run``) trains causal LMs because on a CPU
+budget a causal LM leaves the word-frequency plateau where a masked LM does not (docs/performance.md);
+``cpu-mlm`` is the masked-LM recipe of ``benchmarks/bench_tokens_to_quality.py``; ``tiny`` is seconds long.
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ from . import core
 
 @dataclass(frozen=True)
 class Recipe:
-    """Data settings, training settings and the model fields every model of a study shares
-    (depth, positions = the sequence length, no dropout)."""
+    """Data settings, training settings and the model fields every model of a study shares."""
 
     name: str
     data: DataSettings
@@ -41,8 +34,7 @@ class Recipe:
         return {**shared, **self.shared_model, **fields}
 
     def describe(self, rate: bool = True) -> str:
-        """``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of 32x64 tokens at lr 0.001"`` (without the
-        rate where a study names it: a shared one, each model's own, a grid)."""
+        """``"causal LMs, 2 layers, n=64, vocabulary 8192, 700 steps of 32x64 tokens at lr 0.001"``."""
         text = training_text(self.data, self.train, self.layers)
         return text + (f" at lr {self.train.learning_rate:g}" if rate else "")
 
@@ -65,9 +57,8 @@ def training_text(data, train, layers: int) -> str:
 
 
 def with_steps(train: TrainSettings, steps: int, evaluations: int, checkpoints: int) -> TrainSettings:
-    """``train`` for ``steps`` steps with ``evaluations`` held-out evaluations and ``checkpoints`` checkpoints,
-    evenly spaced (every ``steps // k`` steps, at least 1; ``k = 0``: none inside the run, every ``steps + 1``):
-    the one rule by which every study sets a run's length."""
+    """``train`` for ``steps`` steps with ``evaluations`` evaluations and ``checkpoints`` checkpoints evenly
+    spaced (every ``steps // k`` steps; ``k = 0``: none inside the run): every study's one rule."""
 
     def every(k: int) -> int:
         return steps + 1 if k == 0 else max(1, steps // k)
@@ -76,9 +67,7 @@ def with_steps(train: TrainSettings, steps: int, evaluations: int, checkpoints: 
 
 
 def _cpu(name: str, n: int, steps: int, evaluations: int, max_eval_tokens: int, **train) -> Recipe:
-    """A CPU recipe: 2 layers with a 512-wide feed-forward, vocabulary 8,192, batch 32, ``steps``
-    steps with ``evaluations`` held-out evaluations; an interrupted run resumes from its halfway
-    checkpoint."""
+    """A CPU recipe; an interrupted run resumes from its halfway checkpoint."""
     return Recipe(
         name=name,
         data=DataSettings(

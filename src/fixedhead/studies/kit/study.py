@@ -1,33 +1,17 @@
 """The Study shape: a study is its options, its plan, how to run one point, how to summarise and its
-report; :func:`run_study` does everything else.
+report; :func:`run_study` does everything else (docs/writing-a-study.md).
 
-A study subclasses :class:`Study` and declares
+A study subclasses :class:`Study`, declares ``name``, ``help``, ``Options`` (a frozen dataclass: the command
+line reads its fields, defaults and attribute docstrings), ``quick`` and ``default_dir``, and implements
+:meth:`~Study.resolve` (the spec every other hook receives), :meth:`~Study.plan` (seed-major :class:`Point` records),
+:meth:`~Study.run` (one point to a JSON-able dict) and :meth:`~Study.state`, :meth:`~Study.summarise`,
+:meth:`~Study.report`, :meth:`~Study.write_files`.
 
-* ``name``: its ``fixedhead`` command, ``help``: its one-line help, ``Options``: a frozen dataclass (the
-  command line reads its fields, defaults and attribute docstrings: :func:`fixedhead.options.add_options`),
-  ``quick``: the seconds-sized options and ``default_dir``: where it writes by default;
-* :meth:`Study.resolve`: the spec, everything the other hooks read, computed once from the options (the
-  options themselves by default); every hook below receives it;
-* :meth:`Study.plan`: the points to run, each a :class:`Point` with its run key
-  (:func:`~fixedhead.studies.kit.core.run_key`), in the order to run them (seed-major:
-  :func:`~fixedhead.studies.kit.core.seed_major`), and :meth:`Study.plan_record`: what else the plan
-  states before any result (the pairing, the smallest difference it must see);
-* :meth:`Study.run`: one point, to a JSON-able dict; :meth:`Study.state`: the one view of the finished
-  points that :meth:`Study.summarise` (the summary), :meth:`Study.report` (markdown, also printed) and
-  :meth:`Study.write_files` (tables and figures beside it) read.
-
-A study's command is one line of :data:`fixedhead.studies.STUDIES`.
-
-:func:`run_study` owns the rest: the output-folder claim and the one driver lock (a second command on a folder a
-live one runs is refused); the plan written to ``plan.json`` with its SHA-256 before the first point runs, the hash
-checked again on every read (once results exist, points of other settings are refused unless ``overwrite`` runs
-them all again, and other points unless the study is asked to ``grow``, which its record keeps in
-``plan_history``); ``results.json`` (``meta``: command, every earlier command, versions, machine, wall and compute
-time; ``runs``: one result per point key; ``points``: where each ran, its versions, the hash of its result and of
-its run files, checked on resume and by ``fixedhead report``; ``failed``; ``missing``; ``summary``), written
-atomically as each point finishes, so an interrupted study resumes where it stopped; the points handed to an
-executor (:mod:`~fixedhead.studies.kit.executor`: in this process, or Ray tasks); progress; the report's notes
-(incomplete, failed points, the plan's hash).
+:func:`run_study` owns the rest: the folder claim and driver lock; ``plan.json`` and its SHA-256, written before
+the first point and checked on every read (other settings need ``overwrite``, other points ``grow``);
+``results.json`` (``meta``, ``runs``, ``points`` with result and file hashes, ``failed``, ``missing``,
+``summary``), written atomically after each point so a study resumes where it stopped; the executor
+(in-process or Ray); progress; the report's notes.
 """
 
 from __future__ import annotations
@@ -56,9 +40,8 @@ LOCK_FILE = ".driver.lock"
 
 @dataclass(frozen=True)
 class Point:
-    """One unit of a study's work: ``key`` names it (its folder and its entry in ``results.json``),
-    ``spec`` is whatever :meth:`Study.run` needs to run it; ``needs``: the keys of the points whose results it
-    reads (it runs after them and finds them in ``done``)."""
+    """One unit of a study's work: ``key`` names its folder and its ``results.json`` entry, ``spec`` is what
+    :meth:`Study.run` needs, ``needs`` the keys of points whose results it reads (it runs after them)."""
 
     key: str
     spec: Any = None
@@ -79,26 +62,23 @@ class Study:
     """glob patterns of what the study writes besides plan.json, results.json and report.md (its run
     folders, tables, figures)"""
     paths: ClassVar[tuple[str, ...]] = ()
-    """Options fields that only say where an input lies (a sweep's folder): moved, the same study (neither its
-    settings nor its plan change; each point checks its input itself, :meth:`still_valid`)"""
+    """Options fields that only say where an input lies (a sweep's folder): moved, the same study (each point
+    checks its input itself, :meth:`still_valid`)"""
     quick_presets: ClassVar[tuple[str, ...]] = ()
-    """presets besides ``quick``'s own that ``--quick`` may run (a causal quick sweep); with ``--quick`` any other
-    ``--preset`` is refused: it would train a full study in the quick folder"""
+    """presets besides ``quick``'s own that ``--quick`` may run; any other would train a full study in the quick
+    folder"""
     points_only: ClassVar[tuple[str, ...]] = ()
-    """Options fields that only choose which points exist (seeds, lengths) or only enter the summary, or that
-    each run checks itself (a corpus path: a run compares the corpus text by its digest): a stored point
-    stays valid when they change (see :func:`settings_sha256`), and other points need only ``grow``"""
+    """Options fields that only choose which points exist (seeds, lengths), only enter the summary, or that each
+    run checks itself (a corpus path): a stored point stays valid when they change, other points need ``grow``"""
     default_dir: ClassVar[str] = "runs/{name}"
-    """where the study writes when no folder is given, formatted with ``name`` and the options' fields
-    (``runs/{name}-{preset}``, ``{sweep_dir}/finetune-{task}``); with ``--quick`` a ``-{preset}`` part is
-    dropped and ``-quick`` ends it (``runs/sweep-quick``): a quick run never writes into the real one"""
+    """where the study writes by default, formatted with ``name`` and the options' fields; with ``--quick`` a
+    ``-{preset}`` part is dropped and ``-quick`` appended, so a quick run never writes into the real one"""
     states_plan: ClassVar[bool] = False
     """the report states the plan's hash and growth itself (else the kit adds a line)"""
     overwriting: bool = False
-    """set by :func:`run_study`: the points are being run again (a study passes it on to reused runs)"""
+    """set by :func:`run_study`: the points are being run again"""
     folder: Path | None = None
-    """set by :func:`run_study` and :func:`regenerate`: the study's output folder (a study whose report reads
-    another folder's results finds them from here when they moved with it)"""
+    """set by :func:`run_study` and :func:`regenerate`: the study's output folder"""
 
     def __init__(self, cache_dir=None):
         self.cache_dir, self._prepared = cache_dir, {}
@@ -108,8 +88,7 @@ class Study:
         return self.__dict__ | {"_prepared": {}}
 
     def data(self, settings, progress: bool = True):
-        """:func:`fixedhead.data.prepare_data` of ``settings`` (a DataSettings) in ``cache_dir``, once per
-        settings in this process (the points of one study share their tokenizer and data)."""
+        """:func:`fixedhead.data.prepare_data` of a DataSettings, once per settings in this process."""
         from ...data import prepare_data
 
         key = json.dumps(settings.record(), sort_keys=True, default=str)
@@ -118,16 +97,14 @@ class Study:
         return self._prepared[key]
 
     def resolve(self, options):
-        """The spec every other hook receives, computed once per invocation: the options themselves (the
-        default), or an object holding them as ``options`` with what they derive (settings, models, the
-        description). Its options have every value that stands for another written out (a preset's fields, empty
-        seeds: the preset's), so that giving a default explicitly is the same study: ``plan.json`` records them.
-        It is sent to Ray workers, so it pickles."""
+        """The spec every other hook receives, computed once: the options (the default), or an object holding
+        them as ``options`` with what they derive. Its options have every value that stands for another written
+        out (a preset's fields), so giving a default explicitly is the same study. It must pickle (Ray)."""
         return options
 
     def still_valid(self, spec, point: Point, result: dict) -> bool:
-        """Whether a stored point's ``result`` still holds for the inputs it read (a checkpoint retrained since
-        makes a result computed from it stale; :func:`run_study` then refuses to reuse it); True by default."""
+        """Whether a stored point's ``result`` still holds for the inputs it read (False: :func:`run_study`
+        refuses to reuse it); True by default."""
         return True
 
     def describe(self, spec) -> str:
@@ -139,7 +116,7 @@ class Study:
 
     def first_seed(self, spec) -> int | None:
         """The seed whose points choose what the other seeds reuse (their learning rates), fixed once results
-        exist; None (the default): no seed plays that part."""
+        exist; None by default."""
         return None
 
     def plan(self, spec) -> list[Point]:
@@ -150,15 +127,13 @@ class Study:
         return {}
 
     def run(self, spec, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
-        """Run ``point`` in ``folder`` (the study's output folder); ``done``: results of points finished before it
-        started, among them every point of ``point.needs`` (e.g. the rates the first seed chose)."""
+        """Run ``point`` in the study's ``folder``; ``done`` holds the results of every point of ``point.needs``."""
         raise NotImplementedError
 
     def state(self, spec, results: list[dict], record: dict | None = None) -> Any:
         """The one view of the plan's finished points (``results``, in plan order) that :meth:`summarise`,
-        :meth:`report` and :meth:`write_files` read; ``record``: the results record (``meta``, ``plan_sha256``,
-        ``plan_history``, ``runs``, ``missing``, ``summary``), None while summarising. Default: the record's
-        fields with ``options`` (the spec's) and ``results``."""
+        :meth:`report` and :meth:`write_files` read; ``record``: the ``results.json`` record, None while
+        summarising. Default: the record's fields with ``options`` and ``results``."""
         return {**(record or {}), "options": options_in(spec), "results": list(results)}
 
     def summarise(self, state) -> Any:
@@ -184,8 +159,7 @@ def options_in(spec):
 
 
 def study_folder(study: Study, options, output_dir=None, quick: bool = False) -> Path:
-    """Where a study writes: ``output_dir`` when given, else its :attr:`Study.default_dir` (the command line
-    reads it from here too)."""
+    """Where a study writes: ``output_dir``, else its :attr:`Study.default_dir`."""
     if output_dir is not None:
         return Path(output_dir)
     values = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
@@ -203,12 +177,8 @@ def _default_dir(study: Study, quick: bool) -> str:
 
 
 def plan_file(study: Study, spec) -> dict:
-    """The plan record of a spec (:meth:`Study.resolve`): ``study``, ``options``, ``points``,
-    ``settings_sha256`` and :meth:`Study.plan_record`; and its sha256.
-
-    Raises:
-        ValueError: an empty plan, or a point key twice (a value given twice, e.g. ``--seeds 1 1``).
-    """
+    """``{"plan": {study, options, points, settings_sha256, **plan_record}, "sha256"}`` of a spec; ValueError
+    for an empty plan or a point key twice (``--seeds 1 1``)."""
     keys, options = [p.key for p in study.plan(spec)], options_in(spec)
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if not keys or twice:
@@ -229,9 +199,8 @@ def plan_file(study: Study, spec) -> dict:
 
 
 def settings_sha256(study: Study, options) -> str:
-    """The hash of the options a point's result depends on: every field but ``study.points_only`` (those
-    that only choose which points exist or only enter the summary) and ``study.paths``. A stored point is
-    reused only under the same settings. ``options``: resolved options, or a spec holding them."""
+    """The hash of the options a point's result depends on (all but ``points_only`` and ``paths``); a stored
+    point is reused only under the same settings."""
     skip = study.points_only + study.paths
     values = {k: v for k, v in dataclasses.asdict(options_in(options)).items() if k not in skip}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
@@ -240,15 +209,12 @@ def settings_sha256(study: Study, options) -> str:
 def write_plan(
     folder: Path, study: Study, spec, grow: bool = False, overwrite: bool = False, new: dict | None = None
 ) -> dict:
-    """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. A folder whose plan
-    differs takes the new one while no point has finished. Once results exist: points run with other
-    settings (:func:`settings_sha256`) are refused unless ``overwrite`` (they all run again); other points
-    (more seeds, another n) unless ``grow`` (the stored results are kept). The replaced plan's hash, when
-    and which points were done go into ``history``.
+    """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. Once results exist,
+    other settings are refused without ``overwrite`` (all points run again) and other points without ``grow``
+    (stored results kept; the replaced plan goes into ``history``).
 
     Raises:
-        FileExistsError: another study's plan; other settings without ``overwrite``; other points
-            without ``grow``; results in an older format. Nothing is changed.
+        FileExistsError: another study's plan, or the refusals above; nothing is changed.
     """
     new = new or plan_file(study, spec)
     path, history = folder / PLAN_FILE, []
@@ -316,13 +282,11 @@ def write_plan(
 
 
 def _without(plan: dict, fields) -> dict:
-    """A plan record without the options ``fields`` (its settings hash leaves them out already)."""
     return plan | {"options": {k: v for k, v in plan.get("options", {}).items() if k not in fields}}
 
 
 def _changed(was: dict, now: dict, skip=()) -> list[str]:
-    """The options that differ between two plans' options, as ``--option: old → new`` (nested options by
-    their own name: ``--steps`` for ``recipe.steps``)."""
+    """The options that differ, as ``--option: old → new`` (nested ones by their own name: ``--steps``)."""
     out = []
     for k, v in now.items():
         if k in skip or was.get(k) == v:
@@ -363,12 +327,8 @@ def output_files(study: Study) -> tuple[str, ...]:
 
 
 def read_plan(path: Path, name: str, instead: str = "choose another --output-dir") -> dict:
-    """``plan.json`` of study ``name`` with its hash recomputed: the stored ``sha256`` must be the hash of the
-    stored plan. ``instead``: what the refusal suggests besides restoring the plan.
-
-    Raises:
-        FileExistsError: another study's plan; a plan changed after it was hashed (naming both hashes).
-    """
+    """``plan.json`` of study ``name``; FileExistsError for another study's plan or one changed after it was
+    hashed (suggesting ``instead``)."""
     record = load_json_file(path, f"{name} plan")
     if record.get("plan", {}).get("study") != name:
         raise FileExistsError(
@@ -386,15 +346,9 @@ def read_plan(path: Path, name: str, instead: str = "choose another --output-dir
 
 
 def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --overwrite to run the study again") -> None:
-    """Refuse stored results that no longer match their record: the meta edited by hand (``meta_sha256``), a
-    result edited by hand (its hash in ``stored["points"]``), or a run file (``metrics.json``, weights) rewritten
-    since (its digest). A recorded file that is absent passes (a committed result folder carries no weights), and
-    so does a record written before it held the hash. ``keys``: the points to check (all recorded). ``again``:
-    how the command that reads them runs the study again.
-
-    Raises:
-        FileExistsError: naming the meta or the first point that does not match, and what.
-    """
+    """Refuse (FileExistsError) stored results edited since they were recorded: the meta, a result, or a run
+    file rewritten. An absent file passes (a committed folder carries no weights), and so does a record older
+    than its hashes. ``again``: how the reading command runs the study again."""
     from ...runs import file_digest
 
     if stored.get("meta_sha256") not in (None, core.meta_sha256(stored.get("meta", {}))):
@@ -420,7 +374,7 @@ def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --ove
 
 
 def _staging(name: str) -> re.Pattern:
-    """The temporary names :func:`fixedhead.runs.staged_outputs` writes ``name`` under before renaming it."""
+    """The temporary names :func:`fixedhead.runs.staged_outputs` writes ``name`` under."""
     return re.compile(rf"\.{re.escape(name)}\.[A-Za-z0-9_]+\.tmp{re.escape(Path(name).suffix)}")
 
 
@@ -433,12 +387,8 @@ def _leftovers(folder: Path) -> list[Path]:
 
 
 def _lock(folder: Path, name: str):
-    """Hold the folder's driver lock (``.driver.lock``, an exclusive ``flock`` the kernel drops when the process
-    ends, killed or not) and return its open file, which keeps it.
-
-    Raises:
-        FileExistsError: another live command holds it (naming its pid, host and start).
-    """
+    """Hold the folder's driver lock (an exclusive ``flock`` the kernel drops when the process ends, killed or
+    not) and return its open file; FileExistsError naming the live command that holds it."""
     handle = open(folder / LOCK_FILE, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -459,9 +409,8 @@ def _lock(folder: Path, name: str):
 
 
 def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
-    """Claim ``folder`` (:func:`fixedhead.runs.claim_output_dir`) and take its driver lock; the staging files of
-    a driver killed while writing are removed (a folder holding only those and the lock is the study's own, and
-    empty)."""
+    """Claim ``folder`` and take its driver lock; the staging files of a killed driver are removed (a folder
+    holding only those and the lock is the study's own, and empty)."""
     early = None
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     if entries and set(entries) <= {*_leftovers(folder), folder / LOCK_FILE}:
@@ -495,29 +444,17 @@ def run_study(
 ) -> dict:
     """Run every point of ``study``'s plan that is not finished, summarise, write the report.
 
-    Args:
-        options: the study's ``Options`` (None: its defaults, or its quick options with ``quick``).
-        output_dir: where it writes (None: the study's :attr:`Study.default_dir`, :func:`study_folder`); with Ray
-            workers on other machines, a path every node sees at the same place.
-        grow: accept a plan with other points after results exist (recorded; stored results kept).
-        overwrite: run every point again, with these options (the stored results are replaced).
-        progress: a progress bar over the points. command: the command line, recorded.
-        executor: where the points run (None: in this process, one after another).
-
-    Returns:
-        the record written to ``results.json``: ``meta``, ``options``, ``plan_sha256``, ``plan_history``,
-        ``runs`` (``{point key: result}``, the plan's points first), ``points`` (``{point key: node, versions,
-        result and file hashes}``), ``failed`` (``{point key: error}`` of Ray tasks that raised or whose worker
-        died twice), ``missing`` (plan points without a result) and ``summary`` (of the plan's points).
+    ``output_dir`` defaults to :attr:`Study.default_dir`; with Ray workers on other machines, a path every node
+    sees at the same place. ``grow`` accepts other points once results exist, ``overwrite`` runs every point
+    again. Returns the ``results.json`` record (``meta``, ``options``, ``plan_sha256``, ``plan_history``,
+    ``runs``, ``points``, ``failed``, ``missing``, ``summary``).
 
     Raises:
-        ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has (before anything
-            is written).
-        ConnectionError: no Ray cluster at the executor's ``ray_address`` (before anything is written).
-        FileExistsError: the folder holds something the study did not write, another study's output,
-            points of other settings (without ``overwrite``) or of another plan (without ``grow``), a plan or
-            result changed after it was written, or another live command runs it.
-        Exception: in this process, whatever a point raised (the points before it are saved).
+        ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has.
+        ConnectionError: no Ray cluster at the executor's ``ray_address``.
+        FileExistsError: the folder holds something else, points of other settings or another plan, a file
+            changed since it was recorded, or another live command runs it.
+        Exception: in-process, whatever a point raised (the points before it are saved).
     """
     from tqdm.auto import tqdm
 
@@ -601,15 +538,13 @@ def _record(
 
 
 def record_state(study: Study, spec, record: dict):
-    """The study's state of a record: the plan's points (a grown-then-shrunk plan's other stored points left
-    out, as the summary leaves them)."""
+    """The study's state of a record's plan points (other stored points left out, as in the summary)."""
     keys = {p.key for p in study.plan(spec)}
     return study.state(spec, [v for k, v in record["runs"].items() if k in keys], record)
 
 
 def _report(study: Study, spec, record: dict) -> str:
-    """The study's report, with the kit's notes: an incomplete study (points missing) at the top and, for a
-    study whose report does not state its plan itself, the plan's hash and growth at the end."""
+    """The study's report with the kit's notes: quick and incomplete at the top, the plan's hash at the end."""
     text = study.report(record_state(study, spec, record))
     if record["meta"].get("quick"):
         title, _, rest = text.partition("\n")
@@ -640,9 +575,8 @@ def _report(study: Study, spec, record: dict) -> str:
 
 
 def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
-    """The record and report a committed study folder regenerates to: the summary recomputed from its
-    per-point results and the report rendered from it, with the options its ``plan.json`` names (or,
-    for a folder written before plans were hashed, its ``results.json``)."""
+    """The record and report a study folder regenerates to from its per-point results, with the options its
+    ``plan.json`` (or, before plans were hashed, its ``results.json``) names."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
     study.folder = Path(folder)
     path = folder / PLAN_FILE
@@ -664,13 +598,9 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
 
 
 def rerender(study: Study, folder: Path, output_dir=None) -> Path:
-    """Write a study folder's report, tables and figures again from its per-point results (:func:`regenerate`;
-    nothing trains, ``results.json`` is left as it is) into ``output_dir`` (default: the folder). Returns the
-    report's path.
-
-    Raises:
-        FileExistsError: ``output_dir`` holds files of something else.
-    """
+    """Write a study folder's report, tables and figures again from its results (:func:`regenerate`) into
+    ``output_dir`` (default: the folder; FileExistsError if it holds something else). Returns the report's
+    path."""
     folder = Path(folder)
     record, text = regenerate(study, folder)
     out = Path(output_dir) if output_dir is not None else folder
@@ -684,8 +614,8 @@ def rerender(study: Study, folder: Path, output_dir=None) -> Path:
 
 
 def options_from_dict(cls, values: dict):
-    """The dataclass ``cls`` from its :func:`dataclasses.asdict` after a JSON round trip: nested
-    dataclasses rebuilt, lists back to tuples where the field is a tuple."""
+    """The dataclass ``cls`` from its :func:`dataclasses.asdict` after a JSON round trip (nested dataclasses
+    rebuilt, lists back to tuples)."""
     import typing
 
     hints, out = typing.get_type_hints(cls), dict(values)

@@ -1,31 +1,18 @@
 """`fixedhead scaling`: does head size matter as models grow? Loss against size and compute, per
 head-size family.
 
-The paper's Figure 1 plots performance against parameters for standard and fixed heads and claims
-"better performance scaling" for the fixed ones. A claim about scaling is a claim about curves,
-so this study trains each *family* at several sizes and fits one curve per family (Kaplan et al.
-2020, "Scaling Laws for Neural Language Models", Section 3):
+The paper's Figure 1 claims "better performance scaling" for fixed heads; a claim about scaling is a
+claim about curves, so each *family* trains at several sizes and gets one fitted curve (Kaplan et al.
+2020, Section 3):
 
-* ``standard``: d_p = d/h (the head shrinks as heads are added at a fixed d);
-* ``threshold``: d_p fixed at the paper's threshold for the objective, n for a masked LM
-  (Theorem 2) and ⌈(n − 1)/2⌉ for a causal one (:func:`fixedhead.theory.causal_threshold`);
-* ``d_p=K``: a constant head size K (64 by default: modern practice, e.g. Llama, GPT-2).
+* ``standard``: d_p = d/h;
+* ``threshold``: d_p at the paper's threshold, n for a masked LM (Theorem 2), ⌈(n − 1)/2⌉ for a causal one;
+* ``d_p=K``: a constant head size K (64 by default, as Llama and GPT-2).
 
-Each size (d, h) is trained with ``tokens_per_parameter`` training tokens per non-embedding
-parameter (Chinchilla's ~20 by default), at least ``min_steps`` and at most ``max_tokens``; each
-(family, size) point chooses its own learning rate on a validation split with the first seed
-(:mod:`fixedhead.studies.kit.learning_rate`), and the other seeds train at that rate. Every run is
-scored on the same held-out documents (loss in nats per token and bits per character).
-
-Outputs in the study folder (:mod:`fixedhead.studies.kit.study`): ``plan.json`` (the options and the
-points, hashed, written before any training), ``results.json`` (one entry per (family, size, seed)
-point, saved after each), ``report.md`` (the table, the fitted power laws L = a·X^(−b) against
-non-embedding parameters N and training FLOPs C, their exponents over seeds, the compute
-multiplier of each family against ``standard`` at each size, and the per-size loss differences
-with Welch's test), and ``scaling.png``. Training FLOPs are Kaplan et al.'s estimate
-C = 6·N·T + 6·l·n·i·T for T training tokens, l layers, context n and attention width i = h·d_p
-(Section 2.1: forward 2N + 2·l·n·i per token, training 3× forward), the same formula for every
-architecture.
+Each size trains on ``tokens_per_parameter`` tokens per non-embedding parameter (Chinchilla's ~20), within
+``min_steps`` and ``max_tokens``, each point at its own rate. The report fits L = a·X^(−b) against
+non-embedding parameters N and training FLOPs C = 6·N·T + 6·l·n·i·T (Kaplan et al. Section 2.1; T tokens,
+l layers, context n, attention width i = h·d_p), with each family's compute multiplier against ``standard``.
 """
 
 from __future__ import annotations
@@ -57,12 +44,8 @@ RANK_WINDOWS = 16
 
 
 def family_head_dim(family: str, objective: str, n: int) -> int | None:
-    """The head size d_p of a family's model of size (d, h): None (standard, d/h), the threshold
-    for the objective at sequence length n, or the constant of ``"d_p=K"``.
-
-    Raises:
-        ValueError: an unknown family (the known ones named).
-    """
+    """The head size d_p of a family's model of size (d, h): None (standard), the threshold for the objective
+    at length n, or the constant of ``"d_p=K"``; ValueError naming the known families."""
     if family == "standard":
         return None
     if family == "threshold":
@@ -232,12 +215,8 @@ PRESET_FIELDS = (
 
 
 def spec(o: ScalingOptions) -> ScalingOptions:
-    """``o`` with each field it leaves None of :data:`PRESET_FIELDS` at its preset's value.
-
-    Raises:
-        ValueError: fewer than 2 sizes, a head count per hidden size missing, a d that is not a multiple of its h
-            (a value the preset gave named as the preset's).
-    """
+    """``o`` with each field of :data:`PRESET_FIELDS` it leaves None at its preset's value; ValueError for fewer
+    than 2 sizes, a missing head count, or a d that is not a multiple of its h."""
     filled = core.filled_by_preset(PRESETS, o, PRESET_FIELDS, "scaling")
     with core.naming_preset(o.preset, filled):
         p = replace(o, **filled)
@@ -286,10 +265,8 @@ def data_settings(o: ScalingOptions):
 
 
 def state_of(p: ScalingOptions, results, meta: dict | None = None) -> dict:
-    """The study's state as its summary and report read it, from its resolved options (:func:`spec`) and
-    per-point ``results``:
-    ``meta`` (with ``plan``: points, seeds, grid, rules; ``n``, ``objective``), ``unigram_perplexity``,
-    ``tuning`` and ``ranks`` (per point, from its first seed) and every run at every rate."""
+    """The study's state as its summary and report read it: ``meta``, ``unigram_perplexity``, ``tuning`` and
+    ``ranks`` (per point, from its first seed) and every run at every rate."""
     recipe = get_recipe(p.recipe)
     results = list(results)
     firsts = [r for r in results if "ranks" in r]

@@ -1,24 +1,15 @@
 """`fixedhead sweep`: the paper's head, embedding-size and head-size sweeps at CPU scale.
 
-Three experiments, each a list of points (a model configuration) trained with several seeds on
-one shared tokenizer and data set (prepared once), scored by held-out perplexity with the
-preset's objective and, for the masked presets, fine-tuned on SST-2. Presets: ``cpu-mlm`` (the
-default: the BERT claims with the masked-LM recipe), ``cpu-clm`` (the LM1B claims as causal LMs),
-``cpu`` (the original 300-step masked sweep, whose models stay near the unigram plateau), ``tiny`` and
-``tiny-clm`` (``--quick``: seconds-sized, numbers mean nothing).
+Three experiments, each a list of points (model configurations) trained with several seeds on one
+tokenizer and data set, scored by held-out perplexity and, for the masked presets, fine-tuned on SST-2:
 
-* ``heads`` (paper Fig. 3a): at a fixed hidden size d, standard heads (d_p = d/h) against a fixed
-  head size d_p, for a growing number of heads h;
-* ``embedding`` (Fig. 1 and 2): standard models of growing d against fixed-head models at the
-  smallest d with more heads, compared at equal parameter count;
-* ``head_size`` (Table 2B): a fixed number of heads with a growing head size d_p.
+* ``heads`` (paper Fig. 3a): at a fixed d, standard heads (d_p = d/h) against a fixed d_p, for growing h;
+* ``embedding`` (Fig. 1 and 2): standard models of growing d against fixed-head models at the smallest d
+  with more heads, at equal parameter count;
+* ``head_size`` (Table 2B): a fixed number of heads with a growing d_p.
 
-Points that are the same architecture (a fixed head size equal to d/h *is* the standard layer)
-are trained once and shared between series. The study runs on the kit
-(:mod:`fixedhead.studies.kit.study`): one point per (model, seed), seed-major; its training run is
-``OUT/runs/KEY-sSEED`` (``KEY-lrRATE-sSEED`` where each model chooses its rate); ``plan.json`` is
-written before the first point, ``results.json`` after each, then ``report.md`` with the paper-claim
-table and the plots (:mod:`fixedhead.studies.sweep.report`).
+A fixed head size equal to d/h *is* the standard layer, so such points are trained once and shared. Each
+run is ``OUT/runs/KEY-sSEED`` (``KEY-lrRATE-sSEED`` where each model chooses its rate).
 """
 
 from __future__ import annotations
@@ -71,9 +62,9 @@ _DATA_FIELDS = ("tuning", "data_info", "unigram_perplexity", "majority_class_acc
 
 @dataclass(frozen=True)
 class SweepOptions:
-    """What ``fixedhead sweep`` trains: a preset (:data:`PRESETS`: the options it starts from; its data, recipe,
-    points and fine-tuning: :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`) and what a run changes of it; a
-    field left None takes the preset's value."""
+    """What ``fixedhead sweep`` trains: a preset (its options :data:`PRESETS`, its points and recipe
+    :data:`~fixedhead.studies.sweep.presets.SWEEP_PRESETS`) and what a run changes of it; a field left None takes
+    the preset's value."""
 
     preset: str = field(default="cpu-mlm", metadata={"choices": tuple(SWEEP_PRESETS)})
     """the points, recipe and fine-tuning (cpu-mlm = the BERT claims with the masked-LM recipe,
@@ -134,13 +125,9 @@ PRESET_FIELDS = ("seeds",)
 
 
 def check_same_tokenizer(results, tokenizer_sha256: str, folder: Path) -> None:
-    """Refuse to add a run trained with this tokenizer to a folder whose finished ``results`` were trained with
-    another (a worker on a machine whose tokenizer library learns other merges): per-token results of two
-    vocabularies do not compare, and a seed fixes the embedding rows, not which token owns each row.
-
-    Raises:
-        FileExistsError: naming both tokenizers' hashes.
-    """
+    """Refuse (FileExistsError, naming both hashes) to add a run trained with this tokenizer to a folder whose
+    finished ``results`` were trained with another (a tokenizer library that learns other merges): per-token
+    results of two vocabularies do not compare."""
     recorded = {(r.get("reproducibility") or {}).get("tokenizer_sha256") for r in results}
     if other := sorted(recorded - {None, tokenizer_sha256}):
         raise FileExistsError(
@@ -156,9 +143,8 @@ EVALUATIONS = 2
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What the options ``options`` (their preset's fields filled in) train: ``preset`` (the preset's points
-    restricted to their experiments and models, as their architecture and parametrization), ``data``, ``train``,
-    ``finetune`` (None: no fine-tuning) and ``task``."""
+    """What the options train: ``preset`` (its points restricted and transformed as the options say),
+    ``data``, ``train``, ``finetune`` (None: no fine-tuning) and ``task``."""
 
     preset: SweepPreset
     data: DataSettings
@@ -169,12 +155,8 @@ class SweepSpec:
 
 
 def spec(o: SweepOptions) -> SweepSpec:
-    """The :class:`SweepSpec` of ``o`` (its preset's fields filled in).
-
-    Raises:
-        ValueError: a model key the preset's experiments do not have, a fine-tuning task for a preset
-            without fine-tuning.
-    """
+    """The :class:`SweepSpec` of ``o``; ValueError for a model key the preset's experiments do not have or a
+    fine-tuning task for a preset without fine-tuning."""
     o = core.from_preset(PRESETS, o, PRESET_FIELDS, "sweep")
     p = get_sweep_preset(o.preset)
     present = {pt.experiment for pt in p.points}
@@ -202,11 +184,9 @@ def spec(o: SweepOptions) -> SweepSpec:
 
 
 def state_of(s: SweepSpec, results, meta: dict | None = None) -> dict:
-    """The sweep's state as its claims, report and plots read it (:mod:`fixedhead.studies.sweep.claims`): ``meta``
-    (the settings, the data and the verdict rule, from ``o`` and the first seed's results; a stored ``meta``'s
-    values win, so a sweep recorded before the kit reads as it was), ``points`` (the plan's, with each model's
-    key), ``runs`` (``{run folder: result}``) and, where each model chose its rate, ``tuning`` (``{model key:
-    the choice's record}``)."""
+    """The sweep's state as its claims, report and plots read it: ``meta`` (a stored one's values win, so an
+    older sweep reads as it was), ``points``, ``runs`` (``{run folder: result}``) and, where each model chose
+    its rate, ``tuning`` (``{model key: the choice}``)."""
     o, results = s.options, list(results)
     first = next((r for r in results if "unigram_perplexity" in r), {})
     computed = {
@@ -258,10 +238,8 @@ def describe(s: SweepSpec) -> str:
 
 
 class SweepStudy(Study):
-    """The sweep on the kit (:mod:`fixedhead.studies.kit.study`): one point per (model, seed), seed-major. With
-    a rate grid a model's first seed chooses its rate on the validation split (its grid runs in
-    ``FOLDER/runs/KEY-lrRATE-sSEED``) and the other seeds train at that rate; every run is then fine-tuned
-    where the preset fine-tunes."""
+    """One point per (model, seed), seed-major. With a rate grid a model's first seed chooses its rate, the
+    other seeds train at it; every run is then fine-tuned where the preset fine-tunes."""
 
     name = "sweep"
     help = "the paper's head / embedding-size / head-size sweeps with seeds, fine-tuning and a paper-claim table"
@@ -286,10 +264,8 @@ class SweepStudy(Study):
         return describe(s)
 
     def resolve(self, o):
-        """The :class:`SweepSpec` of ``o`` with every default written out or dropped, so that giving it explicitly
-        is the same sweep: the preset's seeds and experiments; a fine-tuning task, architecture or corpus equal to
-        the preset's as None (a corpus path as the file it names); the grid's extensions at their default without a
-        grid."""
+        """The :class:`SweepSpec` of ``o`` with every default written out or dropped, so that giving it
+        explicitly is the same sweep."""
         preset = get_sweep_preset(o.preset)
         present = {pt.experiment for pt in preset.points}
         experiments = [e for e in EXPERIMENTS if e in (o.experiments or present)]
@@ -414,12 +390,11 @@ class SweepStudy(Study):
 
 
 def load_sweep(folder: str | Path) -> dict:
-    """The state of the sweep in ``folder`` (:func:`state_of`: what its claims, report and plots read), from its
-    ``results.json``; a folder written before the sweep ran on the kit reads from its ``sweep.json``.
+    """The :func:`state_of` the sweep in ``folder``, from ``results.json`` (or an older ``sweep.json``).
 
     Raises:
         FileNotFoundError: no sweep results in ``folder``.
-        ValueError: another study's results, or a damaged file (named).
+        ValueError: another study's results, or a damaged file.
     """
     folder = Path(folder)
     if (folder / RESULTS_FILE).is_file():
@@ -439,14 +414,9 @@ def load_sweep(folder: str | Path) -> dict:
 
 
 def write_report(sweep_dir: str | Path, output_dir: str | Path | None = None) -> Path:
-    """Write ``report.md`` and the plots of the sweep in ``sweep_dir`` (:func:`fixedhead.studies.sweep.load_sweep`)
-    into ``output_dir`` (default: the sweep's folder); return the report's path.
-
-    Raises:
-        FileNotFoundError: ``sweep_dir`` holds no sweep results.
-        ValueError: the sweep has no finished run yet.
-        FileExistsError: ``output_dir`` holds another study's files.
-    """
+    """Write ``report.md`` and the plots of the sweep in ``sweep_dir`` into ``output_dir`` (default: the
+    sweep's folder); return the report's path. Raises as :func:`load_sweep`, ValueError for a sweep with no
+    finished run and FileExistsError for an ``output_dir`` holding another study's files."""
     state = load_sweep(sweep_dir)
     if not state.get("runs"):
         raise ValueError(f"{sweep_dir}: the sweep has no finished run yet; nothing to report")

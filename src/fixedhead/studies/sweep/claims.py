@@ -1,13 +1,9 @@
 """A sweep's results as the paper's claims: points (mean ± std over seeds) and the claim table.
 
-Reads a sweep's state (:func:`fixedhead.studies.sweep.load_sweep`). Every
-point is summarised as mean ± sample standard deviation over its seeds. A paper claim is judged
-with Welch's two-sample t-test on the seeds by the rule the sweep recorded before training
-(``meta.verdict``: p < 0.01 after Holm's correction over the claims tested; sweeps that recorded
-none, p < 0.05 per claim): a significant difference in the paper's direction "agrees", a
-significant one in the other direction "does not agree", anything else CANNOT_TELL. With a few
-seeds per point the test has little power, so small real effects end up as "cannot tell" — that
-is the honest verdict, not a rounding toward either side.
+A claim is judged with Welch's t-test on the seeds by the rule the sweep recorded before training
+(``meta.verdict``: p < 0.01 after Holm over the claims tested; sweeps that recorded none, p < 0.05 per
+claim): significant in the paper's direction "agrees", in the other "does not agree", else CANNOT_TELL.
+With few seeds small real effects end up as "cannot tell", the honest verdict.
 """
 
 from __future__ import annotations
@@ -268,13 +264,8 @@ _CHANCE_TEXT = f"the majority class + {CHANCE_STANDARD_ERRORS:g} standard errors
 
 def chance_bar(state: dict) -> float | None:
     """The mean fine-tuning dev score a side must beat not to be at chance (:data:`CHANCE_STANDARD_ERRORS`
-    above the majority class); None where it is unknown: a metric other than accuracy or Matthews
-    correlation, accuracy without a recorded majority-class accuracy, or no recorded dev-set size
-    (``finetune.dev_examples`` of the runs, which must agree).
-
-    Raises:
-        ValueError: runs that record different dev-set sizes, or a size that is not positive.
-    """
+    above the majority class); None where unknown (another metric, no recorded majority or dev-set size).
+    ValueError for runs recording different dev-set sizes or a size that is not positive."""
     from ...data.glue import MAIN_METRIC
 
     sizes = {r["finetune"].get("dev_examples") for r in state["runs"].values() if "finetune" in r} - {None}

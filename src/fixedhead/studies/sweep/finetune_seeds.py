@@ -1,18 +1,12 @@
 """`fixedhead finetune-sweep SWEEP_DIR`: the paper's fine-tuning claims (Tables 1, 2A, 2B, Fig. 2)
 with enough fine-tuning seeds to decide them.
 
-Every pretrained checkpoint of a masked sweep (``SWEEP_DIR/runs/NAME``) is fine-tuned on one GLUE
-task. Its fine-tuning rate is chosen from a grid with the first fine-tuning seed, on the highest
-validation score (the split carved out of GLUE train for early stopping; never GLUE dev, the
-reported test set), with :func:`fixedhead.studies.kit.learning_rate.choose_rate` (the grid grows past
-an edge); then every fine-tuning seed trains at that rate. A checkpoint's score is the mean GLUE dev
-score over its fine-tuning seeds, so a claim compares pretraining seeds with less fine-tuning noise.
-The claims are judged by :func:`fixedhead.studies.sweep.claims.claims` under the rule this study records
-before training (:data:`~fixedhead.studies.kit.stats.CLAIMS_RULE`; Holm counts the sweep's pretraining
-claims too), and whether fine-tuning tracks pretraining is Spearman's ρ over checkpoints with a
-bootstrap 95% interval. The study runs on the kit (:mod:`fixedhead.studies.kit.study`): one point per
-(checkpoint, fine-tuning seed), ``plan.json`` before the first, ``results.json`` after each, then
-``report.md`` and ``learning_rates.png``, by default in ``SWEEP_DIR/finetune-TASK``.
+Every pretrained checkpoint of a masked sweep (``SWEEP_DIR/runs/NAME``) is fine-tuned on one GLUE task,
+at a rate its first fine-tuning seed chooses on the validation split carved out of GLUE train (never GLUE
+dev, the reported test set); every fine-tuning seed then trains at it. A checkpoint's score is the mean GLUE
+dev score over its fine-tuning seeds, so a claim compares pretraining seeds with less fine-tuning noise.
+Claims are judged under :data:`~fixedhead.studies.kit.stats.CLAIMS_RULE` (Holm counts the sweep's
+pretraining claims too); whether fine-tuning tracks pretraining is Spearman's ρ over checkpoints.
 """
 
 from __future__ import annotations
@@ -72,10 +66,8 @@ def saved_checkpoints(sweep: dict, sweep_dir: Path) -> list[str]:
 
 
 def state_of(o: FinetuneSweepOptions, results, meta: dict | None = None) -> dict:
-    """The study's state as its report reads it: ``meta`` (``settings``: task, seeds, grid, fine-tuning
-    settings; the sweep, its checkpoints and the verdict rule; a stored ``meta``'s values win, so a study
-    recorded before the kit reads as it was), ``tuning`` (``{checkpoint: its rate's choice}``) and ``runs``
-    (every fine-tuning run, the first seed's at every rate)."""
+    """The study's state as its report reads it: ``meta`` (a stored one's values win, so an older study reads
+    as it was), ``tuning`` (``{checkpoint: its rate's choice}``) and ``runs`` (every fine-tuning run)."""
     order = {(c, s): i for i, (c, s) in enumerate((c, s) for c in o.checkpoints for s in o.seeds)}
     results = sorted(results, key=lambda r: order.get((r["checkpoint"], r["seed"]), len(order)))  # by checkpoint
     first = next((r for r in results if "tuning" in r), {})
@@ -317,11 +309,9 @@ def as_sweep_state(sweep: dict, state: dict) -> dict:
 
 
 def rank_correlation(sweep: dict, state: dict, resamples: int = 2000) -> dict:
-    """Spearman's ρ between each checkpoint's held-out perplexity and its mean fine-tuning score,
-    with a paired percentile-bootstrap 95% interval over checkpoints (seed 0; resamples whose ρ is
-    undefined, all values equal on a side, are dropped).
-
-    Returns ``{"rho", "p", "low", "high", "checkpoints"}`` (NaN where fewer than 4 checkpoints)."""
+    """Spearman's ρ between each checkpoint's held-out perplexity and its mean fine-tuning score, with a
+    percentile-bootstrap 95% interval over checkpoints (resamples with undefined ρ dropped): ``{"rho", "p",
+    "low", "high", "checkpoints"}``, NaN for fewer than 4 checkpoints."""
     import warnings
 
     import numpy as np

@@ -1,8 +1,6 @@
 """What each named sweep trains: the paper's three experiments as lists of points (model configurations),
-the CPU recipes they train with and the fine-tuning, and the transforms a sweep's options apply to it (another
-architecture, the μP-style parametrization, a subset of the models) when
-:class:`fixedhead.studies.sweep.SweepStudy` resolves them; the options each name starts from (its seeds) are
-:data:`fixedhead.studies.sweep.PRESETS`.
+their recipes and fine-tuning, and the transforms a sweep's options apply (another architecture, μP, a subset
+of the models).
 """
 
 from __future__ import annotations
@@ -23,12 +21,8 @@ EXPERIMENTS = ("heads", "embedding", "head_size")
 
 @dataclass
 class SweepPoint:
-    """One point of one experiment's curve.
-
-    ``experiment`` is one of :data:`EXPERIMENTS`; ``series`` is ``"standard"`` or ``"fixed"``;
-    ``x`` the swept quantity (heads, hidden size or head size); ``model`` the config fields that
-    differ from the preset's ``common`` fields (hidden_size, num_attention_heads, head_dim, ...).
-    """
+    """One point of one experiment's curve: ``series`` is ``"standard"`` or ``"fixed"``, ``x`` the swept
+    quantity, ``model`` the config fields that differ from the preset's ``common`` ones."""
 
     experiment: str
     series: str
@@ -52,11 +46,8 @@ class SweepPreset:
 
 
 def canonical_fields(fields: dict) -> dict:
-    """Config fields with a fixed head size equal to d/h rewritten as the standard layer (None).
-
-    The two are the same architecture (paper Theorem 2, first part), so they share one run.
-    Also fills ``intermediate_size`` with 4·d when absent (BERT's ratio).
-    """
+    """Config fields with a fixed head size equal to d/h rewritten as the standard layer (None), the same
+    architecture (Theorem 2, first part), and ``intermediate_size`` 4·d when absent."""
     f = dict(fields)
     d, h = f["hidden_size"], f["num_attention_heads"]
     if f.get("head_dim") is not None and f["head_dim"] * h == d:
@@ -66,9 +57,8 @@ def canonical_fields(fields: dict) -> dict:
 
 
 def model_key(fields: dict) -> str:
-    """A readable directory name for a model: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``,
-    with ``-llama`` for a Llama-style model (:mod:`fixedhead.model.architectures`) and ``-mupK`` under
-    the μP-style parametrization based at d_p = K (:mod:`fixedhead.model.parametrization`)."""
+    """A model's folder name: ``d128-h16-dp8`` (standard) or ``d128-h16-dp32-fixed``, with ``-llama`` for a
+    Llama-style model and ``-mupK`` under μP based at d_p = K."""
     f = canonical_fields(fields)
     d, h, dp = f["hidden_size"], f["num_attention_heads"], f.get("head_dim")
     key = f"d{d}-h{h}-dp{dp if dp is not None else d // h}" + ("-fixed" if dp is not None else "")
@@ -138,9 +128,8 @@ def _quick(description: str, **train) -> SweepPreset:
 
 
 def _cpu_sweep() -> SweepPreset:
-    """The original 300-step masked sweep (its models stay near the unigram plateau). Sized for ~1 h
-    of 2 CPU cores; n = 64 tokens, so the standard layer at d = 128 is below the paper's d_p >= n
-    line for every h >= 2 (Theorem 1)."""
+    """The original 300-step masked sweep (its models stay near the unigram plateau), ~1 h of 2 CPU cores;
+    at n = 64 the standard layer at d = 128 is below d_p >= n for every h >= 2 (Theorem 1)."""
     data = DataSettings(
         corpus=str(DEFAULT_CORPUS),
         vocab_size=8192,
@@ -163,10 +152,8 @@ def _cpu_sweep() -> SweepPreset:
 
 
 def _cpu_clm_sweep() -> SweepPreset:
-    """The paper's LM1B claims (Fig. 1 and 3a) as causal LMs with the cpu-clm recipe (``make run``'s),
-    which ends about 1 nat below the unigram reference on this CPU: heads at d = 128 (standard
-    h = 2, 32; fixed d_p = 32 with h = 8, 32) and the equal-parameter pair of Fig. 1 (standard
-    d = 192 against fixed d = 128, h = 32). No fine-tuning (the GLUE claims are the masked model's)."""
+    """The paper's LM1B claims (Fig. 1 and 3a) as causal LMs with the cpu-clm recipe, which ends about 1 nat
+    below the unigram reference; no fine-tuning (the GLUE claims are the masked model's)."""
     r = get_recipe("cpu-clm")
     return SweepPreset(
         data=r.data,
@@ -178,12 +165,9 @@ def _cpu_clm_sweep() -> SweepPreset:
 
 
 def _cpu_mlm_sweep() -> SweepPreset:
-    """The paper's BERT claims (Tables 1-3, Fig. 2) and its masked-LM versions of Fig. 1/3a with the
-    cpu-mlm recipe, which ends about 0.7 nats below the unigram reference. At n = 32 the standard
-    layer at d = 128 is below the d_p >= n line of Theorem 1 for every h > 4. Points: standard
-    h = 2, 8, 32 and fixed d_p = 32 with h = 8, 32 at d = 128; standard d = 192 (8 heads) against
-    fixed d = 128, h = 32 (about equal parameters); head size 8-64 at d = 128, 8 heads. Fine-tuned
-    on SST-2 at the pretraining length."""
+    """The paper's BERT claims (Tables 1-3, Fig. 2) and masked-LM versions of Fig. 1/3a with the cpu-mlm
+    recipe, which ends about 0.7 nats below the unigram reference. At n = 32 the standard layer at d = 128 is
+    below d_p >= n for every h > 4 (Theorem 1). Fine-tuned on SST-2 at the pretraining length."""
     r = get_recipe("cpu-mlm")
     n = r.data.max_seq_length
     return SweepPreset(
@@ -215,9 +199,8 @@ def get_sweep_preset(name: str) -> SweepPreset:
 
 
 def points_text(preset: SweepPreset) -> str:
-    """What the preset's points are, per experiment, written from them (its models' family and parametrization
-    too): ``heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8, 32); standard d=192 (8 heads) vs fixed d=128,
-    d_p=32, h=8, 32``."""
+    """The preset's points per experiment, in words: ``heads at d=128 (standard h=2, 32 vs fixed d_p=32, h=8,
+    32); ...``."""
 
     def points(experiment, series):
         return [p for p in preset.points if p.experiment == experiment and p.series == series]
@@ -252,37 +235,22 @@ def points_text(preset: SweepPreset) -> str:
 
 
 def as_architecture(preset: SweepPreset, architecture: str) -> SweepPreset:
-    """The preset with every point a model of ``architecture`` (:mod:`fixedhead.model.architectures`;
-    the same d, h, d_p, feed-forward width and depth).
-
-    Raises:
-        ValueError: an unknown architecture.
-    """
+    """The preset with every point a model of ``architecture`` (the same sizes); ValueError for an unknown one."""
     if preset.common.get("architecture", "fixedhead") == check_architecture(architecture):
         return preset
     return replace(preset, common={**preset.common, "architecture": architecture})
 
 
 def as_mup(preset: SweepPreset, base_head_dim: int) -> SweepPreset:
-    """The preset with every point under the μP-style parametrization based at head size
-    ``base_head_dim`` (:mod:`fixedhead.model.parametrization`: logits scaled by √K/d_p, W_o's
-    initialisation and Adam rate by K/d_p, each model at its own h).
-    A model whose d_p is K is the same model as under the standard parametrization.
-
-    Raises:
-        ValueError: a ``base_head_dim`` that is not a positive int (named).
-    """
+    """The preset with every point under μP based at head size ``base_head_dim``
+    (:mod:`fixedhead.model.parametrization`); ValueError for a ``base_head_dim`` that is not a positive int."""
     positive_int("mup_base_head_dim", base_head_dim)
     return replace(preset, common={**preset.common, "parametrization": "mup", "mup_base_head_dim": base_head_dim})
 
 
 def only_models(preset: SweepPreset, models: list[str], name: str = "custom", experiments=None) -> SweepPreset:
-    """The preset restricted to the points whose model key (:func:`model_key`) is one of ``models``.
-
-    Raises:
-        ValueError: an empty ``models`` or a key that is none of the preset's points (of ``experiments``
-            where given), named with the known keys.
-    """
+    """The preset restricted to the points whose :func:`model_key` is one of ``models``; ValueError for an empty
+    ``models`` or an unknown key, named with the known keys."""
     key = lambda pt: model_key({**preset.common, **pt.model})  # noqa: E731
     known = {key(pt) for pt in preset.points if not experiments or pt.experiment in experiments}
     if (bad := core.first_unknown(models, known)) is not None:
@@ -294,12 +262,8 @@ def only_models(preset: SweepPreset, models: list[str], name: str = "custom", ex
 
 
 def plan_runs(preset: SweepPreset, seeds, experiments=None) -> list[tuple[str, dict, int]]:
-    """The distinct ``(key, model fields, seed)`` runs of a preset with ``seeds``, seed-major (every model's first
-    seed before any second seed, so an interrupted sweep has the widest picture).
-
-    Raises:
-        ValueError: an unknown experiment name.
-    """
+    """The distinct ``(key, model fields, seed)`` runs of a preset with ``seeds``, seed-major; ValueError for an
+    unknown experiment name."""
     if experiments and (bad := core.first_unknown(experiments, EXPERIMENTS)) is not None:
         raise ValueError(f"unknown experiment {bad!r}; known: {', '.join(EXPERIMENTS)}")
     models: dict[str, dict] = {}

@@ -1,37 +1,21 @@
 """`fixedhead widen-experiment`: does widening the heads of a trained standard-head model help?
 
-Bhojanapalli et al. (ICML 2020) fix the head size d_p independently of d and h. A model already
-trained with standard heads (d_p = d/h, far below the sequence length n) can be grown to larger
-heads exactly (:func:`fixedhead.widen_heads`: same function, new weights that learn). This
-experiment asks whether that is worth doing: it trains one standard-head causal LM (the *base*),
-then continues it for the same number of extra steps, with the same recipe and data, in several
-*arms*:
+A model trained with standard heads (d_p = d/h, far below n) can be grown to larger heads exactly
+(:func:`fixedhead.widen_heads`: same function, new weights that learn). Is that worth doing? One
+standard-head causal LM (the *base*) is continued for the same number of extra steps in several *arms*:
 
 * ``as-is``: the base model unchanged;
-* ``wide-all``: every layer's heads widened to ``wide_head_dim`` (default: the generic causal
-  threshold ⌈(n − 1)/2⌉ of :mod:`fixedhead.theory`, 16 for n = 32: the smallest head that can
-  represent a generic causal attention pattern on n tokens exactly);
-* ``wide-early`` / ``wide-late``: only the first / only the last half of the layers widened (the
-  same parameter count as each other);
-* ``ffn-matched``: the heads kept, every feed-forward layer widened instead (exactly, by the same
-  scheme: new input rows random, new output columns zero) to the parameter count of ``wide-all``
-  as nearly as whole units allow: is it the head size or just the added parameters?
+* ``wide-all``: every layer's heads widened to ``wide_head_dim`` (default: the causal threshold
+  ⌈(n − 1)/2⌉ of :mod:`fixedhead.theory`);
+* ``wide-early`` / ``wide-late``: only the first / last half of the layers widened;
+* ``ffn-matched``: every feed-forward layer widened instead, exactly, to ``wide-all``'s parameter count:
+  is it the head size or just the added parameters?
 
-Each arm is continued from ``seeds`` seeds; seed s sets the continuation's data order (the same
-for every arm, so arms are compared on the same batches) and the new random weights of the
-widened models. The base is one run (its own seed), so the spread over seeds is the continuation's
-noise given that base, not the noise of training a base.
-
-With a learning-rate grid (``learning_rates``) each arm's continuation first trains at every rate
-of the grid with the first seed and keeps the rate of lowest loss on a validation split of the
-training documents (:mod:`fixedhead.studies.kit.learning_rate`; the base then trains without that split
-too); every seed then continues at its arm's rate, and only those runs are results.
-
-Every run is scored on every next token of the same held-out books, beside the unigram reference.
-Arm B against arm A is judged by :func:`fixedhead.studies.kit.stats.pooled_verdict` (fixed before the
-committed run). The runs (``base/``, ``start/ARM-sSEED/``, ``continue/ARM-sSEED/``) stay in the
-output folder with ``results.json`` (rewritten atomically after each run, so an interrupted
-experiment resumes), ``report.md`` and ``widening.png``.
+Seed s sets the continuation's data order (the same for every arm) and the widened models' new weights;
+the base is one run, so the spread over seeds is the continuation's noise given that base. With
+``learning_rates`` each arm's first seed chooses its rate. Arm B against arm A is judged by
+:func:`fixedhead.studies.kit.stats.pooled_verdict`. The runs are ``base/``, ``start/ARM-sSEED/`` and
+``continue/ARM-sSEED/``.
 """
 
 from __future__ import annotations
@@ -62,14 +46,9 @@ from .report import PLOT_FILE, report_markdown, summarise, write_plots
 # ----------------------------------------------------------------------------------- design
 @dataclass
 class Widening:
-    """What the experiment trains, resolved from its options (:func:`spec`; ``options``, its preset's fields and
-    the wide size written out): the data, the base model, the two training recipes, the seeds and the wide head
-    size.
-
-    ``model`` holds :class:`~fixedhead.model.configuration.FixedHeadConfig` fields of a standard-head
-    model (``head_dim=None``); ``base`` trains it from scratch; ``continuation`` is every arm's
-    recipe (its ``seed`` is replaced by each of ``seeds``). Both use ``objective="clm"``.
-    """
+    """What the experiment trains, resolved from its options: ``model`` (config fields of a standard-head
+    model), ``base`` (its recipe from scratch), ``continuation`` (every arm's recipe, its ``seed`` replaced by
+    each of ``seeds``) and the wide head size."""
 
     data: DataSettings
     model: dict
@@ -226,12 +205,8 @@ def resolve(o: WideningOptions) -> WideningOptions:
 
 
 def spec(o: WideningOptions) -> Widening:
-    """What ``o`` trains (its preset's values where it leaves them: :func:`resolve`; with a rate grid, the
-    validation split every run trains without).
-
-    Raises:
-        ValueError: a base model that is not standard-head, a bad wide size.
-    """
+    """What ``o`` trains (its preset's values where it leaves them); ValueError for a base model that is not
+    standard-head or a bad wide size."""
     o = resolve(o)
     r = get_recipe(o.recipe)
     data = replace(r.data, corpus=o.corpus) if o.corpus is not None else r.data
@@ -258,10 +233,8 @@ def _grid(o: WideningOptions, p: Widening) -> dict | None:
 
 
 def state_of(p: Widening, results, meta: dict | None = None) -> dict:
-    """What the summary, report and plots read, from the options and the per-point ``results``: ``meta``
-    (settings, seeds, n, wide size, arms, rule, data, the rate grid's record; a record written before the
-    kit keeps its own), ``unigram_perplexity``, ``base``, ``runs`` (``{run key: run}``) and, with a rate
-    grid, ``tuning`` (per arm)."""
+    """What the summary, report and plots read: ``meta``, ``unigram_perplexity``, ``base``, ``runs`` (``{run
+    key: run}``) and, with a rate grid, ``tuning`` (per arm)."""
     o, wide = p.options, p.wide_head_dim
     results = list(results)
     base = next((r for r in results if "base" in r), None)

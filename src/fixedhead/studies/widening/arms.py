@@ -1,7 +1,6 @@
-"""The arms of ``fixedhead widen-experiment``: how each continuation's starting model is made from
-the trained base (heads widened in some layers, or the feed-forward layers widened to the same
-parameter count), each computing the base's function exactly. The plan and the results file
-are :mod:`fixedhead.studies.widening`, the report :mod:`fixedhead.studies.widening.report`.
+"""The arms of ``fixedhead widen-experiment``: each continuation's starting model made from the trained
+base (heads widened in some layers, or the feed-forward layers to the same parameter count), each computing
+the base's function exactly.
 """
 
 from __future__ import annotations
@@ -54,11 +53,8 @@ def replace_config(config, **fields):
 
 
 def make_arms(config, wide_head_dim: int, name: str = "wide_head_dim") -> list[Arm]:
-    """The arms for a base ``config`` (standard heads) and the wide head size (see the module docstring).
-
-    Raises:
-        ValueError: ``wide_head_dim`` not larger than the base's head size (named ``name``).
-    """
+    """The arms for a standard-head base ``config``; ValueError for a ``wide_head_dim`` not larger than the
+    base's head size."""
     layers = config.num_hidden_layers
     old = config.layer_head_dims
     if positive_int(name, wide_head_dim) <= max(old):
