@@ -211,11 +211,12 @@ def test_no_progress_shows_none_of_transformers_bars(tiny_causal_run, tmp_path, 
     from transformers.utils import logging as hf_logging
 
     from fixedhead.shrink import shrink_run
+    from fixedhead.training.settings import transformers_progress_bars
 
     run, _, _ = tiny_causal_run
-    assert hf_logging.is_progress_bar_enabled()
-    capfd.readouterr()
-    shrink_run(run, 4, tmp_path / "small", fit_tokens=2000, progress=False)
-    err = capfd.readouterr().err
-    assert "Loading" not in err and "Writing" not in err and "it/s" not in err, err
-    assert hf_logging.is_progress_bar_enabled()  # switched back afterwards
+    with transformers_progress_bars(True):  # bars on, whatever an earlier test left
+        capfd.readouterr()
+        shrink_run(run, 4, tmp_path / "small", fit_tokens=2000, progress=False)
+        err = capfd.readouterr().err
+        assert "Loading" not in err and "Writing" not in err and "it/s" not in err, err
+        assert hf_logging.is_progress_bar_enabled()  # switched back afterwards

@@ -105,6 +105,17 @@ def test_finetune_keeps_a_mup_models_output_projection_rates(tmp_path, monkeypat
     assert all(lr == SMALL["learning_rate"] for lr, has_w_o in seen[0] if not has_w_o)
 
 
+def test_a_quiet_finetune_leaves_transformers_bars_as_they_were(tiny_run, tmp_path):
+    """progress=False turns transformers' loading and writing bars off for the fine-tuning only."""
+    from transformers.utils import logging as hf_logging
+
+    from fixedhead.training.settings import transformers_progress_bars
+
+    with transformers_progress_bars(True):
+        finetune(tiny_run, "sst2", tmp_path / "sst2", FinetuneSettings(**{**SMALL, "save_model": True}))
+        assert hf_logging.is_progress_bar_enabled()
+
+
 def test_finetune_stsb_is_regression(tiny_run, tmp_path):
     r = finetune(tiny_run, "stsb", tmp_path / "stsb", FinetuneSettings(**SMALL))
     assert r["metric"] == "pearson" and set(r["dev"]) >= {"pearson", "spearman"}

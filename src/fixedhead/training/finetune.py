@@ -33,7 +33,7 @@ from ..runs import (
 )
 from .checkpoints import parametrized_trainer
 from .evaluate import DivergedError
-from .settings import quiet_unless, shared_training_arguments
+from .settings import quiet_unless, shared_training_arguments, transformers_progress_bars
 
 FINETUNE_FILE = "finetune_metrics.json"
 #: written first: marks a folder as a fine-tuning output and records what it is computed from
@@ -248,14 +248,14 @@ def finetune(
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    model = run.load_model(
-        FixedHeadForSequenceClassification,
-        num_labels=spec.num_labels,
-        problem_type="regression" if regression else "single_label_classification",
-        hidden_dropout_prob=settings.dropout,
-        attention_probs_dropout_prob=settings.dropout,
-    )
+    with transformers_progress_bars(settings.progress):
+        model = run.load_model(
+            FixedHeadForSequenceClassification,
+            num_labels=spec.num_labels,
+            problem_type="regression" if regression else "single_label_classification",
+            hidden_dropout_prob=settings.dropout,
+            attention_probs_dropout_prob=settings.dropout,
+        )
     max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
     if max_len < settings.max_seq_length and settings.progress:  # the default 128 meets models of fewer positions
         print(
@@ -297,7 +297,8 @@ def finetune(
     )
     quiet_unless(settings.progress, trainer)
     t0 = time.time()
-    trainer.train()
+    with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+        trainer.train()
     wall = time.time() - t0
     if any(not math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h):
         raise DivergedError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
@@ -328,7 +329,8 @@ def finetune(
     for ckpt in out.glob("checkpoint-*"):
         shutil.rmtree(ckpt, ignore_errors=True)
     if settings.save_model:
-        trainer.save_model(str(out))
+        with transformers_progress_bars(settings.progress):
+            trainer.save_model(str(out))
         follow_umask(out / "model.safetensors")  # safetensors writes 0600 whatever the umask
         tokenizer.save_pretrained(str(out))
     write_json_atomic(done, result)  # last: its presence marks a finished fine-tuning run
