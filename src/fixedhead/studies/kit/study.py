@@ -314,18 +314,6 @@ def stored_runs(folder: Path) -> dict:
     return dict(_stored(folder).get("runs", {}))
 
 
-def output_files(study: Study) -> tuple[str, ...]:
-    return (
-        PLAN_FILE,
-        RESULTS_FILE,
-        REPORT_FILE,
-        LOCK_FILE,
-        f".{PLAN_FILE}.*",
-        f".{RESULTS_FILE}.*",
-        f".{REPORT_FILE}.*",
-    )
-
-
 def read_plan(path: Path, name: str, instead: str = "choose another --output-dir") -> dict:
     """``plan.json`` of study ``name``; FileExistsError for another study's plan or one changed after it was
     hashed (suggesting ``instead``)."""
@@ -345,7 +333,7 @@ def read_plan(path: Path, name: str, instead: str = "choose another --output-dir
     return record
 
 
-def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --overwrite to run the study again") -> None:
+def check_points(folder: Path, stored: dict, again: str = "pass --overwrite to run the study again") -> None:
     """Refuse (FileExistsError) stored results edited since they were recorded: the meta, a result, or a run
     file rewritten. An absent file passes (a committed folder carries no weights), and so does a record older
     than its hashes. ``again``: how the reading command runs the study again."""
@@ -357,7 +345,7 @@ def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --ove
             f"written (it no longer matches its hash); restore it, or {again} (nothing was changed)"
         )
     for key, rec in stored.get("points", {}).items():
-        if key not in stored.get("runs", {}) or (keys is not None and key not in keys):
+        if key not in stored.get("runs", {}):
             continue
         if rec.get("result_sha256") not in (None, result_sha256(stored["runs"][key])):
             raise FileExistsError(
@@ -408,9 +396,10 @@ def _lock(folder: Path, name: str):
     return handle
 
 
-def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
+def _take_folder(folder: Path, study: Study):
     """Claim ``folder`` and take its driver lock; the staging files of a killed driver are removed (a folder
-    holding only those and the lock is the study's own, and empty)."""
+    holding only those and the lock is the study's own, and empty). Nothing else in it is removed: overwrite
+    runs the points again, so the claim lists no owned files."""
     early = None
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     if entries and set(entries) <= {*_leftovers(folder), folder / LOCK_FILE}:
@@ -419,7 +408,7 @@ def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
             leftover.unlink(missing_ok=True)
     try:
         if not early:  # (a folder holding only its driver lock is the study's own, and empty)
-            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
+            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), (), study.name, results_file=RESULTS_FILE)
         handle = early or _lock(folder, study.name)
     except BaseException:
         if early:
@@ -468,9 +457,8 @@ def run_study(
     study.check(spec)
     new = plan_file(study, spec)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
-    owned = output_files(study) + tuple(study.files)
     with executor.connected(progress):  # Ray reached and its GPUs counted before the folder is touched
-        lock = _take_folder(folder, study, owned)
+        lock = _take_folder(folder, study)
         try:
             study.overwriting, study.folder = overwrite, folder
             points, previous = study.plan(spec), _stored(folder)
