@@ -466,8 +466,8 @@ def run_study(
     Raises:
         ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has.
         ConnectionError: no Ray cluster at the executor's ``ray_address``.
-        FileExistsError: the folder holds something else, points of other settings or another plan, a file
-            changed since it was recorded, or another live command runs it.
+        FileExistsError: the folder holds something else, points of other settings or another plan (or results
+            that record neither), a file changed since it was recorded, or another live command runs it.
         Exception: in-process, whatever a point raised (the points before it are saved).
     """
     from tqdm.auto import tqdm
