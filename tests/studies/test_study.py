@@ -354,3 +354,22 @@ def test_results_written_before_plans_are_held_to_the_options_they_record(tmp_pa
     (out / "results.json").write_text(json.dumps(results))
     with pytest.raises(FileExistsError, match="holds 2 point.* but neither plan.json nor the options they ran with"):
         run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+
+
+def test_a_damaged_plan_or_results_file_is_named_in_one_line(tmp_path):
+    """A plan.json or results.json that parses but holds a list where an object belongs is refused naming the
+    file and the field, by a rerun and by the report; nothing is changed."""
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    for name, key in [("plan.json", "plan"), ("results.json", "points"), ("results.json", "meta")]:
+        path = out / name
+        text = path.read_text()
+        path.write_text(json.dumps(json.loads(text) | {key: []}))
+        files = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".driver.lock"}
+        message = rf"{name}: its '{key}' is a JSON list, not an object; the file is damaged"
+        with pytest.raises(ValueError, match=message):
+            run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+        with pytest.raises(ValueError, match=message):
+            regenerate(Toy(), out)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".driver.lock"} == files
+        path.write_text(text)

@@ -331,7 +331,18 @@ def _stored(folder: Path) -> dict:
             f"{path} holds results in an older format (runs as a list); move it aside or choose another "
             "--output-dir (nothing was changed)"
         )
+    _objects(path, stored, ("meta", "points", "failed"))
     return stored
+
+
+def _objects(path: Path, record: dict, keys) -> None:
+    """ValueError naming the file and the field where one of ``keys`` holds something other than a JSON object."""
+    for key in keys:
+        if key in record and not isinstance(record[key], dict):
+            raise ValueError(
+                f"{path}: its {key!r} is a JSON {type(record[key]).__name__}, not an object; the file is damaged "
+                "(restore it or choose another --output-dir; nothing was changed)"
+            )
 
 
 def stored_runs(folder: Path) -> dict:
@@ -343,6 +354,7 @@ def read_plan(path: Path, name: str, instead: str = "choose another --output-dir
     """``plan.json`` of study ``name``; FileExistsError for another study's plan or one changed after it was
     hashed (suggesting ``instead``)."""
     record = load_json_file(path, f"{name} plan")
+    _objects(path, record, ("plan",))
     if record.get("plan", {}).get("study") != name:
         raise FileExistsError(
             f"{path} is the plan of `fixedhead {record.get('plan', {}).get('study')}`, not of `fixedhead "
@@ -591,6 +603,7 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     """The record and report a study folder regenerates to from its per-point results, with the options its
     ``plan.json`` (or, before plans were hashed, its ``results.json``) names."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
+    _objects(folder / RESULTS_FILE, stored, ("runs", "meta", "points", "failed"))
     study.folder = Path(folder)
     path = folder / PLAN_FILE
     again = f"run `fixedhead {study.name}` again with --overwrite"
