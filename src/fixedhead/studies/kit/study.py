@@ -9,9 +9,10 @@ line reads its fields, defaults and attribute docstrings), ``quick`` and ``defau
 
 :func:`run_study` owns the rest: the folder claim and driver lock; ``plan.json`` and its SHA-256, written before
 the first point and checked on every read (other settings need ``overwrite``, other points ``grow``);
-``results.json`` (``meta``, ``runs``, ``points`` with result and file hashes, ``failed``, ``missing``,
-``summary``), written atomically after each point so a study resumes where it stopped; the executor
-(in-process or Ray); progress; the report's notes.
+``results.json``, written atomically after each point with the runs so far (``meta``, ``runs``, ``points`` with
+result and file hashes, ``failed``) so a study resumes where it stopped, and whole when the command ends (with
+``options``, the plan's hash, ``missing`` and ``summary``); the executor (in-process or Ray); progress; the
+report's notes.
 """
 
 from __future__ import annotations
