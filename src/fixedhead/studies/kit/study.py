@@ -341,8 +341,8 @@ def _objects(path: Path, record: dict, keys) -> None:
     for key in keys:
         if key in record and not isinstance(record[key], dict):
             raise ValueError(
-                f"{path}: its {key!r} is a JSON {type(record[key]).__name__}, not an object; the file is damaged "
-                "(restore it or choose another --output-dir; nothing was changed)"
+                f"{path}: its {key!r} is a JSON {type(record[key]).__name__}, not an object; the file is damaged: "
+                "restore it (nothing was changed)"
             )
 
 
