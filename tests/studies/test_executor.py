@@ -396,3 +396,17 @@ def test_run_files_inside_a_points_own_folder_are_recorded_and_checked(tmp_path)
     (out / "narrow-s1" / "narrow" / "metrics.json").write_text(json.dumps({"loss": 0.0}))
     with pytest.raises(FileExistsError, match=r"narrow-s1/narrow/metrics.json \(point narrow-s1\) no longer matches"):
         run_study(Nested(), TinyOptions(arms=("narrow",)), out, progress=False)
+
+
+def test_a_points_files_are_its_own_runs_only(tmp_path):
+    """The rate in a run folder's name is a number: a fine-tuning of another seed's run (``m-lr0.001-s1-ft-s0``,
+    finetune-sweep's folder inside the sweep's) is not a run of point ``m-s0``."""
+    from fixedhead.studies.kit.executor import point_files
+
+    folder = tmp_path
+    mine = ["runs/m-lr0.001-s0/metrics.json", "runs/m-lr1e-05-s0/metrics.json", "runs/m-s0/metrics.json"]
+    others = ["finetune-sst2/runs/m-lr0.001-s1-ft-s0/metrics.json", "runs/m-lr0.001-s1/metrics.json"]
+    for rel in mine + others:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(rel)
+    assert sorted(point_files(folder, "m-s0")) == sorted(mine)

@@ -211,7 +211,7 @@ def point_files(folder: Path, key: str) -> dict[str, str]:
     from ...runs import file_digest
 
     name, seed = re.fullmatch(r"(.*?)((?:-s\d+)?)", key).groups()
-    own = re.compile(re.escape(name) + r"(?:-lr[^/]+?)?" + re.escape(seed))
+    own = re.compile(re.escape(name) + r"(?:-lr\d[\d.]*(?:e[+-]\d+)?)?" + re.escape(seed))  # a rate as %g writes it
     out = {}
     for pattern in RUN_FILES:
         for path in folder.rglob(pattern):
