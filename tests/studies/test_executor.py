@@ -351,3 +351,62 @@ def test_more_gpus_per_point_than_the_ray_instance_has_are_refused_before_the_fo
     assert not out.exists()
     ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fixedhead")]  # (Ray logs too)
     assert len(ours) == 1 and "--gpus-per-point 1: this machine's Ray instance has 0 GPU(s)" in ours[0]
+
+
+class Nested(Study):
+    """Keeps each point's models in the point's own folder, as seq-len and qk-v do: ``KEY/NAME/`` and, on the
+    first seed, ``KEY/lr-grid/NAME-lrRATE/``."""
+
+    name = "nested"
+    Options = TinyOptions
+    points_only = ("arms", "seeds")
+
+    def plan(self, o):
+        return [Point(run_key(a, seed=s), (a, s)) for a, s in seed_major(o.arms, o.seeds)]
+
+    def run(self, o, point, folder, done, progress):
+        arm, seed = point.spec
+        runs = [folder / point.key / arm] + ([folder / point.key / "lr-grid" / run_key(arm, 0.01)] if seed == 0 else [])
+        for run_dir in runs:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "metrics.json").write_text(json.dumps({"loss": seed}))
+            (run_dir / "model.safetensors").write_bytes(bytes([seed]))
+        return {"loss": float(seed)}
+
+    def summarise(self, state):
+        return {}
+
+    def report(self, state):
+        return "# Nested\n"
+
+
+def test_run_files_inside_a_points_own_folder_are_recorded_and_checked(tmp_path):
+    out = tmp_path / "n"
+    record = run_study(Nested(), TinyOptions(arms=("narrow",)), out, progress=False)
+    assert sorted(record["points"]["narrow-s0"]["files"]) == [
+        "narrow-s0/lr-grid/narrow-lr0.01/metrics.json",
+        "narrow-s0/lr-grid/narrow-lr0.01/model.safetensors",
+        "narrow-s0/narrow/metrics.json",
+        "narrow-s0/narrow/model.safetensors",
+    ]
+    assert sorted(record["points"]["narrow-s1"]["files"]) == [
+        "narrow-s1/narrow/metrics.json",
+        "narrow-s1/narrow/model.safetensors",
+    ]
+    (out / "narrow-s1" / "narrow" / "metrics.json").write_text(json.dumps({"loss": 0.0}))
+    with pytest.raises(FileExistsError, match=r"narrow-s1/narrow/metrics.json \(point narrow-s1\) no longer matches"):
+        run_study(Nested(), TinyOptions(arms=("narrow",)), out, progress=False)
+
+
+def test_a_points_files_are_its_own_runs_only(tmp_path):
+    """The rate in a run folder's name is a number: a fine-tuning of another seed's run (``m-lr0.001-s1-ft-s0``,
+    finetune-sweep's folder inside the sweep's) is not a run of point ``m-s0``."""
+    from fixedhead.studies.kit.executor import point_files
+
+    folder = tmp_path
+    mine = ["runs/m-lr0.001-s0/metrics.json", "runs/m-lr1e-05-s0/metrics.json", "runs/m-s0/metrics.json"]
+    others = ["finetune-sst2/runs/m-lr0.001-s1-ft-s0/metrics.json", "runs/m-lr0.001-s1/metrics.json"]
+    for rel in mine + others:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(rel)
+    assert sorted(point_files(folder, "m-s0")) == sorted(mine)

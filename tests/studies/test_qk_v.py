@@ -118,6 +118,8 @@ def test_the_registered_plan_is_the_one_the_command_writes():
         ({"learning_rates": [1e-3]}, "learning_rates"),
         ({"target": 0.0}, "target"),
         ({"pilot_sd": math.nan}, "pilot_sd"),
+        ({"seeds": []}, "^seeds must hold at least one value, got none$"),  # not seq-len's words (lengths=...)
+        ({"seeds": [1, 1]}, r"^seeds must be distinct, got \[1, 1\]$"),
     ],
 )
 def test_a_plan_that_cannot_run_is_refused_by_name(change, bad):

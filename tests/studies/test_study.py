@@ -318,3 +318,58 @@ def test_every_registered_study_resolves_to_a_spec_that_pickles():
                 continue
             again = pickle.loads(pickle.dumps(spec))
             assert again == spec and options_in(again) == options_in(spec), name
+
+
+def test_overwrite_starts_a_new_study_even_under_the_same_plan(tmp_path):
+    """--overwrite runs every point again: the record says neither that the study grew before nor that it is the
+    --quick version the folder held before."""
+    out = tmp_path / "toy"
+    run_study(Toy(), quick=True, output_dir=out, progress=False)
+    assert run_study(Toy(), ToyOptions(), out, grow=True, progress=False)["plan_history"]  # grew
+    toy = Toy()
+    again = run_study(toy, ToyOptions(), out, overwrite=True, progress=False)  # the plan it grew to
+    assert toy.ran == ["standard-s0", "fixed-s0", "standard-s1", "fixed-s1"]
+    assert again["plan_history"] == [] and json.loads((out / "plan.json").read_text())["history"] == []
+    assert "quick" not in again["meta"]
+    report = (out / "report.md").read_text()
+    assert "grew after results existed" not in report and "--quick" not in report
+
+
+def test_results_written_before_plans_are_held_to_the_options_they_record(tmp_path):
+    """A folder with results but no plan.json (written before plans were): other settings are refused as a
+    planned folder refuses them; the same options resume it; results that record no options are refused."""
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    (out / "plan.json").unlink()
+    before = (out / "results.json").read_text()
+    with pytest.raises(FileExistsError, match=r"2 point\(s\) run with other settings \(--scale: 2.0 → 3.0\)"):
+        run_study(Toy(), ToyOptions(seeds=(0,), scale=3.0), out, progress=False)
+    assert (out / "results.json").read_text() == before and not (out / "plan.json").exists()
+    toy = Toy()
+    resumed = run_study(toy, ToyOptions(seeds=(0,)), out, progress=False)
+    assert toy.ran == [] and resumed["runs"]["fixed-s0"]["loss"] == 2.0 and (out / "plan.json").is_file()
+    (out / "plan.json").unlink()
+    results = json.loads(before)
+    del results["options"]
+    (out / "results.json").write_text(json.dumps(results))
+    with pytest.raises(FileExistsError, match="holds 2 point.* but neither plan.json nor the options they ran with"):
+        run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+
+
+def test_a_damaged_plan_or_results_file_is_named_in_one_line(tmp_path):
+    """A plan.json or results.json that parses but holds a list where an object belongs is refused naming the
+    file and the field, by a rerun and by the report; nothing is changed."""
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    for name, key in [("plan.json", "plan"), ("results.json", "points"), ("results.json", "meta")]:
+        path = out / name
+        text = path.read_text()
+        path.write_text(json.dumps(json.loads(text) | {key: []}))
+        files = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".driver.lock"}
+        message = rf"{name}: its '{key}' is a JSON list, not an object; the file is damaged"
+        with pytest.raises(ValueError, match=message):
+            run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+        with pytest.raises(ValueError, match=message):
+            regenerate(Toy(), out)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".driver.lock"} == files
+        path.write_text(text)

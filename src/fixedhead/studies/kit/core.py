@@ -1,4 +1,4 @@
-"""The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset, the step override, a results
+"""The pieces :mod:`fixedhead.studies.kit.study` is built of: a named preset and the options it fills, a results
 file's meta (environment, commands, timing) written atomically, run keys and a seed-major plan.
 """
 

@@ -204,17 +204,20 @@ def result_sha256(result: dict) -> str:
 
 
 def point_files(folder: Path, key: str) -> dict[str, str]:
-    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` in the run folders of point ``key``
-    (``KEY-sSEED`` or ``KEY-lrRATE-sSEED``); checkpoints not included (a finished run may delete them)."""
+    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` below the run folders of point ``key``: the
+    folders named ``KEY`` or ``KEY-lrRATE-sSEED`` (for ``KEY-sSEED``), with what they hold in subfolders (a
+    point that keeps its models in its own folder, ``KEY/NAME/metrics.json``); checkpoints not included (a
+    finished run may delete them)."""
     from ...runs import file_digest
 
     name, seed = re.fullmatch(r"(.*?)((?:-s\d+)?)", key).groups()
-    own = re.compile(re.escape(name) + r"(?:-lr[^/]+?)?" + re.escape(seed))
+    own = re.compile(re.escape(name) + r"(?:-lr\d[\d.]*(?:e[+-]\d+)?)?" + re.escape(seed))  # a rate as %g writes it
     out = {}
     for pattern in RUN_FILES:
         for path in folder.rglob(pattern):
             rel = path.relative_to(folder)
-            if own.fullmatch(path.parent.name) and not any(p.startswith("checkpoint-") for p in rel.parts):
+            mine = any(own.fullmatch(part) for part in rel.parts[:-1])
+            if mine and not any(p.startswith("checkpoint-") for p in rel.parts):
                 out[rel.as_posix()] = file_digest([path])
     return dict(sorted(out.items()))
 

@@ -107,14 +107,13 @@ def choose_rate(
     grid: Iterable[float],
     max_extensions: int = 3,
     factor: float = 2.0,
-    losses: dict[float, float] | None = None,
 ) -> tuple[float, dict[float, float], bool]:
-    """Train at every rate of ``grid`` (``train(lr)`` returns the validation loss, or :data:`DIVERGED`) not
-    already in ``losses``, extend past an edge while the best rate sits there, and return ``(best rate, {rate:
-    loss}, bracketed)``; ``bracketed`` is False when ``max_extensions`` ran out with the best still at an edge.
-    ValueError for a negative ``max_extensions`` or when every rate diverged."""
+    """Train at every rate of ``grid`` (``train(lr)`` returns the validation loss, or :data:`DIVERGED`), extend
+    past an edge while the best rate sits there, and return ``(best rate, {rate: loss}, bracketed)``;
+    ``bracketed`` is False when ``max_extensions`` ran out with the best still at an edge. ValueError for a
+    negative ``max_extensions`` or when every rate diverged."""
     non_negative_int("max_extensions", max_extensions)  # before any training: a negative one never stops
-    losses = dict(losses or {})
+    losses = {}
     for lr in grid:
         if lr not in losses:
             losses[lr] = train(lr)
@@ -131,14 +130,13 @@ def choose_on_validation(
     run: Callable[[float], Any],
     grid: Iterable[float],
     max_extensions: int = 3,
-    recorded: dict | None = None,
     score: Callable[[Any], float] | None = None,
     factor: float = 2.0,
     maximise: bool = False,
 ) -> dict:
     """:func:`choose_rate` on ``score(run(lr))`` (default: its ``validation_loss``; ``DivergedError`` or a
-    non-finite score counts as :data:`DIVERGED`), not training the rates ``recorded`` holds. ``maximise``: a
-    score to raise (GLUE), recorded as ``validation_score``. Returns ``{"chosen", "bracketed",
+    non-finite score counts as :data:`DIVERGED`). ``maximise``: a score to raise (GLUE), recorded as
+    ``validation_score``. Returns ``{"chosen", "bracketed",
     "validation_loss" (or "validation_score")}``."""
     score = score or (lambda result: result["validation_loss"])
     sign = -1.0 if maximise else 1.0
@@ -150,7 +148,7 @@ def choose_on_validation(
             return DIVERGED
         return value if math.isfinite(value) else DIVERGED
 
-    best, losses, bracketed = choose_rate(loss, grid, max_extensions, factor, losses=_losses(recorded or {}))
+    best, losses, bracketed = choose_rate(loss, grid, max_extensions, factor)
     if maximise:
         scores = {lr: (None if v is None else -v) for lr, v in losses_record(losses).items()}
         return {"chosen": best, "bracketed": bracketed, "validation_score": scores}

@@ -9,9 +9,10 @@ line reads its fields, defaults and attribute docstrings), ``quick`` and ``defau
 
 :func:`run_study` owns the rest: the folder claim and driver lock; ``plan.json`` and its SHA-256, written before
 the first point and checked on every read (other settings need ``overwrite``, other points ``grow``);
-``results.json`` (``meta``, ``runs``, ``points`` with result and file hashes, ``failed``, ``missing``,
-``summary``), written atomically after each point so a study resumes where it stopped; the executor
-(in-process or Ray); progress; the report's notes.
+``results.json``, written atomically after each point with the runs so far (``meta``, ``runs``, ``points`` with
+result and file hashes, ``failed``) so a study resumes where it stopped, and whole when the command ends (with
+``options``, the plan's hash, ``missing`` and ``summary``); the executor (in-process or Ray); progress; the
+report's notes.
 """
 
 from __future__ import annotations
@@ -210,75 +211,100 @@ def write_plan(
     folder: Path, study: Study, spec, grow: bool = False, overwrite: bool = False, new: dict | None = None
 ) -> dict:
     """``plan.json`` = ``{"plan", "sha256", "history"}``, written before any point runs. Once results exist,
-    other settings are refused without ``overwrite`` (all points run again) and other points without ``grow``
-    (stored results kept; the replaced plan goes into ``history``).
+    other settings are refused without ``overwrite`` (all points run again: a new study, no history) and other
+    points without ``grow`` (stored results kept; the replaced plan goes into ``history``). Results written
+    before plans are held to the options their ``results.json`` records.
 
     Raises:
-        FileExistsError: another study's plan, or the refusals above; nothing is changed.
+        FileExistsError: another study's plan, results that record no options, or the refusals above; nothing
+            is changed.
     """
     new = new or plan_file(study, spec)
-    path, history = folder / PLAN_FILE, []
-    if path.is_file():
-        old = read_plan(path, study.name)
-        if old["sha256"] == new["sha256"]:
-            return old
-        if study.paths and _without(old["plan"], study.paths) == _without(new["plan"], study.paths):
-            record = new | {"history": old.get("history", [])}  # an input moved: the same plan, written with it
-            write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
-            return record
-        done = sorted(stored_runs(folder))
-        # the stored options read through today's Options (a field added since takes its default, which keeps
-        # what the stored points ran); the stored hash only where they no longer read (a field gone since)
-        try:
-            was_spec = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
-        except (TypeError, ValueError):
-            was_spec = None
-        if was_spec is not None and plan_file(study, was_spec)["sha256"] == new["sha256"]:
-            record = new | {"history": old.get("history", [])}  # the same plan, its options read through today's
-            write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")  # (a field added since)
-            return record
-        was_settings = settings_sha256(study, was_spec) if was_spec else old["plan"].get("settings_sha256")
-        if done and not overwrite and was_settings != new["plan"]["settings_sha256"]:
-            changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
-            more = f"; and {len(changed) - 6} more" if len(changed) > 6 else ""
-            raise FileExistsError(
-                f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:6])}{more}); pass "
-                "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
-            )
-        if done and not overwrite and was_spec is not None:
-            was = study.first_seed(was_spec)
-            if was is not None and was != study.first_seed(spec):
-                raise FileExistsError(
-                    f"{folder}: the stored points chose their rates with seed {was}, this plan's first seed is "
-                    f"{study.first_seed(spec)}; pass {was} first in --seeds, or choose another --output-dir "
-                    "(nothing was changed)"
-                )
-        asked, planned = new["plan"]["points"], old["plan"].get("points", [])
-        if done and not (grow or overwrite) and set(asked) < set(planned):  # fewer of the same points: not growth
-            report = folder / REPORT_FILE
-            raise FileExistsError(
-                f"{folder} holds a study of {len(planned)} points ({len(done)} finished); these options ask for "
-                f"{len(asked)} of them{f' (its report of all: {report})' if report.is_file() else ''}; give the "
-                "folder's options to finish or report the whole study, pass --grow to make its plan these points "
-                "only (stored results are kept; the report covers these and says the plan changed), or choose "
-                "another --output-dir (nothing was changed)"
-            )
-        if done and not (grow or overwrite):
-            raise FileExistsError(
-                f"{path} holds another plan (sha256 {old['sha256'][:12]}, this one {new['sha256'][:12]}) and "
-                f"{len(done)} finished point(s); pass --grow to extend the study (the report covers this plan's "
-                "points, so give all of them, e.g. every seed; it says the study grew; stored results are kept), or "
-                "choose another --output-dir (nothing was changed)"
-            )
-        replaced = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        history = old.get("history", []) + (
-            [{"sha256": old["sha256"], "replaced": replaced, "runs_done": done}] if done else []
+    path = folder / PLAN_FILE
+    old = read_plan(path, study.name) if path.is_file() else None
+    if overwrite:
+        return _write_plan(path, new, [])
+    done = sorted(stored_runs(folder))
+    if old is None and done:
+        old = _unplanned(folder, study)
+    if old is None:
+        return _write_plan(path, new, [])
+    if old["sha256"] == new["sha256"]:  # the same plan (written again where results predate plan files)
+        return old if path.is_file() else _write_plan(path, new, old["history"])
+    if study.paths and _without(old["plan"], study.paths) == _without(new["plan"], study.paths):
+        return _write_plan(path, new, old.get("history", []))  # an input moved: the same plan, written with it
+    # the stored options read through today's Options (a field added since takes its default, which keeps
+    # what the stored points ran); the stored hash only where they no longer read (a field gone since)
+    try:
+        was_spec = study.resolve(options_from_dict(study.Options, old["plan"]["options"]))
+    except (TypeError, ValueError):
+        was_spec = None
+    if was_spec is not None and plan_file(study, was_spec)["sha256"] == new["sha256"]:
+        return _write_plan(path, new, old.get("history", []))  # the same plan, read through today's Options
+    was_settings = settings_sha256(study, was_spec) if was_spec else old["plan"].get("settings_sha256")
+    if done and was_settings != new["plan"]["settings_sha256"]:
+        changed = _changed(old["plan"]["options"], new["plan"]["options"], study.points_only)
+        more = f"; and {len(changed) - 6} more" if len(changed) > 6 else ""
+        raise FileExistsError(
+            f"{folder} holds {len(done)} point(s) run with other settings ({'; '.join(changed[:6])}{more}); pass "
+            "--overwrite to run them all again with these, or choose another --output-dir (nothing was changed)"
         )
-        if overwrite:  # every point runs again: a new study, not a grown one
-            history = []
-    record = new | {"history": history}
+    if done and was_spec is not None:
+        was = study.first_seed(was_spec)
+        if was is not None and was != study.first_seed(spec):
+            raise FileExistsError(
+                f"{folder}: the stored points chose their rates with seed {was}, this plan's first seed is "
+                f"{study.first_seed(spec)}; pass {was} first in --seeds, or choose another --output-dir "
+                "(nothing was changed)"
+            )
+    asked, planned = new["plan"]["points"], old["plan"].get("points", [])
+    if done and not grow and set(asked) < set(planned):  # fewer of the same points: not growth
+        report = folder / REPORT_FILE
+        raise FileExistsError(
+            f"{folder} holds a study of {len(planned)} points ({len(done)} finished); these options ask for "
+            f"{len(asked)} of them{f' (its report of all: {report})' if report.is_file() else ''}; give the "
+            "folder's options to finish or report the whole study, pass --grow to make its plan these points "
+            "only (stored results are kept; the report covers these and says the plan changed), or choose "
+            "another --output-dir (nothing was changed)"
+        )
+    if done and not grow:
+        where = path if path.is_file() else folder / RESULTS_FILE
+        raise FileExistsError(
+            f"{where} holds another plan (sha256 {(old['sha256'] or 'unrecorded')[:12]}, this one "
+            f"{new['sha256'][:12]}) and {len(done)} finished point(s); pass --grow to extend the study (the report "
+            "covers this plan's points, so give all of them, e.g. every seed; it says the study grew; stored "
+            "results are kept), or choose another --output-dir (nothing was changed)"
+        )
+    replaced = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    grown = [{"sha256": old["sha256"], "replaced": replaced, "runs_done": done}] if done else []
+    return _write_plan(path, new, old.get("history", []) + grown)
+
+
+def _write_plan(path: Path, plan: dict, history: list) -> dict:
+    record = plan | {"history": history}
     write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def _unplanned(folder: Path, study: Study) -> dict:
+    """The plan that results written before plans ran: the options and points their ``results.json`` records;
+    FileExistsError where it records no options (which settings its points ran with is unknown)."""
+    stored = _stored(folder)
+    if not isinstance(stored.get("options"), dict):
+        raise FileExistsError(
+            f"{folder / RESULTS_FILE} holds {len(stored.get('runs', {}))} point(s) but neither {PLAN_FILE} nor the "
+            "options they ran with; pass --overwrite to run them all again, or choose another --output-dir "
+            "(nothing was changed)"
+        )
+    options = _unplanned_options(study, stored["options"])
+    plan = {"study": study.name, "options": options, "points": list(stored["runs"])}
+    return {"plan": plan, "sha256": stored.get("plan_sha256"), "history": stored.get("plan_history", [])}
+
+
+def _unplanned_options(study: Study, values: dict) -> dict:
+    """Options recorded before plans, when an empty list stood for the preset's value (today None does)."""
+    unset = {f.name for f in dataclasses.fields(study.Options) if f.default is None}
+    return {k: None if k in unset and v == [] else v for k, v in values.items()}
 
 
 def _without(plan: dict, fields) -> dict:
@@ -306,7 +332,18 @@ def _stored(folder: Path) -> dict:
             f"{path} holds results in an older format (runs as a list); move it aside or choose another "
             "--output-dir (nothing was changed)"
         )
+    _objects(path, stored, ("meta", "points", "failed"))
     return stored
+
+
+def _objects(path: Path, record: dict, keys) -> None:
+    """ValueError naming the file and the field where one of ``keys`` holds something other than a JSON object."""
+    for key in keys:
+        if key in record and not isinstance(record[key], dict):
+            raise ValueError(
+                f"{path}: its {key!r} is a JSON {type(record[key]).__name__}, not an object; the file is damaged: "
+                "restore it (nothing was changed)"
+            )
 
 
 def stored_runs(folder: Path) -> dict:
@@ -314,22 +351,11 @@ def stored_runs(folder: Path) -> dict:
     return dict(_stored(folder).get("runs", {}))
 
 
-def output_files(study: Study) -> tuple[str, ...]:
-    return (
-        PLAN_FILE,
-        RESULTS_FILE,
-        REPORT_FILE,
-        LOCK_FILE,
-        f".{PLAN_FILE}.*",
-        f".{RESULTS_FILE}.*",
-        f".{REPORT_FILE}.*",
-    )
-
-
 def read_plan(path: Path, name: str, instead: str = "choose another --output-dir") -> dict:
     """``plan.json`` of study ``name``; FileExistsError for another study's plan or one changed after it was
     hashed (suggesting ``instead``)."""
     record = load_json_file(path, f"{name} plan")
+    _objects(path, record, ("plan",))
     if record.get("plan", {}).get("study") != name:
         raise FileExistsError(
             f"{path} is the plan of `fixedhead {record.get('plan', {}).get('study')}`, not of `fixedhead "
@@ -345,7 +371,7 @@ def read_plan(path: Path, name: str, instead: str = "choose another --output-dir
     return record
 
 
-def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --overwrite to run the study again") -> None:
+def check_points(folder: Path, stored: dict, again: str = "pass --overwrite to run the study again") -> None:
     """Refuse (FileExistsError) stored results edited since they were recorded: the meta, a result, or a run
     file rewritten. An absent file passes (a committed folder carries no weights), and so does a record older
     than its hashes. ``again``: how the reading command runs the study again."""
@@ -357,7 +383,7 @@ def check_points(folder: Path, stored: dict, keys=None, again: str = "pass --ove
             f"written (it no longer matches its hash); restore it, or {again} (nothing was changed)"
         )
     for key, rec in stored.get("points", {}).items():
-        if key not in stored.get("runs", {}) or (keys is not None and key not in keys):
+        if key not in stored.get("runs", {}):
             continue
         if rec.get("result_sha256") not in (None, result_sha256(stored["runs"][key])):
             raise FileExistsError(
@@ -408,9 +434,10 @@ def _lock(folder: Path, name: str):
     return handle
 
 
-def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
+def _take_folder(folder: Path, study: Study):
     """Claim ``folder`` and take its driver lock; the staging files of a killed driver are removed (a folder
-    holding only those and the lock is the study's own, and empty)."""
+    holding only those and the lock is the study's own, and empty). Nothing else in it is removed: overwrite
+    runs the points again, so the claim lists no owned files."""
     early = None
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     if entries and set(entries) <= {*_leftovers(folder), folder / LOCK_FILE}:
@@ -419,7 +446,7 @@ def _take_folder(folder: Path, study: Study, owned: tuple[str, ...]):
             leftover.unlink(missing_ok=True)
     try:
         if not early:  # (a folder holding only its driver lock is the study's own, and empty)
-            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), owned, study.name, results_file=RESULTS_FILE)
+            claim_output_dir(folder, (PLAN_FILE, RESULTS_FILE), (), study.name, results_file=RESULTS_FILE)
         handle = early or _lock(folder, study.name)
     except BaseException:
         if early:
@@ -452,8 +479,8 @@ def run_study(
     Raises:
         ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has.
         ConnectionError: no Ray cluster at the executor's ``ray_address``.
-        FileExistsError: the folder holds something else, points of other settings or another plan, a file
-            changed since it was recorded, or another live command runs it.
+        FileExistsError: the folder holds something else, points of other settings or another plan (or results
+            that record neither), a file changed since it was recorded, or another live command runs it.
         Exception: in-process, whatever a point raised (the points before it are saved).
     """
     from tqdm.auto import tqdm
@@ -468,9 +495,8 @@ def run_study(
     study.check(spec)
     new = plan_file(study, spec)  # a plan that cannot run is refused before the folder is touched
     folder = study_folder(study, options, output_dir, quick)
-    owned = output_files(study) + tuple(study.files)
     with executor.connected(progress):  # Ray reached and its GPUs counted before the folder is touched
-        lock = _take_folder(folder, study, owned)
+        lock = _take_folder(folder, study)
         try:
             study.overwriting, study.folder = overwrite, folder
             points, previous = study.plan(spec), _stored(folder)
@@ -489,7 +515,7 @@ def run_study(
             meta = core.start_meta(
                 preset, study.describe(spec), command, previous, study.name, plan_sha256=plan["sha256"]
             )
-            if quick or previous.get("meta", {}).get("quick"):
+            if quick or (previous.get("meta", {}).get("quick") and not overwrite):
                 meta["quick"] = True  # the report says its numbers mean nothing
             state = {
                 "meta": meta,
@@ -578,6 +604,7 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     """The record and report a study folder regenerates to from its per-point results, with the options its
     ``plan.json`` (or, before plans were hashed, its ``results.json``) names."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
+    _objects(folder / RESULTS_FILE, stored, ("runs", "meta", "points", "failed"))
     study.folder = Path(folder)
     path = folder / PLAN_FILE
     again = f"run `fixedhead {study.name}` again with --overwrite"
@@ -585,10 +612,7 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     if plan is None and "options" not in stored:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
     check_points(Path(folder), stored, again=again)
-    values = plan["plan"]["options"] if plan else stored["options"]
-    if plan is None:  # written before plans, when an empty list stood for the preset's (today None does)
-        unset = {f.name for f in dataclasses.fields(study.Options) if f.default is None}
-        values = {k: None if k in unset and v == [] else v for k, v in values.items()}
+    values = plan["plan"]["options"] if plan else _unplanned_options(study, stored["options"])
     spec = study.resolve(options_from_dict(study.Options, values))
     plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
     points = study.plan(spec)
