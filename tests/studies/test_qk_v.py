@@ -18,7 +18,16 @@ from fixedhead.data import DEFAULT_CORPUS
 from fixedhead.model.architectures import build_config
 from fixedhead.studies import STUDIES, study_class
 from fixedhead.studies.compare import seq_len
-from fixedhead.studies.compare.qk_v import PILOT_SD, QUICK, QkVOptions, QkVStudy, arm_preset, effects
+from fixedhead.studies.compare.qk_v import (
+    PILOT_SD,
+    QUICK,
+    QkVOptions,
+    QkVStudy,
+    arm_preset,
+    effects,
+    report_markdown,
+    summarise,
+)
 from fixedhead.studies.kit.stats import seeds_for
 from fixedhead.studies.kit.study import plan_file, run_study
 
@@ -82,6 +91,21 @@ def test_the_effects_are_the_paired_contrasts_with_t_intervals_and_holm():
         assert got["per_seed"][row["effect"]] == pytest.approx(list(d))
     one = effects({(qk, v, 0): 5.0 for qk in (s, big) for v in (s, big)}, replace(o, seeds=[0]))
     assert all(r["word"] == "cannot tell (one seed)" and r["low"] is None for r in one["rows"])
+
+
+def test_a_report_before_any_seed_finished_every_arm_reads_no_nan():
+    """Two arms of seed 0 done: no effect has a seed yet, so the report says so instead of '+nan nats'."""
+    o = QkVOptions()
+    results = [
+        {"qk_head_dim": 8, "v_head_dim": v, "seed": 0, "learning_rate": 4e-3, "heldout_loss": loss}
+        for v, loss in ((8, 5.08), (32, 5.06))
+    ]
+    summary = summarise(results, o)
+    assert summary["seeds"] == []
+    assert all(r["word"] == "no seed has finished every arm" for r in summary["rows"])
+    text = report_markdown({"summary": summary, "plan_sha256": "x", "meta": {"command": "c"}}, o)
+    assert "nan" not in text
+    assert "5.0800" in text and "5.0600" in text
 
 
 def test_the_seeds_are_sized_from_the_committed_pilot():

@@ -183,11 +183,12 @@ def effects(losses: dict[tuple[int, int, int], float], o: QkVOptions) -> dict:
         r["p_holm"] = p
     for r in rows:
         r.setdefault("p_holm", None)
-        r["word"] = (
-            "cannot tell (one seed)"
-            if r["low"] is None
-            else difference_word(r["estimate"], r["low"], r["high"], r["p_holm"], ALPHA, o.target)
-        )
+        if not seeds:
+            r["word"] = "no seed has finished every arm"
+        elif r["low"] is None:
+            r["word"] = "cannot tell (one seed)"
+        else:
+            r["word"] = difference_word(r["estimate"], r["low"], r["high"], r["p_holm"], ALPHA, o.target)
     return {"seeds": seeds, "per_seed": per_seed, "rows": rows}
 
 
@@ -345,6 +346,14 @@ def _interval(r: dict) -> str:
     return "" if r["low"] is None else f" [{r['low']:+.4f}, {r['high']:+.4f}]"
 
 
+def _number(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.4f}"
+
+
+def _estimate(r: dict) -> str:
+    return "–" if math.isnan(r["estimate"]) else f"{r['estimate']:+.4f}{_interval(r)}"
+
+
 def words(summary: dict, o: QkVOptions) -> list[str]:
     """One sentence per effect: its estimate, interval and :func:`difference_word`."""
     small, large = o.head_dims
@@ -355,7 +364,8 @@ def words(summary: dict, o: QkVOptions) -> list[str]:
             if r["effect"] != "interaction"
             else "How much raising one size changes the other's effect"
         )
-        out.append(f"- {what}: {r['estimate']:+.4f} nats{_interval(r)}, **{r['word']}**.")
+        nats = "" if math.isnan(r["estimate"]) else f" {r['estimate']:+.4f} nats{_interval(r)},"
+        out.append(f"- {what}:{nats} **{r['word']}**.")
     return out
 
 
@@ -381,13 +391,13 @@ def report_markdown(record: dict, o: QkVOptions) -> str:
     ]
     arms = [
         *((h, f"{{{h}}}") for h in ("qk_head_dim", "v_head_dim", "seeds")),
-        ("held-out loss", "{loss:.4f}"),
-        ("sd", "{sd:.4f}"),
+        ("held-out loss", lambda a: _number(a["loss"])),
+        ("sd", lambda a: _number(a["sd"])),
         ("rate", lambda a: ", ".join(f"{x:g}" for x in a["rates"])),
     ]
     effects = [
         ("effect", lambda r: LABELS[r["effect"]]),
-        ("estimate [95% interval]", lambda r: f"{r['estimate']:+.4f}{_interval(r)}"),
+        ("estimate [95% interval]", _estimate),
         ("Holm p", lambda r: "–" if r["p_holm"] is None else f"{r['p_holm']:.2g}"),
         ("word", "{word}"),
         (f"seeds to see ±{o.target:g}", lambda r: r["seeds_for_target"] or "–"),
