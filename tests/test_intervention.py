@@ -551,6 +551,33 @@ def test_fit_visible_fits_each_matrix_as_it_would_alone():
     torch.testing.assert_close(together[1], fit_visible(hard, visible, 2), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("padding", ["left, causal", "right, bidirectional"])
+def test_fit_visible_with_padding_is_finite_and_exact_at_the_logits_rank(padding):
+    """Padding leaves keys no query sees (and, on the left of a decoder, queries that see nothing): their least
+    squares are empty, and the fit must stay finite. Logits of rank 3 plus per-query shifts, fitted at k = 3:
+    every visible entry reproduced (a NaN fit would zero the attention silently after the softmax)."""
+    n = 10
+    g = torch.Generator().manual_seed(8)
+    q, k = (
+        torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64),
+        torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64),
+    )
+    s = q @ k.transpose(-1, -2) + torch.randn(2, 2, n, 1, generator=g, dtype=torch.float64)
+    real = torch.ones(2, n, dtype=torch.bool)
+    if padding.startswith("left"):
+        real[1, :4] = False
+        visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & real[:, None, None, :]
+    else:
+        real[1, 6:] = False
+        visible = real[:, None, None, :].expand(2, 1, n, n)
+    visible = visible & real[:, None, :, None]  # a padding query sees nothing
+    for rank in (1, 3):
+        fit = fit_visible(s, visible, rank)
+        assert bool(fit.isfinite().all()), rank
+    m = visible.expand_as(s)
+    torch.testing.assert_close(fit[m], s[m], atol=1e-6, rtol=0)
+
+
 # ------------------------------------------------------------------ which cuts are causal
 
 

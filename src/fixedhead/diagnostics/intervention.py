@@ -182,7 +182,8 @@ def fit_visible(
         return (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)
 
     def solve(gram, rhs):  # per row: (gram + ridge) x = rhs
-        ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
+        # a normal number at least: 1e-12 · 1e-300 is subnormal, and LAPACK gives NaN for a row nobody sees
+        ridge = (1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1)).clamp(min=1e-300)
         p = gram.shape[-1]
         return torch.linalg.solve(gram + ridge[..., None, None] * eye[:p, :p], rhs[..., None])[..., 0]
 
