@@ -676,3 +676,50 @@ def test_fit_visible_fits_no_worse_than_plain_alternating_least_squares(rotary):
             assert residual <= reference + 1e-6 * (s[i][visible] ** 2).sum()
             ours, theirs = ours + residual, theirs + reference
     assert ours < theirs
+
+
+# ------------------------------------------------------------------ padding
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["fixedhead-causal", "fixedhead-masked", "llama-gqa"])
+def test_padding_keys_stay_hidden_under_the_intervention(index):
+    """A batch with padding (left for the decoders, right for the encoder): with nothing cut (rank None, the same
+    code path) and at k = d_p the outputs at real tokens are the model's own, and every cut depends on the real
+    tokens only (changing the padded tokens changes nothing)."""
+    torch.manual_seed(0)
+    model = _models()[index].eval()
+    ids = torch.randint(1, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    if index == 1:
+        mask[1, 6:] = 0
+    else:
+        mask[1, :4] = 0
+    other = torch.where(mask.bool(), ids, 0)  # the same real tokens, other padding tokens
+    real = mask.bool()
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, torch.randint(0, 50, (4, 10)), modules)
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        for rank, method in ((None, "oracle"), (6, "oracle"), (6, "realisable"), (2, "oracle"), (2, "realisable")):
+            given = maps if method == "realisable" else None
+            with truncated_logits(model, rank, modules=modules, method=method, maps=given):
+                got = model(ids, attention_mask=mask).logits
+                again = model(other, attention_mask=mask).logits
+            if rank in (None, 6):
+                torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(again[real], got[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_bare_layer_keeps_its_padding_mask_under_the_intervention():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(hidden_size=16, num_attention_heads=2, head_dim=8).eval()
+    x = torch.randn(2, 10, 16)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    modules = attention_modules(layer, x)
+    with torch.no_grad():
+        want = layer(x, attention_mask=mask)[0]
+        for rank in (None, 8):
+            with truncated_logits(layer, rank, modules=modules):
+                got = layer(x, attention_mask=mask)[0]
+            torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)

@@ -963,9 +963,13 @@ def intervene_runs(
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
+    """The implementation, and SDPA's mask for it (boolean, None where nothing is hidden but the future): without
+    a mask function transformers makes no mask for an implementation, and padding keys would be attended to."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(RANK_IMPLEMENTATION, _truncated_attention)
+    AttentionMaskInterface.register(RANK_IMPLEMENTATION, sdpa_mask)
 
 
 _register()
