@@ -220,3 +220,29 @@ def test_no_progress_shows_none_of_transformers_bars(tiny_causal_run, tmp_path, 
         err = capfd.readouterr().err
         assert "Loading" not in err and "Writing" not in err and "it/s" not in err, err
         assert hf_logging.is_progress_bar_enabled()  # switched back afterwards
+
+
+def test_layers_of_different_head_sizes_shrink_and_keep_each_layers_values():
+    """head_dim = [8, 6]: queries and keys of every layer cut to K = 3, each layer's values keep their own size
+    (8, then 6), and the shrunk model computes the intervention's realisable cut."""
+    torch.manual_seed(0)
+    config = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=[8, 6],
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        is_decoder=True,
+    )
+    model = FixedHeadForCausalLM(config).eval()
+    maps = _fit(model)
+    small = shrink_model(model, maps, 3)
+    layers = attention_modules(small, torch.zeros(1, 4, dtype=torch.long))
+    assert [(m.qk_head_dim, m.v_head_dim) for m in layers] == [(3, 8), (3, 6)]
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        with truncated_logits(model, 3, modules=attention_modules(model, ids), method="realisable", maps=maps):
+            want = model(ids).logits
+        torch.testing.assert_close(small(ids).logits, want, atol=1e-5, rtol=1e-5)
