@@ -434,7 +434,7 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
             ``"realisable"``: each head's queries and keys mapped to size k by fixed maps fitted on
             other text (``maps``, from :func:`fit_head_maps`): a model that exists;
             ``"lookahead"``: the best rank-k fit of all n × n logits, future keys included, masked
-            afterwards (an upper bound on the oracle's needed rank for a decoder).
+            afterwards (for a decoder it fits the visible logits no better than the oracle; kept to compare).
         maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`);
             for ``"oracle"``, optionally one dict per module that keeps the last rank's fits by their
             logits, so the same logits cut to the same rank again (a layer alone after all layers, whose
@@ -785,8 +785,9 @@ def needed_band(results: list[dict]) -> list[dict]:
     Returns:
         ``[{"run", "name", "seed", "head_dims", "seq_len", "full", "attention_gain", "band", "needed":
         {tolerance: {setting: [oracle, realisable]}}}]`` (tolerances from ``needed_at`` and "band",
-        the run's band); the oracle's needed rank is a lower bound on what any cut of the logits
-        needs, the realisable cut's is reached by a model with queries and keys of that size.
+        the run's band); the oracle's needed rank is the optimistic low end (the best fit of the visible
+        logits that ALS reaches, per sequence and not causal: no proven bound on the loss), the realisable
+        cut's is reached by a model with queries and keys of that size.
     """
     rows = {}
     for r in results:
