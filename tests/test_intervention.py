@@ -199,7 +199,7 @@ def test_the_oracle_fits_the_first_layers_logits_once_per_rank(monkeypatch):
     fit = intervention.fit_visible
     monkeypatch.setattr(intervention, "fit_visible", lambda s, v, k: calls.append(k) or fit(s, v, k))
     curve = rank_curve(model, score, ids, ranks=[1, 2], progress=False)
-    assert sorted(calls) == [0, 0, 1, 1, 1, 2, 2, 2]  # uniform (2 layers); per k: all (2) + layer 1 alone
+    assert sorted(calls) == [0] * 4 + [1, 1, 1, 2, 2, 2]  # uniform (2 layers, each alone); per k: all + layer 1
     modules = attention_modules(model, ids)
     for name, layers in (("all", None), ("layer 0", [0]), ("layer 1", [1])):
         for k in (1, 2):
@@ -226,14 +226,46 @@ def test_the_needed_rank_is_0_where_uniform_attention_is_within_the_band():
     assert needed_rank(losses, 4.0, 0.01) == 1  # no uniform loss given: k = 0 was not scored
 
 
-def test_the_summary_reads_the_uniform_loss_as_k_0_for_all_layers_only():
+def test_the_summary_reads_the_uniform_losses_as_k_0():
+    """All layers uniform (``uniform``) and each layer alone (``uniform_layers``); results scored before layers
+    alone were scored at k = 0 read their curves from k = 1."""
     from fixedhead.diagnostics.intervention import summarise
 
     curve = {"name": "m", "run": "r", "full": 4.0, "uniform": 4.004, "method": "oracle"}
-    curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}}
-    (row,) = summarise([curve], band=0.01, tolerances=(0.002,))
-    assert row["needed"] == {"all": 0, "layer 0": 1}  # a layer alone is not scored at k = 0
-    assert row["needed_at"]["0.002"] == {"all": 1, "layer 0": 1}  # gain 0.004 > 0.002
+    curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}, "layer 1": {1: 4.0, 2: 4.0}}
+    (row,) = summarise([curve | {"uniform_layers": [4.001, 4.02]}], band=0.01, tolerances=(0.002,))
+    assert row["needed"] == {"all": 0, "layer 0": 0, "layer 1": 1}  # layer 1 alone uniform: 0.02 > the band
+    assert row["needed_at"]["0.002"] == {"all": 1, "layer 0": 0, "layer 1": 1}  # gain 0.004 > 0.002
+    (older,) = summarise([curve], band=0.01)
+    assert older["needed"] == {"all": 0, "layer 0": 1, "layer 1": 1}
+
+
+def test_a_layer_that_needs_no_attention_reads_0_alone():
+    """Layer 0's queries are 0, so its attention is uniform already: cut alone to k = 0 it loses nothing, and its
+    needed rank is 0 (not 1, the smallest k of the curve); layer 1, sharp, needs some rank, and so do all layers."""
+    from fixedhead.diagnostics.intervention import report_markdown, summarise
+
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    layers = attention_modules(model, torch.zeros(1, 4, dtype=torch.long))
+    with torch.no_grad():
+        layers[0].qkv.weight[:24].zero_()  # the 4 heads' queries (4 × 6 rows)
+        layers[0].qkv.bias[:24].zero_()
+        layers[1].qkv.weight.mul_(8)
+    ids = torch.randint(0, 50, (4, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+
+    def score(m):  # how far the outputs moved: 0 uncut, above 0 wherever a cut changes anything
+        with torch.no_grad():
+            return float((m(ids).logits - want).abs().max())
+
+    curve = rank_curve(model, score, ids, ranks=[1, 3, 6], progress=False) | {"name": "m", "run": "r", "seed": 0}
+    (row,) = summarise([curve], band=1e-6)
+    assert row["needed"]["layer 0"] == 0
+    assert row["needed"]["layer 1"] >= 1 and row["needed"]["all"] >= 1
+    text = " ".join(report_markdown([row], "cmd").split())
+    assert "0 where uniform attention (k = 0, in all layers or in the layer alone) is within it" in text
 
 
 @pytest.mark.parametrize(
@@ -322,7 +354,7 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
     for tol, by_setting in row["needed"].items():
         width = float(tol) if tol != "band" else oracle["band"]
         for setting, (low, high) in by_setting.items():
-            uniform = oracle["uniform"] if setting == "all" else None  # k = 0 is scored with all layers cut
+            uniform = oracle["uniform"] if setting == "all" else oracle["uniform_layers"][int(setting.split()[-1])]
             curve = {int(k): v for k, v in oracle["curves"][setting].items()}
             assert low == needed_rank(curve, oracle["full"], width, uniform)
             curve = {int(k): v for k, v in realisable["curves"][setting].items()}

@@ -594,7 +594,8 @@ def rank_curve(
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
-        uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
+        uniform over its visible keys (k = 0 in every layer), "uniform_layers": [the loss with one layer's
+        attention uniform, per layer; empty unless ``per_layer``], "attention_gain": uniform − full (what
         the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
         keys, which bounds the logits' rank], "seq_len": n, "ranks": [k], "method": method,
         "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve stops at its own
@@ -612,6 +613,10 @@ def rank_curve(
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
         uniform = float(score(model))
+    uniform_layers = []  # each layer alone at k = 0 too: a layer that needs no attention reads 0, not the least k
+    for i in range(len(modules) if per_layer else 0):
+        with truncated_logits(model, 0, [i], modules=modules):
+            uniform_layers.append(float(score(model)))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
     jobs = [  # k by k: a layer cut alone after all layers at the same k reuses the oracle's fits of its logits
         (name, layers, k)
@@ -633,6 +638,7 @@ def rank_curve(
     return {
         "full": full,
         "uniform": uniform,
+        "uniform_layers": uniform_layers,
         "attention_gain": uniform - full,
         "head_dims": head_dims,
         "seq_len": n,
@@ -774,9 +780,13 @@ def summarise(curves: list[dict], band: float | None = None, tolerances=()) -> l
 
 
 def _uniform(curve: dict, setting: str) -> float | None:
-    """The measured loss at k = 0 of a curve's setting: the uniform loss for "all" (every layer's heads uniform);
-    None for a layer alone, which is not scored at k = 0."""
-    return curve.get("uniform") if setting == "all" else None
+    """The measured loss at k = 0 of a curve's setting: ``uniform`` for "all" (every layer's heads uniform),
+    ``uniform_layers[i]`` for "layer i" alone (None in results scored before layers alone were scored at k = 0)."""
+    if setting == "all":
+        return curve.get("uniform")
+    layers = curve.get("uniform_layers") or []
+    i = int(setting.split()[-1])
+    return layers[i] if i < len(layers) else None
 
 
 def needed_band(results: list[dict]) -> list[dict]:
@@ -812,6 +822,17 @@ def report_markdown(results: list[dict], command: str) -> str:
     rows = needed_band(results)
     tolerances = [t for t in rows[0]["needed"] if t != "band"] + ["band"]
     settings = sorted({s for r in rows for s in r["needed"]["band"]}, key=lambda s: (s != "all", s))
+    if any(r.get("uniform_layers") for r in results):  # each layer alone scored at k = 0 too
+        zero = [
+            "full-rank loss where a model has several seeds); 0 where uniform attention (k = 0, in all layers or in",
+            "the layer alone) is within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus",
+            "the full-rank loss.",
+        ]
+    else:  # results scored before: k = 0 with all layers cut only
+        zero = [
+            "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
+            "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
+        ]
     lines = [
         "# Rank intervention: the logit rank each trained model needs",
         "",
@@ -826,8 +847,7 @@ def report_markdown(results: list[dict], command: str) -> str:
         "size k exists, so its needed rank is achievable.",
         "*Needed rank*: the smallest k from which the loss stays within a tolerance of the full-rank loss, shown",
         "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
-        "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
-        "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
+        *zero,
         "`fixedhead.diagnostics.intervention`.",
         "",
         f"Command: `{command}`",
