@@ -514,7 +514,8 @@ def default_ranks(head_dim: int, seq_len: int) -> list[int]:
 
 
 def needed_rank(losses: dict[int, float], full: float, band: float, uniform: float | None = None) -> int | None:
-    """The smallest k whose loss is at most ``full + band``, and every larger k too (None when none is).
+    """The smallest k tried whose loss is at most ``full + band``, and every larger k tried too (None when none is):
+    between two k tried the reading is the upper one, so a sparse ``ranks`` reads a needed rank at most that high.
 
     Args:
         losses: {k: loss in nats}.
@@ -914,7 +915,8 @@ class RankInterventionOptions:
     fit_tokens: int = 32_768
     """training tokens the realisable cut's query and key maps are fitted on"""
     ranks: tuple[int, ...] = ()
-    """the ranks k tried, each at most the largest query/key head size (empty: every k up to d_p)"""
+    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1), a
+    geometric grid beyond 64)"""
     corpus: str | None = None
     """where the runs' training corpus is now, for runs that record none or whose corpus moved (its text must be
     the same)"""
