@@ -106,6 +106,20 @@ def test_rank_d_p_leaves_the_model_unchanged_and_lower_ranks_change_it(index):
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_the_maps_of_one_cut_are_refused_by_another_in_one_line():
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    ids = torch.randint(0, 50, (2, 8))
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, ids, modules)
+    with pytest.raises(ValueError, match="method 'oracle' takes maps=None or one dict per attention module"):
+        with truncated_logits(model, 2, modules=modules, method="oracle", maps=maps):
+            pass
+    with pytest.raises(ValueError, match="method 'realisable' needs maps: one \\(A, B\\) pair"):
+        with truncated_logits(model, 2, modules=modules, method="realisable"):
+            pass
+
+
 def test_a_head_of_known_logit_rank_r_changes_exactly_below_r():
     """A bare attention layer whose query and key weights use only r of the head's 8 dimensions:
     rank S ≤ r, so truncating to k ≥ r changes nothing and k = r − 1 does."""

@@ -441,8 +441,8 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
             inputs are the same) are fitted once (:func:`rank_curve` passes them).
 
     Raises:
-        ValueError: a rank that is not an int ≥ 0, an unknown method, a layer index out of range, or a
-            model the intervention cannot reach.
+        ValueError: a rank that is not an int ≥ 0, an unknown method, ``maps`` not the method's, a layer index out
+            of range, or a model the intervention cannot reach.
     """
     if rank is not None:
         non_negative_int("rank", rank)
@@ -450,6 +450,15 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "realisable" and (maps is None or len(maps) != len(modules)):
         raise ValueError("method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps)")
+    if (
+        method == "oracle"
+        and maps is not None
+        and not (len(maps) == len(modules) and all(isinstance(m, dict) for m in maps))
+    ):
+        raise ValueError(
+            "method 'oracle' takes maps=None or one dict per attention module (its memo of fits); (A, B) pairs "
+            "from fit_head_maps are the realisable cut's"
+        )
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
     if bad:
