@@ -293,3 +293,24 @@ def test_heads_with_values_of_their_own_size_are_read_at_the_query_and_key_size(
     assert {v for row in result.logit_rank_max for v in row} == {qk}
     assert {v for row in result.min_head_dim_max for v in row} == {min(qk, math.ceil((n - 1) / 2))}
     assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_captured_logits_of_a_padded_batch_are_those_of_its_real_tokens_alone():
+    """Right padding in an encoder: the logits captured at layer 1 for the real tokens are those the same tokens
+    give alone, so padding keys got no attention in layer 0 (they would change layer 1's inputs)."""
+    from fixedhead import FixedHeadConfig
+
+    torch.manual_seed(0)
+    config = FixedHeadConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=6, intermediate_size=37
+    )
+    model = FixedHeadForMaskedLM(config).eval()
+    with torch.no_grad():  # sharper attention than at initialisation
+        for layer in model.fixedhead.encoder["layer"]:
+            layer.attention.qkv.weight.mul_(8)
+    ids = torch.randint(1, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    padded = attention_logits(model, ids, mask)[1][1, :, :6, :6]
+    alone = attention_logits(model, ids[1:, :6])[1][0]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)

@@ -106,6 +106,20 @@ def test_rank_d_p_leaves_the_model_unchanged_and_lower_ranks_change_it(index):
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_the_maps_of_one_cut_are_refused_by_another_in_one_line():
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    ids = torch.randint(0, 50, (2, 8))
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, ids, modules)
+    with pytest.raises(ValueError, match="method 'oracle' takes maps=None or one dict per attention module"):
+        with truncated_logits(model, 2, modules=modules, method="oracle", maps=maps):
+            pass
+    with pytest.raises(ValueError, match="method 'realisable' needs maps: one \\(A, B\\) pair"):
+        with truncated_logits(model, 2, modules=modules, method="realisable"):
+            pass
+
+
 def test_a_head_of_known_logit_rank_r_changes_exactly_below_r():
     """A bare attention layer whose query and key weights use only r of the head's 8 dimensions:
     rank S ≤ r, so truncating to k ≥ r changes nothing and k = r − 1 does."""
@@ -199,7 +213,7 @@ def test_the_oracle_fits_the_first_layers_logits_once_per_rank(monkeypatch):
     fit = intervention.fit_visible
     monkeypatch.setattr(intervention, "fit_visible", lambda s, v, k: calls.append(k) or fit(s, v, k))
     curve = rank_curve(model, score, ids, ranks=[1, 2], progress=False)
-    assert sorted(calls) == [0, 0, 1, 1, 1, 2, 2, 2]  # uniform (2 layers); per k: all (2) + layer 1 alone
+    assert sorted(calls) == [0] * 4 + [1, 1, 1, 2, 2, 2]  # uniform (2 layers, each alone); per k: all + layer 1
     modules = attention_modules(model, ids)
     for name, layers in (("all", None), ("layer 0", [0]), ("layer 1", [1])):
         for k in (1, 2):
@@ -226,14 +240,46 @@ def test_the_needed_rank_is_0_where_uniform_attention_is_within_the_band():
     assert needed_rank(losses, 4.0, 0.01) == 1  # no uniform loss given: k = 0 was not scored
 
 
-def test_the_summary_reads_the_uniform_loss_as_k_0_for_all_layers_only():
+def test_the_summary_reads_the_uniform_losses_as_k_0():
+    """All layers uniform (``uniform``) and each layer alone (``uniform_layers``); results scored before layers
+    alone were scored at k = 0 read their curves from k = 1."""
     from fixedhead.diagnostics.intervention import summarise
 
     curve = {"name": "m", "run": "r", "full": 4.0, "uniform": 4.004, "method": "oracle"}
-    curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}}
-    (row,) = summarise([curve], band=0.01, tolerances=(0.002,))
-    assert row["needed"] == {"all": 0, "layer 0": 1}  # a layer alone is not scored at k = 0
-    assert row["needed_at"]["0.002"] == {"all": 1, "layer 0": 1}  # gain 0.004 > 0.002
+    curve["curves"] = {"all": {1: 4.001, 2: 4.0}, "layer 0": {1: 4.0, 2: 4.0}, "layer 1": {1: 4.0, 2: 4.0}}
+    (row,) = summarise([curve | {"uniform_layers": [4.001, 4.02]}], band=0.01, tolerances=(0.002,))
+    assert row["needed"] == {"all": 0, "layer 0": 0, "layer 1": 1}  # layer 1 alone uniform: 0.02 > the band
+    assert row["needed_at"]["0.002"] == {"all": 1, "layer 0": 0, "layer 1": 1}  # gain 0.004 > 0.002
+    (older,) = summarise([curve], band=0.01)
+    assert older["needed"] == {"all": 0, "layer 0": 1, "layer 1": 1}
+
+
+def test_a_layer_that_needs_no_attention_reads_0_alone():
+    """Layer 0's queries are 0, so its attention is uniform already: cut alone to k = 0 it loses nothing, and its
+    needed rank is 0 (not 1, the smallest k of the curve); layer 1, sharp, needs some rank, and so do all layers."""
+    from fixedhead.diagnostics.intervention import report_markdown, summarise
+
+    torch.manual_seed(0)
+    model = _models()[0].eval()
+    layers = attention_modules(model, torch.zeros(1, 4, dtype=torch.long))
+    with torch.no_grad():
+        layers[0].qkv.weight[:24].zero_()  # the 4 heads' queries (4 × 6 rows)
+        layers[0].qkv.bias[:24].zero_()
+        layers[1].qkv.weight.mul_(8)
+    ids = torch.randint(0, 50, (4, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+
+    def score(m):  # how far the outputs moved: 0 uncut, above 0 wherever a cut changes anything
+        with torch.no_grad():
+            return float((m(ids).logits - want).abs().max())
+
+    curve = rank_curve(model, score, ids, ranks=[1, 3, 6], progress=False) | {"name": "m", "run": "r", "seed": 0}
+    (row,) = summarise([curve], band=1e-6)
+    assert row["needed"]["layer 0"] == 0
+    assert row["needed"]["layer 1"] >= 1 and row["needed"]["all"] >= 1
+    text = " ".join(report_markdown([row], "cmd").split())
+    assert "0 where uniform attention (k = 0, in all layers or in the layer alone) is within it" in text
 
 
 @pytest.mark.parametrize(
@@ -322,7 +368,7 @@ def test_the_command_on_a_trained_run_writes_its_outputs_and_scores_the_run_as_e
     for tol, by_setting in row["needed"].items():
         width = float(tol) if tol != "band" else oracle["band"]
         for setting, (low, high) in by_setting.items():
-            uniform = oracle["uniform"] if setting == "all" else None  # k = 0 is scored with all layers cut
+            uniform = oracle["uniform"] if setting == "all" else oracle["uniform_layers"][int(setting.split()[-1])]
             curve = {int(k): v for k, v in oracle["curves"][setting].items()}
             assert low == needed_rank(curve, oracle["full"], width, uniform)
             curve = {int(k): v for k, v in realisable["curves"][setting].items()}
@@ -551,6 +597,33 @@ def test_fit_visible_fits_each_matrix_as_it_would_alone():
     torch.testing.assert_close(together[1], fit_visible(hard, visible, 2), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("padding", ["left, causal", "right, bidirectional"])
+def test_fit_visible_with_padding_is_finite_and_exact_at_the_logits_rank(padding):
+    """Padding leaves keys no query sees (and, on the left of a decoder, queries that see nothing): their least
+    squares are empty, and the fit must stay finite. Logits of rank 3 plus per-query shifts, fitted at k = 3:
+    every visible entry reproduced (a NaN fit would zero the attention silently after the softmax)."""
+    n = 10
+    g = torch.Generator().manual_seed(8)
+    q, k = (
+        torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64),
+        torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64),
+    )
+    s = q @ k.transpose(-1, -2) + torch.randn(2, 2, n, 1, generator=g, dtype=torch.float64)
+    real = torch.ones(2, n, dtype=torch.bool)
+    if padding.startswith("left"):
+        real[1, :4] = False
+        visible = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & real[:, None, None, :]
+    else:
+        real[1, 6:] = False
+        visible = real[:, None, None, :].expand(2, 1, n, n)
+    visible = visible & real[:, None, :, None]  # a padding query sees nothing
+    for rank in (1, 3):
+        fit = fit_visible(s, visible, rank)
+        assert bool(fit.isfinite().all()), rank
+    m = visible.expand_as(s)
+    torch.testing.assert_close(fit[m], s[m], atol=1e-6, rtol=0)
+
+
 # ------------------------------------------------------------------ which cuts are causal
 
 
@@ -649,3 +722,50 @@ def test_fit_visible_fits_no_worse_than_plain_alternating_least_squares(rotary):
             assert residual <= reference + 1e-6 * (s[i][visible] ** 2).sum()
             ours, theirs = ours + residual, theirs + reference
     assert ours < theirs
+
+
+# ------------------------------------------------------------------ padding
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["fixedhead-causal", "fixedhead-masked", "llama-gqa"])
+def test_padding_keys_stay_hidden_under_the_intervention(index):
+    """A batch with padding (left for the decoders, right for the encoder): with nothing cut (rank None, the same
+    code path) and at k = d_p the outputs at real tokens are the model's own, and every cut depends on the real
+    tokens only (changing the padded tokens changes nothing)."""
+    torch.manual_seed(0)
+    model = _models()[index].eval()
+    ids = torch.randint(1, 50, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    if index == 1:
+        mask[1, 6:] = 0
+    else:
+        mask[1, :4] = 0
+    other = torch.where(mask.bool(), ids, 0)  # the same real tokens, other padding tokens
+    real = mask.bool()
+    modules = attention_modules(model, ids)
+    maps = fit_head_maps(model, torch.randint(0, 50, (4, 10)), modules)
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+        for rank, method in ((None, "oracle"), (6, "oracle"), (6, "realisable"), (2, "oracle"), (2, "realisable")):
+            given = maps if method == "realisable" else None
+            with truncated_logits(model, rank, modules=modules, method=method, maps=given):
+                got = model(ids, attention_mask=mask).logits
+                again = model(other, attention_mask=mask).logits
+            if rank in (None, 6):
+                torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(again[real], got[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_bare_layer_keeps_its_padding_mask_under_the_intervention():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(hidden_size=16, num_attention_heads=2, head_dim=8).eval()
+    x = torch.randn(2, 10, 16)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    modules = attention_modules(layer, x)
+    with torch.no_grad():
+        want = layer(x, attention_mask=mask)[0]
+        for rank in (None, 8):
+            with truncated_logits(layer, rank, modules=modules):
+                got = layer(x, attention_mask=mask)[0]
+            torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)

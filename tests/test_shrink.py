@@ -220,3 +220,89 @@ def test_no_progress_shows_none_of_transformers_bars(tiny_causal_run, tmp_path, 
         err = capfd.readouterr().err
         assert "Loading" not in err and "Writing" not in err and "it/s" not in err, err
         assert hf_logging.is_progress_bar_enabled()  # switched back afterwards
+
+
+def test_layers_of_different_head_sizes_shrink_and_keep_each_layers_values():
+    """head_dim = [8, 6]: queries and keys of every layer cut to K = 3, each layer's values keep their own size
+    (8, then 6), and the shrunk model computes the intervention's realisable cut."""
+    torch.manual_seed(0)
+    config = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=[8, 6],
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        is_decoder=True,
+    )
+    model = FixedHeadForCausalLM(config).eval()
+    maps = _fit(model)
+    small = shrink_model(model, maps, 3)
+    layers = attention_modules(small, torch.zeros(1, 4, dtype=torch.long))
+    assert [(m.qk_head_dim, m.v_head_dim) for m in layers] == [(3, 8), (3, 6)]
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        with truncated_logits(model, 3, modules=attention_modules(model, ids), method="realisable", maps=maps):
+            want = model(ids).logits
+        torch.testing.assert_close(small(ids).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_maps_and_the_fold_against_numpy_on_a_one_layer_model():
+    """From the weights alone, in NumPy: the maps' rank-K form A_K B_Kᵀ is the best one for the training text's
+    moments (C_q = E[q̃ q̃ᵀ] of the scaled queries q̃ = s·q, C_k the keys' covariance: the Eckart–Young truncation
+    of C_q^{1/2} C_k^{1/2}), and the shrunk model attends with softmax((q̃ᵀ A_K)(B_Kᵀ k)) under the causal mask,
+    its values (size 5) as they were."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    config = FixedHeadConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_attention_heads=4,
+        head_dim=8,
+        v_head_dim=5,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        is_decoder=True,
+    )
+    model = FixedHeadForCausalLM(config).eval()
+    train = torch.randint(0, 50, (32, 16), generator=torch.Generator().manual_seed(1))
+    maps = fit_head_maps(model, train, attention_modules(model, train[:1]))
+    layer = attention_modules(model, train[:1])[0]
+    w, bias, s = layer.qkv.weight.double().detach().numpy(), layer.qkv.bias.double().detach().numpy(), layer.scale
+
+    def heads(x, rows):  # [batch, n, 32] -> [batch, 4, n, 8]
+        y = x @ w[rows].T + bias[rows]
+        return y.reshape(*x.shape[:2], 4, 8).transpose(0, 2, 1, 3)
+
+    with torch.no_grad():
+        x = model.base_model.embeddings(train).double().numpy()
+    q = (s * heads(x, slice(0, 32))).transpose(1, 0, 2, 3).reshape(4, -1, 8)  # [heads, tokens, 8]
+    k = heads(x, slice(32, 64)).transpose(1, 0, 2, 3).reshape(4, -1, 8)
+    cq = q.transpose(0, 2, 1) @ q / q.shape[1]
+    kc = k - k.mean(1, keepdims=True)
+    ck = kc.transpose(0, 2, 1) @ kc / k.shape[1]
+
+    def sqrtm(c):
+        e, v = np.linalg.eigh(c)
+        return (v * np.sqrt(np.clip(e, 0, None))[..., None, :]) @ v.transpose(0, 2, 1)
+
+    u, sv, vt = np.linalg.svd(sqrtm(cq) @ sqrtm(ck))
+    K = 3
+    best = (u[..., :K] * sv[..., None, :K]) @ vt[..., :K, :]  # C_q^{1/2} W_K C_k^{1/2}
+    a, b = (m[..., :K].numpy() for m in maps[0])
+    np.testing.assert_allclose(sqrtm(cq) @ a @ b.transpose(0, 2, 1) @ sqrtm(ck), best, atol=1e-8)
+
+    small = shrink_model(model, maps, K)
+    small.set_attn_implementation("eager")
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        probs = small(ids, output_attentions=True).attentions[0].double().numpy()
+        x = model.base_model.embeddings(ids).double().numpy()
+    logits = ((s * heads(x, slice(0, 32))) @ a) @ (heads(x, slice(32, 64)) @ b).transpose(0, 1, 3, 2)
+    logits = np.where(np.tril(np.ones((12, 12), dtype=bool)), logits, -np.inf)
+    want = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(probs, want / want.sum(-1, keepdims=True), atol=1e-6)
+    assert [tuple(m.qkv.weight.shape) for m in attention_modules(small, ids[:1])] == [(4 * (2 * K + 5), 32)]

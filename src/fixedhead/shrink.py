@@ -74,8 +74,7 @@ def shrink_model(model, maps: list, qk_head_dim: int):
             "shrink only cuts them"
         )
     config = copy.deepcopy(model.config)
-    config.v_head_dim = config.v_head_dim if config.v_head_dim is not None else _single(model, old_layers)
-    config.qk_head_dim = qk_head_dim
+    config.qk_head_dim = qk_head_dim  # values keep each layer's size (v_head_dim, else the layer's head_dim)
     new = type(model)(config).to(device=model.device, dtype=model.dtype).eval()
     state = model.state_dict()
     new_layers = _attention_layers(new)
@@ -96,17 +95,6 @@ def shrink_model(model, maps: list, qk_head_dim: int):
             state[prefix + kind] = torch.cat([q, k, rest]).to(t.dtype)
     new.load_state_dict(state)
     return new
-
-
-def _single(model, layers):
-    """The one value size of every layer (v_head_dim must be an int once qk_head_dim is set)."""
-    sizes = {m.v_head_dim for m in layers}
-    if len(sizes) != 1:
-        raise ValueError(
-            f"{type(model).__name__} has layers of different head sizes {sorted(sizes)}; shrink takes one "
-            "values' size for every layer"
-        )
-    return sizes.pop()
 
 
 def shrink_run(
@@ -175,6 +163,7 @@ def shrink_run(
     fit_ids, _ = heldout_batches(train, run.tokenizer, objective, eval_seed)  # masked as scored, for an MLM
     maps = fit_head_maps(model, fit_ids, attention_modules(model, fit_ids[:1]))
     small = shrink_model(model, maps, qk_head_dim)
+    values = small.config.layer_v_head_dims
     settings = run.settings
     if corpus is not None:  # where the text is now: the shrunk run's own evaluate needs no --corpus
         settings = settings | {"data": settings.get("data", {}) | {"corpus": resolve_local_path(corpus)}}
@@ -183,7 +172,7 @@ def shrink_run(
         "objective": objective,
         "old_qk_head_dims": sizes,
         "qk_head_dim": qk_head_dim,
-        "v_head_dim": small.config.v_head_dim,
+        "v_head_dim": values[0] if len(set(values)) == 1 else values,  # kept: one int, or one per layer
         "fit_tokens": int(fit_ids.numel()),
         "source_settings": settings,  # `evaluate` scores the shrunk model on the source's held-out set
     }

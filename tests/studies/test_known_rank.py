@@ -35,6 +35,23 @@ def test_cutting_a_set_model_at_or_above_its_head_size_changes_nothing_and_below
     assert abs(swept[1]["mse"] - full["mse"]) > 1e-4
 
 
+def test_the_cut_at_the_head_size_reads_the_models_own_metrics_so_a_band_of_0_finds_it():
+    """One seed gives a band of 0: the reading needs the loss at k = d_p (the model itself) to be at most the
+    full-rank one exactly, not up to the cut's float rounding (which lands above it for some models)."""
+    from fixedhead.diagnostics.intervention import needed_rank
+
+    task = FarthestPointTask(8, 3, 8)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        model = SetAttentionModel(8, 4, 3, logit_scale=16.0).eval()
+        sets = task.sample(64, torch.Generator().manual_seed(seed + 1), task.projection)
+        full = evaluate(model, sets)
+        with torch.no_grad():
+            swept = rank_sweep(model, sets, [1, 2, 3])
+        assert swept[3] == full, seed
+        assert needed_rank({k: v["mse"] for k, v in swept.items()}, full["mse"], 0.0) is not None, seed
+
+
 def test_train_cell_returns_the_model_its_metrics_were_scored_on():
     task = FarthestPointTask(8, 2, 8, seed=0)
     result, model = train_cell(task, Cell(2, 2, 4), QUICK.recipe, seed=0, progress=False, return_model=True)

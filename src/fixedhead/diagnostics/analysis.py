@@ -52,8 +52,9 @@ def capture_queries_keys(model):
             f"{type(model).__name__} has no attention this analysis can capture (a fixedhead model, or a "
             "transformers model whose attention uses transformers' attention interface)"
         )
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
 
     captured: list = []
 
@@ -67,6 +68,7 @@ def capture_queries_keys(model):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(_CAPTURE, capture)
+    AttentionMaskInterface.register(_CAPTURE, sdpa_mask)  # SDPA's mask: without one padding keys get attention
     previous = model.config._attn_implementation
     model.set_attn_implementation(_CAPTURE)
     try:

@@ -182,7 +182,8 @@ def fit_visible(
         return (weights @ outer.flatten(-2)).unflatten(-1, design.shape[-1:] * 2)
 
     def solve(gram, rhs):  # per row: (gram + ridge) x = rhs
-        ridge = 1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
+        # a normal number at least: 1e-12 · 1e-300 is subnormal, and LAPACK gives NaN for a row nobody sees
+        ridge = (1e-12 * gram.diagonal(dim1=-2, dim2=-1).mean(-1)).clamp(min=1e-300)
         p = gram.shape[-1]
         return torch.linalg.solve(gram + ridge[..., None, None] * eye[:p, :p], rhs[..., None])[..., 0]
 
@@ -433,15 +434,15 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
             ``"realisable"``: each head's queries and keys mapped to size k by fixed maps fitted on
             other text (``maps``, from :func:`fit_head_maps`): a model that exists;
             ``"lookahead"``: the best rank-k fit of all n × n logits, future keys included, masked
-            afterwards (an upper bound on the oracle's needed rank for a decoder).
+            afterwards (for a decoder it fits the visible logits no better than the oracle; kept to compare).
         maps: for ``"realisable"``, one (A, B) pair per module ([heads, d_p, d_p], :func:`fit_projections`);
             for ``"oracle"``, optionally one dict per module that keeps the last rank's fits by their
             logits, so the same logits cut to the same rank again (a layer alone after all layers, whose
             inputs are the same) are fitted once (:func:`rank_curve` passes them).
 
     Raises:
-        ValueError: a rank that is not an int ≥ 0, an unknown method, a layer index out of range, or a
-            model the intervention cannot reach.
+        ValueError: a rank that is not an int ≥ 0, an unknown method, ``maps`` not the method's, a layer index out
+            of range, or a model the intervention cannot reach.
     """
     if rank is not None:
         non_negative_int("rank", rank)
@@ -449,6 +450,15 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "realisable" and (maps is None or len(maps) != len(modules)):
         raise ValueError("method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps)")
+    if (
+        method == "oracle"
+        and maps is not None
+        and not (len(maps) == len(modules) and all(isinstance(m, dict) for m in maps))
+    ):
+        raise ValueError(
+            "method 'oracle' takes maps=None or one dict per attention module (its memo of fits); (A, B) pairs "
+            "from fit_head_maps are the realisable cut's"
+        )
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
     if bad:
@@ -513,7 +523,8 @@ def default_ranks(head_dim: int, seq_len: int) -> list[int]:
 
 
 def needed_rank(losses: dict[int, float], full: float, band: float, uniform: float | None = None) -> int | None:
-    """The smallest k whose loss is at most ``full + band``, and every larger k too (None when none is).
+    """The smallest k tried whose loss is at most ``full + band``, and every larger k tried too (None when none is):
+    between two k tried the reading is the upper one, so a sparse ``ranks`` reads a needed rank at most that high.
 
     Args:
         losses: {k: loss in nats}.
@@ -593,7 +604,8 @@ def rank_curve(
 
     Returns:
         ``{"full": the loss with no truncation, "uniform": the loss with every head's attention
-        uniform over its visible keys (k = 0 in every layer), "attention_gain": uniform − full (what
+        uniform over its visible keys (k = 0 in every layer), "uniform_layers": [the loss with one layer's
+        attention uniform, per layer; empty unless ``per_layer``], "attention_gain": uniform − full (what
         the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
         keys, which bounds the logits' rank], "seq_len": n, "ranks": [k], "method": method,
         "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve stops at its own
@@ -611,6 +623,10 @@ def rank_curve(
         full = float(score(model))
     with truncated_logits(model, 0, modules=modules):
         uniform = float(score(model))
+    uniform_layers = []  # each layer alone at k = 0 too: a layer that needs no attention reads 0, not the least k
+    for i in range(len(modules) if per_layer else 0):
+        with truncated_logits(model, 0, [i], modules=modules):
+            uniform_layers.append(float(score(model)))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
     jobs = [  # k by k: a layer cut alone after all layers at the same k reuses the oracle's fits of its logits
         (name, layers, k)
@@ -632,6 +648,7 @@ def rank_curve(
     return {
         "full": full,
         "uniform": uniform,
+        "uniform_layers": uniform_layers,
         "attention_gain": uniform - full,
         "head_dims": head_dims,
         "seq_len": n,
@@ -773,9 +790,13 @@ def summarise(curves: list[dict], band: float | None = None, tolerances=()) -> l
 
 
 def _uniform(curve: dict, setting: str) -> float | None:
-    """The measured loss at k = 0 of a curve's setting: the uniform loss for "all" (every layer's heads uniform);
-    None for a layer alone, which is not scored at k = 0."""
-    return curve.get("uniform") if setting == "all" else None
+    """The measured loss at k = 0 of a curve's setting: ``uniform`` for "all" (every layer's heads uniform),
+    ``uniform_layers[i]`` for "layer i" alone (None in results scored before layers alone were scored at k = 0)."""
+    if setting == "all":
+        return curve.get("uniform")
+    layers = curve.get("uniform_layers") or []
+    i = int(setting.split()[-1])
+    return layers[i] if i < len(layers) else None
 
 
 def needed_band(results: list[dict]) -> list[dict]:
@@ -784,8 +805,9 @@ def needed_band(results: list[dict]) -> list[dict]:
     Returns:
         ``[{"run", "name", "seed", "head_dims", "seq_len", "full", "attention_gain", "band", "needed":
         {tolerance: {setting: [oracle, realisable]}}}]`` (tolerances from ``needed_at`` and "band",
-        the run's band); the oracle's needed rank is a lower bound on what any cut of the logits
-        needs, the realisable cut's is reached by a model with queries and keys of that size.
+        the run's band); the oracle's needed rank is the optimistic low end (the best fit of the visible
+        logits that ALS reaches, per sequence and not causal: no proven bound on the loss), the realisable
+        cut's is reached by a model with queries and keys of that size.
     """
     rows = {}
     for r in results:
@@ -810,6 +832,17 @@ def report_markdown(results: list[dict], command: str) -> str:
     rows = needed_band(results)
     tolerances = [t for t in rows[0]["needed"] if t != "band"] + ["band"]
     settings = sorted({s for r in rows for s in r["needed"]["band"]}, key=lambda s: (s != "all", s))
+    if any(r.get("uniform_layers") for r in results):  # each layer alone scored at k = 0 too
+        zero = [
+            "full-rank loss where a model has several seeds); 0 where uniform attention (k = 0, in all layers or in",
+            "the layer alone) is within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus",
+            "the full-rank loss.",
+        ]
+    else:  # results scored before: k = 0 with all layers cut only
+        zero = [
+            "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
+            "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
+        ]
     lines = [
         "# Rank intervention: the logit rank each trained model needs",
         "",
@@ -824,8 +857,7 @@ def report_markdown(results: list[dict], command: str) -> str:
         "size k exists, so its needed rank is achievable.",
         "*Needed rank*: the smallest k from which the loss stays within a tolerance of the full-rank loss, shown",
         "as oracle – realisable, at fixed tolerances (nats) and at the run's band (the seed-to-seed spread of the",
-        "full-rank loss where a model has several seeds); 0 with all layers cut where uniform attention is",
-        "within it. *Attention gain*: uniform attention over the visible keys (k = 0) minus the full-rank loss.",
+        *zero,
         "`fixedhead.diagnostics.intervention`.",
         "",
         f"Command: `{command}`",
@@ -892,7 +924,8 @@ class RankInterventionOptions:
     fit_tokens: int = 32_768
     """training tokens the realisable cut's query and key maps are fitted on"""
     ranks: tuple[int, ...] = ()
-    """the ranks k tried, each at most the largest query/key head size (empty: every k up to d_p)"""
+    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1), a
+    geometric grid beyond 64)"""
     corpus: str | None = None
     """where the runs' training corpus is now, for runs that record none or whose corpus moved (its text must be
     the same)"""
@@ -962,9 +995,13 @@ def intervene_runs(
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
+    """The implementation, and SDPA's mask for it (boolean, None where nothing is hidden but the future): without
+    a mask function transformers makes no mask for an implementation, and padding keys would be attended to."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(RANK_IMPLEMENTATION, _truncated_attention)
+    AttentionMaskInterface.register(RANK_IMPLEMENTATION, sdpa_mask)
 
 
 _register()

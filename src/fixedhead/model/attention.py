@@ -330,7 +330,9 @@ class MultiHeadAttention(nn.Module):
             # the kernel needs a mask made here: from a padding mask, sized by a cache, or flex's causal
             # one (flex has no causal flag); FlashAttention and engines' own kernels take none
             and (attention_mask is not None or cache is not None or (is_causal and impl == "flex_attention"))
-            and impl in ("eager", "sdpa", "flex_attention")
+            # the kernels transformers makes masks for (FlashAttention takes the padding mask as it is)
+            and impl in ALL_MASK_ATTENTION_FUNCTIONS
+            and not is_flash_attention(impl)
         ):
             attention_mask = self._mask_from_padding(attention_mask, hidden_states, is_causal, cache, impl)
         h = self.num_attention_heads

@@ -76,10 +76,19 @@ QUICK = KnownRankCheck(
 
 def rank_sweep(model, sets, ranks) -> dict[int, dict[str, float]]:
     """The farthest-point metrics (:func:`~fixedhead.studies.farthest_point.set_attention.evaluate`) of ``model`` on
-    ``sets`` with its logits cut to each rank k in ``ranks``: ``{k: {"mse", "hit_rate", "nearest_rate"}}``."""
+    ``sets`` with its logits cut to each rank k in ``ranks``: ``{k: {"mse", "hit_rate", "nearest_rate"}}``.
+
+    From k = min(d_p, N − 1) on the cut changes nothing (the row-centred N × N logits have no higher rank): those k
+    read the model's own metrics, as :func:`~fixedhead.diagnostics.intervention.rank_curve` reads k ≥ d_p, not the
+    cut's float rounding of them, which a band of 0 (one seed) would read as outside."""
     modules = attention_modules(model, sets[0])
+    exact = min(max(m.qk_head_dim for m in modules), sets[0].shape[1] - 1)
+    own = evaluate(model, sets)
     out = {}
     for k in ranks:
+        if k >= exact:
+            out[k] = dict(own)
+            continue
         with truncated_logits(model, k, modules=modules):
             out[k] = evaluate(model, sets)
     return out
