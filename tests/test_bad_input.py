@@ -673,8 +673,8 @@ CLI_CASES = [
     ),
     (
         "pretrain --head-dim per layer, too many",
-        ["pretrain", "--head-dim", "8,8"],
-        "--head-dim as a list needs one entry per layer (--num-hidden-layers 1), got 2",
+        ["pretrain", "--head-dim", "8,none"],
+        "--head-dim as a list needs one entry per layer (--num-hidden-layers 1), got 2 (--head-dim 8,none)",
     ),
     ("pretrain --dropout 1.5", ["pretrain", "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
     (

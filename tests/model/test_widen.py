@@ -383,6 +383,10 @@ def test_cli_widen_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--head-dim 8 for layer 0 is smaller than its current head size 12" in err
     assert not out.exists()
+    assert main(["widen", str(src), "--head-dim", "16,none", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err  # the per-layer list as it is typed
+    assert err.count("\n") == 1 and f"({L} layers), got 2 (--head-dim 16,none)" in err, err
+    assert not out.exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")

@@ -29,7 +29,10 @@ def new_head_dims(old: list[int], head_dim) -> list[int]:
         return list(old)
     if isinstance(head_dim, (list, tuple)):
         if len(head_dim) != len(old):
-            raise ValueError(f"head_dim as a list needs one entry per layer ({len(old)} layers), got {len(head_dim)}")
+            raise ValueError(
+                f"head_dim as a list needs one entry per layer ({len(old)} layers), got {len(head_dim)} "
+                f"(head_dim={list(head_dim)!r})"
+            )
         targets = list(head_dim)
     else:
         targets = [head_dim] * len(old)
