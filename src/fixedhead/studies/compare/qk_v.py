@@ -52,7 +52,9 @@ class QkVOptions:
     """batch size × n"""
     steps: int = field(default=2800, metadata={"check": "positive"})
     """training steps of every model"""
-    seeds: list[int] = field(default_factory=lambda: list(range(8)), metadata={"check": "non_negative"})
+    seeds: list[int] = field(
+        default_factory=lambda: list(range(8)), metadata={"check": "non_negative", "distinct": True}
+    )
     """seeds, paired across the arms; 8: enough to see --target at α = 0.01 over three tests (Holm), from the
     pilot's paired sd"""
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
