@@ -15,6 +15,7 @@ key heads repeated, rotary models read after the rotation); a decoder's heads ar
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from contextlib import contextmanager
@@ -262,16 +263,13 @@ def encoder_files(
 def _encoder_weights(path: Path, weights: str):
     """The base model of the checkpoint ``path`` in float32 eval mode; ValueError where encoder weights are missing."""
     from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
-    try:
+    from ..training.settings import transformers_verbosity
+
+    with transformers_verbosity(logging.ERROR):  # the load report lists the dropped MLM head; missing keys below
         model, info = AutoModel.from_pretrained(
             str(path), output_loading_info=True, dtype=torch.float32, use_safetensors=weights == "safetensors"
         )
-    finally:
-        hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing:
         raise ValueError(f"{path} lacks encoder weights, e.g. {missing[:3]}; is it a trained checkpoint?")
