@@ -754,6 +754,28 @@ def test_cli_refuses_a_different_run_and_a_pickle(finished_run, cli_env, tmp_pat
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "{run}"],
+        ["shrink", "{run}", "--qk-head-dim", "4", "--output-dir", "{out}"],
+        ["rank-intervention", "{run}", "--output-dir", "{out}"],
+    ],
+    ids=["evaluate", "shrink", "rank-intervention"],
+)
+def test_a_missing_corpus_is_refused_before_the_weights_load(argv, finished_run, tmp_path, capfd):
+    """The one line comes alone: transformers' "Loading weights" bar would show the model was loaded first."""
+    from fixedhead.training.settings import transformers_progress_bars
+
+    out, missing = tmp_path / "out", tmp_path / "moved.txt"
+    capfd.readouterr()
+    with transformers_progress_bars(True):
+        rc = main([w.format(run=finished_run, out=out) for w in argv] + ["--corpus", str(missing)])
+    err = capfd.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "moved.txt' does not exist" in err and "Loading" not in err, err
+    assert not out.exists()
+
+
 # --------------------------------------------------------------- non-errors that must hold
 def test_all_padding_row_gives_finite_output():
     model = FixedHeadModel(tiny_cfg()).eval()

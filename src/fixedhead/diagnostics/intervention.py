@@ -699,14 +699,14 @@ def run_rank_curve(
 
     run = open_run(run_dir)
     data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
-    with transformers_progress_bars(progress):
-        model = load_model(run).eval().to(device)
     key = (json.dumps(data_settings.record(), sort_keys=True), run.tokenizer.backend_tokenizer.to_str())
     if key not in _HELDOUT:  # the runs of one study share their held-out text: tokenized once per process
         _HELDOUT.clear()
         _HELDOUT[key] = prepare_data(data_settings, tokenizer=run.tokenizer, heldout_only=True, progress=False)
     data = _HELDOUT[key]
-    check_same_text(run_dir, run.settings, data)
+    check_same_text(run_dir, run.settings, data)  # the corpus checked before the weights load
+    with transformers_progress_bars(progress):
+        model = load_model(run).eval().to(device)
     objective = objective_of(run.config)
     ids, labels = heldout_batches(
         data.heldout, run.tokenizer, objective, run.settings.get("train", {}).get("eval_seed", 1234)
