@@ -54,7 +54,7 @@ class SeqLenOptions:
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
     max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})
     """held-out tokens the rank intervention scores per model"""
-    ranks: list[int] = field(default_factory=list, metadata={"check": "positive"})
+    ranks: list[int] = field(default_factory=list, metadata={"check": "positive", "distinct": True})
     """the ranks k the intervention tries (empty: every k up to d_p)"""
     per_layer: bool = True
     """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""
