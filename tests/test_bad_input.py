@@ -717,8 +717,9 @@ def test_cli_bad_values_exit_2_with_one_line_and_leave_nothing(argv, message, cl
         (["compare", "--preset", "nope"], "invalid choice: 'nope'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["compare", "--nosuch"], "compare: error: unrecognized arguments: --nosuch (see fixedhead compare --help)"),
+        (["--nosuch"], "fixedhead: error: unrecognized arguments: --nosuch (see fixedhead --help)"),
     ],
-    ids=["--head-dim abc", "compare --preset nope", "unknown command", "unknown option of a command"],
+    ids=["--head-dim abc", "compare --preset nope", "unknown command", "unknown option of a command", "no command"],
 )
 def test_cli_unparsable_arguments_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
