@@ -150,6 +150,35 @@ def test_analyze_errors_name_the_problem(tiny_pretrained_run, heldout_text, tmp_
     shutil.rmtree(no_tok)
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rtol", "0"], "--rtol must be in (0, 1), got 0.0"),
+        (["--rtol", "2"], "--rtol must be in (0, 1), got 2.0"),
+        (["--max-seq-length", "64"], "--max-seq-length 64 exceeds the model's max_position_embeddings=32"),
+        (["--text", "{missing}"], "missing.txt' does not exist"),
+        (["--text", "{blank}"], "blank.txt' is empty"),
+    ],
+    ids=["rtol 0", "rtol above 1", "n above the positions", "no text", "a blank text"],
+)
+def test_analyze_refuses_its_options_and_text_before_loading_the_weights(
+    argv, message, tiny_pretrained_run, heldout_text, tmp_path, capfd
+):
+    """The one line comes alone: transformers' "Loading weights" bar would show the model was loaded first."""
+    from fixedhead.training.settings import transformers_progress_bars
+
+    run, _, _ = tiny_pretrained_run
+    (tmp_path / "blank.txt").write_text(" \n")
+    words = [w.format(missing=tmp_path / "missing.txt", blank=tmp_path / "blank.txt") for w in argv]
+    out = tmp_path / "out"
+    capfd.readouterr()
+    with transformers_progress_bars(True):
+        assert main(["analyze", str(run), "--text", str(heldout_text), *words, "--output-dir", str(out)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Loading" not in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("head_dim", [4, 16])
 def test_causal_heads_report_the_causal_threshold(head_dim):
     # theory (fixedhead.theory, causal=True): a causal head whose logits have rank d_p needs a head

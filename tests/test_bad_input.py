@@ -673,8 +673,8 @@ CLI_CASES = [
     ),
     (
         "pretrain --head-dim per layer, too many",
-        ["pretrain", "--head-dim", "8,8"],
-        "--head-dim as a list needs one entry per layer (--num-hidden-layers 1), got 2",
+        ["pretrain", "--head-dim", "8,none"],
+        "--head-dim as a list needs one entry per layer (--num-hidden-layers 1), got 2 (--head-dim 8,none)",
     ),
     ("pretrain --dropout 1.5", ["pretrain", "--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
     (
@@ -717,8 +717,9 @@ def test_cli_bad_values_exit_2_with_one_line_and_leave_nothing(argv, message, cl
         (["compare", "--preset", "nope"], "invalid choice: 'nope'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["compare", "--nosuch"], "compare: error: unrecognized arguments: --nosuch (see fixedhead compare --help)"),
+        (["--nosuch"], "fixedhead: error: unrecognized arguments: --nosuch (see fixedhead --help)"),
     ],
-    ids=["--head-dim abc", "compare --preset nope", "unknown command", "unknown option of a command"],
+    ids=["--head-dim abc", "compare --preset nope", "unknown command", "unknown option of a command", "no command"],
 )
 def test_cli_unparsable_arguments_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -752,6 +753,28 @@ def test_cli_refuses_a_different_run_and_a_pickle(finished_run, cli_env, tmp_pat
     assert "pytorch_model.bin" in err and "--allow-pickle" in err and "Traceback" not in err
     assert main(["evaluate", str(tmp_path / "gone")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", "{run}"],
+        ["shrink", "{run}", "--qk-head-dim", "4", "--output-dir", "{out}"],
+        ["rank-intervention", "{run}", "--output-dir", "{out}"],
+    ],
+    ids=["evaluate", "shrink", "rank-intervention"],
+)
+def test_a_missing_corpus_is_refused_before_the_weights_load(argv, finished_run, tmp_path, capfd):
+    """The one line comes alone: transformers' "Loading weights" bar would show the model was loaded first."""
+    from fixedhead.training.settings import transformers_progress_bars
+
+    out, missing = tmp_path / "out", tmp_path / "moved.txt"
+    capfd.readouterr()
+    with transformers_progress_bars(True):
+        rc = main([w.format(run=finished_run, out=out) for w in argv] + ["--corpus", str(missing)])
+    err = capfd.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "moved.txt' does not exist" in err and "Loading" not in err, err
+    assert not out.exists()
 
 
 # --------------------------------------------------------------- non-errors that must hold
@@ -809,6 +832,18 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
             ["seq-len", "--quick", "--head-dims", "7"],
             "at least two --head-dims, got --lengths 32 64, --seeds 0 1, --head-dims 7",
         ),
+        (["bottleneck", "--quick", "--seeds", "1", "1"], "--seeds must be distinct, got 1 1"),
+        (["bottleneck", "--quick", "--n", "4", "4"], "--n must be distinct, got 4 4"),
+        (["seq-len", "--quick", "--seeds", "1", "1"], "--seeds must be distinct, got 1 1"),
+        (["seq-len", "--quick", "--lengths", "32", "32"], "--lengths must be distinct, got 32 32"),
+        (["seq-len", "--quick", "--head-dims", "8", "8"], "--head-dims must be distinct, got 8 8"),
+        (["seq-len", "--quick", "--ranks", "2", "2"], "--ranks must be distinct, got 2 2"),
+        (["qk-v", "--quick", "--seeds", "1", "1"], "--seeds must be distinct, got 1 1"),
+        (["known-rank", "--quick", "--seeds", "1", "1"], "--seeds must be distinct, got 1 1"),
+        (["known-rank", "--quick", "--head-dims", "4", "4"], "--head-dims must be distinct, got 4 4"),
+        (["coordcheck", "--quick", "--seeds", "1", "1"], "--seeds must be distinct, got 1 1"),
+        (["coordcheck", "--quick", "--num-heads", "2", "2"], "--num-heads must be distinct, got 2 2"),
+        (["farthest-point", "--quick", "--ranks", "4", "4"], "--ranks must be distinct, got 4 4"),
         (["compare", "--quick", "--corpus", "{one_txt}"], "one.txt' holds 1 distinct document(s); training needs"),
         (["compare", "--quick", "--corpus", "{twice}"], "twice.jsonl' holds 1 distinct document(s); training needs"),
         (
@@ -828,6 +863,18 @@ def test_nan_inputs_embeds_is_refused_but_finite_ones_pass():
         "coordcheck one width",
         "widen-experiment a narrower head",
         "seq-len one head size",
+        "bottleneck a seed twice",
+        "bottleneck an n twice",
+        "seq-len a seed twice",
+        "seq-len a length twice",
+        "seq-len a head size twice",
+        "seq-len a rank twice",
+        "qk-v a seed twice",
+        "known-rank a seed twice",
+        "known-rank a head size twice",
+        "coordcheck a seed twice",
+        "coordcheck a head count twice",
+        "farthest-point a rank twice",
         "a one-document corpus",
         "one document twice",
         "a dataset name that does not load",

@@ -618,6 +618,7 @@ def test_report_says_every_file_it_wrote_and_only_those(tmp_path, capsys):
     "message, words",
     [
         ("head_dim=[8, 16] is refused", "--head-dim 8,16 is refused"),  # the one word --head-dim takes
+        ("got 3 (head_dim=[None, 8, 9])", "got 3 (--head-dim none,8,9)"),  # none: that layer's d/h
         ("standard attention (head_dim=None) needs", "standard attention (no --head-dim) needs"),
         ("parametrization='mup' needs mup_base_head_dim", "--parametrization mup needs --mup-base-head-dim"),
         ("report_to: got ['x', 'y']", "--report-to: got x y"),

@@ -288,6 +288,7 @@ def test_a_layer_that_needs_no_attention_reads_0_alone():
         ("--ranks", "-1", "--ranks must be ints >= 1 (k = 0, uniform attention, is always scored), got -1"),
         ("--ranks", "0", "--ranks must be ints >= 1"),
         ("--ranks", "17", "--ranks must be at most 16, the largest query/key head size of"),
+        ("--ranks", "2 2", "--ranks must be distinct, got 2 2"),
         ("--band", "nan", "--band must be a finite number >= 0, got nan, which is not finite"),
         ("--band", "inf", "--band must be a finite number >= 0, got inf, which is not finite"),
         ("--tolerances", "nan", "--tolerances must be a finite number >= 0, got nan, which is not finite"),
@@ -304,9 +305,23 @@ def test_the_command_refuses_bad_ranks_and_tolerances_by_option_before_scoring(
     monkeypatch.setattr(intervention, "run_rank_curve", lambda *a, **k: pytest.fail("scored before the refusal"))
     run, _, _ = tiny_causal_run
     out = tmp_path / "ri"
-    assert main(["rank-intervention", str(run), "--output-dir", str(out), option, value, "--no-progress"]) == 2
+    assert main(["rank-intervention", str(run), "--output-dir", str(out), option, *value.split(), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+    assert not out.exists()
+
+
+def test_the_command_refuses_a_run_given_twice(tiny_causal_run, tmp_path, capsys, monkeypatch):
+    """Runs of one folder name are read as seeds of one model: the same run twice would be two seeds with no spread."""
+    import fixedhead.diagnostics.intervention as intervention
+    from fixedhead.cli import main
+
+    monkeypatch.setattr(intervention, "run_rank_curve", lambda *a, **k: pytest.fail("scored before the refusal"))
+    run, _, _ = tiny_causal_run
+    out = tmp_path / "ri"
+    assert main(["rank-intervention", str(run), f"{run}/", "--output-dir", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the run '{run}' is given twice" in err, err
     assert not out.exists()
 
 

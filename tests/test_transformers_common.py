@@ -82,8 +82,8 @@ def _listed_in_transformers_tables():
 
 @pytest.fixture(autouse=True, scope="module")
 def _transformers_default_verbosity():
-    """Some tests read transformers' warnings (e.g. the load report); an earlier test in the same
-    process may have lowered the library's verbosity (fine-tuning without progress output does)."""
+    """Some tests read transformers' warnings (e.g. the load report), which an earlier test in the same
+    process may have turned down."""
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_warning()
     yield

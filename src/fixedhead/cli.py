@@ -618,6 +618,8 @@ def main(argv=None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = next((w for w in words if not w.startswith("-")), "")  # the parser has no option before it
     parser = build_parser(only=command)
+    if not command and not {"-h", "--help"} & set(words) and words:  # argparse would only ask for a command
+        parser.error(f"unrecognized arguments: {' '.join(words)}")
     args, extra = parser.parse_known_args(words)
     if extra:  # named by the command they were given to (argparse names the top-level parser)
         commands = parser._subparsers._group_actions[0].choices

@@ -205,8 +205,10 @@ def in_option_words(message: str, parser) -> str:
         names = "|".join(map(re.escape, sorted(flags, key=len)[::-1]))
         free = r"(?<![\w/.'\"-])"  # not inside a path, a quoted key or an option already
 
-        def typed(m):  # --head-dim takes one word, its layers' sizes joined by commas
-            value = _as_words(m[2], "," if actions[m[1]].type is parse_head_dim else " ").strip("'\"")
+        def typed(m):  # --head-dim takes one word, its layers' sizes joined by commas (none: d/h)
+            if actions[m[1]].type is parse_head_dim and re.fullmatch(_SEQUENCE, m[2]):
+                return f"{flags[m[1]]} {_as_words(m[2], ',').replace('None', 'none')}"
+            value = _as_words(m[2]).strip("'\"")
             return f"no {flags[m[1]]}" if value == "None" else f"{flags[m[1]]} {value}"
 
         message = re.sub(free + rf"({names})=({_SEQUENCE}|'[^']*'|[^\s,;:)]+)", typed, message)

@@ -152,11 +152,11 @@ def shrink_run(
     if qk_head_dim > min(sizes):
         raise ValueError(f"--qk-head-dim {qk_head_dim} is larger than the run's query/key head sizes {sizes}")
     data_settings = recorded_data_settings(run_dir, run, corpus)  # a run that records no corpus: refused here
-    with transformers_progress_bars(progress):
-        model = load_model(run).eval()
     objective = "clm" if run.config.is_decoder else "mlm"
     data = prepare_data(data_settings, tokenizer=run.tokenizer, progress=progress)
-    check_same_text(run_dir, run.settings, data)
+    check_same_text(run_dir, run.settings, data)  # the corpus checked before the weights load
+    with transformers_progress_bars(progress):
+        model = load_model(run).eval()
     seq = data.train.shape[1]
     train = data.train[: max(1, math.ceil(fit_tokens / seq))]
     eval_seed = run.settings.get("train", {}).get("eval_seed", 1234)

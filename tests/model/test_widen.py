@@ -374,6 +374,29 @@ def test_cli_widen_writes_an_equivalent_run(tmp_path, capsys, cls, old):
     assert json.loads((out / WIDEN_FILE).read_text())["new_head_dims"] == [16] * L
 
 
+@pytest.mark.parametrize(
+    "config, argv, message",
+    [
+        (cfg(12), ["--head-dim", "16", "--init-std", "-1"], "--init-std must be a positive finite number, got -1.0"),
+        (cfg(12), ["--head-dim", "8"], "--head-dim 8 for layer 0 is smaller than its current head size 12"),
+        (cfg(8, qk_head_dim=4), ["--head-dim", "16"], "sizes of their own (qk_head_dim=4, v_head_dim=8)"),
+    ],
+    ids=["init-std", "a smaller head", "separate query and value sizes"],
+)
+def test_cli_widen_refuses_its_options_before_loading_the_weights(config, argv, message, tmp_path, capfd):
+    """The one line comes alone: transformers' "Loading weights" bar would show the model was loaded first."""
+    from fixedhead.training.settings import transformers_progress_bars
+
+    src, out = tmp_path / "run", tmp_path / "wide"
+    _save_run(src, config, FixedHeadForMaskedLM)
+    capfd.readouterr()
+    with transformers_progress_bars(True):
+        assert main(["widen", str(src), *argv, "--output-dir", str(out)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Loading" not in err, err
+    assert not out.exists()
+
+
 def test_cli_widen_errors_are_one_line(tmp_path, capsys):
     src = tmp_path / "run"
     _save_run(src, cfg(12), FixedHeadForMaskedLM)
@@ -382,6 +405,10 @@ def test_cli_widen_errors_are_one_line(tmp_path, capsys):
     assert main(["widen", str(src), "--head-dim", "8", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--head-dim 8 for layer 0 is smaller than its current head size 12" in err
+    assert not out.exists()
+    assert main(["widen", str(src), "--head-dim", "16,none", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err  # the per-layer list as it is typed
+    assert err.count("\n") == 1 and f"({L} layers), got 2 (--head-dim 16,none)" in err, err
     assert not out.exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()

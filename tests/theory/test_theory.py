@@ -357,6 +357,15 @@ def test_cli_bottleneck_rejects_bad_n(tmp_path, capsys):
     assert "n must be an int >= 2, got 1" in capsys.readouterr().err
 
 
+def test_bottleneck_options_are_one_plan_in_any_order_and_refuse_a_repeat():
+    from fixedhead.studies.bottleneck import BottleneckOptions
+
+    assert BottleneckOptions(n=(8, 4), seeds=(2, 0)) == BottleneckOptions(n=(4, 8), seeds=(0, 2))
+    for bad, message in [(dict(seeds=(1, 1)), "seeds must be distinct"), (dict(n=(4, 4)), "n must be distinct")]:
+        with pytest.raises(ValueError, match=message):
+            BottleneckOptions(**bad)
+
+
 # ------------------------------------------------- item 7: causal attention (beyond the paper)
 def causal_softmax_rows(L):
     return softmax_rows(np.where(np.tri(len(L), dtype=bool), L, -np.inf))

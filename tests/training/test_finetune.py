@@ -105,15 +105,28 @@ def test_finetune_keeps_a_mup_models_output_projection_rates(tmp_path, monkeypat
     assert all(lr == SMALL["learning_rate"] for lr, has_w_o in seen[0] if not has_w_o)
 
 
-def test_a_quiet_finetune_leaves_transformers_bars_as_they_were(tiny_run, tmp_path):
-    """progress=False turns transformers' loading and writing bars off for the fine-tuning only."""
+def test_a_quiet_finetune_leaves_transformers_bars_and_logging_as_they_were(tiny_run, tmp_path, monkeypatch):
+    """progress=False turns transformers' bars off and its logging down (the load report) for the fine-tuning
+    only: both are as they were after it returns, and after it raises."""
+    import logging
+
+    from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
-    from fixedhead.training.settings import transformers_progress_bars
+    from fixedhead.training.settings import transformers_progress_bars, transformers_verbosity
 
-    with transformers_progress_bars(True):
+    with transformers_progress_bars(True), transformers_verbosity(logging.INFO):
         finetune(tiny_run, "sst2", tmp_path / "sst2", FinetuneSettings(**{**SMALL, "save_model": True}))
-        assert hf_logging.is_progress_bar_enabled()
+        assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == logging.INFO
+
+        def interrupted(self, *args, **kwargs):
+            assert hf_logging.get_verbosity() == logging.ERROR and not hf_logging.is_progress_bar_enabled()
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Trainer, "train", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            finetune(tiny_run, "sst2", tmp_path / "stopped", FinetuneSettings(**SMALL))
+        assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == logging.INFO
 
 
 def test_finetune_stsb_is_regression(tiny_run, tmp_path):

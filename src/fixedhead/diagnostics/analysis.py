@@ -15,6 +15,7 @@ key heads repeated, rotary models read after the rotation); a decoder's heads ar
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from contextlib import contextmanager
@@ -234,8 +235,16 @@ def load_encoder(
         FileNotFoundError: no tokenizer (the message says to pass ``tokenizer_path``), config or weights.
         ValueError: a checkpoint that lacks encoder weights.
     """
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    _, tokenizer, weights = encoder_files(model_path, tokenizer_path, allow_pickle)
+    return _encoder_weights(Path(model_path), weights), tokenizer
+
+
+def encoder_files(
+    model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, allow_pickle: bool = False
+):
+    """``(config, tokenizer, weights format)`` of what :func:`load_encoder` loads, read without its weights, so a
+    command checks its options against the model before the weights load. Raises as :func:`load_encoder`."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from ..runs import check_model_dir, load_json_file, open_run
 
@@ -243,27 +252,30 @@ def load_encoder(
     weights = check_model_dir(path, allow_pickle=allow_pickle)
     if load_json_file(path / "config.json").get("model_type") == "fixedhead" and tokenizer_path is None:
         run = open_run(path, allow_pickle=allow_pickle)
-        weights, tokenizer = run.weights, run.tokenizer
-    else:
-        tok_path = Path(tokenizer_path) if tokenizer_path is not None else path
-        if not any((tok_path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
-            raise FileNotFoundError(
-                f"{str(tok_path)!r} holds no tokenizer (tokenizer.json or vocab.txt); pass the tokenizer directory"
-                " (--tokenizer)"
-            )
-        tokenizer = AutoTokenizer.from_pretrained(str(tok_path))
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the load report lists the dropped MLM head; missing keys are checked below
-    try:
+        return run.config, run.tokenizer, run.weights
+    tok_path = Path(tokenizer_path) if tokenizer_path is not None else path
+    if not any((tok_path / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"{str(tok_path)!r} holds no tokenizer (tokenizer.json or vocab.txt); pass the tokenizer directory"
+            " (--tokenizer)"
+        )
+    return AutoConfig.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(tok_path)), weights
+
+
+def _encoder_weights(path: Path, weights: str):
+    """The base model of the checkpoint ``path`` in float32 eval mode; ValueError where encoder weights are missing."""
+    from transformers import AutoModel
+
+    from ..training.settings import transformers_verbosity
+
+    with transformers_verbosity(logging.ERROR):  # the load report lists the dropped MLM head; missing keys below
         model, info = AutoModel.from_pretrained(
             str(path), output_loading_info=True, dtype=torch.float32, use_safetensors=weights == "safetensors"
         )
-    finally:
-        hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing:
         raise ValueError(f"{path} lacks encoder weights, e.g. {missing[:3]}; is it a trained checkpoint?")
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def analyze(
@@ -276,13 +288,16 @@ def analyze(
     allow_pickle: bool = False,
 ) -> AttentionAnalysis:
     """Analyse a local model's heads on a text file (``fixedhead analyze``); n defaults to the model's
-    ``max_position_embeddings``, capped at 512."""
-    model, tokenizer = load_encoder(model_path, tokenizer_path, allow_pickle=allow_pickle)
-    max_pos = int(model.config.max_position_embeddings)
+    ``max_position_embeddings``, capped at 512. The numbers, the text and its windows are checked before the
+    weights load (ValueError, FileNotFoundError)."""
+    in_range("rtol", rtol, 0.0, 1.0, low_open=True)
+    config, tokenizer, weights = encoder_files(model_path, tokenizer_path, allow_pickle=allow_pickle)
+    max_pos = int(config.max_position_embeddings)
     n = max_seq_length if max_seq_length is not None else min(max_pos, 512)
     if n > max_pos:
         raise ValueError(f"max_seq_length={n} exceeds the model's max_position_embeddings={max_pos}")
     ids = text_windows(tokenizer, read_text(text_path), n, max_sequences)
+    model = _encoder_weights(Path(model_path), weights)
     result = analyze_model(model, ids, rtol=rtol, name=Path(model_path).name)
     result.text = str(Path(text_path).resolve())  # means the same file from any folder
     return result

@@ -567,11 +567,14 @@ def _largest_qk_head_dim(config) -> int:
 
 def check_ranks(ranks, largest: int | None = None, where: str = "the model") -> list[int]:
     """``ranks`` (the k a curve tries) as a list; ValueError naming the value unless every k is an int ≥ 1 (k = 0,
-    uniform attention, is always scored) and, given ``largest`` (the largest query/key head size), k ≤ it."""
+    uniform attention, is always scored), each once, and, given ``largest`` (the largest query/key head size),
+    k ≤ it."""
     ranks = list(ranks)
     for k in ranks:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"ranks must be ints >= 1 (k = 0, uniform attention, is always scored), got {k!r}")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"ranks must be distinct, got {ranks}")
     if largest is not None and ranks and max(ranks) > largest:
         raise ValueError(
             f"ranks must be at most {largest}, the largest query/key head size of {where} (its logits have no "
@@ -716,14 +719,14 @@ def run_rank_curve(
 
     run = open_run(run_dir)
     data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
-    with transformers_progress_bars(progress):
-        model = load_model(run).eval().to(device)
     key = (json.dumps(data_settings.record(), sort_keys=True), run.tokenizer.backend_tokenizer.to_str())
     if key not in _HELDOUT:  # the runs of one study share their held-out text: tokenized once per process
         _HELDOUT.clear()
         _HELDOUT[key] = prepare_data(data_settings, tokenizer=run.tokenizer, heldout_only=True, progress=False)
     data = _HELDOUT[key]
-    check_same_text(run_dir, run.settings, data)
+    check_same_text(run_dir, run.settings, data)  # the corpus checked before the weights load
+    with transformers_progress_bars(progress):
+        model = load_model(run).eval().to(device)
     objective = objective_of(run.config)
     ids, labels = heldout_batches(
         data.heldout, run.tokenizer, objective, run.settings.get("train", {}).get("eval_seed", 1234)
@@ -949,8 +952,9 @@ def intervene_runs(
     ``.csv`` (run, seed, method, setting, k, loss), ``.png`` and ``.md`` into ``output_dir``.
 
     Raises:
-        ValueError: no run, a ``band`` or tolerance that is not a finite number >= 0, a rank that is not an int >= 1
-            or above a run's largest query/key head size (before any run is scored).
+        ValueError: no run or one given twice, a ``band`` or tolerance that is not a finite number >= 0, a rank
+            that is not an int >= 1, given twice or above a run's largest query/key head size (before any run is
+            scored).
         FileExistsError: ``output_dir`` holds something else (see :func:`fixedhead.runs.claim_output_dir`).
     """
     import csv
@@ -960,6 +964,10 @@ def intervene_runs(
 
     if not run_dirs:
         raise ValueError("give at least one run directory")
+    where = [Path(r).resolve() for r in run_dirs]
+    twice = next((r for r, w in zip(run_dirs, where, strict=True) if where.count(w) > 1), None)
+    if twice is not None:  # runs of one name are read as seeds of one model
+        raise ValueError(f"the run {str(twice)!r} is given twice; it would count as two seeds of its model")
     if band is not None:
         _check_tolerance("band", band)
     for t in tolerances:

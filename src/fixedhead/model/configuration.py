@@ -129,7 +129,7 @@ class FixedHeadConfig(PreTrainedConfig):
         if isinstance(self.head_dim, list) and len(self.head_dim) != self.num_hidden_layers:
             raise ValueError(
                 f"head_dim as a list needs one entry per layer (num_hidden_layers={self.num_hidden_layers}), "
-                f"got {len(self.head_dim)}: {self.head_dim!r}"
+                f"got {len(self.head_dim)} (head_dim={self.head_dim!r})"  # as typed: --head-dim 7,8,9
             )
 
     def to_dict(self) -> dict:

@@ -29,7 +29,10 @@ def new_head_dims(old: list[int], head_dim) -> list[int]:
         return list(old)
     if isinstance(head_dim, (list, tuple)):
         if len(head_dim) != len(old):
-            raise ValueError(f"head_dim as a list needs one entry per layer ({len(old)} layers), got {len(head_dim)}")
+            raise ValueError(
+                f"head_dim as a list needs one entry per layer ({len(old)} layers), got {len(head_dim)} "
+                f"(head_dim={list(head_dim)!r})"
+            )
         targets = list(head_dim)
     else:
         targets = [head_dim] * len(old)
@@ -38,7 +41,7 @@ def new_head_dims(old: list[int], head_dim) -> list[int]:
         if new is None:
             new = was
         if isinstance(new, bool) or not isinstance(new, int) or new < 1:
-            raise ValueError(f"head_dim for layer {layer} must be a positive int or None, got {new!r}")
+            raise ValueError(f"head_dim for layer {layer} must be a positive int (none keeps its size), got {new!r}")
         if new < was:
             raise ValueError(
                 f"head_dim={new} for layer {layer} is smaller than its current head size {was}: "
@@ -93,6 +96,27 @@ def widen_attention(
     return wide
 
 
+def check_widening(config, head_dim, init_std: float | None = None) -> None:
+    """What :func:`widen_heads` would refuse that a fixedhead ``config`` already shows, for a command to refuse
+    before it loads any weight: separate query/key and value sizes, a ``head_dim`` below a layer's or a list of
+    the wrong length (:func:`new_head_dims`), an ``init_std`` (default ``initializer_range``) that is not a
+    positive number. Raises ValueError as :func:`widen_heads` does."""
+    if any(getattr(config, f, None) is not None for f in ("qk_head_dim", "v_head_dim")):
+        _refuse_separate_sizes(config.layer_qk_head_dims, config.layer_v_head_dims)
+    new_head_dims(config.layer_head_dims, head_dim)
+    positive_float("init_std", init_std if init_std is not None else config.initializer_range)
+
+
+def _refuse_separate_sizes(qk_head_dims: list[int], v_head_dims: list[int]):
+    """ValueError naming the layers' query/key and value sizes: widening grows the one ``head_dim``."""
+    sizes = {"qk_head_dim": sorted(set(qk_head_dims)), "v_head_dim": sorted(set(v_head_dims))}
+    shown = ", ".join(f"{f}={s[0] if len(s) == 1 else s}" for f, s in sizes.items())
+    raise ValueError(
+        f"widening grows head_dim, the one size of queries, keys and values; this model's queries and keys "
+        f"and its values have sizes of their own ({shown})"
+    )
+
+
 def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0):
     """A copy of ``model`` whose attention heads are wider and which computes the same function.
 
@@ -109,12 +133,7 @@ def widen_heads(model, head_dim, *, init_std: float | None = None, seed: int = 0
     if not layers:
         raise ValueError(f"{type(model).__name__} has no fixedhead MultiHeadAttention layers to widen")
     if any(getattr(model.config, f, None) is not None for f in ("qk_head_dim", "v_head_dim")):
-        sizes = {f: sorted({getattr(m, f) for m in layers}) for f in ("qk_head_dim", "v_head_dim")}
-        shown = ", ".join(f"{f}={s[0] if len(s) == 1 else s}" for f, s in sizes.items())
-        raise ValueError(
-            f"widening grows head_dim, the one size of queries, keys and values; this model's queries and keys "
-            f"and its values have sizes of their own ({shown})"
-        )
+        _refuse_separate_sizes([m.qk_head_dim for m in layers], [m.v_head_dim for m in layers])
     old = [m.head_dim for m in layers]
     new = new_head_dims(old, head_dim)
     std = positive_float("init_std", init_std if init_std is not None else model.config.initializer_range)

@@ -11,12 +11,12 @@ this module is the experiment around it (progress, files, plot).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import log_softmax
 
-from ..checks import non_negative_int, positive_int
+from ..checks import check_fields, positive_int
 from ..plotting import pyplot, save_figure
 from ..theory import (
     causal_logit_lower_bounds,
@@ -70,9 +70,11 @@ def _causal_fits(P: np.ndarray, max_iter: int):
 class BottleneckOptions:
     """What the sweep fits: random attention matrices P of each size n and seed, and every head size 1..n."""
 
-    n: tuple[int, ...] = (16, 32, 64)
+    n: tuple[int, ...] = field(default=(16, 32, 64), metadata={"nonempty": True, "distinct": True})
     """sequence lengths (each >= 2)"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """seeds of the random attention matrices P"""
     temperature: float = 1.0
     """P = softmax(G / T); lower is more peaked"""
@@ -82,12 +84,11 @@ class BottleneckOptions:
     """also a causal head: its threshold ceil((n - 1)/2) beside n - 1"""
 
     def __post_init__(self):
-        n = tuple(sorted({positive_int("n", v, minimum=2) for v in self.n}))  # repeats add nothing
-        seeds = tuple(sorted({non_negative_int("seed", s) for s in self.seeds}))
-        if not n or not seeds:
-            raise ValueError(f"need at least one n and one seed, got n={self.n} and seeds={self.seeds}")
-        object.__setattr__(self, "n", n)
-        object.__setattr__(self, "seeds", seeds)
+        check_fields(self)
+        for v in self.n:
+            positive_int("n", v, minimum=2)
+        object.__setattr__(self, "n", tuple(sorted(self.n)))  # one plan whatever the order given
+        object.__setattr__(self, "seeds", tuple(sorted(self.seeds)))
         positive_int("max_iter", self.max_iter)
         random_attention(2, self.temperature)  # validates the temperature
 

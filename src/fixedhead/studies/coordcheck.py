@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checks import non_negative_int, positive_float, positive_int
+from ..checks import check_fields, positive_float, positive_int
 from ..plotting import pyplot, save_figure
 from .kit import render
 from .kit.study import Point, Study
@@ -67,11 +67,13 @@ class CoordCheckSettings:
     """d"""
     num_attention_heads: int = 4
     """h on the head-size axis"""
-    head_dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    head_dims: tuple[int, ...] = field(
+        default=(4, 8, 16, 32, 64, 128), metadata={"check": "positive", "distinct": True}
+    )
     """the head-size axis (d_p at fixed h)"""
     fixed_head_dim: int = 16
     """d_p on the head-count axis"""
-    num_heads: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    num_heads: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata={"check": "positive", "distinct": True})
     """the head-count axis (h at fixed d_p)"""
     base_head_dim: int = 16
     """μP's base d_p (where every variant is the standard model)"""
@@ -91,7 +93,9 @@ class CoordCheckSettings:
     """AdamW steps"""
     learning_rate: float = 1e-3
     """AdamW's rate for every model"""
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """seeds of the models (the batches are the same)"""
     parametrizations: tuple[str, ...] = field(default=PARAMETRIZATIONS, metadata={"choices": PARAMETRIZATIONS})
     """the variants compared"""
@@ -99,6 +103,7 @@ class CoordCheckSettings:
     """widths to vary: head_dim (d_p at fixed h), num_heads (h at fixed d_p)"""
 
     def __post_init__(self):
+        check_fields(self)
         for name in ("hidden_size", "num_attention_heads", "fixed_head_dim", "base_head_dim"):
             positive_int(name, getattr(self, name))
         for name in ("base_num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
@@ -111,12 +116,6 @@ class CoordCheckSettings:
             values = getattr(self, name)
             if len(values) < 2:
                 raise ValueError(f"{name} needs at least two widths to compare, got {values!r}")
-            for v in values:
-                positive_int(name, v)
-        if not self.seeds:
-            raise ValueError("seeds must name at least one seed")
-        for seed in self.seeds:
-            non_negative_int("seeds", seed)
         positive_int("vocab_size", self.vocab_size, minimum=2)
         if not self.parametrizations or not self.axes:
             raise ValueError(

@@ -175,9 +175,9 @@ def evaluate_run(
     run = open_run(run_dir, allow_pickle=allow_pickle)  # every input is checked before the weights load
     saved, tokenizer = run.settings, run.tokenizer
     data_settings = recorded_data_settings(run_dir, run, corpus, max_eval_tokens)
-    model = load_model(run)
     data = prepare_data(data_settings, tokenizer=tokenizer, heldout_only=True, progress=False)
     check_same_text(run_dir, saved, data)
+    model = load_model(run)
     seed = eval_seed if eval_seed is not None else saved.get("train", {}).get("eval_seed", 1234)
     objective = objective_of(run.config)
     ids, labels = heldout_batches(data.heldout, tokenizer, objective, seed)

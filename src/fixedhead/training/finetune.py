@@ -9,6 +9,7 @@ classifier are new (pretraining has no next-sentence task).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -33,7 +34,7 @@ from ..runs import (
 )
 from .checkpoints import parametrized_trainer
 from .evaluate import DivergedError
-from .settings import quiet_unless, shared_training_arguments, transformers_progress_bars
+from .settings import quiet_unless, shared_training_arguments, transformers_progress_bars, transformers_verbosity
 
 FINETUNE_FILE = "finetune_metrics.json"
 #: written first: marks a folder as a fine-tuning output and records what it is computed from
@@ -241,14 +242,13 @@ def finetune(
         shutil.rmtree(old)
     write_json_atomic(started, {"fingerprint": record, "run_dir": str(run_dir.resolve())})
 
-    tokenizer = run.tokenizer
-    regression = spec.labels is None
-    set_seed(settings.seed)
-    if not settings.progress:  # the load report (new pooler/classifier, unused MLM head) is expected
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-    with transformers_progress_bars(settings.progress):
+    # without progress, transformers' bars (loading, writing shards) and its expected load report (a new
+    # classifier, the unused MLM head) stay hidden, for this fine-tuning only
+    quiet = None if settings.progress else logging.ERROR
+    with transformers_progress_bars(settings.progress), transformers_verbosity(quiet):
+        tokenizer = run.tokenizer
+        regression = spec.labels is None
+        set_seed(settings.seed)
         model = run.load_model(
             FixedHeadForSequenceClassification,
             num_labels=spec.num_labels,
@@ -256,85 +256,83 @@ def finetune(
             hidden_dropout_prob=settings.dropout,
             attention_probs_dropout_prob=settings.dropout,
         )
-    max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
-    if max_len < settings.max_seq_length and settings.progress:  # the default 128 meets models of fewer positions
-        print(
-            f"max_seq_length {settings.max_seq_length} > the model's {max_len} positions: "
-            f"examples are cut to {max_len}",
-            flush=True,
+        max_len = min(settings.max_seq_length, model.config.max_position_embeddings)
+        if max_len < settings.max_seq_length and settings.progress:  # the default 128 meets models of fewer positions
+            print(
+                f"max_seq_length {settings.max_seq_length} > the model's {max_len} positions: "
+                f"examples are cut to {max_len}",
+                flush=True,
+            )
+        datasets = {
+            name: GlueDataset(ex, tokenizer, max_len, regression)
+            for name, ex in (("train", train), ("validation", val), ("dev", dev))
+        }
+        metric = MAIN_METRIC[task]
+
+        def compute_metrics(p):
+            preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
+            return glue_metrics(task, preds, p.label_ids)
+
+        args = shared_training_arguments(
+            out,
+            settings,
+            eval_batch_size=max(64, settings.batch_size),
+            logging_steps=max(1, settings.eval_steps // 2),
+            save_steps=settings.eval_steps,
+            save_total_limit=1,
+            load_best_model_at_end=True,
+            metric_for_best_model=metric,
+            greater_is_better=True,
+            report_to=[],
+            save_only_model=True,
         )
-    datasets = {
-        name: GlueDataset(ex, tokenizer, max_len, regression)
-        for name, ex in (("train", train), ("validation", val), ("dev", dev))
-    }
-    metric = MAIN_METRIC[task]
-
-    def compute_metrics(p):
-        preds = p.predictions[0] if isinstance(p.predictions, tuple) else p.predictions
-        return glue_metrics(task, preds, p.label_ids)
-
-    args = shared_training_arguments(
-        out,
-        settings,
-        eval_batch_size=max(64, settings.batch_size),
-        logging_steps=max(1, settings.eval_steps // 2),
-        save_steps=settings.eval_steps,
-        save_total_limit=1,
-        load_best_model_at_end=True,
-        metric_for_best_model=metric,
-        greater_is_better=True,
-        report_to=[],
-        save_only_model=True,
-    )
-    trainer = parametrized_trainer()(  # a μP checkpoint keeps its output projections' rates
-        model=model,
-        args=args,
-        train_dataset=datasets["train"],
-        eval_dataset=datasets["validation"],
-        data_collator=DataCollatorWithPadding(tokenizer),
-        compute_metrics=compute_metrics,
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=settings.patience)],
-    )
-    quiet_unless(settings.progress, trainer)
-    t0 = time.time()
-    with transformers_progress_bars(settings.progress):  # the checkpoints' "Writing model shards" bars
+        trainer = parametrized_trainer()(  # a μP checkpoint keeps its output projections' rates
+            model=model,
+            args=args,
+            train_dataset=datasets["train"],
+            eval_dataset=datasets["validation"],
+            data_collator=DataCollatorWithPadding(tokenizer),
+            compute_metrics=compute_metrics,
+            callbacks=[EarlyStoppingCallback(early_stopping_patience=settings.patience)],
+        )
+        quiet_unless(settings.progress, trainer)
+        t0 = time.time()
         trainer.train()
-    wall = time.time() - t0
-    if any(not math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h):
-        raise DivergedError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
-    # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
-    best_val = trainer.evaluate(datasets["validation"])
-    dev_metrics = trainer.evaluate(datasets["dev"])
+        wall = time.time() - t0
+        if any(not math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h):
+            raise DivergedError(f"fine-tuning loss became non-finite in {out}; lower the learning rate")
+        # the "eval" prefix keeps the early-stopping callback quiet; these runs happen after training
+        best_val = trainer.evaluate(datasets["validation"])
+        dev_metrics = trainer.evaluate(datasets["dev"])
 
-    def strip(m):  # the metrics without the "eval_" prefix
-        return {k[5:]: v for k, v in m.items() if k.startswith("eval_") and k[5:] in _METRIC_NAMES}
+        def strip(m):  # the metrics without the "eval_" prefix
+            return {k[5:]: v for k, v in m.items() if k.startswith("eval_") and k[5:] in _METRIC_NAMES}
 
-    best_ckpt = trainer.state.best_model_checkpoint
-    result = {
-        "task": task,
-        "metric": metric,
-        "score": strip(dev_metrics)[metric],
-        "dev": strip(dev_metrics),
-        "validation": strip(best_val),
-        "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else trainer.state.global_step,
-        "steps": trainer.state.global_step,
-        "train_examples": len(train),
-        "validation_examples": len(val),
-        "dev_examples": len(dev),
-        "train_seconds": round(wall, 1),
-        "validation_size": validation_size,
-        "run_dir": str(run_dir.resolve()),
-        "fingerprint": record,
-    }
-    for ckpt in out.glob("checkpoint-*"):
-        shutil.rmtree(ckpt, ignore_errors=True)
-    if settings.save_model:
-        with transformers_progress_bars(settings.progress):
+        best_ckpt = trainer.state.best_model_checkpoint
+        result = {
+            "task": task,
+            "metric": metric,
+            "score": strip(dev_metrics)[metric],
+            "dev": strip(dev_metrics),
+            "validation": strip(best_val),
+            "best_step": int(best_ckpt.rsplit("-", 1)[1]) if best_ckpt else trainer.state.global_step,
+            "steps": trainer.state.global_step,
+            "train_examples": len(train),
+            "validation_examples": len(val),
+            "dev_examples": len(dev),
+            "train_seconds": round(wall, 1),
+            "validation_size": validation_size,
+            "run_dir": str(run_dir.resolve()),
+            "fingerprint": record,
+        }
+        for ckpt in out.glob("checkpoint-*"):
+            shutil.rmtree(ckpt, ignore_errors=True)
+        if settings.save_model:
             trainer.save_model(str(out))
-        follow_umask(out / "model.safetensors")  # safetensors writes 0600 whatever the umask
-        tokenizer.save_pretrained(str(out))
-    write_json_atomic(done, result)  # last: its presence marks a finished fine-tuning run
-    return result
+            follow_umask(out / "model.safetensors")  # safetensors writes 0600 whatever the umask
+            tokenizer.save_pretrained(str(out))
+        write_json_atomic(done, result)  # last: its presence marks a finished fine-tuning run
+        return result
 
 
 _METRIC_NAMES = {"accuracy", "f1", "matthews", "pearson", "spearman", "loss"}

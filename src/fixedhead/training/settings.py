@@ -243,6 +243,21 @@ def transformers_progress_bars(enabled: bool):
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
 
 
+@contextlib.contextmanager
+def transformers_verbosity(level: int | None):
+    """transformers' logging at ``level`` (``logging.ERROR``: its load reports and warnings hidden) inside the
+    block, the earlier level restored after, whether the block returns or raises; None leaves it as it is."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    if level is not None:
+        hf_logging.set_verbosity(level)
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 def quiet_unless(progress: bool, trainer):
     """With ``progress`` off, the Trainer prints nothing per step: ``disable_tqdm`` swaps its bar for
     ``PrinterCallback``, which prints every log dict (``{'loss': ...}``), so that callback goes too. Returns

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..checks import non_negative_int
 from ..model.modeling import remote_code_files
-from ..model.surgery import new_head_dims, widen_heads
+from ..model.surgery import check_widening, widen_heads
 from ..runs import claim_output_dir, follow_umask, open_run, resolve_local_path, write_json_atomic
 from .evaluate import load_model
 
@@ -80,7 +80,7 @@ def widen_run(
             f"{run_dir} holds a {', '.join(sorted(kinds))}; `fixedhead widen` takes pretraining runs (masked or "
             f"causal LM). Widen other models in Python with fixedhead.widen_heads(model, head_dim)"
         )
-    new_head_dims(run.config.layer_head_dims, head_dim)  # a wrong size is refused before loading anything
+    check_widening(run.config, head_dim, init_std)  # sizes and init_std refused before the weights load
     model = load_model(run)
     old = run.config.layer_head_dims
     wide = widen_heads(model, head_dim, init_std=init_std, seed=seed)

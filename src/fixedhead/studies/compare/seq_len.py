@@ -30,13 +30,13 @@ from ..kit.study import Point, Study
 class SeqLenOptions:
     """The study's plan: what is trained, how long, and how it is compared."""
 
-    lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    lengths: list[int] = field(default_factory=lambda: [32, 64, 128, 256], metadata={"distinct": True})
     """sequence lengths n (each trained at the same number of tokens per step)"""
     hidden_size: int = field(default=64, metadata={"check": "positive"})
     """d, the same for every model"""
     num_attention_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the same for every model"""
-    head_dims: list[int] = field(default_factory=lambda: [8, 32], metadata={"check": "positive"})
+    head_dims: list[int] = field(default_factory=lambda: [8, 32], metadata={"check": "positive", "distinct": True})
     """the head sizes compared: the first is the small one (the standard d/h), the last the large one"""
     architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"])
     """model families: fixedhead (learned positions, post-LN) and/or llama (rotary, pre-norm)"""
@@ -44,7 +44,7 @@ class SeqLenOptions:
     """batch size × n, the same at every n"""
     steps: int = field(default=700, metadata={"check": "positive"})
     """training steps of every run"""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"check": "non_negative"})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"check": "non_negative", "distinct": True})
     """seeds, paired across arms (one seed: the same batches for every arm of one n)"""
     learning_rates: list[float] = field(default_factory=lambda: [1e-3, 2e-3, 4e-3])
     """the grid each arm chooses its rate from with the first seed (empty: every arm at shared_rate)"""
@@ -54,7 +54,7 @@ class SeqLenOptions:
     """nats: the smallest head-size gap the study must be able to see (the plan's power target)"""
     max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})
     """held-out tokens the rank intervention scores per model"""
-    ranks: list[int] = field(default_factory=list, metadata={"check": "positive"})
+    ranks: list[int] = field(default_factory=list, metadata={"check": "positive", "distinct": True})
     """the ranks k the intervention tries (empty: every k up to min(d_p, n - 1), a geometric grid beyond 64)"""
     per_layer: bool = True
     """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""

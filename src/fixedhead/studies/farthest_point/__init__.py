@@ -47,9 +47,13 @@ class FarthestPointOptions:
     """d, the dimension of the points"""
     num_points: int = field(default=16, metadata={"check": "positive"})
     """N, the points per set"""
-    ranks: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
+    ranks: tuple[int, ...] = field(
+        default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True, "distinct": True}
+    )
     """the grid's ranks r of the needed logit"""
-    head_dims: tuple[int, ...] = field(default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True})
+    head_dims: tuple[int, ...] = field(
+        default=(4, 8, 16, 32), metadata={"check": "positive", "nonempty": True, "distinct": True}
+    )
     """the grid's head sizes d_p"""
     grid_heads: int = field(default=8, metadata={"check": "positive"})
     """h, the heads of every grid cell"""
@@ -57,7 +61,9 @@ class FarthestPointOptions:
     """the rank r of the more-heads row"""
     more_heads_head_dim: int = field(default=4, metadata={"check": "positive"})
     """the head size d_p of the more-heads row"""
-    more_heads: tuple[int, ...] = field(default=(8, 16, 32, 64), metadata={"check": "positive", "nonempty": True})
+    more_heads: tuple[int, ...] = field(
+        default=(8, 16, 32, 64), metadata={"check": "positive", "nonempty": True, "distinct": True}
+    )
     """the head counts h of the more-heads row"""
     seeds: tuple[int, ...] = field(
         default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}

@@ -36,7 +36,7 @@ class KnownRankCheck:
 
     rank: int = field(default=8, metadata={"check": "positive"})
     """r, the rank the farthest-point task needs (every model must need it)"""
-    head_dims: tuple[int, ...] = (8, 16, 32)
+    head_dims: tuple[int, ...] = field(default=(8, 16, 32), metadata={"distinct": True})
     """the head sizes d_p trained (each >= r)"""
     num_heads: int = field(default=8, metadata={"check": "positive"})
     """h, heads per model"""
@@ -44,7 +44,9 @@ class KnownRankCheck:
     """d, the dimension of the points"""
     num_points: int = field(default=16, metadata={"check": "positive"})
     """N, points per set"""
-    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True})
+    seeds: tuple[int, ...] = field(
+        default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
+    )
     """seeds, one model per (d_p, seed)"""
     recipe: FarthestPointRecipe = field(default_factory=FarthestPointRecipe)
     """the training recipe (the farthest-point study's)"""
