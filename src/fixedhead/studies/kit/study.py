@@ -312,7 +312,8 @@ def _without(plan: dict, fields) -> dict:
 
 
 def _changed(was: dict, now: dict, skip=()) -> list[str]:
-    """The options that differ, as ``--option: old → new`` (nested ones by their own name: ``--steps``)."""
+    """The options that differ, as ``--option: old → new`` (nested ones by their own name: ``--steps``), and those
+    recorded that the options no longer have, as ``--option: old → not an option now``."""
     out = []
     for k, v in now.items():
         if k in skip or was.get(k) == v:
@@ -321,7 +322,7 @@ def _changed(was: dict, now: dict, skip=()) -> list[str]:
             out += _changed(was[k], v)
         else:
             out.append(f"--{k.replace('_', '-')}: {was.get(k)!r} → {v!r}")
-    return out
+    return out + [f"--{k.replace('_', '-')}: {v!r} → not an option now" for k, v in was.items() if k not in now]
 
 
 def _stored(folder: Path) -> dict:
