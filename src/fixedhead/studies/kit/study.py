@@ -218,6 +218,7 @@ def write_plan(
     Raises:
         FileExistsError: another study's plan, results that record no options, or the refusals above; nothing
             is changed.
+        ValueError: a damaged plan.json or results.json (not a JSON object, or a field that should be one).
     """
     new = new or plan_file(study, spec)
     path = folder / PLAN_FILE
@@ -478,7 +479,8 @@ def run_study(
     ``runs``, ``points``, ``failed``, ``missing``, ``summary``).
 
     Raises:
-        ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has.
+        ValueError: bad options, an empty plan, more GPUs per point than the Ray cluster has, or a damaged
+            plan.json or results.json (named with the file and the field).
         ConnectionError: no Ray cluster at the executor's ``ray_address``.
         FileExistsError: the folder holds something else, points of other settings or another plan (or results
             that record neither), a file changed since it was recorded, or another live command runs it.
