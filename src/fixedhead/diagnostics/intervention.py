@@ -448,8 +448,16 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
         non_negative_int("rank", rank)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+    def got() -> str:  # what maps holds, for the refusals below
+        if maps is None:
+            return "got None"
+        return f"got {len(maps)} ({', '.join(sorted({type(m).__name__ for m in maps}))}) for {len(modules)} modules"
+
     if method == "realisable" and (maps is None or len(maps) != len(modules)):
-        raise ValueError("method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps)")
+        raise ValueError(
+            f"method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps); {got()}"
+        )
     if (
         method == "oracle"
         and maps is not None
@@ -457,7 +465,7 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
     ):
         raise ValueError(
             "method 'oracle' takes maps=None or one dict per attention module (its memo of fits); (A, B) pairs "
-            "from fit_head_maps are the realisable cut's"
+            f"from fit_head_maps are the realisable cut's; {got()}"
         )
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
