@@ -932,8 +932,8 @@ class RankInterventionOptions:
     fit_tokens: int = 32_768
     """training tokens the realisable cut's query and key maps are fitted on"""
     ranks: tuple[int, ...] = ()
-    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1), a
-    geometric grid beyond 64)"""
+    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1) where
+    that is at most 64, else 1-16 and a geometric grid up to it)"""
     corpus: str | None = None
     """where the runs' training corpus is now, for runs that record none or whose corpus moved (its text must be
     the same)"""
