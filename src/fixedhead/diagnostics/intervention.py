@@ -532,7 +532,7 @@ def default_ranks(head_dim: int, seq_len: int) -> list[int]:
 
 def needed_rank(losses: dict[int, float], full: float, band: float, uniform: float | None = None) -> int | None:
     """The smallest k tried whose loss is at most ``full + band``, and every larger k tried too (None when none is):
-    between two k tried the reading is the upper one, so a sparse ``ranks`` reads a needed rank at most that high.
+    a k between two tried reads as the upper one, so with a sparse ``ranks`` the needed rank may be lower than read.
 
     Args:
         losses: {k: loss in nats}.
