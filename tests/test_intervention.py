@@ -112,10 +112,12 @@ def test_the_maps_of_one_cut_are_refused_by_another_in_one_line():
     ids = torch.randint(0, 50, (2, 8))
     modules = attention_modules(model, ids)
     maps = fit_head_maps(model, ids, modules)
-    with pytest.raises(ValueError, match="method 'oracle' takes maps=None or one dict per attention module"):
+    with pytest.raises(
+        ValueError, match=r"method 'oracle' takes maps=None or one dict per attention module.*; got 2 \(tuple\) for 2"
+    ):
         with truncated_logits(model, 2, modules=modules, method="oracle", maps=maps):
             pass
-    with pytest.raises(ValueError, match="method 'realisable' needs maps: one \\(A, B\\) pair"):
+    with pytest.raises(ValueError, match=r"method 'realisable' needs maps: one \(A, B\) pair.*; got None$"):
         with truncated_logits(model, 2, modules=modules, method="realisable"):
             pass
 

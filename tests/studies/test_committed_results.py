@@ -58,6 +58,29 @@ def test_widening_report_regenerates(folder):
     assert _same(record["summary"], _state(folder)["summary"])
 
 
+@pytest.mark.parametrize(
+    ("folder", "name"),
+    [("synthetic", "farthest-point"), ("widening-lr", "widen-experiment"), ("known-rank", "known-rank")],
+)
+def test_a_committed_folder_without_a_plan_resumes_under_the_options_it_records(folder, name, tmp_path):
+    """These folders predate plan.json and record an older plan's hash: rerun with the options their results.json
+    records, their plan is written (the same study, not a grown one) holding every stored point."""
+    import shutil
+
+    from fixedhead.studies import study_class
+    from fixedhead.studies.kit.study import options_from_dict, regenerate, write_plan
+
+    study, saved = study_class(name)(), _state(folder)
+    assert not (RESULTS / folder / "plan.json").exists()
+    shutil.copy(RESULTS / folder / "results.json", tmp_path / "results.json")
+    recorded = regenerate(study, RESULTS / folder)[0]["options"]  # the options it reports under
+    spec = study.resolve(options_from_dict(study.Options, recorded))
+    plan = write_plan(tmp_path, study, spec)
+    assert plan["sha256"] != saved["plan_sha256"] and plan["history"] == []  # read through today's Options
+    assert set(saved["runs"]) <= set(plan["plan"]["points"])
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan
+
+
 def test_committed_runs_are_reused_by_todays_presets():
     """The settings record of each committed results file is today's preset's: rerunning the
     committed command in that folder reuses its runs instead of refusing them."""

@@ -404,8 +404,22 @@ def test_a_points_files_are_its_own_runs_only(tmp_path):
     from fixedhead.studies.kit.executor import point_files
 
     folder = tmp_path
-    mine = ["runs/m-lr0.001-s0/metrics.json", "runs/m-lr1e-05-s0/metrics.json", "runs/m-s0/metrics.json"]
-    others = ["finetune-sst2/runs/m-lr0.001-s1-ft-s0/metrics.json", "runs/m-lr0.001-s1/metrics.json"]
+    mine = [
+        "runs/m-lr0.001-s0/metrics.json",
+        "runs/m-lr0.0001-s0/metrics.json",
+        "runs/m-lr1e-05-s0/metrics.json",
+        "runs/m-lr3e-4-s0/metrics.json",  # a rate written by hand
+        "runs/m-s0/metrics.json",
+    ]
+    others = [
+        "finetune-sst2/runs/m-lr0.001-s1-ft-s0/metrics.json",
+        "finetune-sst2/runs/m-lr0.001-s1-lr1e-05-s0/metrics.json",  # finetune-sweep's run of checkpoint m-lr0.001-s1
+        "runs/m-lr0.001-s1/metrics.json",
+        "runs/m-s00/metrics.json",  # a key that starts with this one's
+        "runs/m-lr0.001-s01/metrics.json",
+        "runs/m-wide-s0/metrics.json",
+        "runs/m-s0/checkpoint-5/model.safetensors",  # a checkpoint a finished run may delete
+    ]
     for rel in mine + others:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text(rel)

@@ -22,17 +22,29 @@ from fixedhead.studies.farthest_point.set_attention import Cell, SetAttentionMod
 from fixedhead.studies.kit.study import run_study
 
 
-def test_cutting_a_set_model_at_or_above_its_head_size_changes_nothing_and_below_it_does():
+@pytest.mark.parametrize(("head_dim", "points"), [(3, 8), (8, 4)])
+def test_cutting_a_set_model_at_or_above_min_d_p_n_minus_1_changes_nothing_and_below_it_does(head_dim, points):
+    """The cut itself, not rank_sweep (which reads the model's own metrics from k = min(d_p, N − 1) on): the
+    row-centred N × N logits have rank at most min(d_p, N − 1), so cutting there changes nothing but float
+    rounding (d_p = 3 < N − 1, and N − 1 = 3 < d_p = 8); one rank below changes the model."""
+    from fixedhead.diagnostics.intervention import attention_modules, truncated_logits
+
     torch.manual_seed(0)
-    model = SetAttentionModel(8, 4, 3, logit_scale=16.0).eval()
-    task = FarthestPointTask(8, 3, 8)
+    model = SetAttentionModel(8, 4, head_dim, logit_scale=16.0).eval()
+    task = FarthestPointTask(8, 3, points)
     sets = task.sample(64, torch.Generator().manual_seed(1), task.projection)
-    full = evaluate(model, sets)
+    full, exact = evaluate(model, sets), min(head_dim, points - 1)
+    modules = attention_modules(model, sets[0])
+    cut = {}
     with torch.no_grad():
-        swept = rank_sweep(model, sets, [1, 2, 3, 5])
-    for k in (3, 5):  # rank of QKᵀ ≤ d_p = 3
-        assert swept[k]["mse"] == pytest.approx(full["mse"], rel=1e-5)
-    assert abs(swept[1]["mse"] - full["mse"]) > 1e-4
+        for k in (exact - 1, exact, head_dim + 2):
+            with truncated_logits(model, k, modules=modules):
+                cut[k] = evaluate(model, sets)
+        swept = rank_sweep(model, sets, [exact - 1, exact])
+    for k in (exact, head_dim + 2):
+        assert cut[k]["mse"] == pytest.approx(full["mse"], rel=1e-5)
+    assert abs(cut[exact - 1]["mse"] - full["mse"]) > 1e-4
+    assert swept == {exact - 1: cut[exact - 1], exact: full}
 
 
 def test_the_cut_at_the_head_size_reads_the_models_own_metrics_so_a_band_of_0_finds_it():

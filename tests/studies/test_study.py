@@ -373,3 +373,17 @@ def test_a_damaged_plan_or_results_file_is_named_in_one_line(tmp_path):
             regenerate(Toy(), out)
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".driver.lock"} == files
         path.write_text(text)
+
+
+def test_settings_refused_for_an_option_the_study_no_longer_has_name_it(tmp_path):
+    """Results recording an option that today's options lack (a field removed since), with no plan.json and an
+    older plan's hash: the settings they ran with are unknown, so they are refused, naming that option."""
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    (out / "plan.json").unlink()
+    results = json.loads((out / "results.json").read_text())
+    results["options"]["warmup"] = 10
+    results["plan_sha256"] = "0" * 64
+    (out / "results.json").write_text(json.dumps(results))
+    with pytest.raises(FileExistsError, match=r"run with other settings \(--warmup: 10 → not an option now\)"):
+        run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)

@@ -448,8 +448,16 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
         non_negative_int("rank", rank)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+    def got() -> str:  # what maps holds, for the refusals below
+        if maps is None:
+            return "got None"
+        return f"got {len(maps)} ({', '.join(sorted({type(m).__name__ for m in maps}))}) for {len(modules)} modules"
+
     if method == "realisable" and (maps is None or len(maps) != len(modules)):
-        raise ValueError("method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps)")
+        raise ValueError(
+            f"method 'realisable' needs maps: one (A, B) pair per attention module (fit_head_maps); {got()}"
+        )
     if (
         method == "oracle"
         and maps is not None
@@ -457,7 +465,7 @@ def truncated_logits(model, rank: int | None, layers=None, *, modules: list, met
     ):
         raise ValueError(
             "method 'oracle' takes maps=None or one dict per attention module (its memo of fits); (A, B) pairs "
-            "from fit_head_maps are the realisable cut's"
+            f"from fit_head_maps are the realisable cut's; {got()}"
         )
     chosen = range(len(modules)) if layers is None else list(layers)
     bad = [i for i in chosen if not (isinstance(i, int) and 0 <= i < len(modules))]
@@ -524,7 +532,7 @@ def default_ranks(head_dim: int, seq_len: int) -> list[int]:
 
 def needed_rank(losses: dict[int, float], full: float, band: float, uniform: float | None = None) -> int | None:
     """The smallest k tried whose loss is at most ``full + band``, and every larger k tried too (None when none is):
-    between two k tried the reading is the upper one, so a sparse ``ranks`` reads a needed rank at most that high.
+    a k between two tried reads as the upper one, so with a sparse ``ranks`` the needed rank may be lower than read.
 
     Args:
         losses: {k: loss in nats}.
@@ -927,8 +935,8 @@ class RankInterventionOptions:
     fit_tokens: int = 32_768
     """training tokens the realisable cut's query and key maps are fitted on"""
     ranks: tuple[int, ...] = ()
-    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1), a
-    geometric grid beyond 64)"""
+    """the ranks k tried, each at most the largest query/key head size (empty: every k up to min(d_p, n - 1) where
+    that is at most 64, else 1-16 and a geometric grid up to it)"""
     corpus: str | None = None
     """where the runs' training corpus is now, for runs that record none or whose corpus moved (its text must be
     the same)"""

@@ -55,7 +55,8 @@ class SeqLenOptions:
     max_eval_tokens: int = field(default=32768, metadata={"check": "positive"})
     """held-out tokens the rank intervention scores per model"""
     ranks: list[int] = field(default_factory=list, metadata={"check": "positive", "distinct": True})
-    """the ranks k the intervention tries (empty: every k up to min(d_p, n - 1), a geometric grid beyond 64)"""
+    """the ranks k the intervention tries (empty: every k up to min(d_p, n - 1) where that is at most 64, else 1-16
+    and a geometric grid up to it)"""
     per_layer: bool = True
     """the intervention also cuts each layer alone (--no-per-layer: all layers together only)"""
     recipe: str = "cpu-clm"

@@ -204,10 +204,11 @@ def result_sha256(result: dict) -> str:
 
 
 def point_files(folder: Path, key: str) -> dict[str, str]:
-    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` below the run folders of point ``key``: the
-    folders named ``KEY`` or ``KEY-lrRATE-sSEED`` (for ``KEY-sSEED``), with what they hold in subfolders (a
-    point that keeps its models in its own folder, ``KEY/NAME/metrics.json``); checkpoints not included (a
-    finished run may delete them)."""
+    """``{path relative to folder: sha256}`` of :data:`RUN_FILES` below the run folders of point ``key`` =
+    ``NAME[-sSEED]``: the folders, at any depth, named ``NAME[-lrRATE][-sSEED]`` with RATE a number (as
+    :func:`~fixedhead.studies.kit.core.run_key` writes it), with what they hold in subfolders (a point that keeps
+    its models in its own folder, ``KEY/NAME/metrics.json``); checkpoints not included (a finished run may delete
+    them)."""
     from ...runs import file_digest
 
     name, seed = re.fullmatch(r"(.*?)((?:-s\d+)?)", key).groups()

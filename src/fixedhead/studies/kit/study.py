@@ -218,6 +218,7 @@ def write_plan(
     Raises:
         FileExistsError: another study's plan, results that record no options, or the refusals above; nothing
             is changed.
+        ValueError: a damaged plan.json or results.json (not a JSON object, or a field that should be one).
     """
     new = new or plan_file(study, spec)
     path = folder / PLAN_FILE
@@ -312,7 +313,8 @@ def _without(plan: dict, fields) -> dict:
 
 
 def _changed(was: dict, now: dict, skip=()) -> list[str]:
-    """The options that differ, as ``--option: old → new`` (nested ones by their own name: ``--steps``)."""
+    """The options that differ, as ``--option: old → new`` (nested ones by their own name: ``--steps``), and those
+    recorded that the options no longer have, as ``--option: old → not an option now``."""
     out = []
     for k, v in now.items():
         if k in skip or was.get(k) == v:
@@ -321,7 +323,7 @@ def _changed(was: dict, now: dict, skip=()) -> list[str]:
             out += _changed(was[k], v)
         else:
             out.append(f"--{k.replace('_', '-')}: {was.get(k)!r} → {v!r}")
-    return out
+    return out + [f"--{k.replace('_', '-')}: {v!r} → not an option now" for k, v in was.items() if k not in now]
 
 
 def _stored(folder: Path) -> dict:
@@ -477,7 +479,8 @@ def run_study(
     ``runs``, ``points``, ``failed``, ``missing``, ``summary``).
 
     Raises:
-        ValueError: bad options, an empty plan, or more GPUs per point than the Ray cluster has.
+        ValueError: bad options, an empty plan, more GPUs per point than the Ray cluster has, or a damaged
+            plan.json or results.json (named with the file and the field).
         ConnectionError: no Ray cluster at the executor's ``ray_address``.
         FileExistsError: the folder holds something else, points of other settings or another plan (or results
             that record neither), a file changed since it was recorded, or another live command runs it.
