@@ -230,7 +230,9 @@ def test_count_applies_size_options_to_a_preset(options, expected, capsys):
         ),
         (["count", "--preset", "bert-large-h16", "--head-dim", "32"], "--preset fixes d, h and d_p; drop --head-dim"),
         (["count", "--num-hidden-layers", "12"], "--num-hidden-layers also needs --hidden-size, --num-attention-heads"),
-        (["count", "--hidden-size", "0"], "--hidden-size also needs --num-attention-heads"),
+        (["count", "--hidden-size", "64"], "--hidden-size also needs --num-attention-heads"),
+        (["count", "--hidden-size", "-4"], "--hidden-size must be a positive int, got -4"),
+        (["count", "--num-attention-heads", "0"], "--num-attention-heads must be a positive int, got 0"),
         (
             ["pretrain", "--output-dir", "never-made", "--intermediate-size", "0"],
             "--intermediate-size must be a positive",
@@ -243,6 +245,8 @@ def test_count_applies_size_options_to_a_preset(options, expected, capsys):
         "preset-head-dim",
         "layers-alone",
         "hidden-size-alone",
+        "hidden-size-negative-alone",
+        "heads-0-alone",
         "pretrain-intermediate-0",
     ],
 )

@@ -218,6 +218,9 @@ def count_table(presets: list[str] | None = None, sizes: dict | None = None, obj
     if fixed and presets is not None:
         raise ValueError(f"--preset fixes d, h and d_p; drop {option_names(fixed)} (or drop --preset)")
     if presets is None and sizes:
+        for f in ("hidden_size", "num_attention_heads"):  # a bad value is named before what is missing
+            if f in sizes:
+                positive_int(f, sizes[f])
         missing = [f for f in ("hidden_size", "num_attention_heads") if f not in sizes]
         if missing:
             verb = "needs" if len(sizes) == 1 else "need"
