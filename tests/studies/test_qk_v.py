@@ -106,6 +106,26 @@ def test_a_report_before_any_seed_finished_every_arm_reads_no_nan():
     text = report_markdown({"summary": summary, "plan_sha256": "x", "meta": {"command": "c"}}, o)
     assert "nan" not in text
     assert "5.0800" in text and "5.0600" in text
+    assert "**Partial: 0 of the planned 8 seeds have finished every arm;" in text
+
+
+def test_a_partial_report_names_the_seeds_its_intervals_rest_on():
+    """Seeds 0 and 1 through every arm, seed 2 through one: the effects rest on two seeds, and the report says
+    that the plan asked for eight; a complete study carries no such line."""
+    o = QkVOptions()
+    results = [
+        {"qk_head_dim": qk, "v_head_dim": v, "seed": s, "learning_rate": 4e-3, "heldout_loss": 5.0 + 0.01 * s}
+        for s in (0, 1)
+        for qk in (8, 32)
+        for v in (8, 32)
+    ] + [{"qk_head_dim": 8, "v_head_dim": 8, "seed": 2, "learning_rate": 4e-3, "heldout_loss": 5.1}]
+    summary = summarise(results, o)
+    assert summary["seeds"] == [0, 1]
+    record = {"summary": summary, "plan_sha256": "x", "meta": {"command": "c"}}
+    text = report_markdown(record, o)
+    assert "**Partial: 2 of the planned 8 seeds have finished every arm (seeds [0, 1]);" in text
+    two = replace(o, seeds=[0, 1])
+    assert "Partial" not in report_markdown({**record, "summary": summarise(results[:8], two)}, two)
 
 
 def test_the_seeds_are_sized_from_the_committed_pilot():

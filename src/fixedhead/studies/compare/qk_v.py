@@ -378,6 +378,16 @@ def report_markdown(record: dict, o: QkVOptions) -> str:
         else f"**every arm at one shared rate {o.shared_rate:g} (a pilot)**"
     )
     history = record.get("plan_history") or []
+    finished = summary["seeds"]
+    partial = (
+        [
+            f"**Partial: {len(finished)} of the planned {len(o.seeds)} seeds have finished every arm"
+            + (f" (seeds {finished})" if finished else "")
+            + f"; the effects and intervals are over those seeds alone, and the rule was sized for {len(o.seeds)}.**"
+        ]
+        if len(finished) < len(o.seeds)
+        else []
+    )
     opening = [
         f"Fixedhead causal LMs, n = {o.n}, d = {o.hidden_size}, h = {o.num_attention_heads}, queries/keys of size "
         f"qk ∈ {{{small}, {large}}} crossed with values of size v ∈ {{{small}, {large}}}, {o.steps} steps of "
@@ -388,6 +398,7 @@ def report_markdown(record: dict, o: QkVOptions) -> str:
         f"paired 95% interval; paired t-test, Holm over the three, α = {ALPHA:g}; smallest effect of interest "
         f"{o.target:g} nats (*seeds to see ±{o.target:g}*: what 80% power at α / 3 needs at this spread; before any "
         f"run, the pilot's sd {o.pilot_sd:g} asked for {sizing(o)['seeds_for']['gap']} seeds, plan.json's `sizing`).",
+        *partial,
     ]
     arms = [
         *((h, f"{{{h}}}") for h in ("qk_head_dim", "v_head_dim", "seeds")),
