@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from ...runs import claim_output_dir, load_json_file, write_text_atomic
 from . import core
-from .executor import Executor, result_sha256
+from .executor import Executor, point_files, result_sha256
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.json"
@@ -130,6 +130,12 @@ class Study:
     def run(self, spec, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
         """Run ``point`` in the study's ``folder``; ``done`` holds the results of every point of ``point.needs``."""
         raise NotImplementedError
+
+    def run_files(self, spec, point: Point, folder: Path, result: dict) -> dict[str, str]:
+        """``{path relative to folder: sha256}`` of the files finished ``point`` wrote, recorded so that a file
+        rewritten since is refused on resume (:func:`check_points`). Default: :func:`~.executor.point_files` of
+        its key (the ``metrics.json`` and weights of its run folders)."""
+        return point_files(folder, point.key)
 
     def state(self, spec, results: list[dict], record: dict | None = None) -> Any:
         """The one view of the plan's finished points (``results``, in plan order) that :meth:`summarise`,
