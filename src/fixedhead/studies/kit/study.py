@@ -623,7 +623,7 @@ def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     check_points(Path(folder), stored, again=again)
     values = plan["plan"]["options"] if plan else _unplanned_options(study, stored["options"])
     spec = study.resolve(options_from_dict(study.Options, values))
-    plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
+    plan = plan or {"sha256": stored.get("plan_sha256"), "history": stored.get("plan_history", [])}  # as resumed
     points = study.plan(spec)
     recorded, failed = stored.get("points"), stored.get("failed")
     record = _record(study, spec, stored["meta"], plan, stored["runs"], points, recorded, failed)
