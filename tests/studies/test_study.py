@@ -10,7 +10,7 @@ import pytest
 
 from fixedhead.studies.kit import render
 from fixedhead.studies.kit.core import run_key, seed_major
-from fixedhead.studies.kit.study import Point, Study, regenerate, run_study
+from fixedhead.studies.kit.study import Point, Study, regenerate, rerender, run_study
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,6 +372,22 @@ def test_results_that_record_options_but_no_plan_hash_regenerate_as_they_resume(
     toy = Toy()
     resumed = run_study(toy, ToyOptions(seeds=(0,)), out, progress=False)
     assert toy.ran == [] and resumed["summary"] == record["summary"] and (out / "plan.json").is_file()
+
+
+def test_rerender_resolves_the_folders_options_once_and_writes_the_report_regenerate_gives(tmp_path):
+    """A study's resolve may read its inputs (finetune-sweep reads the sweep): re-rendering resolves once."""
+
+    class Counting(Toy):
+        def resolve(self, o):
+            self.resolved = getattr(self, "resolved", 0) + 1
+            return o
+
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    expected = regenerate(Toy(), out)[1]
+    study = Counting()
+    assert rerender(study, out, tmp_path / "again") == tmp_path / "again" / "report.md"
+    assert study.resolved == 1 and (tmp_path / "again" / "report.md").read_text() == expected
 
 
 def test_a_damaged_plan_or_results_file_is_named_in_one_line(tmp_path):
