@@ -352,6 +352,40 @@ def test_rank_curve_refuses_ranks_below_1_and_reads_the_full_loss_above_the_head
     assert curve["curves"]["all"][7] == curve["full"]
 
 
+def test_an_encoder_with_n_below_its_head_size_reads_the_full_loss_from_n_minus_1_so_a_band_of_0_finds_a_rank():
+    """Row-centred n × n logits have rank at most n − 1: from k = n − 1 the oracle and lookahead cuts change
+    nothing but float rounding, which for this random encoder (n = 5 < d_p = 8) put layer 0's loss at k = 4 one
+    float32 ulp above the full loss, and a band of 0 then found no needed rank. The realisable maps are fixed
+    across sequences: they still cut below d_p."""
+    torch.manual_seed(13)
+    config = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=8)
+    model = FixedHeadForMaskedLM(FixedHeadConfig(**config, intermediate_size=37, max_position_embeddings=16)).eval()
+    with torch.no_grad():  # sharper attention, so that a cut moves the loss
+        for layer in model.modules():
+            if hasattr(layer, "qkv"):
+                layer.qkv.weight[:64].mul_(4)
+    ids = torch.randint(0, 50, (3, 5))
+    modules = attention_modules(model, ids)
+
+    def score(m):
+        with torch.no_grad():
+            return float(m(ids, labels=ids).loss)
+
+    full = score(model)
+    with truncated_logits(model, 4, [0], modules=modules):  # the cut at n - 1 = 4: the model to rounding
+        assert score(model) == pytest.approx(full, abs=1e-6)
+    for method in ("oracle", "lookahead"):
+        curve = rank_curve(model, score, ids, progress=False, method=method)
+        assert curve["ranks"] == [1, 2, 3, 4]
+        for setting, losses in curve["curves"].items():
+            assert losses[4] == curve["full"] == full, (method, setting)
+            assert needed_rank(losses, curve["full"], 0.0) is not None, (method, setting)
+    maps = fit_head_maps(model, ids, modules)
+    curve = rank_curve(model, score, ids, progress=False, method="realisable", maps=maps)
+    with truncated_logits(model, 4, modules=modules, method="realisable", maps=maps):
+        assert curve["curves"]["all"][4] == score(model)  # cut, not read as the full loss
+
+
 def test_default_ranks():
     assert default_ranks(8, 64) == list(range(1, 9))
     assert default_ranks(32, 16) == list(range(1, 16))  # a head larger than n: up to n - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -106,6 +107,30 @@ def test_shrink_model_refuses_a_size_it_cannot_cut_to():
         shrink_model(model, maps, 0)
     with pytest.raises(ValueError, match="one \\(A, B\\) pair per attention layer"):
         shrink_model(model, maps[:1], 2)
+
+
+@pytest.mark.parametrize(
+    "which, shape, shown",
+    [
+        (0, (1, 8, 8), r"\(1, 8, 8\) and \(4, 8, 8\)"),  # one head's map, which would broadcast over all four
+        (1, (4, 6, 6), r"\(4, 8, 8\) and \(4, 6, 6\)"),  # maps of queries and keys of size 6
+        (0, (4, 8, 2), r"\(4, 8, 2\) and \(4, 8, 8\)"),  # fewer columns than the new size 3
+    ],
+)
+def test_shrink_model_refuses_a_map_of_another_shape_naming_the_layer_and_leaves_the_model(which, shape, shown):
+    model = _model()
+    maps = _fit(model)
+    maps[1] = tuple(torch.zeros(shape, dtype=torch.float64) if j == which else t for j, t in enumerate(maps[1]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError) as refused:
+        shrink_model(model, maps, 3)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("maps[1] (layer ")
+    second = attention_modules(model, torch.zeros(1, 4, dtype=torch.long))[1]
+    layer = next(n for n, m in model.named_modules() if m is second)
+    assert f"(layer {layer}): A and B must each be [4, 8, >= 3] (heads" in message
+    assert re.search(f"got {shown}$", message), message
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_the_command_writes_a_run_that_loads_and_scores_like_any_run(tiny_causal_run, tmp_path):

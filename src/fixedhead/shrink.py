@@ -59,7 +59,8 @@ def shrink_model(model, maps: list, qk_head_dim: int):
     queries. The copy is in eval mode with the original's dtype and device and ``config.qk_head_dim = K``.
 
     Raises:
-        ValueError: K above a layer's d_qk, or ``maps`` not one pair per layer.
+        ValueError: K above a layer's d_qk, ``maps`` not one pair per layer, or a map of another shape (naming
+            the layer); the model is left as it was.
     """
     positive_int("qk_head_dim", qk_head_dim)
     old_layers = _attention_layers(model)
@@ -73,12 +74,21 @@ def shrink_model(model, maps: list, qk_head_dim: int):
             f"--qk-head-dim {qk_head_dim} is larger than the queries' and keys' size of a layer ({sizes}): "
             "shrink only cuts them"
         )
+    names = {id(m): n for n, m in model.named_modules()}
+    for i, (old, pair) in enumerate(zip(old_layers, maps, strict=True)):
+        h, d_qk = old.num_attention_heads, old.qk_head_dim
+        shapes = [tuple(getattr(t, "shape", ())) for t in pair] if isinstance(pair, (tuple, list)) else []
+        if len(shapes) != 2 or any(len(s) != 3 or s[:2] != (h, d_qk) or s[2] < qk_head_dim for s in shapes):
+            raise ValueError(
+                f"maps[{i}] (layer {names[id(old)]}): A and B must each be [{h}, {d_qk}, >= {qk_head_dim}] "
+                "(heads, the layer's qk_head_dim, at least the new qk_head_dim), got "
+                f"{' and '.join(map(str, shapes)) if shapes else type(pair).__name__}"
+            )
     config = copy.deepcopy(model.config)
     config.qk_head_dim = qk_head_dim  # values keep each layer's size (v_head_dim, else the layer's head_dim)
     new = type(model)(config).to(device=model.device, dtype=model.dtype).eval()
     state = model.state_dict()
     new_layers = _attention_layers(new)
-    names = {id(m): n for n, m in model.named_modules()}
     for old, small, (a, b) in zip(old_layers, new_layers, maps, strict=True):
         h, d_qk, v = old.num_attention_heads, old.qk_head_dim, old.v_size
         ratio = old.scale / small.scale

@@ -169,9 +169,12 @@ def fake_finetune(monkeypatch, tmp_path):
         if lr < 1e-4:  # the extension test: validation rises with the rate up to 1e-2
             val, dev = 0.9 - abs(math.log(lr / 1e-2)), 0.5
         fingerprint = {"model": model_fingerprint(run_dir)}
-        return {"metric": "accuracy", "score": dev, "validation": {"accuracy": val}, "train_seconds": 1.0} | {
+        result = {"metric": "accuracy", "score": dev, "validation": {"accuracy": val}, "train_seconds": 1.0} | {
             "fingerprint": fingerprint
         }
+        out.mkdir(parents=True, exist_ok=True)  # the file the real one writes last
+        (out / FINETUNE_FILE).write_text(json.dumps(result))
+        return result
 
     monkeypatch.setattr(FS, "finetune", fake)
     return quality, calls
@@ -239,3 +242,37 @@ def test_a_retrained_checkpoint_is_not_read_from_an_old_result_and_a_moved_sweep
     with pytest.raises(FileExistsError, match=r"inputs that have changed since \(d16-h4-dp4-s1-ft-s0.*--overwrite"):
         _run(moved, moved / "finetune-sst2", **kw)
     assert calls == []
+
+
+def test_an_edited_finetuning_file_is_refused_on_resume_and_older_points_without_files_resume(fake_finetune, tmp_path):
+    """Each point records the digest of its fine-tuning runs' finetune_metrics.json, as other studies record
+    their run files: one rewritten after the point finished is refused in one line naming it; a point recorded
+    without files (an older study) resumes and regenerates as before."""
+    from fixedhead.studies.kit.study import regenerate
+
+    quality, calls = fake_finetune
+    sweep_dir = _fake_sweep(tmp_path / "sweep", {"d16-h2-dp8": quality["d16-h2-dp8"]})
+    out, kw = tmp_path / "ft", dict(seeds=(0, 1), learning_rates=(1e-3, 3e-3), max_extensions=0)
+    first = _run(sweep_dir, out, **kw)
+    points = json.loads((out / "results.json").read_text())["points"]
+    recorded = points["d16-h2-dp8-s0-ft-s0"]["files"]
+    assert sorted(recorded) == [f"runs/d16-h2-dp8-s0-lr0.001-s0/{FINETUNE_FILE}"]  # 3e-3 diverged: no file
+    assert sorted(points["d16-h2-dp8-s0-ft-s1"]["files"]) == [f"runs/d16-h2-dp8-s0-lr0.001-s1/{FINETUNE_FILE}"]
+    edited = out / "runs" / "d16-h2-dp8-s0-lr0.001-s1" / FINETUNE_FILE
+    edited.write_text(edited.read_text().replace('"score": ', '"score": 1e-9 + '))
+    results = (out / "results.json").read_text()
+    with pytest.raises(FileExistsError) as refused:
+        _run(sweep_dir, out, **kw)
+    message = str(refused.value)
+    assert "\n" not in message and f"{edited} (point d16-h2-dp8-s0-ft-s1) no longer matches its record" in message
+    assert (out / "results.json").read_text() == results
+    with pytest.raises(FileExistsError, match=r"\(point d16-h2-dp8-s0-ft-s1\) no longer matches"):
+        regenerate(FinetuneSweepStudy(), out)
+    # a folder whose points recorded no files (written before they did) resumes and regenerates as before
+    record = json.loads(results)
+    for rec in record["points"].values():
+        rec.pop("files")
+    (out / "results.json").write_text(json.dumps(record))
+    calls.clear()
+    assert _run(sweep_dir, out, **kw)["runs"] == first["runs"] and calls == []
+    assert regenerate(FinetuneSweepStudy(), out)[0]["runs"] == record["runs"]

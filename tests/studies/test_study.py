@@ -10,7 +10,7 @@ import pytest
 
 from fixedhead.studies.kit import render
 from fixedhead.studies.kit.core import run_key, seed_major
-from fixedhead.studies.kit.study import Point, Study, regenerate, run_study
+from fixedhead.studies.kit.study import Point, Study, regenerate, rerender, run_study
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Toy(Study):
 
     def report(self, record):
         rows = [[key, f"{r['loss']:g}"] for key, r in record["runs"].items()]
-        return "\n".join(["# Toy", f"plan {record['plan_sha256'][:12]}", *render.table(["run", "loss"], rows)]) + "\n"
+        plan = f"plan {str(record['plan_sha256'])[:12]}"  # None in a folder from before plans
+        return "\n".join(["# Toy", plan, *render.table(["run", "loss"], rows)]) + "\n"
 
 
 def test_a_toy_study_needs_no_bookkeeping_of_its_own(tmp_path):
@@ -354,6 +355,39 @@ def test_results_written_before_plans_are_held_to_the_options_they_record(tmp_pa
     (out / "results.json").write_text(json.dumps(results))
     with pytest.raises(FileExistsError, match="holds 2 point.* but neither plan.json nor the options they ran with"):
         run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+
+
+def test_results_that_record_options_but_no_plan_hash_regenerate_as_they_resume(tmp_path):
+    """results.json written before plans were hashed: its options, but neither plan.json nor ``plan_sha256`` and
+    ``plan_history``. A resume reads it as the plan its options make; so does the report (no plan line)."""
+    out = tmp_path / "toy"
+    record = run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    (out / "plan.json").unlink()
+    results = json.loads((out / "results.json").read_text())
+    del results["plan_sha256"], results["plan_history"]
+    (out / "results.json").write_text(json.dumps(results))
+    again, text = regenerate(Toy(), out)
+    assert again["summary"] == record["summary"] and again["runs"] == record["runs"]
+    assert again["plan_sha256"] is None and again["plan_history"] == [] and "Plan: `plan.json`" not in text
+    toy = Toy()
+    resumed = run_study(toy, ToyOptions(seeds=(0,)), out, progress=False)
+    assert toy.ran == [] and resumed["summary"] == record["summary"] and (out / "plan.json").is_file()
+
+
+def test_rerender_resolves_the_folders_options_once_and_writes_the_report_regenerate_gives(tmp_path):
+    """A study's resolve may read its inputs (finetune-sweep reads the sweep): re-rendering resolves once."""
+
+    class Counting(Toy):
+        def resolve(self, o):
+            self.resolved = getattr(self, "resolved", 0) + 1
+            return o
+
+    out = tmp_path / "toy"
+    run_study(Toy(), ToyOptions(seeds=(0,)), out, progress=False)
+    expected = regenerate(Toy(), out)[1]
+    study = Counting()
+    assert rerender(study, out, tmp_path / "again") == tmp_path / "again" / "report.md"
+    assert study.resolved == 1 and (tmp_path / "again" / "report.md").read_text() == expected
 
 
 def test_a_damaged_plan_or_results_file_is_named_in_one_line(tmp_path):

@@ -619,9 +619,11 @@ def rank_curve(
         attention uniform, per layer; empty unless ``per_layer``], "attention_gain": uniform − full (what
         the model gains from attention, nats), "head_dims": [d_p per layer: the size of queries and
         keys, which bounds the logits' rank], "seq_len": n, "ranks": [k], "method": method,
-        "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``; a layer's curve stops at its own
-        d_p (beyond it nothing changes: the oracle's fit is exact and the realisable maps are
-        invertible on the training text's span).
+        "curves": {"all": {k: loss}, "layer 0": {k: loss}, ...}}``. From a layer's own d_p on nothing
+        changes (the oracle's fit is exact and the realisable maps are invertible on the training text's
+        span), and for the oracle and lookahead cuts from n − 1 on too (the row-centred n × n logits have no
+        higher rank, whatever the mask hides): those k read ``full``, not the cut's float rounding of it,
+        which a band of 0 would read as outside.
     """
     from tqdm.auto import tqdm
 
@@ -639,11 +641,11 @@ def rank_curve(
         with truncated_logits(model, 0, [i], modules=modules):
             uniform_layers.append(float(score(model)))
     settings = [("all", None)] + [(f"layer {i}", [i]) for i in range(len(modules)) if per_layer]
+    tops = {name: max(head_dims) if layers is None else head_dims[layers[0]] for name, layers in settings}
+    # from this k on the cut leaves the setting's layers as they are (the realisable maps are fixed: only at d_p)
+    exact = {name: top if method == "realisable" else min(top, n - 1) for name, top in tops.items()}
     jobs = [  # k by k: a layer cut alone after all layers at the same k reuses the oracle's fits of its logits
-        (name, layers, k)
-        for k in ranks
-        for name, layers in settings
-        if k < (max(head_dims) if layers is None else head_dims[layers[0]])
+        (name, layers, k) for k in ranks for name, layers in settings if k < exact[name]
     ]
     if method == "oracle":
         maps = [{} for _ in modules]
@@ -651,11 +653,8 @@ def rank_curve(
     for name, layers, k in tqdm(jobs, desc="rank intervention", disable=not progress):
         with truncated_logits(model, k, layers, modules=modules, method=method, maps=maps):
             curves[name][k] = float(score(model))
-    for name, layers in settings:  # at k ≥ d_p the layer is unchanged: its loss is the full one
-        top = max(head_dims) if layers is None else head_dims[layers[0]]
-        for k in ranks:
-            if k >= top:
-                curves[name][k] = full
+    for name, _ in settings:  # the layers unchanged: the loss is the full one
+        curves[name] |= {k: full for k in ranks if k >= exact[name]}
     return {
         "full": full,
         "uniform": uniform,

@@ -97,9 +97,11 @@ class CoordCheckSettings:
         default=(0, 1, 2), metadata={"check": "non_negative", "nonempty": True, "distinct": True}
     )
     """seeds of the models (the batches are the same)"""
-    parametrizations: tuple[str, ...] = field(default=PARAMETRIZATIONS, metadata={"choices": PARAMETRIZATIONS})
+    parametrizations: tuple[str, ...] = field(
+        default=PARAMETRIZATIONS, metadata={"choices": PARAMETRIZATIONS, "distinct": True}
+    )
     """the variants compared"""
-    axes: tuple[str, ...] = field(default=AXES, metadata={"choices": AXES})
+    axes: tuple[str, ...] = field(default=AXES, metadata={"choices": AXES, "distinct": True})
     """widths to vary: head_dim (d_p at fixed h), num_heads (h at fixed d_p)"""
 
     def __post_init__(self):

@@ -38,7 +38,7 @@ class SeqLenOptions:
     """h, the same for every model"""
     head_dims: list[int] = field(default_factory=lambda: [8, 32], metadata={"check": "positive", "distinct": True})
     """the head sizes compared: the first is the small one (the standard d/h), the last the large one"""
-    architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"])
+    architectures: list[str] = field(default_factory=lambda: ["fixedhead", "llama"], metadata={"distinct": True})
     """model families: fixedhead (learned positions, post-LN) and/or llama (rotary, pre-norm)"""
     tokens_per_step: int = field(default=2048, metadata={"check": "positive"})
     """batch size × n, the same at every n"""

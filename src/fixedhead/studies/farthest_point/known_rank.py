@@ -81,8 +81,8 @@ def rank_sweep(model, sets, ranks) -> dict[int, dict[str, float]]:
     ``sets`` with its logits cut to each rank k in ``ranks``: ``{k: {"mse", "hit_rate", "nearest_rate"}}``.
 
     From k = min(d_p, N − 1) on the cut changes nothing (the row-centred N × N logits have no higher rank): those k
-    read the model's own metrics, as :func:`~fixedhead.diagnostics.intervention.rank_curve` reads k ≥ d_p, not the
-    cut's float rounding of them, which a band of 0 (one seed) would read as outside."""
+    read the model's own metrics, as :func:`~fixedhead.diagnostics.intervention.rank_curve` reads its oracle's, not
+    the cut's float rounding of them, which a band of 0 (one seed) would read as outside."""
     modules = attention_modules(model, sets[0])
     exact = min(max(m.qk_head_dim for m in modules), sets[0].shape[1] - 1)
     own = evaluate(model, sets)

@@ -22,7 +22,8 @@ from typing import Any
 from ...checks import positive_int
 
 RUN_FILES = ("metrics.json", "*.safetensors")
-"""what :func:`point_files` digests in each of a point's run folders"""
+"""what :func:`point_files` digests in each of a point's run folders (a study may record others:
+:meth:`~fixedhead.studies.kit.study.Study.run_files`)"""
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def run_point(study, spec, point, folder: Path, done: dict, progress: bool, ray_
         "transformers": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
         **({"ray": ray_version} if ray_version else {}),
-        "files": point_files(folder, point.key),
+        "files": study.run_files(spec, point, folder, result),
     }
     return result, record
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from ...runs import claim_output_dir, load_json_file, write_text_atomic
 from . import core
-from .executor import Executor, result_sha256
+from .executor import Executor, point_files, result_sha256
 
 PLAN_FILE = "plan.json"
 RESULTS_FILE = "results.json"
@@ -130,6 +130,12 @@ class Study:
     def run(self, spec, point: Point, folder: Path, done: dict[str, Any], progress: bool) -> dict:
         """Run ``point`` in the study's ``folder``; ``done`` holds the results of every point of ``point.needs``."""
         raise NotImplementedError
+
+    def run_files(self, spec, point: Point, folder: Path, result: dict) -> dict[str, str]:
+        """``{path relative to folder: sha256}`` of the files finished ``point`` wrote, recorded so that a file
+        rewritten since is refused on resume (:func:`check_points`). Default: :func:`~.executor.point_files` of
+        its key (the ``metrics.json`` and weights of its run folders)."""
+        return point_files(folder, point.key)
 
     def state(self, spec, results: list[dict], record: dict | None = None) -> Any:
         """The one view of the plan's finished points (``results``, in plan order) that :meth:`summarise`,
@@ -606,22 +612,27 @@ def _report(study: Study, spec, record: dict) -> str:
 def regenerate(study: Study, folder: Path) -> tuple[dict, str]:
     """The record and report a study folder regenerates to from its per-point results, with the options its
     ``plan.json`` (or, before plans were hashed, its ``results.json``) names."""
+    spec, record = _regenerated(study, Path(folder))
+    return record, _report(study, spec, record)
+
+
+def _regenerated(study: Study, folder: Path) -> tuple[Any, dict]:
+    """The spec of the options a folder names and the record its results regenerate to."""
     stored = load_json_file(folder / RESULTS_FILE, f"{study.name} results")
     _objects(folder / RESULTS_FILE, stored, ("runs", "meta", "points", "failed"))
-    study.folder = Path(folder)
+    study.folder = folder
     path = folder / PLAN_FILE
     again = f"run `fixedhead {study.name}` again with --overwrite"
     plan = read_plan(path, study.name, again) if path.is_file() else None
     if plan is None and "options" not in stored:
         raise ValueError(f"{folder} was written before its study recorded its options: its report cannot be rendered")
-    check_points(Path(folder), stored, again=again)
+    check_points(folder, stored, again=again)
     values = plan["plan"]["options"] if plan else _unplanned_options(study, stored["options"])
     spec = study.resolve(options_from_dict(study.Options, values))
-    plan = plan or {"sha256": stored["plan_sha256"], "history": stored["plan_history"]}
+    plan = plan or {"sha256": stored.get("plan_sha256"), "history": stored.get("plan_history", [])}  # as resumed
     points = study.plan(spec)
     recorded, failed = stored.get("points"), stored.get("failed")
-    record = _record(study, spec, stored["meta"], plan, stored["runs"], points, recorded, failed)
-    return record, _report(study, spec, record)
+    return spec, _record(study, spec, stored["meta"], plan, stored["runs"], points, recorded, failed)
 
 
 def rerender(study: Study, folder: Path, output_dir=None) -> Path:
@@ -629,12 +640,12 @@ def rerender(study: Study, folder: Path, output_dir=None) -> Path:
     ``output_dir`` (default: the folder; FileExistsError if it holds something else). Returns the report's
     path."""
     folder = Path(folder)
-    record, text = regenerate(study, folder)
+    spec, record = _regenerated(study, folder)
+    text = _report(study, spec, record)
     out = Path(output_dir) if output_dir is not None else folder
     if out.resolve() != folder.resolve():  # report.md: every study's marker
         owned = (REPORT_FILE, f".{REPORT_FILE}.*", *study.files)
         claim_output_dir(out, (REPORT_FILE,), owned, "report", exclusive=True)
-    spec = study.resolve(options_from_dict(study.Options, record["options"]))
     study.write_files(record_state(study, spec, record), out)
     write_text_atomic(out / REPORT_FILE, text)
     return out / REPORT_FILE

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ...checks import check_fields
 from ...data.glue import GLUE_DEV_EXAMPLES, MAIN_METRIC, get_glue_task, glue_path
-from ...runs import model_fingerprint
-from ...training.finetune import FinetuneSettings, finetune
+from ...runs import file_digest, model_fingerprint
+from ...training.finetune import FINETUNE_FILE, FinetuneSettings, finetune
 from ..kit import core, render
 from ..kit.learning_rate import later_seed_needs, parse_rates, plot_learning_rates, point_rate
 from ..kit.stats import CLAIMS_RULE, mean_std, pm, rule_text, spearman
@@ -242,6 +242,12 @@ class FinetuneSweepStudy(Study):
             return out | rate | {"runs": runs, "train_seconds": seconds(), **model()}
         finetune_record = {k: v for k, v in asdict(base).items() if k not in ("seed", "learning_rate", "progress")}
         return out | rate | {"finetune": finetune_record, "runs": runs, "train_seconds": seconds(), **model()}
+
+    def run_files(self, o, point, folder, result):
+        """The ``finetune_metrics.json`` of each fine-tuning run of the point (``runs/CHECKPOINT-lrRATE-sSEED``,
+        named in its result), which a later run with the same settings reuses."""
+        paths = [folder / "runs" / key / FINETUNE_FILE for key in result["runs"]]
+        return {p.relative_to(folder).as_posix(): file_digest([p]) for p in paths if p.is_file()}
 
     def still_valid(self, o, point, result):
         """A point holds while its checkpoint is the model it fine-tuned (results from before the fingerprint was
