@@ -217,13 +217,19 @@ def test_every_committed_report_regenerates(folder, tmp_path):
     assert (tmp_path / "r" / "report.md").read_bytes() == (RESULTS / folder / "report.md").read_bytes()
 
 
-@pytest.mark.parametrize("model", ["standard", "fixed", "standard-wide"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        *(f"make-run-rank/visible/{m}" for m in ("standard", "fixed", "standard-wide")),
+        *(f"seq-len-long/visible-n256-s0/{m}" for m in ("dp8", "dp32")),
+    ],
+)
 def test_rank_intervention_reports_regenerate(model):
     """The committed `fixedhead rank-intervention` tables are what the code renders from the runs and command in
     the JSON beside them, and their needed ranks are what the code reads from the curves."""
     from fixedhead.diagnostics.intervention import needed_band, report_markdown, summarise
 
-    folder = RESULTS / "make-run-rank" / "visible" / model
+    folder = RESULTS / model
     record = json.loads((folder / "rank_intervention.json").read_text())
     assert report_markdown(record["runs"], record["command"]) == (folder / "rank_intervention.md").read_text()
     tolerances = tuple(float(t) for t in record["runs"][0]["needed_at"])
