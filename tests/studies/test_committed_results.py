@@ -222,6 +222,7 @@ def test_every_committed_report_regenerates(folder, tmp_path):
     [
         *(f"make-run-rank/visible/{m}" for m in ("standard", "fixed", "standard-wide")),
         *(f"seq-len-long/visible-n256-s0/{m}" for m in ("dp8", "dp32")),
+        *(f"qk-v/rank-s0/{m}" for m in ("qk8-v8", "qk8-v32", "qk32-v8", "qk32-v32")),
     ],
 )
 def test_rank_intervention_reports_regenerate(model):
