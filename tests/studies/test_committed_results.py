@@ -238,3 +238,29 @@ def test_rank_intervention_reports_regenerate(model):
         {k: v for k, v in r.items() if k not in ("band", "band_source", "needed", "needed_at")} for r in record["runs"]
     ]
     assert needed_band(summarise(fresh, tolerances=tolerances)) == record["needed"]
+
+
+def test_qk_v_effects_are_the_paired_contrasts_of_its_committed_losses():
+    """The qk-v report's effects are the per-seed contrasts of the committed held-out losses (plain NumPy) over
+    the seeds that finished every arm, with SciPy's paired t-interval, and the README quotes them."""
+    import numpy as np
+    from scipy import stats
+
+    state = _state("qk-v")
+    loss = {(r["qk_head_dim"], r["v_head_dim"], r["seed"]): r["heldout_loss"] for r in state["runs"].values()}
+    seeds = sorted({s for (_, _, s) in loss if all((q, v, s) in loss for q in (8, 32) for v in (8, 32))})
+    assert len(seeds) >= 2
+
+    def arm(q, v):
+        return np.array([loss[(q, v, s)] for s in seeds])
+
+    ss, sl, ls, ll = arm(8, 8), arm(8, 32), arm(32, 8), arm(32, 32)
+    contrasts = {"qk": (ls - ss + ll - sl) / 2, "v": (sl - ss + ll - ls) / 2, "interaction": ll - ls - sl + ss}
+    report = (RESULTS / "qk-v" / "report.md").read_text()
+    readme = (RESULTS / "qk-v" / "README.md").read_text()
+    assert f"**Partial: {len(seeds)} of the planned 8 seeds have finished every arm (seeds {seeds});" in report
+    for name, d in contrasts.items():
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+        quoted = f"{d.mean():+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]"
+        assert f"| {quoted} |" in report, (name, quoted)
+        assert f"| {quoted.replace('-', '−')} |" in readme, (name, quoted)
